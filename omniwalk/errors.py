@@ -1,0 +1,25 @@
+"""Typed errors raised by omniwalk.
+
+Every error a user can cause has its own type so the HTTP layer can map it to a status code
+and an OpenAI-style body without parsing messages.
+"""
+
+
+class OmniwalkError(Exception):
+    """Base class of every error omniwalk raises on purpose."""
+
+
+class ConfigError(OmniwalkError, ValueError):
+    """A model or engine config is missing a field or is inconsistent; the message names it."""
+
+
+class CheckpointError(OmniwalkError):
+    """A checkpoint directory is incomplete or does not match its config."""
+
+
+class InvalidRequestError(OmniwalkError, ValueError):
+    """A request cannot be served as written (bad content, unknown voice, too long, ...)."""
+
+
+class MediaError(InvalidRequestError):
+    """Media bytes or arrays that cannot be decoded or violate a configured limit."""

@@ -1,0 +1,522 @@
+"""Qwen3-Omni model config, normalised once from a checkpoint's ``config.json``.
+
+``Qwen3OmniConfig.from_hf(path_or_dict)`` reads both the published form (``rope_scaling`` +
+``rope_theta``) and the transformers >= 5 form (``rope_parameters``), reads the undeclared keys
+the real checkpoint relies on (``head_dim``, ``shared_expert_intermediate_size``,
+``vision_start_token_id``, ...), fills optional keys with the HF class defaults, and checks the
+cross-component invariants. Every error names the offending field by its JSON path.
+
+Model code reads these frozen dataclasses only, never raw dicts; special token ids live in
+``TokenIds`` / ``CodecIds`` and are never written as literals elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omniwalk.errors import ConfigError
+
+_MISSING = object()
+
+
+class _Section:
+    """A dict with the JSON path it came from, so errors can name the exact field."""
+
+    def __init__(self, data: dict, path: str):
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path or 'config'}: expected an object, got {type(data).__name__}")
+        self.data, self.path = data, path
+
+    def name(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def get(self, key: str, default: Any = _MISSING, kind: type | tuple = (int, float, bool, str, list, dict)):
+        if key not in self.data or self.data[key] is None:
+            if default is _MISSING:
+                raise ConfigError(f"{self.name(key)} is required but missing")
+            return default
+        value = self.data[key]
+        if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"{self.name(key)} must be an integer, got {value!r}")
+        if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ConfigError(f"{self.name(key)} must be a number, got {value!r}")
+        if kind not in (int, float) and not isinstance(value, kind):
+            raise ConfigError(f"{self.name(key)} has the wrong type: {value!r}")
+        return float(value) if kind is float else value
+
+    def int(self, key: str, default: Any = _MISSING, minimum: int = 1) -> int:
+        value = self.get(key, default, int)
+        if value < minimum:
+            raise ConfigError(f"{self.name(key)} must be >= {minimum}, got {value}")
+        return value
+
+    def float(self, key: str, default: Any = _MISSING) -> float:
+        return self.get(key, default, float)
+
+    def bool(self, key: str, default: Any = _MISSING) -> bool:
+        return bool(self.get(key, default, (bool, int)))
+
+    def ints(self, key: str, default: Any = _MISSING) -> tuple[int, ...]:
+        value = self.get(key, default, (list, tuple))
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise ConfigError(f"{self.name(key)} must be a list of integers, got {value!r}")
+        return tuple(value)
+
+    def section(self, key: str) -> _Section:
+        return _Section(self.get(key, kind=dict), self.name(key))
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding: ``mrope_section`` (T, H, W slot counts) is None for plain 1-D rope."""
+
+    theta: float
+    mrope_section: tuple[int, ...] | None = None
+    interleaved: bool = True
+
+
+def _read_rope(s: _Section, default_theta: float, head_dim: int, multimodal: bool) -> RopeConfig:
+    """Both spellings: ``rope_parameters`` (transformers >= 5) or ``rope_scaling`` + ``rope_theta``."""
+    params = s.data.get("rope_parameters") or {}
+    scaling = s.data.get("rope_scaling") or {}
+    if params and scaling:
+        for key in set(params) & set(scaling):
+            if params[key] != scaling[key] and key not in ("type", "rope_type"):
+                raise ConfigError(f"{s.name('rope_parameters')}.{key} disagrees with rope_scaling.{key}")
+    merged = _Section({**scaling, **params}, s.name("rope_parameters" if params else "rope_scaling"))
+    rope_type = merged.data.get("rope_type", merged.data.get("type", "default"))
+    if rope_type not in ("default", "mrope"):
+        raise ConfigError(f"{merged.name('rope_type')}: unsupported rope type {rope_type!r}")
+    theta = merged.float("rope_theta", s.float("rope_theta", default_theta))
+    section = merged.ints("mrope_section", None) if multimodal else None
+    if multimodal and section is None:
+        raise ConfigError(f"{merged.name('mrope_section')} is required but missing")
+    if section is not None and (len(section) != 3 or sum(section) != head_dim // 2):
+        raise ConfigError(
+            f"{merged.name('mrope_section')} = {list(section)} must have 3 entries summing to "
+            f"head_dim/2 = {head_dim // 2}"
+        )
+    interleaved = bool(merged.data.get("interleaved", merged.data.get("mrope_interleaved", True)))
+    return RopeConfig(theta=theta, mrope_section=section, interleaved=interleaved)
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """A causal transformer decoder: the thinker LM, the talker LM or the code predictor.
+
+    ``num_experts == 0`` means dense MLPs of ``intermediate_size``; otherwise every layer is a
+    MoE of ``num_experts`` experts of ``moe_intermediate_size``, plus a sigmoid-gated shared
+    expert when ``shared_expert_intermediate_size > 0``.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope: RopeConfig
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+
+def _read_decoder(
+    s: _Section, *, moe: bool, multimodal: bool, theta: float, norm_topk_default: bool, shared_required: bool
+) -> DecoderConfig:
+    heads = s.int("num_attention_heads")
+    hidden = s.int("hidden_size")
+    head_dim = s.int("head_dim", hidden // heads)  # NOTE: the real model's 128 is not hidden/heads
+    kv_heads = s.int("num_key_value_heads", heads)
+    if heads % kv_heads:
+        raise ConfigError(f"{s.name('num_attention_heads')} ({heads}) must be a multiple of num_key_value_heads ({kv_heads})")
+    if head_dim % 2:
+        raise ConfigError(f"{s.name('head_dim')} must be even, got {head_dim}")
+    experts = {}
+    if moe:
+        num_experts = s.int("num_experts", s.data.get("num_local_experts", _MISSING))
+        top_k = s.int("num_experts_per_tok")
+        if top_k > num_experts:
+            raise ConfigError(f"{s.name('num_experts_per_tok')} ({top_k}) exceeds num_experts ({num_experts})")
+        experts = dict(
+            num_experts=num_experts,
+            num_experts_per_tok=top_k,
+            moe_intermediate_size=s.int("moe_intermediate_size"),
+            shared_expert_intermediate_size=s.int(
+                "shared_expert_intermediate_size", _MISSING if shared_required else 0, minimum=0
+            ),
+            norm_topk_prob=s.bool("norm_topk_prob", norm_topk_default),
+        )
+        if s.data.get("mlp_only_layers") or s.int("decoder_sparse_step", 1) != 1:
+            raise ConfigError(f"{s.name('mlp_only_layers')}: dense layers inside a MoE stack are not supported")
+    return DecoderConfig(
+        vocab_size=s.int("vocab_size"),
+        hidden_size=hidden,
+        intermediate_size=s.int("intermediate_size"),
+        num_hidden_layers=s.int("num_hidden_layers"),
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=s.float("rms_norm_eps", 1e-6),
+        max_position_embeddings=s.int("max_position_embeddings", 32768),
+        rope=_read_rope(s, theta, head_dim, multimodal),
+        **experts,
+    )
+
+
+@dataclass(frozen=True)
+class AudioEncoderConfig:
+    num_mel_bins: int
+    d_model: int
+    encoder_layers: int
+    encoder_attention_heads: int
+    encoder_ffn_dim: int
+    downsample_hidden_size: int
+    output_dim: int
+    n_window: int  # half a chunk: chunks are 2 * n_window mel frames
+    n_window_infer: int  # attention window in mel frames
+    conv_chunksize: int
+    max_source_positions: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.encoder_attention_heads
+
+
+def _read_audio(s: _Section) -> AudioEncoderConfig:
+    act = s.get("activation_function", "gelu", str)
+    if act != "gelu":
+        raise ConfigError(f"{s.name('activation_function')}: only 'gelu' is supported, got {act!r}")
+    cfg = AudioEncoderConfig(
+        num_mel_bins=s.int("num_mel_bins", 128),
+        d_model=s.int("d_model"),
+        encoder_layers=s.int("encoder_layers"),
+        encoder_attention_heads=s.int("encoder_attention_heads"),
+        encoder_ffn_dim=s.int("encoder_ffn_dim"),
+        downsample_hidden_size=s.int("downsample_hidden_size", 480),
+        output_dim=s.int("output_dim"),
+        n_window=s.int("n_window", 50),
+        n_window_infer=s.int("n_window_infer", 800),
+        conv_chunksize=s.int("conv_chunksize", 500),
+        max_source_positions=s.int("max_source_positions", 1500),
+    )
+    if cfg.d_model % cfg.encoder_attention_heads:
+        raise ConfigError(f"{s.name('d_model')} must be a multiple of encoder_attention_heads")
+    if cfg.n_window_infer % (2 * cfg.n_window):
+        raise ConfigError(f"{s.name('n_window_infer')} must be a multiple of 2 * n_window = {2 * cfg.n_window}")
+    return cfg
+
+
+@dataclass(frozen=True)
+class VisionEncoderConfig:
+    depth: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    patch_size: int
+    temporal_patch_size: int
+    spatial_merge_size: int
+    in_channels: int
+    out_hidden_size: int
+    num_position_embeddings: int
+    deepstack_visual_indexes: tuple[int, ...]
+    rope_theta: float = 10000.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def patch_dim(self) -> int:
+        """Length of one flattened patch vector: C * t * p * p."""
+        return self.in_channels * self.temporal_patch_size * self.patch_size**2
+
+
+def _read_vision(s: _Section) -> VisionEncoderConfig:
+    act = s.get("hidden_act", "gelu_pytorch_tanh", str)
+    if act != "gelu_pytorch_tanh":
+        raise ConfigError(f"{s.name('hidden_act')}: only 'gelu_pytorch_tanh' is supported, got {act!r}")
+    cfg = VisionEncoderConfig(
+        depth=s.int("depth"),
+        hidden_size=s.int("hidden_size"),
+        intermediate_size=s.int("intermediate_size"),
+        num_heads=s.int("num_heads"),
+        patch_size=s.int("patch_size", 16),
+        temporal_patch_size=s.int("temporal_patch_size", 2),
+        spatial_merge_size=s.int("spatial_merge_size", 2),
+        in_channels=s.int("in_channels", 3),
+        out_hidden_size=s.int("out_hidden_size"),
+        num_position_embeddings=s.int("num_position_embeddings", 2304),
+        deepstack_visual_indexes=s.ints("deepstack_visual_indexes", (8, 16, 24)),
+        rope_theta=float((s.data.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
+    )
+    if cfg.hidden_size % cfg.num_heads or cfg.head_dim % 4:
+        raise ConfigError(f"{s.name('hidden_size')}/num_heads must be a multiple of 4 (2-D rotary)")
+    side = math.isqrt(cfg.num_position_embeddings)
+    if side * side != cfg.num_position_embeddings:
+        raise ConfigError(f"{s.name('num_position_embeddings')} must be a square, got {cfg.num_position_embeddings}")
+    for i in cfg.deepstack_visual_indexes:
+        if not 0 <= i < cfg.depth:
+            raise ConfigError(f"{s.name('deepstack_visual_indexes')}: index {i} is outside depth {cfg.depth}")
+    return cfg
+
+
+@dataclass(frozen=True)
+class TokenIds:
+    """Special token ids of the thinker vocabulary (all read from config.json)."""
+
+    im_start: int
+    im_end: int
+    system: int
+    user: int
+    assistant: int
+    audio_pad: int
+    image_pad: int
+    video_pad: int
+    audio_start: int
+    audio_end: int
+    vision_start: int
+    vision_end: int
+    tts_pad: int
+    tts_bos: int
+    tts_eos: int
+
+    @property
+    def media_pads(self) -> tuple[int, int, int]:
+        return (self.audio_pad, self.image_pad, self.video_pad)
+
+
+@dataclass(frozen=True)
+class CodecIds:
+    """Special ids of the talker's codec vocabulary."""
+
+    pad: int
+    bos: int
+    eos: int
+    nothink: int
+    think_bos: int
+    think_eos: int
+
+
+@dataclass(frozen=True)
+class TalkerConfig:
+    text: DecoderConfig  # the MoE talker LM; vocab = codec vocabulary
+    code_predictor: DecoderConfig  # dense, 1-D rope
+    num_code_groups: int
+    thinker_hidden_size: int
+    accept_hidden_layer: int
+    codec: CodecIds
+    speakers: tuple[tuple[str, int], ...]  # (lower-case name, codec id), sorted by name
+
+    @property
+    def speaker_ids(self) -> dict[str, int]:
+        return dict(self.speakers)
+
+
+@dataclass(frozen=True)
+class Code2WavConfig:
+    codebook_size: int
+    num_quantizers: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    sliding_window: int
+    rms_norm_eps: float
+    layer_scale_initial_scale: float
+    rope_theta: float
+    max_position_embeddings: int
+    decoder_dim: int
+    upsample_rates: tuple[int, ...]
+    upsampling_ratios: tuple[int, ...]
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def samples_per_frame(self) -> int:
+        return math.prod(self.upsample_rates) * math.prod(self.upsampling_ratios)
+
+
+def _read_code2wav(s: _Section) -> Code2WavConfig:
+    act = s.get("hidden_act", "silu", str)
+    if act != "silu":
+        raise ConfigError(f"{s.name('hidden_act')}: only 'silu' is supported, got {act!r}")
+    heads = s.int("num_attention_heads")
+    cfg = Code2WavConfig(
+        codebook_size=s.int("codebook_size"),
+        num_quantizers=s.int("num_quantizers"),
+        hidden_size=s.int("hidden_size"),
+        intermediate_size=s.int("intermediate_size"),
+        num_hidden_layers=s.int("num_hidden_layers"),
+        num_attention_heads=heads,
+        num_key_value_heads=s.int("num_key_value_heads", heads),
+        sliding_window=s.int("sliding_window", 72),
+        rms_norm_eps=s.float("rms_norm_eps", 1e-5),
+        layer_scale_initial_scale=s.float("layer_scale_initial_scale", 0.01),
+        rope_theta=_read_rope(s, 10000.0, 2, multimodal=False).theta,
+        max_position_embeddings=s.int("max_position_embeddings", 8000),
+        decoder_dim=s.int("decoder_dim"),
+        upsample_rates=s.ints("upsample_rates", (8, 5, 4, 3)),
+        upsampling_ratios=s.ints("upsampling_ratios", (2, 2)),
+    )
+    if cfg.hidden_size % heads:
+        raise ConfigError(f"{s.name('hidden_size')} must be a multiple of num_attention_heads")
+    if cfg.decoder_dim % (2 ** len(cfg.upsample_rates)):
+        raise ConfigError(f"{s.name('decoder_dim')} must be divisible by 2^len(upsample_rates)")
+    return cfg
+
+
+@dataclass(frozen=True)
+class Qwen3OmniConfig:
+    """The whole model: thinker (text LM + encoders), talker (+ code predictor), code2wav."""
+
+    text: DecoderConfig
+    audio: AudioEncoderConfig
+    vision: VisionEncoderConfig
+    talker: TalkerConfig
+    code2wav: Code2WavConfig
+    tokens: TokenIds
+    position_id_per_seconds: float
+    seconds_per_chunk: float
+    enable_audio_output: bool
+
+    @classmethod
+    def from_hf(cls, source: str | Path | dict) -> Qwen3OmniConfig:
+        """Normalise a checkpoint directory, a ``config.json`` path, or its parsed dict."""
+        if isinstance(source, dict):
+            data = source
+        else:
+            path = Path(source)
+            path = path / "config.json" if path.is_dir() else path
+            try:
+                data = json.loads(path.read_text())
+            except FileNotFoundError:
+                raise ConfigError(f"no config.json at {path}") from None
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path} is not valid JSON: {e}") from None
+        return _read_model(_Section(data, ""))
+
+
+def _read_tokens(top: _Section, thinker: _Section) -> TokenIds:
+    return TokenIds(
+        im_start=top.int("im_start_token_id", minimum=0),
+        im_end=top.int("im_end_token_id", minimum=0),
+        system=top.int("system_token_id", minimum=0),
+        user=top.int("user_token_id", minimum=0),
+        assistant=top.int("assistant_token_id", minimum=0),
+        audio_pad=thinker.int("audio_token_id", minimum=0),
+        image_pad=thinker.int("image_token_id", minimum=0),
+        video_pad=thinker.int("video_token_id", minimum=0),
+        audio_start=thinker.int("audio_start_token_id", minimum=0),
+        audio_end=thinker.int("audio_end_token_id", minimum=0),
+        vision_start=thinker.int("vision_start_token_id", minimum=0),
+        vision_end=thinker.int("vision_end_token_id", minimum=0),
+        tts_pad=top.int("tts_pad_token_id", minimum=0),
+        tts_bos=top.int("tts_bos_token_id", minimum=0),
+        tts_eos=top.int("tts_eos_token_id", minimum=0),
+    )
+
+
+def _read_talker(s: _Section) -> TalkerConfig:
+    text = _read_decoder(
+        s.section("text_config"), moe=True, multimodal=True, theta=1e6, norm_topk_default=False, shared_required=True
+    )
+    cp = _read_decoder(
+        s.section("code_predictor_config"), moe=False, multimodal=False, theta=1e4, norm_topk_default=False,
+        shared_required=False,
+    )
+    speakers = s.get("speaker_id", kind=dict)
+    if not speakers:
+        raise ConfigError(f"{s.name('speaker_id')} must name at least one speaker")
+    codec = CodecIds(
+        pad=s.int("codec_pad_id", minimum=0),
+        bos=s.int("codec_bos_id", minimum=0),
+        eos=s.int("codec_eos_token_id", minimum=0),
+        nothink=s.int("codec_nothink_id", minimum=0),
+        think_bos=s.int("codec_think_bos_id", minimum=0),
+        think_eos=s.int("codec_think_eos_id", minimum=0),
+    )
+    cfg = TalkerConfig(
+        text=text,
+        code_predictor=cp,
+        num_code_groups=s.int("num_code_groups"),
+        thinker_hidden_size=s.int("thinker_hidden_size"),
+        accept_hidden_layer=s.int("accept_hidden_layer"),
+        codec=codec,
+        speakers=tuple(sorted((str(k).lower(), int(v)) for k, v in speakers.items())),
+    )
+    cp_groups = s.section("code_predictor_config").int("num_code_groups", cfg.num_code_groups)
+    if cp_groups != cfg.num_code_groups:
+        raise ConfigError(f"{s.name('code_predictor_config.num_code_groups')} ({cp_groups}) != num_code_groups")
+    if cp.hidden_size != text.hidden_size:
+        raise ConfigError(f"{s.name('code_predictor_config.hidden_size')} must equal text_config.hidden_size")
+    for name, value in [*vars(codec).items(), *(("speaker_id." + k, v) for k, v in cfg.speakers)]:
+        if not 0 <= value < text.vocab_size:
+            raise ConfigError(f"{s.name(name)} = {value} is outside the codec vocabulary ({text.vocab_size})")
+    return cfg
+
+
+def _read_model(top: _Section) -> Qwen3OmniConfig:
+    thinker = top.section("thinker_config")
+    text = _read_decoder(
+        thinker.section("text_config"), moe=True, multimodal=True, theta=1e6, norm_topk_default=True,
+        shared_required=False,
+    )
+    cfg = Qwen3OmniConfig(
+        text=text,
+        audio=_read_audio(thinker.section("audio_config")),
+        vision=_read_vision(thinker.section("vision_config")),
+        talker=_read_talker(top.section("talker_config")),
+        code2wav=_read_code2wav(top.section("code2wav_config")),
+        tokens=_read_tokens(top, thinker),
+        position_id_per_seconds=thinker.float("position_id_per_seconds", 13.0),
+        seconds_per_chunk=thinker.float("seconds_per_chunk", 2.0),
+        enable_audio_output=top.bool("enable_audio_output", True),
+    )
+    _check_consistency(cfg, top)
+    return cfg
+
+
+def _check_consistency(cfg: Qwen3OmniConfig, top: _Section) -> None:
+    """Cross-component invariants; each message names the field to fix."""
+    hidden = cfg.text.hidden_size
+    checks = [
+        (cfg.audio.output_dim == hidden, "thinker_config.audio_config.output_dim", cfg.audio.output_dim),
+        (cfg.vision.out_hidden_size == hidden, "thinker_config.vision_config.out_hidden_size", cfg.vision.out_hidden_size),
+        (cfg.talker.thinker_hidden_size == hidden, "talker_config.thinker_hidden_size", cfg.talker.thinker_hidden_size),
+    ]
+    for ok, field, value in checks:
+        if not ok:
+            raise ConfigError(f"{field} = {value} must equal thinker_config.text_config.hidden_size = {hidden}")
+    if not 1 <= cfg.talker.accept_hidden_layer <= cfg.text.num_hidden_layers:
+        raise ConfigError(
+            f"talker_config.accept_hidden_layer = {cfg.talker.accept_hidden_layer} must be in "
+            f"[1, {cfg.text.num_hidden_layers}] (thinker layers)"
+        )
+    if cfg.code2wav.num_quantizers != cfg.talker.num_code_groups:
+        raise ConfigError("code2wav_config.num_quantizers must equal talker_config.num_code_groups")
+    if cfg.talker.code_predictor.vocab_size > cfg.code2wav.codebook_size:
+        raise ConfigError("talker_config.code_predictor_config.vocab_size must be <= code2wav_config.codebook_size")
+    for name, value in vars(cfg.tokens).items():
+        if not 0 <= value < cfg.text.vocab_size:
+            raise ConfigError(f"token id {name} = {value} is outside the thinker vocabulary ({cfg.text.vocab_size})")
+    talker = top.section("talker_config")
+    for key, expected in [("spatial_merge_size", cfg.vision.spatial_merge_size)]:
+        if talker.int(key, expected) != expected:
+            raise ConfigError(f"talker_config.{key} must equal thinker_config.vision_config.{key} = {expected}")

@@ -1,0 +1,56 @@
+"""The correctness oracle: tiny random HF transformers Qwen3-Omni models, built once per session.
+
+Tests only; omniwalk never imports transformers at run time.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+import torch
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+PACKAGE_TINY = Path(__file__).parents[1] / "omniwalk" / "models" / "qwen3_omni" / "tiny_config.json"
+# Two shapes of tiny model: the reference one and one with uneven sizes (odd head dims,
+# 3 code groups, 5/6 experts, deepstack at [1, 3], sliding window 5).
+TINY_CONFIGS = {"tiny": PACKAGE_TINY, "uneven": CONFIG_DIR / "tiny_uneven.json"}
+
+
+def config_dict(name: str) -> dict:
+    return json.loads(TINY_CONFIGS[name].read_text())
+
+
+@cache
+def hf_model(name: str, seed: int = 0):
+    """A random HF ``Qwen3OmniMoeForConditionalGeneration`` (fp32, eval) for a tiny config."""
+    from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
+
+    cfg = Qwen3OmniMoeConfig(**config_dict(name))
+    # NOTE: HF bug workaround (reference §9.6): the talker's get_rope_index reads audio_config.
+    cfg.talker_config.audio_config = cfg.thinker_config.audio_config
+    torch.manual_seed(seed)
+    model = Qwen3OmniMoeForConditionalGeneration(cfg).eval()
+    _randomize_small_inits(model, seed)
+    return model
+
+
+def _randomize_small_inits(model, seed: int) -> None:
+    """HF initialises norms to 1, biases and Snake parameters to 0 and layer scales to small
+    constants; add noise to every constant tensor so parity tests cannot pass by symmetry."""
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.numel() == 1 or bool((p == p.flatten()[0]).all()):
+                p.add_(torch.randn(p.shape, generator=g) * 0.1)
+
+
+@cache
+def hf_checkpoint(name: str, seed: int = 0, tmp_root: str | None = None) -> Path:
+    """``save_pretrained`` output of :func:`hf_model` in a temporary directory."""
+    import tempfile
+
+    out = Path(tempfile.mkdtemp(prefix=f"hf_{name}_", dir=tmp_root))
+    hf_model(name, seed).save_pretrained(out)
+    return out
