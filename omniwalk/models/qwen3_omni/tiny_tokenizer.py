@@ -1,0 +1,161 @@
+"""A real byte-level BPE tokenizer for tiny checkpoints, laid out like Qwen's.
+
+Built with the ``tokenizers`` library from a small built-in corpus, then re-numbered so that:
+
+- the 256 byte symbols take ids 0..255 in GPT-2 byte order (so "\\n" is 198, as in Qwen);
+- the role words ``system``/``user``/``assistant`` are single tokens at the ids config.json
+  names, so ``<|im_start|>assistant\\n`` is exactly three tokens;
+- every special token sits at its configured id (names as in the Qwen vocabulary);
+- the ids up to the first special token are filled with decodable filler words, so any id a
+  random model samples decodes to text.
+"""
+
+from __future__ import annotations
+
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+from omniwalk.models.qwen3_omni.config import TokenIds
+
+# Qwen2/3 pre-tokenizer split pattern (contractions, letters, single digits, punctuation, spaces).
+SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+ENDOFTEXT = "<|endoftext|>"
+# Special-token strings for the ids config.json names (TokenIds field -> string).
+SPECIAL_NAMES = {
+    "im_start": "<|im_start|>",
+    "im_end": "<|im_end|>",
+    "vision_start": "<|vision_start|>",
+    "vision_end": "<|vision_end|>",
+    "image_pad": "<|image_pad|>",
+    "video_pad": "<|video_pad|>",
+    "audio_start": "<|audio_start|>",
+    "audio_end": "<|audio_end|>",
+    "audio_pad": "<|audio_pad|>",
+    "tts_pad": "<tts_pad>",
+    "tts_bos": "<tts_text_bos>",
+    "tts_eos": "<tts_text_eod>",
+}
+ROLE_WORDS = ("system", "user", "assistant")
+_CORPUS_WORDS = """
+the of and to in is you that it he was for on are as with his they at be this have from or one had by
+word but not what all were we when your can said there use an each which she do how their if will up
+other about out many then them these so some her would make like him into time has look two more write
+go see number no way could people my than first water been call who oil its now find long down day did
+get come made may part hello world speech audio image video sound voice picture listen answer question
+describe what is in this please tell me a story about the weather today thank you very much good morning
+omniwalk serves models that think and talk qwen omni streaming text speech server request response model
+""".split()
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map, in its canonical order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in printable:
+        chars[b] = chr(b)
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+def _byte_alphabet() -> list[str]:
+    """The 256 byte symbols in GPT-2 id order: printable bytes first, then the remapped rest."""
+    mapping = bytes_to_unicode()
+    printable = [b for b in range(256) if mapping[b] == chr(b)]
+    rest = [b for b in range(256) if mapping[b] != chr(b)]
+    return [mapping[b] for b in printable + rest]
+
+
+def _corpus() -> list[str]:
+    words = _CORPUS_WORDS + list(ROLE_WORDS)
+    lines = [" ".join(words[i : i + 12]) for i in range(0, len(words), 12)]
+    role_lines = [f"{w}\n{w} {w}." for w in ROLE_WORDS]
+    return (lines + role_lines) * 50
+
+
+def _trained_bpe() -> tuple[dict[str, int], list[tuple[str, str]]]:
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = _pre_tokenizer()
+    trainer = trainers.BpeTrainer(vocab_size=2000, initial_alphabet=_byte_alphabet(), show_progress=False)
+    tok.train_from_iterator(_corpus(), trainer)
+    spec = tok.to_str()
+    import json
+
+    model = json.loads(spec)["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    return model["vocab"], merges
+
+
+def _pre_tokenizer():
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+
+
+def _filler(i: int) -> str:
+    """A decodable word for filler id i: 'Ġ' (space) + base-26 letters, prefixed to avoid clashes."""
+    letters = ""
+    while True:
+        letters = chr(ord("a") + i % 26) + letters
+        i //= 26
+        if i == 0:
+            return "Ġzz" + letters
+
+
+def build_tokenizer(tokens: TokenIds) -> Tokenizer:
+    """A byte-level BPE tokenizer whose special and role tokens sit at ``tokens``' ids."""
+    trained_vocab, merges = _trained_bpe()
+    fixed = {"system": tokens.system, "user": tokens.user, "assistant": tokens.assistant}
+    specials = {name: getattr(tokens, field) for field, name in SPECIAL_NAMES.items()}
+    first_special = min(specials.values())
+    specials.setdefault(ENDOFTEXT, first_special - 1)
+    first_special = min(specials.values())
+    vocab = {sym: i for i, sym in enumerate(_byte_alphabet())}
+    taken = set(vocab.values()) | set(fixed.values())
+    for word in ROLE_WORDS:
+        if word not in trained_vocab:
+            raise RuntimeError(f"tokenizer corpus did not produce the role word {word!r}")
+    vocab.update(fixed)
+    next_id = 256
+    for token in sorted(trained_vocab, key=trained_vocab.get):
+        if token in vocab:
+            continue
+        while next_id in taken:
+            next_id += 1
+        vocab[token] = next_id
+        taken.add(next_id)
+    filler = 0
+    for i in range(next_id, first_special):
+        if i in taken:
+            continue
+        while _filler(filler) in vocab:
+            filler += 1
+        vocab[_filler(filler)] = i
+        filler += 1
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = _pre_tokenizer()
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(_added_tokens(specials))
+    for name, token_id in specials.items():
+        if tok.token_to_id(name) != token_id:
+            raise RuntimeError(f"special token {name} landed at {tok.token_to_id(name)}, expected {token_id}")
+    return tok
+
+
+def _added_tokens(specials: dict[str, int]):
+    """Special tokens in id order; ids between them are filled with reserved placeholders."""
+    from tokenizers import AddedToken
+
+    out, by_id = [], {v: k for k, v in specials.items()}
+    for token_id in range(min(by_id), max(by_id) + 1):
+        name = by_id.get(token_id, f"<|reserved_special_token_{token_id}|>")
+        out.append(AddedToken(name, special=True, normalized=False))
+    return out
