@@ -32,18 +32,24 @@ def hf_model(name: str, seed: int = 0):
     cfg.talker_config.audio_config = cfg.thinker_config.audio_config
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(cfg).eval()
-    _randomize_small_inits(model, seed)
+    _randomize(model, seed)
     return model
 
 
-def _randomize_small_inits(model, seed: int) -> None:
-    """HF initialises norms to 1, biases and Snake parameters to 0 and layer scales to small
-    constants; add noise to every constant tensor so parity tests cannot pass by symmetry."""
+def _randomize(model, seed: int) -> None:
+    """Give every tensor random, well-scaled content. HF leaves some tensors uninitialised
+    (garbage or NaN, e.g. talker experts of some sizes) and others constant (norms 1, biases and
+    Snake parameters 0, layer scales tiny); parity tests must not pass by symmetry."""
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
-        for p in model.parameters():
-            if p.numel() == 1 or bool((p == p.flatten()[0]).all()):
-                p.add_(torch.randn(p.shape, generator=g) * 0.1)
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            if p.dim() == 1:
+                constant = bool((p == p[0]).all()) and bool(p.isfinite().all())
+                p.copy_((p[0] if constant else 0.0) + 0.1 * noise)
+            else:
+                fan_in = p.shape[-1] if "experts" in name else p[0].numel()
+                p.copy_(noise / fan_in**0.5)
 
 
 @cache

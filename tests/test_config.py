@@ -1,0 +1,113 @@
+"""Model config normalisation: real values, both rope spellings, and field-naming errors."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from omniwalk.errors import ConfigError
+from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.layout import checkpoint_layout, num_parameters
+
+REAL = Path(__file__).parents[2] / "shared" / "reference" / "qwen3_omni_30b_a3b_config.json"
+TINY_REF = REAL.with_name("qwen3_omni_tiny_config.json")
+PACKAGED_TINY = Path(__file__).parents[1] / "omniwalk" / "models" / "qwen3_omni" / "tiny_config.json"
+
+
+def real_dict() -> dict:
+    return json.loads(REAL.read_text())
+
+
+def published_form(d: dict) -> dict:
+    """The raw checkpoint spelling: ``rope_scaling`` + top-level ``rope_theta``."""
+    d = copy.deepcopy(d)
+    for section in (
+        d["thinker_config"]["text_config"],
+        d["talker_config"]["text_config"],
+        d["talker_config"]["code_predictor_config"],
+        d["code2wav_config"],
+    ):
+        params = section.pop("rope_parameters")
+        section["rope_theta"] = params.pop("rope_theta")
+        section["rope_scaling"] = {**params, "type": params.pop("rope_type")}
+    return d
+
+
+@pytest.mark.parametrize("form", ["rope_parameters", "rope_scaling"])
+def test_real_config_values(form):
+    d = real_dict() if form == "rope_parameters" else published_form(real_dict())
+    cfg = Qwen3OmniConfig.from_hf(d)
+    assert cfg.text.head_dim == 128 and cfg.text.hidden_size == 2048
+    assert (cfg.text.num_experts, cfg.text.num_experts_per_tok) == (128, 8)
+    assert cfg.text.shared_expert_intermediate_size == 0
+    assert cfg.text.rope.mrope_section == (24, 20, 20) and cfg.text.rope.theta == 1e6
+    assert cfg.talker.accept_hidden_layer == 24 and cfg.talker.num_code_groups == 16
+    assert (cfg.talker.text.num_experts, cfg.talker.text.num_experts_per_tok) == (128, 6)
+    assert cfg.talker.text.shared_expert_intermediate_size == 768 and cfg.talker.text.norm_topk_prob
+    assert cfg.talker.code_predictor.num_experts == 0 and cfg.talker.code_predictor.rope.mrope_section is None
+    assert cfg.position_id_per_seconds == 13
+    assert cfg.tokens.vision_start == 151652 and cfg.tokens.audio_end == 151670
+    assert cfg.talker.speaker_ids == {"chelsie": 2301, "ethan": 2302, "aiden": 2303}
+    assert cfg.code2wav.samples_per_frame == 1920 and cfg.code2wav.rope_theta == 10000
+    assert cfg.vision.head_dim == 72 and cfg.vision.deepstack_visual_indexes == (8, 16, 24)
+
+
+def test_both_rope_forms_agree():
+    assert Qwen3OmniConfig.from_hf(real_dict()) == Qwen3OmniConfig.from_hf(published_form(real_dict()))
+
+
+def test_real_parameter_count():
+    cfg = Qwen3OmniConfig.from_hf(REAL)
+    assert num_parameters(cfg) == 35_259_818_545
+    assert len(checkpoint_layout(cfg)) == 28_010  # tensors in the published checkpoint
+
+
+def test_packaged_tiny_config_is_the_reference_one():
+    assert json.loads(PACKAGED_TINY.read_text()) == json.loads(TINY_REF.read_text())
+
+
+def _mutate(path: str, value):
+    d = real_dict()
+    *parents, leaf = path.split(".")
+    node = d
+    for p in parents:
+        node = node[p]
+    if value is KeyError:
+        del node[leaf]
+    else:
+        node[leaf] = value
+    return d
+
+
+@pytest.mark.parametrize(
+    "path, value, message",
+    [
+        ("thinker_config.text_config.rope_parameters.mrope_section", [24, 20, 16], "mrope_section"),
+        ("thinker_config.text_config.hidden_size", KeyError, "thinker_config.text_config.hidden_size"),
+        ("thinker_config.text_config.num_key_value_heads", 5, "num_key_value_heads"),
+        ("thinker_config.text_config.num_experts_per_tok", "8", "num_experts_per_tok"),
+        ("thinker_config.vision_start_token_id", KeyError, "thinker_config.vision_start_token_id"),
+        ("talker_config.text_config.shared_expert_intermediate_size", KeyError, "shared_expert_intermediate_size"),
+        ("talker_config.accept_hidden_layer", 49, "accept_hidden_layer"),
+        ("talker_config.thinker_hidden_size", 1024, "talker_config.thinker_hidden_size"),
+        ("thinker_config.audio_config.output_dim", 1024, "audio_config.output_dim"),
+        ("thinker_config.vision_config.deepstack_visual_indexes", [8, 27], "deepstack_visual_indexes"),
+        ("code2wav_config.num_quantizers", 8, "num_quantizers"),
+        ("talker_config.speaker_id", {"ethan": 5000}, "speaker_id.ethan"),
+        ("talker_config.codec_eos_token_id", -1, "codec_eos_token_id"),
+        ("im_end_token_id", 200000, "im_end"),
+        ("thinker_config.text_config.rope_parameters.rope_type", "yarn", "rope_type"),
+    ],
+)
+def test_bad_config_names_the_field(path, value, message):
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        Qwen3OmniConfig.from_hf(_mutate(path, value))
+
+
+def test_missing_or_malformed_file(tmp_path):
+    with pytest.raises(ConfigError, match="no config.json"):
+        Qwen3OmniConfig.from_hf(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        Qwen3OmniConfig.from_hf(tmp_path)
