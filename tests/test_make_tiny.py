@@ -69,7 +69,15 @@ def test_cli_make_tiny(tmp_path):
     assert "done in" in proc.stdout
     assert (out / "model.safetensors.index.json").exists()
     bad = subprocess.run(
-        [sys.executable, "-m", "omniwalk.cli", "make-tiny", str(tmp_path / "bad"), "--config", str(tmp_path / "no.json")],
+        [
+            sys.executable,
+            "-m",
+            "omniwalk.cli",
+            "make-tiny",
+            str(tmp_path / "bad"),
+            "--config",
+            str(tmp_path / "no.json"),
+        ],
         capture_output=True,
         text=True,
         timeout=60,

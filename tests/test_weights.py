@@ -90,7 +90,9 @@ def test_load_with_prefix_dtype_and_sharded(tmp_path):
     cfg = Qwen3OmniConfig.from_hf(ckpt)
     full = fused_module(checkpoint_layout(cfg))
     load_weights(full, ckpt, dtype=torch.bfloat16, strict_unused=True)
-    talker = fused_module({k[len("talker.") :]: v for k, v in checkpoint_layout(cfg).items() if k.startswith("talker.")})
+    talker = fused_module(
+        {k[len("talker.") :]: v for k, v in checkpoint_layout(cfg).items() if k.startswith("talker.")}
+    )
     load_weights(talker, ckpt, prefix="talker.")
     assert all(p.dtype == torch.bfloat16 for p in full.parameters())
     a = dict(full.named_parameters())["talker.model.layers.1.mlp.experts.down_proj"]

@@ -142,7 +142,9 @@ def _read_decoder(
     head_dim = s.int("head_dim", hidden // heads)  # NOTE: the real model's 128 is not hidden/heads
     kv_heads = s.int("num_key_value_heads", heads)
     if heads % kv_heads:
-        raise ConfigError(f"{s.name('num_attention_heads')} ({heads}) must be a multiple of num_key_value_heads ({kv_heads})")
+        raise ConfigError(
+            f"{s.name('num_attention_heads')} ({heads}) must be a multiple of num_key_value_heads ({kv_heads})"
+        )
     if head_dim % 2:
         raise ConfigError(f"{s.name('head_dim')} must be even, got {head_dim}")
     experts = {}
@@ -438,7 +440,11 @@ def _read_talker(s: _Section) -> TalkerConfig:
         s.section("text_config"), moe=True, multimodal=True, theta=1e6, norm_topk_default=False, shared_required=True
     )
     cp = _read_decoder(
-        s.section("code_predictor_config"), moe=False, multimodal=False, theta=1e4, norm_topk_default=False,
+        s.section("code_predictor_config"),
+        moe=False,
+        multimodal=False,
+        theta=1e4,
+        norm_topk_default=False,
         shared_required=False,
     )
     speakers = s.get("speaker_id", kind=dict)
@@ -475,7 +481,11 @@ def _read_talker(s: _Section) -> TalkerConfig:
 def _read_model(top: _Section) -> Qwen3OmniConfig:
     thinker = top.section("thinker_config")
     text = _read_decoder(
-        thinker.section("text_config"), moe=True, multimodal=True, theta=1e6, norm_topk_default=True,
+        thinker.section("text_config"),
+        moe=True,
+        multimodal=True,
+        theta=1e6,
+        norm_topk_default=True,
         shared_required=False,
     )
     cfg = Qwen3OmniConfig(
@@ -498,7 +508,11 @@ def _check_consistency(cfg: Qwen3OmniConfig, top: _Section) -> None:
     hidden = cfg.text.hidden_size
     checks = [
         (cfg.audio.output_dim == hidden, "thinker_config.audio_config.output_dim", cfg.audio.output_dim),
-        (cfg.vision.out_hidden_size == hidden, "thinker_config.vision_config.out_hidden_size", cfg.vision.out_hidden_size),
+        (
+            cfg.vision.out_hidden_size == hidden,
+            "thinker_config.vision_config.out_hidden_size",
+            cfg.vision.out_hidden_size,
+        ),
         (cfg.talker.thinker_hidden_size == hidden, "talker_config.thinker_hidden_size", cfg.talker.thinker_hidden_size),
     ]
     for ok, field, value in checks:

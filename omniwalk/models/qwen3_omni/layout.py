@@ -166,7 +166,9 @@ def _code2wav(c: Code2WavConfig) -> Layout:
     for i in range(c.num_hidden_layers):
         p = f"pre_transformer.layers.{i}."
         for proj in ("q_proj", "k_proj", "v_proj"):
-            out.update(_linear(f"{p}self_attn.{proj}", h if proj == "q_proj" else c.num_key_value_heads * c.head_dim, h, False))
+            out.update(
+                _linear(f"{p}self_attn.{proj}", h if proj == "q_proj" else c.num_key_value_heads * c.head_dim, h, False)
+            )
         out.update(_linear(p + "self_attn.o_proj", h, h, False))
         out.update(_gated_mlp(p + "mlp", h, c.intermediate_size))
         out[p + "input_layernorm.weight"] = (h,)

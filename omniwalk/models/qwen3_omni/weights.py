@@ -134,9 +134,7 @@ def load_weights(
                 except (SafetensorError, OSError, ValueError) as e:
                     raise CheckpointError(f"{path}: cannot read {ckpt_name} (truncated file?): {e}") from None
                 if tuple(tensor.shape) != shape:
-                    raise CheckpointError(
-                        f"{path}: {ckpt_name} has shape {tuple(tensor.shape)}, expected {shape}"
-                    )
+                    raise CheckpointError(f"{path}: {ckpt_name} has shape {tuple(tensor.shape)}, expected {shape}")
                 dest = targets[ours] if expert is None else targets[ours][expert, rows]
                 dest.copy_(tensor)
     params = dict(module.named_parameters())
