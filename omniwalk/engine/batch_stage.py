@@ -1,0 +1,77 @@
+"""Batching for components without a KV cache (encoders, the streaming vocoder).
+
+Each step packs ready work from every request, oldest first, up to a budget of work units
+(encoder tokens, vocoder frames): **pack what is ready, run it once**. A single unit of work
+larger than the budget still runs, alone. Per-request streaming state (vocoder) lives in the
+request's model-owned state, so batching never mixes requests' state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from omniwalk.engine.request import EngineRequest
+
+
+@dataclass(frozen=True)
+class BatchStageConfig:
+    max_batch_units: int = 4096
+    max_batch_requests: int = 64
+
+
+class BatchProgram(Protocol):
+    def take(self, req: EngineRequest, budget: int, batch_is_empty: bool) -> int:
+        """Units of ``req``'s ready work to run in this batch, within ``budget`` unless the batch is
+        empty (0 = nothing ready or nothing that fits)."""
+        ...
+
+    def run(self, batch: list[tuple[EngineRequest, int]]) -> None:
+        """Run the taken work; must leave request state untouched if it raises."""
+        ...
+
+    def is_finished(self, req: EngineRequest) -> bool: ...
+
+
+class BatchStage:
+    def __init__(self, name: str, program: BatchProgram, config: BatchStageConfig):
+        self.name, self.program, self.config = name, program, config
+        self.requests: dict[str, EngineRequest] = {}
+
+    def add(self, req: EngineRequest) -> None:
+        self.requests[req.id] = req
+
+    def remove(self, req: EngineRequest) -> None:
+        self.requests.pop(req.id, None)
+
+    def is_done(self, req: EngineRequest) -> bool:
+        return req.id not in self.requests
+
+    def schedule(self) -> list[tuple[EngineRequest, int]]:
+        batch, budget = [], self.config.max_batch_units
+        for req in sorted(self.requests.values(), key=lambda r: r.order):
+            if len(batch) >= self.config.max_batch_requests or budget <= 0:
+                break
+            units = self.program.take(req, budget, not batch)
+            if units:
+                batch.append((req, units))
+                budget -= units
+        return batch
+
+    def step(self) -> bool:
+        batch = self.schedule()
+        if not batch:
+            return False
+        try:
+            self.program.run(batch)
+        except Exception:
+            for item in batch:  # isolate: only requests that fail alone fail
+                try:
+                    self.program.run([item])
+                except Exception as e:  # noqa: BLE001
+                    item[0].fail(e)
+                    self.remove(item[0])
+        for req, _ in batch:
+            if req.id in self.requests and self.program.is_finished(req):
+                self.remove(req)
+        return True

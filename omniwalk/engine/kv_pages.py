@@ -1,0 +1,98 @@
+"""Paged KV storage: a fixed pool of pages per KV model, page tables per request.
+
+Vocabulary (per request, in tokens):
+    num_cached   tokens whose keys/values are stored in its pages
+    num_new      tokens the current step appends (prefill chunk or one decode token)
+    capacity     len(pages) * page_size; always >= num_cached + num_new during a step
+
+A token at absolute position p of a request lives in slot ``pages[p // page_size] * page_size +
+p % page_size`` of the flattened [num_pages * page_size, kv_heads, head_dim] storage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+class PagePool:
+    """Free-list allocator over ``num_pages`` pages of ``page_size`` tokens."""
+
+    def __init__(self, num_pages: int, page_size: int):
+        self.num_pages, self.page_size = num_pages, page_size
+        self._free = list(range(num_pages - 1, -1, -1))  # pop() hands out low ids first
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_pages - len(self._free)
+
+    def pages_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size)
+
+    def can_allocate(self, num_pages: int) -> bool:
+        return num_pages <= len(self._free)
+
+    def allocate(self, num_pages: int) -> list[int]:
+        if num_pages > len(self._free):
+            raise MemoryError(f"KV pool exhausted: {num_pages} pages wanted, {len(self._free)} free")
+        return [self._free.pop() for _ in range(num_pages)]
+
+    def free(self, pages: list[int]) -> None:
+        self._free.extend(reversed(pages))
+
+
+@dataclass
+class PageTable:
+    """One request's pages in one KV model."""
+
+    pages: list[int] = field(default_factory=list)
+    num_cached: int = 0
+
+    def pages_needed(self, pool: PagePool, num_new: int) -> int:
+        return max(0, pool.pages_for(self.num_cached + num_new) - len(self.pages))
+
+    def reserve(self, pool: PagePool, num_new: int) -> bool:
+        """Grow to hold ``num_new`` more tokens; False (and nothing taken) if the pool is short."""
+        needed = self.pages_needed(pool, num_new)
+        if not pool.can_allocate(needed):
+            return False
+        self.pages.extend(pool.allocate(needed))
+        return True
+
+    def release(self, pool: PagePool) -> None:
+        pool.free(self.pages)
+        self.pages, self.num_cached = [], 0
+
+    def slots(self, pool: PagePool, start: int, end: int) -> list[int]:
+        """Flat storage slots of absolute positions [start, end)."""
+        size = pool.page_size
+        return [self.pages[p // size] * size + p % size for p in range(start, end)]
+
+
+class KVStorage:
+    """Key and value pages of every layer of one model: [num_pages * page_size, kv_heads, head_dim]."""
+
+    def __init__(self, pool: PagePool, num_layers: int, num_kv_heads: int, head_dim: int, dtype, device):
+        shape = (pool.num_pages * pool.page_size, num_kv_heads, head_dim)
+        self.pool = pool
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    @staticmethod
+    def bytes_per_page(page_size: int, num_layers: int, num_kv_heads: int, head_dim: int, dtype) -> int:
+        return 2 * num_layers * page_size * num_kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+
+    @classmethod
+    def from_budget(
+        cls, budget_bytes: int, page_size: int, num_layers: int, num_kv_heads: int, head_dim: int, dtype, device
+    ) -> KVStorage:
+        per_page = cls.bytes_per_page(page_size, num_layers, num_kv_heads, head_dim, dtype)
+        num_pages = budget_bytes // per_page
+        if num_pages < 1:
+            raise ValueError(f"KV budget of {budget_bytes} bytes holds no page ({per_page} bytes each)")
+        return cls(PagePool(num_pages, page_size), num_layers, num_kv_heads, head_dim, dtype, device)

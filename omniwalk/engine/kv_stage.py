@@ -1,0 +1,153 @@
+"""Continuous batching for a component with a KV cache (thinker, talker).
+
+The policy, once per step: **keep what is running moving, then admit what fits.**
+
+1. Running requests, oldest first, each get their ready tokens (a prefill chunk or one decode
+   token) while the step's token budget lasts. If the pool is out of pages, the newest running
+   request is preempted (pages freed, its tokens recomputed later) — never a crash or a
+   deadlock: the oldest request can always progress.
+2. Waiting requests are admitted in FIFO order (skipping those whose inputs are not ready yet,
+   e.g. a talker waiting for its first thinker tokens) while budget, pages and
+   ``max_running`` allow. A long prompt is cut into chunks of the remaining budget, so it never
+   stalls running decodes.
+
+What a request's tokens *are* is the model's business: a ``KVProgram`` says how many tokens of a
+request are ready (``num_ready``) and runs a packed batch of them (``run``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+from omniwalk.engine.kv_pages import KVStorage, PageTable
+from omniwalk.engine.paged_attention import PagedBatch, Segment
+from omniwalk.engine.request import EngineRequest, Status
+
+
+@dataclass(frozen=True)
+class KVStageConfig:
+    max_batch_tokens: int = 512  # prefill chunk tokens + decode tokens per step
+    max_running: int = 64  # requests holding KV pages at once
+
+
+class KVProgram(Protocol):
+    """The model side of a KV stage."""
+
+    def num_ready(self, req: EngineRequest, num_cached: int) -> int:
+        """Tokens of ``req`` that can run now, given ``num_cached`` are in its KV (0 = wait)."""
+        ...
+
+    def run(self, batch: list[tuple[EngineRequest, int, int]], kv: PagedBatch) -> None:
+        """Run tokens [start, start + n) of each ``(req, start, n)`` (packed in batch order) and
+        consume the outputs (sample where a request's ready tokens end).
+
+        Must leave request state untouched if it raises: the stage then reruns requests alone.
+        """
+        ...
+
+    def is_finished(self, req: EngineRequest) -> bool: ...
+
+    def on_preempt(self, req: EngineRequest) -> None:
+        """The request's KV was dropped; its tokens will be recomputed from position 0."""
+        ...
+
+
+class KVStage:
+    def __init__(self, name: str, program: KVProgram, storage: KVStorage, config: KVStageConfig, device):
+        self.name, self.program, self.storage, self.config, self.device = name, program, storage, config, device
+        self.waiting: deque[EngineRequest] = deque()
+        self.running: list[EngineRequest] = []
+        self.tables: dict[str, PageTable] = {}
+        self.num_preemptions = 0
+
+    @property
+    def pool(self):
+        return self.storage.pool
+
+    def add(self, req: EngineRequest) -> None:
+        self.tables[req.id] = PageTable()
+        self.waiting.append(req)
+
+    def remove(self, req: EngineRequest) -> None:
+        """Drop a request (finished, aborted or failed) and free its pages."""
+        table = self.tables.pop(req.id, None)
+        if table is not None:
+            table.release(self.pool)
+        if req in self.running:
+            self.running.remove(req)
+        if req in self.waiting:
+            self.waiting.remove(req)
+
+    def is_done(self, req: EngineRequest) -> bool:
+        return req.id not in self.tables
+
+    def schedule(self) -> list[tuple[EngineRequest, int]]:
+        batch, budget = [], self.config.max_batch_tokens
+        for req in sorted(self.running, key=lambda r: r.order):
+            if budget == 0:
+                break
+            if req not in self.running:  # preempted earlier in this loop
+                continue
+            n = min(self.program.num_ready(req, self.tables[req.id].num_cached), budget)
+            if n and self._reserve(req, n):
+                batch.append((req, n))
+                budget -= n
+        for req in list(self.waiting):
+            if budget == 0 or len(self.running) >= self.config.max_running:
+                break
+            n = min(self.program.num_ready(req, self.tables[req.id].num_cached), budget)
+            if n == 0:
+                continue  # inputs not ready yet; later requests may be
+            if not self.tables[req.id].reserve(self.pool, n):
+                break  # FIFO: nobody overtakes the head for pages
+            self.waiting.remove(req)
+            self.running.append(req)
+            req.status = Status.RUNNING
+            batch.append((req, n))
+            budget -= n
+        return batch
+
+    def _reserve(self, req: EngineRequest, n: int) -> bool:
+        """Pages for ``n`` more tokens of a running request, preempting newer requests if needed."""
+        table = self.tables[req.id]
+        while not table.reserve(self.pool, n):
+            victim = max(self.running, key=lambda r: r.order)
+            self._preempt(victim)
+            if victim is req:
+                return False
+        return True
+
+    def _preempt(self, req: EngineRequest) -> None:
+        self.tables[req.id].release(self.pool)
+        self.running.remove(req)
+        self.waiting.appendleft(req)
+        self.program.on_preempt(req)
+        self.num_preemptions += 1
+
+    def step(self) -> bool:
+        """Run one batch; returns whether any work was done."""
+        batch = self.schedule()
+        if not batch:
+            return False
+        try:
+            self._run(batch)
+        except Exception:
+            # Isolate the failure: rerun each request alone; only those that fail again fail.
+            for req, n in batch:
+                try:
+                    self._run([(req, n)])
+                except Exception as e:  # noqa: BLE001 - any model error fails just this request
+                    req.fail(e)
+                    self.remove(req)
+        for req, _ in batch:
+            if req.id in self.tables and self.program.is_finished(req):
+                self.remove(req)
+        return True
+
+    def _run(self, batch: list[tuple[EngineRequest, int]]) -> None:
+        segments = [Segment(self.tables[r.id], n) for r, n in batch]
+        kv = PagedBatch(self.storage, segments, self.device)
+        self.program.run([(r, seg.table.num_cached, n) for (r, n), seg in zip(batch, segments, strict=True)], kv)
+        kv.advance()

@@ -1,0 +1,72 @@
+"""Attention over paged KV for one engine step of many requests (packed along the token axis).
+
+A ``PagedBatch`` is built once per step from the requests' page tables and how many new tokens
+each contributes. Every decoder layer calls ``attend``: the new keys/values are written into
+their slots, then each request's queries attend causally to all of its keys. ``advance`` moves
+the page tables forward after the last layer.
+
+Slot indices are built on the host from the page tables (plain Python, no device reads) and
+copied to the device once per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from omniwalk.engine.kv_pages import KVStorage, PageTable
+
+
+@dataclass
+class Segment:
+    table: PageTable
+    num_new: int
+
+
+class PagedBatch:
+    """The decoder's KV context for one step (implements ``attend``/``advance``)."""
+
+    def __init__(self, storage: KVStorage, segments: list[Segment], device):
+        self.storage, self.segments = storage, segments
+        pool = storage.pool
+        new_slots, self._keys = [], []
+        for seg in segments:
+            start = seg.table.num_cached
+            slots = seg.table.slots(pool, 0, start + seg.num_new)
+            new_slots.extend(slots[start:])
+            self._keys.append(torch.tensor(slots, device=device))
+        self._new_slots = torch.tensor(new_slots, dtype=torch.long, device=device)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new for s in self.segments)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [n, heads, d], k/v [n, kv_heads, d] packed in segment order -> out [n, heads, d]."""
+        keys, values = self.storage.keys[layer], self.storage.values[layer]
+        keys.index_copy_(0, self._new_slots, k.to(keys.dtype))
+        values.index_copy_(0, self._new_slots, v.to(values.dtype))
+        out, start = [], 0
+        for seg, slots in zip(self.segments, self._keys, strict=True):
+            qs = q[start : start + seg.num_new]
+            start += seg.num_new
+            out.append(_causal_attention(qs, keys[slots], values[slots]))
+        return torch.cat(out)
+
+    def advance(self) -> None:
+        for seg in self.segments:
+            seg.table.num_cached += seg.num_new
+
+
+def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """q [n, h, d] are the last n of the m keys [m, kvh, d]; query i sees keys <= m - n + i."""
+    n, m = q.shape[0], k.shape[0]
+    mask = None
+    if n > 1:
+        mask = torch.arange(m, device=q.device)[None, :] <= torch.arange(m - n, m, device=q.device)[:, None]
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=mask, enable_gqa=True
+    )
+    return out[0].transpose(0, 1)

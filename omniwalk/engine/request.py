@@ -1,0 +1,58 @@
+"""The engine's per-request record and the events it streams back.
+
+The engine does not look inside ``state``: each model package keeps its own per-request data
+there (prompt ids, media, generated tokens, streaming vocoder state, ...). The engine only moves
+the request between stages along its ``walk`` and collects ``events``.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+    FAILED = "failed"
+
+    @property
+    def is_done(self) -> bool:
+        return self in (Status.FINISHED, Status.ABORTED, Status.FAILED)
+
+
+@dataclass
+class Event:
+    """One piece of output: ``kind`` is "text", "audio", "finished" or "error"."""
+
+    kind: str
+    data: Any = None
+
+
+_counter = itertools.count()
+
+
+@dataclass
+class EngineRequest:
+    id: str
+    walk: tuple[str, ...]  # stage names, in the order the request enters them
+    state: Any  # model-owned per-request data
+    status: Status = Status.WAITING
+    error: Exception | None = None
+    events: deque[Event] = field(default_factory=deque)
+    arrival: float = field(default_factory=time.monotonic)
+    order: int = field(default_factory=lambda: next(_counter))  # FIFO tie-breaker and preemption age
+
+    def emit(self, kind: str, data: Any = None) -> None:
+        self.events.append(Event(kind, data))
+
+    def fail(self, error: Exception) -> None:
+        if not self.status.is_done:
+            self.status, self.error = Status.FAILED, error
+            self.emit("error", error)
