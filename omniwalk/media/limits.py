@@ -1,0 +1,26 @@
+"""Bounds on what a request may bring; every decoder checks them before doing expensive work."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MediaLimits:
+    """Limits on decoded media. Checked as early as the container metadata allows."""
+
+    max_input_bytes: int = 64 * 1024 * 1024  # encoded size of one media item
+    max_audio_seconds: float = 600.0
+    min_audio_seconds: float = 0.05  # shorter clips give < 5 mel frames (log-mel needs > 200 samples)
+    min_image_side: int = 2  # pixels; a 1x1 image carries nothing
+    max_image_pixels: int = 50_000_000  # decoded, before resizing (decompression-bomb guard)
+    max_aspect_ratio: float = 200.0  # the processor's smart_resize rejects more
+    max_video_seconds: float = 600.0
+    max_video_pixels: int = 8_294_400  # one decoded frame (3840x2160)
+    video_fps: float = 2.0  # frames sampled per second of video
+    min_frames: int = 4
+    max_frames: int = 768
+    max_video_decoded_frames: int = 100_000  # frames the demuxer may walk through
+
+
+DEFAULT_LIMITS = MediaLimits()

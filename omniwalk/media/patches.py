@@ -1,0 +1,111 @@
+"""Images and video frames -> flattened patches for the vision encoder (Qwen2-VL processor math).
+
+    pixel_values [num_patches, C * temporal_patch * patch * patch]   float32, normalised
+    grid_thw     (grid_t, grid_h, grid_w)                            num_patches = t * h * w
+
+Patches are emitted frame-group by frame-group, and inside a frame group in 2x2 merge-block
+order (block_row, block_col, in_row, in_col); each patch vector is (C, t, ph, pw) flattened.
+An image is one frame repeated ``temporal_patch_size`` times; a video's frames are grouped in
+consecutive pairs (the last frame repeated if the count is odd).
+
+Resizing: images are resized on the CPU with Pillow (``resize_image``, run in the decode step),
+video frames in torch on the device (``video_patches``); see ``resize.py`` for why.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from omniwalk.media.errors import MediaLimitError
+from omniwalk.media.resize import pil_bicubic, torch_bicubic
+
+
+@dataclass(frozen=True)
+class PatchSpec:
+    """Processor settings: patch geometry plus the pixel budget of one (resized) frame."""
+
+    patch_size: int = 16
+    temporal_patch_size: int = 2
+    merge_size: int = 2
+    min_pixels: int = 3136
+    max_pixels: int = 12845056
+    mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+
+    @property
+    def factor(self) -> int:
+        """Resized sides are multiples of this (one merged token covers factor x factor pixels)."""
+        return self.patch_size * self.merge_size
+
+
+IMAGE_PATCHES = PatchSpec()
+# The Qwen3-Omni processor overrides the video processor's size bounds.
+VIDEO_PATCHES = PatchSpec(min_pixels=128 * 32 * 32, max_pixels=768 * 32 * 32)
+MAX_ASPECT_RATIO = 200
+
+
+def smart_resize(height: int, width: int, spec: PatchSpec = IMAGE_PATCHES) -> tuple[int, int]:
+    """Target (height, width): multiples of ``spec.factor``, area within the pixel budget.
+
+    Rounding is Python's ``round`` (half to even: 720 / 32 = 22.5 -> 22), as HF does.
+    """
+    if min(height, width) < 1 or max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise MediaLimitError(f"image aspect ratio {width}x{height} exceeds {MAX_ASPECT_RATIO}:1")
+    f = spec.factor
+    h, w = round(height / f) * f, round(width / f) * f
+    if h * w > spec.max_pixels:
+        beta = math.sqrt(height * width / spec.max_pixels)
+        h, w = max(f, math.floor(height / beta / f) * f), max(f, math.floor(width / beta / f) * f)
+    elif h * w < spec.min_pixels:
+        beta = math.sqrt(spec.min_pixels / (height * width))
+        h, w = math.ceil(height * beta / f) * f, math.ceil(width * beta / f) * f
+    return h, w
+
+
+def resize_image(image: np.ndarray, spec: PatchSpec = IMAGE_PATCHES) -> np.ndarray:
+    """uint8 [H, W, 3] -> uint8 [h, w, 3] at the smart_resize size (Pillow bicubic, CPU)."""
+    return pil_bicubic(image, *smart_resize(image.shape[0], image.shape[1], spec))
+
+
+def _normalise(frames: torch.Tensor, spec: PatchSpec) -> torch.Tensor:
+    """[T, C, H, W] values in 0..255 -> float32 (x / 255 - mean) / std."""
+    mean = torch.tensor(spec.mean, device=frames.device).view(1, -1, 1, 1)
+    std = torch.tensor(spec.std, device=frames.device).view(1, -1, 1, 1)
+    return (frames.float() / 255.0 - mean) / std
+
+
+def patchify(frames: torch.Tensor, spec: PatchSpec) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    """[T, C, H, W] (T a multiple of temporal_patch_size, H/W of factor) -> (pixel_values, grid_thw)."""
+    num_frames, channels, height, width = frames.shape
+    p, m, tp = spec.patch_size, spec.merge_size, spec.temporal_patch_size
+    gt, gh, gw = num_frames // tp, height // p, width // p
+    x = frames.reshape(gt, tp, channels, gh // m, m, p, gw // m, m, p)
+    # -> (t, block_row, block_col, in_row, in_col, C, tp, ph, pw)
+    x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    return x.reshape(gt * gh * gw, channels * tp * p * p), (gt, gh, gw)
+
+
+def image_patches(image: torch.Tensor, spec: PatchSpec = IMAGE_PATCHES) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    """uint8 [h, w, 3] already at its ``smart_resize`` size (any device) -> patches and grid."""
+    if tuple(image.shape[:2]) != smart_resize(image.shape[0], image.shape[1], spec):
+        raise ValueError(f"image {tuple(image.shape[:2])} is not at its smart_resize size; call resize_image")
+    frame = _normalise(image.permute(2, 0, 1)[None], spec)
+    return patchify(frame.expand(spec.temporal_patch_size, -1, -1, -1), spec)
+
+
+def video_patches(frames: torch.Tensor, spec: PatchSpec = VIDEO_PATCHES) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    """uint8 [T, H, W, 3] sampled frames (any device) -> resized, normalised patches and grid."""
+    height, width = smart_resize(frames.shape[1], frames.shape[2], spec)
+    resized = torch_bicubic(frames.permute(0, 3, 1, 2), height, width)
+    if pad := -resized.shape[0] % spec.temporal_patch_size:
+        resized = torch.cat([resized, resized[-1:].expand(pad, -1, -1, -1)])
+    return patchify(_normalise(resized, spec), spec)
+
+
+def seconds_per_grid(sampled_fps: float, spec: PatchSpec = VIDEO_PATCHES) -> float:
+    """Seconds of video covered by one temporal patch (``video_second_per_grid`` for MRoPE)."""
+    return spec.temporal_patch_size / sampled_fps

@@ -1,0 +1,108 @@
+"""Video bytes (mp4, webm, ... via PyAV) or frame arrays -> sampled uint8 frames + audio track.
+
+Frames are sampled uniformly at ``limits.video_fps`` (default 2 per second), the count bounded
+to [min_frames, max_frames] and the video's own frame count and rounded down to an even number
+(two frames form one temporal patch), as qwen-omni-utils samples them. ``sampled_fps`` is the
+rate actually kept; ``patches.seconds_per_grid(sampled_fps)`` is the MRoPE time step.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import av
+import numpy as np
+
+from omniwalk.errors import MediaError
+from omniwalk.media.audio import decode_audio_stream
+from omniwalk.media.errors import CorruptMediaError, EmptyMediaError, MediaLimitError
+from omniwalk.media.image import check_frame_size
+from omniwalk.media.limits import DEFAULT_LIMITS, MediaLimits
+
+FRAME_FACTOR = 2  # temporal_patch_size: sampled frame counts are multiples of it
+
+
+@dataclass
+class DecodedVideo:
+    frames: np.ndarray  # uint8 [T, H, W, 3]
+    sampled_fps: float  # frames kept per second of video
+    audio: np.ndarray | None  # mono float32 at 16 kHz, None when the video has no audio track
+
+
+def sample_frame_indices(total_frames: int, source_fps: float, limits: MediaLimits) -> np.ndarray:
+    """Indices of the frames to keep out of ``total_frames`` decoded at ``source_fps``."""
+    if total_frames < 1:
+        raise EmptyMediaError("video has no frames")
+    wanted = total_frames / source_fps * limits.video_fps
+    upper = min(limits.max_frames, total_frames) // FRAME_FACTOR * FRAME_FACTOR
+    count = int(min(max(wanted, limits.min_frames), upper) // FRAME_FACTOR * FRAME_FACTOR)
+    count = max(count, min(total_frames, FRAME_FACTOR))  # a 1-frame video keeps its frame
+    return np.linspace(0, total_frames - 1, count).round().astype(np.int64)
+
+
+def decode_video(
+    data: bytes | np.ndarray, limits: MediaLimits = DEFAULT_LIMITS, *, fps: float | None = None
+) -> DecodedVideo:
+    """Encoded bytes, or uint8 frames [T, H, W, 3] at ``fps`` (required then), -> sampled frames."""
+    if isinstance(data, np.ndarray):
+        return _from_array(data, limits, fps)
+    if len(data) > limits.max_input_bytes:
+        raise MediaLimitError(f"video is {len(data)} bytes; the limit is {limits.max_input_bytes}")
+    data = bytes(data)
+    try:
+        frames, sampled_fps = _decode_frames(data, limits)
+    except MediaError:
+        raise
+    except (av.FFmpegError, ValueError, IndexError, ZeroDivisionError) as e:
+        raise CorruptMediaError(f"could not decode video: {e}") from None
+    return DecodedVideo(frames, sampled_fps, decode_audio_stream(data, limits))
+
+
+def _from_array(frames: np.ndarray, limits: MediaLimits, fps: float | None) -> DecodedVideo:
+    if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[3] != 3:
+        raise CorruptMediaError(f"video array must be uint8 [T, H, W, 3], got {frames.dtype} {frames.shape}")
+    if not fps or fps <= 0:
+        raise CorruptMediaError("a video given as frames needs its frame rate (fps > 0)")
+    check_frame_size(frames.shape[1], frames.shape[2], limits, limits.max_video_pixels)
+    _check_duration(frames.shape[0] / fps, limits)
+    idx = sample_frame_indices(frames.shape[0], fps, limits)
+    return DecodedVideo(np.ascontiguousarray(frames[idx]), len(idx) / frames.shape[0] * fps, None)
+
+
+def _check_duration(seconds: float, limits: MediaLimits) -> None:
+    if seconds > limits.max_video_seconds:
+        raise MediaLimitError(f"video is {seconds:.1f} s long; the limit is {limits.max_video_seconds} s")
+
+
+def _decode_frames(data: bytes, limits: MediaLimits) -> tuple[np.ndarray, float]:
+    with av.open(io.BytesIO(data)) as container:
+        if not container.streams.video:
+            raise EmptyMediaError("no video stream found")
+        stream = container.streams.video[0]
+        check_frame_size(stream.codec_context.height, stream.codec_context.width, limits, limits.max_video_pixels)
+        fps = float(stream.average_rate or stream.guessed_rate or 0)
+        if fps <= 0:
+            raise CorruptMediaError("video has no frame rate")
+        seconds = float(stream.duration * stream.time_base) if stream.duration else (container.duration or 0) / 1e6
+        _check_duration(seconds, limits)
+        total = stream.frames or round(seconds * fps)
+        if total > limits.max_video_decoded_frames:
+            raise MediaLimitError(f"video has {total} frames; the limit is {limits.max_video_decoded_frames}")
+        keep = sample_frame_indices(total, fps, limits)
+        frames = _read_frames(container, stream, keep)
+    if not frames:
+        raise EmptyMediaError("video has no decodable frames")
+    return np.stack(frames), len(keep) / total * fps
+
+
+def _read_frames(container, stream, keep: np.ndarray) -> list[np.ndarray]:
+    """Decode in order, converting only the kept frames; metadata may overstate the count."""
+    frames, wanted, last = [], set(keep.tolist()), int(keep[-1])
+    for i, frame in enumerate(container.decode(stream)):
+        if i in wanted:
+            # a repeated index (short videos) keeps the same frame twice
+            frames += [frame.to_ndarray(format="rgb24")] * int((keep == i).sum())
+        if i >= last:
+            break
+    return frames

@@ -1,0 +1,208 @@
+"""Qwen3-Omni vision encoder (``thinker.visual``), many images and videos packed into one call.
+
+    pixel_values [P, C*t*p*p] (items concatenated; patches in merge-block order per frame group)
+      -> patch_embed: a Linear over flattened patches (the checkpoint's Conv3d kernel == stride)
+      -> + learned positions, bilinearly resampled (align_corners) from a side x side table
+      -> blocks: pre-LN attention with 2-D rotary (row, col) + GELU(tanh) MLP; attention is
+         bidirectional inside one frame group of one item (segments of h * w patches)
+      -> after block k in deepstack_visual_indexes: merger_list[i] -> DeepStack level i
+      -> merger: LayerNorm per patch, then 2x2 patches -> one token            [P / 4, out]
+
+Parameter names mirror the checkpoint (``patch_embed.proj``, ``blocks.N.attn.qkv``,
+``merger.ln_q``, ``merger.mlp.0``, ``merger_list.i.mlp.2``, ...).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omniwalk.layers.attention import varlen_attention
+from omniwalk.layers.rotary import apply_rotary
+from omniwalk.models.qwen3_omni.config import VisionEncoderConfig
+
+Grid = tuple[int, int, int]  # (t, h, w) in patches; h and w are multiples of the merge size
+
+
+@dataclass
+class VisionOutput:
+    """``embeddings`` [Σ tokens, out] and one tensor of the same shape per DeepStack level."""
+
+    embeddings: torch.Tensor
+    deepstack: list[torch.Tensor]
+    tokens_per_item: list[int]
+
+    def split(self) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
+        """Per input item: (embeddings, [level tensors])."""
+        mains = self.embeddings.split(self.tokens_per_item)
+        levels = [d.split(self.tokens_per_item) for d in self.deepstack]
+        return [(m, [lvl[i] for lvl in levels]) for i, m in enumerate(mains)]
+
+
+class PatchProjection(nn.Module):
+    """Holds the checkpoint's Conv3d weight [hidden, C, t, p, p] but applies it as one Linear."""
+
+    def __init__(self, cfg: VisionEncoderConfig):
+        super().__init__()
+        p, tp = cfg.patch_size, cfg.temporal_patch_size
+        self.weight = nn.Parameter(torch.empty(cfg.hidden_size, cfg.in_channels, tp, p, p))
+        self.bias = nn.Parameter(torch.empty(cfg.hidden_size))
+
+    def forward(self, patches: torch.Tensor) -> torch.Tensor:
+        return F.linear(patches.to(self.weight.dtype), self.weight.view(self.weight.shape[0], -1), self.bias)
+
+
+class PatchEmbed(nn.Module):
+    def __init__(self, cfg: VisionEncoderConfig):
+        super().__init__()
+        self.proj = PatchProjection(cfg)
+
+    def forward(self, patches: torch.Tensor) -> torch.Tensor:
+        return self.proj(patches)
+
+
+class VisionAttention(nn.Module):
+    def __init__(self, cfg: VisionEncoderConfig):
+        super().__init__()
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
+        self.proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+
+    def forward(self, x, cos, sin, cu_seqlens, max_seqlen, backend):
+        n = x.shape[0]
+        q, k, v = self.qkv(x).view(n, 3, self.num_heads, self.head_dim).unbind(1)
+        # rotary in fp32, as HF does, whatever the activation dtype
+        q, k = (apply_rotary(t.float(), cos, sin).to(x.dtype) for t in (q, k))
+        out = varlen_attention(
+            q, k, v, cu_seqlens, max_seqlen, causal=False, scale=self.head_dim**-0.5, backend=backend
+        )
+        return self.proj(out.reshape(n, -1))
+
+
+class VisionMLP(nn.Module):
+    def __init__(self, cfg: VisionEncoderConfig):
+        super().__init__()
+        self.linear_fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.linear_fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(F.gelu(self.linear_fc1(x), approximate="tanh"))
+
+
+class VisionBlock(nn.Module):
+    def __init__(self, cfg: VisionEncoderConfig):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(cfg.hidden_size, eps=1e-6)
+        self.norm2 = nn.LayerNorm(cfg.hidden_size, eps=1e-6)
+        self.attn = VisionAttention(cfg)
+        self.mlp = VisionMLP(cfg)
+
+    def forward(self, x, cos, sin, cu_seqlens, max_seqlen, backend):
+        x = x + self.attn(self.norm1(x), cos, sin, cu_seqlens, max_seqlen, backend)
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchMerger(nn.Module):
+    """merge x merge neighbouring patches (consecutive rows) -> one token of ``out_hidden_size``.
+
+    The final merger normalises each patch before grouping (``ln_q`` over hidden); the DeepStack
+    mergers normalise the grouped vector (``ln_q`` over merge^2 * hidden).
+    """
+
+    def __init__(self, cfg: VisionEncoderConfig, norm_after_grouping: bool):
+        super().__init__()
+        self.grouped = cfg.hidden_size * cfg.spatial_merge_size**2
+        self.norm_after_grouping = norm_after_grouping
+        self.ln_q = nn.LayerNorm(self.grouped if norm_after_grouping else cfg.hidden_size, eps=1e-6)
+        self.mlp = nn.Sequential(
+            nn.Linear(self.grouped, self.grouped), nn.GELU(), nn.Linear(self.grouped, cfg.out_hidden_size)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.norm_after_grouping:
+            return self.mlp(self.ln_q(x.reshape(-1, self.grouped)))
+        return self.mlp(self.ln_q(x).reshape(-1, self.grouped))
+
+
+def _axis_taps(size: int, side: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bilinear (align_corners=True) taps of ``size`` targets into ``side`` sources: idx, weight [size, 2]."""
+    src = torch.arange(size, device=device, dtype=torch.float32) * (side - 1) / max(size - 1, 1)
+    floor = src.floor()
+    idx = floor.long()[:, None] + torch.arange(2, device=device)
+    weights = (1 - (src[:, None] - idx.float()).abs()).clamp(min=0)
+    return idx.clamp(max=side - 1), weights
+
+
+def _block_order(grid: torch.Tensor, merge: int) -> torch.Tensor:
+    """[h, w, ...] in raster order -> [h * w, ...] in merge-block order."""
+    h, w = grid.shape[:2]
+    blocks = grid.reshape(h // merge, merge, w // merge, merge, *grid.shape[2:]).transpose(1, 2)
+    return blocks.reshape(h * w, *grid.shape[2:])
+
+
+class VisionEncoder(nn.Module):
+    """Encodes packed images/videos; see the module docstring for the pipeline."""
+
+    def __init__(self, cfg: VisionEncoderConfig, attention_backend: str = "reference"):
+        super().__init__()
+        self.cfg, self.attention_backend = cfg, attention_backend
+        self.patch_embed = PatchEmbed(cfg)
+        self.pos_embed = nn.Embedding(cfg.num_position_embeddings, cfg.hidden_size)
+        self.blocks = nn.ModuleList(VisionBlock(cfg) for _ in range(cfg.depth))
+        self.merger = PatchMerger(cfg, norm_after_grouping=False)
+        self.merger_list = nn.ModuleList(PatchMerger(cfg, True) for _ in cfg.deepstack_visual_indexes)
+        self.side = math.isqrt(cfg.num_position_embeddings)
+        quarter = cfg.head_dim // 4  # head_dim/2 rotary angles: half for rows, half for columns
+        inv = 1.0 / cfg.rope_theta ** (torch.arange(0, 2 * quarter, 2, dtype=torch.float32) / (2 * quarter))
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def tokens_per_item(self, grids: Sequence[Grid]) -> list[int]:
+        return [t * h * w // self.cfg.spatial_merge_size**2 for t, h, w in grids]
+
+    def forward(self, pixel_values: torch.Tensor, grids: Sequence[Grid]) -> VisionOutput:
+        grids = [tuple(int(v) for v in g) for g in grids]
+        x = self.patch_embed(pixel_values)
+        x = x + self._positions(grids, x.device).to(x.dtype)
+        cos, sin = self._rotary(grids, x.device)
+        cu_seqlens, max_seqlen = self._segments(grids, x.device)
+        deepstack = []
+        for i, block in enumerate(self.blocks):
+            x = block(x, cos, sin, cu_seqlens, max_seqlen, self.attention_backend)
+            if i in self.cfg.deepstack_visual_indexes:
+                deepstack.append(self.merger_list[self.cfg.deepstack_visual_indexes.index(i)](x))
+        return VisionOutput(self.merger(x), deepstack, self.tokens_per_item(grids))
+
+    def _positions(self, grids: Sequence[Grid], device) -> torch.Tensor:
+        """[P, hidden] learned positions resampled to each item's grid, in patch order."""
+        table, out = self.pos_embed.weight, []
+        for t, h, w in grids:
+            hi, hw = _axis_taps(h, self.side, device)
+            wi, ww = _axis_taps(w, self.side, device)
+            idx = (hi[:, None, :, None] * self.side + wi[None, :, None, :]).reshape(h, w, 4)
+            weight = (hw[:, None, :, None] * ww[None, :, None, :]).reshape(h, w, 4)
+            grid = (table[idx] * weight[..., None].to(table.dtype)).sum(2)  # [h, w, hidden]
+            out.append(_block_order(grid, self.cfg.spatial_merge_size).repeat(t, 1))
+        return torch.cat(out)
+
+    def _rotary(self, grids: Sequence[Grid], device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [P, head_dim] of the 2-D rotary: angles (row * inv, col * inv), duplicated."""
+        rows, cols = [], []
+        for t, h, w in grids:
+            r, c = torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing="ij")
+            rows.append(_block_order(r, self.cfg.spatial_merge_size).repeat(t))
+            cols.append(_block_order(c, self.cfg.spatial_merge_size).repeat(t))
+        inv = self.inv_freq.to(device)
+        angles = torch.cat([torch.cat(rows)[:, None] * inv, torch.cat(cols)[:, None] * inv], dim=-1)
+        emb = torch.cat([angles, angles], dim=-1)
+        return emb.cos(), emb.sin()
+
+    def _segments(self, grids: Sequence[Grid], device) -> tuple[torch.Tensor, int]:
+        """cu_seqlens with one segment per frame group of every item."""
+        lengths = [h * w for t, h, w in grids for _ in range(t)]
+        bounds = torch.tensor([0, *lengths], device=device).cumsum(0).to(torch.int32)
+        return bounds, max(lengths)
