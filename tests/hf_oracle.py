@@ -22,9 +22,13 @@ def config_dict(name: str) -> dict:
     return json.loads(TINY_CONFIGS[name].read_text())
 
 
-@cache
 def hf_model(name: str, seed: int = 0):
     """A random HF ``Qwen3OmniMoeForConditionalGeneration`` (fp32, eval) for a tiny config."""
+    return _hf_model(name, seed)  # one cache key however the arguments are spelled
+
+
+@cache
+def _hf_model(name: str, seed: int):
     from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
 
     cfg = Qwen3OmniMoeConfig(**config_dict(name))
@@ -37,26 +41,31 @@ def hf_model(name: str, seed: int = 0):
 
 
 def _randomize(model, seed: int) -> None:
-    """Give every tensor random, well-scaled content. HF leaves some tensors uninitialised
-    (garbage or NaN, e.g. talker experts of some sizes) and others constant (norms 1, biases and
-    Snake parameters 0, layer scales tiny); parity tests must not pass by symmetry."""
+    """Give every tensor random, well-scaled content, a function of the seed alone. HF leaves some
+    tensors uninitialised (garbage or NaN, e.g. talker experts of some sizes) and others constant
+    (norms 1, biases and Snake parameters 0, layer scales tiny); parity tests must not pass by
+    symmetry."""
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=g)
-            if p.dim() == 1:
-                constant = bool((p == p[0]).all()) and bool(p.isfinite().all())
-                p.copy_((p[0] if constant else 0.0) + 0.1 * noise)
+            if p.dim() == 1:  # norm weights around 1; biases, scales, Snake parameters around 0
+                is_norm_weight = name.endswith("weight") and ("norm" in name or "ln_" in name)
+                p.copy_((1.0 if is_norm_weight else 0.0) + 0.1 * noise)
             else:
                 fan_in = p.shape[-1] if "experts" in name else p[0].numel()
                 p.copy_(noise / fan_in**0.5)
 
 
-@cache
-def hf_checkpoint(name: str, seed: int = 0, tmp_root: str | None = None) -> Path:
+def hf_checkpoint(name: str, seed: int = 0) -> Path:
     """``save_pretrained`` output of :func:`hf_model` in a temporary directory."""
+    return _hf_checkpoint(name, seed)
+
+
+@cache
+def _hf_checkpoint(name: str, seed: int) -> Path:
     import tempfile
 
-    out = Path(tempfile.mkdtemp(prefix=f"hf_{name}_", dir=tmp_root))
+    out = Path(tempfile.mkdtemp(prefix=f"hf_{name}_"))
     hf_model(name, seed).save_pretrained(out)
     return out

@@ -1,6 +1,16 @@
 """Rotary position embeddings (NeoX / rotate-half layout over the whole head dim).
 
-``cos``/``sin`` have shape [..., tokens, head_dim]; positions may be float (video MRoPE).
+``cos``/``sin`` have shape [tokens, head_dim] in fp32; positions may be float (video MRoPE).
+
+Multimodal RoPE (MRoPE) gives every token three positions (T, H, W). Each of the
+``head_dim / 2`` frequency slots reads one of the three rows; Qwen3's interleaved layout is
+
+    slot:  0 1 2 3 4 5 ...   3*s_h-1 ...  head_dim/2-1
+    axis:  T H W T H W ...               T T T T      (H at i%3==1 while i < 3*s_h,
+                                                       W at i%3==2 while i < 3*s_w, else T)
+
+with ``mrope_section = (s_t, s_h, s_w)`` counting each axis's slots. NOTE: HF transformers 5.24
+uses this layout whatever the config's ``interleaved`` flag says, and so do we.
 """
 
 import torch
@@ -12,9 +22,13 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [tokens, heads, head_dim]; cos/sin: [tokens, head_dim] (broadcast over heads)."""
-    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-    return (x * cos + rotate_half(x) * sin).to(x.dtype)
+    """x: [tokens, heads, head_dim]; cos/sin: [tokens, head_dim] (broadcast over heads).
+
+    NOTE: the product is taken in x's dtype (cos/sin rounded to it first), as HF does for the
+    thinker and talker, so bf16 results track the reference's rounding.
+    """
+    cos, sin = cos.unsqueeze(-2).to(x.dtype), sin.unsqueeze(-2).to(x.dtype)
+    return x * cos + rotate_half(x) * sin
 
 
 def inv_frequencies(head_dim: int, theta: float, device=None) -> torch.Tensor:
@@ -24,5 +38,25 @@ def inv_frequencies(head_dim: int, theta: float, device=None) -> torch.Tensor:
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """1-D rope: positions [tokens] -> cos, sin [tokens, head_dim] in fp32."""
     freqs = positions.float()[:, None] * inv_frequencies(head_dim, theta, positions.device)[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def mrope_axes(mrope_section: tuple[int, ...]) -> torch.Tensor:
+    """Which position row (0=T, 1=H, 2=W) each of the ``sum(mrope_section)`` slots reads."""
+    num_slots = sum(mrope_section)
+    axes = torch.zeros(num_slots, dtype=torch.long)
+    for axis in (1, 2):
+        axes[axis : 3 * mrope_section[axis] : 3] = axis
+    return axes
+
+
+def mrope_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float, mrope_section: tuple[int, ...]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Interleaved MRoPE: positions [3, tokens] (T, H, W rows) -> cos, sin [tokens, head_dim] in fp32."""
+    axes = mrope_axes(mrope_section).to(positions.device)
+    slot_positions = positions.float()[axes].T  # [tokens, head_dim/2]: each slot's own row
+    freqs = slot_positions * inv_frequencies(head_dim, theta, positions.device)[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()

@@ -1,0 +1,176 @@
+"""The causal decoder shared by the thinker LM, the talker LM and the code predictor.
+
+One layer (pre-norm): ``h += o_proj(Attn(input_layernorm(h)))``, ``h += MLP(post_attention_layernorm(h))``.
+Attention: per-head RMSNorm on q and k *before* rope, GQA, causal, scale head_dim^-0.5, no bias.
+Rope is interleaved MRoPE when ``DecoderConfig.rope.mrope_section`` is set, else 1-D.
+MLP is a ``SparseMoE`` (optionally with a shared expert) or a dense ``GatedMLP``.
+
+Tensors are per request and unbatched: hidden [tokens, hidden]. Keys and values live in a
+``KVCache`` object passed into ``forward``; ``ContiguousKVCache`` is the simple per-request one
+(a paged implementation replaces it in the engine). Module names match the checkpoint
+(``layers.N.self_attn.q_proj`` ...), so ``weights.load_weights`` fills them directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omniwalk.layers.moe import GatedMLP, SparseMoE
+from omniwalk.layers.norm import RMSNorm
+from omniwalk.layers.rotary import apply_rotary, mrope_cos_sin, rope_cos_sin
+from omniwalk.models.qwen3_omni.config import DecoderConfig
+
+
+class KVCache(Protocol):
+    """Keys/values of one request for every layer.
+
+    ``num_tokens`` counts the tokens cached *before* the current forward. During a forward every
+    layer calls ``append`` once with that forward's new keys/values; the decoder calls
+    ``advance`` after the last layer.
+    """
+
+    num_tokens: int
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v: [kv_heads, new, head_dim] -> all keys/values [kv_heads, num_tokens + new, head_dim]."""
+        ...
+
+    def advance(self, num_new: int) -> None: ...
+
+
+class ContiguousKVCache:
+    """One contiguous buffer per layer, [kv_heads, capacity, head_dim], doubled when full."""
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device, capacity=256):
+        self.num_tokens = 0
+        shape = (num_kv_heads, capacity, head_dim)
+        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    @classmethod
+    def for_config(cls, cfg: DecoderConfig, dtype: torch.dtype, device) -> ContiguousKVCache:
+        return cls(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, dtype, device)
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.num_tokens + k.shape[1]
+        if end > self.keys[layer].shape[1]:
+            self.keys[layer] = _grow(self.keys[layer], end, self.num_tokens)
+            self.values[layer] = _grow(self.values[layer], end, self.num_tokens)
+        self.keys[layer][:, self.num_tokens : end] = k
+        self.values[layer][:, self.num_tokens : end] = v
+        return self.keys[layer][:, :end], self.values[layer][:, :end]
+
+    def advance(self, num_new: int) -> None:
+        self.num_tokens += num_new
+
+
+def _grow(buf: torch.Tensor, needed: int, used: int) -> torch.Tensor:
+    capacity = buf.shape[1]
+    while capacity < needed:
+        capacity *= 2
+    out = buf.new_empty((buf.shape[0], capacity, buf.shape[2]))
+    out[:, :used] = buf[:, :used]
+    return out
+
+
+def _causal_mask(num_new: int, num_cached: int, device) -> torch.Tensor | None:
+    """Bool [new, cached + new]: query i (absolute cached + i) sees keys j <= cached + i.
+
+    None when no explicit mask is needed: one query sees every key, and a block starting at
+    position 0 is plain causal (SDPA's ``is_causal``, which can use the flash kernel).
+    """
+    if num_new == 1 or num_cached == 0:
+        return None
+    keys = torch.arange(num_cached + num_new, device=device)
+    queries = torch.arange(num_new, device=device)[:, None] + num_cached
+    return keys[None, :] <= queries
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        d = cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * d, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, cache: KVCache, layer: int) -> torch.Tensor:
+        n = x.shape[0]
+        q = apply_rotary(self.q_norm(self.q_proj(x).view(n, self.num_heads, self.head_dim)), cos, sin)
+        k = apply_rotary(self.k_norm(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)), cos, sin)
+        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        mask = _causal_mask(n, cache.num_tokens, x.device)
+        is_causal = n > 1 and cache.num_tokens == 0
+        k_all, v_all = cache.append(layer, k.transpose(0, 1), v.transpose(0, 1))
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], k_all[None], v_all[None], attn_mask=mask, is_causal=is_causal, enable_gqa=True
+        )  # [1, heads, n, d]; default scale is head_dim^-0.5
+        return self.o_proj(out[0].transpose(0, 1).reshape(n, self.num_heads * self.head_dim))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: DecoderConfig, moe_backend: str = "reference"):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if cfg.is_moe:
+            self.mlp = SparseMoE(
+                cfg.hidden_size,
+                cfg.num_experts,
+                cfg.num_experts_per_tok,
+                cfg.moe_intermediate_size,
+                cfg.norm_topk_prob,
+                cfg.shared_expert_intermediate_size,
+                moe_backend,
+            )
+        else:
+            self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x, cos, sin, cache: KVCache, layer: int) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+# Called after each layer with (layer index, its output); returns the hidden state to continue with.
+LayerHook = Callable[[int, torch.Tensor], torch.Tensor]
+
+
+class Decoder(nn.Module):
+    """``layers`` + final ``norm``; embeddings and heads belong to the model that owns it."""
+
+    def __init__(self, cfg: DecoderConfig, moe_backend: str = "reference"):
+        super().__init__()
+        self.cfg = cfg
+        self.layers = nn.ModuleList(DecoderLayer(cfg, moe_backend) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [3, n] (MRoPE; a [n] vector means all three rows equal) or [n] (1-D) -> cos, sin."""
+        rope, d = self.cfg.rope, self.cfg.head_dim
+        if rope.mrope_section is None:
+            return rope_cos_sin(positions, d, rope.theta)
+        if positions.dim() == 1:
+            positions = positions.expand(3, -1)
+        return mrope_cos_sin(positions, d, rope.theta, rope.mrope_section)
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, layer_hook: LayerHook | None = None
+    ) -> torch.Tensor:
+        """x: [n, hidden] new tokens; positions: their rope positions -> final-normed hidden [n, hidden]."""
+        cos, sin = self.rotary(positions)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache, i)
+            if layer_hook is not None:
+                x = layer_hook(i, x)
+        cache.advance(x.shape[0])
+        return self.norm(x)

@@ -1,0 +1,93 @@
+"""Request media parts -> measured ``MediaItem``s -> encoder outputs (``MediaEmbeddings``).
+
+    part (array | base64 | data URL) --decode--> waveform / uint8 image / sampled frames
+      --measure--> MediaItem (token count or grid + the encoder input)      [prompt building]
+      --encode--> audio tower + vision tower, packed per modality           [thinker prefill]
+
+Encoder rows come out in prompt order: audio rows for audio items and for videos whose track is
+used (``use_audio_in_video``), image rows for images, video rows for videos.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+import numpy as np
+import torch
+
+from omniwalk.errors import InvalidRequestError
+from omniwalk.media.audio import decode_audio
+from omniwalk.media.image import decode_image
+from omniwalk.media.limits import DEFAULT_LIMITS, MediaLimits
+from omniwalk.media.mel import log_mel
+from omniwalk.media.patches import image_patches, resize_image, seconds_per_grid, video_patches
+from omniwalk.media.video import decode_video
+from omniwalk.models.qwen3_omni.audio_encoder import AudioEncoder, audio_output_lengths
+from omniwalk.models.qwen3_omni.mrope import AUDIO, IMAGE, VIDEO
+from omniwalk.models.qwen3_omni.processor import MediaItem, MediaPart
+from omniwalk.models.qwen3_omni.thinker import MediaEmbeddings
+from omniwalk.models.qwen3_omni.vision_encoder import VisionEncoder
+
+
+def measure(part: MediaPart, n_window: int, limits: MediaLimits = DEFAULT_LIMITS) -> MediaItem:
+    """Decode and preprocess one part; ``data`` holds the encoder input (waveform / patches)."""
+    p = part.part
+    if part.kind == AUDIO:
+        wave = decode_audio(_payload(p, "audio", "input_audio", "audio_url"), limits)
+        return MediaItem(AUDIO, _num_audio_tokens(wave, n_window), data={"audio": wave})
+    if part.kind == IMAGE:
+        image = resize_image(decode_image(_payload(p, "image", None, "image_url"), limits))
+        pixels, grid = image_patches(torch.from_numpy(image))
+        return MediaItem(IMAGE, grid_thw=grid, data={"pixels": pixels})
+    video = decode_video(_payload(p, "video", None, "video_url"), limits, fps=p.get("fps"))
+    track = video.audio if p.get("audio") is None else decode_audio(np.asarray(p["audio"]), limits)
+    pixels, grid = video_patches(torch.from_numpy(video.frames))
+    tokens = 0 if track is None else _num_audio_tokens(track, n_window)
+    return MediaItem(VIDEO, tokens, grid, seconds_per_grid(video.sampled_fps), {"pixels": pixels, "audio": track})
+
+
+def _num_audio_tokens(wave: np.ndarray, n_window: int) -> int:
+    _, num_frames = log_mel([torch.from_numpy(wave)])
+    return int(audio_output_lengths(int(num_frames[0]), n_window))
+
+
+def _payload(part: dict, array_key: str, base64_key: str | None, url_key: str):
+    """The part's array, base64 ``input_audio.data`` or ``data:`` URL bytes."""
+    if part.get(array_key) is not None:
+        return np.asarray(part[array_key])
+    if base64_key and isinstance(part.get(base64_key), dict):
+        return _b64(part[base64_key].get("data"), base64_key)
+    url = part.get(url_key)
+    url = url.get("url") if isinstance(url, dict) else url
+    if not isinstance(url, str) or not url.startswith("data:") or ";base64," not in url:
+        raise InvalidRequestError(f"{url_key} must be a data: URL with base64 content (remote URLs are not fetched)")
+    return _b64(url.split(";base64,", 1)[1], url_key)
+
+
+def _b64(data, where: str) -> bytes:
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, TypeError, ValueError):
+        raise InvalidRequestError(f"{where}: content is not valid base64") from None
+
+
+@torch.inference_mode()
+def encode(
+    items: list[MediaItem], audio_tower: AudioEncoder, visual: VisionEncoder, use_audio_in_video: bool, dtype, device
+) -> MediaEmbeddings:
+    """Run the encoders over every item of one request (each modality packed into one call)."""
+    waves = [i.data["audio"] for i in items if i.kind == AUDIO or (use_audio_in_video and i.num_audio_tokens)]
+    media = MediaEmbeddings()
+    if waves:
+        features, num_frames = log_mel([torch.from_numpy(w).to(device) for w in waves])
+        media.audio = audio_tower(features.to(dtype), num_frames.tolist())
+    for kind in (IMAGE, VIDEO):
+        chosen = [i for i in items if i.kind == kind]
+        if not chosen:
+            continue
+        pixels = torch.cat([i.data["pixels"] for i in chosen]).to(device, dtype)
+        out = visual(pixels, [i.grid_thw for i in chosen])
+        setattr(media, kind, out.embeddings)
+        setattr(media, f"{kind}_deepstack", torch.stack(out.deepstack))
+    return media

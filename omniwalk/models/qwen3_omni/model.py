@@ -1,0 +1,92 @@
+"""All Qwen3-Omni components of a checkpoint, built on the meta device and loaded in place.
+
+Each component owns one checkpoint prefix; together they take every tensor of the checkpoint
+(checked: a tensor no component takes is an error, like a missing one). Components a deployment
+does not need (e.g. the talker and vocoder for a text-only server) are simply not requested.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from omniwalk.errors import CheckpointError
+from omniwalk.models.qwen3_omni.audio_encoder import AudioEncoder
+from omniwalk.models.qwen3_omni.code2wav import Code2Wav
+from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.talker import Talker
+from omniwalk.models.qwen3_omni.thinker import Thinker
+from omniwalk.models.qwen3_omni.vision_encoder import VisionEncoder
+from omniwalk.models.qwen3_omni.weights import checkpoint_files, load_weights
+
+# component -> checkpoint prefixes of its submodules ("" = the component itself)
+PREFIXES = {
+    "audio_encoder": {"": "thinker.audio_tower."},
+    "vision_encoder": {"": "thinker.visual."},
+    "thinker": {"model": "thinker.model.", "lm_head": "thinker.lm_head."},
+    "talker": {"": "talker."},
+    "code2wav": {"": "code2wav."},
+}
+ALL_COMPONENTS = tuple(PREFIXES)
+
+
+@dataclass(frozen=True)
+class Backends:
+    attention: str = "reference"  # varlen attention for the encoders
+    moe: str = "reference"
+
+
+def build_component(name: str, cfg: Qwen3OmniConfig, backends: Backends = Backends()) -> nn.Module:
+    if name == "audio_encoder":
+        return AudioEncoder(cfg.audio, backends.attention)
+    if name == "vision_encoder":
+        return VisionEncoder(cfg.vision, backends.attention)
+    if name == "thinker":
+        return Thinker(cfg.text, cfg.tokens, cfg.talker.accept_hidden_layer, backends.moe)
+    if name == "talker":
+        return Talker(cfg.talker, backends.moe)
+    if name == "code2wav":
+        return Code2Wav(cfg.code2wav)
+    raise ValueError(f"unknown component {name!r}; known: {ALL_COMPONENTS}")
+
+
+def load_components(
+    ckpt_dir,
+    names: tuple[str, ...] = ALL_COMPONENTS,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device="cpu",
+    backends: Backends = Backends(),
+    cfg: Qwen3OmniConfig | None = None,
+) -> dict[str, nn.Module]:
+    """Build the named components from ``ckpt_dir`` directly on ``device`` in ``dtype``.
+
+    Modules are built on the target device with ``dtype`` as the default dtype, so parameters
+    are allocated once, in place, and ``load_weights`` copies each checkpoint tensor into them;
+    buffers computed in ``__init__`` (rotary tables, sinusoids) get real values there.
+    """
+    cfg = cfg or Qwen3OmniConfig.from_hf(ckpt_dir)
+    out = {}
+    for name in names:
+        module = _build_on(device, dtype, name, cfg, backends)
+        for sub, prefix in PREFIXES[name].items():
+            load_weights(module.get_submodule(sub) if sub else module, ckpt_dir, prefix)
+        out[name] = module.eval()
+    if set(names) == set(ALL_COMPONENTS):
+        taken = tuple(p for prefixes in PREFIXES.values() for p in prefixes.values())
+        stray = sorted(n for n in checkpoint_files(ckpt_dir) if not n.startswith(taken))
+        if stray:
+            raise CheckpointError(f"{ckpt_dir}: {len(stray)} tensor(s) no component takes: {stray[:8]}")
+    return out
+
+
+def _build_on(device, dtype: torch.dtype, name: str, cfg: Qwen3OmniConfig, backends: Backends) -> nn.Module:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device), torch.no_grad():
+            return build_component(name, cfg, backends)
+    finally:
+        torch.set_default_dtype(previous)

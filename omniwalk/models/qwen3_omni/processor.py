@@ -1,0 +1,239 @@
+"""Chat messages -> thinker prompt: ids with expanded placeholder runs, media spans, MRoPE positions.
+
+Three steps, each equal to what HF's chat template + ``Qwen3OmniMoeProcessor`` do:
+
+1. ``normalize_messages``: OpenAI-style messages -> messages whose parts are canonical
+   (``text`` / ``audio`` / ``image`` / ``video``), plus the media payloads in content order.
+   A default system prompt is prepended unless the conversation starts with its own.
+2. ``render_chat``: the checkpoint's Jinja chat template (HF's rendering settings) -> text,
+   tokenised. Every media part renders as ONE placeholder token between its sentinels.
+3. ``expand_placeholders``: each placeholder becomes its encoder's token count; with
+   ``use_audio_in_video`` a video that carries an audio track becomes
+   ``<|audio_start|>`` + video/audio pads interleaved by time + ``<|audio_end|>``.
+   Because special tokens are atomic for the tokenizer, expanding ids equals tokenising the
+   expanded text.
+
+Token counts are not computed here: each ``MediaItem`` arrives measured by the media
+preprocessing (audio tokens from the audio encoder's length formula, grid_thw from the resize).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import cache
+from typing import Any
+
+from omniwalk.errors import CheckpointError, InvalidRequestError
+from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig, TokenIds
+from omniwalk.models.qwen3_omni.mrope import (
+    AUDIO,
+    AUDIO_IN_VIDEO,
+    IMAGE,
+    VIDEO,
+    MediaSpan,
+    RopePositions,
+    interleave_audio_video,
+    mrope_positions,
+    video_times,
+)
+from omniwalk.tokenizer import Tokenizer
+
+ROLES = ("system", "user", "assistant")
+# content part type -> canonical media kind; "text" stays text
+PART_KINDS = {
+    "audio": AUDIO,
+    "input_audio": AUDIO,
+    "audio_url": AUDIO,
+    "image": IMAGE,
+    "image_url": IMAGE,
+    "video": VIDEO,
+    "video_url": VIDEO,
+}
+
+
+@dataclass
+class MediaPart:
+    """One media content part as the user sent it (array, base64 payload or data URL)."""
+
+    kind: str  # AUDIO / IMAGE / VIDEO
+    part: dict  # the original content part
+
+
+@dataclass
+class MediaItem:
+    """A measured media input, ready for its encoder.
+
+    ``grid_thw`` is in patches (before the 2x2 merge); ``num_audio_tokens`` is the audio
+    encoder's output length (for a video: its audio track's, or 0 when it has none).
+    ``data`` is the preprocessed encoder input, opaque to the processor.
+    """
+
+    kind: str
+    num_audio_tokens: int = 0
+    grid_thw: tuple[int, int, int] = (0, 0, 0)
+    seconds_per_grid: float = 0.0
+    data: Any = None
+
+
+@dataclass
+class Prompt:
+    token_ids: list[int]
+    spans: list[MediaSpan] = field(default_factory=list)  # prompt order
+    items: list[MediaItem] = field(default_factory=list)  # items[i] fills spans[i]
+    rope: RopePositions | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+class ChatProcessor:
+    """The three steps bound to one checkpoint's tokenizer, template and token ids."""
+
+    def __init__(self, cfg: Qwen3OmniConfig, tokenizer: Tokenizer, default_system_prompt: str | None):
+        if not tokenizer.chat_template:
+            raise CheckpointError("the checkpoint has no chat template (tokenizer_config.json chat_template)")
+        self.cfg, self.tokenizer, self.default_system_prompt = cfg, tokenizer, default_system_prompt
+
+    def tokenize(
+        self, messages: list[dict], use_default_system_prompt: bool = True
+    ) -> tuple[list[int], list[MediaPart]]:
+        """Messages -> (ids with one placeholder per media part, media parts in content order)."""
+        system = self.default_system_prompt if use_default_system_prompt else None
+        messages, media = normalize_messages(messages, system)
+        return self.tokenizer.encode(render_chat(self.tokenizer.chat_template, messages)), media
+
+    def build(self, ids: list[int], items: list[MediaItem], use_audio_in_video: bool = False) -> Prompt:
+        c = self.cfg
+        return build_prompt(
+            ids, items, c.tokens, c.vision.spatial_merge_size, use_audio_in_video, c.position_id_per_seconds
+        )
+
+
+def normalize_messages(messages: list[dict], system_prompt: str | None) -> tuple[list[dict], list[MediaPart]]:
+    """Validate OpenAI-style messages -> (template-ready messages, media parts in content order)."""
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequestError("messages must be a non-empty list")
+    out, media = [], []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            raise InvalidRequestError(f"messages[{i}].role must be one of {ROLES}")
+        content = message.get("content")
+        if content is None or isinstance(content, str):
+            out.append({"role": message["role"], "content": content or ""})
+            continue
+        if not isinstance(content, list):
+            raise InvalidRequestError(f"messages[{i}].content must be a string or a list of content parts")
+        out.append(
+            {
+                "role": message["role"],
+                "content": [_canonical_part(p, f"messages[{i}].content[{j}]", media) for j, p in enumerate(content)],
+            }
+        )
+    if system_prompt and out[0]["role"] != "system":
+        out.insert(0, {"role": "system", "content": system_prompt})
+    return out, media
+
+
+def _canonical_part(part: Any, where: str, media: list[MediaPart]) -> dict:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind == "text":
+        if not isinstance(part.get("text"), str):
+            raise InvalidRequestError(f"{where}.text must be a string")
+        return {"type": "text", "text": part["text"]}
+    if kind not in PART_KINDS:
+        known = ", ".join(["text", *PART_KINDS])
+        raise InvalidRequestError(f"{where}: unknown content type {kind!r} (supported: {known})")
+    media.append(MediaPart(PART_KINDS[kind], part))
+    return {"type": PART_KINDS[kind]}
+
+
+def render_chat(template: str, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    """Render the checkpoint's chat template as HF's ``apply_chat_template`` does."""
+    return _compiled(template).render(messages=messages, add_generation_prompt=add_generation_prompt)
+
+
+@cache
+def _compiled(template: str):
+    from jinja2.exceptions import TemplateError
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise InvalidRequestError(f"chat template: {message}")
+
+    # HF's settings: trim/lstrip blocks, loop controls, ``raise_exception``, non-ASCII ``tojson``.
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent, **kw)
+    env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt))
+    try:
+        return env.from_string(template)
+    except TemplateError as e:
+        raise InvalidRequestError(f"the checkpoint's chat template does not compile: {e}") from None
+
+
+def expand_placeholders(
+    ids: list[int],
+    items: list[MediaItem],
+    tokens: TokenIds,
+    merge_size: int,
+    use_audio_in_video: bool,
+    position_id_per_seconds: float,
+) -> tuple[list[int], list[MediaSpan]]:
+    """Replace each single placeholder id by its run; ``items`` are in content order."""
+    pads = {tokens.audio_pad: AUDIO, tokens.image_pad: IMAGE, tokens.video_pad: VIDEO}
+    found = [pads[t] for t in ids if t in pads]
+    if found != [item.kind for item in items]:
+        raise InvalidRequestError(
+            f"placeholder/media mismatch: the rendered prompt has placeholders {found} but the request "
+            f"carries media {[item.kind for item in items]}"
+        )
+    out, spans, queue = [], [], iter(items)
+    for i, t in enumerate(ids):
+        if t not in pads:
+            out.append(t)
+            continue
+        item = next(queue)
+        _check_sentinels(ids, i, item.kind, tokens)
+        span, run = _expand(item, len(out) - 1, tokens, merge_size, use_audio_in_video, position_id_per_seconds)
+        spans.append(span)
+        out += run
+    return out, spans
+
+
+def _check_sentinels(ids: list[int], i: int, kind: str, t: TokenIds) -> None:
+    start, end = (t.audio_start, t.audio_end) if kind == AUDIO else (t.vision_start, t.vision_end)
+    if not (0 < i < len(ids) - 1 and ids[i - 1] == start and ids[i + 1] == end):
+        raise InvalidRequestError(f"the chat template must wrap each {kind} placeholder in its start/end tokens")
+
+
+def _expand(item: MediaItem, start: int, t: TokenIds, merge: int, use_audio_in_video: bool, pos_per_s: float):
+    """-> (span, ids replacing the single placeholder)."""
+    gt, gh, gw = item.grid_thw
+    grid = (gt, gh // merge, gw // merge)
+    if item.kind == AUDIO:
+        return MediaSpan(AUDIO, start, num_audio=item.num_audio_tokens), [t.audio_pad] * item.num_audio_tokens
+    if item.kind == IMAGE:
+        return MediaSpan(IMAGE, start, grid=grid), [t.image_pad] * (grid[0] * grid[1] * grid[2])
+    if not (use_audio_in_video and item.num_audio_tokens):
+        span = MediaSpan(VIDEO, start, grid=grid, seconds_per_grid=item.seconds_per_grid)
+        return span, [t.video_pad] * span.num_video
+    span = MediaSpan(AUDIO_IN_VIDEO, start, item.num_audio_tokens, grid, item.seconds_per_grid)
+    order = interleave_audio_video(video_times(grid, item.seconds_per_grid, pos_per_s), item.num_audio_tokens)
+    return span, [t.audio_start, *(t.video_pad if v else t.audio_pad for v in order), t.audio_end]
+
+
+def build_prompt(
+    ids: list[int],
+    items: list[MediaItem],
+    tokens: TokenIds,
+    merge_size: int,
+    use_audio_in_video: bool,
+    position_id_per_seconds: float,
+) -> Prompt:
+    """Rendered + tokenised ids and measured media -> the full ``Prompt`` with MRoPE positions."""
+    ids, spans = expand_placeholders(ids, items, tokens, merge_size, use_audio_in_video, position_id_per_seconds)
+    rope = mrope_positions(len(ids), spans, position_id_per_seconds)
+    return Prompt(ids, spans, list(items), rope)

@@ -1,0 +1,197 @@
+"""The talker: a MoE LM over codec ids that speaks the thinker's answer, one codec frame per step.
+
+Per frame (reference §5.3), with ``h`` the talker's final-normed hidden state at its last position:
+
+    c0        = sample(codec_head(h))      group 0; ids >= vocab - 1024 except codec EOS suppressed
+    c1..c_G-1 = code predictor([h, emb0(c0)])   a small dense LM with a fresh KV cache per frame:
+                position g+1 reads group g's embedding, lm_head[g] predicts group g+1
+    next in   = emb0(c0) + sum_g cp_emb[g-1](c_g) + text stream entry (or tts_pad once it is spent)
+
+Generation stops when c0 is codec EOS (not a frame) or after ``max_audio_frames`` frames; EOS is
+masked until ``min_audio_frames`` frames exist. Talker and code-predictor sampling are separate
+(``TalkerSamplingParams``); temperature 0 is greedy. Module names mirror the checkpoint under
+``talker.`` (``model.codec_embedding``, ``model.layers.N.*``, ``codec_head``, ``text_projection.*``,
+``code_predictor.model.codec_embedding.j``, ``code_predictor.lm_head.j``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omniwalk.errors import InvalidRequestError
+from omniwalk.models.qwen3_omni.config import DecoderConfig, TalkerConfig
+from omniwalk.models.qwen3_omni.decoder import ContiguousKVCache, Decoder
+from omniwalk.models.qwen3_omni.mrope import RopePositions
+from omniwalk.models.qwen3_omni.weights import load_weights
+from omniwalk.sampling import Sampler, SamplingParams
+
+NUM_SUPPRESSED_CODEC_IDS = 1024  # the codec vocabulary's top ids are control codes, never sampled
+
+
+@dataclass(frozen=True)
+class TalkerSamplingParams:
+    """Per-request speech sampling; defaults are HF's (reference §5.3, landscape §2.13)."""
+
+    talker_temperature: float = 0.9
+    talker_top_k: int = 50
+    talker_top_p: float = 1.0
+    talker_repetition_penalty: float = 1.05  # over the request's earlier group-0 codes only
+    code_predictor_temperature: float = 1.0
+    code_predictor_top_k: int = 50
+    code_predictor_top_p: float = 0.8
+    max_audio_frames: int = 4096
+    min_audio_frames: int = 0  # codec EOS is masked until this many frames exist
+    seed: int | None = None
+
+    def __post_init__(self):
+        if not 0 <= self.min_audio_frames <= self.max_audio_frames:
+            raise InvalidRequestError("min_audio_frames must be in [0, max_audio_frames]")
+        # Building the two SamplingParams validates every sampling field (InvalidRequestError).
+        self.talker()
+        self.code_predictor()
+
+    @classmethod
+    def from_request(cls, request: dict) -> TalkerSamplingParams:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in request.items() if k in names and v is not None})
+
+    def talker(self) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=self.max_audio_frames,
+            temperature=self.talker_temperature,
+            top_k=self.talker_top_k,
+            top_p=self.talker_top_p,
+            repetition_penalty=self.talker_repetition_penalty,
+            min_tokens=self.min_audio_frames,
+            seed=self.seed,
+        )
+
+    def code_predictor(self) -> SamplingParams:
+        seed = None if self.seed is None else self.seed + 1
+        return SamplingParams(
+            temperature=self.code_predictor_temperature,
+            top_k=self.code_predictor_top_k,
+            top_p=self.code_predictor_top_p,
+            seed=seed,
+        )
+
+
+@dataclass
+class TalkerPrompt:
+    """What the talker needs from the thinker for one request (built by ``talker_prompt.py``)."""
+
+    embeddings: torch.Tensor  # [P, hidden] prefill inputs (projected user turns + 9-position header)
+    positions: RopePositions  # [3, P] and the decode delta
+    text_stream: torch.Tensor  # [T, hidden] one projected text entry per frame after the first; ends with tts_eos
+    tts_pad: torch.Tensor  # [hidden] added once the text stream is spent
+
+
+class ResizeMLP(nn.Module):
+    """thinker hidden -> talker hidden: ``fc2(silu(fc1(x)))`` (both with bias)."""
+
+    def __init__(self, in_size: int, intermediate_size: int, out_size: int):
+        super().__init__()
+        self.linear_fc1 = nn.Linear(in_size, intermediate_size)
+        self.linear_fc2 = nn.Linear(intermediate_size, out_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(F.silu(self.linear_fc1(x)))
+
+
+class TalkerModel(Decoder):
+    def __init__(self, cfg: DecoderConfig, moe_backend: str = "reference"):
+        super().__init__(cfg, moe_backend)
+        self.codec_embedding = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+
+
+class CodePredictorModel(Decoder):
+    def __init__(self, cfg: DecoderConfig, num_code_groups: int):
+        super().__init__(cfg)
+        # codec_embedding[g - 1] embeds group g (group 0 uses the talker's codec_embedding)
+        self.codec_embedding = nn.ModuleList(
+            nn.Embedding(cfg.vocab_size, cfg.hidden_size) for _ in range(num_code_groups - 1)
+        )
+
+
+class CodePredictor(nn.Module):
+    def __init__(self, cfg: DecoderConfig, num_code_groups: int):
+        super().__init__()
+        self.cfg, self.num_code_groups = cfg, num_code_groups
+        self.model = CodePredictorModel(cfg, num_code_groups)
+        # lm_head[g - 1] predicts group g
+        self.lm_head = nn.ModuleList(
+            nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) for _ in range(num_code_groups - 1)
+        )
+
+    def forward(self, talker_hidden: torch.Tensor, code0_embedding: torch.Tensor, sampler: Sampler):
+        """[hidden], [hidden] -> (codes of groups 1..G-1 [G-1] int64, sum of their embeddings [hidden])."""
+        p = self.lm_head[0].weight
+        cache = ContiguousKVCache(
+            self.cfg.num_hidden_layers,
+            self.cfg.num_key_value_heads,
+            self.cfg.head_dim,
+            p.dtype,
+            p.device,
+            capacity=self.num_code_groups + 1,
+        )
+        x = torch.stack([talker_hidden, code0_embedding])
+        h = self.model(x, torch.arange(2, device=p.device), cache)[-1]
+        codes, total = [], torch.zeros_like(talker_hidden)
+        for group in range(1, self.num_code_groups):
+            code = sampler(self.lm_head[group - 1](h)).token_id
+            codes.append(code)
+            embedding = self.model.codec_embedding[group - 1](torch.tensor(code, device=p.device))
+            total = total + embedding
+            if group < self.num_code_groups - 1:
+                h = self.model(embedding[None], torch.tensor([group + 1], device=p.device), cache)[-1]
+        return torch.tensor(codes, dtype=torch.long), total
+
+
+class Talker(nn.Module):
+    def __init__(self, cfg: TalkerConfig, moe_backend: str = "reference"):
+        super().__init__()
+        self.cfg = cfg
+        text = cfg.text
+        self.model = TalkerModel(text, moe_backend)
+        self.codec_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
+        self.text_projection = ResizeMLP(cfg.thinker_hidden_size, text.intermediate_size, text.hidden_size)
+        self.hidden_projection = ResizeMLP(cfg.thinker_hidden_size, text.intermediate_size, text.hidden_size)
+        self.code_predictor = CodePredictor(cfg.code_predictor, cfg.num_code_groups)
+        suppressed = torch.arange(text.vocab_size) >= text.vocab_size - NUM_SUPPRESSED_CODEC_IDS
+        suppressed[cfg.codec.eos] = False
+        self.register_buffer("suppressed", suppressed, persistent=False)
+
+    def load(self, ckpt_dir, dtype: torch.dtype | None = None, device=None) -> None:
+        load_weights(self, ckpt_dir, "talker.", dtype=dtype, device=device)
+
+    def group0_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final-normed hidden [hidden] -> codec logits [vocab] with control codes (not EOS) at -inf."""
+        return self.codec_head(hidden).float().masked_fill(self.suppressed, -float("inf"))
+
+    @torch.inference_mode()
+    def generate(self, prompt: TalkerPrompt, params: TalkerSamplingParams) -> Iterator[torch.Tensor]:
+        """Yield each complete frame's codes [G] int64 (group 0 first) until codec EOS or the frame limit."""
+        p = self.codec_head.weight
+        embed0 = self.model.codec_embedding
+        cache = ContiguousKVCache.for_config(self.cfg.text, p.dtype, p.device)
+        h = self.model(prompt.embeddings.to(p), prompt.positions.positions.to(p.device), cache)[-1]
+        talker_sampler = Sampler(params.talker(), (self.cfg.codec.eos,), [], p.device)
+        cp_sampler = Sampler(params.code_predictor(), (), [], p.device)
+        num_prompt = prompt.embeddings.shape[0]
+        for frame in range(params.max_audio_frames):
+            code0 = talker_sampler(self.group0_logits(h)).token_id
+            if code0 == self.cfg.codec.eos:
+                return
+            code0_embedding = embed0(torch.tensor(code0, device=p.device))
+            rest, rest_sum = self.code_predictor(h, code0_embedding, cp_sampler)
+            yield torch.cat([torch.tensor([code0]), rest])
+            if frame + 1 == params.max_audio_frames:
+                return
+            text = prompt.text_stream[frame] if frame < len(prompt.text_stream) else prompt.tts_pad
+            x = code0_embedding + rest_sum + text.to(p)
+            h = self.model(x[None], prompt.positions.decode(num_prompt + frame).to(p.device), cache)[-1]

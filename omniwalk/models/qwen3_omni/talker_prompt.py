@@ -1,0 +1,134 @@
+"""Thinker outputs -> the talker's prompt (reference §5.1, landscape §2.12).
+
+Inputs are per thinker position (prompt, then generated tokens the thinker ran):
+``embeddings`` E (decoder input embeddings) and ``accept_hidden`` Hh (output of thinker layer
+``accept_hidden_layer - 1``). The talker prompt is
+
+    user part     every position of every user turn (``<|im_start|>user`` .. ``<|im_end|>\\n``), in order;
+                  system turns and earlier assistant turns are dropped.
+                  media pad positions: hidden_projection(Hh);  text positions: text_projection(E)
+    header        9 positions from the last ``<|im_start|>assistant`` (index a), A = text_projection(E[a:]):
+
+                  pos   text stream          codec stream (talker codec_embedding)
+                  0-2   A[0:3]               0
+                  3-6   tts_pad              nothink, think_bos, think_eos, speaker
+                  7     tts_bos              codec pad
+                  8     A[3] (1st answer)    codec bos
+
+    text stream   A[4:] (answer tokens 1.., stopping before a thinker EOS), then tts_eos once;
+                  the talker adds tts_pad after that.
+
+Rope positions come from ``mrope_positions`` over the kept media spans (HF's talker
+``get_rope_index``): 3-D when a user turn holds an image or video, sequential otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from omniwalk.errors import InvalidRequestError
+from omniwalk.models.qwen3_omni.config import CodecIds, TokenIds
+from omniwalk.models.qwen3_omni.mrope import MediaSpan, mrope_positions
+from omniwalk.models.qwen3_omni.talker import Talker, TalkerPrompt
+
+NUM_HEADER_TEXT = 3  # <|im_start|> assistant \n
+
+
+def resolve_speaker(speakers: dict[str, int], voice: str | None, default: str = "ethan") -> int:
+    """Codec id of ``voice`` (case-insensitive); None picks ``default`` (or the first voice)."""
+    if voice is None:
+        return speakers.get(default, next(iter(speakers.values())))
+    speaker = speakers.get(voice.lower())
+    if speaker is None:
+        raise InvalidRequestError(f"unknown voice {voice!r}; available voices: {', '.join(sorted(speakers))}")
+    return speaker
+
+
+def user_positions(ids: list[int], tokens: TokenIds) -> torch.Tensor:
+    """Bool [len(ids)]: positions inside a user turn (the role is the token after the last <|im_start|>)."""
+    mask, role = [], None
+    for i, token in enumerate(ids):
+        if token == tokens.im_start:
+            role = ids[i + 1] if i + 1 < len(ids) else None
+        mask.append(role == tokens.user)
+    return torch.tensor(mask, dtype=torch.bool)
+
+
+def last_assistant_start(ids: list[int], tokens: TokenIds) -> int:
+    for i in range(len(ids) - 2, -1, -1):
+        if ids[i] == tokens.im_start and ids[i + 1] == tokens.assistant:
+            return i
+    raise InvalidRequestError("speech output needs a prompt that ends with an assistant turn header")
+
+
+def kept_spans(spans: list[MediaSpan], keep: torch.Tensor) -> list[MediaSpan]:
+    """Spans inside kept positions, re-indexed to the talker prompt (spans in dropped turns vanish)."""
+    new_index = torch.cumsum(keep.long(), 0) - 1
+    return [
+        dataclasses.replace(s, start=int(new_index[s.start]))
+        for s in spans
+        if bool(keep[s.start : s.start + s.length].all())
+    ]
+
+
+def _header(talker: Talker, answer: torch.Tensor, special: dict[str, torch.Tensor], speaker: int, codec: CodecIds):
+    """The 9 assistant-header inputs [9, hidden]: projected text stream + codec stream."""
+    text = torch.cat(
+        [answer[:NUM_HEADER_TEXT], special["pad"].expand(4, -1), special["bos"][None], answer[NUM_HEADER_TEXT:][:1]]
+    )
+    codec_ids = torch.tensor([codec.nothink, codec.think_bos, codec.think_eos, speaker, codec.pad, codec.bos])
+    codec_part = talker.model.codec_embedding(codec_ids.to(text.device))
+    return text + torch.cat([codec_part.new_zeros(NUM_HEADER_TEXT, codec_part.shape[1]), codec_part])
+
+
+@torch.inference_mode()
+def build_talker_prompt(
+    talker: Talker,
+    tokens: TokenIds,
+    *,
+    prompt_ids: list[int],
+    generated_ids: list[int],
+    embeddings: torch.Tensor,
+    accept_hidden: torch.Tensor,
+    special_embeddings: torch.Tensor,
+    spans: list[MediaSpan],
+    speaker: int,
+    position_id_per_seconds: float,
+) -> TalkerPrompt:
+    """Build one request's talker prompt.
+
+    ``embeddings`` / ``accept_hidden`` are [L, thinker_hidden] for the first L positions of
+    prompt + generated ids (normally all but the last generated token, which the thinker never ran);
+    L must cover the first generated token. ``special_embeddings`` [3, thinker_hidden] are the thinker
+    input embeddings of (tts_bos, tts_eos, tts_pad). ``spans`` are the thinker prompt's media spans.
+    """
+    p = talker.codec_head.weight
+    num_prompt = len(prompt_ids)
+    if embeddings.shape[0] <= num_prompt or not generated_ids:
+        raise InvalidRequestError("speech output needs at least one generated text token")
+    embeddings, accept_hidden = embeddings.to(p), accept_hidden.to(p)
+    bos, eos, pad = talker.text_projection(special_embeddings.to(p)).unbind(0)
+
+    ids = torch.tensor(prompt_ids, device=p.device)
+    user = user_positions(prompt_ids, tokens).to(p.device)
+    media = torch.isin(ids, torch.tensor(tokens.media_pads, device=p.device))
+    user_part = torch.empty(int(user.sum()), p.shape[1], dtype=p.dtype, device=p.device)
+    user_media = media[user]
+    user_part[user_media] = talker.hidden_projection(accept_hidden[:num_prompt][user & media])
+    user_part[~user_media] = talker.text_projection(embeddings[:num_prompt][user & ~media])
+
+    start = last_assistant_start(prompt_ids, tokens)
+    answer = talker.text_projection(embeddings[start:])  # header text, then generated tokens 0..
+    header = _header(talker, answer, {"bos": bos, "pad": pad}, speaker, talker.cfg.codec)
+
+    spoken = generated_ids.index(tokens.im_end) if tokens.im_end in generated_ids else len(generated_ids)
+    # answer row r is thinker position start + r; rows past the header's first answer token, up to
+    # (not including) the thinker EOS, are spoken one per frame.
+    text_stream = torch.cat([answer[NUM_HEADER_TEXT + 1 : num_prompt + spoken - start], eos[None]])
+
+    inputs = torch.cat([user_part, header])
+    spans = kept_spans(spans, user.cpu())
+    positions = mrope_positions(inputs.shape[0], spans, position_id_per_seconds)
+    return TalkerPrompt(inputs, positions, text_stream, pad)

@@ -1,0 +1,136 @@
+"""The thinker language model: embedding + multimodal scatter, DeepStack, MoE decoder, lm_head.
+
+Module names mirror the checkpoint under ``thinker.`` (``model.embed_tokens``, ``model.layers.N.*``,
+``model.norm``, ``lm_head``); the audio and vision encoders (``thinker.audio_tower`` /
+``thinker.visual``) are separate modules, and their outputs come in as ``MediaEmbeddings``.
+
+One ``forward`` call runs a block of new tokens of one request (a whole prompt, or one decode
+token) against that request's ``KVCache``. For the talker it can also return, per token,
+the decoder input embedding and the output of layer ``accept_hidden_layer - 1`` (taken before
+that layer's DeepStack addition), without keeping any other layer's states.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from omniwalk.errors import InvalidRequestError
+from omniwalk.models.qwen3_omni.config import DecoderConfig, TokenIds
+from omniwalk.models.qwen3_omni.decoder import Decoder, KVCache
+from omniwalk.models.qwen3_omni.weights import load_weights
+
+
+@dataclass
+class MediaEmbeddings:
+    """Encoder outputs of one request; rows are in prompt order of their placeholder tokens.
+
+    ``*_deepstack`` are [levels, rows, hidden]: the vision encoder's extra taps, added to the
+    hidden state after decoder layers 0..levels-1 at image/video positions.
+    """
+
+    audio: torch.Tensor | None = None  # [num <|audio_pad|>, hidden]
+    image: torch.Tensor | None = None  # [num <|image_pad|>, hidden]
+    video: torch.Tensor | None = None  # [num <|video_pad|>, hidden]
+    image_deepstack: torch.Tensor | None = None
+    video_deepstack: torch.Tensor | None = None
+
+
+@dataclass
+class ThinkerOutput:
+    logits: torch.Tensor  # [n, vocab] (or [1, vocab]: the last token only)
+    embeddings: torch.Tensor | None = None  # [n, hidden] decoder input (after scatter, before DeepStack)
+    accept_hidden: torch.Tensor | None = None  # [n, hidden] output of layer accept_hidden_layer - 1
+
+
+class ThinkerModel(Decoder):
+    def __init__(self, cfg: DecoderConfig, moe_backend: str = "reference"):
+        super().__init__(cfg, moe_backend)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+
+
+class Thinker(nn.Module):
+    def __init__(self, cfg: DecoderConfig, tokens: TokenIds, accept_hidden_layer: int, moe_backend="reference"):
+        super().__init__()
+        self.cfg, self.tokens, self.accept_hidden_layer = cfg, tokens, accept_hidden_layer
+        self.model = ThinkerModel(cfg, moe_backend)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def load(self, ckpt_dir, dtype: torch.dtype | None = None, device=None) -> None:
+        """Fill from a checkpoint. ``thinker.*`` also holds the encoders, so the LM body and the
+        head are loaded under their own narrower prefixes."""
+        load_weights(self.model, ckpt_dir, "thinker.model.", dtype=dtype, device=device)
+        load_weights(self.lm_head, ckpt_dir, "thinker.lm_head.", dtype=dtype, device=device)
+
+    def embed(self, input_ids: torch.Tensor, media: MediaEmbeddings | None = None):
+        """ids [n] -> (embeddings [n, hidden], visual mask [n] or None, deepstack [levels, visual, hidden] or None).
+
+        Each placeholder run is filled with its encoder rows; a count mismatch is an
+        ``InvalidRequestError`` naming the modality.
+        """
+        x = self.model.embed_tokens(input_ids)
+        if media is None:
+            return x, None, None
+        t = self.tokens
+        masks = {}
+        for name, token, rows in (
+            ("audio", t.audio_pad, media.audio),
+            ("image", t.image_pad, media.image),
+            ("video", t.video_pad, media.video),
+        ):
+            masks[name] = mask = input_ids == token
+            count = int(mask.sum())
+            num_rows = 0 if rows is None else rows.shape[0]
+            if count != num_rows:
+                raise InvalidRequestError(
+                    f"{name} placeholder/feature mismatch: the prompt has {count} {name} placeholder tokens "
+                    f"but the {name} encoder produced {num_rows} embeddings"
+                )
+            if count:
+                x = x.masked_scatter(mask[:, None], rows.to(x.dtype))
+        visual, deepstack = _merge_deepstack(masks["image"], masks["video"], media, x)
+        return x, visual, deepstack
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        media: MediaEmbeddings | None = None,
+        *,
+        all_logits: bool = False,
+        talker_states: bool = False,
+    ) -> ThinkerOutput:
+        """Run new tokens ``input_ids`` [n] at rope ``positions`` ([3, n] or [n]) after ``cache``'s tokens."""
+        x, visual, deepstack = self.embed(input_ids, media)
+        captured: dict[str, torch.Tensor] = {}
+        capture_at = self.accept_hidden_layer - 1 if talker_states else -1
+
+        def hook(layer: int, h: torch.Tensor) -> torch.Tensor:
+            if layer == capture_at:
+                captured["h"] = h
+            if deepstack is not None and layer < deepstack.shape[0]:
+                h = h.index_put((visual,), h[visual] + deepstack[layer].to(h.dtype))
+            return h
+
+        h = self.model(x, positions, cache, hook)
+        logits = self.lm_head(h if all_logits else h[-1:])
+        return ThinkerOutput(logits, x if talker_states else None, captured.get("h"))
+
+
+def _merge_deepstack(image_mask, video_mask, media: MediaEmbeddings, x: torch.Tensor):
+    """Image and video DeepStack rows interleaved by prompt position -> [levels, visual, hidden]."""
+    visual = image_mask | video_mask
+    parts = [(image_mask, media.image_deepstack), (video_mask, media.video_deepstack)]
+    parts = [(m, ds) for m, ds in parts if bool(m.any())]
+    if not parts:
+        return None, None
+    if any(ds is None for _, ds in parts):
+        raise InvalidRequestError("vision placeholders are present but DeepStack features are missing")
+    levels = parts[0][1].shape[0]
+    merged = x.new_zeros(levels, int(visual.sum()), x.shape[-1])
+    for mask, ds in parts:
+        merged[:, mask[visual]] = ds.to(x.dtype)
+    return visual, merged

@@ -1,0 +1,74 @@
+"""Our real module tree against the checkpoint: HF save_pretrained loads bit-equal, and the module
+tree maps onto exactly the published layout."""
+
+import pytest
+import torch
+from hf_oracle import hf_checkpoint
+from safetensors.torch import load_file
+
+from omniwalk.errors import CheckpointError
+from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.layout import checkpoint_layout
+from omniwalk.models.qwen3_omni.model import ALL_COMPONENTS, PREFIXES, build_component, load_components
+from omniwalk.models.qwen3_omni.tiny import make_tiny_checkpoint
+from omniwalk.models.qwen3_omni.weights import to_checkpoint_names
+
+
+def our_checkpoint_names(cfg) -> dict[str, tuple]:
+    names = {}
+    for component in ALL_COMPONENTS:
+        with torch.device("meta"):
+            module = build_component(component, cfg)
+        for sub, prefix in PREFIXES[component].items():
+            target = module.get_submodule(sub) if sub else module
+            for name, p in target.named_parameters():
+                for ckpt_name, shape, _ in to_checkpoint_names(name, p.shape):
+                    names[prefix + ckpt_name] = shape
+    return names
+
+
+@pytest.mark.parametrize("name", ["tiny", "uneven"])
+def test_module_tree_is_the_published_layout(name):
+    cfg = Qwen3OmniConfig.from_hf(hf_checkpoint(name))
+    assert our_checkpoint_names(cfg) == checkpoint_layout(cfg)
+
+
+def test_module_tree_at_full_size(tmp_path):
+    from pathlib import Path
+
+    real = Path(__file__).parents[2] / "shared" / "reference" / "qwen3_omni_30b_a3b_config.json"
+    cfg = Qwen3OmniConfig.from_hf(real)
+    assert our_checkpoint_names(cfg) == checkpoint_layout(cfg)
+
+
+@pytest.mark.parametrize("name", ["tiny", "uneven"])
+def test_hf_checkpoint_loads_into_our_modules_bit_equal(name):
+    ckpt = hf_checkpoint(name)
+    saved = load_file(str(ckpt / "model.safetensors"))
+    components = load_components(ckpt)
+    seen = 0
+    for component, module in components.items():
+        for sub, prefix in PREFIXES[component].items():
+            target = module.get_submodule(sub) if sub else module
+            for param_name, p in target.named_parameters():
+                for ckpt_name, shape, (expert, rows) in to_checkpoint_names(param_name, p.shape):
+                    value = p if expert is None else p[expert, rows]
+                    assert torch.equal(value, saved[prefix + ckpt_name]), prefix + ckpt_name
+                    seen += 1
+    assert seen == len(saved)
+
+
+def test_sharded_bf16_load_and_stray_tensor(tmp_path):
+    ckpt = make_tiny_checkpoint(tmp_path / "c", seed=3, max_shard_bytes=10_000_000)
+    parts = load_components(ckpt, ("thinker", "code2wav"), dtype=torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for m in parts.values() for p in m.parameters())
+    from safetensors.torch import save_file
+
+    save_file({"extra.weight": torch.zeros(1)}, str(ckpt / "model-extra.safetensors"))
+    import json
+
+    index = json.loads((ckpt / "model.safetensors.index.json").read_text())
+    index["weight_map"]["extra.weight"] = "model-extra.safetensors"
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="no component takes"):
+        load_components(ckpt)

@@ -1,0 +1,76 @@
+"""MRoPE positions and decode offsets equal HF's ``get_rope_index`` on every prompt shape."""
+
+import pytest
+import torch
+from hf_oracle import hf_model
+from prompt_cases import Builder, thinker_cases
+
+from omniwalk.layers.rotary import mrope_cos_sin
+from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.mrope import interleave_audio_video, mrope_positions, video_times
+
+CFG = Qwen3OmniConfig.from_hf(hf_model("tiny").config.to_dict())
+CASES = thinker_cases(CFG.tokens)
+
+
+def hf_rope_index(case):
+    inputs = case.hf_inputs()
+    mask = inputs.get("feature_attention_mask")
+    return hf_model("tiny").thinker.get_rope_index(
+        inputs["input_ids"],
+        image_grid_thw=inputs.get("image_grid_thw"),
+        video_grid_thw=inputs.get("video_grid_thw"),
+        attention_mask=inputs["attention_mask"],
+        use_audio_in_video=case.use_audio_in_video,
+        audio_seqlens=None if mask is None else mask.sum(-1),
+        second_per_grids=inputs.get("video_second_per_grid"),
+    )
+
+
+def _extra_cases():
+    t = CFG.tokens
+    # The video ends before a short audio: HF continues the end sentinels from the audio block's
+    # max although the video's H/W rows went higher; and two videos with their audio tracks.
+    return [
+        Builder("audio_outlasts_video", t, use_audio_in_video=True)
+        .turn(t.user, lambda x: x.video(2, 12, 12, fps=26.0, audio_frames=30), (5, 6))
+        .generation_prompt(),
+        Builder("two_videos_with_audio", t, use_audio_in_video=True)
+        .turn(
+            t.user,
+            lambda x: x.video(2, 4, 4, fps=0.5, audio_frames=420),
+            lambda x: x.video(2, 2, 2, fps=4.0, audio_frames=50),
+        )
+        .generation_prompt(),
+    ]
+
+
+@pytest.mark.parametrize("case", CASES + _extra_cases(), ids=lambda c: c.name)
+def test_positions_and_delta_equal_hf(case):
+    expected, delta = hf_rope_index(case)
+    ours = mrope_positions(len(case.ids), case.spans, CFG.position_id_per_seconds)
+    assert torch.equal(ours.positions, expected[:, 0].float())
+    assert ours.delta == float(delta)
+    # decode: HF uses cache position + delta on all three rows
+    for step in range(3):
+        index = len(case.ids) + step
+        assert torch.equal(ours.decode(index), torch.full((3, 1), float(index + delta.item())))
+
+
+def test_interleave_matches_video_time_order():
+    times = video_times((3, 1, 2), 2.0, 13)  # frames at 0, 26, 52; two tokens each
+    order = interleave_audio_video(times, 30)
+    assert order[:2] == [True, True] and order[2:28] == [False] * 26 and order[28:30] == [True, True]
+    assert sum(order) == 6 and len(order) == 36
+
+
+def test_mrope_cos_sin_uses_interleaved_axes():
+    section = CFG.text.rope.mrope_section
+    d = CFG.text.head_dim
+    pos = torch.stack([torch.full((2,), 5.0), torch.full((2,), 7.0), torch.full((2,), 9.0)])
+    cos, _ = mrope_cos_sin(pos, d, 1e6, section)
+    inv = 1.0 / 1e6 ** (torch.arange(0, d, 2).float() / d)
+    for slot in range(d // 2):
+        axis = 1 if slot % 3 == 1 and slot < 3 * section[1] else 2 if slot % 3 == 2 and slot < 3 * section[2] else 0
+        assert torch.allclose(cos[0, slot], torch.cos(pos[axis, 0] * inv[slot]))
+        assert torch.allclose(cos[0, slot + d // 2], cos[0, slot])
