@@ -81,3 +81,9 @@ def _check_same_parameters(ours: torch.nn.Module, hf: torch.nn.Module) -> None:
     assert set(mine) == set(theirs), set(mine) ^ set(theirs)
     for name, p in mine.items():
         assert torch.equal(p, theirs[name].view(p.shape)), name
+
+
+def report(label: str, value: float) -> float:
+    """Print a measured parity figure (pytest -s shows it) and return it for the assertion."""
+    print(f"GPU-PARITY {label}: {value:.6f}")
+    return value

@@ -8,7 +8,7 @@ pytestmark = pytest.mark.gpu
 
 @torch.inference_mode()
 def test_audio_encoder_full_size_bf16_matches_hf():
-    from gpu_pairs import audio_pair, cosine
+    from gpu_pairs import audio_pair, cosine, report
 
     from omniwalk.media.mel import log_mel
 
@@ -20,12 +20,12 @@ def test_audio_encoder_full_size_bf16_matches_hf():
     packed = torch.cat([features[i, :, : int(n)] for i, n in enumerate(frames)], dim=1)
     ref = hf(packed.to(torch.bfloat16), feature_lens=frames).last_hidden_state
     assert out.shape == ref.shape
-    assert cosine(out, ref) >= 0.999
+    assert report("audio encoder", cosine(out, ref)) >= 0.999
 
 
 @torch.inference_mode()
 def test_vision_encoder_full_size_bf16_matches_hf():
-    from gpu_pairs import cosine, vision_pair
+    from gpu_pairs import cosine, report, vision_pair
 
     from omniwalk.media.patches import image_patches, resize_image
 
@@ -40,7 +40,7 @@ def test_vision_encoder_full_size_bf16_matches_hf():
     pixels = torch.cat(patches)
     out = ours(pixels, grids)
     ref = hf(pixels.to(torch.bfloat16), torch.tensor(grids, device="cuda"))
-    assert cosine(out.embeddings, ref.pooler_output) >= 0.999
+    assert report("vision encoder", cosine(out.embeddings, ref.pooler_output)) >= 0.999
     assert len(out.deepstack) == len(ref.deepstack_features) == 3
     for level, (a, b) in enumerate(zip(out.deepstack, ref.deepstack_features, strict=True)):
-        assert cosine(a, b) >= 0.999, level
+        assert report(f"vision deepstack {level}", cosine(a, b)) >= 0.999, level

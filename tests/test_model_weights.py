@@ -51,7 +51,7 @@ def test_hf_checkpoint_loads_into_our_modules_bit_equal(name):
         for sub, prefix in PREFIXES[component].items():
             target = module.get_submodule(sub) if sub else module
             for param_name, p in target.named_parameters():
-                for ckpt_name, shape, (expert, rows) in to_checkpoint_names(param_name, p.shape):
+                for ckpt_name, _, (expert, rows) in to_checkpoint_names(param_name, p.shape):
                     value = p if expert is None else p[expert, rows]
                     assert torch.equal(value, saved[prefix + ckpt_name]), prefix + ckpt_name
                     seen += 1

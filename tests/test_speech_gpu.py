@@ -13,7 +13,7 @@ outputs scaled by 1/sqrt(2·layers) (GPT-2 init) keep the stream input-dominated
 
 import pytest
 import torch
-from gpu_pairs import cosine, randomize_, real_config_dict
+from gpu_pairs import cosine, randomize_, real_config_dict, report
 from test_code2wav import make_audio_like_
 
 from omniwalk.models.qwen3_omni.code2wav import Code2Wav
@@ -72,9 +72,9 @@ def test_full_size_talker_step_bf16_matches_hf():
     hf_hs = hf_out.last_hidden_state[0]
     cache = ContiguousKVCache.for_config(cfg.text, BF16, "cuda")
     hs = ours.model(x, torch.arange(NUM_PROMPT, device="cuda"), cache)
-    assert cosine(hs, hf_hs) >= 0.999
-    assert cosine(hs[-1], hf_hs[-1]) >= 0.999
-    assert cosine(ours.codec_head(hs), hf.codec_head(hf_hs)) >= 0.999
+    assert report("speech 1", cosine(hs, hf_hs)) >= 0.999
+    assert report("speech 2", cosine(hs[-1], hf_hs[-1])) >= 0.999
+    assert report("speech 3", cosine(ours.codec_head(hs), hf.codec_head(hf_hs))) >= 0.999
     hf_h, hf_logits = hf_hs[-1], ours.group0_logits(hf_hs[-1])
 
     code0 = int(hf_logits.argmax())
@@ -91,16 +91,22 @@ def test_full_size_talker_step_bf16_matches_hf():
     rest, rest_sum = ours.code_predictor(hf_h, e0[0, 0], forced)
     assert rest.tolist() == hf_codes
     for step, (a, b) in enumerate(zip(forced.logits, hf_cp.logits, strict=True)):
-        assert cosine(a, b[0]) >= 0.999, f"code predictor step {step}"
+        assert report("speech 4", cosine(a, b[0])) >= 0.999, f"code predictor step {step}"
     embeddings = hf.code_predictor.model.codec_embedding
     hf_sum = sum(emb(torch.tensor(c, device="cuda")) for emb, c in zip(embeddings, hf_codes, strict=True))
-    assert cosine(rest_sum, hf_sum) >= 0.999
+    assert report("speech 5", cosine(rest_sum, hf_sum)) >= 0.999
 
     text = torch.randn(cfg.text.hidden_size, generator=g, device="cuda").to(BF16)
     x_next = e0[0, 0] + hf_sum + text
     hf_next = hf.model(inputs_embeds=x_next[None, None], cache=hf_out.cache, use_cache=True).last_hidden_state[0, -1]
     h_next = ours.model(x_next[None], torch.tensor([NUM_PROMPT], device="cuda"), cache)[-1]
-    assert cosine(ours.group0_logits(h_next)[~ours.suppressed], ours.group0_logits(hf_next)[~ours.suppressed]) >= 0.999
+    assert (
+        report(
+            "speech 6",
+            cosine(ours.group0_logits(h_next)[~ours.suppressed], ours.group0_logits(hf_next)[~ours.suppressed]),
+        )
+        >= 0.999
+    )
 
 
 def _code2wav_pair():
@@ -130,7 +136,7 @@ def test_full_size_code2wav_bf16_matches_hf_and_streams():
     got = ours(codes)[0].float()
     assert got.shape == expected.shape == (1920 * 50 - 555,)
     assert (expected.abs() < 1).float().mean() > 0.99, "the comparison must not be dominated by clipping"
-    assert cosine(got, expected) >= 0.999
+    assert report("speech 7", cosine(got, expected)) >= 0.999
     stream = VocoderStream(ours, VocoderStreamConfig(chunk_frames=25, first_chunk_frames=5))
     streamed = torch.cat([*stream.push(codes[0]), stream.finish()]).float()
-    assert cosine(streamed.cpu(), got.cpu()) >= 0.999
+    assert report("speech 8", cosine(streamed.cpu(), got.cpu())) >= 0.999
