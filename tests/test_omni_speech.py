@@ -1,0 +1,111 @@
+"""``Omni`` speech output end to end vs HF ``generate`` (thinker + talker + code predictor + Code2Wav)."""
+
+from functools import cache
+
+import pytest
+import torch
+from test_omni_media import REQUESTS, hf_inputs
+from test_omni_text import MESSAGES, checkpoint, omni
+
+from omniwalk.errors import InvalidRequestError
+
+TEXT_TOKENS, FRAMES = 10, 32
+pytestmark = pytest.mark.filterwarnings("ignore:Passing `repetition_penalty`:UserWarning")
+
+
+@cache
+def hf(name: str):
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(checkpoint(name)).eval()
+    model.config.talker_config.audio_config = model.config.thinker_config.audio_config  # HF bug, reference §9.6
+    return model
+
+
+def greedy_speech(messages, voice="ethan", **extra):
+    return {
+        "messages": messages,
+        "modalities": ["text", "audio"],
+        "voice": voice,
+        "max_tokens": TEXT_TOKENS,
+        "min_tokens": TEXT_TOKENS,
+        "temperature": 0.0,
+        "talker_temperature": 0.0,
+        "code_predictor_temperature": 0.0,
+        "min_audio_frames": FRAMES,
+        "max_audio_frames": FRAMES,
+        **extra,
+    }
+
+
+@torch.no_grad()
+def run_hf(name: str, inputs: dict, voice: str):
+    """HF greedy speech -> (generated ids, codes [F, G], waveform)."""
+    model, captured = hf(name), {}
+    decode = model.code2wav.chunked_decode
+
+    def keep(codes, **kwargs):
+        captured["codes"] = codes[0].T.clone()
+        return decode(codes, **kwargs)
+
+    model.code2wav.chunked_decode = keep
+    try:
+        seq, wav = model.generate(
+            **inputs,
+            speaker=voice,
+            thinker_max_new_tokens=TEXT_TOKENS,
+            thinker_min_new_tokens=TEXT_TOKENS,
+            thinker_do_sample=False,
+            talker_do_sample=False,
+            talker_max_new_tokens=FRAMES + 1,  # the last group-0 code never gets its residual codes
+            talker_min_new_tokens=FRAMES + 1,
+        )
+    finally:
+        del model.code2wav.chunked_decode
+    return seq[0, inputs["input_ids"].shape[1] :].tolist(), captured["codes"], wav.reshape(-1)
+
+
+@pytest.mark.parametrize("case", ["text", "audio_image"])
+@pytest.mark.parametrize("name", ["tiny", "uneven"])
+def test_speech_matches_hf_generate(name, case):
+    messages = MESSAGES if case == "text" else REQUESTS[case]["messages"]
+    request = greedy_speech(messages, voice="Chelsie")
+    out = omni(name).generate(request)
+    prompt, _ = omni(name).prompt(request)
+    ids, codes, wav = run_hf(name, hf_inputs(prompt, False), "Chelsie")
+    assert out.token_ids == ids
+    assert out.codes.shape == (FRAMES, omni(name).model_config.talker.num_code_groups)
+    assert torch.equal(out.codes, codes)
+    assert out.audio.shape == wav.shape == (1920 * FRAMES - 555,)
+    assert (out.audio - wav).abs().max() <= 1e-4
+
+
+def test_voices_differ_and_do_not_leak_between_requests():
+    # Sampled (seeded) talker: with random tiny weights greedy codes barely depend on the voice.
+    sampled = {"talker_temperature": 0.9, "code_predictor_temperature": 1.0, "seed": 3}
+    requests = [greedy_speech(MESSAGES, voice=v, **sampled) for v in ("ethan", "aiden", "ethan")]
+    outs = omni().generate(requests)
+    alone = omni().generate(requests[1])
+    assert torch.equal(outs[0].codes, outs[2].codes)
+    assert not torch.equal(outs[0].codes, outs[1].codes)
+    assert torch.equal(outs[1].codes, alone.codes)
+
+
+def test_text_only_requests_return_no_audio():
+    out = omni().generate({"messages": MESSAGES, "max_tokens": 3})
+    assert out.audio is None and out.codes is None
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"voice": "nobody"}, "unknown voice 'nobody'.*aiden, chelsie, ethan"),
+        ({"modalities": ["audio"]}, "modalities must be"),
+        ({"modalities": ["text", "video"]}, "modalities must be"),
+        ({"talker_temperature": -1.0}, "temperature"),
+        ({"min_audio_frames": 9, "max_audio_frames": 3}, "audio_frames"),
+    ],
+)
+def test_bad_speech_requests_are_typed_errors(fields, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        omni().generate({**greedy_speech(MESSAGES), **fields})
