@@ -1,5 +1,6 @@
 """Video decoding/sampling and the Qwen2-VL video processor math (HF's needs torchvision, so the
-oracle here is an explicit per-patch loop written from the processor's documented layout)."""
+oracle here is an explicit per-patch loop written from the processor's documented layout; the
+real HF video processor is compared in test_video_hf.py where torchvision exists)."""
 
 import numpy as np
 import pytest
@@ -18,8 +19,8 @@ def _oracle_patches(frames: np.ndarray):
     2x2 merge blocks, each patch flattened as (C, t, ph, pw)."""
     spec, p = VIDEO_PATCHES, VIDEO_PATCHES.patch_size
     h, w = smart_resize(frames.shape[1], frames.shape[2], spec)
-    x = torch.from_numpy(frames).permute(0, 3, 1, 2).float()
-    x = F.interpolate(x, size=(h, w), mode="bicubic", antialias=True).clamp(0, 255).round()
+    x = torch.from_numpy(frames).permute(0, 3, 1, 2)
+    x = F.interpolate(x, size=(h, w), mode="bicubic", antialias=True).float()  # torchvision's uint8 path
     x = (x / 255 - 0.5) / 0.5
     if len(x) % 2:
         x = torch.cat([x, x[-1:]])

@@ -2,9 +2,11 @@
 
 - Images: Pillow ``Image.resize(BICUBIC)`` on the uint8 image, on the CPU in the decode step
   (``Qwen2VLImageProcessorPil`` does exactly this, so the result is bit-exact).
-- Video frames: ``F.interpolate(bicubic, antialias=True)`` in float32, clamped and rounded to
-  uint8 levels, as torchvision's ``resize`` does for ``Qwen2VLVideoProcessor``; it runs in
-  torch, on the device, batched over frames.
+- Video frames: ``F.interpolate(bicubic, antialias=True)`` batched over frames. On the CPU it
+  runs torch's native uint8 kernel, which is what torchvision's ``resize`` (and so HF's
+  ``Qwen2VLVideoProcessor``) runs on uint8 frames; on other devices it runs in float32, clamped
+  and rounded: measured against the uint8 kernel on noise frames (64x96 -> 320x448) that differs
+  by up to 24 uint8 levels, 0.22 on average.
 
 Why images are not resized with torch on the device: measured against Pillow on random-noise
 images, torch's antialiased bicubic (Keys a = -0.75; Pillow uses a = -0.5 with fixed-point
@@ -34,5 +36,7 @@ def torch_bicubic(frames: torch.Tensor, height: int, width: int) -> torch.Tensor
     """Antialiased bicubic resize of uint8 [N, C, H, W] frames; float32 result at uint8 levels."""
     if tuple(frames.shape[-2:]) == (height, width):
         return frames.float()
+    if frames.device.type == "cpu" and frames.dtype == torch.uint8:
+        return F.interpolate(frames, size=(height, width), mode="bicubic", antialias=True).float()
     out = F.interpolate(frames.float(), size=(height, width), mode="bicubic", antialias=True, align_corners=False)
     return out.clamp_(0, 255).round_()
