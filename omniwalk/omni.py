@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -47,7 +48,7 @@ class RequestOutput:
 class Omni:
     def __init__(self, model: str, **options):
         """``options`` are ``ModelConfig`` fields (device, dtype, max_model_len, default_system_prompt, ...)."""
-        self.config = OmniConfig.from_kwargs(model=str(model), **options)
+        self.config = OmniConfig.from_kwargs(model=os.path.expanduser(str(model)), **options)
         mc = self.config.model
         self.model_config = Qwen3OmniConfig.from_hf(mc.model)
         self.tokenizer = Tokenizer.from_dir(mc.model)
