@@ -42,6 +42,7 @@ class ToyProgram:
         x = self.model.embed[ids]
         q, k, v = (x @ self.model.qkv).view(len(ids), 3, HEADS, DIM // HEADS).unbind(1)
         h = kv.attend(0, q, k, v).reshape(len(ids), DIM) + x
+        kv.advance(len(ids))
         logits = h @ self.model.head
         ends = torch.tensor([n for _, _, n in batch]).cumsum(0) - 1
         for (req, start, n), token in zip(batch, logits[ends].argmax(-1).tolist(), strict=True):

@@ -61,7 +61,7 @@ def test_paged_batch_matches_contiguous_attention_over_steps():
             vs.append(torch.randn(n, kv_heads, d))
         batch = PagedBatch(storage, segments, "cpu")
         out = batch.attend(0, torch.cat(qs), torch.cat(ks), torch.cat(vs))
-        batch.advance()
+        batch.advance(batch.num_tokens)
         start = 0
         for r in range(len(lengths)):
             history[r][0].append(ks[r])

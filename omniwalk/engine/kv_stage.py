@@ -148,6 +148,11 @@ class KVStage:
 
     def _run(self, batch: list[tuple[EngineRequest, int]]) -> None:
         segments = [Segment(self.tables[r.id], n) for r, n in batch]
+        starts = [seg.table.num_cached for seg in segments]
         kv = PagedBatch(self.storage, segments, self.device)
-        self.program.run([(r, seg.table.num_cached, n) for (r, n), seg in zip(batch, segments, strict=True)], kv)
-        kv.advance()
+        try:
+            self.program.run([(r, start, n) for (r, n), start in zip(batch, starts, strict=True)], kv)
+        except Exception:
+            for seg, start in zip(segments, starts, strict=True):  # the model may have advanced them
+                seg.table.num_cached = start
+            raise

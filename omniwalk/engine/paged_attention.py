@@ -1,9 +1,10 @@
 """Attention over paged KV for one engine step of many requests (packed along the token axis).
 
 A ``PagedBatch`` is built once per step from the requests' page tables and how many new tokens
-each contributes. Every decoder layer calls ``attend``: the new keys/values are written into
-their slots, then each request's queries attend causally to all of its keys. ``advance`` moves
-the page tables forward after the last layer.
+each contributes; it is the decoder's ``KVCache`` for that step. Every decoder layer calls
+``attend``: the new keys/values are written into their slots, then each request's queries attend
+causally to all of its keys (reference path: per request, gathered, the same function the
+contiguous cache uses). The decoder calls ``advance`` after its last layer.
 
 Slot indices are built on the host from the page tables (plain Python, no device reads) and
 copied to the device once per step.
@@ -14,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from omniwalk.engine.kv_pages import KVStorage, PageTable
+from omniwalk.layers.kv_attention import causal_attention
 
 
 @dataclass
@@ -50,23 +51,14 @@ class PagedBatch:
         values.index_copy_(0, self._new_slots, v.to(values.dtype))
         out, start = [], 0
         for seg, slots in zip(self.segments, self._keys, strict=True):
-            qs = q[start : start + seg.num_new]
+            qs = q[start : start + seg.num_new].transpose(0, 1)
             start += seg.num_new
-            out.append(_causal_attention(qs, keys[slots], values[slots]))
+            out.append(causal_attention(qs, keys[slots].transpose(0, 1), values[slots].transpose(0, 1)).transpose(0, 1))
         return torch.cat(out)
 
-    def advance(self) -> None:
+    def advance(self, num_new: int) -> None:
+        """After the decoder's last layer: every request's cache now holds its new tokens."""
+        if num_new != self.num_tokens:
+            raise ValueError(f"advance({num_new}) but the batch has {self.num_tokens} new tokens")
         for seg in self.segments:
             seg.table.num_cached += seg.num_new
-
-
-def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """q [n, h, d] are the last n of the m keys [m, kvh, d]; query i sees keys <= m - n + i."""
-    n, m = q.shape[0], k.shape[0]
-    mask = None
-    if n > 1:
-        mask = torch.arange(m, device=q.device)[None, :] <= torch.arange(m - n, m, device=q.device)[:, None]
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=mask, enable_gqa=True
-    )
-    return out[0].transpose(0, 1)

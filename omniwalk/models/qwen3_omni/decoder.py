@@ -17,9 +17,9 @@ from collections.abc import Callable
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from omniwalk.layers.kv_attention import causal_attention
 from omniwalk.layers.moe import GatedMLP, SparseMoE
 from omniwalk.layers.norm import RMSNorm
 from omniwalk.layers.rotary import apply_rotary, mrope_cos_sin, rope_cos_sin
@@ -27,17 +27,16 @@ from omniwalk.models.qwen3_omni.config import DecoderConfig
 
 
 class KVCache(Protocol):
-    """Keys/values of one request for every layer.
+    """Where keys/values live during a forward, and how new queries attend to them.
 
-    ``num_tokens`` counts the tokens cached *before* the current forward. During a forward every
-    layer calls ``append`` once with that forward's new keys/values; the decoder calls
-    ``advance`` after the last layer.
+    Implementations: ``ContiguousKVCache`` (one request) and the engine's ``PagedBatch`` (many
+    requests packed along the token axis, keys in pages). During a forward every layer calls
+    ``attend`` once with that forward's new q/k/v; the decoder calls ``advance`` after the last
+    layer.
     """
 
-    num_tokens: int
-
-    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """k, v: [kv_heads, new, head_dim] -> all keys/values [kv_heads, num_tokens + new, head_dim]."""
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Store k, v [n, kv_heads, d] and return causal attention of q [n, heads, d] -> [n, heads, d]."""
         ...
 
     def advance(self, num_new: int) -> None: ...
@@ -56,7 +55,12 @@ class ContiguousKVCache:
     def for_config(cls, cfg: DecoderConfig, dtype: torch.dtype, device) -> ContiguousKVCache:
         return cls(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, dtype, device)
 
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        k_all, v_all = self.append(layer, k.transpose(0, 1), v.transpose(0, 1))
+        return causal_attention(q.transpose(0, 1), k_all, v_all).transpose(0, 1)
+
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v [kv_heads, new, d] -> all keys/values [kv_heads, num_tokens + new, d]."""
         end = self.num_tokens + k.shape[1]
         if end > self.keys[layer].shape[1]:
             self.keys[layer] = _grow(self.keys[layer], end, self.num_tokens)
@@ -78,19 +82,6 @@ def _grow(buf: torch.Tensor, needed: int, used: int) -> torch.Tensor:
     return out
 
 
-def _causal_mask(num_new: int, num_cached: int, device) -> torch.Tensor | None:
-    """Bool [new, cached + new]: query i (absolute cached + i) sees keys j <= cached + i.
-
-    None when no explicit mask is needed: one query sees every key, and a block starting at
-    position 0 is plain causal (SDPA's ``is_causal``, which can use the flash kernel).
-    """
-    if num_new == 1 or num_cached == 0:
-        return None
-    keys = torch.arange(num_cached + num_new, device=device)
-    queries = torch.arange(num_new, device=device)[:, None] + num_cached
-    return keys[None, :] <= queries
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: DecoderConfig):
         super().__init__()
@@ -108,13 +99,8 @@ class Attention(nn.Module):
         q = apply_rotary(self.q_norm(self.q_proj(x).view(n, self.num_heads, self.head_dim)), cos, sin)
         k = apply_rotary(self.k_norm(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)), cos, sin)
         v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        mask = _causal_mask(n, cache.num_tokens, x.device)
-        is_causal = n > 1 and cache.num_tokens == 0
-        k_all, v_all = cache.append(layer, k.transpose(0, 1), v.transpose(0, 1))
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1)[None], k_all[None], v_all[None], attn_mask=mask, is_causal=is_causal, enable_gqa=True
-        )  # [1, heads, n, d]; default scale is head_dim^-0.5
-        return self.o_proj(out[0].transpose(0, 1).reshape(n, self.num_heads * self.head_dim))
+        out = cache.attend(layer, q, k, v)  # [n, heads, d]
+        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
 
 class DecoderLayer(nn.Module):

@@ -1,0 +1,26 @@
+"""Causal attention of a block of new queries against one request's cached keys (reference path).
+
+Shapes are SDPA's: q [heads, n, d]; k, v [kv_heads, m, d] where the n queries are the last n of
+the m positions (``m - n`` were cached before). Used by the per-request contiguous cache and the
+engine's paged batches alike, so both compute exactly the same thing.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """-> [heads, n, d]. Scale head_dim^-0.5; GQA by head groups."""
+    n, m = q.shape[1], k.shape[1]
+    mask, is_causal = None, False
+    if n > 1 and m == n:
+        is_causal = True  # a block from position 0: plain causal (lets SDPA pick the flash kernel)
+    elif n > 1:
+        keys = torch.arange(m, device=q.device)
+        mask = keys[None, :] <= torch.arange(m - n, m, device=q.device)[:, None]
+    out = F.scaled_dot_product_attention(
+        q[None], k[None], v[None], attn_mask=mask, is_causal=is_causal, enable_gqa=True
+    )
+    return out[0]
