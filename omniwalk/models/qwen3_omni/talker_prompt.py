@@ -30,7 +30,7 @@ import torch
 
 from omniwalk.errors import InvalidRequestError
 from omniwalk.models.qwen3_omni.config import CodecIds, TokenIds
-from omniwalk.models.qwen3_omni.mrope import MediaSpan, mrope_positions
+from omniwalk.models.qwen3_omni.mrope import MediaSpan, RopePositions, mrope_positions
 from omniwalk.models.qwen3_omni.talker import Talker, TalkerPrompt
 
 NUM_HEADER_TEXT = 3  # <|im_start|> assistant \n
@@ -84,6 +84,50 @@ def _header(talker: Talker, answer: torch.Tensor, special: dict[str, torch.Tenso
 
 
 @torch.inference_mode()
+def talker_prefix(
+    talker: Talker,
+    tokens: TokenIds,
+    *,
+    prompt_ids: list[int],
+    embeddings: torch.Tensor,
+    accept_hidden: torch.Tensor,
+    first_answer: torch.Tensor,
+    special_embeddings: torch.Tensor,
+    spans: list[MediaSpan],
+    speaker: int,
+    position_id_per_seconds: float,
+) -> tuple[torch.Tensor, RopePositions]:
+    """The talker's prefill inputs [P, hidden] (user part + 9-position header) and their positions.
+
+    ``embeddings`` / ``accept_hidden`` [len(prompt_ids), thinker_hidden] cover the thinker prompt;
+    ``first_answer`` [thinker_hidden] is the thinker input embedding of the first generated token;
+    ``special_embeddings`` [3, thinker_hidden] are those of (tts_bos, tts_eos, tts_pad).
+    """
+    p = talker.codec_head.weight
+    embeddings, accept_hidden = embeddings.to(p), accept_hidden.to(p)
+    bos, _, pad = talker.text_projection(special_embeddings.to(p)).unbind(0)
+    ids = torch.tensor(prompt_ids, device=p.device)
+    user = user_positions(prompt_ids, tokens).to(p.device)
+    media = torch.isin(ids, torch.tensor(tokens.media_pads, device=p.device))
+    user_part = torch.empty(int(user.sum()), p.shape[1], dtype=p.dtype, device=p.device)
+    user_media = media[user]
+    user_part[user_media] = talker.hidden_projection(accept_hidden[user & media])
+    user_part[~user_media] = talker.text_projection(embeddings[user & ~media])
+
+    start = last_assistant_start(prompt_ids, tokens)
+    answer = talker.text_projection(torch.cat([embeddings[start:], first_answer.to(p)[None]]))
+    header = _header(talker, answer, {"bos": bos, "pad": pad}, speaker, talker.cfg.codec)
+    inputs = torch.cat([user_part, header])
+    positions = mrope_positions(inputs.shape[0], kept_spans(spans, user.cpu()), position_id_per_seconds)
+    return inputs, positions
+
+
+def talker_prefix_length(prompt_ids: list[int], tokens: TokenIds) -> int:
+    """Rows ``talker_prefix`` returns: every user-turn position plus the 9-position header."""
+    return int(user_positions(prompt_ids, tokens).sum()) + NUM_HEADER_TEXT + 6
+
+
+@torch.inference_mode()
 def build_talker_prompt(
     talker: Talker,
     tokens: TokenIds,
@@ -97,38 +141,31 @@ def build_talker_prompt(
     speaker: int,
     position_id_per_seconds: float,
 ) -> TalkerPrompt:
-    """Build one request's talker prompt.
+    """Build one request's whole talker prompt once the thinker has finished.
 
     ``embeddings`` / ``accept_hidden`` are [L, thinker_hidden] for the first L positions of
     prompt + generated ids (normally all but the last generated token, which the thinker never ran);
-    L must cover the first generated token. ``special_embeddings`` [3, thinker_hidden] are the thinker
-    input embeddings of (tts_bos, tts_eos, tts_pad). ``spans`` are the thinker prompt's media spans.
+    L must cover the first generated token. ``spans`` are the thinker prompt's media spans.
     """
     p = talker.codec_head.weight
     num_prompt = len(prompt_ids)
     if embeddings.shape[0] <= num_prompt or not generated_ids:
         raise InvalidRequestError("speech output needs at least one generated text token")
-    embeddings, accept_hidden = embeddings.to(p), accept_hidden.to(p)
-    bos, eos, pad = talker.text_projection(special_embeddings.to(p)).unbind(0)
-
-    ids = torch.tensor(prompt_ids, device=p.device)
-    user = user_positions(prompt_ids, tokens).to(p.device)
-    media = torch.isin(ids, torch.tensor(tokens.media_pads, device=p.device))
-    user_part = torch.empty(int(user.sum()), p.shape[1], dtype=p.dtype, device=p.device)
-    user_media = media[user]
-    user_part[user_media] = talker.hidden_projection(accept_hidden[:num_prompt][user & media])
-    user_part[~user_media] = talker.text_projection(embeddings[:num_prompt][user & ~media])
-
-    start = last_assistant_start(prompt_ids, tokens)
-    answer = talker.text_projection(embeddings[start:])  # header text, then generated tokens 0..
-    header = _header(talker, answer, {"bos": bos, "pad": pad}, speaker, talker.cfg.codec)
-
+    inputs, positions = talker_prefix(
+        talker,
+        tokens,
+        prompt_ids=prompt_ids,
+        embeddings=embeddings[:num_prompt],
+        accept_hidden=accept_hidden[:num_prompt],
+        first_answer=embeddings[num_prompt],
+        special_embeddings=special_embeddings,
+        spans=spans,
+        speaker=speaker,
+        position_id_per_seconds=position_id_per_seconds,
+    )
+    _, eos, pad = talker.text_projection(special_embeddings.to(p)).unbind(0)
     spoken = generated_ids.index(tokens.im_end) if tokens.im_end in generated_ids else len(generated_ids)
-    # answer row r is thinker position start + r; rows past the header's first answer token, up to
-    # (not including) the thinker EOS, are spoken one per frame.
-    text_stream = torch.cat([answer[NUM_HEADER_TEXT + 1 : num_prompt + spoken - start], eos[None]])
-
-    inputs = torch.cat([user_part, header])
-    spans = kept_spans(spans, user.cpu())
-    positions = mrope_positions(inputs.shape[0], spans, position_id_per_seconds)
-    return TalkerPrompt(inputs, positions, text_stream, pad)
+    # generated token k (k >= 1) is spoken with frame k, up to (not including) a thinker EOS and
+    # within the rows the thinker ran; then tts_eos once.
+    stream = talker.text_projection(embeddings[num_prompt + 1 : num_prompt + spoken].to(p))
+    return TalkerPrompt(inputs, positions, torch.cat([stream, eos[None]]), pad)
