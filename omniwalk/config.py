@@ -44,14 +44,39 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class EngineConfig:
+    """Scheduling and memory knobs of the walk runtime (one tested default each)."""
+
+    page_size: int = 16  # tokens per KV page
+    thinker_kv_bytes: int = 256 * 2**20  # KV pool of the thinker (all layers, keys + values)
+    talker_kv_bytes: int = 64 * 2**20
+    max_batch_tokens: int = 512  # per thinker step: prefill chunk tokens + decode tokens
+    talker_max_batch_tokens: int = 512
+    max_running: int = 64  # requests holding KV pages in one KV stage
+    max_requests: int = 256  # unfinished requests admitted; beyond that: QueueFullError
+    encoder_batch_units: int = 65536  # mel frames (audio) / patches (vision) per encoder call
+    vocoder_chunk_frames: int = 25  # codec frames per streamed audio chunk (12.5 frames = 1 s)
+    vocoder_first_chunk_frames: int = 5  # a smaller first chunk: earlier first audio
+
+    def __post_init__(self):
+        for f in fields(self):
+            if getattr(self, f.name) < 1:
+                raise ConfigError(f"{f.name} must be >= 1, got {getattr(self, f.name)}")
+
+
+@dataclass(frozen=True)
 class OmniConfig:
     model: ModelConfig = field(default_factory=lambda: ModelConfig(model=""))
+    engine: EngineConfig = field(default_factory=EngineConfig)
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> OmniConfig:
-        """Keyword arguments named after ``ModelConfig`` fields -> the config; unknown names are errors."""
-        known = {f.name for f in fields(ModelConfig)}
-        unknown = sorted(set(kwargs) - known)
+        """Keyword arguments named after ``ModelConfig`` or ``EngineConfig`` fields -> the config;
+        unknown names are errors."""
+        model_fields = {f.name for f in fields(ModelConfig)}
+        engine_fields = {f.name for f in fields(EngineConfig)}
+        unknown = sorted(set(kwargs) - model_fields - engine_fields)
         if unknown:
-            raise ConfigError(f"unknown option(s) {unknown}; known: {sorted(known)}")
-        return cls(model=ModelConfig(**kwargs))
+            raise ConfigError(f"unknown option(s) {unknown}; known: {sorted(model_fields | engine_fields)}")
+        model = ModelConfig(**{k: v for k, v in kwargs.items() if k in model_fields})
+        return cls(model=model, engine=EngineConfig(**{k: v for k, v in kwargs.items() if k in engine_fields}))

@@ -104,7 +104,7 @@ def hf(name: str):
 def test_media_chat_matches_hf(name, case):
     request = {**REQUESTS[case], "max_tokens": STEPS, "min_tokens": STEPS, "temperature": 0.0}
     aiv = bool(request.get("use_audio_in_video"))
-    prompt, _ = omni(name).prompt(request)
+    prompt = omni(name).prompt(request)
     if aiv:
         t = omni(name).model_config.tokens
         assert t.audio_start in prompt.token_ids and prompt.token_ids.count(t.audio_pad) > 0
@@ -122,8 +122,8 @@ def test_base64_audio_and_data_url_image_parts():
     Image.fromarray(IMAGE).save(png, format="PNG")
     image_url = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
     b64_wav = wav_data_url(AUDIO).split(",", 1)[1]
-    in_memory, _ = omni().prompt(REQUESTS["audio_image"])
-    encoded, _ = omni().prompt(
+    in_memory = omni().prompt(REQUESTS["audio_image"])
+    encoded = omni().prompt(
         {
             "messages": [
                 {

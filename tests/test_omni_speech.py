@@ -71,7 +71,7 @@ def test_speech_matches_hf_generate(name, case):
     messages = MESSAGES if case == "text" else REQUESTS[case]["messages"]
     request = greedy_speech(messages, voice="Chelsie")
     out = omni(name).generate(request)
-    prompt, _ = omni(name).prompt(request)
+    prompt = omni(name).prompt(request)
     ids, codes, wav = run_hf(name, hf_inputs(prompt, False), "Chelsie")
     assert out.token_ids == ids
     assert out.codes.shape == (FRAMES, omni(name).model_config.talker.num_code_groups)

@@ -59,6 +59,7 @@ class BatchStage:
         return batch
 
     def step(self) -> bool:
+        self._sweep()
         batch = self.schedule()
         if not batch:
             return False
@@ -71,7 +72,10 @@ class BatchStage:
                 except Exception as e:  # noqa: BLE001
                     item[0].fail(e)
                     self.remove(item[0])
-        for req, _ in batch:
-            if req.id in self.requests and self.program.is_finished(req):
-                self.remove(req)
+        self._sweep()
         return True
+
+    def _sweep(self) -> None:
+        """Drop finished requests (some finish without work here, e.g. a talker that ended)."""
+        for req in [r for r in self.requests.values() if self.program.is_finished(r)]:
+            self.remove(req)

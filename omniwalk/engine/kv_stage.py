@@ -128,6 +128,8 @@ class KVStage:
 
     def step(self) -> bool:
         """Run one batch; returns whether any work was done."""
+        for req in [r for r in (*self.running, *self.waiting) if self.program.is_finished(r)]:
+            self.remove(req)  # finished without work in this stage (e.g. nothing left to say)
         batch = self.schedule()
         if not batch:
             return False

@@ -59,6 +59,14 @@ class RopePositions:
         """Positions [3, 1] of the token at absolute sequence index ``index`` (>= prompt_len)."""
         return torch.full((3, 1), float(index + self.delta))
 
+    def span(self, start: int, num: int) -> torch.Tensor:
+        """Positions [3, num] of absolute indices [start, start + num): prompt rows, then decode rows."""
+        prompt_len = self.positions.shape[1]
+        head = self.positions[:, start : min(start + num, prompt_len)]
+        first, end = max(start, prompt_len), max(start + num, prompt_len)
+        tail = torch.arange(first, end, dtype=torch.float32) + self.delta
+        return torch.cat([head, tail.expand(3, -1)], dim=1)
+
 
 def video_times(grid: tuple[int, int, int], seconds_per_grid: float, position_id_per_seconds: float) -> torch.Tensor:
     """Temporal position offset of each merged video token [t*h*w] (float32, like HF)."""

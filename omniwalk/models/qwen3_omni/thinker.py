@@ -102,6 +102,7 @@ class Thinker(nn.Module):
         *,
         all_logits: bool = False,
         talker_states: bool = False,
+        logit_rows: torch.Tensor | None = None,
     ) -> ThinkerOutput:
         """Run new tokens ``input_ids`` [n] at rope ``positions`` ([3, n] or [n]) after ``cache``'s tokens."""
         x, visual, deepstack = self.embed(input_ids, media)
@@ -116,7 +117,8 @@ class Thinker(nn.Module):
             return h
 
         h = self.model(x, positions, cache, hook)
-        logits = self.lm_head(h if all_logits else h[-1:])
+        # logits only where tokens get sampled: the last row, every row, or given rows (packed batches)
+        logits = self.lm_head(h if all_logits else h[-1:] if logit_rows is None else h[logit_rows])
         return ThinkerOutput(logits, x if talker_states else None, captured.get("h"))
 
 

@@ -4,8 +4,8 @@ Writes config.json, safetensors weights in the published naming (per-expert tens
 with an index above ``max_shard_bytes``), tokenizer.json (real byte-level BPE, special tokens at
 their configured ids), tokenizer_config.json with the chat template, preprocessor_config.json
 and generation_config.json. Weights are reproducible from the seed and scaled so activations
-stay O(1): linears ~ N(0, 1/fan_in), norms ~ 1 + N(0, 0.1^2), biases and log-space Snake
-parameters ~ N(0, 0.1^2), layer scales ~ 0.1 + |N(0, 0.02^2)|.
+stay O(1): linears ~ N(0, 1/fan_in) (vocoder decoder convs at half that), norms ~ 1 + N(0, 0.1^2),
+biases and log-space Snake parameters ~ N(0, 0.1^2), layer scales ~ 0.1 + |N(0, 0.02^2)|.
 """
 
 from __future__ import annotations
@@ -88,7 +88,10 @@ def random_tensor(name: str, shape: tuple[int, ...], g: torch.Generator) -> torc
         fan_in = shape[0] * shape[2]  # transposed conv: [in, out, k]
     else:
         fan_in = math.prod(shape[1:]) if len(shape) > 1 else shape[0]
-    return noise / math.sqrt(fan_in)
+    # The vocoder's conv decoder gains ~2x per Snake block at 1/sqrt(fan_in); half that keeps a
+    # random waveform unclipped (mean |x| 0.06 vs 0.93 with 87% of samples clipped, tiny configs).
+    gain = 0.5 if name.startswith("code2wav.decoder") else 1.0
+    return gain * noise / math.sqrt(fan_in)
 
 
 def write_weights(out: Path, cfg: Qwen3OmniConfig, seed: int, dtype: torch.dtype, max_shard_bytes: int) -> None:

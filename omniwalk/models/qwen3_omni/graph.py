@@ -1,0 +1,114 @@
+"""Qwen3-Omni as a graph for the walk runtime: its stages, and each request's walk through them.
+
+    audio_encoder ─┐
+                   ├─► thinker ─(tokens, streaming)─► talker ─(frames, streaming)─► vocoder
+    vision_encoder ┘
+
+A request visits the encoders its media need, always the thinker, and the talker and vocoder
+only when it asks for audio (t2t, s2t, i2t, v2t, t2s, s2s, i2s, v2s and any mix). The engine
+sees only stage kinds (batch stages, KV stages) and these programs; nothing else of the model.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from omniwalk.config import EngineConfig
+from omniwalk.engine.batch_stage import BatchStage, BatchStageConfig
+from omniwalk.engine.kv_pages import KVStorage
+from omniwalk.engine.kv_stage import KVStage, KVStageConfig
+from omniwalk.models.qwen3_omni.code2wav_stream import VocoderStreamConfig
+from omniwalk.models.qwen3_omni.config import DecoderConfig, Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.encoder_programs import AudioEncoderProgram, VisionEncoderProgram
+from omniwalk.models.qwen3_omni.processor import Prompt
+from omniwalk.models.qwen3_omni.request_state import (
+    AUDIO,
+    MediaState,
+    OmniRequestState,
+    TalkerState,
+    ThinkerState,
+    VocoderState,
+)
+from omniwalk.models.qwen3_omni.talker import TalkerSamplingParams
+from omniwalk.models.qwen3_omni.talker_program import TalkerProgram
+from omniwalk.models.qwen3_omni.talker_prompt import talker_prefix_length
+from omniwalk.models.qwen3_omni.thinker_program import ThinkerProgram
+from omniwalk.models.qwen3_omni.vocoder_program import VocoderProgram
+from omniwalk.sampling import Sampler, SamplingParams
+from omniwalk.tokenizer import IncrementalDetokenizer
+
+STAGES = ("audio_encoder", "vision_encoder", "thinker", "talker", "vocoder")
+
+
+def _kv_storage(cfg: DecoderConfig, budget: int, page_size: int, dtype, device) -> KVStorage:
+    return KVStorage.from_budget(
+        budget, page_size, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, dtype, device
+    )
+
+
+def build_stages(parts: dict, cfg: Qwen3OmniConfig, engine: EngineConfig, dtype: torch.dtype, device) -> list:
+    """The engine stages over loaded components (``model.load_components`` names); talker and
+    vocoder stages exist only when those components were loaded."""
+    encoder_batch = BatchStageConfig(engine.encoder_batch_units, engine.max_running)
+    stages = [
+        BatchStage("audio_encoder", AudioEncoderProgram(parts["audio_encoder"], device, dtype), encoder_batch),
+        BatchStage("vision_encoder", VisionEncoderProgram(parts["vision_encoder"], device, dtype), encoder_batch),
+        KVStage(
+            "thinker",
+            ThinkerProgram(parts["thinker"], device),
+            _kv_storage(cfg.text, engine.thinker_kv_bytes, engine.page_size, dtype, device),
+            KVStageConfig(engine.max_batch_tokens, engine.max_running),
+            device,
+        ),
+    ]
+    if "talker" in parts:
+        talker = TalkerProgram(parts["talker"], parts["thinker"], cfg.position_id_per_seconds, device)
+        storage = _kv_storage(cfg.talker.text, engine.talker_kv_bytes, engine.page_size, dtype, device)
+        stream = VocoderStreamConfig(engine.vocoder_chunk_frames, engine.vocoder_first_chunk_frames)
+        stages += [
+            KVStage(
+                "talker", talker, storage, KVStageConfig(engine.talker_max_batch_tokens, engine.max_running), device
+            ),
+            BatchStage("vocoder", VocoderProgram(parts["code2wav"], stream, device), BatchStageConfig(2**31, 256)),
+        ]
+    return stages
+
+
+def new_state(
+    prompt: Prompt,
+    params: SamplingParams,
+    max_tokens: int,
+    detok: IncrementalDetokenizer,
+    cfg: Qwen3OmniConfig,
+    *,
+    use_audio_in_video: bool = False,
+    speech: TalkerSamplingParams | None = None,
+    speaker: int | None = None,
+    vocoder=None,
+    device="cpu",
+) -> tuple[tuple[str, ...], OmniRequestState]:
+    """A processed request -> (its walk, its state)."""
+    items = prompt.items
+    waves = [i.data["audio"] for i in items if i.kind == AUDIO or (use_audio_in_video and i.num_audio_tokens)]
+    vision = [i for i in items if i.kind != AUDIO]
+    thinker = ThinkerState(
+        prompt,
+        params,
+        Sampler(params, (cfg.tokens.im_end,), prompt.token_ids, device),
+        detok,
+        max_tokens,
+        list(prompt.token_ids),
+    )
+    state = OmniRequestState(MediaState(waves, vision), thinker, use_audio_in_video=use_audio_in_video)
+    walk = (("audio_encoder",) if waves else ()) + (("vision_encoder",) if vision else ()) + ("thinker",)
+    if speech is not None:
+        state.talker = TalkerState(
+            speech,
+            speaker,
+            Sampler(speech.talker(), (cfg.talker.codec.eos,), [], device),
+            Sampler(speech.code_predictor(), (), [], device),
+            talker_prefix_length(prompt.token_ids, cfg.tokens),
+        )
+        state.vocoder = VocoderState(vocoder.new_state(batch_size=1))
+        walk += ("talker", "vocoder")
+    return walk, state

@@ -1,0 +1,124 @@
+"""Per-request state of a Qwen3-Omni walk, owned by the model programs (the engine never looks in).
+
+Built once from a processed request (prompt, measured media, sampling parameters). Each stage
+reads what the stages before it produced and writes its own part:
+
+    media       encoder outputs per item            audio / vision encoder programs
+    thinker     seq = prompt + generated ids, ...   thinker program
+    talker      talker input rows, frames           talker program (speech only)
+    vocoder     stream state, emitted samples       vocoder program (speech only)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from omniwalk.models.qwen3_omni.code2wav_stream import Code2WavState
+from omniwalk.models.qwen3_omni.mrope import RopePositions
+from omniwalk.models.qwen3_omni.processor import Prompt
+from omniwalk.models.qwen3_omni.talker import TalkerSamplingParams
+from omniwalk.models.qwen3_omni.thinker import MediaEmbeddings
+from omniwalk.sampling import Sampler, SamplingParams, TokenLogprob
+from omniwalk.tokenizer import IncrementalDetokenizer
+
+AUDIO, IMAGE, VIDEO = "audio", "image", "video"
+
+
+@dataclass
+class MediaState:
+    """Encoder inputs and outputs of one request, in prompt order per modality."""
+
+    waves: list[np.ndarray]  # audio clips and (audio-in-video) video audio tracks, in prompt order
+    vision: list  # MediaItem of every image and video, in prompt order
+    audio_out: list[torch.Tensor | None] = field(default_factory=list)
+    vision_out: list[tuple[torch.Tensor, list[torch.Tensor]] | None] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.audio_out = [None] * len(self.waves)
+        self.vision_out = [None] * len(self.vision)
+
+    @property
+    def is_encoded(self) -> bool:
+        return all(o is not None for o in self.audio_out) and all(o is not None for o in self.vision_out)
+
+    def embeddings(self) -> MediaEmbeddings | None:
+        """Assemble the thinker's media rows (placeholder order within each modality)."""
+        if not self.waves and not self.vision:
+            return None
+        media = MediaEmbeddings(audio=torch.cat(self.audio_out) if self.waves else None)
+        for kind in (IMAGE, VIDEO):
+            outs = [o for item, o in zip(self.vision, self.vision_out, strict=True) if item.kind == kind]
+            if outs:
+                setattr(media, kind, torch.cat([main for main, _ in outs]))
+                levels = zip(*[deep for _, deep in outs], strict=True)
+                setattr(media, f"{kind}_deepstack", torch.stack([torch.cat(level) for level in levels]))
+        return media
+
+
+@dataclass
+class ThinkerState:
+    prompt: Prompt
+    params: SamplingParams
+    sampler: Sampler
+    detok: IncrementalDetokenizer
+    max_tokens: int  # params.max_tokens capped by the context length
+    seq: list[int]  # prompt + generated ids; KV holds a prefix of it
+    picks: list[TokenLogprob] = field(default_factory=list)
+    text: str = ""  # emitted text (cut before a stop string)
+    finish_reason: str | None = None
+    media: MediaEmbeddings | None = None  # assembled once every encoder is done
+    placeholders_before: dict[str, np.ndarray] | None = None  # kind -> #placeholders in seq[:i]
+    # For the talker: the thinker prompt's decoder input embeddings and accept-layer hidden states.
+    prompt_embeddings: torch.Tensor | None = None
+    prompt_accept_hidden: torch.Tensor | None = None
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.seq) - self.prompt.num_prompt_tokens
+
+    @property
+    def generated(self) -> list[int]:
+        return self.seq[self.prompt.num_prompt_tokens :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class TalkerState:
+    params: TalkerSamplingParams
+    speaker: int
+    sampler: Sampler  # group 0 (codec EOS, repetition penalty over its own history)
+    cp_sampler: Sampler  # groups 1..G-1
+    prefix_length: int
+    prefix: torch.Tensor | None = None  # [P, hidden] built when the thinker has its first tokens
+    positions: RopePositions | None = None
+    rows: list[torch.Tensor] = field(default_factory=list)  # decode input rows fed after the prefix
+    pending: torch.Tensor | None = None  # codec sum of the newest frame, waiting for its text entry
+    frames: list[torch.Tensor] = field(default_factory=list)  # [G] int64 per complete frame
+    finished: bool = False
+
+    @property
+    def num_inputs(self) -> int:
+        return (self.prefix_length if self.prefix is not None else 0) + len(self.rows)
+
+
+@dataclass
+class VocoderState:
+    stream: Code2WavState
+    num_decoded: int = 0  # frames turned into audio
+    chunks: list[torch.Tensor] = field(default_factory=list)  # PCM chunks emitted, in order
+    finished: bool = False
+
+
+@dataclass
+class OmniRequestState:
+    media: MediaState
+    thinker: ThinkerState
+    talker: TalkerState | None = None
+    vocoder: VocoderState | None = None
+    use_audio_in_video: bool = False

@@ -1,0 +1,140 @@
+"""Engine program for the thinker: packed prefill chunks and decode tokens of many requests.
+
+A request's tokens are ``seq`` = prompt + generated ids; the KV holds a prefix of it, and a step
+runs the next ready tokens (``num_ready``). When a request's chunk reaches the end of ``seq`` its
+next token is sampled (so prefill, decode and recompute after preemption are one code path).
+Media rows for a chunk are the encoder rows of the placeholders inside it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from omniwalk.engine.paged_attention import PagedBatch
+from omniwalk.engine.request import EngineRequest
+from omniwalk.models.qwen3_omni.request_state import ThinkerState
+from omniwalk.models.qwen3_omni.thinker import MediaEmbeddings, Thinker
+
+KINDS = ("audio", "image", "video")
+
+
+class ThinkerProgram:
+    def __init__(self, thinker: Thinker, device):
+        self.thinker, self.device = thinker, device
+        t = thinker.tokens
+        self.pad_ids = {"audio": t.audio_pad, "image": t.image_pad, "video": t.video_pad}
+
+    def num_ready(self, req: EngineRequest, num_cached: int) -> int:
+        st = req.state.thinker
+        if st.is_finished:
+            return 0
+        if st.placeholders_before is None:  # media not assembled yet
+            if not req.state.media.is_encoded:
+                return 0
+            self._assemble_media(req)
+        return len(st.seq) - num_cached
+
+    def _assemble_media(self, req: EngineRequest) -> None:
+        st = req.state.thinker
+        st.media = req.state.media.embeddings()
+        ids = np.asarray(st.prompt.token_ids)
+        st.placeholders_before = {k: np.concatenate([[0], np.cumsum(ids == pad)]) for k, pad in self.pad_ids.items()}
+
+    def is_finished(self, req: EngineRequest) -> bool:
+        return req.state.thinker.is_finished
+
+    def on_preempt(self, req: EngineRequest) -> None:
+        """Nothing to undo: the prompt's talker rows are rewritten identically on recompute."""
+
+    @torch.inference_mode()
+    def run(self, batch: list[tuple[EngineRequest, int, int]], kv: PagedBatch) -> None:
+        states = [req.state.thinker for req, _, _ in batch]
+        ids = torch.tensor([t for st, (_, s, n) in zip(states, batch, strict=True) for t in st.seq[s : s + n]])
+        positions = torch.cat([st.prompt.rope.span(s, n) for st, (_, s, n) in zip(states, batch, strict=True)], 1)
+        ends = torch.tensor([n for _, _, n in batch]).cumsum(0) - 1
+        speaks = any(req.state.talker is not None for req, _, _ in batch)
+        out = self.thinker(
+            ids.to(self.device),
+            positions.to(self.device),
+            kv,
+            self._media(batch),
+            talker_states=speaks,
+            logit_rows=ends.to(self.device),
+        )
+        offset = 0
+        for (req, start, n), logits in zip(batch, out.logits, strict=True):
+            if req.state.talker is not None:
+                self._keep_prompt_rows(req.state.thinker, start, n, out, offset)
+            if start + n == len(req.state.thinker.seq):
+                self._sample(req, logits)
+            offset += n
+
+    def _media(self, batch) -> MediaEmbeddings | None:
+        """Encoder rows for the placeholders inside each request's chunk, packed in batch order."""
+        parts: dict[str, list] = {k: [] for k in KINDS}
+        deep: dict[str, list] = {k: [] for k in ("image", "video")}
+        for req, start, n in batch:
+            st = req.state.thinker
+            if st.media is None or start >= st.prompt.num_prompt_tokens:
+                continue
+            end = min(start + n, st.prompt.num_prompt_tokens)
+            for kind in KINDS:
+                a, b = int(st.placeholders_before[kind][start]), int(st.placeholders_before[kind][end])
+                if b > a:
+                    parts[kind].append(getattr(st.media, kind)[a:b])
+                    if kind in deep:
+                        deep[kind].append(getattr(st.media, f"{kind}_deepstack")[:, a:b])
+        if not any(parts.values()):
+            return None
+        cat = {k: torch.cat(v) if v else None for k, v in parts.items()}
+        stack = {k: torch.cat(v, dim=1) if v else None for k, v in deep.items()}
+        return MediaEmbeddings(cat["audio"], cat["image"], cat["video"], stack["image"], stack["video"])
+
+    @staticmethod
+    def _keep_prompt_rows(st: ThinkerState, start: int, n: int, out, offset: int) -> None:
+        num_prompt = st.prompt.num_prompt_tokens
+        if start >= num_prompt:
+            return
+        if st.prompt_embeddings is None:
+            shape = (num_prompt, out.embeddings.shape[1])
+            st.prompt_embeddings = out.embeddings.new_empty(shape)
+            st.prompt_accept_hidden = out.accept_hidden.new_empty(shape)
+        end = min(start + n, num_prompt)
+        st.prompt_embeddings[start:end] = out.embeddings[offset : offset + end - start]
+        st.prompt_accept_hidden[start:end] = out.accept_hidden[offset : offset + end - start]
+
+    @staticmethod
+    def _sample(req: EngineRequest, logits: torch.Tensor) -> None:
+        """Sample, then stream the text that can no longer turn into a stop string."""
+        st = req.state.thinker
+        pick = st.sampler(logits)
+        st.picks.append(pick)
+        st.seq.append(pick.token_id)
+        detok, stops = st.detok, st.params.stop
+        if st.sampler.is_stop_token(pick.token_id):
+            final, reason = detok.text + detok.flush(), "stop"
+        else:
+            detok.add([pick.token_id])
+            cut = _find_stop(detok.text, stops)
+            if cut is not None:
+                final, reason = detok.text[:cut], "stop"
+            elif st.num_generated == st.max_tokens:
+                final, reason = detok.text + detok.flush(), "length"
+            else:
+                final, reason = detok.text[: len(detok.text) - _stop_prefix_length(detok.text, stops)], None
+        if len(final) > len(st.text):
+            req.emit("text", final[len(st.text) :])
+            st.text = final
+        st.finish_reason = reason
+
+
+def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:
+    """Index where the earliest stop string begins in ``text``, or None."""
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(hits) if hits else None
+
+
+def _stop_prefix_length(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest end of ``text`` that begins some stop string (held back from the stream)."""
+    return max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
