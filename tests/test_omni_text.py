@@ -73,7 +73,8 @@ def test_eos_ends_the_request_unless_masked_or_ignored():
     o = omni()
     eos = o.model_config.tokens.im_end
     # make EOS the argmax at every step
-    hook = o.parts["thinker"].lm_head.register_forward_hook(lambda m, args, out: out.index_fill(-1, torch.tensor([eos]), 1e4))
+    head = o.parts["thinker"].lm_head
+    hook = head.register_forward_hook(lambda m, args, out: out.index_fill(-1, torch.tensor([eos]), 1e4))
     try:
         stopped = o.generate({"messages": MESSAGES, "max_tokens": 8, "temperature": 0.0})
         masked = o.generate({"messages": MESSAGES, "max_tokens": 8, "min_tokens": 3, "temperature": 0.0})
