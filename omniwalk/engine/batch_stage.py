@@ -77,5 +77,5 @@ class BatchStage:
 
     def _sweep(self) -> None:
         """Drop finished requests (some finish without work here, e.g. a talker that ended)."""
-        for req in [r for r in self.requests.values() if self.program.is_finished(r)]:
+        for req in [r for r in self.requests.values() if r.status.is_done or self.program.is_finished(r)]:
             self.remove(req)

@@ -128,7 +128,7 @@ class KVStage:
 
     def step(self) -> bool:
         """Run one batch; returns whether any work was done."""
-        for req in [r for r in (*self.running, *self.waiting) if self.program.is_finished(r)]:
+        for req in [r for r in (*self.running, *self.waiting) if self._is_done(r)]:
             self.remove(req)  # finished without work in this stage (e.g. nothing left to say)
         batch = self.schedule()
         if not batch:
@@ -144,9 +144,12 @@ class KVStage:
                     req.fail(e)
                     self.remove(req)
         for req, _ in batch:
-            if req.id in self.tables and self.program.is_finished(req):
+            if req.id in self.tables and self._is_done(req):
                 self.remove(req)
         return True
+
+    def _is_done(self, req: EngineRequest) -> bool:
+        return req.status is Status.FAILED or self.program.is_finished(req)
 
     def _run(self, batch: list[tuple[EngineRequest, int]]) -> None:
         segments = [Segment(self.tables[r.id], n) for r, n in batch]

@@ -56,3 +56,14 @@ class EngineRequest:
         if not self.status.is_done:
             self.status, self.error = Status.FAILED, error
             self.emit("error", error)
+
+    def guarded(self, fn, *args) -> None:
+        """Run ``fn(*args)`` for this request alone; an exception fails this request, no other.
+
+        Programs wrap each request's own post-processing (sampling, stop checks, hand-offs) in it;
+        the stage isolates failures of the shared batched forward itself.
+        """
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001 - any error here belongs to this request only
+            self.fail(e)

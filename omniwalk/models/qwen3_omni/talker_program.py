@@ -91,7 +91,7 @@ class TalkerProgram:
                 ts.rows.append(new)
                 ts.pending = None
             if start + n == ts.num_inputs:
-                self._next_frame(req, h[end])
+                req.guarded(self._next_frame, req, h[end])
 
     def _build_prefix(self, req: EngineRequest) -> None:
         th, ts = req.state.thinker, req.state.talker

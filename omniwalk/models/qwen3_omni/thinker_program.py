@@ -67,7 +67,7 @@ class ThinkerProgram:
             if req.state.talker is not None:
                 self._keep_prompt_rows(req.state.thinker, start, n, out, offset)
             if start + n == len(req.state.thinker.seq):
-                self._sample(req, logits)
+                req.guarded(self._sample, req, logits)
             offset += n
 
     def _media(self, batch) -> MediaEmbeddings | None:
