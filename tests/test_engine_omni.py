@@ -14,7 +14,6 @@ import torch
 from test_omni_text import checkpoint
 
 from omniwalk import Omni
-from omniwalk.engine.request import Status
 
 PATHS = ("t2t", "s2t", "i2t", "v2t", "t2s", "s2s", "i2s", "v2s", "si2s")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
