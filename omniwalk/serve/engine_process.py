@@ -1,0 +1,99 @@
+"""The engine process: it owns the model and the step loop, so HTTP work never takes its GIL.
+
+Two ZMQ sockets, msgpack frames (``wire.py``):
+
+    client --PUSH--> inbox    {"type": "add", "request": {...}} | {"type": "abort", "id"} | {"type": "shutdown"}
+    client <--PULL-- outbox   {"type": "ready"} first, then per request id:
+                              {"type": "text", "id", "data": str}
+                              {"type": "audio", "id", "data": float32 PCM 24 kHz}
+                              {"type": "finished", "id", "output": {...RequestOutput fields}}
+                              {"type": "error", "id", "error": str, "error_type": str, "bad_request": bool}
+                              {"type": "fatal", "error"} instead of "ready" if the model fails to load
+
+Messages are drained between steps; when no request is running the loop blocks on the inbox
+instead of spinning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import zmq
+
+from omniwalk.engine.request import EngineRequest
+from omniwalk.errors import InvalidRequestError
+from omniwalk.serve.wire import pack, unpack
+
+IDLE_POLL_MS = 100
+
+
+def serve_engine(options: dict, inbox_addr: str, outbox_addr: str) -> None:
+    """Process entry point: build ``Omni(**options)`` and serve requests until told to stop."""
+    ctx = zmq.Context()
+    inbox, outbox = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    inbox.bind(inbox_addr)
+    outbox.bind(outbox_addr)
+    try:
+        from omniwalk.omni import Omni
+
+        omni = Omni(**options)
+    except Exception as e:  # noqa: BLE001 - reported to the client, which raises it
+        outbox.send(pack({"type": "fatal", "error": f"{type(e).__name__}: {e}"}))
+        return
+    outbox.send(pack({"type": "ready", "voices": [name for name, _ in omni.model_config.talker.speakers]}))
+    _EngineLoop(omni, inbox, outbox).run()
+    ctx.destroy(linger=1000)
+
+
+class _EngineLoop:
+    def __init__(self, omni, inbox: zmq.Socket, outbox: zmq.Socket):
+        self.omni, self.inbox, self.outbox = omni, inbox, outbox
+        self.active: dict[str, EngineRequest] = {}
+
+    def run(self) -> None:
+        while True:
+            timeout = 0 if self.omni.engine.has_unfinished() else IDLE_POLL_MS
+            while self.inbox.poll(timeout):
+                if not self._handle(unpack(self.inbox.recv())):
+                    return
+                timeout = 0
+            if self.omni.engine.has_unfinished():
+                self.omni.engine.step()
+            self._flush()
+
+    def _handle(self, msg: dict) -> bool:
+        kind = msg.get("type")
+        if kind == "shutdown":
+            return False
+        if kind == "abort":
+            self.omni.abort(msg["id"])
+        elif kind == "add":
+            request = msg["request"]
+            try:
+                req = self.omni.add(request)
+            except Exception as e:  # noqa: BLE001 - a bad request fails alone
+                self._send_error(request.get("request_id"), e)
+            else:
+                self.active[req.id] = req
+        return True
+
+    def _flush(self) -> None:
+        for rid, req in list(self.active.items()):
+            while req.events:
+                event = req.events.popleft()
+                if event.kind in ("text", "audio"):
+                    self.outbox.send(pack({"type": event.kind, "id": rid, "data": event.data}))
+                elif event.kind == "error":
+                    self._send_error(rid, event.data)
+                    del self.active[rid]
+                elif event.kind == "finished":
+                    output = dataclasses.asdict(self.omni.output(req))
+                    output.pop("logprobs") if output.get("logprobs") is None else None
+                    self.outbox.send(pack({"type": "finished", "id": rid, "output": output}))
+                    del self.active[rid]
+                    break
+
+    def _send_error(self, rid: str | None, error: BaseException) -> None:
+        message = {"type": "error", "id": rid, "error": str(error), "error_type": type(error).__name__}
+        message["bad_request"] = isinstance(error, InvalidRequestError)  # the client's fault (4xx), not ours
+        self.outbox.send(pack(message))
