@@ -1,10 +1,16 @@
-"""Sampling parameters and the reference sampler (one request, CPU or GPU, the test oracle).
+"""Sampling on the device, batched over requests with per-request parameters.
 
-Order of operations on a step's raw logits [vocab] (HF's processor order, so greedy decoding
-matches ``generate``): repetition penalty over prompt + generated ids -> EOS masked until
-``min_tokens`` tokens exist -> temperature (0 = greedy argmax) -> top-k -> top-p -> draw with the
-request's own seeded ``torch.Generator``. Logprobs are reported from the *raw* logits
-(log-softmax in fp32), i.e. the model's distribution, not the processed one.
+Order of operations on a step's raw logits [B, vocab] (HF's processor order, so greedy decoding
+matches ``generate``): repetition penalty over each request's prompt + generated ids -> EOS
+masked until ``min_tokens`` tokens exist -> temperature (0 = greedy argmax) -> top-k -> top-p ->
+draw. Logprobs are reported from the *raw* logits (log-softmax in fp32), i.e. the model's
+distribution, not the processed one.
+
+The draw is Gumbel-max with noise from a counter-based hash of (request seed, token index,
+vocabulary index), so a request's tokens depend only on its own seed and logits, never on which
+other requests share the batch, and nothing is read back to the host to draw. ``sample`` ends
+with the step's single host read (token ids, and logprobs when asked); ``sample_on_device``
+keeps ids on the device for loops that feed them straight back (the code predictor).
 """
 
 from __future__ import annotations
@@ -67,69 +73,145 @@ class TokenLogprob:
     top: list[tuple[int, float]] = field(default_factory=list)  # (token id, logprob), best first
 
 
-class Sampler:
-    """Samples one request's tokens step by step; holds its generator and the penalised ids."""
+class SamplerState:
+    """One request's sampling state: parameters, stop ids, seed, and its seen-token mask."""
 
-    def __init__(self, params: SamplingParams, eos_token_ids: tuple[int, ...], prompt_ids: list[int], device="cpu"):
+    def __init__(self, params: SamplingParams, eos_token_ids: tuple[int, ...], prompt_ids: list[int]):
         self.params = params
         eos = () if params.ignore_eos else eos_token_ids
-        self.stop_ids = torch.tensor(sorted({*eos, *params.stop_token_ids}), dtype=torch.long)
-        self.history = list(prompt_ids)
+        self.stop_ids = tuple(sorted({*eos, *params.stop_token_ids}))
+        self.seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
+        self.prompt_ids = list(prompt_ids)
+        self.seen: torch.Tensor | None = None  # [vocab] bool on the logits' device, made at first use
         self.num_generated = 0
-        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
-        self.generator = torch.Generator(device=device).manual_seed(seed)
 
     def is_stop_token(self, token_id: int) -> bool:
         """EOS (unless ``ignore_eos``) or one of ``stop_token_ids``."""
-        return bool((self.stop_ids == token_id).any())
+        return token_id in self.stop_ids
 
-    def __call__(self, logits: torch.Tensor) -> TokenLogprob:
-        """logits [vocab] of the next position -> the sampled token (+ logprobs when asked)."""
-        scores = self.processed(logits)
-        if self.params.is_greedy:
-            token = int(scores.argmax())
-        else:
-            token = int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=self.generator))
-        self.history.append(token)
-        self.num_generated += 1
-        return self._logprob(logits, token) if self.params.logprobs else TokenLogprob(token, 0.0)
-
-    def processed(self, logits: torch.Tensor) -> torch.Tensor:
-        """The fp32 scores the next token is drawn from (-inf = excluded); greedy stops before temperature."""
-        p = self.params
-        scores = logits.float().clone()
-        if p.repetition_penalty != 1.0:
-            scores = _repetition_penalty(scores, torch.tensor(self.history, device=scores.device), p.repetition_penalty)
-        if self.num_generated < p.min_tokens and len(self.stop_ids):
-            scores[self.stop_ids.to(scores.device)] = -float("inf")
-        if p.is_greedy:
-            return scores
-        scores = scores / p.temperature
-        if p.top_k:
-            kth = torch.topk(scores, min(p.top_k, scores.numel())).values[-1]
-            scores = scores.masked_fill(scores < kth, -float("inf"))
-        return _top_p(scores, p.top_p) if p.top_p < 1.0 else scores
-
-    def _logprob(self, logits: torch.Tensor, token: int) -> TokenLogprob:
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        top = []
-        if self.params.top_logprobs:
-            values, ids = torch.topk(logprobs, self.params.top_logprobs)
-            top = list(zip(ids.tolist(), values.tolist(), strict=True))
-        return TokenLogprob(token, float(logprobs[token]), top)
+    def _seen(self, vocab: int, device) -> torch.Tensor:
+        if self.seen is None:
+            self.seen = torch.zeros(vocab, dtype=torch.bool, device=device)
+            if self.prompt_ids:
+                self.seen[torch.tensor(self.prompt_ids, device=device)] = True
+        return self.seen
 
 
-def _repetition_penalty(scores: torch.Tensor, ids: torch.Tensor, penalty: float) -> torch.Tensor:
-    """CTRL-style: a seen token's positive logit is divided by ``penalty``, a negative one multiplied."""
-    picked = scores.gather(0, ids)
-    scores.scatter_(0, ids, torch.where(picked > 0, picked / penalty, picked * penalty))
+def process(logits: torch.Tensor, states: list[SamplerState]) -> torch.Tensor:
+    """Raw logits [B, V] -> the fp32 scores each row is drawn from (-inf = excluded)."""
+    scores = logits.float().clone()
+    vocab, device = scores.shape[1], scores.device
+    penalties = [s.params.repetition_penalty for s in states]
+    if any(p != 1.0 for p in penalties):
+        seen = torch.stack([s._seen(vocab, device) for s in states])
+        p = torch.tensor(penalties, device=device)[:, None]
+        scores = torch.where(seen, torch.where(scores > 0, scores / p, scores * p), scores)
+    for row, s in enumerate(states):
+        if s.num_generated < s.params.min_tokens and s.stop_ids:
+            scores[row, list(s.stop_ids)] = -float("inf")
+    temperature = torch.tensor([s.params.temperature or 1.0 for s in states], device=device)[:, None]
+    scores = scores / temperature  # greedy rows divide by 1: their argmax is unchanged
+    top_k = [s.params.top_k if not s.params.is_greedy else 0 for s in states]
+    top_p = [s.params.top_p if not s.params.is_greedy else 1.0 for s in states]
+    if any(top_k) or any(p < 1.0 for p in top_p):
+        scores = _top_k_top_p(scores, top_k, top_p)
     return scores
 
 
-def _top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of best tokens whose probability reaches ``top_p`` (at least one)."""
-    sorted_scores, order = torch.sort(scores, descending=True)
-    cumulative = torch.softmax(sorted_scores, dim=-1).cumsum(-1)
-    drop = cumulative - torch.softmax(sorted_scores, dim=-1) >= top_p  # mass before this token already enough
-    drop[0] = False
-    return scores.scatter(0, order[drop], -float("inf"))
+def _top_k_top_p(scores: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    """Per row: keep the ``top_k`` best (0 = all), then the smallest best set reaching ``top_p``."""
+    device, vocab = scores.device, scores.shape[1]
+    sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=device)[None, :]
+    k = torch.tensor([kk or vocab for kk in top_k], device=device)[:, None]
+    sorted_scores = sorted_scores.masked_fill(ranks >= k, -float("inf"))
+    probs = torch.softmax(sorted_scores, dim=-1)
+    before = probs.cumsum(-1) - probs  # mass of the better tokens
+    drop = before >= torch.tensor(top_p, device=device)[:, None]
+    drop[:, 0] = False
+    return scores.scatter(1, order, sorted_scores.masked_fill(drop, -float("inf")))
+
+
+# splitmix64 constants as signed int64 (torch integer arithmetic wraps modulo 2^64)
+_GOLDEN, _M1, _M2 = 0x9E3779B97F4A7C15 - 2**64, 0xBF58476D1CE4E5B9 - 2**64, 0x94D049BB133111EB - 2**64
+
+
+def _shr(z: torch.Tensor, n: int) -> torch.Tensor:
+    return (z >> n) & ((1 << (64 - n)) - 1)  # logical shift of int64
+
+
+def _mix(z: torch.Tensor) -> torch.Tensor:
+    z = (z ^ _shr(z, 30)) * _M1
+    z = (z ^ _shr(z, 27)) * _M2
+    return z ^ _shr(z, 31)
+
+
+def gumbel_noise(seeds: list[int], steps: list[int], vocab: int, device) -> torch.Tensor:
+    """[B, V] Gumbel(0, 1) noise, a pure function of (seed, step, vocabulary index) per row."""
+    key = _mix(torch.tensor(seeds, device=device) * _GOLDEN + torch.tensor(steps, device=device))
+    z = _mix(key[:, None] + (torch.arange(vocab, device=device)[None, :] + 1) * _GOLDEN)
+    u = (_shr(z, 40).float() + 0.5) / 2**24  # 24 random bits -> (0, 1)
+    return -torch.log(-torch.log(u))
+
+
+def sample_on_device(logits: torch.Tensor, states: list[SamplerState]) -> torch.Tensor:
+    """Draw one token per row [B] (int64, on the logits' device) and advance each state."""
+    scores = process(logits, states)
+    ids = scores.argmax(-1)
+    sampled = [not s.params.is_greedy for s in states]
+    if any(sampled):
+        noise = gumbel_noise(
+            [s.seed for s in states], [s.num_generated for s in states], scores.shape[1], scores.device
+        )
+        drawn = (scores + noise).argmax(-1)
+        ids = torch.where(torch.tensor(sampled, device=scores.device), drawn, ids)
+    for row, s in enumerate(states):
+        s._seen(scores.shape[1], scores.device)[ids[row : row + 1]] = True
+        s.num_generated += 1
+    return ids
+
+
+def sample(logits: torch.Tensor, states: list[SamplerState]) -> list[TokenLogprob]:
+    """Draw one token per row and read ids (+ logprobs where asked) back in one transfer."""
+    ids = sample_on_device(logits, states)
+    columns = [ids[:, None].double()]
+    k = max((s.params.top_logprobs for s in states if s.params.logprobs), default=0)
+    want = any(s.params.logprobs for s in states)
+    if want:
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        columns.append(logprobs.gather(1, ids[:, None]).double())
+        if k:
+            values, top = torch.topk(logprobs, k, dim=-1)
+            columns += [top.double(), values.double()]
+    rows = torch.cat(columns, dim=1).tolist()  # NOTE: the step's one host read
+    out = []
+    for s, row in zip(states, rows, strict=True):
+        token = int(row[0])
+        if not s.params.logprobs:
+            out.append(TokenLogprob(token, 0.0))
+            continue
+        n = s.params.top_logprobs
+        top = [(int(t), v) for t, v in zip(row[2 : 2 + n], row[2 + k : 2 + k + n], strict=True)]
+        out.append(TokenLogprob(token, row[1], top))
+    return out
+
+
+class Sampler:
+    """One request's sampler: ``sampler(logits [V]) -> TokenLogprob`` (a batch of one)."""
+
+    def __init__(self, params: SamplingParams, eos_token_ids: tuple[int, ...], prompt_ids: list[int], device="cpu"):
+        self.state = SamplerState(params, eos_token_ids, prompt_ids)
+        self.params = params
+
+    @property
+    def num_generated(self) -> int:
+        return self.state.num_generated
+
+    def is_stop_token(self, token_id: int) -> bool:
+        return self.state.is_stop_token(token_id)
+
+    def processed(self, logits: torch.Tensor) -> torch.Tensor:
+        return process(logits[None], [self.state])[0]
+
+    def __call__(self, logits: torch.Tensor) -> TokenLogprob:
+        return sample(logits[None], [self.state])[0]

@@ -142,18 +142,18 @@ def test_kv_pressure_preempts_and_still_completes_correctly():
 def test_injected_failure_fails_only_that_request():
     o = omni()
     talker = o.engine.stages["talker"].program
-    original = talker._next_frame
+    original = talker._commit_frame
 
-    def flaky(req, hidden):
+    def flaky(req, frame, codec_sum):
         if req.id == "r5":
             raise RuntimeError("injected talker failure")
-        return original(req, hidden)
+        return original(req, frame, codec_sum)
 
-    talker._next_frame = flaky
+    talker._commit_frame = flaky
     try:
         outs = run_staggered(o, workload(12))
     finally:
-        del talker._next_frame
+        del talker._commit_frame
     assert outs["r5"].finish_reason == "error" and "injected talker failure" in outs["r5"].error
     for i, request in enumerate(workload(12)):
         if request["request_id"] != "r5":

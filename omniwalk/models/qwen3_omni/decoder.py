@@ -73,6 +73,32 @@ class ContiguousKVCache:
         self.num_tokens += num_new
 
 
+class RowsKVCache:
+    """Keys/values of B independent sequences that always advance together (same length), e.g.
+    the code predictor's fresh per-frame caches of a batch of requests. Packed inputs are
+    row-major: [B * n] tokens = n new tokens of row 0, then row 1, ..."""
+
+    def __init__(self, rows: int, num_layers: int, num_kv_heads: int, head_dim: int, dtype, device, capacity: int):
+        self.rows, self.num_tokens = rows, 0
+        shape = (rows, num_kv_heads, capacity, head_dim)
+        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        b, n = self.rows, q.shape[0] // self.rows
+        end = self.num_tokens + n
+        self.keys[layer][:, :, self.num_tokens : end] = k.view(b, n, *k.shape[1:]).transpose(1, 2)
+        self.values[layer][:, :, self.num_tokens : end] = v.view(b, n, *v.shape[1:]).transpose(1, 2)
+        qs = q.view(b, n, *q.shape[1:]).transpose(1, 2)
+        out = torch.stack(
+            [causal_attention(qs[r], self.keys[layer][r, :, :end], self.values[layer][r, :, :end]) for r in range(b)]
+        )
+        return out.transpose(1, 2).reshape(q.shape)
+
+    def advance(self, num_new: int) -> None:
+        self.num_tokens += num_new // self.rows
+
+
 def _grow(buf: torch.Tensor, needed: int, used: int) -> torch.Tensor:
     capacity = buf.shape[1]
     while capacity < needed:

@@ -34,7 +34,7 @@ from omniwalk.models.qwen3_omni.talker_program import TalkerProgram
 from omniwalk.models.qwen3_omni.talker_prompt import talker_prefix_length
 from omniwalk.models.qwen3_omni.thinker_program import ThinkerProgram
 from omniwalk.models.qwen3_omni.vocoder_program import VocoderProgram
-from omniwalk.sampling import Sampler, SamplingParams
+from omniwalk.sampling import SamplerState, SamplingParams
 from omniwalk.tokenizer import IncrementalDetokenizer
 
 STAGES = ("audio_encoder", "vision_encoder", "thinker", "talker", "vocoder")
@@ -94,7 +94,7 @@ def new_state(
     thinker = ThinkerState(
         prompt,
         params,
-        Sampler(params, (cfg.tokens.im_end,), prompt.token_ids, device),
+        SamplerState(params, (cfg.tokens.im_end,), prompt.token_ids),
         detok,
         max_tokens,
         list(prompt.token_ids),
@@ -105,8 +105,8 @@ def new_state(
         state.talker = TalkerState(
             speech,
             speaker,
-            Sampler(speech.talker(), (cfg.talker.codec.eos,), [], device),
-            Sampler(speech.code_predictor(), (), [], device),
+            SamplerState(speech.talker(), (cfg.talker.codec.eos,), []),
+            SamplerState(speech.code_predictor(), (), []),
             talker_prefix_length(prompt.token_ids, cfg.tokens),
         )
         state.vocoder = VocoderState(vocoder.new_state(batch_size=1))

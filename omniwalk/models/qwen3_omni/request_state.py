@@ -21,7 +21,7 @@ from omniwalk.models.qwen3_omni.mrope import RopePositions
 from omniwalk.models.qwen3_omni.processor import Prompt
 from omniwalk.models.qwen3_omni.talker import TalkerSamplingParams
 from omniwalk.models.qwen3_omni.thinker import MediaEmbeddings
-from omniwalk.sampling import Sampler, SamplingParams, TokenLogprob
+from omniwalk.sampling import SamplerState, SamplingParams, TokenLogprob
 from omniwalk.tokenizer import IncrementalDetokenizer
 
 AUDIO, IMAGE, VIDEO = "audio", "image", "video"
@@ -62,7 +62,7 @@ class MediaState:
 class ThinkerState:
     prompt: Prompt
     params: SamplingParams
-    sampler: Sampler
+    sampler: SamplerState
     detok: IncrementalDetokenizer
     max_tokens: int  # params.max_tokens capped by the context length
     seq: list[int]  # prompt + generated ids; KV holds a prefix of it
@@ -92,8 +92,8 @@ class ThinkerState:
 class TalkerState:
     params: TalkerSamplingParams
     speaker: int
-    sampler: Sampler  # group 0 (codec EOS, repetition penalty over its own history)
-    cp_sampler: Sampler  # groups 1..G-1
+    sampler: SamplerState  # group 0 (codec EOS, repetition penalty over its own history)
+    cp_sampler: SamplerState  # groups 1..G-1
     prefix_length: int
     prefix: torch.Tensor | None = None  # [P, hidden] built when the thinker has its first tokens
     positions: RopePositions | None = None

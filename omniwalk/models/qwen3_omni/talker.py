@@ -16,7 +16,7 @@ masked until ``min_audio_frames`` frames exist. Talker and code-predictor sampli
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 
 import torch
@@ -25,11 +25,12 @@ from torch import nn
 
 from omniwalk.errors import InvalidRequestError
 from omniwalk.models.qwen3_omni.config import DecoderConfig, TalkerConfig
-from omniwalk.models.qwen3_omni.decoder import ContiguousKVCache, Decoder
+from omniwalk.models.qwen3_omni.decoder import ContiguousKVCache, Decoder, RowsKVCache
 from omniwalk.models.qwen3_omni.mrope import RopePositions
 from omniwalk.models.qwen3_omni.weights import load_weights
-from omniwalk.sampling import Sampler, SamplingParams
+from omniwalk.sampling import Sampler, SamplerState, SamplingParams, sample_on_device
 
+SampleFn = Callable[[torch.Tensor], torch.Tensor]  # logits [B, vocab] -> ids [B] on the device
 NUM_SUPPRESSED_CODEC_IDS = 1024  # the codec vocabulary's top ids are control codes, never sampled
 
 
@@ -128,28 +129,29 @@ class CodePredictor(nn.Module):
             nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) for _ in range(num_code_groups - 1)
         )
 
-    def forward(self, talker_hidden: torch.Tensor, code0_embedding: torch.Tensor, sampler: Sampler):
-        """[hidden], [hidden] -> (codes of groups 1..G-1 [G-1] int64, sum of their embeddings [hidden])."""
-        p = self.lm_head[0].weight
-        cache = ContiguousKVCache(
-            self.cfg.num_hidden_layers,
-            self.cfg.num_key_value_heads,
-            self.cfg.head_dim,
-            p.dtype,
-            p.device,
-            capacity=self.num_code_groups + 1,
+    def forward(self, talker_hidden: torch.Tensor, code0_embedding: torch.Tensor, sample: SampleFn):
+        """Groups 1..G-1 of a batch of frames, each row with a fresh short KV.
+
+        talker_hidden, code0_embedding [B, hidden]; ``sample(logits [B, vocab]) -> ids [B]`` draws
+        one group for every row on the device. -> (codes [B, G-1] int64 on the device, the sum of
+        their embeddings [B, hidden]).
+        """
+        b, p = talker_hidden.shape[0], self.lm_head[0].weight
+        cfg = self.cfg
+        cache = RowsKVCache(
+            b, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, p.dtype, p.device, self.num_code_groups + 1
         )
-        x = torch.stack([talker_hidden, code0_embedding])
-        h = self.model(x, torch.arange(2, device=p.device), cache)[-1]
+        x = torch.stack([talker_hidden, code0_embedding], dim=1).reshape(2 * b, -1)  # row-major [B * 2]
+        h = self.model(x, torch.arange(2, device=p.device).repeat(b), cache).view(b, 2, -1)[:, -1]
         codes, total = [], torch.zeros_like(talker_hidden)
         for group in range(1, self.num_code_groups):
-            code = sampler(self.lm_head[group - 1](h)).token_id
+            code = sample(self.lm_head[group - 1](h))
             codes.append(code)
-            embedding = self.model.codec_embedding[group - 1](torch.tensor(code, device=p.device))
+            embedding = self.model.codec_embedding[group - 1](code)
             total = total + embedding
             if group < self.num_code_groups - 1:
-                h = self.model(embedding[None], torch.tensor([group + 1], device=p.device), cache)[-1]
-        return torch.tensor(codes, dtype=torch.long), total
+                h = self.model(embedding, torch.full((b,), group + 1, device=p.device), cache)
+        return torch.stack(codes, dim=1), total
 
 
 class Talker(nn.Module):
@@ -181,14 +183,19 @@ class Talker(nn.Module):
         cache = ContiguousKVCache.for_config(self.cfg.text, p.dtype, p.device)
         h = self.model(prompt.embeddings.to(p), prompt.positions.positions.to(p.device), cache)[-1]
         talker_sampler = Sampler(params.talker(), (self.cfg.codec.eos,), [], p.device)
-        cp_sampler = Sampler(params.code_predictor(), (), [], p.device)
+        cp_state = SamplerState(params.code_predictor(), (), [])
+
+        def cp_sample(logits: torch.Tensor) -> torch.Tensor:
+            return sample_on_device(logits, [cp_state])
+
         num_prompt = prompt.embeddings.shape[0]
         for frame in range(params.max_audio_frames):
             code0 = talker_sampler(self.group0_logits(h)).token_id
             if code0 == self.cfg.codec.eos:
                 return
             code0_embedding = embed0(torch.tensor(code0, device=p.device))
-            rest, rest_sum = self.code_predictor(h, code0_embedding, cp_sampler)
+            rest, rest_sum = self.code_predictor(h[None], code0_embedding[None], cp_sample)
+            rest, rest_sum = rest[0].cpu(), rest_sum[0]
             yield torch.cat([torch.tensor([code0]), rest])
             if frame + 1 == params.max_audio_frames:
                 return

@@ -18,6 +18,7 @@ from omniwalk.engine.request import EngineRequest
 from omniwalk.models.qwen3_omni.talker import Talker
 from omniwalk.models.qwen3_omni.talker_prompt import talker_prefix
 from omniwalk.models.qwen3_omni.thinker import Thinker
+from omniwalk.sampling import sample_on_device
 
 EOS, PAD = "eos", "pad"
 
@@ -85,13 +86,16 @@ class TalkerProgram:
             new_rows.append(new)
         h = self.talker.model(torch.cat(rows), torch.cat(positions, 1).to(self.device), kv)
         ends = (torch.tensor([n for _, _, n in batch]).cumsum(0) - 1).tolist()
+        ready = []
         for (req, start, n), new, end in zip(batch, new_rows, ends, strict=True):
             ts = req.state.talker
             if new is not None:
                 ts.rows.append(new)
                 ts.pending = None
-            if start + n == ts.num_inputs:
-                req.guarded(self._next_frame, req, h[end])
+            if start + n == ts.num_inputs:  # the inputs end here: the next frame is due
+                ready.append((req, end))
+        if ready:
+            self._next_frames([req for req, _ in ready], h[[end for _, end in ready]])
 
     def _build_prefix(self, req: EngineRequest) -> None:
         th, ts = req.state.thinker, req.state.talker
@@ -128,17 +132,26 @@ class TalkerProgram:
             parts.append(new[None])
         return torch.cat(parts)
 
-    def _next_frame(self, req: EngineRequest, hidden: torch.Tensor) -> None:
-        """Sample group 0; unless it is codec EOS, run the code predictor for the other groups."""
+    def _next_frames(self, reqs: list[EngineRequest], hidden: torch.Tensor) -> None:
+        """Sample group 0 and run the code predictor for groups 1..G-1 of every ready request, all
+        on the device; then read the frames back once."""
+        states = [req.state.talker for req in reqs]
+        code0 = sample_on_device(self.talker.group0_logits(hidden), [ts.sampler for ts in states])
+        code0_embedding = self.talker.model.codec_embedding(code0)
+        cp_states = [ts.cp_sampler for ts in states]
+        rest, rest_sum = self.talker.code_predictor(hidden, code0_embedding, lambda x: sample_on_device(x, cp_states))
+        frames = torch.cat([code0[:, None], rest], dim=1).cpu()  # NOTE: the step's one host read
+        for row, req in enumerate(reqs):
+            req.guarded(self._commit_frame, req, frames[row], code0_embedding[row] + rest_sum[row])
+
+    def _commit_frame(self, req: EngineRequest, frame: torch.Tensor, codec_sum: torch.Tensor) -> None:
+        """Keep the frame unless group 0 is codec EOS; stop at EOS or the frame limit."""
         ts = req.state.talker
-        code0 = ts.sampler(self.talker.group0_logits(hidden)).token_id
-        if code0 == self.talker.cfg.codec.eos:
+        if int(frame[0]) == self.talker.cfg.codec.eos:
             ts.finished = True
             return
-        code0_embedding = self.talker.model.codec_embedding(torch.tensor(code0, device=self.device))
-        rest, rest_sum = self.talker.code_predictor(hidden, code0_embedding, ts.cp_sampler)
-        ts.frames.append(torch.cat([torch.tensor([code0]), rest]))
+        ts.frames.append(frame)
         if len(ts.frames) == ts.params.max_audio_frames:
             ts.finished = True
         else:
-            ts.pending = code0_embedding + rest_sum
+            ts.pending = codec_sum

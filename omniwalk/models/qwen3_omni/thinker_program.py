@@ -15,6 +15,7 @@ from omniwalk.engine.paged_attention import PagedBatch
 from omniwalk.engine.request import EngineRequest
 from omniwalk.models.qwen3_omni.request_state import ThinkerState
 from omniwalk.models.qwen3_omni.thinker import MediaEmbeddings, Thinker
+from omniwalk.sampling import TokenLogprob, sample
 
 KINDS = ("audio", "image", "video")
 
@@ -62,13 +63,17 @@ class ThinkerProgram:
             talker_states=speaks,
             logit_rows=ends.to(self.device),
         )
-        offset = 0
-        for (req, start, n), logits in zip(batch, out.logits, strict=True):
+        offset, ready = 0, []
+        for row, (req, start, n) in enumerate(batch):
             if req.state.talker is not None:
                 self._keep_prompt_rows(req.state.thinker, start, n, out, offset)
-            if start + n == len(req.state.thinker.seq):
-                req.guarded(self._sample, req, logits)
+            if start + n == len(req.state.thinker.seq):  # the chunk reached the end: sample
+                ready.append(row)
             offset += n
+        if ready:
+            picks = sample(out.logits[ready], [batch[row][0].state.thinker.sampler for row in ready])
+            for row, pick in zip(ready, picks, strict=True):
+                batch[row][0].guarded(self._commit, batch[row][0], pick)
 
     def _media(self, batch) -> MediaEmbeddings | None:
         """Encoder rows for the placeholders inside each request's chunk, packed in batch order."""
@@ -105,10 +110,9 @@ class ThinkerProgram:
         st.prompt_accept_hidden[start:end] = out.accept_hidden[offset : offset + end - start]
 
     @staticmethod
-    def _sample(req: EngineRequest, logits: torch.Tensor) -> None:
-        """Sample, then stream the text that can no longer turn into a stop string."""
+    def _commit(req: EngineRequest, pick: TokenLogprob) -> None:
+        """Take the sampled token; stream the text that can no longer turn into a stop string."""
         st = req.state.thinker
-        pick = st.sampler(logits)
         st.picks.append(pick)
         st.seq.append(pick.token_id)
         detok, stops = st.detok, st.params.stop
