@@ -3,7 +3,7 @@ tree maps onto exactly the published layout."""
 
 import pytest
 import torch
-from hf_oracle import hf_checkpoint
+from hf_oracle import hf_checkpoint, hf_model
 from safetensors.torch import load_file
 
 from omniwalk.errors import CheckpointError
@@ -41,10 +41,14 @@ def test_module_tree_at_full_size(tmp_path):
     assert our_checkpoint_names(cfg) == checkpoint_layout(cfg)
 
 
-@pytest.mark.parametrize("name", ["tiny", "uneven"])
-def test_hf_checkpoint_loads_into_our_modules_bit_equal(name):
+@pytest.mark.parametrize("name, sharded", [("tiny", False), ("uneven", False), ("uneven", True)])
+def test_hf_checkpoint_loads_into_our_modules_bit_equal(name, sharded, tmp_path):
     ckpt = hf_checkpoint(name)
     saved = load_file(str(ckpt / "model.safetensors"))
+    if sharded:  # HF's own sharding: several files + model.safetensors.index.json
+        ckpt = tmp_path / "sharded"
+        hf_model(name).save_pretrained(ckpt, max_shard_size="10MB")
+        assert len(list(ckpt.glob("model-*.safetensors"))) > 1
     components = load_components(ckpt)
     seen = 0
     for component, module in components.items():
