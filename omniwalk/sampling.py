@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from omniwalk.device import to_device
 from omniwalk.errors import InvalidRequestError
 
 
@@ -93,7 +94,7 @@ class SamplerState:
         if self.seen is None:
             self.seen = torch.zeros(vocab, dtype=torch.bool, device=device)
             if self.prompt_ids:
-                self.seen[torch.tensor(self.prompt_ids, device=device)] = True
+                self.seen[to_device(self.prompt_ids, device, torch.long)] = True
         return self.seen
 
 
@@ -104,12 +105,12 @@ def process(logits: torch.Tensor, states: list[SamplerState]) -> torch.Tensor:
     penalties = [s.params.repetition_penalty for s in states]
     if any(p != 1.0 for p in penalties):
         seen = torch.stack([s._seen(vocab, device) for s in states])
-        p = torch.tensor(penalties, device=device)[:, None]
+        p = to_device(penalties, device, torch.float32)[:, None]
         scores = torch.where(seen, torch.where(scores > 0, scores / p, scores * p), scores)
     for row, s in enumerate(states):
         if s.num_generated < s.params.min_tokens and s.stop_ids:
-            scores[row, list(s.stop_ids)] = -float("inf")
-    temperature = torch.tensor([s.params.temperature or 1.0 for s in states], device=device)[:, None]
+            scores[row].index_fill_(0, to_device(list(s.stop_ids), device, torch.long), -float("inf"))
+    temperature = to_device([s.params.temperature or 1.0 for s in states], device, torch.float32)[:, None]
     scores = scores / temperature  # greedy rows divide by 1: their argmax is unchanged
     top_k = [s.params.top_k if not s.params.is_greedy else 0 for s in states]
     top_p = [s.params.top_p if not s.params.is_greedy else 1.0 for s in states]
@@ -123,11 +124,11 @@ def _top_k_top_p(scores: torch.Tensor, top_k: list[int], top_p: list[float]) -> 
     device, vocab = scores.device, scores.shape[1]
     sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
     ranks = torch.arange(vocab, device=device)[None, :]
-    k = torch.tensor([kk or vocab for kk in top_k], device=device)[:, None]
+    k = to_device([kk or vocab for kk in top_k], device, torch.long)[:, None]
     sorted_scores = sorted_scores.masked_fill(ranks >= k, -float("inf"))
     probs = torch.softmax(sorted_scores, dim=-1)
     before = probs.cumsum(-1) - probs  # mass of the better tokens
-    drop = before >= torch.tensor(top_p, device=device)[:, None]
+    drop = before >= to_device(top_p, device, torch.float32)[:, None]
     drop[:, 0] = False
     return scores.scatter(1, order, sorted_scores.masked_fill(drop, -float("inf")))
 
@@ -148,7 +149,7 @@ def _mix(z: torch.Tensor) -> torch.Tensor:
 
 def gumbel_noise(seeds: list[int], steps: list[int], vocab: int, device) -> torch.Tensor:
     """[B, V] Gumbel(0, 1) noise, a pure function of (seed, step, vocabulary index) per row."""
-    key = _mix(torch.tensor(seeds, device=device) * _GOLDEN + torch.tensor(steps, device=device))
+    key = _mix(to_device(seeds, device, torch.long) * _GOLDEN + to_device(steps, device, torch.long))
     z = _mix(key[:, None] + (torch.arange(vocab, device=device)[None, :] + 1) * _GOLDEN)
     u = (_shr(z, 40).float() + 0.5) / 2**24  # 24 random bits -> (0, 1)
     return -torch.log(-torch.log(u))
@@ -164,7 +165,7 @@ def sample_on_device(logits: torch.Tensor, states: list[SamplerState]) -> torch.
             [s.seed for s in states], [s.num_generated for s in states], scores.shape[1], scores.device
         )
         drawn = (scores + noise).argmax(-1)
-        ids = torch.where(torch.tensor(sampled, device=scores.device), drawn, ids)
+        ids = torch.where(to_device(sampled, scores.device, torch.bool), drawn, ids)
     for row, s in enumerate(states):
         s._seen(scores.shape[1], scores.device)[ids[row : row + 1]] = True
         s.num_generated += 1

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from omniwalk.device import to_device
 from omniwalk.engine.kv_pages import KVStorage, PageTable
 from omniwalk.layers.kv_attention import causal_attention
 
@@ -37,8 +38,8 @@ class PagedBatch:
             start = seg.table.num_cached
             slots = seg.table.slots(pool, 0, start + seg.num_new)
             new_slots.extend(slots[start:])
-            self._keys.append(torch.tensor(slots, device=device))
-        self._new_slots = torch.tensor(new_slots, dtype=torch.long, device=device)
+            self._keys.append(to_device(slots, device, torch.long))
+        self._new_slots = to_device(new_slots, device, torch.long)
 
     @property
     def num_tokens(self) -> int:

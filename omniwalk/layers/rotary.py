@@ -13,6 +13,8 @@ with ``mrope_section = (s_t, s_h, s_w)`` counting each axis's slots. NOTE: HF tr
 uses this layout whatever the config's ``interleaved`` flag says, and so do we.
 """
 
+from functools import cache
+
 import torch
 
 
@@ -51,11 +53,17 @@ def mrope_axes(mrope_section: tuple[int, ...]) -> torch.Tensor:
     return axes
 
 
+@cache
+def _axes_on(mrope_section: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """``mrope_axes`` on ``device``, copied there once (no per-step host transfer)."""
+    return mrope_axes(mrope_section).to(device)
+
+
 def mrope_cos_sin(
     positions: torch.Tensor, head_dim: int, theta: float, mrope_section: tuple[int, ...]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Interleaved MRoPE: positions [3, tokens] (T, H, W rows) -> cos, sin [tokens, head_dim] in fp32."""
-    axes = mrope_axes(mrope_section).to(positions.device)
+    axes = _axes_on(tuple(mrope_section), positions.device)
     slot_positions = positions.float()[axes].T  # [tokens, head_dim/2]: each slot's own row
     freqs = slot_positions * inv_frequencies(head_dim, theta, positions.device)[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)

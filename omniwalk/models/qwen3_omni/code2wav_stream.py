@@ -75,11 +75,15 @@ class Code2WavState:
             trans=[torch.cat([s.trans[i] for s in states]) for i in range(len(states[0].trans))],
         )
 
-    def split(self) -> list[Code2WavState]:
-        """Inverse of ``stack``: one state per row, each keeping only its own valid context."""
+    def split(self, num_frames: list[int] | None = None) -> list[Code2WavState]:
+        """Inverse of ``stack``: one state per row, each keeping only its own valid context.
+
+        ``num_frames`` (frames decoded per row, when the caller knows them on the host) avoids
+        reading them back from the device.
+        """
         context = self.keys[0].shape[2] if self.keys else 0
         out = []
-        for b, n in enumerate(self.num_frames.tolist()):
+        for b, n in enumerate(self.num_frames.tolist() if num_frames is None else num_frames):
             first = context - min(n, context)  # slots before this row's frame 0 are padding
             out.append(
                 Code2WavState(

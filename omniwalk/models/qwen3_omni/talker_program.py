@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from omniwalk.device import to_device
 from omniwalk.engine.paged_attention import PagedBatch
 from omniwalk.engine.request import EngineRequest
 from omniwalk.models.qwen3_omni.talker import Talker
@@ -84,7 +85,7 @@ class TalkerProgram:
             rows.append(self._rows(req, start, n, new))
             positions.append(ts.positions.span(start, n))
             new_rows.append(new)
-        h = self.talker.model(torch.cat(rows), torch.cat(positions, 1).to(self.device), kv)
+        h = self.talker.model(torch.cat(rows), to_device(torch.cat(positions, 1), self.device), kv)
         ends = (torch.tensor([n for _, _, n in batch]).cumsum(0) - 1).tolist()
         ready = []
         for (req, start, n), new, end in zip(batch, new_rows, ends, strict=True):
@@ -95,11 +96,13 @@ class TalkerProgram:
             if start + n == ts.num_inputs:  # the inputs end here: the next frame is due
                 ready.append((req, end))
         if ready:
-            self._next_frames([req for req, _ in ready], h[[end for _, end in ready]])
+            self._next_frames(
+                [req for req, _ in ready], h[to_device([end for _, end in ready], self.device, torch.long)]
+            )
 
     def _build_prefix(self, req: EngineRequest) -> None:
         th, ts = req.state.thinker, req.state.talker
-        first = self.thinker.model.embed_tokens(torch.tensor(th.generated[:1], device=self.device))[0]
+        first = self.thinker.model.embed_tokens(to_device(th.generated[:1], self.device, torch.long))[0]
         ts.prefix, ts.positions = talker_prefix(
             self.talker,
             self.thinker.tokens,
@@ -118,7 +121,7 @@ class TalkerProgram:
         if isinstance(entry, str):
             text = self.text_rows[entry]
         else:
-            embedding = self.thinker.model.embed_tokens(torch.tensor([entry], device=self.device))
+            embedding = self.thinker.model.embed_tokens(to_device([entry], self.device, torch.long))
             text = self.talker.text_projection(embedding.to(self.talker.codec_head.weight))[0]
         return req.state.talker.pending + text
 

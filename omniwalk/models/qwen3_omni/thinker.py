@@ -64,24 +64,25 @@ class Thinker(nn.Module):
         load_weights(self.model, ckpt_dir, "thinker.model.", dtype=dtype, device=device)
         load_weights(self.lm_head, ckpt_dir, "thinker.lm_head.", dtype=dtype, device=device)
 
-    def embed(self, input_ids: torch.Tensor, media: MediaEmbeddings | None = None):
-        """ids [n] -> (embeddings [n, hidden], visual mask [n] or None, deepstack [levels, visual, hidden] or None).
+    def embed(self, input_ids: torch.Tensor, media: MediaEmbeddings | None = None, counts: dict | None = None):
+        """ids [n] -> (embeddings [n, hidden], DeepStack additions [levels, n, hidden] or None).
 
         Each placeholder run is filled with its encoder rows; a count mismatch is an
-        ``InvalidRequestError`` naming the modality.
+        ``InvalidRequestError`` naming the modality. ``counts`` (placeholders per modality in
+        ``input_ids``, known on the host by the engine) avoids reading them back from the device.
         """
         x = self.model.embed_tokens(input_ids)
         if media is None:
-            return x, None, None
+            return x, None
         t = self.tokens
-        masks = {}
+        masks, found = {}, {}
         for name, token, rows in (
             ("audio", t.audio_pad, media.audio),
             ("image", t.image_pad, media.image),
             ("video", t.video_pad, media.video),
         ):
             masks[name] = mask = input_ids == token
-            count = int(mask.sum())
+            found[name] = count = counts[name] if counts is not None else int(mask.sum())
             num_rows = 0 if rows is None else rows.shape[0]
             if count != num_rows:
                 raise InvalidRequestError(
@@ -90,8 +91,7 @@ class Thinker(nn.Module):
                 )
             if count:
                 x = x.masked_scatter(mask[:, None], rows.to(x.dtype))
-        visual, deepstack = _merge_deepstack(masks["image"], masks["video"], media, x)
-        return x, visual, deepstack
+        return x, _deepstack_additions(masks, found, media, x)
 
     def forward(
         self,
@@ -103,9 +103,10 @@ class Thinker(nn.Module):
         all_logits: bool = False,
         talker_states: bool = False,
         logit_rows: torch.Tensor | None = None,
+        counts: dict | None = None,
     ) -> ThinkerOutput:
         """Run new tokens ``input_ids`` [n] at rope ``positions`` ([3, n] or [n]) after ``cache``'s tokens."""
-        x, visual, deepstack = self.embed(input_ids, media)
+        x, deepstack = self.embed(input_ids, media, counts)
         captured: dict[str, torch.Tensor] = {}
         capture_at = self.accept_hidden_layer - 1 if talker_states else -1
 
@@ -113,7 +114,7 @@ class Thinker(nn.Module):
             if layer == capture_at:
                 captured["h"] = h
             if deepstack is not None and layer < deepstack.shape[0]:
-                h = h.index_put((visual,), h[visual] + deepstack[layer].to(h.dtype))
+                h = h + deepstack[layer]  # zero outside image/video positions
             return h
 
         h = self.model(x, positions, cache, hook)
@@ -122,17 +123,16 @@ class Thinker(nn.Module):
         return ThinkerOutput(logits, x if talker_states else None, captured.get("h"))
 
 
-def _merge_deepstack(image_mask, video_mask, media: MediaEmbeddings, x: torch.Tensor):
-    """Image and video DeepStack rows interleaved by prompt position -> [levels, visual, hidden]."""
-    visual = image_mask | video_mask
-    parts = [(image_mask, media.image_deepstack), (video_mask, media.video_deepstack)]
-    parts = [(m, ds) for m, ds in parts if bool(m.any())]
+def _deepstack_additions(masks: dict, found: dict, media: MediaEmbeddings, x: torch.Tensor):
+    """Image and video DeepStack rows placed at their positions -> [levels, n, hidden] (zeros
+    elsewhere), or None without vision tokens. Built with masked scatters: no host reads."""
+    parts = [(masks[kind], getattr(media, f"{kind}_deepstack")) for kind in ("image", "video") if found[kind]]
     if not parts:
-        return None, None
+        return None
     if any(ds is None for _, ds in parts):
         raise InvalidRequestError("vision placeholders are present but DeepStack features are missing")
     levels = parts[0][1].shape[0]
-    merged = x.new_zeros(levels, int(visual.sum()), x.shape[-1])
+    full = x.new_zeros(levels, x.shape[0], x.shape[1])
     for mask, ds in parts:
-        merged[:, mask[visual]] = ds.to(x.dtype)
-    return visual, merged
+        full = full.masked_scatter(mask[None, :, None], ds.to(x.dtype))
+    return full

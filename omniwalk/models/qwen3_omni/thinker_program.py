@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from omniwalk.device import to_device
 from omniwalk.engine.paged_attention import PagedBatch
 from omniwalk.engine.request import EngineRequest
 from omniwalk.models.qwen3_omni.request_state import ThinkerState
@@ -51,17 +52,19 @@ class ThinkerProgram:
     @torch.inference_mode()
     def run(self, batch: list[tuple[EngineRequest, int, int]], kv: PagedBatch) -> None:
         states = [req.state.thinker for req, _, _ in batch]
-        ids = torch.tensor([t for st, (_, s, n) in zip(states, batch, strict=True) for t in st.seq[s : s + n]])
+        ids = [t for st, (_, s, n) in zip(states, batch, strict=True) for t in st.seq[s : s + n]]
         positions = torch.cat([st.prompt.rope.span(s, n) for st, (_, s, n) in zip(states, batch, strict=True)], 1)
         ends = torch.tensor([n for _, _, n in batch]).cumsum(0) - 1
         speaks = any(req.state.talker is not None for req, _, _ in batch)
+        media, counts = self._media(batch)
         out = self.thinker(
-            ids.to(self.device),
-            positions.to(self.device),
+            to_device(ids, self.device, torch.long),
+            to_device(positions, self.device),
             kv,
-            self._media(batch),
+            media,
             talker_states=speaks,
-            logit_rows=ends.to(self.device),
+            logit_rows=to_device(ends, self.device),
+            counts=counts,
         )
         offset, ready = 0, []
         for row, (req, start, n) in enumerate(batch):
@@ -71,12 +74,14 @@ class ThinkerProgram:
                 ready.append(row)
             offset += n
         if ready:
-            picks = sample(out.logits[ready], [batch[row][0].state.thinker.sampler for row in ready])
+            logits = out.logits[to_device(ready, self.device, torch.long)]
+            picks = sample(logits, [batch[row][0].state.thinker.sampler for row in ready])
             for row, pick in zip(ready, picks, strict=True):
                 batch[row][0].guarded(self._commit, batch[row][0], pick)
 
-    def _media(self, batch) -> MediaEmbeddings | None:
-        """Encoder rows for the placeholders inside each request's chunk, packed in batch order."""
+    def _media(self, batch) -> tuple[MediaEmbeddings | None, dict[str, int]]:
+        """Encoder rows for the placeholders inside each request's chunk, packed in batch order,
+        and how many placeholders of each kind the batch holds (known on the host)."""
         parts: dict[str, list] = {k: [] for k in KINDS}
         deep: dict[str, list] = {k: [] for k in ("image", "video")}
         for req, start, n in batch:
@@ -90,11 +95,12 @@ class ThinkerProgram:
                     parts[kind].append(getattr(st.media, kind)[a:b])
                     if kind in deep:
                         deep[kind].append(getattr(st.media, f"{kind}_deepstack")[:, a:b])
-        if not any(parts.values()):
-            return None
+        counts = {k: sum(p.shape[0] for p in v) for k, v in parts.items()}
+        if not any(counts.values()):
+            return None, counts
         cat = {k: torch.cat(v) if v else None for k, v in parts.items()}
         stack = {k: torch.cat(v, dim=1) if v else None for k, v in deep.items()}
-        return MediaEmbeddings(cat["audio"], cat["image"], cat["video"], stack["image"], stack["video"])
+        return MediaEmbeddings(cat["audio"], cat["image"], cat["video"], stack["image"], stack["video"]), counts
 
     @staticmethod
     def _keep_prompt_rows(st: ThinkerState, start: int, n: int, out, offset: int) -> None:

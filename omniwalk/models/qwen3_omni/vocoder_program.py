@@ -41,7 +41,8 @@ class VocoderProgram:
             states = [req.state.vocoder.stream for req in reqs]
             state = states[0] if len(states) == 1 else Code2WavState.stack(states)
             wav = self.vocoder.decode(codes, state).float()
-            new_states = [state] if len(states) == 1 else state.split()
+            decoded = [req.state.vocoder.num_decoded + n for req in reqs]
+            new_states = [state] if len(states) == 1 else state.split(decoded)
             for req, row, new_state in zip(reqs, wav, new_states, strict=True):
                 vs = req.state.vocoder
                 vs.stream, vs.num_decoded = new_state, vs.num_decoded + n

@@ -1,0 +1,20 @@
+"""Host -> device transfers that never stall the step loop.
+
+A plain ``torch.tensor(values, device="cuda")`` copies from pageable memory and synchronises the
+stream. The step loop builds small index/position tensors on the host every step, so it copies
+them from pinned memory, asynchronously, instead. On the CPU this is a plain tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def to_device(values, device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A list (or CPU tensor) -> a tensor on ``device`` without a host synchronisation."""
+    t = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
+    if dtype is not None and t.dtype != dtype:
+        t = t.to(dtype)
+    if torch.device(device).type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)

@@ -1,0 +1,62 @@
+"""The step loop reads from the device only where it must (GPU machine only).
+
+Steady state of a mixed text + speech workload (thinker decode, talker + code-predictor steps,
+vocoder chunks) runs under ``torch.cuda.set_sync_debug_mode("warn")``; every synchronising call
+is counted. Allowed per step: one read of sampled ids per KV stage that sampled (thinker,
+talker) and one copy of each finished audio chunk to the host (the output itself).
+"""
+
+import warnings
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+
+def test_steady_state_steps_read_back_only_sampled_ids_and_audio():
+    from test_omni_text import checkpoint
+
+    from omniwalk import Omni
+
+    o = Omni(model=checkpoint("tiny"), device="cuda", dtype="bfloat16", moe_backend="grouped")
+    base = {"messages": [{"role": "user", "content": "tell me about the world"}], "ignore_eos": True}
+    speech = {
+        "modalities": ["text", "audio"],
+        "talker_temperature": 0.0,
+        "min_audio_frames": 60,
+        "max_audio_frames": 60,
+        "max_tokens": 40,
+    }
+    reqs = [
+        o.add({**base, "max_tokens": 80, "temperature": 0.0}),
+        o.add({**base, "max_tokens": 80, "temperature": 0.7, "seed": 1}),
+        o.add({**base, **speech}),
+        o.add({**base, **speech, "voice": "chelsie"}),
+    ]
+    for _ in range(12):  # prefills, talker prefixes, first vocoder chunks
+        o.engine.step()
+    stages = o.engine.stages
+    steps, allowed, syncs = 20, 0, []
+    for _ in range(steps):
+        before = {name: sum(len(r.state.talker.frames) if r.state.talker else 0 for r in reqs) for name in ("talker",)}
+        chunks_before = sum(len(r.state.vocoder.chunks) for r in reqs if r.state.vocoder)
+        tokens_before = sum(r.state.thinker.num_generated for r in reqs)
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                o.engine.step()
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        syncs += [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+        allowed += int(sum(r.state.thinker.num_generated for r in reqs) > tokens_before)
+        allowed += int(sum(len(r.state.talker.frames) if r.state.talker else 0 for r in reqs) > before["talker"])
+        allowed += sum(len(r.state.vocoder.chunks) for r in reqs if r.state.vocoder) - chunks_before
+    print(f"SYNC-CHECK {steps} steps: {len(syncs)} synchronising calls, {allowed} allowed")
+    for message in sorted(set(syncs)):
+        print("SYNC", message[:200])
+    assert allowed > 0 and len(syncs) <= allowed
+    assert all(not r.status.is_done or r.error is None for r in reqs)
+    del stages
