@@ -167,7 +167,7 @@ def sample_on_device(logits: torch.Tensor, states: list[SamplerState]) -> torch.
         drawn = (scores + noise).argmax(-1)
         ids = torch.where(to_device(sampled, scores.device, torch.bool), drawn, ids)
     for row, s in enumerate(states):
-        s._seen(scores.shape[1], scores.device)[ids[row : row + 1]] = True
+        s._seen(scores.shape[1], scores.device).index_fill_(0, ids[row : row + 1], True)
         s.num_generated += 1
     return ids
 

@@ -11,6 +11,7 @@ from collections import defaultdict
 
 import torch
 
+from omniwalk.device import to_device
 from omniwalk.engine.request import EngineRequest
 from omniwalk.models.qwen3_omni.code2wav import Code2Wav
 from omniwalk.models.qwen3_omni.code2wav_stream import Code2WavState, VocoderStreamConfig
@@ -37,7 +38,7 @@ class VocoderProgram:
         for req, n in batch:
             groups[(n, req.state.vocoder.num_decoded == 0)].append(req)
         for (n, _), reqs in groups.items():
-            codes = torch.stack([self._frames(req, n) for req in reqs]).to(self.device)
+            codes = to_device(torch.stack([self._frames(req, n) for req in reqs]), self.device)
             states = [req.state.vocoder.stream for req in reqs]
             state = states[0] if len(states) == 1 else Code2WavState.stack(states)
             wav = self.vocoder.decode(codes, state).float()
