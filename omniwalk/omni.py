@@ -139,8 +139,7 @@ class Omni:
             raise InvalidRequestError("this checkpoint has no audio output (enable_audio_output is false)")
         return "audio" in modalities
 
-    @staticmethod
-    def output(req: EngineRequest) -> RequestOutput:
+    def output(self, req: EngineRequest) -> RequestOutput:
         st = req.state
         th = st.thinker
         reason = {Status.ABORTED: "abort", Status.FAILED: "error"}.get(req.status, th.finish_reason)
@@ -154,7 +153,11 @@ class Omni:
             error=None if req.error is None else f"{type(req.error).__name__}: {req.error}",
         )
         if st.talker is not None:
-            groups = len(st.talker.frames[0]) if st.talker.frames else 0
-            out.codes = torch.stack(st.talker.frames) if st.talker.frames else torch.zeros(0, groups, dtype=torch.long)
+            frames = st.talker.frames
+            out.codes = (
+                torch.stack(frames)
+                if frames
+                else torch.zeros(0, self.model_config.talker.num_code_groups, dtype=torch.long)
+            )
             out.audio = torch.cat(st.vocoder.chunks) if st.vocoder.chunks else torch.zeros(0)
         return out

@@ -109,3 +109,33 @@ def test_text_only_requests_return_no_audio():
 def test_bad_speech_requests_are_typed_errors(fields, message):
     with pytest.raises(InvalidRequestError, match=message):
         omni().generate({**greedy_speech(MESSAGES), **fields})
+
+
+def test_codec_eos_stops_after_min_audio_frames():
+    """A codec head that always prefers EOS: EOS is masked for min_audio_frames frames, then stops."""
+    o = omni()
+    talker = o.parts["talker"]
+    eos, original = o.model_config.talker.codec.eos, talker.group0_logits
+    talker.group0_logits = lambda h: original(h).index_fill(-1, torch.tensor([eos]), 1e4)
+    try:
+        three = o.generate({**greedy_speech(MESSAGES), "min_audio_frames": 3, "max_audio_frames": 10})
+        none = o.generate({**greedy_speech(MESSAGES), "min_audio_frames": 0, "max_audio_frames": 10})
+    finally:
+        del talker.group0_logits
+    groups = o.model_config.talker.num_code_groups
+    assert three.codes.shape == (3, groups) and three.audio.shape == (1920 * 3 - 555,)
+    assert none.codes.shape == (0, groups) and none.audio.numel() == 0 and none.finish_reason == "length"
+
+
+def test_speech_sampling_is_seeded_per_request_and_never_emits_control_codes():
+    def codes(seed):
+        request = {**greedy_speech(MESSAGES, voice="chelsie"), "min_audio_frames": 6, "max_audio_frames": 6}
+        request.update(talker_temperature=0.9, code_predictor_temperature=1.0, seed=seed)
+        return omni().generate(request).codes
+
+    first, again, other = codes(1), codes(1), codes(2)
+    cfg = omni().model_config.talker
+    assert first.shape == (6, cfg.num_code_groups)
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    assert int(first[:, 0].max()) < cfg.text.vocab_size - 1024  # control codes are suppressed
+    assert int(first[:, 1:].max()) < cfg.code_predictor.vocab_size
