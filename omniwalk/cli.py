@@ -1,4 +1,4 @@
-"""The ``omniwalk`` command line: ``make-tiny`` and ``inspect`` (``serve``/``bench`` come later)."""
+"""The ``omniwalk`` command line: ``serve``, ``make-tiny``, ``inspect`` (``bench`` comes later)."""
 
 from __future__ import annotations
 
@@ -46,9 +46,79 @@ def _inspect(args: argparse.Namespace) -> None:
     print(f"tensors:  {len(checkpoint_layout(cfg)):,}   parameters: {num_parameters(cfg):,}")
 
 
+EMBEDDED_DIR = Path.home() / ".cache" / "omniwalk" / "embedded-tiny-v1"
+
+
+def _embedded_checkpoint() -> Path:
+    """The embedded default model: the packaged tiny config with random weights, written once."""
+    from omniwalk.models.qwen3_omni.tiny import make_tiny_checkpoint
+
+    if not (EMBEDDED_DIR / "config.json").exists():
+        print(f"writing the embedded tiny checkpoint to {EMBEDDED_DIR}", flush=True)
+        tmp = EMBEDDED_DIR.with_name(EMBEDDED_DIR.name + ".tmp")
+        make_tiny_checkpoint(tmp)
+        tmp.rename(EMBEDDED_DIR)
+    return EMBEDDED_DIR
+
+
+def _serve(args: argparse.Namespace) -> None:
+    import dataclasses
+
+    import uvicorn
+
+    from omniwalk.config import EngineConfig, ModelConfig, ServerConfig
+    from omniwalk.serve.app import create_app
+    from omniwalk.serve.engine_client import EngineClient
+    from omniwalk.tokenizer import Tokenizer
+
+    model = args.model or _embedded_checkpoint()
+    if args.model is None:
+        print(
+            "NOTE: serving the embedded tiny model: its weights are RANDOM, its text and speech are noise", flush=True
+        )
+    server = ServerConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServerConfig)})
+    options = {f.name: getattr(args, f.name) for c in (ModelConfig, EngineConfig) for f in dataclasses.fields(c)}
+    options["model"] = str(model)
+    client = EngineClient(**options)
+    print(f"engine process started (pid {client.process.pid}); loading weights from {model}", flush=True)
+    url = f"http://{server.host}:{server.port}/v1"
+    app = create_app(
+        client,
+        server,
+        Tokenizer.from_dir(model).decode,
+        on_ready=lambda: print(f"ready: {url} (model {server.served_model_name!r})", flush=True),
+    )
+    uvicorn.run(app, host=server.host, port=server.port, log_level="warning")
+
+
+def _add_dataclass_flags(parser: argparse.ArgumentParser, cls, skip=()) -> None:
+    """One ``--field-name`` flag per dataclass field, typed and defaulted from the field."""
+    import dataclasses
+
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        kind = int if "int" in str(f.type) else float if "float" in str(f.type) else str
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"),
+            dest=f.name,
+            type=kind,
+            default=f.default,
+            help=f"{cls.__name__}.{f.name} (default: {f.default})",
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="omniwalk", description="Serve composite any-to-any multimodal models.")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    from omniwalk.config import EngineConfig, ModelConfig, ServerConfig
+
+    serve = sub.add_parser("serve", help="serve a checkpoint over an OpenAI-compatible HTTP API")
+    serve.add_argument("--model", type=Path, default=None, help="checkpoint directory (default: embedded tiny model)")
+    for cls in (ServerConfig, ModelConfig, EngineConfig):
+        _add_dataclass_flags(serve, cls, skip=("model",))
+    serve.set_defaults(func=_serve)
 
     tiny = sub.add_parser("make-tiny", help="write a random-weight Qwen3-Omni checkpoint directory")
     tiny.add_argument("out_dir", type=Path)

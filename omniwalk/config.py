@@ -80,3 +80,22 @@ class OmniConfig:
             raise ConfigError(f"unknown option(s) {unknown}; known: {sorted(model_fields | engine_fields)}")
         model = ModelConfig(**{k: v for k, v in kwargs.items() if k in model_fields})
         return cls(model=model, engine=EngineConfig(**{k: v for k, v in kwargs.items() if k in engine_fields}))
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The HTTP server's knobs (``omniwalk serve`` flags are generated from these fields)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None  # when set, requests need "Authorization: Bearer <key>"
+    served_model_name: str = "qwen3-omni"
+    max_body_bytes: int = 64 * 2**20  # larger bodies: 413
+    max_tokens_limit: int = 8192  # requests asking for more: 400
+    max_audio_frames_limit: int = 4096  # 12.5 frames per second of speech: ~5.5 minutes
+    default_max_tokens: int = 512  # when a request names none
+
+    def __post_init__(self):
+        for name in ("port", "max_body_bytes", "max_tokens_limit", "max_audio_frames_limit", "default_max_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -37,6 +37,10 @@ class BatchStage:
     def __init__(self, name: str, program: BatchProgram, config: BatchStageConfig):
         self.name, self.program, self.config = name, program, config
         self.requests: dict[str, EngineRequest] = {}
+        self.last_batch_size = 0
+
+    def stats(self) -> dict:
+        return {"requests": len(self.requests), "batch_size": self.last_batch_size}
 
     def add(self, req: EngineRequest) -> None:
         self.requests[req.id] = req
@@ -61,6 +65,7 @@ class BatchStage:
     def step(self) -> bool:
         self._sweep()
         batch = self.schedule()
+        self.last_batch_size = len(batch)
         if not batch:
             return False
         try:

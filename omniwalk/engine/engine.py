@@ -36,6 +36,8 @@ class Stage(Protocol):
 
     def step(self) -> bool: ...
 
+    def stats(self) -> dict: ...
+
 
 class Engine:
     def __init__(self, stages: list[Stage], limits: EngineLimits = EngineLimits()):
@@ -78,6 +80,12 @@ class Engine:
                 del self.requests[req.id]
                 req.emit("finished")
         return worked
+
+    def stats(self) -> dict[str, dict]:
+        """Per stage: occupancy and the last batch size; plus the engine's request count."""
+        out = {name: stage.stats() for name, stage in self.stages.items()}
+        out["engine"] = {"requests": len(self.requests)}
+        return out
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)

@@ -61,6 +61,7 @@ class KVStage:
         self.running: list[EngineRequest] = []
         self.tables: dict[str, PageTable] = {}
         self.num_preemptions = 0
+        self.last_batch_size = 0
 
     @property
     def pool(self):
@@ -131,6 +132,7 @@ class KVStage:
         for req in [r for r in (*self.running, *self.waiting) if self._is_done(r)]:
             self.remove(req)  # finished without work in this stage (e.g. nothing left to say)
         batch = self.schedule()
+        self.last_batch_size = len(batch)
         if not batch:
             return False
         try:
@@ -147,6 +149,16 @@ class KVStage:
             if req.id in self.tables and self._is_done(req):
                 self.remove(req)
         return True
+
+    def stats(self) -> dict:
+        return {
+            "kv_pages_used": self.pool.num_used,
+            "kv_pages_total": self.pool.num_pages,
+            "running": len(self.running),
+            "waiting": len(self.waiting),
+            "batch_size": self.last_batch_size,
+            "preemptions": self.num_preemptions,
+        }
 
     def _is_done(self, req: EngineRequest) -> bool:
         return req.status is Status.FAILED or self.program.is_finished(req)

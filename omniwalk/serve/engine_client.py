@@ -52,6 +52,7 @@ class EngineClient:
         self._queues: dict[str, asyncio.Queue] = {}
         self._receiver: asyncio.Task | None = None
         self.info: dict = {}
+        self.stats: dict = {}  # the engine's latest occupancy report (engine.stats())
 
     async def start(self, timeout: float = START_TIMEOUT_S) -> None:
         """Wait for the engine to load its model; raises if it fails or dies first."""
@@ -70,6 +71,9 @@ class EngineClient:
     async def _receive(self) -> None:
         while True:
             message = unpack(await self._pull.recv())
+            if message["type"] == "stats":
+                self.stats = message["data"]
+                continue
             queue = self._queues.get(message.get("id"))
             if queue is not None:
                 queue.put_nowait(message)

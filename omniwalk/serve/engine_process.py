@@ -17,6 +17,7 @@ instead of spinning.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import zmq
 
@@ -25,6 +26,7 @@ from omniwalk.errors import InvalidRequestError
 from omniwalk.serve.wire import pack, unpack
 
 IDLE_POLL_MS = 100
+STATS_INTERVAL_S = 0.05
 
 
 def serve_engine(options: dict, inbox_addr: str, outbox_addr: str) -> None:
@@ -49,6 +51,7 @@ class _EngineLoop:
     def __init__(self, omni, inbox: zmq.Socket, outbox: zmq.Socket):
         self.omni, self.inbox, self.outbox = omni, inbox, outbox
         self.active: dict[str, EngineRequest] = {}
+        self.last_stats, self.was_busy = 0.0, True  # report the idle state once at start
 
     def run(self) -> None:
         while True:
@@ -57,9 +60,19 @@ class _EngineLoop:
                 if not self._handle(unpack(self.inbox.recv())):
                     return
                 timeout = 0
-            if self.omni.engine.has_unfinished():
+            busy = self.omni.engine.has_unfinished()
+            if busy:
                 self.omni.engine.step()
             self._flush()
+            self._send_stats(busy)
+
+    def _send_stats(self, busy: bool) -> None:
+        """Engine occupancy for /metrics: at most every STATS_INTERVAL_S while busy, once on idle."""
+        now = time.monotonic()
+        if (busy and now - self.last_stats >= STATS_INTERVAL_S) or (not busy and self.was_busy):
+            self.outbox.send(pack({"type": "stats", "id": None, "data": self.omni.engine.stats()}))
+            self.last_stats = now
+        self.was_busy = busy
 
     def _handle(self, msg: dict) -> bool:
         kind = msg.get("type")

@@ -1,0 +1,37 @@
+"""Streaming text + speech: print text deltas as they arrive, collect PCM16 chunks into a .wav.
+
+python examples/stream_speech.py --base-url http://127.0.0.1:8000/v1 --out stream.wav
+"""
+
+import argparse
+import base64
+
+import numpy as np
+import openai
+import soundfile
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
+parser.add_argument("--out", default="stream.wav")
+args = parser.parse_args()
+
+client = openai.OpenAI(base_url=args.base_url, api_key="unused")
+stream = client.chat.completions.create(
+    model="qwen3-omni",
+    modalities=["text", "audio"],
+    audio={"voice": "chelsie", "format": "pcm16"},
+    messages=[{"role": "user", "content": "Tell me a short story."}],
+    max_tokens=32,
+    stream=True,
+    extra_body={"max_audio_frames": 50},
+)
+pcm = []
+for chunk in stream:
+    for choice in chunk.choices:
+        if choice.delta.content:
+            print(choice.delta.content, end="", flush=True)
+        if getattr(choice.delta, "audio", None):
+            pcm.append(base64.b64decode(choice.delta.audio.data))  # 24 kHz mono int16
+samples = np.frombuffer(b"".join(pcm), dtype="<i2")
+soundfile.write(args.out, samples, 24000)
+print(f"\nspeech: {args.out} ({len(samples) / 24000:.2f} s in {len(pcm)} chunks)")
