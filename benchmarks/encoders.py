@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 from gpu_pairs import audio_pair, cosine, vision_pair  # noqa: E402
+from hf_oracle import whisper_extractor  # noqa: E402
 
 from omniwalk.media.mel import log_mel  # noqa: E402
 from omniwalk.media.patches import image_patches, resize_image  # noqa: E402
@@ -52,19 +53,8 @@ def cpu_ms(fn, iters=5) -> float:
 
 
 def bench_audio(rows: list[dict]) -> None:
-    from transformers import WhisperFeatureExtractor
-
     ours, hf = audio_pair()
-    fe = WhisperFeatureExtractor(
-        feature_size=128,
-        sampling_rate=16000,
-        hop_length=160,
-        chunk_length=300,
-        n_fft=400,
-        padding_value=0.0,
-        dither=0.0,
-        return_attention_mask=True,
-    )
+    fe = whisper_extractor()
     for n in (1, 8, 32):
         waves = [torch.randn(80000, device="cuda") * 0.1 for _ in range(n)]
         feats, frames = log_mel(waves)

@@ -69,3 +69,19 @@ def _hf_checkpoint(name: str, seed: int) -> Path:
     out = Path(tempfile.mkdtemp(prefix=f"hf_{name}_"))
     hf_model(name, seed).save_pretrained(out)
     return out
+
+
+def whisper_extractor():
+    """HF's feature extractor configured as the Qwen3-Omni processor uses it (reference §1.8)."""
+    from transformers import WhisperFeatureExtractor
+
+    return WhisperFeatureExtractor(
+        feature_size=128,
+        sampling_rate=16000,
+        hop_length=160,
+        chunk_length=300,
+        n_fft=400,
+        padding_value=0.0,
+        dither=0.0,
+        return_attention_mask=True,
+    )

@@ -65,19 +65,10 @@ def test_packed_clips_match_hf_and_one_at_a_time(encoders):
 
 @torch.no_grad()
 def test_log_mel_to_encoder_end_to_end(encoders):
-    from transformers import WhisperFeatureExtractor
+    from hf_oracle import whisper_extractor
 
     ours, tower = encoders
-    extractor = WhisperFeatureExtractor(
-        feature_size=128,
-        sampling_rate=16000,
-        hop_length=160,
-        chunk_length=300,
-        n_fft=400,
-        padding_value=0.0,
-        dither=0.0,
-        return_attention_mask=True,
-    )
+    extractor = whisper_extractor()
     waves = [np.random.default_rng(i).standard_normal(n).astype(np.float32) * 0.1 for i, n in enumerate([35000, 8000])]
     features, frames = log_mel([torch.from_numpy(w) for w in waves])
     out = ours(features, frames.tolist()).split(ours.output_lengths(frames.tolist()))

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from hf_oracle import whisper_extractor
 from media_samples import encode_audio, tone
 
 from omniwalk.media.audio import decode_audio
@@ -13,18 +14,7 @@ from omniwalk.media.mel import log_mel, mel_filter_bank
 
 @pytest.fixture(scope="module")
 def extractor():
-    from transformers import WhisperFeatureExtractor
-
-    return WhisperFeatureExtractor(
-        feature_size=128,
-        sampling_rate=16000,
-        hop_length=160,
-        chunk_length=300,
-        n_fft=400,
-        padding_value=0.0,
-        dither=0.0,
-        return_attention_mask=True,
-    )
+    return whisper_extractor()
 
 
 def _hf(extractor, waves):

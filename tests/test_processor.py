@@ -11,8 +11,8 @@ from functools import cache
 import numpy as np
 import pytest
 import torch
-from hf_oracle import hf_model
-from transformers import AutoTokenizer, Qwen3OmniMoeProcessor, WhisperFeatureExtractor
+from hf_oracle import hf_model, whisper_extractor
+from transformers import AutoTokenizer, Qwen3OmniMoeProcessor
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import _get_feat_extract_output_lengths
 
@@ -61,16 +61,7 @@ def hf_processor():
     tok = AutoTokenizer.from_pretrained(checkpoint(), extra_special_tokens=HF_TOKEN_NAMES)
     p = object.__new__(Qwen3OmniMoeProcessor)  # skips the class checks that want torchvision
     p.tokenizer, p.chat_template, p.video_processor = tok, tok.chat_template, GridOnlyVideoProcessor()
-    p.feature_extractor = WhisperFeatureExtractor(
-        feature_size=128,
-        sampling_rate=16000,
-        hop_length=160,
-        chunk_length=300,
-        n_fft=400,
-        padding_value=0.0,
-        dither=0.0,
-        return_attention_mask=True,
-    )
+    p.feature_extractor = whisper_extractor()
     p.image_processor = Qwen2VLImageProcessorPil(
         patch_size=16,
         temporal_patch_size=2,

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from omniwalk.config import ServerConfig
 from omniwalk.errors import InvalidRequestError
 from omniwalk.serve import openai_api as api
-from omniwalk.serve.audio_format import encode_audio, mime_type, normalize_format
+from omniwalk.serve.audio_format import encode_audio, mime_type
 from omniwalk.serve.engine_client import EngineClient, EngineRequestError
 from omniwalk.serve.metrics import Metrics
 
@@ -72,17 +72,7 @@ def create_app(client: EngineClient, cfg: ServerConfig, decode, on_ready=None) -
         return error_response(e.status, str(e), e.kind, e.headers)
 
     async def body_of(request: Request) -> dict:
-        if cfg.api_key and request.headers.get("authorization") != f"Bearer {cfg.api_key}":
-            raise HTTPError(401, "invalid or missing API key", "authentication_error")
-        if not _is_ready(app):
-            raise HTTPError(503, "the engine is still starting", "server_error")
-        raw = await request.body()
-        if len(raw) > cfg.max_body_bytes:
-            raise HTTPError(413, f"request body of {len(raw)} bytes exceeds the limit of {cfg.max_body_bytes}")
-        try:
-            return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise HTTPError(400, f"invalid JSON body: {e}") from None
+        return await _read_body(request, cfg, _is_ready(app))
 
     @app.get("/health")
     async def health():
@@ -114,30 +104,44 @@ def create_app(client: EngineClient, cfg: ServerConfig, decode, on_ready=None) -
 
     @app.post("/v1/audio/speech")
     async def speech(request: Request):
-        body = await body_of(request)
-        text = body.get("input")
-        if not isinstance(text, str) or not text.strip():
-            raise HTTPError(400, "'input' must be a non-empty string")
         try:
-            fmt = normalize_format(body.get("response_format", "mp3"))
-        except ValueError as e:
-            raise HTTPError(400, str(e)) from None
-        chat_body = {
-            "model": body.get("model", cfg.served_model_name),
-            "messages": [{"role": "system", "content": SPEECH_SYSTEM_PROMPT}, {"role": "user", "content": text}],
-            "modalities": ["text", "audio"],
-            "audio": {"voice": body.get("voice"), "format": fmt},
-            **{k: v for k, v in body.items() if k in api.PASSTHROUGH},
-        }
-        try:
-            engine_request, options = api.chat_request(chat_body, cfg)
+            engine_request, options = api.chat_request(_speech_as_chat(await body_of(request), cfg), cfg)
         except InvalidRequestError as e:
             raise HTTPError(400, str(e)) from None
         run = _Run(client, engine_request, options, metrics)
         output = await run.collect(await run.first_event())
-        return Response(encode_audio(output["audio"], fmt), media_type=mime_type(fmt))
+        return Response(encode_audio(output["audio"], options.audio_format), media_type=mime_type(options.audio_format))
 
     return app
+
+
+async def _read_body(request: Request, cfg: ServerConfig, ready: bool) -> dict:
+    """Auth, readiness, size limit and JSON parsing, in that order."""
+    if cfg.api_key and request.headers.get("authorization") != f"Bearer {cfg.api_key}":
+        raise HTTPError(401, "invalid or missing API key", "authentication_error")
+    if not ready:
+        raise HTTPError(503, "the engine is still starting", "server_error")
+    raw = await request.body()
+    if len(raw) > cfg.max_body_bytes:
+        raise HTTPError(413, f"request body of {len(raw)} bytes exceeds the limit of {cfg.max_body_bytes}")
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise HTTPError(400, f"invalid JSON body: {e}") from None
+
+
+def _speech_as_chat(body: dict, cfg: ServerConfig) -> dict:
+    """/v1/audio/speech {input, voice, response_format} -> a chat body that speaks ``input``."""
+    text = body.get("input")
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidRequestError("'input' must be a non-empty string")
+    return {
+        "model": body.get("model", cfg.served_model_name),
+        "messages": [{"role": "system", "content": SPEECH_SYSTEM_PROMPT}, {"role": "user", "content": text}],
+        "modalities": ["text", "audio"],
+        "audio": {"voice": body.get("voice"), "format": body.get("response_format", "mp3")},
+        **{k: v for k, v in body.items() if k in api.PASSTHROUGH},
+    }
 
 
 def _is_ready(app: FastAPI) -> bool:
