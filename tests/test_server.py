@@ -30,9 +30,9 @@ def free_port() -> int:
 
 
 @contextmanager
-def server(*flags: str):
+def server(*flags: str, entry=("-m", "omniwalk.cli", "serve")):
     port = free_port()
-    cmd = [sys.executable, "-m", "omniwalk.cli", "serve", "--model", checkpoint("tiny"), "--port", str(port), *flags]
+    cmd = [sys.executable, *entry, "--model", checkpoint("tiny"), "--port", str(port), *flags]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -264,3 +264,23 @@ def test_concurrent_streams_with_disconnects(base_url, client):
     assert idle, metrics
     assert "omniwalk_requests_in_flight 0.0" in metrics
     assert 'omniwalk_requests_total{status="length"}' in metrics
+
+
+def test_an_engine_failure_is_a_500_for_that_request_only():
+    with server(entry=("-m", "tests.fault_server")) as base:
+
+        async def both():
+            async with httpx.AsyncClient(timeout=60) as h:
+                url = f"{base}/v1/chat/completions"
+                good = {"messages": USER, "max_tokens": 30, "ignore_eos": True, "temperature": 0.0}
+                bad = {**good, "max_tokens": 13}
+                return await asyncio.gather(h.post(url, json=good), h.post(url, json=bad), h.post(url, json=good))
+
+        good, bad, again = asyncio.run(both())
+        assert bad.status_code == 500, bad.text
+        error = bad.json()["error"]
+        assert error["type"] == "server_error" and "injected engine fault" in error["message"]
+        assert good.status_code == again.status_code == 200
+        assert good.json()["usage"]["completion_tokens"] == 30
+        assert good.json()["choices"][0]["message"] == again.json()["choices"][0]["message"]
+        assert urllib.request.urlopen(f"{base}/health").status == 200
