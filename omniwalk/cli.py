@@ -67,6 +67,7 @@ def _serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from omniwalk.config import EngineConfig, ModelConfig, ServerConfig
+    from omniwalk.media.limits import MediaLimits
     from omniwalk.serve.app import create_app
     from omniwalk.serve.engine_client import EngineClient
     from omniwalk.tokenizer import Tokenizer
@@ -77,7 +78,9 @@ def _serve(args: argparse.Namespace) -> None:
             "NOTE: serving the embedded tiny model: its weights are RANDOM, its text and speech are noise", flush=True
         )
     server = ServerConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServerConfig)})
-    options = {f.name: getattr(args, f.name) for c in (ModelConfig, EngineConfig) for f in dataclasses.fields(c)}
+    options = {
+        f.name: getattr(args, f.name) for c in (ModelConfig, EngineConfig, MediaLimits) for f in dataclasses.fields(c)
+    }
     options["model"] = str(model)
     client = EngineClient(**options)
     print(f"engine process started (pid {client.process.pid}); loading weights from {model}", flush=True)
@@ -91,6 +94,12 @@ def _serve(args: argparse.Namespace) -> None:
     uvicorn.run(app, host=server.host, port=server.port, log_level="warning")
 
 
+def _flag_type(annotation: str):
+    if annotation.startswith("bool"):
+        return lambda v: {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}[v.lower()]
+    return int if annotation.startswith("int") else float if annotation.startswith("float") else str
+
+
 def _add_dataclass_flags(parser: argparse.ArgumentParser, cls, skip=()) -> None:
     """One ``--field-name`` flag per dataclass field, typed and defaulted from the field."""
     import dataclasses
@@ -98,7 +107,7 @@ def _add_dataclass_flags(parser: argparse.ArgumentParser, cls, skip=()) -> None:
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
-        kind = int if "int" in str(f.type) else float if "float" in str(f.type) else str
+        kind = _flag_type(str(f.type))
         parser.add_argument(
             "--" + f.name.replace("_", "-"),
             dest=f.name,
@@ -113,10 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     from omniwalk.config import EngineConfig, ModelConfig, ServerConfig
+    from omniwalk.media.limits import MediaLimits
 
     serve = sub.add_parser("serve", help="serve a checkpoint over an OpenAI-compatible HTTP API")
     serve.add_argument("--model", type=Path, default=None, help="checkpoint directory (default: embedded tiny model)")
-    for cls in (ServerConfig, ModelConfig, EngineConfig):
+    for cls in (ServerConfig, ModelConfig, EngineConfig, MediaLimits):
         _add_dataclass_flags(serve, cls, skip=("model",))
     serve.set_defaults(func=_serve)
 

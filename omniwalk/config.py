@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from omniwalk.errors import ConfigError
+from omniwalk.media.limits import MediaLimits
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving auditory and "
@@ -68,18 +69,18 @@ class EngineConfig:
 class OmniConfig:
     model: ModelConfig = field(default_factory=lambda: ModelConfig(model=""))
     engine: EngineConfig = field(default_factory=EngineConfig)
+    media: MediaLimits = field(default_factory=MediaLimits)
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> OmniConfig:
-        """Keyword arguments named after ``ModelConfig`` or ``EngineConfig`` fields -> the config;
-        unknown names are errors."""
-        model_fields = {f.name for f in fields(ModelConfig)}
-        engine_fields = {f.name for f in fields(EngineConfig)}
-        unknown = sorted(set(kwargs) - model_fields - engine_fields)
+        """Keyword arguments named after ``ModelConfig``, ``EngineConfig`` or ``MediaLimits`` fields
+        -> the config; unknown names are errors."""
+        parts = {"model": ModelConfig, "engine": EngineConfig, "media": MediaLimits}
+        names = {key: {f.name for f in fields(c)} for key, c in parts.items()}
+        unknown = sorted(set(kwargs) - set().union(*names.values()))
         if unknown:
-            raise ConfigError(f"unknown option(s) {unknown}; known: {sorted(model_fields | engine_fields)}")
-        model = ModelConfig(**{k: v for k, v in kwargs.items() if k in model_fields})
-        return cls(model=model, engine=EngineConfig(**{k: v for k, v in kwargs.items() if k in engine_fields}))
+            raise ConfigError(f"unknown option(s) {unknown}; known: {sorted(set().union(*names.values()))}")
+        return cls(**{key: c(**{k: v for k, v in kwargs.items() if k in names[key]}) for key, c in parts.items()})
 
 
 @dataclass(frozen=True)

@@ -100,7 +100,7 @@ class Omni:
         if not isinstance(request, dict) or "messages" not in request:
             raise InvalidRequestError("a request is a dict with 'messages'")
         ids, parts = self.processor.tokenize(request["messages"], bool(request.get("use_default_system_prompt", True)))
-        items = [measure(part, self.model_config.audio.n_window) for part in parts]
+        items = [measure(part, self.model_config.audio.n_window, self.config.media) for part in parts]
         return self.processor.build(ids, items, bool(request.get("use_audio_in_video", False)))
 
     def add(self, request: dict) -> EngineRequest:

@@ -163,3 +163,20 @@ def test_remote_urls_and_bad_base64_are_typed_errors():
                 ]
             }
         )
+
+
+def test_local_image_path_when_the_operator_allows_a_directory(tmp_path):
+    from PIL import Image
+    from test_omni_text import checkpoint
+
+    from omniwalk import Omni
+
+    Image.fromarray(IMAGE).save(tmp_path / "cat.png")
+    allowed = Omni(model=checkpoint("tiny"), local_media_dir=str(tmp_path))
+    by_path = allowed.prompt(
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "cat.png"}]}]}
+    )
+    in_memory = omni().prompt({"messages": [{"role": "user", "content": [{"type": "image", "image": IMAGE}]}]})
+    assert by_path.token_ids == in_memory.token_ids
+    with pytest.raises(InvalidRequestError, match="local paths are not read"):
+        omni().prompt({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "cat.png"}]}]})

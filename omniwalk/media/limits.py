@@ -21,6 +21,10 @@ class MediaLimits:
     min_frames: int = 4
     max_frames: int = 768
     max_video_decoded_frames: int = 100_000  # frames the demuxer may walk through
+    # Where media may come from besides inline base64 / data: URLs. Both are off by default.
+    allow_remote_urls: bool = False  # http(s) URLs, fetched within fetch_timeout_s and max_input_bytes
+    local_media_dir: str | None = None  # file paths / file:// URLs inside this directory only
+    fetch_timeout_s: float = 10.0
 
 
 DEFAULT_LIMITS = MediaLimits()

@@ -18,6 +18,7 @@ import torch
 
 from omniwalk.errors import InvalidRequestError
 from omniwalk.media.audio import decode_audio
+from omniwalk.media.fetch import fetch
 from omniwalk.media.image import decode_image
 from omniwalk.media.limits import DEFAULT_LIMITS, MediaLimits
 from omniwalk.media.mel import log_mel
@@ -34,13 +35,13 @@ def measure(part: MediaPart, n_window: int, limits: MediaLimits = DEFAULT_LIMITS
     """Decode and preprocess one part; ``data`` holds the encoder input (waveform / patches)."""
     p = part.part
     if part.kind == AUDIO:
-        wave = decode_audio(_payload(p, "audio", "input_audio", "audio_url"), limits)
+        wave = decode_audio(_payload(p, "audio", "input_audio", "audio_url", limits), limits)
         return MediaItem(AUDIO, _num_audio_tokens(wave, n_window), data={"audio": wave})
     if part.kind == IMAGE:
-        image = resize_image(decode_image(_payload(p, "image", None, "image_url"), limits))
+        image = resize_image(decode_image(_payload(p, "image", None, "image_url", limits), limits))
         pixels, grid = image_patches(torch.from_numpy(image))
         return MediaItem(IMAGE, grid_thw=grid, data={"pixels": pixels})
-    video = decode_video(_payload(p, "video", None, "video_url"), limits, fps=p.get("fps"))
+    video = decode_video(_payload(p, "video", None, "video_url", limits), limits, fps=p.get("fps"))
     track = video.audio if p.get("audio") is None else decode_audio(np.asarray(p["audio"]), limits)
     pixels, grid = video_patches(torch.from_numpy(video.frames))
     tokens = 0 if track is None else _num_audio_tokens(track, n_window)
@@ -52,7 +53,7 @@ def _num_audio_tokens(wave: np.ndarray, n_window: int) -> int:
     return int(audio_output_lengths(int(num_frames[0]), n_window))
 
 
-def _payload(part: dict, array_key: str, base64_key: str | None, url_key: str):
+def _payload(part: dict, array_key: str, base64_key: str | None, url_key: str, limits: MediaLimits):
     """The part's array, base64 ``input_audio.data`` or ``data:`` URL bytes."""
     if part.get(array_key) is not None:
         return np.asarray(part[array_key])
@@ -60,9 +61,13 @@ def _payload(part: dict, array_key: str, base64_key: str | None, url_key: str):
         return _b64(part[base64_key].get("data"), base64_key)
     url = part.get(url_key)
     url = url.get("url") if isinstance(url, dict) else url
-    if not isinstance(url, str) or not url.startswith("data:") or ";base64," not in url:
-        raise InvalidRequestError(f"{url_key} must be a data: URL with base64 content (remote URLs are not fetched)")
-    return _b64(url.split(";base64,", 1)[1], url_key)
+    if not isinstance(url, str):
+        raise InvalidRequestError(f"{url_key} must be a URL string or {{'url': ...}}")
+    if url.startswith("data:"):
+        if ";base64," not in url:
+            raise InvalidRequestError(f"{url_key}: data: URLs must carry base64 content")
+        return _b64(url.split(";base64,", 1)[1], url_key)
+    return fetch(url, url_key, limits)
 
 
 def _b64(data, where: str) -> bytes:
