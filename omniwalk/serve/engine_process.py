@@ -38,7 +38,9 @@ def serve_engine(options: dict, inbox_addr: str, outbox_addr: str) -> None:
     try:
         from omniwalk.omni import Omni
 
+        start = time.monotonic()
         omni = Omni(**options)
+        print(f"engine: weights loaded and KV pools allocated in {time.monotonic() - start:.1f}s", flush=True)
     except Exception as e:  # noqa: BLE001 - reported to the client, which raises it
         outbox.send(pack({"type": "fatal", "error": f"{type(e).__name__}: {e}"}))
         return
