@@ -33,7 +33,35 @@ def wav_data_url(samples: np.ndarray) -> str:
     return "data:audio/wav;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
+IMAGE_B = RNG.integers(0, 256, (64, 224, 3), dtype=np.uint8)
+AUDIO_B = (0.1 * RNG.standard_normal(12345)).astype(np.float32)
+
+
+def _user(*parts):
+    return {
+        "messages": [
+            {"role": "user", "content": [p if isinstance(p, dict) else {"type": "text", "text": p} for p in parts]}
+        ]
+    }
+
+
 REQUESTS = {
+    "audio": _user({"type": "audio", "audio": AUDIO}, "what is said"),
+    "image": _user({"type": "image", "image": IMAGE}, "describe it"),
+    "image_audio_image": _user(
+        {"type": "image", "image": IMAGE_B},
+        "first",
+        {"type": "audio", "audio": AUDIO_B},
+        {"type": "image", "image": IMAGE},
+        "compare",
+    ),
+    "multi_turn": {
+        "messages": [
+            {"role": "user", "content": [{"type": "image", "image": IMAGE}, {"type": "text", "text": "what is it"}]},
+            {"role": "assistant", "content": "a picture"},
+            {"role": "user", "content": "are you sure"},
+        ]
+    },
     "audio_image": {
         "messages": [
             {

@@ -65,14 +65,20 @@ def run_hf(name: str, inputs: dict, voice: str):
     return seq[0, inputs["input_ids"].shape[1] :].tolist(), captured["codes"], wav.reshape(-1)
 
 
-@pytest.mark.parametrize("case", ["text", "audio_image"])
+SPEECH_CASES = [
+    ("text", "Chelsie"), ("audio_image", "Chelsie"), ("image", "ethan"), ("audio", "AIDEN"),
+    ("video", "chelsie"), ("multi_turn", "Ethan"), ("image_audio_image", "aiden"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case, voice", SPEECH_CASES)
 @pytest.mark.parametrize("name", ["tiny", "uneven"])
-def test_speech_matches_hf_generate(name, case):
+def test_speech_matches_hf_generate(name, case, voice):
     messages = MESSAGES if case == "text" else REQUESTS[case]["messages"]
-    request = greedy_speech(messages, voice="Chelsie")
+    request = greedy_speech(messages, voice=voice)
     out = omni(name).generate(request)
     prompt = omni(name).prompt(request)
-    ids, codes, wav = run_hf(name, hf_inputs(prompt, False), "Chelsie")
+    ids, codes, wav = run_hf(name, hf_inputs(prompt, False), voice)
     assert out.token_ids == ids
     assert out.codes.shape == (FRAMES, omni(name).model_config.talker.num_code_groups)
     assert torch.equal(out.codes, codes)
