@@ -1,4 +1,4 @@
-"""The ``omniwalk`` command line: ``serve``, ``make-tiny``, ``inspect`` (``bench`` comes later)."""
+"""The ``omniwalk`` command line: ``serve``, ``bench``, ``make-tiny``, ``inspect``."""
 
 from __future__ import annotations
 
@@ -94,6 +94,43 @@ def _serve(args: argparse.Namespace) -> None:
     uvicorn.run(app, host=server.host, port=server.port, log_level="warning")
 
 
+def _bench(args: argparse.Namespace) -> None:
+    import asyncio
+
+    from omniwalk.bench.loadgen import BenchConfig, run_cell
+    from omniwalk.bench.report import summarize, write
+    from omniwalk.bench.workload import PRESETS
+
+    split = lambda text: tuple(x.strip() for x in text.split(",") if x.strip())  # noqa: E731
+    cfg = BenchConfig(
+        base_url=args.base_url.rstrip("/"),
+        model=args.model_name,
+        api_key=args.api_key,
+        paths=split(args.paths),
+        concurrency=tuple(int(b) for b in split(args.concurrency)),
+        min_requests=args.min_requests,
+        requests_per_concurrency=args.requests_per_concurrency,
+        warmup_waves=args.warmup_waves,
+    )
+    unknown = [p for p in cfg.paths if p not in PRESETS]
+    if unknown:
+        raise SystemExit(f"unknown path(s) {unknown}; known: {', '.join(PRESETS)}")
+    cells, raw = {}, {}
+    for path in cfg.paths:
+        for b in cfg.concurrency:
+            records, wall = asyncio.run(run_cell(cfg, PRESETS[path], b))
+            raw[(path, b)], cells[(path, b)] = records, summarize(records, wall)
+            s = cells[(path, b)]
+            print(
+                f"{path} B={b}: {len(records)} requests in {wall:.1f}s, {s['req_per_s']:.2f} req/s, "
+                f"{s['errors']} errors",
+                flush=True,
+            )
+    files = write(args.out, cells, raw)
+    print((args.out / "results.md").read_text())
+    print("wrote " + ", ".join(str(f) for f in files))
+
+
 def _flag_type(annotation: str):
     if annotation.startswith("bool"):
         return lambda v: {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}[v.lower()]
@@ -129,6 +166,18 @@ def build_parser() -> argparse.ArgumentParser:
     for cls in (ServerConfig, ModelConfig, EngineConfig, MediaLimits):
         _add_dataclass_flags(serve, cls, skip=("model",))
     serve.set_defaults(func=_serve)
+
+    bench = sub.add_parser("bench", help="closed-loop load test of an OpenAI-compatible omni server")
+    bench.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
+    bench.add_argument("--model-name", default="qwen3-omni", help="the model name the server expects")
+    bench.add_argument("--api-key", default=None)
+    bench.add_argument("--paths", default="s2t,i2t,s2s,i2s", help="comma list of s2t,i2t,s2s,i2s,t2t,t2s")
+    bench.add_argument("--concurrency", default="1,4,16,32", help="comma list of in-flight request counts")
+    bench.add_argument("--min-requests", type=int, default=50, help="N = max(min_requests, k * B) per cell")
+    bench.add_argument("--requests-per-concurrency", type=int, default=10, help="k in N = max(min_requests, k * B)")
+    bench.add_argument("--warmup-waves", type=int, default=1)
+    bench.add_argument("--out", type=Path, default=Path("bench-results"))
+    bench.set_defaults(func=_bench)
 
     tiny = sub.add_parser("make-tiny", help="write a random-weight Qwen3-Omni checkpoint directory")
     tiny.add_argument("out_dir", type=Path)

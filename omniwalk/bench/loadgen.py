@@ -1,0 +1,106 @@
+"""Closed-loop load generator for any OpenAI-compatible omni server (streaming chat completions).
+
+B requests are kept in flight (a semaphore); a cell sends N = max(min_requests,
+requests_per_concurrency * B) measured requests after ``warmup_waves`` waves of B unmeasured
+ones. Every request streams, so first text and first audio are timed where the client sees them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from omniwalk.bench.workload import Workload, request_body
+
+PCM_BYTES_PER_SECOND = 24000 * 2
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    base_url: str = "http://127.0.0.1:8000/v1"
+    model: str = "qwen3-omni"
+    api_key: str | None = None
+    paths: tuple[str, ...] = ("s2t", "i2t", "s2s", "i2s")
+    concurrency: tuple[int, ...] = (1, 4, 16, 32)
+    min_requests: int = 50
+    requests_per_concurrency: int = 10
+    warmup_waves: int = 1
+    request_timeout_s: float = 600.0
+
+
+@dataclass
+class RequestRecord:
+    path: str
+    concurrency: int
+    start: float
+    end: float = 0.0
+    first_text: float | None = None
+    first_audio: float | None = None
+    text_times: list[float] = field(default_factory=list)
+    audio_times: list[float] = field(default_factory=list)
+    completion_tokens: int = 0
+    audio_seconds: float = 0.0
+    error: str | None = None
+
+    @property
+    def e2e(self) -> float:
+        return self.end - self.start
+
+
+async def one_request(http: httpx.AsyncClient, cfg: BenchConfig, work: Workload, b: int, seed: int) -> RequestRecord:
+    body = request_body(work, cfg.model, seed)
+    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    record = RequestRecord(work.path, b, time.perf_counter())
+    try:
+        async with http.stream("POST", f"{cfg.base_url}/chat/completions", json=body, headers=headers) as response:
+            if response.status_code != 200:
+                record.error = f"HTTP {response.status_code}: {(await response.aread())[:300]!r}"
+                return record
+            async for line in response.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    _consume(record, json.loads(line[6:]), time.perf_counter())
+    except (httpx.HTTPError, json.JSONDecodeError) as e:
+        record.error = f"{type(e).__name__}: {e}"
+    finally:
+        record.end = time.perf_counter()
+    return record
+
+
+def _consume(record: RequestRecord, chunk: dict, now: float) -> None:
+    if "error" in chunk:
+        record.error = str(chunk["error"])
+    if chunk.get("usage"):
+        record.completion_tokens = chunk["usage"]["completion_tokens"]
+    for choice in chunk.get("choices", []):
+        delta = choice.get("delta") or {}
+        if delta.get("content"):
+            record.first_text = record.first_text or now
+            record.text_times.append(now)
+        audio = delta.get("audio") or {}
+        if audio.get("data"):
+            record.first_audio = record.first_audio or now
+            record.audio_times.append(now)
+            record.audio_seconds += len(base64.b64decode(audio["data"])) / PCM_BYTES_PER_SECOND
+
+
+async def run_cell(cfg: BenchConfig, work: Workload, concurrency: int) -> tuple[list[RequestRecord], float]:
+    """-> (measured records, wall seconds of the measured phase)."""
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=cfg.request_timeout_s, limits=limits) as http:
+        gate = asyncio.Semaphore(concurrency)
+
+        async def gated(seed: int) -> RequestRecord:
+            async with gate:
+                return await one_request(http, cfg, work, concurrency, seed)
+
+        warmup = cfg.warmup_waves * concurrency
+        await asyncio.gather(*(gated(10_000 + i) for i in range(warmup)))
+        count = max(cfg.min_requests, cfg.requests_per_concurrency * concurrency)
+        start = time.perf_counter()
+        records = await asyncio.gather(*(gated(i) for i in range(count)))
+        return list(records), time.perf_counter() - start

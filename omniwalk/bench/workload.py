@@ -1,0 +1,104 @@
+"""What a benchmark cell asks for: paths with fixed work per request, and synthetic inputs.
+
+Work is fixed so systems are compared on equal work: the thinker ignores EOS and generates
+exactly ``text_tokens``; speech paths generate exactly ``audio_frames`` codec frames (12.5 per
+second). Presets follow the seed benchmark's matched work (``shared/reference`` §5–6).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from dataclasses import dataclass
+
+import numpy as np
+
+FRAMES_PER_SECOND = 12.5
+
+
+@dataclass(frozen=True)
+class Workload:
+    path: str  # s2t, i2t, s2s, i2s, t2t, t2s
+    text_tokens: int
+    audio_seconds: float = 4.0  # input speech (s2*)
+    image_size: tuple[int, int] = (640, 480)  # input image width x height (i2*)
+    audio_frames: int = 0  # output speech frames (*2s)
+
+    @property
+    def speaks(self) -> bool:
+        return self.path.endswith("2s")
+
+
+PRESETS = {
+    "s2t": Workload("s2t", text_tokens=16),
+    "i2t": Workload("i2t", text_tokens=160),
+    "s2s": Workload("s2s", text_tokens=40, audio_frames=50),  # 4 s of speech
+    "i2s": Workload("i2s", text_tokens=40, audio_frames=125),  # 10 s of speech
+    "t2t": Workload("t2t", text_tokens=128),
+    "t2s": Workload("t2s", text_tokens=40, audio_frames=50),
+}
+
+
+def speech_like(seconds: float, seed: int, rate: int = 16000) -> np.ndarray:
+    """A voiced-speech stand-in: a 100-250 Hz glottal pulse train through moving formants,
+    syllable-rate amplitude modulation and a little noise (float32 in [-1, 1])."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * rate)) / rate
+    pitch = 100 + 150 * rng.random() + 20 * np.sin(2 * np.pi * 0.5 * t)
+    phase = 2 * np.pi * np.cumsum(pitch) / rate
+    source = sum(np.sin(k * phase) / k for k in range(1, 20))
+    formants = sum(np.sin(2 * np.pi * f * t) for f in (500 + 300 * np.sin(2 * np.pi * 1.3 * t), 1500, 2500))
+    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 4 * t + rng.random() * 6) ** 2
+    wave = source * (1 + 0.3 * formants) * envelope + 0.02 * rng.standard_normal(t.shape)
+    return (0.3 * wave / np.abs(wave).max()).astype(np.float32)
+
+
+def photo_like(width: int, height: int, seed: int) -> np.ndarray:
+    """Smooth colour gradients with blobs and fine texture (uint8 H x W x 3), JPEG-friendly."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width] / max(width, height)
+    image = np.zeros((height, width, 3))
+    for c in range(3):
+        image[..., c] = 0.5 + 0.25 * np.sin(2 * np.pi * (rng.random() * 3 * x + rng.random() * 3 * y))
+        for _ in range(6):
+            cx, cy, r = rng.random(), rng.random() * height / width, 0.05 + 0.15 * rng.random()
+            image[..., c] += 0.3 * (rng.random() - 0.5) * np.exp(-((x - cx) ** 2 + (y - cy) ** 2) / r**2)
+    image += 0.03 * rng.standard_normal(image.shape)
+    return (np.clip(image, 0, 1) * 255).astype(np.uint8)
+
+
+def request_body(work: Workload, model: str, seed: int) -> dict:
+    """One OpenAI chat request with this workload's inputs and fixed output length."""
+    content: list[dict] = [{"type": "text", "text": "Please answer in detail."}]
+    if work.path.startswith("s"):
+        buf = io.BytesIO()
+        import soundfile
+
+        soundfile.write(buf, speech_like(work.audio_seconds, seed), 16000, format="WAV", subtype="PCM_16")
+        data = base64.b64encode(buf.getvalue()).decode()
+        content.insert(0, {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}})
+    if work.path.startswith("i"):
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.fromarray(photo_like(*work.image_size, seed)).save(buf, format="JPEG", quality=90)
+        url = "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
+        content.insert(0, {"type": "image_url", "image_url": {"url": url}})
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": work.text_tokens,
+        "min_tokens": work.text_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if work.speaks:
+        body.update(
+            modalities=["text", "audio"],
+            audio={"voice": "ethan", "format": "pcm16"},
+            min_audio_frames=work.audio_frames,
+            max_audio_frames=work.audio_frames,
+        )
+    return body
