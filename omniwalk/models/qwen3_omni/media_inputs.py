@@ -24,11 +24,9 @@ from omniwalk.media.limits import DEFAULT_LIMITS, MediaLimits
 from omniwalk.media.mel import log_mel
 from omniwalk.media.patches import image_patches, resize_image, seconds_per_grid, video_patches
 from omniwalk.media.video import decode_video
-from omniwalk.models.qwen3_omni.audio_encoder import AudioEncoder, audio_output_lengths
+from omniwalk.models.qwen3_omni.audio_encoder import audio_output_lengths
 from omniwalk.models.qwen3_omni.mrope import AUDIO, IMAGE, VIDEO
 from omniwalk.models.qwen3_omni.processor import MediaItem, MediaPart
-from omniwalk.models.qwen3_omni.thinker import MediaEmbeddings
-from omniwalk.models.qwen3_omni.vision_encoder import VisionEncoder
 
 
 def measure(part: MediaPart, n_window: int, limits: MediaLimits = DEFAULT_LIMITS) -> MediaItem:
@@ -75,24 +73,3 @@ def _b64(data, where: str) -> bytes:
         return base64.b64decode(data, validate=True)
     except (binascii.Error, TypeError, ValueError):
         raise InvalidRequestError(f"{where}: content is not valid base64") from None
-
-
-@torch.inference_mode()
-def encode(
-    items: list[MediaItem], audio_tower: AudioEncoder, visual: VisionEncoder, use_audio_in_video: bool, dtype, device
-) -> MediaEmbeddings:
-    """Run the encoders over every item of one request (each modality packed into one call)."""
-    waves = [i.data["audio"] for i in items if i.kind == AUDIO or (use_audio_in_video and i.num_audio_tokens)]
-    media = MediaEmbeddings()
-    if waves:
-        features, num_frames = log_mel([torch.from_numpy(w).to(device) for w in waves])
-        media.audio = audio_tower(features.to(dtype), num_frames.tolist())
-    for kind in (IMAGE, VIDEO):
-        chosen = [i for i in items if i.kind == kind]
-        if not chosen:
-            continue
-        pixels = torch.cat([i.data["pixels"] for i in chosen]).to(device, dtype)
-        out = visual(pixels, [i.grid_thw for i in chosen])
-        setattr(media, kind, out.embeddings)
-        setattr(media, f"{kind}_deepstack", torch.stack(out.deepstack))
-    return media
