@@ -1,11 +1,10 @@
-"""Request media parts -> measured ``MediaItem``s -> encoder outputs (``MediaEmbeddings``).
+"""Request media parts -> measured ``MediaItem``s (decoded, preprocessed, counted).
 
-    part (array | base64 | data URL) --decode--> waveform / uint8 image / sampled frames
+    part (array | base64 | data URL | allowed URL/path) --decode--> waveform / uint8 image / frames
       --measure--> MediaItem (token count or grid + the encoder input)      [prompt building]
-      --encode--> audio tower + vision tower, packed per modality           [thinker prefill]
 
-Encoder rows come out in prompt order: audio rows for audio items and for videos whose track is
-used (``use_audio_in_video``), image rows for images, video rows for videos.
+The encoder stages (``encoder_programs.py``) then run the encoders over the items of many
+requests at once.
 """
 
 from __future__ import annotations
