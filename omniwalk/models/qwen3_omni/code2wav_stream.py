@@ -107,6 +107,10 @@ class VocoderStreamConfig:
     chunk_frames: int = 25
     first_chunk_frames: int = 5
 
+    def next_chunk(self, num_decoded_frames: int) -> int:
+        """Frames in a stream's next chunk: the (smaller) first chunk, then full chunks."""
+        return self.chunk_frames if num_decoded_frames else self.first_chunk_frames
+
     def __post_init__(self):
         for name in ("chunk_frames", "first_chunk_frames"):
             if getattr(self, name) < 1:
@@ -127,7 +131,7 @@ class VocoderStream:
         return sum(len(f) for f in self._pending)
 
     def _next_chunk_frames(self) -> int:
-        return self.config.chunk_frames if self.num_decoded_frames else self.config.first_chunk_frames
+        return self.config.next_chunk(self.num_decoded_frames)
 
     @torch.inference_mode()
     def push(self, frames: torch.Tensor) -> list[torch.Tensor]:

@@ -24,7 +24,7 @@ class VocoderProgram:
     def take(self, req: EngineRequest, budget: int, batch_is_empty: bool) -> int:
         ts, vs = req.state.talker, req.state.vocoder
         available = len(ts.frames) - vs.num_decoded
-        chunk = self.config.chunk_frames if vs.num_decoded else self.config.first_chunk_frames
+        chunk = self.config.next_chunk(vs.num_decoded)
         n = chunk if available >= chunk else available if ts.finished else 0
         return n if n and (n <= budget or batch_is_empty) else 0
 
