@@ -26,6 +26,7 @@ def _make_tiny(args: argparse.Namespace) -> None:
         args.seed,
         dtype=getattr(torch, args.dtype),
         max_shard_bytes=int(args.max_shard_mb * 1024**2),
+        with_weights=not args.no_weights,
     )
     files = sorted(p.name for p in out.iterdir())
     print(f"done in {time.perf_counter() - start:.1f}s: {', '.join(files)}")
@@ -185,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--dtype", choices=_DTYPES, default="float32")
     tiny.add_argument("--max-shard-mb", type=float, default=2048.0, help="shard the weights above this size")
+    tiny.add_argument("--no-weights", action="store_true", help="config + tokenizer only (for --random-weights)")
     tiny.set_defaults(func=_make_tiny)
 
     inspect = sub.add_parser("inspect", help="print a checkpoint's normalised config and parameter count")

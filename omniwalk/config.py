@@ -28,6 +28,7 @@ class ModelConfig:
     max_model_len: int | None = None  # prompt + generated tokens; None = the checkpoint's max positions
     default_system_prompt: str | None = DEFAULT_SYSTEM_PROMPT  # used when a request has no system turn
     moe_backend: str = "reference"
+    random_weights: bool = False  # build random weights on the device instead of reading them (benchmarks)
 
     def __post_init__(self):
         if self.dtype not in DTYPES:

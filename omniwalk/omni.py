@@ -64,7 +64,13 @@ class Omni:
             ("talker", "code2wav") if cfg.enable_audio_output else ()
         )
         self.parts = load_components(
-            mc.model, names, dtype=mc.torch_dtype, device=mc.device, backends=Backends(moe=mc.moe_backend), cfg=cfg
+            mc.model,
+            names,
+            dtype=mc.torch_dtype,
+            device=mc.device,
+            backends=Backends(moe=mc.moe_backend),
+            cfg=cfg,
+            random_seed=0 if mc.random_weights else None,
         )
         stages = build_stages(self.parts, cfg, self.config.engine, mc.torch_dtype, mc.device)
         self.engine = Engine(stages, EngineLimits(self.config.engine.max_requests))

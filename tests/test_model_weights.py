@@ -76,3 +76,26 @@ def test_sharded_bf16_load_and_stray_tensor(tmp_path):
     (ckpt / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(CheckpointError, match="no component takes"):
         load_components(ckpt)
+
+
+def test_skeleton_checkpoint_with_random_weights_built_on_the_device(tmp_path):
+    from omniwalk import Omni
+
+    skeleton = make_tiny_checkpoint(tmp_path / "skeleton", with_weights=False)
+    assert not list(skeleton.glob("*.safetensors"))
+    with pytest.raises(CheckpointError):
+        Omni(model=str(skeleton))
+    omni = Omni(model=str(skeleton), random_weights=True)
+    out = omni.generate(
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 5,
+            "ignore_eos": True,
+            "modalities": ["text", "audio"],
+            "min_audio_frames": 3,
+            "max_audio_frames": 3,
+        }
+    )
+    assert len(out.token_ids) == 5 and out.codes.shape == (3, 4) and out.audio.isfinite().all()
+    params = [p for m in omni.parts.values() for p in m.parameters()]
+    assert all(p.isfinite().all() and p.abs().max() > 0 for p in params)

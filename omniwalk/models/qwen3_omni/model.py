@@ -60,6 +60,7 @@ def load_components(
     device="cpu",
     backends: Backends = Backends(),
     cfg: Qwen3OmniConfig | None = None,
+    random_seed: int | None = None,
 ) -> dict[str, nn.Module]:
     """Build the named components from ``ckpt_dir`` directly on ``device`` in ``dtype``.
 
@@ -71,10 +72,13 @@ def load_components(
     out = {}
     for name in names:
         module = _build_on(device, dtype, name, cfg, backends)
-        for sub, prefix in PREFIXES[name].items():
-            load_weights(module.get_submodule(sub) if sub else module, ckpt_dir, prefix)
+        if random_seed is not None:
+            randomize(module, random_seed)
+        else:
+            for sub, prefix in PREFIXES[name].items():
+                load_weights(module.get_submodule(sub) if sub else module, ckpt_dir, prefix)
         out[name] = module.eval()
-    if set(names) == set(ALL_COMPONENTS):
+    if set(names) == set(ALL_COMPONENTS) and random_seed is None:
         taken = tuple(p for prefixes in PREFIXES.values() for p in prefixes.values())
         stray = sorted(n for n in checkpoint_files(ckpt_dir) if not n.startswith(taken))
         if stray:
@@ -90,3 +94,17 @@ def _build_on(device, dtype: torch.dtype, name: str, cfg: Qwen3OmniConfig, backe
             return build_component(name, cfg, backends)
     finally:
         torch.set_default_dtype(previous)
+
+
+@torch.no_grad()
+def randomize(module: nn.Module, seed: int) -> None:
+    """Random weights made on the parameters' device (no host copies, so a 35B model takes
+    seconds): matrices ~ N(0, 1/fan_in), vectors around 1 (norm weights) or 0 (biases, scales)."""
+    for i, (name, p) in enumerate(module.named_parameters()):
+        g = torch.Generator(device=p.device).manual_seed(seed * 100_003 + i)
+        if p.dim() == 1:
+            base = 1.0 if name.endswith("weight") and ("norm" in name or "ln_" in name) else 0.0
+            p.normal_(base, 0.1, generator=g)
+        else:
+            fan_in = p.shape[-1] if "experts" in name else p[0].numel()
+            p.normal_(0.0, fan_in**-0.5, generator=g)

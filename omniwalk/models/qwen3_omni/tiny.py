@@ -58,8 +58,13 @@ def make_tiny_checkpoint(
     *,
     dtype: torch.dtype = torch.float32,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    with_weights: bool = True,
 ) -> Path:
-    """Write a checkpoint for ``config`` (default: the packaged tiny config) into ``out_dir``."""
+    """Write a checkpoint for ``config`` (default: the packaged tiny config) into ``out_dir``.
+
+    Without weights it is a skeleton (config, tokenizer, templates) for ``random_weights`` runs:
+    a full-size benchmark builds its random weights on the GPU instead of reading 70 GB.
+    """
     raw = load_config_dict(config)
     cfg = Qwen3OmniConfig.from_hf(raw)  # validates before anything is written
     out = Path(out_dir)
@@ -67,7 +72,8 @@ def make_tiny_checkpoint(
     raw.setdefault("model_type", "qwen3_omni_moe")
     raw.setdefault("architectures", ["Qwen3OmniMoeForConditionalGeneration"])
     (out / "config.json").write_text(json.dumps(raw, indent=2))
-    write_weights(out, cfg, seed, dtype, max_shard_bytes)
+    if with_weights:
+        write_weights(out, cfg, seed, dtype, max_shard_bytes)
     write_tokenizer_files(out, cfg)
     return out
 
