@@ -19,7 +19,8 @@ def _make_tiny(args: argparse.Namespace) -> None:
 
     start = time.perf_counter()
     config = args.config or TINY_CONFIG
-    print(f"writing a random-weight checkpoint from {config} to {args.out_dir} (seed {args.seed})", flush=True)
+    what = "a config + tokenizer skeleton" if args.no_weights else f"a random-weight checkpoint (seed {args.seed})"
+    print(f"writing {what} from {config} to {args.out_dir}", flush=True)
     out = make_tiny_checkpoint(
         args.out_dir,
         config,
