@@ -1,0 +1,49 @@
+"""Where a full-size decode step's time goes (one GPU, random bf16 weights, eager engine).
+
+    python benchmarks/profile_decode.py SKELETON_DIR
+
+Runs a t2t request into steady decode, then profiles 5 engine steps at B=1 and prints the
+top operators by self CPU and by CUDA time, and the wall time per step.
+"""
+
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from omniwalk import Omni
+
+
+def main(skeleton: str) -> None:
+    omni = Omni(
+        model=skeleton,
+        device="cuda",
+        dtype="bfloat16",
+        moe_backend="grouped",
+        random_weights=True,
+        thinker_kv_bytes=8 * 2**30,
+        talker_kv_bytes=2 * 2**30,
+    )
+    omni.add(
+        {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 200, "ignore_eos": True, "temperature": 0.0}
+    )
+    for _ in range(10):
+        omni.engine.step()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(10):
+        omni.engine.step()
+    torch.cuda.synchronize()
+    print(f"eager decode step B=1: {(time.perf_counter() - start) / 10 * 1e3:.1f} ms")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            omni.engine.step()
+        torch.cuda.synchronize()
+    averages = prof.key_averages()
+    print(averages.table(sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=40))
+    print(averages.table(sort_by="self_cuda_time_total", row_limit=12, max_name_column_width=40))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
