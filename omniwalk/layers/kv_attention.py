@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# NOTE: not cuDNN: it rebuilds its execution plan for every new key length, which cost 2.5 ms of
+# host time per call in full-size decode on the H200 (57% of a 102 ms step; benchmarks/profile_decode.py).
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -20,7 +25,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     elif n > 1:
         keys = torch.arange(m, device=q.device)
         mask = keys[None, :] <= torch.arange(m - n, m, device=q.device)[:, None]
-    out = F.scaled_dot_product_attention(
-        q[None], k[None], v[None], attn_mask=mask, is_causal=is_causal, enable_gqa=True
-    )
+    with sdpa_kernel(SDPA_BACKENDS):
+        out = F.scaled_dot_product_attention(
+            q[None], k[None], v[None], attn_mask=mask, is_causal=is_causal, enable_gqa=True
+        )
     return out[0]

@@ -19,7 +19,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import sdpa_kernel
 
+from omniwalk.layers.kv_attention import SDPA_BACKENDS
 from omniwalk.layers.moe import GatedMLP
 from omniwalk.layers.norm import RMSNorm
 from omniwalk.layers.rotary import apply_rotary, rope_cos_sin
@@ -152,7 +154,10 @@ class WindowAttention(nn.Module):
         keep = min(k.shape[2], self.window - 1)  # the next chunk's first frame sees window - 1 earlier frames
         state.keys[self.layer] = k[:, :, k.shape[2] - keep :].clone()
         state.values[self.layer] = v[:, :, v.shape[2] - keep :].clone()
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.num_kv_heads != self.num_heads)
+        with sdpa_kernel(SDPA_BACKENDS):  # chunks change the key length every call (see kv_attention)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, enable_gqa=self.num_kv_heads != self.num_heads
+            )
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
