@@ -21,7 +21,6 @@ from omniwalk.models.qwen3_omni.code2wav_stream import VocoderStream, VocoderStr
 from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.decoder import ContiguousKVCache
 from omniwalk.models.qwen3_omni.talker import Talker
-from omniwalk.sampling import TokenLogprob
 
 BF16 = torch.bfloat16
 NUM_PROMPT = 40
@@ -33,9 +32,10 @@ class ForcedSampler:
     def __init__(self, codes: list[int]):
         self.codes, self.logits = list(codes), []
 
-    def __call__(self, logits: torch.Tensor) -> TokenLogprob:
-        self.logits.append(logits.float())
-        return TokenLogprob(self.codes[len(self.logits) - 1], 0.0)
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [1, vocab] -> the next given code as ids [1] on the device (the batched sampler's contract)."""
+        self.logits.append(logits[0].float())
+        return torch.tensor([self.codes[len(self.logits) - 1]], device=logits.device)
 
 
 def _talker_pair():
@@ -88,7 +88,8 @@ def test_full_size_talker_step_bf16_matches_hf():
     )
     hf_codes = hf_cp.sequences[0].tolist()
     forced = ForcedSampler(hf_codes)
-    rest, rest_sum = ours.code_predictor(hf_h, e0[0, 0], forced)
+    rest, rest_sum = ours.code_predictor(hf_h[None], e0[0, :1], forced)
+    rest, rest_sum = rest[0], rest_sum[0]
     assert rest.tolist() == hf_codes
     for step, (a, b) in enumerate(zip(forced.logits, hf_cp.logits, strict=True)):
         assert report("speech 4", cosine(a, b[0])) >= 0.999, f"code predictor step {step}"
