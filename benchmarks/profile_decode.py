@@ -10,21 +10,12 @@ import sys
 import time
 
 import torch
+from smoke_full import build_full  # noqa: E402 - benchmarks/ is on sys.path when run as a script
 from torch.profiler import ProfilerActivity, profile
-
-from omniwalk import Omni
 
 
 def main(skeleton: str) -> None:
-    omni = Omni(
-        model=skeleton,
-        device="cuda",
-        dtype="bfloat16",
-        moe_backend="grouped",
-        random_weights=True,
-        thinker_kv_bytes=8 * 2**30,
-        talker_kv_bytes=2 * 2**30,
-    )
+    omni = build_full(skeleton)
     omni.add(
         {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 200, "ignore_eos": True, "temperature": 0.0}
     )

@@ -22,9 +22,9 @@ def timed(omni: Omni, requests):
     return outs, time.perf_counter() - start
 
 
-def main(skeleton: str) -> None:
-    start = time.perf_counter()
-    omni = Omni(
+def build_full(skeleton: str) -> Omni:
+    """The full-size model with random bf16 weights on the GPU, grouped-GEMM MoE, 8 + 2 GiB of KV."""
+    return Omni(
         model=skeleton,
         device="cuda",
         dtype="bfloat16",
@@ -33,6 +33,11 @@ def main(skeleton: str) -> None:
         thinker_kv_bytes=8 * 2**30,
         talker_kv_bytes=2 * 2**30,
     )
+
+
+def main(skeleton: str) -> None:
+    start = time.perf_counter()
+    omni = build_full(skeleton)
     print(f"built in {time.perf_counter() - start:.1f}s, GPU memory {torch.cuda.memory_allocated() / 2**30:.1f} GiB")
     text = {"messages": [{"role": "user", "content": "hello"}], "ignore_eos": True, "temperature": 0.0}
     timed(omni, {**text, "max_tokens": 4})  # warm-up

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from omniwalk.models.qwen3_omni.model import randomize
+
 CONFIG_DIR = Path(__file__).parent / "configs"
 PACKAGE_TINY = Path(__file__).parents[1] / "omniwalk" / "models" / "qwen3_omni" / "tiny_config.json"
 # Two shapes of tiny model: the reference one and one with uneven sizes (odd head dims,
@@ -36,25 +38,10 @@ def _hf_model(name: str, seed: int):
     cfg.talker_config.audio_config = cfg.thinker_config.audio_config
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(cfg).eval()
-    _randomize(model, seed)
+    # HF leaves some tensors uninitialised (garbage or NaN, e.g. talker experts of some sizes) and
+    # others constant (norms 1, biases and Snake parameters 0); parity must not pass by symmetry.
+    randomize(model, seed + 1)
     return model
-
-
-def _randomize(model, seed: int) -> None:
-    """Give every tensor random, well-scaled content, a function of the seed alone. HF leaves some
-    tensors uninitialised (garbage or NaN, e.g. talker experts of some sizes) and others constant
-    (norms 1, biases and Snake parameters 0, layer scales tiny); parity tests must not pass by
-    symmetry."""
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if p.dim() == 1:  # norm weights around 1; biases, scales, Snake parameters around 0
-                is_norm_weight = name.endswith("weight") and ("norm" in name or "ln_" in name)
-                p.copy_((1.0 if is_norm_weight else 0.0) + 0.1 * noise)
-            else:
-                fan_in = p.shape[-1] if "experts" in name else p[0].numel()
-                p.copy_(noise / fan_in**0.5)
 
 
 def hf_checkpoint(name: str, seed: int = 0) -> Path:

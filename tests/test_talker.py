@@ -15,6 +15,7 @@ from prompt_cases import thinker_cases
 
 from omniwalk.errors import InvalidRequestError
 from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.model import load_components
 from omniwalk.models.qwen3_omni.talker import Talker, TalkerSamplingParams
 from omniwalk.models.qwen3_omni.talker_prompt import build_talker_prompt, resolve_speaker
 
@@ -138,8 +139,7 @@ def test_unknown_voice_is_a_typed_error_listing_voices():
 
 def test_talker_loads_from_checkpoint():
     ckpt = hf_checkpoint("uneven")
-    talker = Talker(Qwen3OmniConfig.from_hf(ckpt).talker)
-    talker.load(ckpt)
+    talker = load_components(ckpt, ("talker",))["talker"]
     reference = hf_model("uneven", 0).talker.state_dict()
     for key, value in talker.state_dict().items():
         assert torch.equal(value, reference[key]), key

@@ -16,6 +16,7 @@ from prompt_cases import thinker_cases
 from omniwalk.errors import InvalidRequestError
 from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.decoder import ContiguousKVCache
+from omniwalk.models.qwen3_omni.model import load_components
 from omniwalk.models.qwen3_omni.mrope import mrope_positions
 from omniwalk.models.qwen3_omni.thinker import MediaEmbeddings, Thinker
 from omniwalk.sampling import Sampler, SamplingParams
@@ -29,9 +30,7 @@ CASE_NAMES = [c.name for c in thinker_cases(Qwen3OmniConfig.from_hf(hf_model("ti
 def ours(name: str) -> tuple[Thinker, Qwen3OmniConfig]:
     ckpt = hf_checkpoint(name)
     cfg = Qwen3OmniConfig.from_hf(ckpt)
-    thinker = Thinker(cfg.text, cfg.tokens, cfg.talker.accept_hidden_layer).eval()
-    thinker.load(ckpt)
-    return thinker, cfg
+    return load_components(ckpt, ("thinker",), cfg=cfg)["thinker"], cfg
 
 
 def case_by_name(cfg, name):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 import itertools
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +45,6 @@ class EngineRequest:
     status: Status = Status.WAITING
     error: Exception | None = None
     events: deque[Event] = field(default_factory=deque)
-    arrival: float = field(default_factory=time.monotonic)
     order: int = field(default_factory=lambda: next(_counter))  # FIFO tie-breaker and preemption age
 
     def emit(self, kind: str, data: Any = None) -> None:

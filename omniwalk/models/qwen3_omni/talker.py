@@ -27,7 +27,6 @@ from omniwalk.errors import InvalidRequestError
 from omniwalk.models.qwen3_omni.config import DecoderConfig, TalkerConfig
 from omniwalk.models.qwen3_omni.decoder import ContiguousKVCache, Decoder, RowsKVCache
 from omniwalk.models.qwen3_omni.mrope import RopePositions
-from omniwalk.models.qwen3_omni.weights import load_weights
 from omniwalk.sampling import Sampler, SamplerState, SamplingParams, sample_on_device
 
 SampleFn = Callable[[torch.Tensor], torch.Tensor]  # logits [B, vocab] -> ids [B] on the device
@@ -167,9 +166,6 @@ class Talker(nn.Module):
         suppressed = torch.arange(text.vocab_size) >= text.vocab_size - NUM_SUPPRESSED_CODEC_IDS
         suppressed[cfg.codec.eos] = False
         self.register_buffer("suppressed", suppressed, persistent=False)
-
-    def load(self, ckpt_dir, dtype: torch.dtype | None = None, device=None) -> None:
-        load_weights(self, ckpt_dir, "talker.", dtype=dtype, device=device)
 
     def group0_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden [hidden] -> codec logits [vocab] with control codes (not EOS) at -inf."""

@@ -20,7 +20,6 @@ from torch import nn
 from omniwalk.errors import InvalidRequestError
 from omniwalk.models.qwen3_omni.config import DecoderConfig, TokenIds
 from omniwalk.models.qwen3_omni.decoder import Decoder, KVCache
-from omniwalk.models.qwen3_omni.weights import load_weights
 
 
 @dataclass
@@ -57,12 +56,6 @@ class Thinker(nn.Module):
         self.cfg, self.tokens, self.accept_hidden_layer = cfg, tokens, accept_hidden_layer
         self.model = ThinkerModel(cfg, moe_backend)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-
-    def load(self, ckpt_dir, dtype: torch.dtype | None = None, device=None) -> None:
-        """Fill from a checkpoint. ``thinker.*`` also holds the encoders, so the LM body and the
-        head are loaded under their own narrower prefixes."""
-        load_weights(self.model, ckpt_dir, "thinker.model.", dtype=dtype, device=device)
-        load_weights(self.lm_head, ckpt_dir, "thinker.lm_head.", dtype=dtype, device=device)
 
     def embed(self, input_ids: torch.Tensor, media: MediaEmbeddings | None = None, counts: dict | None = None):
         """ids [n] -> (embeddings [n, hidden], DeepStack additions [levels, n, hidden] or None).
