@@ -1,4 +1,4 @@
-"""Where a full-size decode step's time goes (one GPU, random bf16 weights, eager engine).
+"""Where a full-size decode step's time goes (one GPU, random bf16 weights).
 
     python benchmarks/profile_decode.py SKELETON_DIR
 
@@ -26,7 +26,24 @@ def main(skeleton: str) -> None:
     for _ in range(10):
         omni.engine.step()
     torch.cuda.synchronize()
-    print(f"eager decode step B=1: {(time.perf_counter() - start) / 10 * 1e3:.1f} ms")
+    print(f"engine step in steady decode, B=1: {(time.perf_counter() - start) / 10 * 1e3:.1f} ms")
+    program = omni.engine.stages["thinker"].program
+    if program.decode_graph is not None:  # the captured forward alone, replayed back to back
+        graph = program.decode_graph.graphs[1][0]
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(20):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        print(f"thinker decode graph replay, B=1: {begin.elapsed_time(end) / 20:.2f} ms")
+        for name, stage in omni.engine.stages.items():
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(10):
+                stage.step()
+            torch.cuda.synchronize()
+            print(f"  stage {name}.step(): {(time.perf_counter() - start) / 10 * 1e3:.2f} ms")
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
             omni.engine.step()

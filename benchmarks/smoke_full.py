@@ -22,17 +22,20 @@ def timed(omni: Omni, requests):
     return outs, time.perf_counter() - start
 
 
-def build_full(skeleton: str) -> Omni:
-    """The full-size model with random bf16 weights on the GPU, grouped-GEMM MoE, 8 + 2 GiB of KV."""
-    return Omni(
-        model=skeleton,
-        device="cuda",
-        dtype="bfloat16",
-        moe_backend="grouped",
-        random_weights=True,
-        thinker_kv_bytes=8 * 2**30,
-        talker_kv_bytes=2 * 2**30,
-    )
+# The full-size model with random bf16 weights on the GPU, grouped-GEMM MoE, 8 + 2 GiB of KV.
+FULL_OPTIONS = dict(
+    device="cuda",
+    dtype="bfloat16",
+    moe_backend="grouped",
+    random_weights=True,
+    thinker_kv_bytes=8 * 2**30,
+    talker_kv_bytes=2 * 2**30,
+)
+
+
+def build_full(skeleton: str, **overrides) -> Omni:
+    """``Omni`` with ``FULL_OPTIONS``; ``overrides`` are further ``Omni`` options (e.g. from micro.py)."""
+    return Omni(model=skeleton, **{**FULL_OPTIONS, **overrides})
 
 
 def main(skeleton: str) -> None:
@@ -41,11 +44,14 @@ def main(skeleton: str) -> None:
     print(f"built in {time.perf_counter() - start:.1f}s, GPU memory {torch.cuda.memory_allocated() / 2**30:.1f} GiB")
     text = {"messages": [{"role": "user", "content": "hello"}], "ignore_eos": True, "temperature": 0.0}
     timed(omni, {**text, "max_tokens": 4})  # warm-up
+    times = {}
     for n in (16, 64):
-        out, seconds = timed(omni, {**text, "max_tokens": n})
-        print(f"t2t B=1 {n} tokens: {seconds:.3f}s end to end ({len(out.prompt_token_ids)}-token prompt)")
-    outs, seconds = timed(omni, [{**text, "max_tokens": 64, "seed": i} for i in range(8)])
-    print(f"t2t B=8 x 64 tokens: {seconds:.3f}s, {8 * 64 / seconds:.1f} tok/s")
+        out, times[n] = timed(omni, {**text, "max_tokens": n})
+        print(f"t2t B=1 {n} tokens: {times[n]:.3f}s end to end ({len(out.prompt_token_ids)}-token prompt)")
+    print(f"t2t B=1 inter-token latency ≈ {(times[64] - times[16]) / 48 * 1000:.2f} ms (64 vs 16 tokens)")
+    for b in (8, 32):
+        outs, seconds = timed(omni, [{**text, "max_tokens": 64, "seed": i} for i in range(b)])
+        print(f"t2t B={b} x 64 tokens: {seconds:.3f}s, {b * 64 / seconds:.1f} tok/s")
     speech = {
         **text,
         "max_tokens": 40,
@@ -56,12 +62,14 @@ def main(skeleton: str) -> None:
         "max_audio_frames": 50,
     }
     timed(omni, {**speech, "max_tokens": 4, "min_audio_frames": 5, "max_audio_frames": 5})
-    out, seconds = timed(omni, speech)
-    audio_s = out.audio.numel() / 24000
-    print(
-        f"t2s B=1 40 tokens + {out.codes.shape[0]} frames ({audio_s:.2f}s audio): {seconds:.3f}s, "
-        f"RTF {seconds / audio_s:.3f}"
-    )
+    for b in (1, 8):
+        outs, seconds = timed(omni, [speech] * b)
+        audio_s = outs[0].audio.numel() / 24000
+        print(
+            f"t2s B={b} 40 tokens + {outs[0].codes.shape[0]} frames ({audio_s:.2f}s audio each): {seconds:.3f}s, "
+            f"RTF {seconds / audio_s:.3f}"
+        )
+    print("stats:", {k: v for k, v in omni.engine.stats().items() if k in ("thinker", "talker")})
 
 
 if __name__ == "__main__":

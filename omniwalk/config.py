@@ -17,6 +17,12 @@ DEFAULT_SYSTEM_PROMPT = (
     "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving auditory and "
     "visual inputs, as well as generating text and speech."
 )
+# per backend field: (reference, fast)
+BACKENDS = {
+    "moe_backend": ("reference", "grouped"),
+    "attention_backend": ("reference", "torch_varlen"),
+    "decode_attention": ("reference", "triton"),
+}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -27,10 +33,19 @@ class ModelConfig:
     dtype: str = "float32"
     max_model_len: int | None = None  # prompt + generated tokens; None = the checkpoint's max positions
     default_system_prompt: str | None = DEFAULT_SYSTEM_PROMPT  # used when a request has no system turn
-    moe_backend: str = "reference"
     random_weights: bool = False  # build random weights on the device instead of reading them (benchmarks)
+    # Fast paths, chosen by name ("auto": the fast one on CUDA, the reference one elsewhere):
+    moe_backend: str = "auto"  # "reference" (per-expert loop, the CPU oracle) | "grouped" (grouped GEMM)
+    attention_backend: str = "auto"  # encoders' packed attention: "reference" | "torch_varlen" (CUDA, 16-bit)
+    decode_attention: str = "auto"  # paged decode attention: "reference" | "triton" (CUDA)
+    cuda_graph_max_batch: int = 64  # on CUDA, decode steps of up to this many requests replay graphs; 0 = eager
 
     def __post_init__(self):
+        for name, choices in BACKENDS.items():
+            if getattr(self, name) not in (*choices, "auto"):
+                raise ConfigError(f"{name} must be one of {[*choices, 'auto']}, got {getattr(self, name)!r}")
+        if self.cuda_graph_max_batch < 0:
+            raise ConfigError(f"cuda_graph_max_batch must be >= 0, got {self.cuda_graph_max_batch}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -43,6 +58,23 @@ class ModelConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    @property
+    def on_cuda(self) -> bool:
+        return torch.device(self.device).type == "cuda"
+
+    def backend(self, name: str) -> str:
+        """A backend field with "auto" resolved for this device and dtype."""
+        value = getattr(self, name)
+        if value != "auto":
+            return value
+        fast = self.on_cuda and (name != "attention_backend" or self.dtype != "float32")
+        return BACKENDS[name][1] if fast else BACKENDS[name][0]
+
+    @property
+    def graph_max_batch(self) -> int:
+        """Largest decode batch replayed from a CUDA graph (0: graphs off, always so off CUDA)."""
+        return self.cuda_graph_max_batch if self.on_cuda else 0
 
 
 @dataclass(frozen=True)

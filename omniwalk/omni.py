@@ -68,12 +68,13 @@ class Omni:
             names,
             dtype=mc.torch_dtype,
             device=mc.device,
-            backends=Backends(moe=mc.moe_backend),
+            backends=Backends(attention=mc.backend("attention_backend"), moe=mc.backend("moe_backend")),
             cfg=cfg,
             random_seed=0 if mc.random_weights else None,
         )
-        stages = build_stages(self.parts, cfg, self.config.engine, mc.torch_dtype, mc.device)
+        stages = build_stages(self.parts, cfg, self.config.engine, mc)
         self.engine = Engine(stages, EngineLimits(self.config.engine.max_requests))
+        self.engine.capture_graphs()
         self.max_model_len = mc.max_model_len or cfg.text.max_position_embeddings
         self._ids = itertools.count()
 

@@ -98,37 +98,77 @@ class SamplerState:
         return self.seen
 
 
+@dataclass
+class BatchParams:
+    """A batch's sampling parameters as device tensors, one row per request.
+
+    Optional fields are None when no row needs that operation (the eager path skips it); a CUDA
+    graph passes all of them, set to their neutral values (penalty 1, nothing banned, top-k = the
+    vocabulary, top-p 1, not sampled), which leave the result exactly unchanged.
+    """
+
+    temperature: torch.Tensor  # [B] fp32 (1 for greedy rows)
+    penalty: torch.Tensor | None = None  # [B] fp32 repetition penalty
+    seen: torch.Tensor | None = None  # [B, V] bool: prompt + generated ids (where the penalty applies)
+    banned: torch.Tensor | None = None  # [B, V] bool: stop ids masked until min_tokens
+    top_k: torch.Tensor | None = None  # [B] int64 (V = off)
+    top_p: torch.Tensor | None = None  # [B] fp32 (1 = off)
+    sampled: torch.Tensor | None = None  # [B] bool: draw (else greedy argmax)
+    seeds: torch.Tensor | None = None  # [B] int64
+    steps: torch.Tensor | None = None  # [B] int64: each row's token index (the noise counter)
+
+    @classmethod
+    def of(cls, states: list[SamplerState], vocab: int, device, full: bool = False) -> BatchParams:
+        """Build on the host from the requests' states (``full``: every field, for a graph)."""
+        params = [s.params for s in states]
+        greedy = [p.is_greedy for p in params]
+        out = cls(to_device([p.temperature or 1.0 for p in params], device, torch.float32))
+        if full or any(p.repetition_penalty != 1.0 for p in params):
+            out.penalty = to_device([p.repetition_penalty for p in params], device, torch.float32)
+            out.seen = torch.stack([s._seen(vocab, device) for s in states])
+        banned = [(row, i) for row, s in enumerate(states) if s.num_generated < s.params.min_tokens for i in s.stop_ids]
+        if full or banned:
+            out.banned = torch.zeros(len(states), vocab, dtype=torch.bool, device=device)
+            if banned:
+                flat = to_device([r * vocab + i for r, i in banned], device, torch.long)
+                out.banned.view(-1).index_fill_(0, flat, True)  # (a scalar index_put would synchronise)
+        top_k = [p.top_k if p.top_k and not g else vocab for p, g in zip(params, greedy, strict=True)]
+        top_p = [p.top_p if not g else 1.0 for p, g in zip(params, greedy, strict=True)]
+        if full or any(k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
+            out.top_k, out.top_p = to_device(top_k, device, torch.long), to_device(top_p, device, torch.float32)
+        if full or not all(greedy):
+            out.sampled = to_device([not g for g in greedy], device, torch.bool)
+            out.seeds = to_device([s.seed for s in states], device, torch.long)
+            out.steps = to_device([s.num_generated for s in states], device, torch.long)
+        return out
+
+
 def process(logits: torch.Tensor, states: list[SamplerState]) -> torch.Tensor:
     """Raw logits [B, V] -> the fp32 scores each row is drawn from (-inf = excluded)."""
-    scores = logits.float().clone()
-    vocab, device = scores.shape[1], scores.device
-    penalties = [s.params.repetition_penalty for s in states]
-    if any(p != 1.0 for p in penalties):
-        seen = torch.stack([s._seen(vocab, device) for s in states])
-        p = to_device(penalties, device, torch.float32)[:, None]
-        scores = torch.where(seen, torch.where(scores > 0, scores / p, scores * p), scores)
-    for row, s in enumerate(states):
-        if s.num_generated < s.params.min_tokens and s.stop_ids:
-            scores[row].index_fill_(0, to_device(list(s.stop_ids), device, torch.long), -float("inf"))
-    temperature = to_device([s.params.temperature or 1.0 for s in states], device, torch.float32)[:, None]
-    scores = scores / temperature  # greedy rows divide by 1: their argmax is unchanged
-    top_k = [s.params.top_k if not s.params.is_greedy else 0 for s in states]
-    top_p = [s.params.top_p if not s.params.is_greedy else 1.0 for s in states]
-    if any(top_k) or any(p < 1.0 for p in top_p):
-        scores = _top_k_top_p(scores, top_k, top_p)
+    return process_tensors(logits, BatchParams.of(states, logits.shape[1], logits.device))
+
+
+def process_tensors(logits: torch.Tensor, p: BatchParams) -> torch.Tensor:
+    scores = logits.float()
+    if p.penalty is not None:
+        penalty = p.penalty[:, None]
+        scores = torch.where(p.seen, torch.where(scores > 0, scores / penalty, scores * penalty), scores)
+    if p.banned is not None:
+        scores = scores.masked_fill(p.banned, -float("inf"))
+    scores = scores / p.temperature[:, None]  # greedy rows divide by 1: their argmax is unchanged
+    if p.top_k is not None:
+        scores = _top_k_top_p(scores, p.top_k, p.top_p)
     return scores
 
 
-def _top_k_top_p(scores: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
-    """Per row: keep the ``top_k`` best (0 = all), then the smallest best set reaching ``top_p``."""
-    device, vocab = scores.device, scores.shape[1]
+def _top_k_top_p(scores: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Per row: keep the ``top_k`` best, then the smallest best set reaching ``top_p`` (1 = all)."""
     sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
-    ranks = torch.arange(vocab, device=device)[None, :]
-    k = to_device([kk or vocab for kk in top_k], device, torch.long)[:, None]
-    sorted_scores = sorted_scores.masked_fill(ranks >= k, -float("inf"))
+    ranks = torch.arange(scores.shape[1], device=scores.device)[None, :]
+    sorted_scores = sorted_scores.masked_fill(ranks >= top_k[:, None], -float("inf"))
     probs = torch.softmax(sorted_scores, dim=-1)
     before = probs.cumsum(-1) - probs  # mass of the better tokens
-    drop = before >= to_device(top_p, device, torch.float32)[:, None]
+    drop = (before >= top_p[:, None]) & (top_p[:, None] < 1.0)
     drop[:, 0] = False
     return scores.scatter(1, order, sorted_scores.masked_fill(drop, -float("inf")))
 
@@ -147,28 +187,37 @@ def _mix(z: torch.Tensor) -> torch.Tensor:
     return z ^ _shr(z, 31)
 
 
-def gumbel_noise(seeds: list[int], steps: list[int], vocab: int, device) -> torch.Tensor:
+def gumbel_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
     """[B, V] Gumbel(0, 1) noise, a pure function of (seed, step, vocabulary index) per row."""
-    key = _mix(to_device(seeds, device, torch.long) * _GOLDEN + to_device(steps, device, torch.long))
-    z = _mix(key[:, None] + (torch.arange(vocab, device=device)[None, :] + 1) * _GOLDEN)
+    key = _mix(seeds * _GOLDEN + steps)
+    z = _mix(key[:, None] + (torch.arange(vocab, device=seeds.device)[None, :] + 1) * _GOLDEN)
     u = (_shr(z, 40).float() + 0.5) / 2**24  # 24 random bits -> (0, 1)
     return -torch.log(-torch.log(u))
 
 
+def draw(logits: torch.Tensor, p: BatchParams, step_offset: int = 0) -> torch.Tensor:
+    """Processed scores -> one id per row [B] (int64 on the device); pure tensor work (graphable).
+    ``step_offset`` is added to every row's token index (a loop that draws several tokens)."""
+    scores = process_tensors(logits, p)
+    ids = scores.argmax(-1)
+    if p.sampled is None:
+        return ids
+    drawn = (scores + gumbel_noise(p.seeds, p.steps + step_offset, scores.shape[1])).argmax(-1)
+    return torch.where(p.sampled, drawn, ids)
+
+
+def advance(states: list[SamplerState], ids: torch.Tensor | None, num_drawn: int = 1) -> None:
+    """After a draw of ``ids`` [B] (None: not tracked): mark them seen, count ``num_drawn`` tokens per state."""
+    for row, s in enumerate(states):
+        if s.seen is not None and ids is not None:  # made by the first draw that needed it (a penalty != 1)
+            s.seen.index_fill_(0, ids[row : row + 1], True)
+        s.num_generated += num_drawn
+
+
 def sample_on_device(logits: torch.Tensor, states: list[SamplerState]) -> torch.Tensor:
     """Draw one token per row [B] (int64, on the logits' device) and advance each state."""
-    scores = process(logits, states)
-    ids = scores.argmax(-1)
-    sampled = [not s.params.is_greedy for s in states]
-    if any(sampled):
-        noise = gumbel_noise(
-            [s.seed for s in states], [s.num_generated for s in states], scores.shape[1], scores.device
-        )
-        drawn = (scores + noise).argmax(-1)
-        ids = torch.where(to_device(sampled, scores.device, torch.bool), drawn, ids)
-    for row, s in enumerate(states):
-        s._seen(scores.shape[1], scores.device).index_fill_(0, ids[row : row + 1], True)
-        s.num_generated += 1
+    ids = draw(logits, BatchParams.of(states, logits.shape[1], logits.device))
+    advance(states, ids)
     return ids
 
 

@@ -32,8 +32,8 @@ class ForcedSampler:
     def __init__(self, codes: list[int]):
         self.codes, self.logits = list(codes), []
 
-    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits [1, vocab] -> the next given code as ids [1] on the device (the batched sampler's contract)."""
+    def __call__(self, logits: torch.Tensor, _: int) -> torch.Tensor:
+        """logits [1, vocab], draw index -> the next given code as ids [1] on the device (the batched sampler's contract)."""
         self.logits.append(logits[0].float())
         return torch.tensor([self.codes[len(self.logits) - 1]], device=logits.device)
 

@@ -81,6 +81,14 @@ class Engine:
                 req.emit("finished")
         return worked
 
+    def capture_graphs(self) -> None:
+        """Let every stage that has them capture its CUDA graphs (one shared memory pool)."""
+        pool = None
+        for stage in self.stages.values():
+            capture = getattr(stage, "capture_graphs", None)
+            if capture is not None:
+                pool = capture(pool)
+
     def stats(self) -> dict[str, dict]:
         """Per stage: occupancy and the last batch size; plus the engine's request count."""
         out = {name: stage.stats() for name, stage in self.stages.items()}

@@ -75,11 +75,16 @@ class PageTable:
 
 
 class KVStorage:
-    """Key and value pages of every layer of one model: [num_pages * page_size, kv_heads, head_dim]."""
+    """Key and value pages of every layer of one model: [(num_pages + 1) * page_size, kv_heads, head_dim].
+
+    The extra last page belongs to no request: padding rows of a fixed-size (CUDA graph) batch
+    write their keys to its first slot, ``scratch_slot``.
+    """
 
     def __init__(self, pool: PagePool, num_layers: int, num_kv_heads: int, head_dim: int, dtype, device):
-        shape = (pool.num_pages * pool.page_size, num_kv_heads, head_dim)
+        shape = ((pool.num_pages + 1) * pool.page_size, num_kv_heads, head_dim)
         self.pool = pool
+        self.scratch_slot = pool.num_pages * pool.page_size
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 

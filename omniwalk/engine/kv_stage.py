@@ -30,6 +30,7 @@ from omniwalk.engine.request import EngineRequest, Status
 class KVStageConfig:
     max_batch_tokens: int = 512  # prefill chunk tokens + decode tokens per step
     max_running: int = 64  # requests holding KV pages at once
+    decode_attention: str = "reference"  # the kernel of pure decode steps (layers/paged_decode.py)
 
 
 class KVProgram(Protocol):
@@ -52,6 +53,9 @@ class KVProgram(Protocol):
     def on_preempt(self, req: EngineRequest) -> None:
         """The request's KV was dropped; its tokens will be recomputed from position 0."""
         ...
+
+    # Optional: ``capture_graphs(storage, pool) -> pool`` (CUDA graphs over this stage's KV
+    # storage, at start-up) and ``stats() -> dict`` (merged into the stage's stats).
 
 
 class KVStage:
@@ -150,7 +154,12 @@ class KVStage:
                 self.remove(req)
         return True
 
+    def capture_graphs(self, pool=None):
+        capture = getattr(self.program, "capture_graphs", None)
+        return capture(self.storage, pool) if capture else pool
+
     def stats(self) -> dict:
+        program_stats = getattr(self.program, "stats", dict)
         return {
             "kv_pages_used": self.pool.num_used,
             "kv_pages_total": self.pool.num_pages,
@@ -158,6 +167,7 @@ class KVStage:
             "waiting": len(self.waiting),
             "batch_size": self.last_batch_size,
             "preemptions": self.num_preemptions,
+            **program_stats(),
         }
 
     def _is_done(self, req: EngineRequest) -> bool:
@@ -166,7 +176,7 @@ class KVStage:
     def _run(self, batch: list[tuple[EngineRequest, int]]) -> None:
         segments = [Segment(self.tables[r.id], n) for r, n in batch]
         starts = [seg.table.num_cached for seg in segments]
-        kv = PagedBatch(self.storage, segments, self.device)
+        kv = PagedBatch(self.storage, segments, self.device, self.config.decode_attention)
         try:
             self.program.run([(r, start, n) for (r, n), start in zip(batch, starts, strict=True)], kv)
         except Exception:

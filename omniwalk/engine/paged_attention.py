@@ -8,6 +8,11 @@ contiguous cache uses). The decoder calls ``advance`` after its last layer.
 
 Slot indices are built on the host from the page tables (plain Python, no device reads) and
 copied to the device once per step.
+
+A step in which every request adds exactly one token (pure decode) instead attends through
+``DecodeKV``: page table rows, lengths and new slots as tensors, and one batched decode kernel
+(``layers/paged_decode.py``) for the whole batch. Its inputs have fixed shapes, so a decode step
+can be captured in a CUDA graph over static copies of them (``decode_inputs``).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import torch
 from omniwalk.device import to_device
 from omniwalk.engine.kv_pages import KVStorage, PageTable
 from omniwalk.layers.kv_attention import causal_attention
+from omniwalk.layers.paged_decode import DECODE_BACKENDS
 
 
 @dataclass
@@ -27,19 +33,56 @@ class Segment:
     num_new: int
 
 
+class DecodeKV:
+    """KV context of a pure decode step: one new token per row, attended by one batched kernel.
+
+    slots [B] int64 (where each row's new key goes), table [B, pages] int32, lens [B] int32 (keys
+    per row including the new one; 0 = a padding row). ``advance`` is a no-op: the page tables'
+    host bookkeeping belongs to the ``PagedBatch`` that made the inputs.
+    """
+
+    def __init__(self, storage: KVStorage, slots, table, lens, backend: str):
+        self.storage, self.slots, self.table, self.lens = storage, slots, table, lens
+        self.kernel = DECODE_BACKENDS[backend]
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        keys, values = self.storage.keys[layer], self.storage.values[layer]
+        keys.index_copy_(0, self.slots, k.to(keys.dtype))
+        values.index_copy_(0, self.slots, v.to(values.dtype))
+        return self.kernel(q.contiguous(), keys, values, self.table, self.lens, self.storage.pool.page_size)
+
+    def advance(self, num_new: int) -> None:
+        pass
+
+
 class PagedBatch:
     """The decoder's KV context for one step (implements ``attend``/``advance``)."""
 
-    def __init__(self, storage: KVStorage, segments: list[Segment], device):
+    def __init__(self, storage: KVStorage, segments: list[Segment], device, decode_backend: str = "reference"):
         self.storage, self.segments = storage, segments
         pool = storage.pool
         new_slots, self._keys = [], []
+        self.is_decode = all(seg.num_new == 1 for seg in segments)
         for seg in segments:
             start = seg.table.num_cached
+            if self.is_decode:
+                new_slots.extend(seg.table.slots(pool, start, start + 1))
+                continue
             slots = seg.table.slots(pool, 0, start + seg.num_new)
             new_slots.extend(slots[start:])
             self._keys.append(to_device(slots, device, torch.long))
         self._new_slots = to_device(new_slots, device, torch.long)
+        self.decode = None
+        if self.is_decode:
+            width = max(pool.pages_for(s.table.num_cached + 1) for s in segments)
+            table = [s.table.pages[:width] + [0] * (width - len(s.table.pages[:width])) for s in segments]
+            lens = [s.table.num_cached + 1 for s in segments]
+            table, lens = to_device(table, device, torch.int32), to_device(lens, device, torch.int32)
+            self.decode = DecodeKV(storage, self._new_slots, table, lens, decode_backend)
+
+    def decode_inputs(self) -> dict[str, torch.Tensor]:
+        """A pure decode step's KV inputs as tensors (for a CUDA graph's static copies)."""
+        return {"slots": self.decode.slots, "table": self.decode.table, "lens": self.decode.lens}
 
     @property
     def num_tokens(self) -> int:
@@ -47,6 +90,8 @@ class PagedBatch:
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [n, heads, d], k/v [n, kv_heads, d] packed in segment order -> out [n, heads, d]."""
+        if self.decode is not None:
+            return self.decode.attend(layer, q, k, v)
         keys, values = self.storage.keys[layer], self.storage.values[layer]
         keys.index_copy_(0, self._new_slots, k.to(keys.dtype))
         values.index_copy_(0, self._new_slots, v.to(values.dtype))

@@ -1,7 +1,8 @@
 """Causal attention of a block of new queries against one request's cached keys (reference path).
 
 Shapes are SDPA's: q [heads, n, d]; k, v [kv_heads, m, d] where the n queries are the last n of
-the m positions (``m - n`` were cached before). Used by the per-request contiguous cache and the
+the m positions (``m - n`` were cached before); or all three with a leading batch dimension (rows
+of equal length). Used by the per-request contiguous cache and the
 engine's paged batches alike, so both compute exactly the same thing.
 """
 
@@ -17,16 +18,16 @@ SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDP
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """-> [heads, n, d]. Scale head_dim^-0.5; GQA by head groups."""
-    n, m = q.shape[1], k.shape[1]
+    """-> [heads, n, d] (or [B, heads, n, d]). Scale head_dim^-0.5; GQA by head groups."""
+    n, m = q.shape[-2], k.shape[-2]
     mask, is_causal = None, False
     if n > 1 and m == n:
         is_causal = True  # a block from position 0: plain causal (lets SDPA pick the flash kernel)
     elif n > 1:
         keys = torch.arange(m, device=q.device)
         mask = keys[None, :] <= torch.arange(m - n, m, device=q.device)[:, None]
+    batched = q.dim() == 4
+    q, k, v = (q, k, v) if batched else (q[None], k[None], v[None])
     with sdpa_kernel(SDPA_BACKENDS):
-        out = F.scaled_dot_product_attention(
-            q[None], k[None], v[None], attn_mask=mask, is_causal=is_causal, enable_gqa=True
-        )
-    return out[0]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=True)
+    return out if batched else out[0]

@@ -90,9 +90,7 @@ class RowsKVCache:
         self.keys[layer][:, :, self.num_tokens : end] = k.view(b, n, *k.shape[1:]).transpose(1, 2)
         self.values[layer][:, :, self.num_tokens : end] = v.view(b, n, *v.shape[1:]).transpose(1, 2)
         qs = q.view(b, n, *q.shape[1:]).transpose(1, 2)
-        out = torch.stack(
-            [causal_attention(qs[r], self.keys[layer][r, :, :end], self.values[layer][r, :, :end]) for r in range(b)]
-        )
+        out = causal_attention(qs, self.keys[layer][:, :, :end], self.values[layer][:, :, :end])
         return out.transpose(1, 2).reshape(q.shape)
 
     def advance(self, num_new: int) -> None:

@@ -11,9 +11,7 @@ sees only stage kinds (batch stages, KV stages) and these programs; nothing else
 
 from __future__ import annotations
 
-import torch
-
-from omniwalk.config import EngineConfig
+from omniwalk.config import EngineConfig, ModelConfig
 from omniwalk.engine.batch_stage import BatchStage, BatchStageConfig
 from omniwalk.engine.kv_pages import KVStorage
 from omniwalk.engine.kv_stage import KVStage, KVStageConfig
@@ -46,28 +44,35 @@ def _kv_storage(cfg: DecoderConfig, budget: int, page_size: int, dtype, device) 
     )
 
 
-def build_stages(parts: dict, cfg: Qwen3OmniConfig, engine: EngineConfig, dtype: torch.dtype, device) -> list:
+def build_stages(parts: dict, cfg: Qwen3OmniConfig, engine: EngineConfig, model: ModelConfig) -> list:
     """The engine stages over loaded components (``model.load_components`` names); talker and
-    vocoder stages exist only when those components were loaded."""
+    vocoder stages exist only when those components were loaded. CUDA graphs are captured
+    by ``Engine.capture_graphs`` once the stages exist."""
+    dtype, device = model.torch_dtype, model.device
+    decode, graphs = model.backend("decode_attention"), model.graph_max_batch
     encoder_batch = BatchStageConfig(engine.encoder_batch_units, engine.max_running)
     stages = [
         BatchStage("audio_encoder", AudioEncoderProgram(parts["audio_encoder"], device, dtype), encoder_batch),
         BatchStage("vision_encoder", VisionEncoderProgram(parts["vision_encoder"], device, dtype), encoder_batch),
         KVStage(
             "thinker",
-            ThinkerProgram(parts["thinker"], device),
+            ThinkerProgram(parts["thinker"], device, decode, graphs),
             _kv_storage(cfg.text, engine.thinker_kv_bytes, engine.page_size, dtype, device),
-            KVStageConfig(engine.max_batch_tokens, engine.max_running),
+            KVStageConfig(engine.max_batch_tokens, engine.max_running, decode),
             device,
         ),
     ]
     if "talker" in parts:
-        talker = TalkerProgram(parts["talker"], parts["thinker"], cfg.position_id_per_seconds, device)
+        talker = TalkerProgram(parts["talker"], parts["thinker"], cfg.position_id_per_seconds, device, decode, graphs)
         storage = _kv_storage(cfg.talker.text, engine.talker_kv_bytes, engine.page_size, dtype, device)
         stream = VocoderStreamConfig(engine.vocoder_chunk_frames, engine.vocoder_first_chunk_frames)
         stages += [
             KVStage(
-                "talker", talker, storage, KVStageConfig(engine.talker_max_batch_tokens, engine.max_running), device
+                "talker",
+                talker,
+                storage,
+                KVStageConfig(engine.talker_max_batch_tokens, engine.max_running, decode),
+                device,
             ),
             BatchStage("vocoder", VocoderProgram(parts["code2wav"], stream, device), BatchStageConfig(2**31, 256)),
         ]

@@ -29,7 +29,8 @@ from omniwalk.models.qwen3_omni.decoder import ContiguousKVCache, Decoder, RowsK
 from omniwalk.models.qwen3_omni.mrope import RopePositions
 from omniwalk.sampling import Sampler, SamplerState, SamplingParams, sample_on_device
 
-SampleFn = Callable[[torch.Tensor], torch.Tensor]  # logits [B, vocab] -> ids [B] on the device
+# (logits [B, vocab], draw index 0..G-2 within the frame) -> ids [B] on the device
+SampleFn = Callable[[torch.Tensor, int], torch.Tensor]
 NUM_SUPPRESSED_CODEC_IDS = 1024  # the codec vocabulary's top ids are control codes, never sampled
 
 
@@ -131,8 +132,8 @@ class CodePredictor(nn.Module):
     def forward(self, talker_hidden: torch.Tensor, code0_embedding: torch.Tensor, sample: SampleFn):
         """Groups 1..G-1 of a batch of frames, each row with a fresh short KV.
 
-        talker_hidden, code0_embedding [B, hidden]; ``sample(logits [B, vocab]) -> ids [B]`` draws
-        one group for every row on the device. -> (codes [B, G-1] int64 on the device, the sum of
+        talker_hidden, code0_embedding [B, hidden]; ``sample(logits [B, vocab], i) -> ids [B]`` draws
+        group i + 1 for every row on the device. -> (codes [B, G-1] int64 on the device, the sum of
         their embeddings [B, hidden]).
         """
         b, p = talker_hidden.shape[0], self.lm_head[0].weight
@@ -144,7 +145,7 @@ class CodePredictor(nn.Module):
         h = self.model(x, torch.arange(2, device=p.device).repeat(b), cache).view(b, 2, -1)[:, -1]
         codes, total = [], torch.zeros_like(talker_hidden)
         for group in range(1, self.num_code_groups):
-            code = sample(self.lm_head[group - 1](h))
+            code = sample(self.lm_head[group - 1](h), group - 1)
             codes.append(code)
             embedding = self.model.codec_embedding[group - 1](code)
             total = total + embedding
@@ -181,7 +182,7 @@ class Talker(nn.Module):
         talker_sampler = Sampler(params.talker(), (self.cfg.codec.eos,), [], p.device)
         cp_state = SamplerState(params.code_predictor(), (), [])
 
-        def cp_sample(logits: torch.Tensor) -> torch.Tensor:
+        def cp_sample(logits: torch.Tensor, _: int) -> torch.Tensor:
             return sample_on_device(logits, [cp_state])
 
         num_prompt = prompt.embeddings.shape[0]

@@ -7,19 +7,28 @@ built once the thinker has produced token f + 2 (so token f + 1 is known not to 
 which HF never speaks) or has finished: the talker lags the thinker by two tokens and never
 waits for it to finish. Each step samples group 0 where a request's inputs end, then runs the
 code predictor for groups 1..G-1.
+
+A step in which every request runs one row and then draws a frame (steady speech) replays a CUDA
+graph of the whole frame step when one was captured for its batch size: talker decode, group-0
+sampling, all code-predictor steps and their sampling, with the batch's sampling parameters as
+static inputs (``sampling.BatchParams``).
 """
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import torch
 
 from omniwalk.device import to_device
-from omniwalk.engine.paged_attention import PagedBatch
+from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets
+from omniwalk.engine.kv_pages import KVStorage
+from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
 from omniwalk.engine.request import EngineRequest
 from omniwalk.models.qwen3_omni.talker import Talker
 from omniwalk.models.qwen3_omni.talker_prompt import talker_prefix
 from omniwalk.models.qwen3_omni.thinker import Thinker
-from omniwalk.sampling import sample_on_device
+from omniwalk.sampling import BatchParams, advance, draw
 
 EOS, PAD = "eos", "pad"
 
@@ -41,9 +50,20 @@ def text_entry(generated: list[int], finished: bool, frame: int, im_end: int) ->
 
 
 class TalkerProgram:
-    def __init__(self, talker: Talker, thinker: Thinker, position_id_per_seconds: float, device):
+    def __init__(
+        self,
+        talker: Talker,
+        thinker: Thinker,
+        position_id_per_seconds: float,
+        device,
+        decode_attention: str = "reference",
+        graph_max_batch: int = 0,
+    ):
         self.talker, self.thinker, self.device = talker, thinker, device
         self.position_id_per_seconds = position_id_per_seconds
+        self.decode_attention, self.graph_max_batch = decode_attention, graph_max_batch
+        self.frame_graph: GraphedStep | None = None
+        self.num_eager_decode_steps = 0
         t = thinker.tokens
         self.im_end = t.im_end
         with torch.inference_mode():
@@ -85,20 +105,33 @@ class TalkerProgram:
             rows.append(self._rows(req, start, n, new))
             positions.append(ts.positions.span(start, n))
             new_rows.append(new)
+        frames = kv.is_decode and all(
+            start + 1 == req.state.talker.num_inputs + (new is not None)
+            for (req, start, _), new in zip(batch, new_rows, strict=True)
+        )
+        if frames and self.frame_graph is not None and self.frame_graph.fits(len(batch)):
+            self._keep_new_rows(batch, new_rows)
+            self._graphed_frames(batch, torch.cat(rows), torch.cat(positions, 1), kv)
+            return
+        self.num_eager_decode_steps += frames and self.frame_graph is not None
         h = self.talker.model(torch.cat(rows), to_device(torch.cat(positions, 1), self.device), kv)
         ends = (torch.tensor([n for _, _, n in batch]).cumsum(0) - 1).tolist()
+        self._keep_new_rows(batch, new_rows)
         ready = []
-        for (req, start, n), new, end in zip(batch, new_rows, ends, strict=True):
-            ts = req.state.talker
-            if new is not None:
-                ts.rows.append(new)
-                ts.pending = None
-            if start + n == ts.num_inputs:  # the inputs end here: the next frame is due
+        for (req, start, n), end in zip(batch, ends, strict=True):
+            if start + n == req.state.talker.num_inputs:  # the inputs end here: the next frame is due
                 ready.append((req, end))
         if ready:
             self._next_frames(
                 [req for req, _ in ready], h[to_device([end for _, end in ready], self.device, torch.long)]
             )
+
+    @staticmethod
+    def _keep_new_rows(batch, new_rows) -> None:
+        for (req, _, _), new in zip(batch, new_rows, strict=True):
+            if new is not None:
+                req.state.talker.rows.append(new)
+                req.state.talker.pending = None
 
     def _build_prefix(self, req: EngineRequest) -> None:
         th, ts = req.state.thinker, req.state.talker
@@ -139,13 +172,71 @@ class TalkerProgram:
         """Sample group 0 and run the code predictor for groups 1..G-1 of every ready request, all
         on the device; then read the frames back once."""
         states = [req.state.talker for req in reqs]
-        code0 = sample_on_device(self.talker.group0_logits(hidden), [ts.sampler for ts in states])
+        vocabs = self.talker.cfg.text.vocab_size, self.talker.cfg.code_predictor.vocab_size
+        talker = BatchParams.of([ts.sampler for ts in states], vocabs[0], self.device)
+        cp = BatchParams.of([ts.cp_sampler for ts in states], vocabs[1], self.device)
+        out = self._frame_tail(hidden, talker, cp)
+        self._commit_frames(reqs, out["frames"], out["codec_sum"])
+
+    def _frame_tail(self, hidden: torch.Tensor, talker: BatchParams, cp: BatchParams) -> dict[str, torch.Tensor]:
+        """Talker hidden states [B, H] -> frames [B, G] and their summed codec embeddings [B, H]."""
+        code0 = draw(self.talker.group0_logits(hidden), talker)
         code0_embedding = self.talker.model.codec_embedding(code0)
-        cp_states = [ts.cp_sampler for ts in states]
-        rest, rest_sum = self.talker.code_predictor(hidden, code0_embedding, lambda x: sample_on_device(x, cp_states))
-        frames = torch.cat([code0[:, None], rest], dim=1).cpu()  # NOTE: the step's one host read
+        rest, rest_sum = self.talker.code_predictor(hidden, code0_embedding, lambda x, i: draw(x, cp, i))
+        return {"frames": torch.cat([code0[:, None], rest], dim=1), "codec_sum": code0_embedding + rest_sum}
+
+    def _commit_frames(self, reqs: list[EngineRequest], frames: torch.Tensor, codec_sum: torch.Tensor) -> None:
+        states = [req.state.talker for req in reqs]
+        advance([ts.sampler for ts in states], frames[:, 0])
+        advance([ts.cp_sampler for ts in states], None, num_drawn=frames.shape[1] - 1)  # (no penalty there)
+        host = frames.cpu()  # NOTE: the step's one host read
         for row, req in enumerate(reqs):
-            req.guarded(self._commit_frame, req, frames[row], code0_embedding[row] + rest_sum[row])
+            req.guarded(self._commit_frame, req, host[row], codec_sum[row])
+
+    def capture_graphs(self, storage: KVStorage, pool=None):
+        """Capture the frame step (talker decode + all sampling and code-predictor steps) per bucket."""
+        if self.graph_max_batch == 0:
+            return pool
+        cfg = self.talker.cfg
+        names = [f.name for f in fields(BatchParams)]
+
+        def frame_step(x, positions, slots, table, lens, **sampling):
+            kv = DecodeKV(storage, slots, table, lens, self.decode_attention)
+            hidden = self.talker.model(x, positions.T, kv)
+            talker = BatchParams(**{k: sampling[f"talker_{k}"] for k in names})
+            cp = BatchParams(**{k: sampling[f"cp_{k}"] for k in names})
+            return self._frame_tail(hidden, talker, cp)
+
+        inputs = {
+            "x": StaticInput((cfg.text.hidden_size,), self.talker.codec_head.weight.dtype),
+            "positions": StaticInput((3,), torch.float32),
+            "slots": StaticInput((), torch.long, storage.scratch_slot),
+            "table": StaticInput((storage.pool.num_pages,), torch.int32),
+            "lens": StaticInput((), torch.int32),
+        }
+        for prefix, vocab in (("talker", cfg.text.vocab_size), ("cp", cfg.code_predictor.vocab_size)):
+            inputs |= {f"{prefix}_{k}": spec for k, spec in _sampling_inputs(vocab).items()}
+        buckets = batch_buckets(self.graph_max_batch)
+        self.frame_graph = GraphedStep("talker frame", frame_step, inputs, buckets, self.device)
+        return self.frame_graph.capture(pool)
+
+    def _graphed_frames(self, batch, x: torch.Tensor, positions: torch.Tensor, kv: PagedBatch) -> None:
+        reqs = [req for req, _, _ in batch]
+        states = [req.state.talker for req in reqs]
+        cfg = self.talker.cfg
+        inputs = {"x": x, "positions": to_device(positions.T, self.device), **kv.decode_inputs()}
+        for prefix, samplers, vocab in (
+            ("talker", [ts.sampler for ts in states], cfg.text.vocab_size),
+            ("cp", [ts.cp_sampler for ts in states], cfg.code_predictor.vocab_size),
+        ):
+            params = BatchParams.of(samplers, vocab, self.device, full=True)
+            inputs |= {f"{prefix}_{f.name}": getattr(params, f.name) for f in fields(BatchParams)}
+        out = self.frame_graph.run(len(batch), inputs)
+        self._commit_frames(reqs, out["frames"], out["codec_sum"].clone())  # (graph outputs are reused)
+
+    def stats(self) -> dict:
+        graph = self.frame_graph
+        return {"graph_replays": graph.num_replays if graph else 0, "eager_decode_steps": self.num_eager_decode_steps}
 
     def _commit_frame(self, req: EngineRequest, frame: torch.Tensor, codec_sum: torch.Tensor) -> None:
         """Keep the frame unless group 0 is codec EOS; stop at EOS or the frame limit."""
@@ -158,3 +249,18 @@ class TalkerProgram:
             ts.finished = True
         else:
             ts.pending = codec_sum
+
+
+def _sampling_inputs(vocab: int) -> dict[str, StaticInput]:
+    """``BatchParams`` fields as static graph inputs; padding rows are neutral and greedy."""
+    return {
+        "temperature": StaticInput((), torch.float32, 1.0),
+        "penalty": StaticInput((), torch.float32, 1.0),
+        "seen": StaticInput((vocab,), torch.bool),
+        "banned": StaticInput((vocab,), torch.bool),
+        "top_k": StaticInput((), torch.long, vocab),
+        "top_p": StaticInput((), torch.float32, 1.0),
+        "sampled": StaticInput((), torch.bool),
+        "seeds": StaticInput((), torch.long),
+        "steps": StaticInput((), torch.long),
+    }

@@ -4,6 +4,9 @@ A request's tokens are ``seq`` = prompt + generated ids; the KV holds a prefix o
 runs the next ready tokens (``num_ready``). When a request's chunk reaches the end of ``seq`` its
 next token is sampled (so prefill, decode and recompute after preemption are one code path).
 Media rows for a chunk are the encoder rows of the placeholders inside it.
+
+A step in which every request decodes one generated token (no prompt rows, so no media and no
+talker states) replays a CUDA graph of the whole forward when one was captured for its batch size.
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ import numpy as np
 import torch
 
 from omniwalk.device import to_device
-from omniwalk.engine.paged_attention import PagedBatch
+from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets
+from omniwalk.engine.kv_pages import KVStorage
+from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
 from omniwalk.engine.request import EngineRequest
 from omniwalk.models.qwen3_omni.request_state import ThinkerState
 from omniwalk.models.qwen3_omni.thinker import MediaEmbeddings, Thinker
@@ -22,10 +27,37 @@ KINDS = ("audio", "image", "video")
 
 
 class ThinkerProgram:
-    def __init__(self, thinker: Thinker, device):
-        self.thinker, self.device = thinker, device
+    def __init__(self, thinker: Thinker, device, decode_attention: str = "reference", graph_max_batch: int = 0):
+        self.thinker, self.device, self.decode_attention = thinker, device, decode_attention
         t = thinker.tokens
         self.pad_ids = {"audio": t.audio_pad, "image": t.image_pad, "video": t.video_pad}
+        self.graph_max_batch = graph_max_batch
+        self.decode_graph: GraphedStep | None = None
+        self.num_eager_decode_steps = 0  # pure decode steps too large for every captured graph
+
+    def capture_graphs(self, storage: KVStorage, pool=None):
+        """Capture the decode forward for every batch bucket up to ``graph_max_batch``."""
+        if self.graph_max_batch == 0:
+            return pool
+
+        def decode(ids, positions, slots, table, lens):
+            kv = DecodeKV(storage, slots, table, lens, self.decode_attention)
+            return {"logits": self.thinker(ids, positions.T, kv, all_logits=True).logits}
+
+        inputs = {
+            "ids": StaticInput((), torch.long),
+            "positions": StaticInput((3,), torch.float32),
+            "slots": StaticInput((), torch.long, storage.scratch_slot),
+            "table": StaticInput((storage.pool.num_pages,), torch.int32),
+            "lens": StaticInput((), torch.int32),
+        }
+        buckets = batch_buckets(self.graph_max_batch)
+        self.decode_graph = GraphedStep("thinker decode", decode, inputs, buckets, self.device)
+        return self.decode_graph.capture(pool)
+
+    def stats(self) -> dict:
+        graph = self.decode_graph
+        return {"graph_replays": graph.num_replays if graph else 0, "eager_decode_steps": self.num_eager_decode_steps}
 
     def num_ready(self, req: EngineRequest, num_cached: int) -> int:
         st = req.state.thinker
@@ -54,6 +86,15 @@ class ThinkerProgram:
         states = [req.state.thinker for req, _, _ in batch]
         ids = [t for st, (_, s, n) in zip(states, batch, strict=True) for t in st.seq[s : s + n]]
         positions = torch.cat([st.prompt.rope.span(s, n) for st, (_, s, n) in zip(states, batch, strict=True)], 1)
+        generating = kv.is_decode and all(
+            s >= st.prompt.num_prompt_tokens for st, (_, s, _) in zip(states, batch, strict=True)
+        )
+        if generating and self.decode_graph is not None and self.decode_graph.fits(len(batch)):
+            inputs = {"ids": to_device(ids, self.device, torch.long), "positions": to_device(positions.T, self.device)}
+            logits = self.decode_graph.run(len(batch), {**inputs, **kv.decode_inputs()})["logits"]
+            self._sample(batch, list(range(len(batch))), logits)
+            return
+        self.num_eager_decode_steps += generating and self.decode_graph is not None
         ends = torch.tensor([n for _, _, n in batch]).cumsum(0) - 1
         speaks = any(req.state.talker is not None for req, _, _ in batch)
         media, counts = self._media(batch)
@@ -74,10 +115,13 @@ class ThinkerProgram:
                 ready.append(row)
             offset += n
         if ready:
-            logits = out.logits[to_device(ready, self.device, torch.long)]
-            picks = sample(logits, [batch[row][0].state.thinker.sampler for row in ready])
-            for row, pick in zip(ready, picks, strict=True):
-                batch[row][0].guarded(self._commit, batch[row][0], pick)
+            self._sample(batch, ready, out.logits[to_device(ready, self.device, torch.long)])
+
+    def _sample(self, batch, ready: list[int], logits: torch.Tensor) -> None:
+        """Draw the next token of the ``ready`` rows of the batch (``logits`` [len(ready), vocab])."""
+        picks = sample(logits, [batch[row][0].state.thinker.sampler for row in ready])
+        for row, pick in zip(ready, picks, strict=True):
+            batch[row][0].guarded(self._commit, batch[row][0], pick)
 
     def _media(self, batch) -> tuple[MediaEmbeddings | None, dict[str, int]]:
         """Encoder rows for the placeholders inside each request's chunk, packed in batch order,
