@@ -1,11 +1,13 @@
 """Where a full-size decode step's time goes (one GPU, random bf16 weights).
 
-    python benchmarks/profile_decode.py SKELETON_DIR
+    python benchmarks/profile_decode.py SKELETON_DIR [BATCH]
 
-Runs a t2t request into steady decode, then profiles 5 engine steps at B=1 and prints the
+Runs a t2t request into steady decode, then profiles 5 engine steps at B=BATCH (default 1) and prints the
 top operators by self CPU and by CUDA time, and the wall time per step.
 """
 
+import cProfile
+import pstats
 import sys
 import time
 
@@ -14,11 +16,17 @@ from smoke_full import build_full  # noqa: E402 - benchmarks/ is on sys.path whe
 from torch.profiler import ProfilerActivity, profile
 
 
-def main(skeleton: str) -> None:
+def main(skeleton: str, batch: int = 1) -> None:
     omni = build_full(skeleton)
-    omni.add(
-        {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 200, "ignore_eos": True, "temperature": 0.0}
-    )
+    for i in range(batch):
+        omni.add(
+            {
+                "messages": [{"role": "user", "content": f"hello {i}"}],
+                "max_tokens": 200,
+                "ignore_eos": True,
+                "temperature": 0.0,
+            }
+        )
     for _ in range(10):
         omni.engine.step()
     torch.cuda.synchronize()
@@ -26,17 +34,18 @@ def main(skeleton: str) -> None:
     for _ in range(10):
         omni.engine.step()
     torch.cuda.synchronize()
-    print(f"engine step in steady decode, B=1: {(time.perf_counter() - start) / 10 * 1e3:.1f} ms")
+    print(f"engine step in steady decode, B={batch}: {(time.perf_counter() - start) / 10 * 1e3:.1f} ms")
     program = omni.engine.stages["thinker"].program
     if program.decode_graph is not None:  # the captured forward alone, replayed back to back
-        graph = program.decode_graph.graphs[1][0]
+        bucket = min(b for b in program.decode_graph.graphs if b >= batch)
+        graph = program.decode_graph.graphs[bucket][0]
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record()
         for _ in range(20):
             graph.replay()
         end.record()
         torch.cuda.synchronize()
-        print(f"thinker decode graph replay, B=1: {begin.elapsed_time(end) / 20:.2f} ms")
+        print(f"thinker decode graph replay, bucket {bucket}: {begin.elapsed_time(end) / 20:.2f} ms")
         for name, stage in omni.engine.stages.items():
             torch.cuda.synchronize()
             start = time.perf_counter()
@@ -44,6 +53,13 @@ def main(skeleton: str) -> None:
                 stage.step()
             torch.cuda.synchronize()
             print(f"  stage {name}.step(): {(time.perf_counter() - start) / 10 * 1e3:.2f} ms")
+    python_profile = cProfile.Profile()  # where the host's time goes, by Python function
+    python_profile.enable()
+    for _ in range(5):
+        omni.engine.step()
+    torch.cuda.synchronize()
+    python_profile.disable()
+    pstats.Stats(python_profile).sort_stats("tottime").print_stats(20)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
             omni.engine.step()
@@ -54,4 +70,4 @@ def main(skeleton: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 1)

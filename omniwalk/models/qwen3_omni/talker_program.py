@@ -232,6 +232,7 @@ class TalkerProgram:
             params = BatchParams.of(samplers, vocab, self.device, full=True)
             inputs |= {f"{prefix}_{f.name}": getattr(params, f.name) for f in fields(BatchParams)}
         out = self.frame_graph.run(len(batch), inputs)
+        kv.advance(len(batch))  # (the graph's DecodeKV keeps no host bookkeeping)
         self._commit_frames(reqs, out["frames"], out["codec_sum"].clone())  # (graph outputs are reused)
 
     def stats(self) -> dict:

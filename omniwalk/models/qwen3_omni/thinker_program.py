@@ -92,6 +92,7 @@ class ThinkerProgram:
         if generating and self.decode_graph is not None and self.decode_graph.fits(len(batch)):
             inputs = {"ids": to_device(ids, self.device, torch.long), "positions": to_device(positions.T, self.device)}
             logits = self.decode_graph.run(len(batch), {**inputs, **kv.decode_inputs()})["logits"]
+            kv.advance(len(batch))  # (the graph's DecodeKV keeps no host bookkeeping)
             self._sample(batch, list(range(len(batch))), logits)
             return
         self.num_eager_decode_steps += generating and self.decode_graph is not None
