@@ -111,3 +111,34 @@ def test_missing_or_malformed_file(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ConfigError, match="not valid JSON"):
         Qwen3OmniConfig.from_hf(tmp_path)
+
+
+def test_backends_resolve_by_device_and_reject_unknown_names():
+    from omniwalk.config import ModelConfig
+    from omniwalk.errors import ConfigError
+
+    cpu = ModelConfig(model="m")
+    assert [cpu.backend(n) for n in ("moe_backend", "attention_backend", "decode_attention")] == ["reference"] * 3
+    assert cpu.graph_max_batch == 0  # graphs exist only on CUDA
+    gpu = ModelConfig(model="m", device="cuda", dtype="bfloat16")
+    assert [gpu.backend(n) for n in ("moe_backend", "attention_backend", "decode_attention")] == [
+        "grouped",
+        "torch_varlen",
+        "triton",
+    ]
+    assert gpu.graph_max_batch == 64
+    assert ModelConfig(model="m", device="cuda").backend("attention_backend") == "reference"  # fp32: no flash
+    assert ModelConfig(model="m", device="cuda", moe_backend="reference").backend("moe_backend") == "reference"
+    with pytest.raises(ConfigError, match="decode_attention"):
+        ModelConfig(model="m", decode_attention="flash")
+    with pytest.raises(ConfigError, match="cuda_graph_max_batch"):
+        ModelConfig(model="m", cuda_graph_max_batch=-1)
+
+
+def test_graph_batch_buckets():
+    from omniwalk.engine.cuda_graphs import batch_buckets
+
+    assert batch_buckets(0) == []
+    assert batch_buckets(1) == [1]
+    assert batch_buckets(6) == [1, 2, 4, 6]
+    assert batch_buckets(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]

@@ -169,3 +169,36 @@ def test_long_prompt_is_chunked_and_does_not_stall_decodes():
         engine.step()
         produced.append(len(generated(short)) - before)
     assert all(p == 1 for p in produced)  # the decode ran every step while the long prompt prefilled
+
+
+class SplittingProgram(ToyProgram):
+    """Claims a (pretend) captured graph for one-token decode rows, and records every forward."""
+
+    def __init__(self, model, fail_on=frozenset()):
+        super().__init__(model, fail_on)
+        self.forwards = []
+
+    def graph_rows(self, batch):
+        return [n == 1 and start == len(req.state["seq"]) - 1 for req, start, n in batch]
+
+    def run(self, batch, kv):
+        self.forwards.append(self.graph_rows(batch))
+        super().run(batch, kv)
+
+
+def test_decode_rows_run_apart_from_prefill_chunks_and_still_match():
+    """A program with graphs gets pure-decode rows as their own forward when prefill chunks share
+    the step; outputs stay those of each request alone, and failures stay isolated per forward."""
+    storage = KVStorage(PagePool(256, 4), 1, HEADS, DIM // HEADS, torch.float32, "cpu")
+    program = SplittingProgram(ToyLM(), fail_on={"r5"})
+    stage = KVStage("lm", program, storage, KVStageConfig(64, 64), "cpu")
+    engine = Engine([stage])
+    reqs = drive(engine, workload())
+    assert all(all(f) or not any(f) for f in program.forwards)  # no decode row rode along with a prefill
+    assert any(all(f) and len(f) > 1 for f in program.forwards)
+    for rid, p, m, s in workload():
+        if rid == "r5":
+            assert reqs[rid].status is Status.FAILED
+        else:
+            assert generated(reqs[rid]) == run_alone(p, m, s), rid
+    assert stage.pool.num_used == 0

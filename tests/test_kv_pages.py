@@ -71,3 +71,32 @@ def test_paged_batch_matches_contiguous_attention_over_steps():
             torch.testing.assert_close(out[start : start + n], expected, rtol=1e-5, atol=1e-6)
             start += n
     assert [t.num_cached for t in tables] == [sum(c) for c in lengths]
+
+
+def test_decode_kernel_reference_reads_pages_and_skips_padding_rows():
+    """The batched decode attention (reference backend) equals attention over each row's own keys
+    gathered through its page table; a padding row (length 0) writes the scratch slot only and
+    returns zeros."""
+    from omniwalk.engine.paged_attention import DecodeKV
+
+    torch.manual_seed(0)
+    heads, kv_heads, d = 4, 2, 8
+    storage = KVStorage(PagePool(16, 4), 1, kv_heads, d, torch.float32, "cpu")
+    storage.keys[0].normal_()
+    storage.values[0].normal_()
+    pages = [[5, 2, 9], [0, 0, 0], [7, 7, 7]]  # rows use the first ceil(len / 4) pages; row 2 is padding
+    lens = [10, 3, 0]
+    slots = [pages[0][2] * 4 + 1, pages[1][0] * 4 + 2, storage.scratch_slot]
+    q, k, v = torch.randn(3, heads, d), torch.randn(3, kv_heads, d), torch.randn(3, kv_heads, d)
+    before = storage.keys[0].clone()
+    kv = DecodeKV(
+        storage, torch.tensor(slots), torch.tensor(pages, dtype=torch.int32), torch.tensor(lens).int(), "reference"
+    )
+    out = kv.attend(0, q, k, v)
+    for row in range(2):
+        ids = torch.tensor([p * 4 + i for p in pages[row] for i in range(4)][: lens[row]])
+        expected = reference(q[row : row + 1], storage.keys[0][ids], storage.values[0][ids])
+        torch.testing.assert_close(out[row : row + 1], expected, rtol=0, atol=1e-6)
+    assert torch.equal(out[2], torch.zeros_like(out[2]))
+    changed = (storage.keys[0] != before).any(dim=(1, 2)).nonzero().flatten().tolist()
+    assert changed == sorted(slots)

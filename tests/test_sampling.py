@@ -90,3 +90,35 @@ def test_invalid_params_are_typed_errors(kwargs, match):
 def test_from_request_ignores_other_keys_and_normalises_stop():
     p = SamplingParams.from_request({"messages": [], "stop": "END", "seed": None, "max_tokens": 3})
     assert p.stop == ("END",) and p.seed is None and p.max_tokens == 3
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"temperature": 0.0},
+        {"temperature": 0.7, "seed": 3},
+        {"temperature": 1.0, "top_k": 5, "seed": 4},
+        {"temperature": 0.9, "top_p": 0.8, "seed": 5},
+        {"temperature": 0.8, "top_k": 7, "top_p": 0.5, "repetition_penalty": 1.3, "seed": 6},
+        {"temperature": 0.0, "repetition_penalty": 1.2, "min_tokens": 3},
+    ],
+)
+def test_graph_sampling_inputs_give_exactly_the_eager_draw(kwargs):
+    """A CUDA graph samples with every ``BatchParams`` field present (neutral where unused); that
+    must give the same scores and ids, bit for bit, as the eager path that skips unused steps."""
+    from omniwalk.sampling import BatchParams, SamplerState, draw, process_tensors
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50)
+    rows = [SamplingParams(**kwargs), SamplingParams(temperature=0.0), SamplingParams(temperature=0.5, seed=9)]
+    states = [SamplerState(p, (7,), [1, 2, 3]) for p in rows]
+    for step in range(4):
+        eager, full = BatchParams.of(states, 50, "cpu"), BatchParams.of(states, 50, "cpu", full=True)
+        assert torch.equal(process_tensors(logits, eager), process_tensors(logits, full))
+        ids = draw(logits, eager)
+        assert torch.equal(ids, draw(logits, full))
+        for s, token in zip(states, ids.tolist(), strict=True):
+            if s.seen is not None:
+                s.seen[token] = True
+            s.num_generated += 1
+        logits = logits.roll(step + 1, dims=1)

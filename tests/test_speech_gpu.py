@@ -33,7 +33,7 @@ class ForcedSampler:
         self.codes, self.logits = list(codes), []
 
     def __call__(self, logits: torch.Tensor, _: int) -> torch.Tensor:
-        """logits [1, vocab], draw index -> the next given code as ids [1] on the device (the batched sampler's contract)."""
+        """logits [1, vocab], draw index -> the next given code as ids [1] on the device (the sampler contract)."""
         self.logits.append(logits[0].float())
         return torch.tensor([self.codes[len(self.logits) - 1]], device=logits.device)
 

@@ -55,7 +55,9 @@ class KVProgram(Protocol):
         ...
 
     # Optional: ``capture_graphs(storage, pool) -> pool`` (CUDA graphs over this stage's KV
-    # storage, at start-up) and ``stats() -> dict`` (merged into the stage's stats).
+    # storage, at start-up), ``graph_rows(batch) -> list[bool]`` (which rows a captured graph
+    # can run; the stage then runs them as a batch of their own) and ``stats() -> dict``
+    # (merged into the stage's stats).
 
 
 class KVStage:
@@ -139,20 +141,36 @@ class KVStage:
         self.last_batch_size = len(batch)
         if not batch:
             return False
-        try:
-            self._run(batch)
-        except Exception:
-            # Isolate the failure: rerun each request alone; only those that fail again fail.
-            for req, n in batch:
-                try:
-                    self._run([(req, n)])
-                except Exception as e:  # noqa: BLE001 - any model error fails just this request
-                    req.fail(e)
-                    self.remove(req)
+        for group in self._groups(batch):
+            try:
+                self._run(group)
+            except Exception:
+                # Isolate the failure: rerun each request alone; only those that fail again fail.
+                for req, n in group:
+                    try:
+                        self._run([(req, n)])
+                    except Exception as e:  # noqa: BLE001 - any model error fails just this request
+                        req.fail(e)
+                        self.remove(req)
         for req, _ in batch:
             if req.id in self.tables and self._is_done(req):
                 self.remove(req)
         return True
+
+    def _groups(self, batch: list[tuple[EngineRequest, int]]) -> list[list[tuple[EngineRequest, int]]]:
+        """The step's forwards: one, or two when the program can replay a graph for some rows
+        (pure decode) but not the others (prefill chunks): those rows first, as their own batch,
+        so arriving prompts never push running decodes off their graph."""
+        graph_rows = getattr(self.program, "graph_rows", None)
+        if graph_rows is None:
+            return [batch]
+        flags = graph_rows([(req, self.tables[req.id].num_cached, n) for req, n in batch])
+        if all(flags) or not any(flags):
+            return [batch]
+        return [
+            [b for b, f in zip(batch, flags, strict=True) if f],
+            [b for b, f in zip(batch, flags, strict=True) if not f],
+        ]
 
     def capture_graphs(self, pool=None):
         capture = getattr(self.program, "capture_graphs", None)

@@ -109,7 +109,7 @@ class TalkerProgram:
             start + 1 == req.state.talker.num_inputs + (new is not None)
             for (req, start, _), new in zip(batch, new_rows, strict=True)
         )
-        if frames and self.frame_graph is not None and self.frame_graph.fits(len(batch)):
+        if frames and all(self.graph_rows(batch)):
             self._keep_new_rows(batch, new_rows)
             self._graphed_frames(batch, torch.cat(rows), torch.cat(positions, 1), kv)
             return
@@ -234,6 +234,16 @@ class TalkerProgram:
         out = self.frame_graph.run(len(batch), inputs)
         kv.advance(len(batch))  # (the graph's DecodeKV keeps no host bookkeeping)
         self._commit_frames(reqs, out["frames"], out["codec_sum"].clone())  # (graph outputs are reused)
+
+    def graph_rows(self, batch: list[tuple[EngineRequest, int, int]]) -> list[bool]:
+        """Rows that run one input row and then draw a frame (the captured graph's work)."""
+        # one row each: the last input row already there, or the new frame row built in ``run``
+        rows = [
+            n == 1 and req.state.talker.prefix is not None and start + 1 >= req.state.talker.num_inputs
+            for req, start, n in batch
+        ]
+        fits = self.frame_graph is not None and self.frame_graph.fits(sum(rows))
+        return rows if fits else [False] * len(batch)
 
     def stats(self) -> dict:
         graph = self.frame_graph

@@ -55,6 +55,15 @@ class ThinkerProgram:
         self.decode_graph = GraphedStep("thinker decode", decode, inputs, buckets, self.device)
         return self.decode_graph.capture(pool)
 
+    def graph_rows(self, batch: list[tuple[EngineRequest, int, int]]) -> list[bool]:
+        """Rows that decode their one next token (the captured graph's work), when they fit it."""
+        rows = [
+            n == 1 and req.state.thinker.prompt.num_prompt_tokens <= start == len(req.state.thinker.seq) - 1
+            for req, start, n in batch
+        ]
+        fits = self.decode_graph is not None and self.decode_graph.fits(sum(rows))
+        return rows if fits else [False] * len(batch)
+
     def stats(self) -> dict:
         graph = self.decode_graph
         return {"graph_replays": graph.num_replays if graph else 0, "eager_decode_steps": self.num_eager_decode_steps}
@@ -89,7 +98,7 @@ class ThinkerProgram:
         generating = kv.is_decode and all(
             s >= st.prompt.num_prompt_tokens for st, (_, s, _) in zip(states, batch, strict=True)
         )
-        if generating and self.decode_graph is not None and self.decode_graph.fits(len(batch)):
+        if generating and all(self.graph_rows(batch)):
             inputs = {"ids": to_device(ids, self.device, torch.long), "positions": to_device(positions.T, self.device)}
             logits = self.decode_graph.run(len(batch), {**inputs, **kv.decode_inputs()})["logits"]
             kv.advance(len(batch))  # (the graph's DecodeKV keeps no host bookkeeping)
