@@ -22,6 +22,7 @@ BACKENDS = {
     "moe_backend": ("reference", "grouped"),
     "attention_backend": ("reference", "torch_varlen"),
     "decode_attention": ("reference", "triton"),
+    "norm_backend": ("reference", "triton"),
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -38,6 +39,7 @@ class ModelConfig:
     moe_backend: str = "auto"  # "reference" (per-expert loop, the CPU oracle) | "grouped" (grouped GEMM)
     attention_backend: str = "auto"  # encoders' packed attention: "reference" | "torch_varlen" (CUDA, 16-bit)
     decode_attention: str = "auto"  # paged decode attention: "reference" | "triton" (CUDA)
+    norm_backend: str = "auto"  # RMSNorm and fused q/k norm + rope: "reference" | "triton" (CUDA)
     cuda_graph_max_batch: int = 64  # on CUDA, decode steps of up to this many requests replay graphs; 0 = eager
 
     def __post_init__(self):

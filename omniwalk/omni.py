@@ -68,7 +68,7 @@ class Omni:
             names,
             dtype=mc.torch_dtype,
             device=mc.device,
-            backends=Backends(attention=mc.backend("attention_backend"), moe=mc.backend("moe_backend")),
+            backends=Backends(*(mc.backend(f"{kind}_backend") for kind in ("attention", "moe", "norm"))),
             cfg=cfg,
             random_seed=0 if mc.random_weights else None,
         )

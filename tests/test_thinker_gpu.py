@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from omniwalk.layers.norm import set_norm_backend
 from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.decoder import ContiguousKVCache
 from omniwalk.models.qwen3_omni.mrope import IMAGE, MediaSpan, mrope_positions
@@ -55,8 +56,9 @@ def _record_routes(hf, ours, top_k: int) -> tuple[list, list]:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("norm", ["reference", "triton"])
 @torch.no_grad()
-def test_full_size_thinker_layers_bf16_match_hf():
+def test_full_size_thinker_layers_bf16_match_hf(norm):
     from transformers import Qwen3OmniMoeConfig
     from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeThinkerTextModel
 
@@ -71,6 +73,7 @@ def test_full_size_thinker_layers_bf16_match_hf():
     _randomize(hf_head, seed=1)
     state = {f"model.{k}": v for k, v in hf.state_dict().items()} | {"lm_head.weight": hf_head.weight}
     ours.load_state_dict(state, strict=True)
+    set_norm_backend(ours, norm)  # triton: fused RMSNorm and q/k norm + rope kernels
 
     t = cfg.tokens
     grid = (1, 6, 8)  # merged 6 x 8 image
@@ -105,7 +108,7 @@ def test_full_size_thinker_layers_bf16_match_hf():
     assert cosine[same_route].min() >= 0.999, cosine[same_route].min()
     overall = F.cosine_similarity(got.flatten(), expected.flatten(), dim=0)
     print(
-        f"GPU-PARITY thinker logits cosine: all logits {overall:.6f} "
+        f"GPU-PARITY thinker ({norm} norms) logits cosine: all logits {overall:.6f} "
         f"per-token mean {cosine.mean():.6f} min {cosine.min():.6f} "
         f"same-route min {cosine[same_route].min():.6f} same-route share {same_route.float().mean():.3f}"
     )

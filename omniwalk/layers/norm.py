@@ -1,4 +1,14 @@
-"""RMSNorm as HF computes it: variance in fp32, the weight applied after casting back."""
+"""RMSNorm as HF computes it: variance in fp32, the weight applied after casting back.
+
+Backends (``RMSNorm.backend``, set from config when a model is built): ``reference`` is the
+PyTorch expression below (eight elementwise kernels); ``triton`` is one kernel per call with
+the same rounding steps (fp32 statistics, cast to the input dtype, weight product rounded to it),
+for CUDA decode steps where launches, not bytes, set the time.
+"""
+
+from __future__ import annotations
+
+import functools
 
 import torch
 from torch import nn
@@ -9,9 +19,97 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.backend = "reference"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.backend == "triton":
+            return rms_norm_triton(x, self.weight, self.eps)
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
+
+
+NORM_BACKENDS = ("reference", "triton")
+
+
+def set_norm_backend(module: nn.Module, backend: str) -> None:
+    """Every RMSNorm under ``module`` uses ``backend``."""
+    if backend not in NORM_BACKENDS:
+        raise ValueError(f"norm backend must be one of {NORM_BACKENDS}, got {backend!r}")
+    for m in module.modules():
+        if isinstance(m, RMSNorm):
+            m.backend = backend
+
+
+@functools.cache
+def _kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def rms_norm(x_ptr, w_ptr, out_ptr, dim, eps, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < dim
+        x = tl.load(x_ptr + row * dim + cols, mask=mask, other=0.0).to(tl.float32)
+        y = (x * tl.math.rsqrt(tl.sum(x * x, 0) / dim + eps)).to(out_ptr.dtype.element_ty)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+        out = (w.to(tl.float32) * y.to(tl.float32)).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + row * dim + cols, out, mask=mask)
+
+    @triton.jit
+    def norm_rope(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, heads, eps, HALF: tl.constexpr):
+        """One head row: RMSNorm, then rotate-half rope with cos/sin rounded to the row dtype
+        and every product and the sum rounded to it (the eager expression's rounding)."""
+        row = tl.program_id(0).to(tl.int64)
+        token = row // heads
+        dtype = out_ptr.dtype.element_ty
+        a = tl.arange(0, HALF)
+        base = row * 2 * HALF
+        x1 = tl.load(x_ptr + base + a).to(tl.float32)
+        x2 = tl.load(x_ptr + base + HALF + a).to(tl.float32)
+        r = tl.math.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / (2 * HALF) + eps)
+        w1 = tl.load(w_ptr + a).to(tl.float32)
+        w2 = tl.load(w_ptr + HALF + a).to(tl.float32)
+        z1 = (w1 * (x1 * r).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+        z2 = (w2 * (x2 * r).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+        c1 = tl.load(cos_ptr + token * 2 * HALF + a).to(dtype).to(tl.float32)
+        c2 = tl.load(cos_ptr + token * 2 * HALF + HALF + a).to(dtype).to(tl.float32)
+        s1 = tl.load(sin_ptr + token * 2 * HALF + a).to(dtype).to(tl.float32)
+        s2 = tl.load(sin_ptr + token * 2 * HALF + HALF + a).to(dtype).to(tl.float32)
+        o1 = (z1 * c1).to(dtype).to(tl.float32) + (-z2 * s1).to(dtype).to(tl.float32)
+        o2 = (z2 * c2).to(dtype).to(tl.float32) + (z1 * s2).to(dtype).to(tl.float32)
+        tl.store(out_ptr + base + a, o1.to(dtype))
+        tl.store(out_ptr + base + HALF + a, o2.to(dtype))
+
+    return rms_norm, norm_rope
+
+
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if weight.dtype != x.dtype:
+        raise TypeError(f"triton RMSNorm wants the weight in the input's dtype ({weight.dtype} vs {x.dtype})")
+    dim = x.shape[-1]
+    flat = x.reshape(-1, dim).contiguous()
+    out = torch.empty_like(flat)
+    if flat.shape[0]:
+        _kernels()[0][(flat.shape[0],)](flat, weight, out, dim, eps, BLOCK=triton_block(dim))
+    return out.view(x.shape)
+
+
+def norm_rope_triton(x: torch.Tensor, norm: RMSNorm, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [tokens, heads, d] -> rope(norm(x)); cos/sin [tokens, d] fp32 (``rotary.apply_rotary``'s)."""
+    tokens, heads, d = x.shape
+    if norm.weight.dtype != x.dtype or d % 2 or d & (d - 1):
+        raise TypeError("fused norm + rope wants the weight in the input's dtype and a power-of-two head_dim")
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    if tokens:
+        _kernels()[1][(tokens * heads,)](
+            x, norm.weight, cos.contiguous(), sin.contiguous(), out, heads, norm.eps, HALF=d // 2
+        )
+    return out
+
+
+def triton_block(dim: int) -> int:
+    return 1 << (dim - 1).bit_length()

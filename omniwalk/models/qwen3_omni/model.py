@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from omniwalk.errors import CheckpointError
+from omniwalk.layers.norm import set_norm_backend
 from omniwalk.models.qwen3_omni.audio_encoder import AudioEncoder
 from omniwalk.models.qwen3_omni.code2wav import Code2Wav
 from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
@@ -36,6 +37,7 @@ ALL_COMPONENTS = tuple(PREFIXES)
 class Backends:
     attention: str = "reference"  # varlen attention for the encoders
     moe: str = "reference"
+    norm: str = "reference"  # RMSNorm (and the decoders' fused q/k norm + rope)
 
 
 def build_component(name: str, cfg: Qwen3OmniConfig, backends: Backends = Backends()) -> nn.Module:
@@ -72,6 +74,7 @@ def load_components(
     out = {}
     for name in names:
         module = _build_on(device, dtype, name, cfg, backends)
+        set_norm_backend(module, backends.norm)
         if random_seed is not None:
             randomize(module, random_seed)
         else:
