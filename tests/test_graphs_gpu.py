@@ -164,23 +164,4 @@ def test_triton_rms_norm_matches_reference(shape):
         differ = (ours != ref).float().mean().item()
         print(f"GPU-PARITY triton RMSNorm {shape}: {differ:.4%} of elements differ (1 bf16 step at most)")
         torch.testing.assert_close(ours, ref, rtol=8e-3, atol=8e-3)
-        assert differ < 0.01
-
-
-@pytest.mark.parametrize("heads", [32, 4])
-def test_triton_norm_rope_matches_reference(heads):
-    from omniwalk.layers.norm import RMSNorm, norm_rope_triton
-    from omniwalk.layers.rotary import apply_rotary, mrope_cos_sin
-
-    torch.manual_seed(0)
-    norm = RMSNorm(128, 1e-6).to("cuda", torch.bfloat16)
-    torch.nn.init.normal_(norm.weight, 1.0, 0.1)
-    x = torch.randn(37, heads, 128, device="cuda", dtype=torch.bfloat16)
-    positions = torch.stack([torch.arange(37.0) * s for s in (1.0, 0.5, 2.0)]).cuda()
-    cos, sin = mrope_cos_sin(positions, 128, 1e6, (24, 20, 20))
-    ref = apply_rotary(norm(x), cos, sin)
-    ours = norm_rope_triton(x, norm, cos, sin)
-    differ = (ours != ref).float().mean().item()
-    print(f"GPU-PARITY triton norm + rope heads={heads}: {differ:.4%} of elements differ")
-    torch.testing.assert_close(ours, ref, rtol=8e-3, atol=8e-3)
-    assert differ < 0.01
+        assert differ == 0  # the same rounding steps: bitwise equal (measured on the H200)

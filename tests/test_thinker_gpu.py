@@ -73,7 +73,7 @@ def test_full_size_thinker_layers_bf16_match_hf(norm):
     _randomize(hf_head, seed=1)
     state = {f"model.{k}": v for k, v in hf.state_dict().items()} | {"lm_head.weight": hf_head.weight}
     ours.load_state_dict(state, strict=True)
-    set_norm_backend(ours, norm)  # triton: fused RMSNorm and q/k norm + rope kernels
+    set_norm_backend(ours, norm)  # triton: fused RMSNorm kernels
 
     t = cfg.tokens
     grid = (1, 6, 8)  # merged 6 x 8 image

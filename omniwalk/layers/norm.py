@@ -2,8 +2,9 @@
 
 Backends (``RMSNorm.backend``, set from config when a model is built): ``reference`` is the
 PyTorch expression below (eight elementwise kernels); ``triton`` is one kernel per call with
-the same rounding steps (fp32 statistics, cast to the input dtype, weight product rounded to it),
-for CUDA decode steps where launches, not bytes, set the time.
+the same rounding steps (fp32 statistics, cast to the input dtype, weight product rounded to it;
+bitwise equal to the reference on the H200), for CUDA decode steps where launches, not bytes,
+set the time.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def set_norm_backend(module: nn.Module, backend: str) -> None:
 
 
 @functools.cache
-def _kernels():
+def _kernel():
     import triton
     import triton.language as tl
 
@@ -58,32 +59,7 @@ def _kernels():
         out = (w.to(tl.float32) * y.to(tl.float32)).to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + row * dim + cols, out, mask=mask)
 
-    @triton.jit
-    def norm_rope(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, heads, eps, HALF: tl.constexpr):
-        """One head row: RMSNorm, then rotate-half rope with cos/sin rounded to the row dtype
-        and every product and the sum rounded to it (the eager expression's rounding)."""
-        row = tl.program_id(0).to(tl.int64)
-        token = row // heads
-        dtype = out_ptr.dtype.element_ty
-        a = tl.arange(0, HALF)
-        base = row * 2 * HALF
-        x1 = tl.load(x_ptr + base + a).to(tl.float32)
-        x2 = tl.load(x_ptr + base + HALF + a).to(tl.float32)
-        r = tl.math.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / (2 * HALF) + eps)
-        w1 = tl.load(w_ptr + a).to(tl.float32)
-        w2 = tl.load(w_ptr + HALF + a).to(tl.float32)
-        z1 = (w1 * (x1 * r).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
-        z2 = (w2 * (x2 * r).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
-        c1 = tl.load(cos_ptr + token * 2 * HALF + a).to(dtype).to(tl.float32)
-        c2 = tl.load(cos_ptr + token * 2 * HALF + HALF + a).to(dtype).to(tl.float32)
-        s1 = tl.load(sin_ptr + token * 2 * HALF + a).to(dtype).to(tl.float32)
-        s2 = tl.load(sin_ptr + token * 2 * HALF + HALF + a).to(dtype).to(tl.float32)
-        o1 = (z1 * c1).to(dtype).to(tl.float32) + (-z2 * s1).to(dtype).to(tl.float32)
-        o2 = (z2 * c2).to(dtype).to(tl.float32) + (z1 * s2).to(dtype).to(tl.float32)
-        tl.store(out_ptr + base + a, o1.to(dtype))
-        tl.store(out_ptr + base + HALF + a, o2.to(dtype))
-
-    return rms_norm, norm_rope
+    return rms_norm
 
 
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -93,22 +69,8 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     flat = x.reshape(-1, dim).contiguous()
     out = torch.empty_like(flat)
     if flat.shape[0]:
-        _kernels()[0][(flat.shape[0],)](flat, weight, out, dim, eps, BLOCK=triton_block(dim))
+        _kernel()[(flat.shape[0],)](flat, weight, out, dim, eps, BLOCK=triton_block(dim))
     return out.view(x.shape)
-
-
-def norm_rope_triton(x: torch.Tensor, norm: RMSNorm, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [tokens, heads, d] -> rope(norm(x)); cos/sin [tokens, d] fp32 (``rotary.apply_rotary``'s)."""
-    tokens, heads, d = x.shape
-    if norm.weight.dtype != x.dtype or d % 2 or d & (d - 1):
-        raise TypeError("fused norm + rope wants the weight in the input's dtype and a power-of-two head_dim")
-    x = x.contiguous()
-    out = torch.empty_like(x)
-    if tokens:
-        _kernels()[1][(tokens * heads,)](
-            x, norm.weight, cos.contiguous(), sin.contiguous(), out, heads, norm.eps, HALF=d // 2
-        )
-    return out
 
 
 def triton_block(dim: int) -> int:

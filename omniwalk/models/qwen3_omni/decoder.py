@@ -21,7 +21,7 @@ from torch import nn
 
 from omniwalk.layers.kv_attention import causal_attention
 from omniwalk.layers.moe import GatedMLP, SparseMoE
-from omniwalk.layers.norm import RMSNorm, norm_rope_triton
+from omniwalk.layers.norm import RMSNorm
 from omniwalk.layers.rotary import apply_rotary, mrope_cos_sin, rope_cos_sin
 from omniwalk.models.qwen3_omni.config import DecoderConfig
 
@@ -120,17 +120,11 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, cache: KVCache, layer: int) -> torch.Tensor:
         n = x.shape[0]
-        q = _norm_rope(self.q_proj(x).view(n, self.num_heads, self.head_dim), self.q_norm, cos, sin)
-        k = _norm_rope(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim), self.k_norm, cos, sin)
+        q = apply_rotary(self.q_norm(self.q_proj(x).view(n, self.num_heads, self.head_dim)), cos, sin)
+        k = apply_rotary(self.k_norm(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)), cos, sin)
         v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
         out = cache.attend(layer, q, k, v)  # [n, heads, d]
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
-
-
-def _norm_rope(x: torch.Tensor, norm: RMSNorm, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    if norm.backend == "triton":
-        return norm_rope_triton(x, norm, cos, sin)  # one kernel instead of ~16
-    return apply_rotary(norm(x), cos, sin)
 
 
 class DecoderLayer(nn.Module):

@@ -37,7 +37,7 @@ ALL_COMPONENTS = tuple(PREFIXES)
 class Backends:
     attention: str = "reference"  # varlen attention for the encoders
     moe: str = "reference"
-    norm: str = "reference"  # RMSNorm (and the decoders' fused q/k norm + rope)
+    norm: str = "reference"  # RMSNorm
 
 
 def build_component(name: str, cfg: Qwen3OmniConfig, backends: Backends = Backends()) -> nn.Module:
