@@ -6,6 +6,7 @@ its own fields. Values are validated here, once, with errors that name the field
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -66,12 +67,15 @@ class ModelConfig:
         return torch.device(self.device).type == "cuda"
 
     def backend(self, name: str) -> str:
-        """A backend field with "auto" resolved for this device and dtype."""
+        """A backend field with "auto" resolved for this device, dtype and installed packages."""
         value = getattr(self, name)
         if value != "auto":
             return value
-        fast = self.on_cuda and (name != "attention_backend" or self.dtype != "float32")
-        return BACKENDS[name][1] if fast else BACKENDS[name][0]
+        reference, fast = BACKENDS[name]
+        usable = self.on_cuda and (name != "attention_backend" or self.dtype != "float32")
+        if fast == "triton":
+            usable = usable and importlib.util.find_spec("triton") is not None
+        return fast if usable else reference
 
     @property
     def graph_max_batch(self) -> int:

@@ -1,6 +1,7 @@
 """Model config normalisation: real values, both rope spellings, and field-naming errors."""
 
 import copy
+import importlib.util
 import json
 from pathlib import Path
 
@@ -117,15 +118,13 @@ def test_backends_resolve_by_device_and_reject_unknown_names():
     from omniwalk.config import ModelConfig
     from omniwalk.errors import ConfigError
 
+    names = ("moe_backend", "attention_backend", "decode_attention", "norm_backend")
     cpu = ModelConfig(model="m")
-    assert [cpu.backend(n) for n in ("moe_backend", "attention_backend", "decode_attention")] == ["reference"] * 3
+    assert [cpu.backend(n) for n in names] == ["reference"] * 4
     assert cpu.graph_max_batch == 0  # graphs exist only on CUDA
     gpu = ModelConfig(model="m", device="cuda", dtype="bfloat16")
-    assert [gpu.backend(n) for n in ("moe_backend", "attention_backend", "decode_attention")] == [
-        "grouped",
-        "torch_varlen",
-        "triton",
-    ]
+    kernel = "triton" if importlib.util.find_spec("triton") else "reference"  # Triton kernels need Triton
+    assert [gpu.backend(n) for n in names] == ["grouped", "torch_varlen", kernel, kernel]
     assert gpu.graph_max_batch == 64
     assert ModelConfig(model="m", device="cuda").backend("attention_backend") == "reference"  # fp32: no flash
     assert ModelConfig(model="m", device="cuda", moe_backend="reference").backend("moe_backend") == "reference"

@@ -202,3 +202,16 @@ def test_decode_rows_run_apart_from_prefill_chunks_and_still_match():
         else:
             assert generated(reqs[rid]) == run_alone(p, m, s), rid
     assert stage.pool.num_used == 0
+
+
+def test_graph_inputs_copy_live_rows_and_pad_the_rest():
+    """What a CUDA graph replay reads: live rows copied in (narrower tables too), every row after
+    them reset to its pad value even when an earlier, larger batch left real values there."""
+    from omniwalk.engine.cuda_graphs import StaticInput, fill_static
+
+    specs = {"slots": StaticInput((), torch.long, pad=99), "table": StaticInput((6,), torch.int32)}
+    static = {name: torch.full((4, *s.shape), s.pad, dtype=s.dtype) for name, s in specs.items()}
+    fill_static(static, specs, {"slots": torch.tensor([1, 2, 3, 4]), "table": torch.ones(4, 6, dtype=torch.int32)}, 4)
+    fill_static(static, specs, {"slots": torch.tensor([7, 8]), "table": torch.tensor([[5, 6], [7, 8]]).int()}, 2)
+    assert static["slots"].tolist() == [7, 8, 99, 99]
+    assert static["table"][:2, :2].tolist() == [[5, 6], [7, 8]] and static["table"][2:].eq(0).all()

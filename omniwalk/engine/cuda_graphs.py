@@ -35,6 +35,16 @@ def batch_buckets(max_batch: int) -> list[int]:
     return sorted(set(sizes)) if max_batch > 0 else []
 
 
+def fill_static(static: dict, specs: dict[str, StaticInput], inputs: dict[str, torch.Tensor], n: int) -> None:
+    """Copy ``n`` live rows into the static buffers (inputs may be narrower in later dimensions)
+    and set the rows after them to each input's pad value."""
+    for name, x in inputs.items():
+        buf = static[name]
+        buf[(slice(0, n), *(slice(0, s) for s in x.shape[1:]))].copy_(x)
+        if buf.shape[0] > n:
+            buf[n:].fill_(specs[name].pad)
+
+
 class GraphedStep:
     def __init__(self, name: str, fn: Callable[..., dict], inputs: dict[str, StaticInput], buckets: list[int], device):
         self.name, self.fn, self.inputs, self.buckets, self.device = name, fn, inputs, sorted(buckets), device
@@ -79,11 +89,7 @@ class GraphedStep:
     def run(self, n: int, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         bucket = self.buckets[bisect.bisect_left(self.buckets, n)]
         graph, static, out = self.graphs[bucket]
-        for name, x in inputs.items():
-            buf = static[name]
-            buf[(slice(0, n), *(slice(0, s) for s in x.shape[1:]))].copy_(x)
-            if bucket > n:
-                buf[n:].fill_(self.inputs[name].pad)
+        fill_static(static, self.inputs, inputs, n)
         graph.replay()
         self.num_replays += 1
         return {k: v[:n] for k, v in out.items()}
