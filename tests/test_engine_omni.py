@@ -166,3 +166,26 @@ def test_seeded_sampling_is_the_same_alone_and_batched():
     outs = run_staggered(o, workload(10, sampled=True), every=1)
     for i, request in enumerate(workload(10, sampled=True)):
         assert_same(outs[request["request_id"]], alone(i, sampled=True))
+
+
+def test_graph_rows_are_exactly_the_rows_that_decode_and_draw():
+    """Which rows a captured graph may run (it samples every row it runs): the thinker's rows that
+    decode their one next generated token; the talker's rows that run one input row and then draw
+    a frame. Everything else (prompt chunks, recompute chunks, rows mid-input) stays eager."""
+    from types import SimpleNamespace
+
+    o = Omni(model=checkpoint("tiny"))
+    thinker, talker = o.engine.stages["thinker"].program, o.engine.stages["talker"].program
+    req = o.add(make_request(1, "t2s"))
+    while len(req.state.talker.frames) < 2:
+        o.engine.step()
+    th, ts = req.state.thinker, req.state.talker
+    prompt, seq = th.prompt.num_prompt_tokens, len(th.seq)
+    assert thinker.graph_rows([(req, seq - 1, 1)]) == [False]  # no graph captured (CPU)
+    thinker.decode_graph = talker.frame_graph = SimpleNamespace(fits=lambda n: 0 < n <= 8)
+    rows = [(req, seq - 1, 1), (req, 0, prompt), (req, prompt - 1, 1), (req, seq - 2, 1), (req, seq - 2, 2)]
+    assert thinker.graph_rows(rows) == [True, False, False, False, False]
+    assert thinker.graph_rows([(req, seq - 1, 1)] * 9) == [False] * 9  # fits no bucket: eager
+    inputs = ts.num_inputs
+    rows = [(req, inputs, 1), (req, inputs - 1, 1), (req, inputs - 2, 1), (req, 0, inputs)]
+    assert talker.graph_rows(rows) == [True, True, False, False]
