@@ -25,6 +25,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from omniwalk.device import to_device
+
 SAMPLE_RATE = 16000
 N_FFT = 400
 HOP_LENGTH = 160
@@ -87,16 +89,16 @@ def log_mel(waves: Sequence[torch.Tensor], *, pad_together: bool = False) -> tup
     if not waves:
         raise ValueError("log_mel needs at least one clip")
     device = waves[0].device
-    lengths = torch.tensor([w.shape[0] for w in waves], device=device)
+    lengths = to_device([w.shape[0] for w in waves], device, torch.long)
     signal = _framed_batch([w.float() for w in waves], pad_together)
     window = torch.hann_window(N_FFT, device=device)
     stft = torch.stft(signal, N_FFT, HOP_LENGTH, window=window, center=False, return_complex=True)
     power = stft[..., :-1].abs().pow(2)  # [B, 201, T]; drop the frame the extractor drops
-    filters = torch.from_numpy(mel_filter_bank()).to(device, torch.float32)
+    filters = to_device(torch.from_numpy(mel_filter_bank()), device, torch.float32)
     log = (filters.T @ power).clamp(min=1e-10).log10()  # [B, 128, T]
     num_total = log.shape[-1]
     if pad_together:
-        num_frames = torch.minimum(-(-lengths // HOP_LENGTH), torch.tensor(num_total, device=device))
+        num_frames = (-(-lengths // HOP_LENGTH)).clamp(max=num_total)
         peak = log.amax(dim=(1, 2), keepdim=True)
     else:
         num_frames = lengths // HOP_LENGTH

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omniwalk.device import to_device
 from omniwalk.layers.attention import varlen_attention
 from omniwalk.models.qwen3_omni.config import AudioEncoderConfig
 
@@ -155,7 +156,7 @@ class AudioEncoder(nn.Module):
             pads += [size if n >= size else n] * len(starts)
         chunks = torch.stack([F.pad(p, (0, size - p.shape[-1])) for p in pieces])
         device = features.device
-        return chunks, torch.tensor(lens, device=device), torch.tensor(pads, device=device)
+        return chunks, to_device(lens, device, torch.long), to_device(pads, device, torch.long)
 
     def _windows(self, num_frames: Sequence[int], device) -> tuple[torch.Tensor, int]:
         """cu_seqlens of the attention windows: each clip's tokens cut every ``window_tokens``."""
@@ -164,5 +165,5 @@ class AudioEncoder(nn.Module):
             cuts = list(range(self.window_tokens, n, self.window_tokens)) + [n]
             bounds += [total + c for c in cuts]
             total += n
-        cu = torch.tensor(bounds, dtype=torch.int32, device=device)
+        cu = to_device(bounds, device, torch.int32)
         return cu, max(b - a for a, b in pairwise(bounds))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from omniwalk.device import to_device
 from omniwalk.engine.request import EngineRequest
 from omniwalk.media.mel import HOP_LENGTH, log_mel
 from omniwalk.models.qwen3_omni.audio_encoder import AudioEncoder
@@ -33,9 +34,9 @@ class AudioEncoderProgram:
     @torch.inference_mode()
     def run(self, batch: list[tuple[EngineRequest, int]]) -> None:
         slots = [(req, i) for req, _ in batch for i in self._pending(req)]
-        waves = [torch.from_numpy(req.state.media.waves[i]).to(self.device) for req, i in slots]
-        features, num_frames = log_mel(waves)  # each clip as if alone (the processor's token counts)
-        frames = num_frames.tolist()
+        waves = [to_device(torch.from_numpy(req.state.media.waves[i]), self.device) for req, i in slots]
+        features, _ = log_mel(waves)  # each clip as if alone (the processor's token counts)
+        frames = [len(w) // HOP_LENGTH for w in waves]  # log_mel's valid frames, known on the host
         out = self.encoder(features.to(self.dtype), frames)
         for (req, i), rows in zip(slots, out.split(self.encoder.output_lengths(frames)), strict=True):
             req.state.media.audio_out[i] = rows
@@ -59,7 +60,7 @@ class VisionEncoderProgram:
     @torch.inference_mode()
     def run(self, batch: list[tuple[EngineRequest, int]]) -> None:
         slots = [(req, req.state.media.vision[i], i) for req, _ in batch for i in self._pending(req)]
-        pixels = torch.cat([item.data["pixels"] for _, item, _ in slots]).to(self.device, self.dtype)
+        pixels = to_device(torch.cat([item.data["pixels"] for _, item, _ in slots]), self.device, self.dtype)
         out = self.encoder(pixels, [item.grid_thw for _, item, _ in slots])
         for (req, _, i), result in zip(slots, out.split(), strict=True):
             req.state.media.vision_out[i] = result

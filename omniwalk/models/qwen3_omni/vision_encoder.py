@@ -14,6 +14,7 @@ Parameter names mirror the checkpoint (``patch_embed.proj``, ``blocks.N.attn.qkv
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omniwalk.device import to_device
 from omniwalk.layers.attention import varlen_attention
 from omniwalk.layers.rotary import apply_rotary
 from omniwalk.models.qwen3_omni.config import VisionEncoderConfig
@@ -204,5 +206,5 @@ class VisionEncoder(nn.Module):
     def _segments(self, grids: Sequence[Grid], device) -> tuple[torch.Tensor, int]:
         """cu_seqlens with one segment per frame group of every item."""
         lengths = [h * w for t, h, w in grids for _ in range(t)]
-        bounds = torch.tensor([0, *lengths], device=device).cumsum(0).to(torch.int32)
+        bounds = to_device(list(itertools.accumulate([0, *lengths])), device, torch.int32)
         return bounds, max(lengths)
