@@ -16,6 +16,7 @@ static inputs (``sampling.BatchParams``).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import fields
 
 import torch
@@ -115,7 +116,7 @@ class TalkerProgram:
             return
         self.num_eager_decode_steps += frames and self.frame_graph is not None
         h = self.talker.model(torch.cat(rows), to_device(torch.cat(positions, 1), self.device), kv)
-        ends = (torch.tensor([n for _, _, n in batch]).cumsum(0) - 1).tolist()
+        ends = [end - 1 for end in itertools.accumulate(n for _, _, n in batch)]
         self._keep_new_rows(batch, new_rows)
         ready = []
         for (req, start, n), end in zip(batch, ends, strict=True):

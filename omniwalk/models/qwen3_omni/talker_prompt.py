@@ -28,6 +28,7 @@ import dataclasses
 
 import torch
 
+from omniwalk.device import to_device
 from omniwalk.errors import InvalidRequestError
 from omniwalk.models.qwen3_omni.config import CodecIds, TokenIds
 from omniwalk.models.qwen3_omni.mrope import MediaSpan, RopePositions, mrope_positions
@@ -79,7 +80,7 @@ def _header(talker: Talker, answer: torch.Tensor, special: dict[str, torch.Tenso
         [answer[:NUM_HEADER_TEXT], special["pad"].expand(4, -1), special["bos"][None], answer[NUM_HEADER_TEXT:][:1]]
     )
     codec_ids = torch.tensor([codec.nothink, codec.think_bos, codec.think_eos, speaker, codec.pad, codec.bos])
-    codec_part = talker.model.codec_embedding(codec_ids.to(text.device))
+    codec_part = talker.model.codec_embedding(to_device(codec_ids, text.device))
     return text + torch.cat([codec_part.new_zeros(NUM_HEADER_TEXT, codec_part.shape[1]), codec_part])
 
 
@@ -106,19 +107,23 @@ def talker_prefix(
     p = talker.codec_head.weight
     embeddings, accept_hidden = embeddings.to(p), accept_hidden.to(p)
     bos, _, pad = talker.text_projection(special_embeddings.to(p)).unbind(0)
-    ids = torch.tensor(prompt_ids, device=p.device)
-    user = user_positions(prompt_ids, tokens).to(p.device)
-    media = torch.isin(ids, torch.tensor(tokens.media_pads, device=p.device))
-    user_part = torch.empty(int(user.sum()), p.shape[1], dtype=p.dtype, device=p.device)
+    # Masks and row indices are built on the host (the ids are host data): no device reads.
+    user = user_positions(prompt_ids, tokens)
+    media = torch.isin(torch.tensor(prompt_ids), torch.tensor(tokens.media_pads))
     user_media = media[user]
-    user_part[user_media] = talker.hidden_projection(accept_hidden[user & media])
-    user_part[~user_media] = talker.text_projection(embeddings[user & ~media])
+
+    def rows(mask: torch.Tensor) -> torch.Tensor:
+        return to_device(mask.nonzero().flatten(), p.device, torch.long)
+
+    user_part = torch.empty(int(user.sum()), p.shape[1], dtype=p.dtype, device=p.device)
+    user_part.index_copy_(0, rows(user_media), talker.hidden_projection(accept_hidden[rows(user & media)]))
+    user_part.index_copy_(0, rows(~user_media), talker.text_projection(embeddings[rows(user & ~media)]))
 
     start = last_assistant_start(prompt_ids, tokens)
     answer = talker.text_projection(torch.cat([embeddings[start:], first_answer.to(p)[None]]))
     header = _header(talker, answer, {"bos": bos, "pad": pad}, speaker, talker.cfg.codec)
     inputs = torch.cat([user_part, header])
-    positions = mrope_positions(inputs.shape[0], kept_spans(spans, user.cpu()), position_id_per_seconds)
+    positions = mrope_positions(inputs.shape[0], kept_spans(spans, user), position_id_per_seconds)
     return inputs, positions
 
 

@@ -1,0 +1,70 @@
+"""CPU-side guard for the step loop's host reads (the GPU machine counts real synchronisations in
+``test_sync_gpu.py``; this one runs in CI).
+
+Every ``tolist`` / ``item`` / ``cpu`` / ``numpy`` call that omniwalk code makes while the engine
+steps a mixed workload (all media kinds arriving, text and speech out) must come from an allowed
+place: the step's reads of sampled ids, of talker frames and of audio chunks, or a reference
+backend (the CPU oracles; on CUDA the fast backends replace them). A new read elsewhere, e.g. a
+``.tolist()`` of a device tensor in a stage, fails here before it costs a GPU synchronisation.
+"""
+
+import traceback
+from collections import Counter
+
+import pytest
+import torch
+from test_engine_omni import make_request
+from test_omni_text import checkpoint
+
+from omniwalk import Omni
+
+ALLOWED = {
+    ("sampling.py", "sample"),  # the thinker's one read of sampled ids (and logprobs)
+    ("models/qwen3_omni/talker_program.py", "_commit_frames"),  # the talker's one read of frames
+    ("models/qwen3_omni/vocoder_program.py", "run"),  # finished audio chunks leave the device
+    ("layers/moe.py", "reference_experts"),  # reference backends: CPU only
+    ("layers/paged_decode.py", "paged_decode_reference"),
+    ("layers/attention.py", "_reference"),
+}
+READS = ("tolist", "item", "cpu", "numpy")
+
+
+@pytest.fixture
+def record_reads(monkeypatch):
+    sites = Counter()
+
+    def wrap(name):
+        original = getattr(torch.Tensor, name)
+
+        def recorded(self, *args, **kwargs):
+            ours = [f for f in traceback.extract_stack()[:-1] if "/omniwalk/" in f.filename]
+            if ours:
+                sites[(ours[-1].filename.split("/omniwalk/")[-1], ours[-1].name)] += 1
+            return original(self, *args, **kwargs)
+
+        return recorded
+
+    def start():
+        for name in READS:
+            monkeypatch.setattr(torch.Tensor, name, wrap(name))
+
+    return sites, start
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_step_loop_reads_back_only_ids_frames_and_audio(record_reads):
+    sites, start = record_reads
+    o = Omni(model=checkpoint("tiny"))
+    requests = [make_request(i, path) for i, path in enumerate(["s2s", "i2t", "t2s", "s2t", "si2s", "v2t", "v2s"])]
+    reqs = [o.add(r) for r in requests[:2]]
+    o.engine.step()
+    start()  # from here on: requests arriving with every media kind, prefills, decodes, speech
+    for r in requests[2:]:
+        reqs.append(o.add(r))
+        o.engine.step()
+    while o.engine.has_unfinished():
+        o.engine.step()
+    assert all(r.error is None for r in reqs)
+    unexpected = {site: n for site, n in sites.items() if site not in ALLOWED}
+    assert not unexpected, f"host reads outside the allowed places: {unexpected}"
+    assert sites[("sampling.py", "sample")] > 0 and sites[("models/qwen3_omni/talker_program.py", "_commit_frames")] > 0
