@@ -51,8 +51,9 @@ def main(skeleton: str, batch: int = 1) -> None:
             start = time.perf_counter()
             for _ in range(10):
                 stage.step()
+                stage.finish()
             torch.cuda.synchronize()
-            print(f"  stage {name}.step(): {(time.perf_counter() - start) / 10 * 1e3:.2f} ms")
+            print(f"  stage {name}.step() + finish(): {(time.perf_counter() - start) / 10 * 1e3:.2f} ms")
     python_profile = cProfile.Profile()  # where the host's time goes, by Python function
     python_profile.enable()
     for _ in range(5):

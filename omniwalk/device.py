@@ -18,3 +18,23 @@ def to_device(values, device, dtype: torch.dtype | None = None) -> torch.Tensor:
     if torch.device(device).type != "cuda":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
+
+
+class HostCopy:
+    """A device tensor on its way to the host: the copy is queued now (pinned, asynchronous),
+    ``get()`` waits for it. Lets a step queue its reads and do other launches before waiting."""
+
+    def __init__(self, t: torch.Tensor):
+        self.event = None
+        if t.is_cuda:
+            self.host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            self.host.copy_(t, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = t
+
+    def get(self) -> torch.Tensor:
+        if self.event is not None:
+            self.event.synchronize()  # NOTE: the step's wait for its read
+        return self.host

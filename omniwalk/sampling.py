@@ -15,11 +15,12 @@ keeps ids on the device for loops that feed them straight back (the code predict
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 import torch
 
-from omniwalk.device import to_device
+from omniwalk.device import HostCopy, to_device
 from omniwalk.errors import InvalidRequestError
 
 
@@ -223,6 +224,12 @@ def sample_on_device(logits: torch.Tensor, states: list[SamplerState]) -> torch.
 
 def sample(logits: torch.Tensor, states: list[SamplerState]) -> list[TokenLogprob]:
     """Draw one token per row and read ids (+ logprobs where asked) back in one transfer."""
+    return sample_async(logits, states)()
+
+
+def sample_async(logits: torch.Tensor, states: list[SamplerState]) -> Callable[[], list[TokenLogprob]]:
+    """``sample`` in two halves: draw and queue the copy to the host now; the returned function
+    waits for the copy and builds the picks (so other work can be launched in between)."""
     ids = sample_on_device(logits, states)
     columns = [ids[:, None].double()]
     k = max((s.params.top_logprobs for s in states if s.params.logprobs), default=0)
@@ -233,7 +240,15 @@ def sample(logits: torch.Tensor, states: list[SamplerState]) -> list[TokenLogpro
         if k:
             values, top = torch.topk(logprobs, k, dim=-1)
             columns += [top.double(), values.double()]
-    rows = torch.cat(columns, dim=1).tolist()  # NOTE: the step's one host read
+    copy = HostCopy(torch.cat(columns, dim=1))
+
+    def picks() -> list[TokenLogprob]:
+        return _picks(states, copy.get().tolist(), k)  # NOTE: the step's one host read
+
+    return picks
+
+
+def _picks(states: list[SamplerState], rows: list[list[float]], k: int) -> list[TokenLogprob]:
     out = []
     for s, row in zip(states, rows, strict=True):
         token = int(row[0])

@@ -3,8 +3,9 @@
 
 Every ``tolist`` / ``item`` / ``cpu`` / ``numpy`` call that omniwalk code makes while the engine
 steps a mixed workload (all media kinds arriving, text and speech out) must come from an allowed
-place: the step's reads of sampled ids, of talker frames and of audio chunks, or a reference
-backend (the CPU oracles; on CUDA the fast backends replace them). A new read elsewhere, e.g. a
+place: the step's read of sampled ids, audio chunks leaving the device, or a reference
+backend (the CPU oracles; on CUDA the fast backends replace them). (The talker's frames come
+back through ``device.HostCopy``, an asynchronous copy, not through these methods.) A new read elsewhere, e.g. a
 ``.tolist()`` of a device tensor in a stage, fails here before it costs a GPU synchronisation.
 """
 
@@ -19,8 +20,7 @@ from test_omni_text import checkpoint
 from omniwalk import Omni
 
 ALLOWED = {
-    ("sampling.py", "sample"),  # the thinker's one read of sampled ids (and logprobs)
-    ("models/qwen3_omni/talker_program.py", "_commit_frames"),  # the talker's one read of frames
+    ("sampling.py", "picks"),  # the thinker's one read of sampled ids (and logprobs)
     ("models/qwen3_omni/vocoder_program.py", "run"),  # finished audio chunks leave the device
     ("layers/moe.py", "reference_experts"),  # reference backends: CPU only
     ("layers/paged_decode.py", "paged_decode_reference"),
@@ -67,4 +67,4 @@ def test_the_step_loop_reads_back_only_ids_frames_and_audio(record_reads):
     assert all(r.error is None for r in reqs)
     unexpected = {site: n for site, n in sites.items() if site not in ALLOWED}
     assert not unexpected, f"host reads outside the allowed places: {unexpected}"
-    assert sites[("sampling.py", "sample")] > 0 and sites[("models/qwen3_omni/talker_program.py", "_commit_frames")] > 0
+    assert sites[("sampling.py", "picks")] > 0

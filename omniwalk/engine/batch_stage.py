@@ -80,6 +80,9 @@ class BatchStage:
         self._sweep()
         return True
 
+    def finish(self) -> None:
+        """Nothing to complete: batch programs read their results back within ``step``."""
+
     def _sweep(self) -> None:
         """Drop finished requests (some finish without work here, e.g. a talker that ended)."""
         for req in [r for r in self.requests.values() if r.status.is_done or self.program.is_finished(r)]:

@@ -36,6 +36,8 @@ class Stage(Protocol):
 
     def step(self) -> bool: ...
 
+    def finish(self) -> None: ...
+
     def stats(self) -> dict: ...
 
 
@@ -67,10 +69,17 @@ class Engine:
         return True
 
     def step(self) -> bool:
-        """Advance every stage once; returns whether any stage did work."""
+        """Advance every stage once; returns whether any stage did work.
+
+        Two passes: every stage launches its work (upstream first), then every stage finishes
+        it (waits for its host read, commits). A stage's read thus overlaps the launches of the
+        stages after it; a downstream stage sees upstream results from the previous step.
+        """
         worked = False
         for stage in self.stages.values():
             worked |= stage.step()
+        for stage in self.stages.values():
+            stage.finish()
         for req in list(self.requests.values()):
             if req.status is Status.FAILED:
                 self._remove_everywhere(req)

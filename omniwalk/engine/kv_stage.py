@@ -18,6 +18,7 @@ request are ready (``num_ready``) and runs a packed batch of them (``run``).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,10 +41,12 @@ class KVProgram(Protocol):
         """Tokens of ``req`` that can run now, given ``num_cached`` are in its KV (0 = wait)."""
         ...
 
-    def run(self, batch: list[tuple[EngineRequest, int, int]], kv: PagedBatch) -> None:
+    def run(self, batch: list[tuple[EngineRequest, int, int]], kv: PagedBatch) -> Callable[[], None] | None:
         """Run tokens [start, start + n) of each ``(req, start, n)`` (packed in batch order) and
         consume the outputs (sample where a request's ready tokens end).
 
+        May return a function that finishes the work (waits for the host read of what was
+        sampled and commits it): the engine calls it after every stage has launched its step.
         Must leave request state untouched if it raises: the stage then reruns requests alone.
         """
         ...
@@ -68,6 +71,7 @@ class KVStage:
         self.tables: dict[str, PageTable] = {}
         self.num_preemptions = 0
         self.last_batch_size = 0
+        self._launched: list[tuple[list[tuple[EngineRequest, int]], Callable[[], None] | None]] = []
 
     @property
     def pool(self):
@@ -134,7 +138,7 @@ class KVStage:
         self.num_preemptions += 1
 
     def step(self) -> bool:
-        """Run one batch; returns whether any work was done."""
+        """Launch one batch (``finish`` completes it); returns whether any work was done."""
         for req in [r for r in (*self.running, *self.waiting) if self._is_done(r)]:
             self.remove(req)  # finished without work in this stage (e.g. nothing left to say)
         batch = self.schedule()
@@ -143,19 +147,32 @@ class KVStage:
             return False
         for group in self._groups(batch):
             try:
-                self._run(group)
+                self._launched.append((group, self._run(group)))
             except Exception:
                 # Isolate the failure: rerun each request alone; only those that fail again fail.
                 for req, n in group:
                     try:
-                        self._run([(req, n)])
+                        self._launched.append(([(req, n)], self._run([(req, n)])))
                     except Exception as e:  # noqa: BLE001 - any model error fails just this request
                         req.fail(e)
                         self.remove(req)
-        for req, _ in batch:
-            if req.id in self.tables and self._is_done(req):
-                self.remove(req)
         return True
+
+    def finish(self) -> None:
+        """Complete the launched batch (host reads and commits), then drop finished requests."""
+        launched, self._launched = self._launched, []
+        for group, done in launched:
+            try:
+                if done is not None:
+                    done()
+            except Exception as e:  # noqa: BLE001 - a failed read fails the requests it carried
+                for req, _ in group:
+                    req.fail(e)
+                    self.remove(req)
+        for group, _ in launched:
+            for req, _ in group:
+                if req.id in self.tables and self._is_done(req):
+                    self.remove(req)
 
     def _groups(self, batch: list[tuple[EngineRequest, int]]) -> list[list[tuple[EngineRequest, int]]]:
         """The step's forwards: one, or two when the program can replay a graph for some rows
@@ -191,12 +208,12 @@ class KVStage:
     def _is_done(self, req: EngineRequest) -> bool:
         return req.status is Status.FAILED or self.program.is_finished(req)
 
-    def _run(self, batch: list[tuple[EngineRequest, int]]) -> None:
+    def _run(self, batch: list[tuple[EngineRequest, int]]) -> Callable[[], None] | None:
         segments = [Segment(self.tables[r.id], n) for r, n in batch]
         starts = [seg.table.num_cached for seg in segments]
         kv = PagedBatch(self.storage, segments, self.device, self.config.decode_attention)
         try:
-            self.program.run([(r, start, n) for (r, n), start in zip(batch, starts, strict=True)], kv)
+            return self.program.run([(r, start, n) for (r, n), start in zip(batch, starts, strict=True)], kv)
         except Exception:
             for seg, start in zip(segments, starts, strict=True):  # the model may have advanced them
                 seg.table.num_cached = start

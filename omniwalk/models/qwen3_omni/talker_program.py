@@ -17,11 +17,12 @@ static inputs (``sampling.BatchParams``).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import fields
 
 import torch
 
-from omniwalk.device import to_device
+from omniwalk.device import HostCopy, to_device
 from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets
 from omniwalk.engine.kv_pages import KVStorage
 from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
@@ -96,7 +97,7 @@ class TalkerProgram:
         return text_entry(th.generated, th.is_finished, len(req.state.talker.frames) - 1, self.im_end)
 
     @torch.inference_mode()
-    def run(self, batch: list[tuple[EngineRequest, int, int]], kv: PagedBatch) -> None:
+    def run(self, batch: list[tuple[EngineRequest, int, int]], kv: PagedBatch) -> Callable[[], None] | None:
         rows, positions, new_rows = [], [], []
         for req, start, n in batch:
             ts = req.state.talker
@@ -112,8 +113,7 @@ class TalkerProgram:
         )
         if frames and all(self.graph_rows(batch)):
             self._keep_new_rows(batch, new_rows)
-            self._graphed_frames(batch, torch.cat(rows), torch.cat(positions, 1), kv)
-            return
+            return self._graphed_frames(batch, torch.cat(rows), torch.cat(positions, 1), kv)
         self.num_eager_decode_steps += frames and self.frame_graph is not None
         h = self.talker.model(torch.cat(rows), to_device(torch.cat(positions, 1), self.device), kv)
         ends = [end - 1 for end in itertools.accumulate(n for _, _, n in batch)]
@@ -123,9 +123,10 @@ class TalkerProgram:
             if start + n == req.state.talker.num_inputs:  # the inputs end here: the next frame is due
                 ready.append((req, end))
         if ready:
-            self._next_frames(
+            return self._next_frames(
                 [req for req, _ in ready], h[to_device([end for _, end in ready], self.device, torch.long)]
             )
+        return None
 
     @staticmethod
     def _keep_new_rows(batch, new_rows) -> None:
@@ -169,15 +170,15 @@ class TalkerProgram:
             parts.append(new[None])
         return torch.cat(parts)
 
-    def _next_frames(self, reqs: list[EngineRequest], hidden: torch.Tensor) -> None:
+    def _next_frames(self, reqs: list[EngineRequest], hidden: torch.Tensor) -> Callable[[], None]:
         """Sample group 0 and run the code predictor for groups 1..G-1 of every ready request, all
-        on the device; then read the frames back once."""
+        on the device; the returned function reads the frames back (once) and commits them."""
         states = [req.state.talker for req in reqs]
         vocabs = self.talker.cfg.text.vocab_size, self.talker.cfg.code_predictor.vocab_size
         talker = BatchParams.of([ts.sampler for ts in states], vocabs[0], self.device)
         cp = BatchParams.of([ts.cp_sampler for ts in states], vocabs[1], self.device)
         out = self._frame_tail(hidden, talker, cp)
-        self._commit_frames(reqs, out["frames"], out["codec_sum"])
+        return self._commit_frames(reqs, out["frames"], out["codec_sum"])
 
     def _frame_tail(self, hidden: torch.Tensor, talker: BatchParams, cp: BatchParams) -> dict[str, torch.Tensor]:
         """Talker hidden states [B, H] -> frames [B, G] and their summed codec embeddings [B, H]."""
@@ -186,13 +187,20 @@ class TalkerProgram:
         rest, rest_sum = self.talker.code_predictor(hidden, code0_embedding, lambda x, i: draw(x, cp, i))
         return {"frames": torch.cat([code0[:, None], rest], dim=1), "codec_sum": code0_embedding + rest_sum}
 
-    def _commit_frames(self, reqs: list[EngineRequest], frames: torch.Tensor, codec_sum: torch.Tensor) -> None:
+    def _commit_frames(
+        self, reqs: list[EngineRequest], frames: torch.Tensor, codec_sum: torch.Tensor
+    ) -> Callable[[], None]:
         states = [req.state.talker for req in reqs]
         advance([ts.sampler for ts in states], frames[:, 0])
         advance([ts.cp_sampler for ts in states], None, num_drawn=frames.shape[1] - 1)  # (no penalty there)
-        host = frames.cpu()  # NOTE: the step's one host read
-        for row, req in enumerate(reqs):
-            req.guarded(self._commit_frame, req, host[row], codec_sum[row])
+        copy = HostCopy(frames)  # the step's one read, queued now
+
+        def commit() -> None:
+            host = copy.get()
+            for row, req in enumerate(reqs):
+                req.guarded(self._commit_frame, req, host[row], codec_sum[row])
+
+        return commit
 
     def capture_graphs(self, storage: KVStorage, pool=None):
         """Capture the frame step (talker decode + all sampling and code-predictor steps) per bucket."""
@@ -221,7 +229,7 @@ class TalkerProgram:
         self.frame_graph = GraphedStep("talker frame", frame_step, inputs, buckets, self.device)
         return self.frame_graph.capture(pool)
 
-    def _graphed_frames(self, batch, x: torch.Tensor, positions: torch.Tensor, kv: PagedBatch) -> None:
+    def _graphed_frames(self, batch, x: torch.Tensor, positions: torch.Tensor, kv: PagedBatch) -> Callable[[], None]:
         reqs = [req for req, _, _ in batch]
         states = [req.state.talker for req in reqs]
         cfg = self.talker.cfg
@@ -234,7 +242,7 @@ class TalkerProgram:
             inputs |= {f"{prefix}_{f.name}": getattr(params, f.name) for f in fields(BatchParams)}
         out = self.frame_graph.run(len(batch), inputs)
         kv.advance(len(batch))  # (the graph's DecodeKV keeps no host bookkeeping)
-        self._commit_frames(reqs, out["frames"], out["codec_sum"].clone())  # (graph outputs are reused)
+        return self._commit_frames(reqs, out["frames"], out["codec_sum"].clone())  # (graph outputs are reused)
 
     def graph_rows(self, batch: list[tuple[EngineRequest, int, int]]) -> list[bool]:
         """Rows that run one input row and then draw a frame (the captured graph's work)."""

@@ -11,6 +11,8 @@ talker states) replays a CUDA graph of the whole forward when one was captured f
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -21,7 +23,7 @@ from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
 from omniwalk.engine.request import EngineRequest
 from omniwalk.models.qwen3_omni.request_state import ThinkerState
 from omniwalk.models.qwen3_omni.thinker import MediaEmbeddings, Thinker
-from omniwalk.sampling import TokenLogprob, sample
+from omniwalk.sampling import TokenLogprob, sample_async
 
 KINDS = ("audio", "image", "video")
 
@@ -91,7 +93,7 @@ class ThinkerProgram:
         """Nothing to undo: the prompt's talker rows are rewritten identically on recompute."""
 
     @torch.inference_mode()
-    def run(self, batch: list[tuple[EngineRequest, int, int]], kv: PagedBatch) -> None:
+    def run(self, batch: list[tuple[EngineRequest, int, int]], kv: PagedBatch) -> Callable[[], None] | None:
         states = [req.state.thinker for req, _, _ in batch]
         ids = [t for st, (_, s, n) in zip(states, batch, strict=True) for t in st.seq[s : s + n]]
         positions = torch.cat([st.prompt.rope.span(s, n) for st, (_, s, n) in zip(states, batch, strict=True)], 1)
@@ -102,8 +104,7 @@ class ThinkerProgram:
             inputs = {"ids": to_device(ids, self.device, torch.long), "positions": to_device(positions.T, self.device)}
             logits = self.decode_graph.run(len(batch), {**inputs, **kv.decode_inputs()})["logits"]
             kv.advance(len(batch))  # (the graph's DecodeKV keeps no host bookkeeping)
-            self._sample(batch, list(range(len(batch))), logits)
-            return
+            return self._sample(batch, list(range(len(batch))), logits)
         self.num_eager_decode_steps += generating and self.decode_graph is not None
         ends = torch.tensor([n for _, _, n in batch]).cumsum(0) - 1
         speaks = any(req.state.talker is not None for req, _, _ in batch)
@@ -125,13 +126,19 @@ class ThinkerProgram:
                 ready.append(row)
             offset += n
         if ready:
-            self._sample(batch, ready, out.logits[to_device(ready, self.device, torch.long)])
+            return self._sample(batch, ready, out.logits[to_device(ready, self.device, torch.long)])
+        return None
 
-    def _sample(self, batch, ready: list[int], logits: torch.Tensor) -> None:
-        """Draw the next token of the ``ready`` rows of the batch (``logits`` [len(ready), vocab])."""
-        picks = sample(logits, [batch[row][0].state.thinker.sampler for row in ready])
-        for row, pick in zip(ready, picks, strict=True):
-            batch[row][0].guarded(self._commit, batch[row][0], pick)
+    def _sample(self, batch, ready: list[int], logits: torch.Tensor) -> Callable[[], None]:
+        """Draw the next token of the ``ready`` rows of the batch (``logits`` [len(ready), vocab]);
+        the returned function reads the picks back and commits them."""
+        picks = sample_async(logits, [batch[row][0].state.thinker.sampler for row in ready])
+
+        def commit() -> None:
+            for row, pick in zip(ready, picks(), strict=True):
+                batch[row][0].guarded(self._commit, batch[row][0], pick)
+
+        return commit
 
     def _media(self, batch) -> tuple[MediaEmbeddings | None, dict[str, int]]:
         """Encoder rows for the placeholders inside each request's chunk, packed in batch order,
