@@ -74,3 +74,20 @@ def test_mrope_cos_sin_uses_interleaved_axes():
         axis = 1 if slot % 3 == 1 and slot < 3 * section[1] else 2 if slot % 3 == 2 and slot < 3 * section[2] else 0
         assert torch.allclose(cos[0, slot], torch.cos(pos[axis, 0] * inv[slot]))
         assert torch.allclose(cos[0, slot + d // 2], cos[0, slot])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(7, 4, 16), (2, 5, 3, 8)])
+def test_rotary_tables_give_the_textbook_rotation_bit_for_bit(dtype, shape):
+    """``apply_rotary`` with shared tables (sin's first half negated, both rounded once) equals
+    HF's ``x * cos + rotate_half(x) * sin`` with cos/sin rounded to x's dtype, exactly."""
+    from omniwalk.layers.rotary import apply_rotary, rotary_tables
+
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(*shape, generator=g) * 3).to(dtype)
+    angles = torch.randn(*shape[:-2], shape[-1] // 2, generator=g) * 10
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    half = shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    expected = x * cos.unsqueeze(-2).to(dtype) + rotated * sin.unsqueeze(-2).to(dtype)
+    assert torch.equal(apply_rotary(x, *rotary_tables(cos, sin, dtype)), expected)

@@ -18,19 +18,24 @@ from functools import cache
 import torch
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def rotary_tables(cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [..., tokens, head_dim] (fp32) -> what ``apply_rotary`` takes: both with a heads
+    axis before the last, rounded to ``dtype``, sin's first half negated. Built once per forward
+    and shared by every layer's q and k.
+
+    NOTE: rounding to x's dtype first is what HF does for the thinker and talker (bf16 results
+    track the reference's rounding); negating sin instead of x's half is exact.
+    """
+    half = sin.shape[-1] // 2
+    sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+    return cos.unsqueeze(-2).to(dtype), sin.unsqueeze(-2).to(dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [tokens, heads, head_dim]; cos/sin: [tokens, head_dim] (broadcast over heads).
-
-    NOTE: the product is taken in x's dtype (cos/sin rounded to it first), as HF does for the
-    thinker and talker, so bf16 results track the reference's rounding.
-    """
-    cos, sin = cos.unsqueeze(-2).to(x.dtype), sin.unsqueeze(-2).to(x.dtype)
-    return x * cos + rotate_half(x) * sin
+    """x: [..., tokens, heads, head_dim]; cos/sin from ``rotary_tables`` (broadcast over heads):
+    ``x * cos + rotate_half(x) * sin`` with rotate_half(x) = (-x2, x1), in x's dtype."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 def inv_frequencies(head_dim: int, theta: float, device=None) -> torch.Tensor:

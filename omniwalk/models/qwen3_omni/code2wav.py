@@ -24,7 +24,7 @@ from torch.nn.attention import sdpa_kernel
 from omniwalk.layers.kv_attention import SDPA_BACKENDS
 from omniwalk.layers.moe import GatedMLP
 from omniwalk.layers.norm import RMSNorm
-from omniwalk.layers.rotary import apply_rotary, rope_cos_sin
+from omniwalk.layers.rotary import apply_rotary, rope_cos_sin, rotary_tables
 from omniwalk.models.qwen3_omni.code2wav_stream import Code2WavState
 from omniwalk.models.qwen3_omni.config import Code2WavConfig
 
@@ -187,7 +187,7 @@ class Code2WavTransformer(nn.Module):
         """h [B, T, hidden] for frames ``num_frames .. num_frames + T`` of each row."""
         positions = state.num_frames[:, None] + torch.arange(h.shape[1], device=h.device)
         cos, sin = rope_cos_sin(positions.flatten(), self.cfg.head_dim, self.cfg.rope_theta)
-        cos, sin = cos.view(*positions.shape, -1).to(h.dtype), sin.view(*positions.shape, -1).to(h.dtype)
+        cos, sin = rotary_tables(cos.view(*positions.shape, -1), sin.view(*positions.shape, -1), h.dtype)
         context = state.keys[0].shape[2] if state.keys else 0
         mask = window_mask(state.num_frames, context, h.shape[1], self.cfg.sliding_window)
         for layer in self.layers:

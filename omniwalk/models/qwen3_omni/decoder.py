@@ -22,7 +22,7 @@ from torch import nn
 from omniwalk.layers.kv_attention import causal_attention
 from omniwalk.layers.moe import GatedMLP, SparseMoE
 from omniwalk.layers.norm import RMSNorm
-from omniwalk.layers.rotary import apply_rotary, mrope_cos_sin, rope_cos_sin
+from omniwalk.layers.rotary import apply_rotary, mrope_cos_sin, rope_cos_sin, rotary_tables
 from omniwalk.models.qwen3_omni.config import DecoderConfig
 
 
@@ -177,7 +177,7 @@ class Decoder(nn.Module):
         self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, layer_hook: LayerHook | None = None
     ) -> torch.Tensor:
         """x: [n, hidden] new tokens; positions: their rope positions -> final-normed hidden [n, hidden]."""
-        cos, sin = self.rotary(positions)
+        cos, sin = rotary_tables(*self.rotary(positions), x.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache, i)
             if layer_hook is not None:

@@ -25,7 +25,7 @@ from torch import nn
 
 from omniwalk.device import to_device
 from omniwalk.layers.attention import varlen_attention
-from omniwalk.layers.rotary import apply_rotary
+from omniwalk.layers.rotary import apply_rotary, rotary_tables
 from omniwalk.models.qwen3_omni.config import VisionEncoderConfig
 
 Grid = tuple[int, int, int]  # (t, h, w) in patches; h and w are multiples of the merge size
@@ -170,7 +170,7 @@ class VisionEncoder(nn.Module):
         grids = [tuple(int(v) for v in g) for g in grids]
         x = self.patch_embed(pixel_values)
         x = x + self._positions(grids, x.device).to(x.dtype)
-        cos, sin = self._rotary(grids, x.device)
+        cos, sin = rotary_tables(*self._rotary(grids, x.device), torch.float32)  # applied in fp32, like HF
         cu_seqlens, max_seqlen = self._segments(grids, x.device)
         deepstack = []
         for i, block in enumerate(self.blocks):
