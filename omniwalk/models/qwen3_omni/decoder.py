@@ -174,10 +174,16 @@ class Decoder(nn.Module):
         return mrope_cos_sin(positions, d, rope.theta, rope.mrope_section)
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, layer_hook: LayerHook | None = None
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor | None,
+        cache: KVCache,
+        layer_hook: LayerHook | None = None,
+        tables: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """x: [n, hidden] new tokens; positions: their rope positions -> final-normed hidden [n, hidden]."""
-        cos, sin = rotary_tables(*self.rotary(positions), x.dtype)
+        """x: [n, hidden] new tokens; positions: their rope positions -> final-normed hidden [n, hidden].
+        ``tables``: their ``rotary_tables`` made beforehand (then ``positions`` is not used)."""
+        cos, sin = tables if tables is not None else rotary_tables(*self.rotary(positions), x.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache, i)
             if layer_hook is not None:

@@ -23,7 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omniwalk.device import to_device
 from omniwalk.errors import InvalidRequestError
+from omniwalk.layers.rotary import rotary_tables
 from omniwalk.models.qwen3_omni.config import DecoderConfig, TalkerConfig
 from omniwalk.models.qwen3_omni.decoder import ContiguousKVCache, Decoder, RowsKVCache
 from omniwalk.models.qwen3_omni.mrope import RopePositions
@@ -128,6 +130,7 @@ class CodePredictor(nn.Module):
         self.lm_head = nn.ModuleList(
             nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) for _ in range(num_code_groups - 1)
         )
+        self._table_cache: dict = {}
 
     def forward(self, talker_hidden: torch.Tensor, code0_embedding: torch.Tensor, sample: SampleFn):
         """Groups 1..G-1 of a batch of frames, each row with a fresh short KV.
@@ -150,8 +153,16 @@ class CodePredictor(nn.Module):
             embedding = self.model.codec_embedding[group - 1](code)
             total = total + embedding
             if group < self.num_code_groups - 1:
-                h = self.model(embedding, torch.full((b,), group + 1, device=p.device), cache)
+                h = self.model(embedding, None, cache, tables=self._tables(group + 1, p))
         return torch.stack(codes, dim=1), total
+
+    def _tables(self, position: int, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotary tables of one position [1, 1, head_dim] (broadcast over the rows), made once."""
+        key = (position, p.dtype, p.device)
+        if key not in self._table_cache:
+            positions = to_device([position], p.device, torch.long)
+            self._table_cache[key] = rotary_tables(*self.model.rotary(positions), p.dtype)
+        return self._table_cache[key]
 
 
 class Talker(nn.Module):
