@@ -50,16 +50,13 @@
 # Time budget (device: 600 s per command). Fixed: wheel install ~10-20 s, server start (imports,
 # random weights ~2 s, CUDA graph capture) ~30-90 s, teardown + charts <= 30 s, and ~4 s per bench
 # run (process start with torch import, its charts, the merge): ~1 min for 16 cells. A cell takes about
-# (warmup_waves + N/B) waves x one request's latency, if a step costs about the same up to B=32.
-# Measured eager (no CUDA graphs) on the H200, benchmarks/results/2026-11-29-h200/smoke_full.log:
-# ~110 ms per thinker token (flat to B=8), ~145 ms per codec frame, so one request at B=1 is about
-# s2t 2 s, i2t 18 s, s2s 12 s, i2s 23 s.
-#   default N = max(50, 10B), B = 1,4,16,32: 86.5 waves a path -> s2t ~3 min, i2t ~26, s2s ~17,
-#     i2s ~32: ~78 min eager; does not fit one command.
-#   --min-requests 8 --requests-per-concurrency 2: 18 waves a path -> s2t ~0.6 min, i2t ~5.4,
-#     s2s ~3.5, i2s ~6.7: ~16 min eager; fits one command only with a >= 2.5x faster decode
-#     (CUDA graphs), else split into two calls (--paths s2t,i2t and --paths s2s,i2s) or accept
-#     the cells the guard cuts (they are listed in results.md and sweep.log).
+# (warmup_waves + N/B) waves x one request's E2E latency at that B. Measured with CUDA graphs
+# (benchmarks/results/2026-11-30-h200/sweep, E2E p50 at B = 1/4/16/32): s2t 0.35/0.64/1.45/3.7 s,
+# i2t 2.3/3.1/6.7/11.9 s, s2s 1.8/2.4/5.3/9.4 s, i2s 3.5/5.5/10.4/22.6 s. So:
+#   default N = max(50, 10B): s2t ~1.5 min, i2t ~5.5, s2s ~4.5, i2s ~10: ~22 min in all; run it as
+#     --paths s2t,i2t | --paths s2s | --paths i2s --concurrency 1,4 | --paths i2s --concurrency 16,32
+#   --min-requests 10 --requests-per-concurrency 2 (what 2026-11-30 ran): ~7.5 min for all 16 cells;
+#     the guard cuts what does not fit (cut cells are listed in results.md and sweep.log).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START_EPOCH=$(date +%s.%N)
