@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
 import time
 from pathlib import Path
@@ -74,6 +76,7 @@ def _serve(args: argparse.Namespace) -> None:
     from omniwalk.serve.engine_client import EngineClient
     from omniwalk.tokenizer import Tokenizer
 
+    _QuietServer = _quiet_server_class()  # noqa: N806 - a class
     model = args.model or _embedded_checkpoint()
     if args.model is None:
         print(
@@ -93,7 +96,30 @@ def _serve(args: argparse.Namespace) -> None:
         Tokenizer.from_dir(model).decode,
         on_ready=lambda: print(f"ready: {url} (model {server.served_model_name!r})", flush=True),
     )
-    uvicorn.run(app, host=server.host, port=server.port, log_level="warning")
+    try:
+        _QuietServer(uvicorn.Config(app, host=server.host, port=server.port, log_level="warning")).run()
+    finally:
+        client.close()  # (idempotent: the lifespan normally did it)
+    print("stopped", flush=True)
+
+
+def _quiet_server_class():
+    import uvicorn
+
+    class QuietServer(uvicorn.Server):
+        """Ctrl-C / SIGTERM: uvicorn's graceful shutdown, then a normal exit (uvicorn itself
+        re-raises the signal afterwards, which prints tracebacks from the lifespan task)."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            originals = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in originals.items():
+                    signal.signal(sig, handler)
+
+    return QuietServer
 
 
 def _bench(args: argparse.Namespace) -> None:

@@ -4,6 +4,8 @@ import asyncio
 import base64
 import io
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -29,23 +31,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@contextmanager
-def server(*flags: str, entry=("-m", "omniwalk.cli", "serve")):
+def launch(*flags: str, entry=("-m", "omniwalk.cli", "serve")) -> tuple[subprocess.Popen, str]:
+    """Start the server in its own process group (as a terminal would) and wait for /health."""
     port = free_port()
     cmd = [sys.executable, *entry, "--model", checkpoint("tiny"), "--port", str(port), *flags]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(proc.stdout.read())
+        try:
+            if urllib.request.urlopen(f"{base}/health", timeout=2).status == 200:
+                return proc, base
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("server did not become ready")
+        time.sleep(0.5)
+
+
+@contextmanager
+def server(*flags: str, entry=("-m", "omniwalk.cli", "serve")):
+    proc, base = launch(*flags, entry=entry)
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if urllib.request.urlopen(f"{base}/health", timeout=2).status == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "server did not become ready"
-            time.sleep(0.5)
         yield base
     finally:
         proc.terminate()
@@ -284,3 +294,29 @@ def test_an_engine_failure_is_a_500_for_that_request_only():
         assert good.json()["usage"]["completion_tokens"] == 30
         assert good.json()["choices"][0]["message"] == again.json()["choices"][0]["message"]
         assert urllib.request.urlopen(f"{base}/health").status == 200
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_ctrl_c_and_sigterm_stop_the_server_and_its_engine_cleanly(how):
+    """A terminal's Ctrl-C (SIGINT to the whole process group) or a SIGTERM to the server: both
+    processes exit, with status 0, "stopped" and no traceback."""
+    proc, base = launch()
+    while json.loads(urllib.request.urlopen(f"{base}/health", timeout=2).read())["status"] != "ready":
+        time.sleep(0.2)
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0, output
+    assert "Traceback" not in output and output.rstrip().endswith("stopped"), output
+    deadline = time.monotonic() + 10  # the whole group goes: the engine process too
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    left = subprocess.run(["ps", "-o", "pid,args", "-g", str(proc.pid)], capture_output=True, text=True).stdout
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise AssertionError(f"processes left in the server's group:\n{left}")

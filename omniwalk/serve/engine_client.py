@@ -108,6 +108,9 @@ class EngineClient:
         return self.process.is_alive()
 
     def close(self, timeout: float = 10.0) -> None:
+        """Stop the engine process (a "shutdown" message, then a kill after ``timeout``); idempotent."""
+        if self._ctx.closed:
+            return
         if self._receiver is not None:
             self._receiver.cancel()
         if self.process.is_alive():

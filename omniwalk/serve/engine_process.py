@@ -17,6 +17,7 @@ instead of spinning.
 from __future__ import annotations
 
 import dataclasses
+import signal
 import time
 
 import zmq
@@ -31,6 +32,9 @@ STATS_INTERVAL_S = 0.05
 
 def serve_engine(options: dict, inbox_addr: str, outbox_addr: str) -> None:
     """Process entry point: build ``Omni(**options)`` and serve requests until told to stop."""
+    # A terminal's Ctrl-C reaches the whole process group; the server process stops this one
+    # (a "shutdown" message), so the engine ignores the signal instead of dying mid-step.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     ctx = zmq.Context()
     inbox, outbox = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     inbox.bind(inbox_addr)
