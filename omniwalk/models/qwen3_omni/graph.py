@@ -49,7 +49,8 @@ def build_stages(parts: dict, cfg: Qwen3OmniConfig, engine: EngineConfig, model:
     vocoder stages exist only when those components were loaded. CUDA graphs are captured
     by ``Engine.capture_graphs`` once the stages exist."""
     dtype, device = model.torch_dtype, model.device
-    decode, graphs = model.backend("decode_attention"), model.graph_max_batch
+    decode = model.backend("decode_attention")
+    graphs = min(model.graph_max_batch, engine.max_running)  # no decode batch is larger than max_running
     encoder_batch = BatchStageConfig(engine.encoder_batch_units, engine.max_running)
     stages = [
         BatchStage("audio_encoder", AudioEncoderProgram(parts["audio_encoder"], device, dtype), encoder_batch),
