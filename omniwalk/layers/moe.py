@@ -59,10 +59,9 @@ def grouped_experts(
     flat = ids.flatten()
     order = flat.argsort(stable=True)
     token = order // top_k
-    counts = torch.zeros(gate_up.shape[0], dtype=torch.long, device=x.device).scatter_add_(
-        0, flat, torch.ones_like(flat)
-    )
-    offs = counts.cumsum(0).to(torch.int32)  # (bincount would read its input's max back to the host)
+    counts = torch.zeros(gate_up.shape[0], dtype=torch.long, device=x.device)
+    counts.scatter_add_(0, flat, flat.new_ones(1).expand_as(flat))
+    offs = counts.cumsum(0, dtype=torch.int32)  # (bincount would read its input's max back to the host)
     rows = x[token]
     h = torch._grouped_mm(rows, gate_up.transpose(1, 2), offs=offs)
     gate, up = h.chunk(2, dim=-1)
