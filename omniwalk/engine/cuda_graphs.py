@@ -63,21 +63,13 @@ class GraphedStep:
         """Record every bucket's graph; prints progress. Returns the memory pool (to share)."""
         start = time.perf_counter()
         for i, b in enumerate(reversed(self.buckets)):
-            static = {
-                k: torch.full((b, *spec.shape), spec.pad, dtype=spec.dtype, device=self.device)
-                for k, spec in self.inputs.items()
-            }
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):  # warm up (lazy kernel compilation, allocator) off the graph
-                for _ in range(2):
-                    self.fn(**static)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                out = self.fn(**static)
-            pool = graph.pool()
-            self.graphs[b] = (graph, static, out)
+            try:
+                pool = self._capture(b, pool)
+            except torch.cuda.OutOfMemoryError as e:
+                raise MemoryError(
+                    f"out of GPU memory capturing the {self.name} graph for batch {b}: lower "
+                    "cuda_graph_max_batch (0 = no graphs) or the KV budgets (thinker_kv_bytes, talker_kv_bytes)"
+                ) from e
             print(
                 f"cuda graphs: {self.name} batch {b} ({i + 1}/{len(self.buckets)}, {time.perf_counter() - start:.1f}s)",
                 file=sys.stderr,
@@ -85,6 +77,23 @@ class GraphedStep:
             )
         torch.cuda.synchronize(self.device)
         return pool
+
+    def _capture(self, b: int, pool):
+        static = {
+            k: torch.full((b, *spec.shape), spec.pad, dtype=spec.dtype, device=self.device)
+            for k, spec in self.inputs.items()
+        }
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):  # warm up (lazy kernel compilation, allocator) off the graph
+            for _ in range(2):
+                self.fn(**static)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = self.fn(**static)
+        self.graphs[b] = (graph, static, out)
+        return graph.pool()
 
     def run(self, n: int, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         bucket = self.buckets[bisect.bisect_left(self.buckets, n)]
