@@ -104,8 +104,8 @@ class BatchParams:
     """A batch's sampling parameters as device tensors, one row per request.
 
     Optional fields are None when no row needs that operation (the eager path skips it); a CUDA
-    graph passes all of them, set to their neutral values (penalty 1, nothing banned, top-k = the
-    vocabulary, top-p 1, not sampled), which leave the result exactly unchanged.
+    graph has all of them, a missing one set to its neutral value (penalty 1, nothing banned,
+    top-k = the vocabulary, top-p 1, not sampled), which leaves the result exactly unchanged.
     """
 
     temperature: torch.Tensor  # [B] fp32 (1 for greedy rows)
@@ -119,25 +119,24 @@ class BatchParams:
     steps: torch.Tensor | None = None  # [B] int64: each row's token index (the noise counter)
 
     @classmethod
-    def of(cls, states: list[SamplerState], vocab: int, device, full: bool = False) -> BatchParams:
-        """Build on the host from the requests' states (``full``: every field, for a graph)."""
+    def of(cls, states: list[SamplerState], vocab: int, device) -> BatchParams:
+        """Build on the host from the requests' states."""
         params = [s.params for s in states]
         greedy = [p.is_greedy for p in params]
         out = cls(to_device([p.temperature or 1.0 for p in params], device, torch.float32))
-        if full or any(p.repetition_penalty != 1.0 for p in params):
+        if any(p.repetition_penalty != 1.0 for p in params):
             out.penalty = to_device([p.repetition_penalty for p in params], device, torch.float32)
             out.seen = torch.stack([s._seen(vocab, device) for s in states])
         banned = [(row, i) for row, s in enumerate(states) if s.num_generated < s.params.min_tokens for i in s.stop_ids]
-        if full or banned:
+        if banned:
             out.banned = torch.zeros(len(states), vocab, dtype=torch.bool, device=device)
-            if banned:
-                flat = to_device([r * vocab + i for r, i in banned], device, torch.long)
-                out.banned.view(-1).index_fill_(0, flat, True)  # (a scalar index_put would synchronise)
+            flat = to_device([r * vocab + i for r, i in banned], device, torch.long)
+            out.banned.view(-1).index_fill_(0, flat, True)  # (a scalar index_put would synchronise)
         top_k = [p.top_k if p.top_k and not g else vocab for p, g in zip(params, greedy, strict=True)]
         top_p = [p.top_p if not g else 1.0 for p, g in zip(params, greedy, strict=True)]
-        if full or any(k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
+        if any(k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
             out.top_k, out.top_p = to_device(top_k, device, torch.long), to_device(top_p, device, torch.float32)
-        if full or not all(greedy):
+        if not all(greedy):
             out.sampled = to_device([not g for g in greedy], device, torch.bool)
             out.seeds = to_device([s.seed for s in states], device, torch.long)
             out.steps = to_device([s.num_generated for s in states], device, torch.long)

@@ -4,7 +4,8 @@ A ``GraphedStep`` wraps ``fn(**inputs) -> dict of tensors`` whose inputs and out
 the batch as their first dimension and touch no host data. ``capture`` records one graph per
 bucket (largest first, all in one memory pool) over static input buffers. ``run(n, inputs)``
 copies the live rows into the smallest bucket that holds ``n`` (an input may be narrower than
-its buffer in later dimensions), sets the padding rows to each input's ``pad`` value, replays,
+its buffer in later dimensions; an input not given is all ``pad``), sets the padding rows to each
+input's ``pad`` value, replays,
 and returns the outputs' first ``n`` rows: views of static buffers, valid until the next replay.
 
 Padding rows must be harmless by construction: the model programs pad KV slots with a scratch
@@ -37,12 +38,16 @@ def batch_buckets(max_batch: int) -> list[int]:
 
 def fill_static(static: dict, specs: dict[str, StaticInput], inputs: dict[str, torch.Tensor], n: int) -> None:
     """Copy ``n`` live rows into the static buffers (inputs may be narrower in later dimensions)
-    and set the rows after them to each input's pad value."""
-    for name, x in inputs.items():
-        buf = static[name]
+    and set the rows after them to each input's pad value; an input missing from ``inputs`` (or
+    None) is its pad value in every row."""
+    for name, spec in specs.items():
+        buf, x = static[name], inputs.get(name)
+        if x is None:
+            buf.fill_(spec.pad)
+            continue
         buf[(slice(0, n), *(slice(0, s) for s in x.shape[1:]))].copy_(x)
         if buf.shape[0] > n:
-            buf[n:].fill_(specs[name].pad)
+            buf[n:].fill_(spec.pad)
 
 
 class GraphedStep:

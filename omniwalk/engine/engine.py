@@ -73,7 +73,8 @@ class Engine:
 
         Two passes: every stage launches its work (upstream first), then every stage finishes
         it (waits for its host read, commits). A stage's read thus overlaps the launches of the
-        stages after it; a downstream stage sees upstream results from the previous step.
+        stages after it; the price is that what a KV stage commits (sampled tokens, frames)
+        reaches the stages after it one step later.
         """
         worked = False
         for stage in self.stages.values():

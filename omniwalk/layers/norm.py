@@ -69,9 +69,5 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     flat = x.reshape(-1, dim).contiguous()
     out = torch.empty_like(flat)
     if flat.shape[0]:
-        _kernel()[(flat.shape[0],)](flat, weight, out, dim, eps, BLOCK=triton_block(dim))
+        _kernel()[(flat.shape[0],)](flat, weight, out, dim, eps, BLOCK=1 << (dim - 1).bit_length())
     return out.view(x.shape)
-
-
-def triton_block(dim: int) -> int:
-    return 1 << (dim - 1).bit_length()

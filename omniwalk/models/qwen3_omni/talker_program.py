@@ -107,14 +107,11 @@ class TalkerProgram:
             rows.append(self._rows(req, start, n, new))
             positions.append(ts.positions.span(start, n))
             new_rows.append(new)
-        frames = kv.is_decode and all(
-            start + 1 == req.state.talker.num_inputs + (new is not None)
-            for (req, start, _), new in zip(batch, new_rows, strict=True)
-        )
-        if frames and all(self.graph_rows(batch)):
-            self._keep_new_rows(batch, new_rows)
-            return self._graphed_frames(batch, torch.cat(rows), torch.cat(positions, 1), kv)
-        self.num_eager_decode_steps += frames and self.frame_graph is not None
+        if all(self._frame_rows(batch)) and self.frame_graph is not None:
+            if self.frame_graph.fits(len(batch)):
+                self._keep_new_rows(batch, new_rows)
+                return self._graphed_frames(batch, torch.cat(rows), torch.cat(positions, 1), kv)
+            self.num_eager_decode_steps += 1
         h = self.talker.model(torch.cat(rows), to_device(torch.cat(positions, 1), self.device), kv)
         ends = [end - 1 for end in itertools.accumulate(n for _, _, n in batch)]
         self._keep_new_rows(batch, new_rows)
@@ -238,19 +235,23 @@ class TalkerProgram:
             ("talker", [ts.sampler for ts in states], cfg.text.vocab_size),
             ("cp", [ts.cp_sampler for ts in states], cfg.code_predictor.vocab_size),
         ):
-            params = BatchParams.of(samplers, vocab, self.device, full=True)
+            params = BatchParams.of(samplers, vocab, self.device)  # (fields it leaves out: neutral)
             inputs |= {f"{prefix}_{f.name}": getattr(params, f.name) for f in fields(BatchParams)}
         out = self.frame_graph.run(len(batch), inputs)
         kv.advance(len(batch))  # (the graph's DecodeKV keeps no host bookkeeping)
         return self._commit_frames(reqs, out["frames"], out["codec_sum"].clone())  # (graph outputs are reused)
 
-    def graph_rows(self, batch: list[tuple[EngineRequest, int, int]]) -> list[bool]:
-        """Rows that run one input row and then draw a frame (the captured graph's work)."""
-        # one row each: the last input row already there, or the new frame row built in ``run``
-        rows = [
+    @staticmethod
+    def _frame_rows(batch: list[tuple[EngineRequest, int, int]]) -> list[bool]:
+        """Rows that run one input row and then draw a frame: the last input row already there,
+        or the new frame row ``run`` builds (the captured graph's work)."""
+        return [
             n == 1 and req.state.talker.prefix is not None and start + 1 >= req.state.talker.num_inputs
             for req, start, n in batch
         ]
+
+    def graph_rows(self, batch: list[tuple[EngineRequest, int, int]]) -> list[bool]:
+        rows = self._frame_rows(batch)
         fits = self.frame_graph is not None and self.frame_graph.fits(sum(rows))
         return rows if fits else [False] * len(batch)
 

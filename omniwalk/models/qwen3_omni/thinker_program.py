@@ -57,12 +57,17 @@ class ThinkerProgram:
         self.decode_graph = GraphedStep("thinker decode", decode, inputs, buckets, self.device)
         return self.decode_graph.capture(pool)
 
-    def graph_rows(self, batch: list[tuple[EngineRequest, int, int]]) -> list[bool]:
-        """Rows that decode their one next token (the captured graph's work), when they fit it."""
-        rows = [
+    @staticmethod
+    def _decode_rows(batch: list[tuple[EngineRequest, int, int]]) -> list[bool]:
+        """Rows that decode their one next generated token (the captured graph's work: no prompt
+        rows, so no media and no talker states)."""
+        return [
             n == 1 and req.state.thinker.prompt.num_prompt_tokens <= start == len(req.state.thinker.seq) - 1
             for req, start, n in batch
         ]
+
+    def graph_rows(self, batch: list[tuple[EngineRequest, int, int]]) -> list[bool]:
+        rows = self._decode_rows(batch)
         fits = self.decode_graph is not None and self.decode_graph.fits(sum(rows))
         return rows if fits else [False] * len(batch)
 
@@ -97,15 +102,16 @@ class ThinkerProgram:
         states = [req.state.thinker for req, _, _ in batch]
         ids = [t for st, (_, s, n) in zip(states, batch, strict=True) for t in st.seq[s : s + n]]
         positions = torch.cat([st.prompt.rope.span(s, n) for st, (_, s, n) in zip(states, batch, strict=True)], 1)
-        generating = kv.is_decode and all(
-            s >= st.prompt.num_prompt_tokens for st, (_, s, _) in zip(states, batch, strict=True)
-        )
-        if generating and all(self.graph_rows(batch)):
-            inputs = {"ids": to_device(ids, self.device, torch.long), "positions": to_device(positions.T, self.device)}
-            logits = self.decode_graph.run(len(batch), {**inputs, **kv.decode_inputs()})["logits"]
-            kv.advance(len(batch))  # (the graph's DecodeKV keeps no host bookkeeping)
-            return self._sample(batch, list(range(len(batch))), logits)
-        self.num_eager_decode_steps += generating and self.decode_graph is not None
+        if all(self._decode_rows(batch)) and self.decode_graph is not None:
+            if self.decode_graph.fits(len(batch)):
+                inputs = {
+                    "ids": to_device(ids, self.device, torch.long),
+                    "positions": to_device(positions.T, self.device),
+                }
+                logits = self.decode_graph.run(len(batch), {**inputs, **kv.decode_inputs()})["logits"]
+                kv.advance(len(batch))  # (the graph's DecodeKV keeps no host bookkeeping)
+                return self._sample(batch, list(range(len(batch))), logits)
+            self.num_eager_decode_steps += 1
         ends = torch.tensor([n for _, _, n in batch]).cumsum(0) - 1
         speaks = any(req.state.talker is not None for req, _, _ in batch)
         media, counts = self._media(batch)
