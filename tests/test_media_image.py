@@ -124,3 +124,35 @@ def test_limit_errors_say_why():
         decode_image(encode_image(np.zeros((2, 500, 3), np.uint8), "PNG"))
     with pytest.raises(MediaLimitError, match="aspect ratio"):
         smart_resize(10, 2010)
+
+
+def _items():
+    from omniwalk.media.patches import resize_video
+    from omniwalk.models.qwen3_omni.processor import MediaItem
+
+    rng = np.random.default_rng(0)
+    image = torch.from_numpy(resize_image(rng.integers(0, 256, (100, 150, 3), dtype=np.uint8)))
+    frames = resize_video(torch.from_numpy(rng.integers(0, 256, (3, 64, 96, 3), dtype=np.uint8)))
+    return [MediaItem("image", data={"image": image}), MediaItem("video", data={"frames": frames})]
+
+
+def test_vision_pixels_equal_the_processor_patches():
+    """The encoder stage's pixels (made from the item's uint8 pixels) are the processor's patches."""
+    from omniwalk.media.patches import resized_video_patches
+    from omniwalk.models.qwen3_omni.media_inputs import vision_pixels
+
+    image, video = _items()
+    assert torch.equal(vision_pixels(image, "cpu"), image_patches(image.data["image"])[0])
+    assert torch.equal(vision_pixels(video, "cpu"), resized_video_patches(video.data["frames"])[0])
+    _, _, h, w = video.data["frames"].shape
+    assert vision_pixels(video, "cpu").shape[0] == 2 * (h // 16) * (w // 16)  # 3 frames: 2 temporal patches
+
+
+@pytest.mark.gpu
+def test_vision_pixels_on_the_gpu_equal_the_cpu_ones():
+    from omniwalk.models.qwen3_omni.media_inputs import vision_pixels
+
+    for item in _items():
+        gpu, cpu = vision_pixels(item, "cuda"), vision_pixels(item, "cpu")
+        print(f"GPU-PIXELS {item.kind}: bitwise equal {torch.equal(gpu.cpu(), cpu)}")
+        assert torch.equal(gpu.cpu(), cpu)

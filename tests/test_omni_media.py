@@ -17,6 +17,7 @@ from test_omni_text import checkpoint, omni
 
 from omniwalk.errors import InvalidRequestError
 from omniwalk.media.mel import log_mel
+from omniwalk.models.qwen3_omni.media_inputs import vision_pixels
 
 RNG = np.random.default_rng(1)
 AUDIO = (0.1 * RNG.standard_normal(16000 * 2 + 300)).astype(np.float32)
@@ -112,7 +113,7 @@ def hf_inputs(prompt, use_audio_in_video):
     ):
         chosen = [i for i in items if i.kind == kind]
         if chosen:
-            out[pixels] = torch.cat([i.data["pixels"] for i in chosen])
+            out[pixels] = torch.cat([vision_pixels(i, "cpu") for i in chosen])
             out[grid] = torch.tensor([i.grid_thw for i in chosen])
     if any(i.kind == "video" for i in items):
         out["video_second_per_grid"] = torch.tensor([i.seconds_per_grid for i in items if i.kind == "video"])

@@ -32,6 +32,9 @@ class BatchProgram(Protocol):
 
     def is_finished(self, req: EngineRequest) -> bool: ...
 
+    # Optional: ``capture_graphs(pool) -> pool`` (CUDA graphs, captured at start-up) and
+    # ``stats() -> dict`` (counters reported beside the stage's own, e.g. graph replays).
+
 
 class BatchStage:
     def __init__(self, name: str, program: BatchProgram, config: BatchStageConfig):
@@ -40,7 +43,12 @@ class BatchStage:
         self.last_batch_size = 0
 
     def stats(self) -> dict:
-        return {"requests": len(self.requests), "batch_size": self.last_batch_size}
+        program_stats = getattr(self.program, "stats", dict)
+        return {"requests": len(self.requests), "batch_size": self.last_batch_size, **program_stats()}
+
+    def capture_graphs(self, pool=None):
+        capture = getattr(self.program, "capture_graphs", None)
+        return capture(pool) if capture else pool
 
     def add(self, req: EngineRequest) -> None:
         self.requests[req.id] = req

@@ -8,8 +8,10 @@ order (block_row, block_col, in_row, in_col); each patch vector is (C, t, ph, pw
 An image is one frame repeated ``temporal_patch_size`` times; a video's frames are grouped in
 consecutive pairs (the last frame repeated if the count is odd).
 
-Resizing: images are resized on the CPU with Pillow (``resize_image``, run in the decode step),
-video frames in torch on the device (``video_patches``); see ``resize.py`` for why.
+Resizing happens on the CPU, where it is exact (``resize.py`` says why): images with Pillow
+(``resize_image``), video frames with torch's uint8 kernel (``resize_video``). The resized uint8
+pixels then travel to the device (8x fewer bytes than the patches), where ``image_patches`` and
+``resized_video_patches`` normalise and cut them (both run on any device).
 """
 
 from __future__ import annotations
@@ -71,11 +73,18 @@ def resize_image(image: np.ndarray, spec: PatchSpec = IMAGE_PATCHES) -> np.ndarr
     return pil_bicubic(image, *smart_resize(image.shape[0], image.shape[1], spec))
 
 
+def patch_grid(num_frames: int, height: int, width: int, spec: PatchSpec = IMAGE_PATCHES) -> tuple[int, int, int]:
+    """grid_thw of ``num_frames`` frames already at their smart_resize size (an image is 1 frame)."""
+    return -(-num_frames // spec.temporal_patch_size), height // spec.patch_size, width // spec.patch_size
+
+
 def _normalise(frames: torch.Tensor, spec: PatchSpec) -> torch.Tensor:
-    """[T, C, H, W] values in 0..255 -> float32 (x / 255 - mean) / std."""
-    mean = torch.tensor(spec.mean, device=frames.device).view(1, -1, 1, 1)
-    std = torch.tensor(spec.std, device=frames.device).view(1, -1, 1, 1)
-    return (frames.float() / 255.0 - mean) / std
+    """[T, C, H, W] values in 0..255 -> float32 (x / 255 - mean) / std, channel by channel with
+    scalar constants (no host-to-device copy)."""
+    x = frames.float() / 255.0
+    if len(set(spec.mean)) == 1 and len(set(spec.std)) == 1:
+        return (x - spec.mean[0]) / spec.std[0]
+    return torch.stack([(x[:, c] - m) / s for c, (m, s) in enumerate(zip(spec.mean, spec.std, strict=True))], 1)
 
 
 def patchify(frames: torch.Tensor, spec: PatchSpec) -> tuple[torch.Tensor, tuple[int, int, int]]:
@@ -97,13 +106,25 @@ def image_patches(image: torch.Tensor, spec: PatchSpec = IMAGE_PATCHES) -> tuple
     return patchify(frame.expand(spec.temporal_patch_size, -1, -1, -1), spec)
 
 
-def video_patches(frames: torch.Tensor, spec: PatchSpec = VIDEO_PATCHES) -> tuple[torch.Tensor, tuple[int, int, int]]:
-    """uint8 [T, H, W, 3] sampled frames (any device) -> resized, normalised patches and grid."""
+def resize_video(frames: torch.Tensor, spec: PatchSpec = VIDEO_PATCHES) -> torch.Tensor:
+    """uint8 [T, H, W, 3] sampled frames -> uint8 [T, 3, h, w] at the smart_resize size."""
     height, width = smart_resize(frames.shape[1], frames.shape[2], spec)
-    resized = torch_bicubic(frames.permute(0, 3, 1, 2), height, width)
-    if pad := -resized.shape[0] % spec.temporal_patch_size:
-        resized = torch.cat([resized, resized[-1:].expand(pad, -1, -1, -1)])
-    return patchify(_normalise(resized, spec), spec)
+    return torch_bicubic(frames.permute(0, 3, 1, 2), height, width)
+
+
+def resized_video_patches(
+    frames: torch.Tensor, spec: PatchSpec = VIDEO_PATCHES
+) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    """uint8 [T, 3, h, w] frames from ``resize_video`` (any device) -> normalised patches and grid;
+    an odd last frame is repeated to fill its temporal patch."""
+    if pad := -frames.shape[0] % spec.temporal_patch_size:
+        frames = torch.cat([frames, frames[-1:].expand(pad, -1, -1, -1)])
+    return patchify(_normalise(frames, spec), spec)
+
+
+def video_patches(frames: torch.Tensor, spec: PatchSpec = VIDEO_PATCHES) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    """uint8 [T, H, W, 3] sampled frames -> resized, normalised patches and grid."""
+    return resized_video_patches(resize_video(frames, spec), spec)
 
 
 def seconds_per_grid(sampled_fps: float, spec: PatchSpec = VIDEO_PATCHES) -> float:

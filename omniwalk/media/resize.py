@@ -33,10 +33,10 @@ def pil_bicubic(image: np.ndarray, height: int, width: int) -> np.ndarray:
 
 
 def torch_bicubic(frames: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """Antialiased bicubic resize of uint8 [N, C, H, W] frames; float32 result at uint8 levels."""
+    """Antialiased bicubic resize of uint8 [N, C, H, W] frames -> uint8 [N, C, height, width]."""
     if tuple(frames.shape[-2:]) == (height, width):
-        return frames.float()
+        return frames
     if frames.device.type == "cpu" and frames.dtype == torch.uint8:
-        return F.interpolate(frames, size=(height, width), mode="bicubic", antialias=True).float()
+        return F.interpolate(frames, size=(height, width), mode="bicubic", antialias=True)
     out = F.interpolate(frames.float(), size=(height, width), mode="bicubic", antialias=True, align_corners=False)
-    return out.clamp_(0, 255).round_()
+    return out.clamp_(0, 255).round_().to(torch.uint8)

@@ -6,12 +6,15 @@ go into one batch together; an over-budget request runs alone.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from omniwalk.device import to_device
 from omniwalk.engine.request import EngineRequest
 from omniwalk.media.mel import HOP_LENGTH, log_mel
 from omniwalk.models.qwen3_omni.audio_encoder import AudioEncoder
+from omniwalk.models.qwen3_omni.media_inputs import vision_pixels
 from omniwalk.models.qwen3_omni.vision_encoder import VisionEncoder
 
 
@@ -55,12 +58,12 @@ class VisionEncoderProgram:
 
     def take(self, req: EngineRequest, budget: int, batch_is_empty: bool) -> int:
         items = req.state.media.vision
-        return _fits(sum(items[i].data["pixels"].shape[0] for i in self._pending(req)), budget, batch_is_empty)
+        return _fits(sum(math.prod(items[i].grid_thw) for i in self._pending(req)), budget, batch_is_empty)
 
     @torch.inference_mode()
     def run(self, batch: list[tuple[EngineRequest, int]]) -> None:
         slots = [(req, req.state.media.vision[i], i) for req, _ in batch for i in self._pending(req)]
-        pixels = to_device(torch.cat([item.data["pixels"] for _, item, _ in slots]), self.device, self.dtype)
+        pixels = torch.cat([vision_pixels(item, self.device) for _, item, _ in slots]).to(self.dtype)
         out = self.encoder(pixels, [item.grid_thw for _, item, _ in slots])
         for (req, _, i), result in zip(slots, out.split(), strict=True):
             req.state.media.vision_out[i] = result

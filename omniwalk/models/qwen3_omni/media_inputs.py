@@ -1,7 +1,8 @@
 """Request media parts -> measured ``MediaItem``s (decoded, preprocessed, counted).
 
     part (array | base64 | data URL | allowed URL/path) --decode--> waveform / uint8 image / frames
-      --measure--> MediaItem (token count or grid + the encoder input)      [prompt building]
+      --measure--> MediaItem (token count or grid; waveform or resized uint8 pixels)  [prompt building]
+      --vision_pixels--> normalised patches, made on the encoder's device          [encoder stage]
 
 The encoder stages (``encoder_programs.py``) then run the encoders over the items of many
 requests at once.
@@ -15,13 +16,22 @@ import binascii
 import numpy as np
 import torch
 
+from omniwalk.device import to_device
 from omniwalk.errors import InvalidRequestError
 from omniwalk.media.audio import decode_audio
 from omniwalk.media.fetch import fetch
 from omniwalk.media.image import decode_image
 from omniwalk.media.limits import DEFAULT_LIMITS, MediaLimits
 from omniwalk.media.mel import log_mel
-from omniwalk.media.patches import image_patches, resize_image, seconds_per_grid, video_patches
+from omniwalk.media.patches import (
+    VIDEO_PATCHES,
+    image_patches,
+    patch_grid,
+    resize_image,
+    resize_video,
+    resized_video_patches,
+    seconds_per_grid,
+)
 from omniwalk.media.video import decode_video
 from omniwalk.models.qwen3_omni.audio_encoder import audio_output_lengths
 from omniwalk.models.qwen3_omni.mrope import AUDIO, IMAGE, VIDEO
@@ -29,20 +39,29 @@ from omniwalk.models.qwen3_omni.processor import MediaItem, MediaPart
 
 
 def measure(part: MediaPart, n_window: int, limits: MediaLimits = DEFAULT_LIMITS) -> MediaItem:
-    """Decode and preprocess one part; ``data`` holds the encoder input (waveform / patches)."""
+    """Decode and measure one part; ``data`` holds the waveform, or the pixels resized for the
+    vision encoder (uint8: ``image`` [h, w, 3], video ``frames`` [T, 3, h, w])."""
     p = part.part
     if part.kind == AUDIO:
         wave = decode_audio(_payload(p, "audio", "input_audio", "audio_url", limits), limits)
         return MediaItem(AUDIO, _num_audio_tokens(wave, n_window), data={"audio": wave})
     if part.kind == IMAGE:
-        image = resize_image(decode_image(_payload(p, "image", None, "image_url", limits), limits))
-        pixels, grid = image_patches(torch.from_numpy(image))
-        return MediaItem(IMAGE, grid_thw=grid, data={"pixels": pixels})
+        image = torch.from_numpy(resize_image(decode_image(_payload(p, "image", None, "image_url", limits), limits)))
+        return MediaItem(IMAGE, grid_thw=patch_grid(1, *image.shape[:2]), data={"image": image})
     video = decode_video(_payload(p, "video", None, "video_url", limits), limits, fps=p.get("fps"))
     track = video.audio if p.get("audio") is None else decode_audio(np.asarray(p["audio"]), limits)
-    pixels, grid = video_patches(torch.from_numpy(video.frames))
+    frames = resize_video(torch.from_numpy(video.frames))
+    grid = patch_grid(len(frames), *frames.shape[2:], VIDEO_PATCHES)
     tokens = 0 if track is None else _num_audio_tokens(track, n_window)
-    return MediaItem(VIDEO, tokens, grid, seconds_per_grid(video.sampled_fps), {"pixels": pixels, "audio": track})
+    return MediaItem(VIDEO, tokens, grid, seconds_per_grid(video.sampled_fps), {"frames": frames, "audio": track})
+
+
+def vision_pixels(item: MediaItem, device) -> torch.Tensor:
+    """An image or video item's vision-encoder input (float32 patches), made on ``device`` from
+    its resized uint8 pixels."""
+    if item.kind == IMAGE:
+        return image_patches(to_device(item.data["image"], device))[0]
+    return resized_video_patches(to_device(item.data["frames"], device))[0]
 
 
 def _num_audio_tokens(wave: np.ndarray, n_window: int) -> int:
