@@ -1,37 +1,91 @@
 #!/usr/bin/env bash
-# One device call that re-checks and re-measures everything GPU-side (about 8 minutes on an H200):
-# the GPU tests, the engine micro-benchmarks, and a sweep of the four paths at B = 1 and 32.
+# One device call that re-checks and re-measures GPU-side: the GPU tests and the engine
+# micro-benchmarks ("checks", ~3 minutes on GPU 0), and a sweep (`h200_sweep.sh` with the arguments
+# given after --), on the last GPU at the same time when the machine has two, else after the checks.
 #
-#   bash benchmarks/h200_session.sh            # device tool: carry [".whl", ".gpu"], timeout 600
+#   bash benchmarks/h200_session.sh                         # checks + a B = 1/32 sweep of the four paths
+#   bash benchmarks/h200_session.sh -- --paths i2s --min-requests 30      # checks + that sweep
+#   bash benchmarks/h200_session.sh --no-checks -- --paths s2t,s2s        # the sweep alone
+#   bash benchmarks/h200_session.sh --no-micro --also "--paths i2t,s2s" -- --paths s2t
+#             # GPU 1: the --also sweep (sweep2/); GPU 0: the GPU tests, then the other sweep (sweep/)
 #
-# Needs .gpu/qwen3_omni_30b_a3b_config.json (the real config; the full-size skeleton is made from
-# it when missing) and the wheels in .whl/ (benchmarks/h200_common.sh). Writes 7 files under $OUT
-# (the device returns at most 8): tests.log, micro/micro.{md,json}, sweep/results.{md,json},
-# sweep/sweep.log, sweep/metrics.txt. Each part has its own time limit, so a slow part cannot
-# starve the others of their results.
+# Device tool: carry [".whl", ".gpu"], timeout 600 (kind nvidia-h200-x2 runs checks and sweep side
+# by side). Needs .gpu/qwen3_omni_30b_a3b_config.json (the real config; the full-size skeleton is
+# made from it when missing) and the wheels in .whl/ (benchmarks/h200_common.sh). Writes under $OUT
+# (the device returns at most 8 files): tests.log, micro/micro.{md,json}, and per sweep
+# results.{md,json} and sweep.log (with the server's /metrics at its end). Each part has its own
+# time limit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . benchmarks/h200_common.sh
 OUT=${OUT:-./h200-session-out}
+CHECKS=1
+MICRO=1
+ALSO=""
+SWEEP_ARGS=(--concurrency 1,32 --min-requests 10 --requests-per-concurrency 2)
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-checks) CHECKS=0; shift ;;
+    --no-micro) MICRO=0; shift ;;
+    --also) ALSO=$2; shift 2 ;;
+    --) shift; [ $# -gt 0 ] && SWEEP_ARGS=("$@"); break ;;
+    *) echo "unknown option $1 (see the header)"; exit 2 ;;
+  esac
+done
 mkdir -p "$OUT/micro" "$OUT/sweep"
 install_wheels || exit 1
 mkdir -p ../shared/reference && cp .gpu/qwen3_omni_30b_a3b_config.json ../shared/reference/
 SKEL=.gpu/full-skel
 [ -f "$SKEL/config.json" ] ||
   python3 -m omniwalk.cli make-tiny "$SKEL" --config .gpu/qwen3_omni_30b_a3b_config.json --no-weights
+GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
 
-log "GPU tests"
-timeout 150 python3 -m pytest -q -s -p no:cacheprovider tests/test_graphs_gpu.py tests/test_sync_gpu.py \
-  tests/test_thinker_gpu.py tests/test_speech_gpu.py 2>&1 | grep -v "^cuda graphs" >"$OUT/tests.log"
-grep -E "GPU-|SYNC-|passed|failed" "$OUT/tests.log"
+sweep() {  # on GPU $1, guard $2 seconds, into $OUT/$3 (default sweep), then the arguments
+  local gpu=$1 guard=$2 into=${3:-sweep} dir
+  shift 3
+  dir=$(mktemp -d)
+  mkdir -p "$OUT/$into"
+  CUDA_VISIBLE_DEVICES=$gpu bash benchmarks/h200_sweep.sh --no-install --out "$dir" --max-seconds "$guard" \
+    --port $((8011 + gpu)) "$@" >"$dir/stdout.txt" 2>&1
+  grep -A40 "^| path" "$dir/results.md" | grep "^|" | tail -n +3
+  { echo "--- /metrics after the sweep"; cat "$dir/metrics.txt"; } >>"$dir/sweep.log" 2>/dev/null
+  cp "$dir"/results.json "$dir"/results.md "$dir"/sweep.log "$OUT/$into/" 2>/dev/null
+}
 
-log "micro-benchmarks"
-timeout 120 python3 benchmarks/micro.py "$SKEL" --out "$OUT/micro" --thinker-batches 1,8,32,64 \
-  --talker-batches 1,8,32 --vocoder-batches 1,8 --encoder-batches 1,32 2>&1 | grep -E "^(thinker|talker)|Error"
+checks() {
+  log "GPU tests"
+  # (modules needing packages the device lacks, e.g. openai, fail to import: their tests are CPU ones)
+  CUDA_VISIBLE_DEVICES=0 timeout 240 python3 -m pytest -q -s -p no:cacheprovider -m gpu \
+    --continue-on-collection-errors tests/ 2>&1 | grep -v "^cuda graphs" >"$OUT/tests.log"
+  grep -E "GPU-|SYNC-|passed|failed|Error" "$OUT/tests.log" | cut -c1-220
+  [ "$MICRO" = 1 ] || return 0
+  log "micro-benchmarks"
+  CUDA_VISIBLE_DEVICES=0 timeout 150 python3 benchmarks/micro.py "$SKEL" --out "$OUT/micro" \
+    --thinker-batches 1,8,32,64 --talker-batches 1,8,32 --vocoder-batches 1,8,32 --encoder-batches 1,8,32 2>&1 |
+    grep -E "^(thinker|talker|vocoder|audio|vision)|Error|cuda graphs: .* \(1/"
+}
 
-log "sweep"
-SWEEP=$(mktemp -d)
-bash benchmarks/h200_sweep.sh --no-install --out "$SWEEP" --max-seconds 280 --concurrency 1,32 \
-  --min-requests 10 --requests-per-concurrency 2 | grep -A10 "^| path" | tail -10
-cp "$SWEEP"/results.json "$SWEEP"/results.md "$SWEEP"/sweep.log "$SWEEP"/metrics.txt "$OUT/sweep/" 2>/dev/null
+if [ "$GPUS" -ge 2 ] && [ -n "$ALSO" ]; then
+  log "GPU 1: sweep $ALSO; GPU 0: checks, then sweep ${SWEEP_ARGS[*]}"
+  read -r -a ALSO_ARGS <<<"$ALSO"
+  sweep 1 570 sweep2 "${ALSO_ARGS[@]}" >"$OUT/sweep_table.txt" &
+  SWEEP_PID=$!
+  [ "$CHECKS" = 1 ] && checks
+  log "sweep on GPU 0"
+  sweep 0 $((570 - SECONDS)) sweep "${SWEEP_ARGS[@]}"
+  wait "$SWEEP_PID"
+  cat "$OUT/sweep_table.txt" && rm -f "$OUT/sweep_table.txt"
+elif [ "$GPUS" -ge 2 ] && [ "$CHECKS" = 1 ]; then
+  log "sweep on GPU 1 beside the checks on GPU 0: ${SWEEP_ARGS[*]}"
+  sweep 1 570 sweep "${SWEEP_ARGS[@]}" >"$OUT/sweep_table.txt" &
+  SWEEP_PID=$!
+  checks
+  wait "$SWEEP_PID"
+  log "sweep"
+  cat "$OUT/sweep_table.txt" && rm -f "$OUT/sweep_table.txt"
+else
+  [ "$CHECKS" = 1 ] && checks
+  log "sweep: ${SWEEP_ARGS[*]}"
+  sweep 0 $((570 - SECONDS)) sweep "${SWEEP_ARGS[@]}"
+fi
 log "done"

@@ -47,7 +47,6 @@ from omniwalk import Omni  # noqa: E402
 from omniwalk.bench.workload import photo_like, speech_like  # noqa: E402
 from omniwalk.media.mel import log_mel  # noqa: E402
 from omniwalk.media.patches import image_patches, resize_image  # noqa: E402
-from omniwalk.models.qwen3_omni.code2wav_stream import Code2WavState  # noqa: E402
 
 CPU_OPTIONS = dict(device="cpu", dtype="float32")
 OUTPUT_RATE = 24000  # Code2Wav's sample rate
@@ -227,85 +226,112 @@ def weight_bytes(module: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
-def component_row(module, fn, args, m: Machine, device, **fields) -> dict:
-    """Time ``fn`` (a call of ``module``) and put it beside its floor: weights read once, FLOPs counted."""
+def component_row(module, fn, args, m: Machine, device, eager=None, **fields) -> dict:
+    """Time ``fn`` (a call of ``module``) and put it beside its floor: weights read once, FLOPs
+    counted on ``eager`` (the same call without graph replay; default ``fn``)."""
     ms = median_ms(fn, device, warmup=args.warmup, iters=args.steps)
-    work = Work(weight_bytes(module), count_flops(fn))
+    work = Work(weight_bytes(module), count_flops(eager or fn))
     floor = work.floor_ms(m)
     return dict(**fields, ms=ms, gflop=work.flops / 1e9, floor_ms=floor, ratio=ms / floor)
 
 
-def vocoder_chunk(vocoder, batch: int, frames: int, warm_frames: int, num_calls: int, device):
-    """A closure decoding the next ``frames`` of ``batch`` streams the way the vocoder stage does
-    (stack the requests' states, one decode, split them back). With ``warm_frames`` the streams
-    had decoded that many frames and go on; with 0 every call is a first chunk of fresh streams
-    (``num_calls`` sets of fresh states are made up front, outside the timing)."""
-    cfg = vocoder.cfg
+def vocoder_chunk(program, batch: int, frames: int, warm_frames: int, device):
+    """Two closures decoding the next ``frames`` of ``batch`` streams the way the vocoder stage
+    does (its pool rows gathered, decoded, scattered back): as the stage runs it (graph replay
+    where one was captured) and always eagerly. With ``warm_frames`` the streams had decoded that
+    many frames and go on; with 0 every call is a first chunk of fresh streams."""
+    cfg = program.vocoder.cfg
     gen = torch.Generator().manual_seed(0)
 
     def codes(t: int) -> torch.Tensor:
-        return torch.randint(0, cfg.codebook_size, (1, t, cfg.num_quantizers), generator=gen).to(device)
+        return torch.randint(0, cfg.codebook_size, (batch, t, cfg.num_quantizers), generator=gen).to(device)
 
-    chunk = torch.cat([codes(frames) for _ in range(batch)])
-    fresh = [[vocoder.new_state(1) for _ in range(batch)] for _ in range(num_calls if not warm_frames else 0)]
-    states = [vocoder.new_state(1) for _ in range(batch)]
+    slots, chunk, fresh = torch.arange(batch, device=device), codes(frames), not warm_frames
     if warm_frames:
-        for state in states:
-            vocoder.decode(codes(warm_frames), state)
-    decoded = [warm_frames] * batch
+        program._decode(codes(warm_frames), slots, fresh=True)
+    graph = program.graphs.get((frames, fresh))
 
-    def run():
-        nonlocal states, decoded
-        if not warm_frames:
-            states, decoded = fresh.pop(), [0] * batch
-        state = states[0] if batch == 1 else Code2WavState.stack(states)
-        wav = vocoder.decode(chunk, state)
-        decoded = [n + frames for n in decoded]
-        states = [state] if batch == 1 else state.split(decoded)
-        return wav
+    def eager():
+        return program._decode(chunk, slots, fresh)["wav"]
 
-    return run
+    def staged():
+        return graph.run(batch, {"codes": chunk, "slots": slots})["wav"] if graph and graph.fits(batch) else eager()
+
+    return staged, eager
 
 
 @torch.inference_mode()
 def bench_vocoder(omni: Omni, args, m: Machine, device) -> list[dict]:
-    vocoder, rows = omni.parts["code2wav"], []
-    first = omni.config.engine.vocoder_first_chunk_frames
-    num_calls = args.warmup + args.steps + 1  # + the FLOP count
+    program, rows = omni.engine.stages["vocoder"].program, []
+    vocoder, first = program.vocoder, omni.config.engine.vocoder_first_chunk_frames
     for frames in args.vocoder_frames:
         for b in args.vocoder_batches:
             for warm in (0, args.vocoder_warm_frames) if frames == first else (args.vocoder_warm_frames,):
-                run = vocoder_chunk(vocoder, b, frames, warm, num_calls, device)
-                row = component_row(vocoder, run, args, m, device, frames=frames, batch=b, start=warm)
+                run, eager = vocoder_chunk(program, b, frames, warm, device)
+                replays = sum(g.num_replays for g in program.graphs.values())
+                row = component_row(vocoder, run, args, m, device, eager, frames=frames, batch=b, start=warm)
+                row["graph_calls"] = sum(g.num_replays for g in program.graphs.values()) - replays
                 row["audio_s_per_s"] = b * frames * vocoder.cfg.samples_per_frame / OUTPUT_RATE / row["ms"] * 1e3
                 rows.append(row)
                 print(
                     f"vocoder {frames:3d} frames B={b:3d} from frame {warm:3d}: {row['ms']:8.2f} ms "
-                    f"{row['audio_s_per_s']:8.1f} audio s/s  floor {row['floor_ms']:.2f} ms"
+                    f"{row['audio_s_per_s']:8.1f} audio s/s  floor {row['floor_ms']:.2f} ms  "
+                    f"graph calls {row['graph_calls']}"
                 )
     return rows
 
 
 @torch.inference_mode()
 def bench_encoders(omni: Omni, args, m: Machine, device, dtype) -> list[dict]:
+    """The encoder stages' calls (graph replay where the layout fits a bucket); FLOPs are counted
+    on the eager module call."""
     audio, vision, rows = omni.parts["audio_encoder"], omni.parts["vision_encoder"], []
+    programs = omni.engine.stages["audio_encoder"].program, omni.engine.stages["vision_encoder"].program
     for b in args.encoder_batches:
         waves = [torch.from_numpy(speech_like(args.audio_seconds, seed=i)).to(device) for i in range(b)]
         features, num_frames = log_mel(waves)
         x, frames = features.to(dtype), num_frames.tolist()
-        row = component_row(audio, lambda: audio(x, frames), args, m, device, item="audio", batch=b)
+        replays = programs[0].stats()["graph_replays"]
+        row = component_row(
+            audio,
+            lambda: programs[0].encode(x, frames),
+            args,
+            m,
+            device,
+            lambda: audio(x, frames),
+            item="audio",
+            batch=b,
+        )
+        row["graph_calls"] = programs[0].stats()["graph_replays"] - replays
         row["log_mel_ms"] = median_ms(lambda: log_mel(waves), device, warmup=args.warmup, iters=args.steps)
         row["per_s"] = b * args.audio_seconds / row["ms"] * 1e3  # audio seconds per second
         rows.append(row)
-        print(f"audio encoder  B={b:3d} x {args.audio_seconds:g} s: {row['ms']:8.2f} ms floor {row['floor_ms']:.2f} ms")
+        print(
+            f"audio encoder  B={b:3d} x {args.audio_seconds:g} s: {row['ms']:8.2f} ms floor {row['floor_ms']:.2f} ms "
+            f"graph calls {row['graph_calls']}"
+        )
     image = torch.from_numpy(resize_image(photo_like(*args.image_size, seed=0)))
     patches, grid = image_patches(image.to(device))
     for b in args.encoder_batches:
         pixels, grids = patches.repeat(b, 1).to(dtype), [grid] * b
-        row = component_row(vision, lambda: vision(pixels, grids), args, m, device, item="image", batch=b)
+        replays = programs[1].stats()["graph_replays"]
+        row = component_row(
+            vision,
+            lambda: programs[1].encode(pixels, grids),
+            args,
+            m,
+            device,
+            lambda: vision(pixels, grids),
+            item="image",
+            batch=b,
+        )
+        row["graph_calls"] = programs[1].stats()["graph_replays"] - replays
         row["per_s"] = b / row["ms"] * 1e3  # images per second
         rows.append(row)
-        print(f"vision encoder B={b:3d} x {len(patches)} patches: {row['ms']:8.2f} ms  floor {row['floor_ms']:.2f} ms")
+        print(
+            f"vision encoder B={b:3d} x {len(patches)} patches: {row['ms']:8.2f} ms  floor {row['floor_ms']:.2f} ms "
+            f"graph calls {row['graph_calls']}"
+        )
     return rows
 
 
@@ -322,11 +348,11 @@ TABLES = {  # part -> (title, columns)
     ),
     "vocoder": (
         "Vocoder chunk (start = frames each stream decoded before; 0 = a first chunk)",
-        ["frames", "batch", "start", "ms", "audio_s_per_s", "gflop", "floor_ms", "ratio"],
+        ["frames", "batch", "start", "ms", "audio_s_per_s", "graph_calls", "gflop", "floor_ms", "ratio"],
     ),
     "encoders": (
         "Encoders (per_s = audio seconds or images per second)",
-        ["item", "batch", "ms", "per_s", "gflop", "floor_ms", "ratio", "log_mel_ms"],
+        ["item", "batch", "ms", "per_s", "graph_calls", "gflop", "floor_ms", "ratio", "log_mel_ms"],
     ),
 }
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from omniwalk.engine.packed_graphs import MIN_BUCKET_TOKENS
 from omniwalk.errors import ConfigError
 from omniwalk.media.limits import MediaLimits
 
@@ -42,6 +43,9 @@ class ModelConfig:
     decode_attention: str = "auto"  # paged decode attention: "reference" | "triton" (CUDA)
     norm_backend: str = "auto"  # RMSNorm: "reference" | "triton" (CUDA, one fused kernel)
     cuda_graph_max_batch: int = 64  # on CUDA, decode steps of up to this many requests replay graphs; 0 = eager
+    # on CUDA with graphs on, encoder calls of up to this many packed tokens (audio tokens after the
+    # convs, vision patches) replay graphs of their layer loops; 0 = encoders run eagerly
+    encoder_graph_max_tokens: int = 8192
 
     def __post_init__(self):
         for name, choices in BACKENDS.items():
@@ -49,6 +53,9 @@ class ModelConfig:
                 raise ConfigError(f"{name} must be one of {[*choices, 'auto']}, got {getattr(self, name)!r}")
         if self.cuda_graph_max_batch < 0:
             raise ConfigError(f"cuda_graph_max_batch must be >= 0, got {self.cuda_graph_max_batch}")
+        n = self.encoder_graph_max_tokens
+        if n and (n < MIN_BUCKET_TOKENS or n & (n - 1)):
+            raise ConfigError(f"encoder_graph_max_tokens must be 0 or a power of two >= {MIN_BUCKET_TOKENS}, got {n}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -82,6 +89,14 @@ class ModelConfig:
         """Largest decode batch replayed from a CUDA graph (0: graphs off, always so off CUDA)."""
         return self.cuda_graph_max_batch if self.on_cuda else 0
 
+    @property
+    def graph_max_encoder_tokens(self) -> int:
+        """Largest encoder call (packed tokens) replayed from a CUDA graph: 0 when graphs are off,
+        and with the reference attention backend (it reads segment bounds on the host)."""
+        if self.graph_max_batch == 0 or self.backend("attention_backend") == "reference":
+            return 0
+        return self.encoder_graph_max_tokens
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -97,6 +112,9 @@ class EngineConfig:
     encoder_batch_units: int = 65536  # mel frames (audio) / patches (vision) per encoder call
     vocoder_chunk_frames: int = 25  # codec frames per streamed audio chunk (12.5 frames = 1 s)
     vocoder_first_chunk_frames: int = 5  # a smaller first chunk: earlier first audio
+    # streams decoded in one vocoder call; 1 = each stream alone: audio bit-identical whatever else
+    # runs (CPU kernels, like GPU ones, round differently at other batch sizes), at a throughput cost
+    vocoder_max_batch: int = 64
 
     def __post_init__(self):
         for f in fields(self):

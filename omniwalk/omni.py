@@ -131,7 +131,6 @@ class Omni:
             use_audio_in_video=bool(request.get("use_audio_in_video", False)),
             speech=speech,
             speaker=speaker,
-            vocoder=self.parts.get("code2wav"),
             device=self.config.model.device,
         )
         req = EngineRequest(str(request.get("request_id") or f"req-{next(self._ids)}"), walk, state)

@@ -8,7 +8,6 @@ import torch
 
 from omniwalk.models.qwen3_omni.code2wav import Code2Wav
 from omniwalk.models.qwen3_omni.code2wav_stream import (
-    Code2WavState,
     VocoderStream,
     VocoderStreamConfig,
     decode_in_chunks,
@@ -116,25 +115,33 @@ def test_stream_equals_one_shot(name, chunk_frames, first_chunk_frames):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_batched_streams_at_different_offsets(name):
-    """Rows at different frame offsets (different attention context) decode in one batch."""
+    """Rows of a state pool at different frame offsets (different valid attention context,
+    left-padded to the pool's fixed context) decode in one batch; scatter_ stores each row's state."""
     _, ours = audio_like_pair(name)
     groups, window = ours.cfg.num_quantizers, ours.cfg.sliding_window
     histories = [_codes(n, groups, seed=n)[0] for n in (2, window + 3, 11)]
     new = _codes(4, groups, seed=99, batch=3)
+    rows = torch.tensor([3, 0, 1])  # pool rows need not be in order
     with torch.no_grad():
-        states, expected, after = [], [], []
-        for history, codes in zip(histories, new, strict=True):
+        pool, expected, after = ours.new_state(4, padded=True), [], []
+        for row, history, codes in zip(rows, histories, new, strict=True):
             state = ours.new_state()
             ours.decode(history[None], state)
-            states.append(state)
+            pool.scatter_(row[None], state)
             after.append(copy.deepcopy(state))
             expected.append(ours.decode(codes[None], after[-1])[0])
-        batched = Code2WavState.stack(states)
-        got = ours.decode(new, batched)
+        batch = pool.gather(rows)
+        got = ours.decode(new, batch)
+        pool.scatter_(rows, batch)
     assert (got - torch.stack(expected)).abs().max() <= 1e-5
-    for row, single in zip(batched.split(), after, strict=True):  # split gives back each row's own state
-        assert row.num_frames == single.num_frames
-        for a, b in zip(row.keys + row.conv + row.trans, single.keys + single.conv + single.trans, strict=True):
+    for row, single in zip(rows, after, strict=True):
+        kept = pool.gather(row[None])
+        assert kept.num_frames == single.num_frames
+        context = single.keys[0].shape[2]  # the row's valid slots: the last ``context`` of the pool's
+        kv = zip(kept.keys + kept.values, single.keys + single.values, strict=True)
+        pairs = [(a[..., -context:, :], b) for a, b in kv]
+        pairs += list(zip(kept.conv + kept.trans, single.conv + single.trans, strict=True))
+        for a, b in pairs:
             assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5)
 
 

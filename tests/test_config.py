@@ -141,3 +141,21 @@ def test_graph_batch_buckets():
     assert batch_buckets(1) == [1]
     assert batch_buckets(6) == [1, 2, 4, 6]
     assert batch_buckets(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+
+
+def test_encoder_graph_tokens_validated_and_resolved():
+    from omniwalk.config import ModelConfig
+    from omniwalk.errors import ConfigError
+
+    for bad in (-1, 100, 1000, 3 * 1024):
+        with pytest.raises(ConfigError, match="encoder_graph_max_tokens"):
+            ModelConfig(model="m", encoder_graph_max_tokens=bad)
+    gpu = {"model": "m", "device": "cuda", "dtype": "bfloat16"}
+    assert ModelConfig(**gpu).graph_max_encoder_tokens == 8192
+    assert ModelConfig(**gpu, encoder_graph_max_tokens=256).graph_max_encoder_tokens == 256
+    assert ModelConfig(**gpu, encoder_graph_max_tokens=0).graph_max_encoder_tokens == 0
+    assert ModelConfig(**gpu, cuda_graph_max_batch=0).graph_max_encoder_tokens == 0  # the global switch
+    assert ModelConfig(model="m").graph_max_encoder_tokens == 0  # CPU: eager
+    # the reference attention reads segment bounds on the host: not capturable
+    assert ModelConfig(model="m", device="cuda").graph_max_encoder_tokens == 0
+    assert ModelConfig(**gpu, attention_backend="reference").graph_max_encoder_tokens == 0

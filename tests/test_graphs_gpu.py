@@ -86,7 +86,9 @@ def test_graph_replay_equals_eager_through_the_engine():
     a, b = eager.generate(_requests()), graphed.generate(_requests())
     stats = graphed.engine.stats()
     print(f"GPU-GRAPHS stats thinker={stats['thinker']} talker={stats['talker']}")
+    print(f"GPU-GRAPHS stats vocoder={stats['vocoder']}")
     assert stats["thinker"]["graph_replays"] > 0 and stats["talker"]["graph_replays"] > 0
+    assert stats["vocoder"]["graph_replays"] >= 2 and stats["vocoder"]["eager_calls"] == 0  # chunks of 5 + 25 frames
     assert eager.engine.stats()["thinker"]["graph_replays"] == 0
     same = 0
     for i, (x, y) in enumerate(zip(a, b, strict=True)):
@@ -103,7 +105,8 @@ def test_graph_replay_equals_eager_through_the_engine():
         print(f"GPU-GRAPHS request {i}: ids equal, max logprob difference {logprob_err:.2e}")
         if x.codes is not None:
             equal = torch.equal(x.codes, y.codes)
-            print(f"GPU-GRAPHS request {i}: codes equal {equal}")
+            audio_err = (x.audio - y.audio).abs().max().item()
+            print(f"GPU-GRAPHS request {i}: codes equal {equal}, audio max abs difference {audio_err:.2e}")
             assert equal and torch.equal(x.audio, y.audio)
     assert same >= 6
 
@@ -146,6 +149,46 @@ def test_padding_rows_do_not_touch_real_rows(live):
     assert cos > 0.999
     changed = (storage.keys[0] != before[0]).any(dim=(1, 2)).nonzero().flatten().tolist()
     assert sorted(changed) == sorted({*slots.tolist(), storage.scratch_slot})
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("fresh", [True, False])
+def test_vocoder_graph_equals_eager_on_the_same_rows(fresh):
+    """Three streams replayed in the 4-row vocoder graph equal eager over the same 4 rows (the 4th
+    decoding into the scratch row) exactly; their pool rows get the same state. Also reported:
+    whether a stream decoded in a batch equals it decoded alone (batch invariance of the kernels)."""
+    omni = _omni(4)
+    program = omni.engine.stages["vocoder"].program
+    cfg = program.vocoder.cfg
+    frames = omni.config.engine.vocoder_first_chunk_frames if fresh else omni.config.engine.vocoder_chunk_frames
+    g = torch.Generator(device="cuda").manual_seed(0)
+    history = torch.randint(0, cfg.codebook_size, (3, 7, cfg.num_quantizers), device="cuda", generator=g)
+    codes = torch.randint(0, cfg.codebook_size, (3, frames, cfg.num_quantizers), device="cuda", generator=g)
+    slots = torch.tensor([2, 0, 1], device="cuda")
+
+    def start():  # the streams' state before the chunk (a fresh chunk reads none)
+        if not fresh:
+            program._decode(history, slots, fresh=True)
+
+    start()
+    graphed = program.graphs[(frames, fresh)].run(3, {"codes": codes, "slots": slots})["wav"].clone()
+    after_graph = [t.clone() for t in program.pool.keys + program.pool.conv]
+    start()
+    pad = torch.zeros_like(codes[:1])
+    eager4 = program._decode(torch.cat([codes, pad]), torch.cat([slots, slots.new_tensor([program.scratch])]), fresh)
+    after_eager = [t.clone() for t in program.pool.keys + program.pool.conv]
+    start()
+    alone = torch.cat([program._decode(codes[i : i + 1], slots[i : i + 1], fresh)["wav"] for i in range(3)])
+    exact = torch.equal(graphed, eager4["wav"][:3])
+    batch_invariant = torch.equal(graphed, alone)
+    print(
+        f"GPU-GRAPHS vocoder {'first' if fresh else 'later'} chunk of {frames} frames: graph vs eager (same rows) "
+        f"bitwise {exact}; batch of 3 vs alone: bitwise {batch_invariant}, "
+        f"max abs {(graphed - alone).abs().max().item():.2e}"
+    )
+    assert exact
+    assert all(torch.equal(a[:3], b[:3]) for a, b in zip(after_graph, after_eager, strict=True))
+    torch.testing.assert_close(graphed, alone, atol=2e-2, rtol=0)
 
 
 @pytest.mark.parametrize("shape", [(5, 2048), (1, 1024), (300, 128), (0, 2048)])

@@ -21,7 +21,7 @@ from omniwalk import Omni
 
 ALLOWED = {
     ("sampling.py", "picks"),  # the thinker's one read of sampled ids (and logprobs)
-    ("models/qwen3_omni/vocoder_program.py", "run"),  # finished audio chunks leave the device
+    ("models/qwen3_omni/vocoder_program.py", "_call"),  # finished audio chunks leave the device
     ("layers/moe.py", "reference_experts"),  # reference backends: CPU only
     ("layers/paged_decode.py", "paged_decode_reference"),
     ("layers/attention.py", "_reference"),

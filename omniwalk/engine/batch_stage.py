@@ -32,8 +32,9 @@ class BatchProgram(Protocol):
 
     def is_finished(self, req: EngineRequest) -> bool: ...
 
-    # Optional: ``capture_graphs(pool) -> pool`` (CUDA graphs, captured at start-up) and
-    # ``stats() -> dict`` (counters reported beside the stage's own, e.g. graph replays).
+    # Optional: ``release(req)`` (free what the program holds for a request leaving the stage),
+    # ``capture_graphs(pool) -> pool`` (CUDA graphs, captured at start-up) and ``stats() -> dict``
+    # (counters reported beside the stage's own, e.g. graph replays).
 
 
 class BatchStage:
@@ -55,6 +56,9 @@ class BatchStage:
 
     def remove(self, req: EngineRequest) -> None:
         self.requests.pop(req.id, None)
+        release = getattr(self.program, "release", None)
+        if release is not None:
+            release(req)
 
     def is_done(self, req: EngineRequest) -> bool:
         return req.id not in self.requests

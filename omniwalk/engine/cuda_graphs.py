@@ -10,11 +10,15 @@ and returns the outputs' first ``n`` rows: views of static buffers, valid until 
 
 Padding rows must be harmless by construction: the model programs pad KV slots with a scratch
 slot and key lengths with 0, so padding rows write nowhere that matters and read nothing.
+
+A ``KeyedGraphs`` is the same for steps whose static shapes depend on more than a batch size
+(e.g. the encoders' (tokens, segments) buckets): one graph per key, inputs padded by the caller.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import sys
 import time
 from collections.abc import Callable
@@ -36,6 +40,21 @@ def batch_buckets(max_batch: int) -> list[int]:
     return sorted(set(sizes)) if max_batch > 0 else []
 
 
+def record_graph(fn: Callable[..., dict], static: dict, pool, device) -> tuple[torch.cuda.CUDAGraph, dict]:
+    """Warm ``fn(**static)`` up twice off the graph (lazy kernel compilation, allocator), then
+    record it into ``pool``: (graph, its outputs)."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn(**static)
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn(**static)
+    return graph, out
+
+
 def fill_static(static: dict, specs: dict[str, StaticInput], inputs: dict[str, torch.Tensor], n: int) -> None:
     """Copy ``n`` live rows into the static buffers (inputs may be narrower in later dimensions)
     and set the rows after them to each input's pad value; an input missing from ``inputs`` (or
@@ -51,59 +70,80 @@ def fill_static(static: dict, specs: dict[str, StaticInput], inputs: dict[str, t
 
 
 class GraphedStep:
+    """``fn``'s graphs per batch bucket (a ``KeyedGraphs`` keyed by batch size, inputs all pad)."""
+
     def __init__(self, name: str, fn: Callable[..., dict], inputs: dict[str, StaticInput], buckets: list[int], device):
-        self.name, self.fn, self.inputs, self.buckets, self.device = name, fn, inputs, sorted(buckets), device
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, dict, dict]] = {}
-        self.num_replays = 0
+        self.name, self.inputs, self.buckets, self.device = name, inputs, sorted(buckets), device
+        knob = "cuda_graph_max_batch (0 = no graphs) or the KV budgets (thinker_kv_bytes, talker_kv_bytes)"
+        self.keyed = KeyedGraphs(f"{name} batch", lambda b, **kw: fn(**kw), self._pads, self.buckets, device, knob)
+
+    def _pads(self, b: int) -> dict[str, torch.Tensor]:
+        return {k: torch.full((b, *s.shape), s.pad, dtype=s.dtype, device=self.device) for k, s in self.inputs.items()}
 
     @property
     def max_batch(self) -> int:
         return self.buckets[-1] if self.buckets else 0
 
+    @property
+    def num_replays(self) -> int:
+        return self.keyed.num_replays
+
     def fits(self, n: int) -> bool:
         return 0 < n <= self.max_batch
 
+    def capture(self, pool=None):
+        """Record every bucket's graph (largest first); prints progress. Returns the memory pool."""
+        return self.keyed.capture(pool)
+
+    def run(self, n: int, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        bucket = self.buckets[bisect.bisect_left(self.buckets, n)]
+        fill_static(self.keyed.graphs[bucket][1], self.inputs, inputs, n)
+        return {k: v[:n] for k, v in self.keyed.replay(bucket).items()}
+
+
+class KeyedGraphs:
+    """One CUDA graph of ``fn(key, **inputs) -> dict of tensors`` per key, largest key first, all in
+    one memory pool. ``make_inputs(key)`` gives a key's static input buffers, holding values that
+    are valid to run on (they are the capture's warm-up inputs); ``run(key, inputs)`` copies tensors
+    of exactly those shapes into them, replays, and returns the outputs: static buffers, valid
+    until the next replay of that key. ``str(key)`` names it in the progress output."""
+
+    def __init__(self, name: str, fn: Callable[..., dict], make_inputs: Callable, keys: list, device, knob: str):
+        self.name, self.fn, self.make_inputs, self.device, self.knob = name, fn, make_inputs, device, knob
+        self.keys = sorted(keys, reverse=True)
+        self.graphs: dict = {}  # key -> (graph, static inputs, outputs)
+        self.num_replays = 0
+
     @torch.inference_mode()
     def capture(self, pool=None):
-        """Record every bucket's graph; prints progress. Returns the memory pool (to share)."""
+        """Record every key's graph; prints progress. Returns the memory pool (to share)."""
         start = time.perf_counter()
-        for i, b in enumerate(reversed(self.buckets)):
+        for i, key in enumerate(self.keys):
+            static = self.make_inputs(key)
             try:
-                pool = self._capture(b, pool)
+                graph, out = record_graph(functools.partial(self.fn, key), static, pool, self.device)
             except torch.cuda.OutOfMemoryError as e:
                 raise MemoryError(
-                    f"out of GPU memory capturing the {self.name} graph for batch {b}: lower "
-                    "cuda_graph_max_batch (0 = no graphs) or the KV budgets (thinker_kv_bytes, talker_kv_bytes)"
+                    f"out of GPU memory capturing the {self.name} graph for {key}: lower {self.knob}"
                 ) from e
+            self.graphs[key] = (graph, static, out)
+            pool = graph.pool()
             print(
-                f"cuda graphs: {self.name} batch {b} ({i + 1}/{len(self.buckets)}, {time.perf_counter() - start:.1f}s)",
+                f"cuda graphs: {self.name} {key} ({i + 1}/{len(self.keys)}, {time.perf_counter() - start:.1f}s)",
                 file=sys.stderr,
                 flush=True,
             )
         torch.cuda.synchronize(self.device)
         return pool
 
-    def _capture(self, b: int, pool):
-        static = {
-            k: torch.full((b, *spec.shape), spec.pad, dtype=spec.dtype, device=self.device)
-            for k, spec in self.inputs.items()
-        }
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):  # warm up (lazy kernel compilation, allocator) off the graph
-            for _ in range(2):
-                self.fn(**static)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            out = self.fn(**static)
-        self.graphs[b] = (graph, static, out)
-        return graph.pool()
+    def run(self, key, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        for name, buf in self.graphs[key][1].items():
+            buf.copy_(inputs[name])
+        return self.replay(key)
 
-    def run(self, n: int, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        bucket = self.buckets[bisect.bisect_left(self.buckets, n)]
-        graph, static, out = self.graphs[bucket]
-        fill_static(static, self.inputs, inputs, n)
+    def replay(self, key) -> dict[str, torch.Tensor]:
+        """Replay over what the key's static inputs hold now; returns its outputs."""
+        graph, _, out = self.graphs[key]
         graph.replay()
         self.num_replays += 1
-        return {k: v[:n] for k, v in out.items()}
+        return out

@@ -17,13 +17,14 @@ Backends (chosen by name from config, never by environment):
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cache
-from itertools import pairwise
+from itertools import accumulate, pairwise
 
 import torch
 import torch.nn.functional as F
 
+from omniwalk.device import to_device
 from omniwalk.errors import ConfigError
 
 # (q, k, v, cu_seqlens, max_seqlen, causal, scale) -> out
@@ -71,6 +72,11 @@ def varlen_attention(
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]})")
     return get_backend(backend)(q, k, v, cu_seqlens, max_seqlen, causal, scale)
+
+
+def cu_seqlens(lengths: Sequence[int], device) -> torch.Tensor:
+    """Segment lengths (host ints) -> ``cu_seqlens`` [len + 1] int32 on ``device``."""
+    return to_device(list(accumulate(lengths, initial=0)), device, torch.int32)
 
 
 @register_backend("reference")

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from omniwalk.device import to_device
-from omniwalk.layers.attention import varlen_attention
+from omniwalk.layers.attention import cu_seqlens, varlen_attention
 from omniwalk.models.qwen3_omni.config import AudioEncoderConfig
 
 NUM_CONVS = 3  # each halves time (and mel) with kernel 3, stride 2, padding 1
@@ -45,6 +44,11 @@ def audio_output_lengths(num_frames, n_window: int = 50):
     for _ in range(NUM_CONVS):
         tail = _conv_length(tail)
     return tail + (num_frames // chunk) * 13
+
+
+def attention_windows(num_tokens: Sequence[int], window_tokens: int) -> list[int]:
+    """The attention segments, clip by clip: each clip's tokens cut every ``window_tokens``."""
+    return [min(window_tokens, n - start) for n in num_tokens for start in range(0, n, window_tokens)]
 
 
 def sinusoid_positions(length: int, channels: int, max_timescale: float = 10000.0) -> torch.Tensor:
@@ -112,11 +116,20 @@ class AudioEncoder(nn.Module):
     def output_lengths(self, num_frames: Sequence[int]) -> list[int]:
         return [audio_output_lengths(n, self.cfg.n_window) for n in num_frames]
 
+    def segment_lengths(self, num_frames: Sequence[int]) -> list[int]:
+        return attention_windows(self.output_lengths(num_frames), self.window_tokens)
+
     def forward(self, features: torch.Tensor, num_frames: Sequence[int]) -> torch.Tensor:
         """features [B, num_mel_bins, T] (frames past ``num_frames[b]`` ignored) -> [Σ tokens, output_dim].
 
         Rows are clip by clip in input order; ``output_lengths(num_frames)`` gives each clip's rows.
         """
+        x = self.embed(features, num_frames)
+        lengths = self.segment_lengths(num_frames)
+        return self.encode(x, cu_seqlens(lengths, x.device), max(lengths))
+
+    def embed(self, features: torch.Tensor, num_frames: Sequence[int]) -> torch.Tensor:
+        """The conv frontend: features -> packed tokens [Σ tokens, d_model] (reads a mask back: not graphable)."""
         chunks, chunk_lens, pad_lens = self._chunk(features, num_frames)
         x = chunks[:, None].to(self.conv2d1.weight.dtype)  # [C, 1, mel, chunk_frames]
         # conv_chunksize bounds the conv activations' memory only
@@ -126,8 +139,11 @@ class AudioEncoder(nn.Module):
         x = self.conv_out(x.permute(0, 3, 1, 2).reshape(num_chunks, steps, ch * mel))
         x = x + self.positions[:steps].to(x.dtype)
         valid = torch.arange(steps, device=x.device) < audio_output_lengths(chunk_lens, self.cfg.n_window)[:, None]
-        x = x[valid]  # [N, d], chunk-major then time: clip order is preserved
-        cu_seqlens, max_seqlen = self._windows(num_frames, x.device)
+        return x[valid]  # [N, d], chunk-major then time: clip order is preserved
+
+    def encode(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+        """The layers and the head over packed tokens [N, d_model] -> [N, output_dim]; no host
+        reads, so it is what a CUDA graph records (over a padded layout)."""
         for layer in self.layers:
             x = layer(x, cu_seqlens, max_seqlen, self.attention_backend)
         return self.proj2(F.gelu(self.proj1(self.ln_post(x))))
@@ -157,13 +173,3 @@ class AudioEncoder(nn.Module):
         chunks = torch.stack([F.pad(p, (0, size - p.shape[-1])) for p in pieces])
         device = features.device
         return chunks, to_device(lens, device, torch.long), to_device(pads, device, torch.long)
-
-    def _windows(self, num_frames: Sequence[int], device) -> tuple[torch.Tensor, int]:
-        """cu_seqlens of the attention windows: each clip's tokens cut every ``window_tokens``."""
-        bounds, total = [0], 0
-        for n in self.output_lengths(num_frames):
-            cuts = list(range(self.window_tokens, n, self.window_tokens)) + [n]
-            bounds += [total + c for c in cuts]
-            total += n
-        cu = to_device(bounds, device, torch.int32)
-        return cu, max(b - a for a, b in pairwise(bounds))

@@ -247,21 +247,22 @@ class Code2Wav(nn.Module):
             n = (n - 1) * r
         return n
 
-    def new_state(self, batch_size: int = 1) -> Code2WavState:
-        """The memory of ``batch_size`` streams that have decoded nothing yet."""
+    def new_state(self, batch_size: int = 1, padded: bool = False) -> Code2WavState:
+        """The memory of ``batch_size`` streams that have decoded nothing yet; ``padded``: a pool
+        of fixed-shape rows for started streams (see ``Code2WavState``)."""
         p = self.code_embedding.weight
         cfg = self.cfg
 
         def zeros(*shape):
             return torch.zeros(batch_size, *shape, dtype=p.dtype, device=p.device)
 
-        kv_shape = (cfg.num_key_value_heads, 0, cfg.head_dim)
+        kv_shape = (cfg.num_key_value_heads, cfg.sliding_window - 1 if padded else 0, cfg.head_dim)
         return Code2WavState(
             num_frames=torch.zeros(batch_size, dtype=torch.long, device=p.device),
             keys=[zeros(*kv_shape) for _ in range(cfg.num_hidden_layers)],
             values=[zeros(*kv_shape) for _ in range(cfg.num_hidden_layers)],
             conv=[zeros(m.conv.in_channels, m.context) for m in self._convs],
-            trans=[zeros(m.conv.in_channels, 0) for m in self._trans],
+            trans=[zeros(m.conv.in_channels, m.hold if padded else 0) for m in self._trans],
         )
 
     def decode(self, codes: torch.Tensor, state: Code2WavState) -> torch.Tensor:

@@ -41,60 +41,39 @@ if TYPE_CHECKING:  # code2wav.py imports this module for Code2WavState
 
 @dataclass
 class Code2WavState:
-    """Stream memory with a leading batch dim B on every tensor (one row per request).
+    """Stream memory with a leading batch dim B on every tensor (one row per stream).
 
-    Rows batched together (``stack``) may sit at different frame offsets but must agree on
-    ``is_fresh``: a stream's first chunk yields fewer samples (the trans convs hold nothing yet).
+    A fresh state (``Code2Wav.new_state``) remembers nothing: no attention context, no trans-conv
+    inputs. A *pool* (``new_state(n, padded=True)``) has fixed shapes, so batches of its rows
+    decode in CUDA graphs: every row keeps ``sliding_window - 1`` attention slots, left-padded
+    with zeros and masked by the row's frame count, and its trans-conv inputs. The engine keeps
+    every started stream in a pool row: ``gather`` a batch's rows, decode, ``scatter_`` them back.
     """
 
     num_frames: torch.Tensor  # [B] int64: frames decoded so far (RoPE offset, valid KV slots)
     keys: list[torch.Tensor]  # per layer [B, kv_heads, context, head_dim], RoPE applied; see window_mask
     values: list[torch.Tensor]
     conv: list[torch.Tensor]  # per causal conv [B, C_in, (kernel - 1) * dilation]
-    trans: list[torch.Tensor]  # per trans conv [B, C_in, 0 | kernel / stride - 1]
+    trans: list[torch.Tensor]  # per trans conv [B, C_in, 0 (fresh) | kernel / stride - 1]
 
-    @property
-    def is_fresh(self) -> bool:
-        return not any(t.shape[-1] for t in self.trans)
+    def gather(self, rows: torch.Tensor) -> Code2WavState:
+        """The states of rows ``rows`` [b] (int64, on the state's device) as a batch of b."""
 
-    @staticmethod
-    def stack(states: list[Code2WavState]) -> Code2WavState:
-        """Batch requests' states; shorter attention contexts are left-padded (masked by offset)."""
-        if len({s.is_fresh for s in states}) > 1:
-            raise ValueError("cannot batch fresh and started vocoder streams")
-        context = max(s.keys[0].shape[2] for s in states) if states[0].keys else 0
+        def pick(ts: list[torch.Tensor]) -> list[torch.Tensor]:
+            return [t.index_select(0, rows) for t in ts]
 
-        def pad(kv: torch.Tensor) -> torch.Tensor:
-            return F.pad(kv, (0, 0, context - kv.shape[2], 0))
+        rows_frames = self.num_frames.index_select(0, rows)
+        return Code2WavState(rows_frames, pick(self.keys), pick(self.values), pick(self.conv), pick(self.trans))
 
-        return Code2WavState(
-            num_frames=torch.cat([s.num_frames for s in states]),
-            keys=[torch.cat([pad(s.keys[i]) for s in states]) for i in range(len(states[0].keys))],
-            values=[torch.cat([pad(s.values[i]) for s in states]) for i in range(len(states[0].values))],
-            conv=[torch.cat([s.conv[i] for s in states]) for i in range(len(states[0].conv))],
-            trans=[torch.cat([s.trans[i] for s in states]) for i in range(len(states[0].trans))],
-        )
-
-    def split(self, num_frames: list[int] | None = None) -> list[Code2WavState]:
-        """Inverse of ``stack``: one state per row, each keeping only its own valid context.
-
-        ``num_frames`` (frames decoded per row, when the caller knows them on the host) avoids
-        reading them back from the device.
-        """
+    def scatter_(self, rows: torch.Tensor, state: Code2WavState) -> None:
+        """Write a batch's states into rows ``rows`` of this pool; shorter attention contexts are
+        left-padded with zeros (masked: their frames precede the stream's frame 0)."""
         context = self.keys[0].shape[2] if self.keys else 0
-        out = []
-        for b, n in enumerate(self.num_frames.tolist() if num_frames is None else num_frames):
-            first = context - min(n, context)  # slots before this row's frame 0 are padding
-            out.append(
-                Code2WavState(
-                    num_frames=self.num_frames[b : b + 1],
-                    keys=[k[b : b + 1, :, first:] for k in self.keys],
-                    values=[v[b : b + 1, :, first:] for v in self.values],
-                    conv=[c[b : b + 1] for c in self.conv],
-                    trans=[t[b : b + 1] for t in self.trans],
-                )
-            )
-        return out
+        self.num_frames.index_copy_(0, rows, state.num_frames)
+        for pool, new in zip(self.keys + self.values, state.keys + state.values, strict=True):
+            pool.index_copy_(0, rows, F.pad(new, (0, 0, context - new.shape[2], 0)))
+        for pool, new in zip(self.conv + self.trans, state.conv + state.trans, strict=True):
+            pool.index_copy_(0, rows, new)
 
 
 @dataclass(frozen=True)

@@ -52,9 +52,12 @@ def build_stages(parts: dict, cfg: Qwen3OmniConfig, engine: EngineConfig, model:
     decode = model.backend("decode_attention")
     graphs = min(model.graph_max_batch, engine.max_running)  # no decode batch is larger than max_running
     encoder_batch = BatchStageConfig(engine.encoder_batch_units, engine.max_running)
+    encoder_graphs = model.graph_max_encoder_tokens
+    audio = AudioEncoderProgram(parts["audio_encoder"], device, dtype, encoder_graphs)
+    vision = VisionEncoderProgram(parts["vision_encoder"], device, dtype, encoder_graphs)
     stages = [
-        BatchStage("audio_encoder", AudioEncoderProgram(parts["audio_encoder"], device, dtype), encoder_batch),
-        BatchStage("vision_encoder", VisionEncoderProgram(parts["vision_encoder"], device, dtype), encoder_batch),
+        BatchStage("audio_encoder", audio, encoder_batch),
+        BatchStage("vision_encoder", vision, encoder_batch),
         KVStage(
             "thinker",
             ThinkerProgram(parts["thinker"], device, decode, graphs),
@@ -75,7 +78,11 @@ def build_stages(parts: dict, cfg: Qwen3OmniConfig, engine: EngineConfig, model:
                 KVStageConfig(engine.talker_max_batch_tokens, engine.max_running, decode),
                 device,
             ),
-            BatchStage("vocoder", VocoderProgram(parts["code2wav"], stream, device), BatchStageConfig(2**31, 256)),
+            BatchStage(
+                "vocoder",
+                VocoderProgram(parts["code2wav"], stream, device, engine.max_running, engine.vocoder_max_batch, graphs),
+                BatchStageConfig(2**31, engine.max_running),
+            ),
         ]
     return stages
 
@@ -90,7 +97,6 @@ def new_state(
     use_audio_in_video: bool = False,
     speech: TalkerSamplingParams | None = None,
     speaker: int | None = None,
-    vocoder=None,
     device="cpu",
 ) -> tuple[tuple[str, ...], OmniRequestState]:
     """A processed request -> (its walk, its state)."""
@@ -115,6 +121,6 @@ def new_state(
             SamplerState(speech.code_predictor(), (), []),
             talker_prefix_length(prompt.token_ids, cfg.tokens),
         )
-        state.vocoder = VocoderState(vocoder.new_state(batch_size=1))
+        state.vocoder = VocoderState()
         walk += ("talker", "vocoder")
     return walk, state

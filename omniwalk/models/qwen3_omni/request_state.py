@@ -6,7 +6,7 @@ reads what the stages before it produced and writes its own part:
     media       encoder outputs per item            audio / vision encoder programs
     thinker     seq = prompt + generated ids, ...   thinker program
     talker      talker input rows, frames           talker program (speech only)
-    vocoder     stream state, emitted samples       vocoder program (speech only)
+    vocoder     frames decoded, emitted samples     vocoder program (speech only; stream state in its pool)
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from omniwalk.models.qwen3_omni.code2wav_stream import Code2WavState
 from omniwalk.models.qwen3_omni.mrope import RopePositions
 from omniwalk.models.qwen3_omni.processor import Prompt
 from omniwalk.models.qwen3_omni.talker import TalkerSamplingParams
@@ -109,7 +108,6 @@ class TalkerState:
 
 @dataclass
 class VocoderState:
-    stream: Code2WavState
     num_decoded: int = 0  # frames turned into audio
     chunks: list[torch.Tensor] = field(default_factory=list)  # PCM chunks emitted, in order
     finished: bool = False

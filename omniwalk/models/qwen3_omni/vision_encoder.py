@@ -14,7 +14,6 @@ Parameter names mirror the checkpoint (``patch_embed.proj``, ``blocks.N.attn.qkv
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,8 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omniwalk.device import to_device
-from omniwalk.layers.attention import varlen_attention
+from omniwalk.layers.attention import cu_seqlens, varlen_attention
 from omniwalk.layers.rotary import apply_rotary, rotary_tables
 from omniwalk.models.qwen3_omni.config import VisionEncoderConfig
 
@@ -166,18 +164,35 @@ class VisionEncoder(nn.Module):
     def tokens_per_item(self, grids: Sequence[Grid]) -> list[int]:
         return [t * h * w // self.cfg.spatial_merge_size**2 for t, h, w in grids]
 
+    def segment_lengths(self, grids: Sequence[Grid]) -> list[int]:
+        """The attention segments: one per frame group of every item, h * w patches each."""
+        return [h * w for t, h, w in grids for _ in range(t)]
+
     def forward(self, pixel_values: torch.Tensor, grids: Sequence[Grid]) -> VisionOutput:
         grids = [tuple(int(v) for v in g) for g in grids]
+        x, cos, sin = self.embed(pixel_values, grids)
+        lengths = self.segment_lengths(grids)
+        main, deepstack = self.encode(x, cos, sin, cu_seqlens(lengths, x.device), max(lengths))
+        return VisionOutput(main, deepstack, self.tokens_per_item(grids))
+
+    def embed(self, pixel_values: torch.Tensor, grids: Sequence[Grid]) -> tuple[torch.Tensor, ...]:
+        """Patches + positions [P, hidden], and the rotary tables cos, sin [P, 1, head_dim] (fp32);
+        ``grids`` of Python ints."""
         x = self.patch_embed(pixel_values)
         x = x + self._positions(grids, x.device).to(x.dtype)
         cos, sin = rotary_tables(*self._rotary(grids, x.device), torch.float32)  # applied in fp32, like HF
-        cu_seqlens, max_seqlen = self._segments(grids, x.device)
+        return x, cos, sin
+
+    def encode(self, x, cos, sin, cu_seqlens: torch.Tensor, max_seqlen: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The blocks and the mergers over packed patches -> (tokens [P / 4, out], one such tensor
+        per DeepStack level); no host reads, so it is what a CUDA graph records (over a padded
+        layout, padding in whole merge groups)."""
         deepstack = []
         for i, block in enumerate(self.blocks):
             x = block(x, cos, sin, cu_seqlens, max_seqlen, self.attention_backend)
             if i in self.cfg.deepstack_visual_indexes:
                 deepstack.append(self.merger_list[self.cfg.deepstack_visual_indexes.index(i)](x))
-        return VisionOutput(self.merger(x), deepstack, self.tokens_per_item(grids))
+        return self.merger(x), deepstack
 
     def _positions(self, grids: Sequence[Grid], device) -> torch.Tensor:
         """[P, hidden] learned positions resampled to each item's grid, in patch order."""
@@ -202,9 +217,3 @@ class VisionEncoder(nn.Module):
         angles = torch.cat([torch.cat(rows)[:, None] * inv, torch.cat(cols)[:, None] * inv], dim=-1)
         emb = torch.cat([angles, angles], dim=-1)
         return emb.cos(), emb.sin()
-
-    def _segments(self, grids: Sequence[Grid], device) -> tuple[torch.Tensor, int]:
-        """cu_seqlens with one segment per frame group of every item."""
-        lengths = [h * w for t, h, w in grids for _ in range(t)]
-        bounds = to_device(list(itertools.accumulate([0, *lengths])), device, torch.int32)
-        return bounds, max(lengths)

@@ -1,8 +1,19 @@
 """Engine program for Code2Wav: exact streaming chunks, batched across requests.
 
 Each request decodes its frames in chunks (a smaller first chunk for time to first audio) against
-its own ``Code2WavState``, so the concatenated chunks equal a one-shot decode. Requests whose
-chunks have the same length and the same freshness are stacked into one decode call.
+its own stream state, so the concatenated chunks equal a one-shot decode. Started streams live in
+the rows of one fixed-shape state pool (a slot per stream, taken at its first chunk, given back
+when it leaves the stage); a batch gathers its rows, decodes, and scatters them back. Requests
+whose chunks have the same length and freshness decode in one call.
+
+On CUDA the two common calls, first chunks and full chunks, replay graphs captured at start-up
+per batch bucket (padding rows decode zeros into a scratch row). Others (a stream's last, partial
+chunk) run the same function eagerly and are counted in ``stats``. If every slot is taken, a new
+stream waits for one (a stream holding a slot always finishes, so it is freed).
+
+A call decodes at most ``max_batch`` streams. Kernels round differently at other batch sizes, so a
+stream's samples depend on its batch-mates to float rounding (~1e-7); ``max_batch = 1`` decodes
+every stream alone, at fixed shapes, and its audio is bit-identical whatever else runs.
 """
 
 from __future__ import annotations
@@ -12,43 +23,111 @@ from collections import defaultdict
 import torch
 
 from omniwalk.device import to_device
+from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets
 from omniwalk.engine.request import EngineRequest
 from omniwalk.models.qwen3_omni.code2wav import Code2Wav
-from omniwalk.models.qwen3_omni.code2wav_stream import Code2WavState, VocoderStreamConfig
+from omniwalk.models.qwen3_omni.code2wav_stream import VocoderStreamConfig
 
 
 class VocoderProgram:
-    def __init__(self, vocoder: Code2Wav, config: VocoderStreamConfig, device):
-        self.vocoder, self.config, self.device = vocoder, config, device
+    def __init__(
+        self,
+        vocoder: Code2Wav,
+        config: VocoderStreamConfig,
+        device,
+        max_streams: int,
+        max_batch: int,
+        graph_max_batch=0,
+    ):
+        self.vocoder, self.config, self.device, self.max_batch = vocoder, config, device, max_batch
+        self.pool = vocoder.new_state(max_streams + 1, padded=True)  # the last row: scratch for padding rows
+        self.scratch = max_streams
+        self.free = list(range(max_streams - 1, -1, -1))
+        self.slots: dict[str, int] = {}  # request id -> its pool row
+        self.graph_max_batch = min(graph_max_batch, max_streams, max_batch)
+        self.graphs: dict[tuple[int, bool], GraphedStep] = {}  # (frames, fresh) -> graphs per batch bucket
+        self.num_eager_calls = 0  # decode calls that fit no graph while graphs are on
 
     def take(self, req: EngineRequest, budget: int, batch_is_empty: bool) -> int:
         ts, vs = req.state.talker, req.state.vocoder
         available = len(ts.frames) - vs.num_decoded
         chunk = self.config.next_chunk(vs.num_decoded)
         n = chunk if available >= chunk else available if ts.finished else 0
-        return n if n and (n <= budget or batch_is_empty) else 0
+        if not n or (n > budget and not batch_is_empty):
+            return 0
+        if req.id not in self.slots:
+            if not self.free:
+                return 0
+            self.slots[req.id] = self.free.pop()
+        return n
+
+    def release(self, req: EngineRequest) -> None:
+        slot = self.slots.pop(req.id, None)
+        if slot is not None:
+            self.free.append(slot)
 
     def is_finished(self, req: EngineRequest) -> bool:
         ts, vs = req.state.talker, req.state.vocoder
         return ts.finished and vs.num_decoded == len(ts.frames)
+
+    def _decode(self, codes: torch.Tensor, slots: torch.Tensor, fresh: bool) -> dict[str, torch.Tensor]:
+        """codes [b, T, Q] of the streams in pool rows ``slots`` [b] -> their PCM [b, samples]."""
+        state = self.vocoder.new_state(len(slots)) if fresh else self.pool.gather(slots)
+        wav = self.vocoder.decode(codes, state)
+        self.pool.scatter_(slots, state)
+        return {"wav": wav.float()}
+
+    def capture_graphs(self, pool=None):
+        """Graphs of first chunks (fresh streams) and full chunks, per batch bucket."""
+        if not self.graph_max_batch:
+            return pool
+        groups = self.vocoder.cfg.num_quantizers
+        calls = {
+            "vocoder first chunk": (self.config.first_chunk_frames, True),
+            "vocoder chunk": (self.config.chunk_frames, False),
+        }
+        for name, (frames, fresh) in calls.items():
+            inputs = {
+                "codes": StaticInput((frames, groups), torch.long),
+                "slots": StaticInput((), torch.long, self.scratch),
+            }
+
+            def decode(codes, slots, fresh=fresh):
+                return self._decode(codes, slots, fresh)
+
+            graph = GraphedStep(name, decode, inputs, batch_buckets(self.graph_max_batch), self.device)
+            pool = graph.capture(pool)
+            self.graphs[(frames, fresh)] = graph
+        return pool
+
+    def stats(self) -> dict:
+        return {"graph_replays": sum(g.num_replays for g in self.graphs.values()), "eager_calls": self.num_eager_calls}
 
     @torch.inference_mode()
     def run(self, batch: list[tuple[EngineRequest, int]]) -> None:
         groups: dict[tuple[int, bool], list[EngineRequest]] = defaultdict(list)
         for req, n in batch:
             groups[(n, req.state.vocoder.num_decoded == 0)].append(req)
-        for (n, _), reqs in groups.items():
-            codes = to_device(torch.stack([self._frames(req, n) for req in reqs]), self.device)
-            states = [req.state.vocoder.stream for req in reqs]
-            state = states[0] if len(states) == 1 else Code2WavState.stack(states)
-            wav = self.vocoder.decode(codes, state).float()
-            decoded = [req.state.vocoder.num_decoded + n for req in reqs]
-            new_states = [state] if len(states) == 1 else state.split(decoded)
-            for req, row, new_state in zip(reqs, wav, new_states, strict=True):
-                vs = req.state.vocoder
-                vs.stream, vs.num_decoded = new_state, vs.num_decoded + n
-                vs.chunks.append(row.cpu())
-                req.emit("audio", vs.chunks[-1])
+        for (n, fresh), group in groups.items():
+            for first in range(0, len(group), self.max_batch):
+                self._call(n, fresh, group[first : first + self.max_batch])
+
+    def _call(self, n: int, fresh: bool, reqs: list[EngineRequest]) -> None:
+        inputs = {
+            "codes": to_device(torch.stack([self._frames(req, n) for req in reqs]), self.device),
+            "slots": to_device([self.slots[req.id] for req in reqs], self.device, torch.long),
+        }
+        graph = self.graphs.get((n, fresh))
+        if graph is not None and graph.fits(len(reqs)):
+            wav = graph.run(len(reqs), inputs)["wav"]
+        else:
+            self.num_eager_calls += bool(self.graph_max_batch)
+            wav = self._decode(inputs["codes"], inputs["slots"], fresh)["wav"]
+        for req, row in zip(reqs, wav.cpu(), strict=True):  # the call's one read
+            vs = req.state.vocoder
+            vs.num_decoded += n
+            vs.chunks.append(row)
+            req.emit("audio", row)
 
     @staticmethod
     def _frames(req: EngineRequest, n: int) -> torch.Tensor:
