@@ -150,9 +150,11 @@ def test_vision_pixels_equal_the_processor_patches():
 
 @pytest.mark.gpu
 def test_vision_pixels_on_the_gpu_equal_the_cpu_ones():
+    """Same uint8 pixels in, same patches out, to float32 rounding (measured on the H200: not bit
+    for bit, CUDA divides by a scalar as a multiply by its reciprocal)."""
     from omniwalk.models.qwen3_omni.media_inputs import vision_pixels
 
     for item in _items():
-        gpu, cpu = vision_pixels(item, "cuda"), vision_pixels(item, "cpu")
-        print(f"GPU-PIXELS {item.kind}: bitwise equal {torch.equal(gpu.cpu(), cpu)}")
-        assert torch.equal(gpu.cpu(), cpu)
+        gpu, cpu = vision_pixels(item, "cuda").cpu(), vision_pixels(item, "cpu")
+        print(f"GPU-PIXELS {item.kind}: bitwise {torch.equal(gpu, cpu)}, max abs {(gpu - cpu).abs().max().item():.2e}")
+        torch.testing.assert_close(gpu, cpu, atol=1e-6, rtol=0)

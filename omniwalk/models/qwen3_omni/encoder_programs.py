@@ -18,7 +18,7 @@ from omniwalk.device import to_device
 from omniwalk.engine.cuda_graphs import StaticInput
 from omniwalk.engine.packed_graphs import PackedGraphs, layout_buckets
 from omniwalk.engine.request import EngineRequest
-from omniwalk.media.mel import HOP_LENGTH, log_mel
+from omniwalk.media.mel import log_mel, num_mel_frames
 from omniwalk.models.qwen3_omni.audio_encoder import AudioEncoder
 from omniwalk.models.qwen3_omni.media_inputs import vision_pixels
 from omniwalk.models.qwen3_omni.vision_encoder import VisionEncoder, VisionOutput
@@ -56,14 +56,14 @@ class AudioEncoderProgram:
 
     def take(self, req: EngineRequest, budget: int, batch_is_empty: bool) -> int:
         waves = req.state.media.waves
-        return _fits(sum(len(waves[i]) // HOP_LENGTH for i in self._pending(req)), budget, batch_is_empty)
+        return _fits(sum(num_mel_frames(len(waves[i])) for i in self._pending(req)), budget, batch_is_empty)
 
     @torch.inference_mode()
     def run(self, batch: list[tuple[EngineRequest, int]]) -> None:
         slots = [(req, i) for req, _ in batch for i in self._pending(req)]
         waves = [to_device(torch.from_numpy(req.state.media.waves[i]), self.device) for req, i in slots]
         features, _ = log_mel(waves)  # each clip as if alone (the processor's token counts)
-        frames = [len(w) // HOP_LENGTH for w in waves]  # log_mel's valid frames, known on the host
+        frames = [num_mel_frames(len(w)) for w in waves]  # log_mel's valid frames, known on the host
         out = self.encode(features.to(self.dtype), frames)
         for (req, i), rows in zip(slots, out.split(self.encoder.output_lengths(frames)), strict=True):
             req.state.media.audio_out[i] = rows

@@ -22,7 +22,7 @@ from omniwalk.media.audio import decode_audio
 from omniwalk.media.fetch import fetch
 from omniwalk.media.image import decode_image
 from omniwalk.media.limits import DEFAULT_LIMITS, MediaLimits
-from omniwalk.media.mel import log_mel
+from omniwalk.media.mel import num_mel_frames
 from omniwalk.media.patches import (
     VIDEO_PATCHES,
     image_patches,
@@ -65,8 +65,8 @@ def vision_pixels(item: MediaItem, device) -> torch.Tensor:
 
 
 def _num_audio_tokens(wave: np.ndarray, n_window: int) -> int:
-    _, num_frames = log_mel([torch.from_numpy(wave)])
-    return int(audio_output_lengths(int(num_frames[0]), n_window))
+    """The encoder's output length for the clip (from its length: no features are computed here)."""
+    return int(audio_output_lengths(num_mel_frames(len(wave)), n_window))
 
 
 def _payload(part: dict, array_key: str, base64_key: str | None, url_key: str, limits: MediaLimits):
