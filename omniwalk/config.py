@@ -39,7 +39,7 @@ class ModelConfig:
     random_weights: bool = False  # build random weights on the device instead of reading them (benchmarks)
     # Fast paths, chosen by name ("auto": the fast one on CUDA, the reference one elsewhere):
     moe_backend: str = "auto"  # "reference" (per-expert loop, the CPU oracle) | "grouped" (grouped GEMM)
-    attention_backend: str = "auto"  # encoders' packed attention: "reference" | "torch_varlen" (CUDA, 16-bit)
+    attention_backend: str = "auto"  # encoders' and prefill attention: "reference" | "torch_varlen" (CUDA, 16-bit)
     decode_attention: str = "auto"  # paged decode attention: "reference" | "triton" (CUDA)
     norm_backend: str = "auto"  # RMSNorm: "reference" | "triton" (CUDA, one fused kernel)
     cuda_graph_max_batch: int = 64  # on CUDA, decode steps of up to this many requests replay graphs; 0 = eager

@@ -41,7 +41,10 @@ def reference(q, k, v):
     return out[0].transpose(0, 1)
 
 
-def test_paged_batch_matches_contiguous_attention_over_steps():
+@pytest.mark.parametrize("prefill_backend", ["reference", "masked"])
+def test_paged_batch_matches_contiguous_attention_over_steps(prefill_backend):
+    """Per request (reference) or one packed varlen call over all requests' keys ("masked" has
+    the semantics of the CUDA ``torch_varlen`` kernel): both equal causal attention per request."""
     torch.manual_seed(0)
     heads, kv_heads, d = 4, 2, 8
     storage = KVStorage(
@@ -59,7 +62,7 @@ def test_paged_batch_matches_contiguous_attention_over_steps():
             qs.append(torch.randn(n, heads, d))
             ks.append(torch.randn(n, kv_heads, d))
             vs.append(torch.randn(n, kv_heads, d))
-        batch = PagedBatch(storage, segments, "cpu")
+        batch = PagedBatch(storage, segments, "cpu", prefill_backend=prefill_backend)
         out = batch.attend(0, torch.cat(qs), torch.cat(ks), torch.cat(vs))
         batch.advance(batch.num_tokens)
         start = 0

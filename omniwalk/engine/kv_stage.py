@@ -32,6 +32,7 @@ class KVStageConfig:
     max_batch_tokens: int = 512  # prefill chunk tokens + decode tokens per step
     max_running: int = 64  # requests holding KV pages at once
     decode_attention: str = "reference"  # the kernel of pure decode steps (layers/paged_decode.py)
+    prefill_attention: str = "reference"  # other steps: per request, or one packed varlen call (layers/attention.py)
 
 
 class KVProgram(Protocol):
@@ -211,7 +212,8 @@ class KVStage:
     def _run(self, batch: list[tuple[EngineRequest, int]]) -> Callable[[], None] | None:
         segments = [Segment(self.tables[r.id], n) for r, n in batch]
         starts = [seg.table.num_cached for seg in segments]
-        kv = PagedBatch(self.storage, segments, self.device, self.config.decode_attention)
+        cfg = self.config
+        kv = PagedBatch(self.storage, segments, self.device, cfg.decode_attention, cfg.prefill_attention)
         try:
             return self.program.run([(r, start, n) for (r, n), start in zip(batch, starts, strict=True)], kv)
         except Exception:

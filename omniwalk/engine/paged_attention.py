@@ -3,8 +3,10 @@
 A ``PagedBatch`` is built once per step from the requests' page tables and how many new tokens
 each contributes; it is the decoder's ``KVCache`` for that step. Every decoder layer calls
 ``attend``: the new keys/values are written into their slots, then each request's queries attend
-causally to all of its keys (reference path: per request, gathered, the same function the
-contiguous cache uses). The decoder calls ``advance`` after its last layer.
+causally to all of its keys: reference path per request, gathered, the same function the
+contiguous cache uses; fast path (``prefill_backend``, e.g. ``torch_varlen``) one packed varlen
+call for the whole step over every request's gathered keys, the queries bottom-right aligned (a
+prompt chunk after its cached tokens). The decoder calls ``advance`` after its last layer.
 
 Slot indices are built on the host from the page tables (plain Python, no device reads) and
 copied to the device once per step.
@@ -23,6 +25,7 @@ import torch
 
 from omniwalk.device import to_device
 from omniwalk.engine.kv_pages import KVStorage, PageTable
+from omniwalk.layers.attention import cu_seqlens, varlen_attention
 from omniwalk.layers.kv_attention import causal_attention
 from omniwalk.layers.paged_decode import DECODE_BACKENDS
 
@@ -58,8 +61,15 @@ class DecodeKV:
 class PagedBatch:
     """The decoder's KV context for one step (implements ``attend``/``advance``)."""
 
-    def __init__(self, storage: KVStorage, segments: list[Segment], device, decode_backend: str = "reference"):
-        self.storage, self.segments = storage, segments
+    def __init__(
+        self,
+        storage: KVStorage,
+        segments: list[Segment],
+        device,
+        decode_backend: str = "reference",
+        prefill_backend: str = "reference",
+    ):
+        self.storage, self.segments, self.prefill_backend = storage, segments, prefill_backend
         pool = storage.pool
         new_slots, self._keys = [], []
         self.is_decode = all(seg.num_new == 1 for seg in segments)
@@ -79,6 +89,12 @@ class PagedBatch:
             lens = [s.table.num_cached + 1 for s in segments]
             table, lens = to_device(table, device, torch.int32), to_device(lens, device, torch.int32)
             self.decode = DecodeKV(storage, self._new_slots, table, lens, decode_backend)
+        elif prefill_backend != "reference":  # one packed call: keys of every segment back to back
+            self._packed_keys = torch.cat(self._keys)
+            totals = [s.table.num_cached + s.num_new for s in segments]
+            self._cu_q = cu_seqlens([s.num_new for s in segments], device)
+            self._cu_k = cu_seqlens(totals, device)
+            self._max_q, self._max_k = max(s.num_new for s in segments), max(totals)
 
     def decode_inputs(self) -> dict[str, torch.Tensor]:
         """A pure decode step's KV inputs as tensors (for a CUDA graph's static copies)."""
@@ -95,6 +111,19 @@ class PagedBatch:
         keys, values = self.storage.keys[layer], self.storage.values[layer]
         keys.index_copy_(0, self._new_slots, k.to(keys.dtype))
         values.index_copy_(0, self._new_slots, v.to(values.dtype))
+        if self.prefill_backend != "reference":
+            return varlen_attention(
+                q,
+                keys[self._packed_keys],
+                values[self._packed_keys],
+                self._cu_q,
+                self._max_q,
+                causal=True,
+                scale=q.shape[-1] ** -0.5,
+                backend=self.prefill_backend,
+                cu_seqlens_k=self._cu_k,
+                max_seqlen_k=self._max_k,
+            )
         out, start = [], 0
         for seg, slots in zip(self.segments, self._keys, strict=True):
             qs = q[start : start + seg.num_new].transpose(0, 1)

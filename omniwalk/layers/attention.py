@@ -6,6 +6,10 @@ never crosses a segment boundary; with ``causal`` a token sees only earlier toke
 segment. q is [tokens, heads, head_dim]; k/v are [tokens, kv_heads, head_dim] with ``heads`` a
 multiple of ``kv_heads`` (GQA). The output has q's shape and dtype.
 
+Keys may have their own offsets (``cu_seqlens_k``): segment i then has n_i queries and m_i >= n_i
+keys, the queries being the last n_i positions (a prompt chunk after m_i - n_i cached tokens), and
+``causal`` aligns the mask to the bottom right: query j sees keys 0 .. m_i - n_i + j.
+
 Backends (chosen by name from config, never by environment):
 
     name          runs on     host sync   notes
@@ -27,8 +31,8 @@ import torch.nn.functional as F
 from omniwalk.device import to_device
 from omniwalk.errors import ConfigError
 
-# (q, k, v, cu_seqlens, max_seqlen, causal, scale) -> out
-AttentionBackend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, bool, float], torch.Tensor]
+# (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale) -> out
+AttentionBackend = Callable[..., torch.Tensor]
 _BACKENDS: dict[str, AttentionBackend] = {}
 
 
@@ -63,15 +67,20 @@ def varlen_attention(
     causal: bool,
     scale: float,
     backend: str = "reference",
+    cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_k: int | None = None,
 ) -> torch.Tensor:
     """Attention over packed segments (see the module docstring for shapes).
 
     ``max_seqlen`` is the longest segment; kernels size their launch grid from it, so it must be
-    a Python int known without reading ``cu_seqlens`` back from the device.
+    a Python int known without reading ``cu_seqlens`` back from the device. Keys share the
+    queries' offsets unless ``cu_seqlens_k`` / ``max_seqlen_k`` are given.
     """
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]})")
-    return get_backend(backend)(q, k, v, cu_seqlens, max_seqlen, causal, scale)
+    if cu_seqlens_k is None:
+        cu_seqlens_k, max_seqlen_k = cu_seqlens, max_seqlen
+    return get_backend(backend)(q, k, v, cu_seqlens, cu_seqlens_k, max_seqlen, max_seqlen_k, causal, scale)
 
 
 def cu_seqlens(lengths: Sequence[int], device) -> torch.Tensor:
@@ -80,16 +89,22 @@ def cu_seqlens(lengths: Sequence[int], device) -> torch.Tensor:
 
 
 @register_backend("reference")
-def _reference(q, k, v, cu_seqlens, max_seqlen, causal, scale):
-    bounds = cu_seqlens.tolist()
+def _reference(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
     gqa = q.shape[1] != k.shape[1]
     out = torch.empty_like(q)
-    for start, end in pairwise(bounds):
+    for (start, end), (k_start, k_end) in zip(pairwise(cu_q.tolist()), pairwise(cu_k.tolist()), strict=True):
         if end == start:
             continue
         # SDPA wants [heads, tokens, head_dim]
-        qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))
-        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale, enable_gqa=gqa)
+        qs = q[start:end].transpose(0, 1)
+        ks, vs = (t[k_start:k_end].transpose(0, 1) for t in (k, v))
+        n, m = end - start, k_end - k_start
+        mask = None
+        if causal and m != n:  # bottom-right: the queries are the last n of m positions
+            mask = torch.arange(m, device=q.device)[None, :] <= torch.arange(m - n, m, device=q.device)[:, None]
+        o = F.scaled_dot_product_attention(
+            qs, ks, vs, attn_mask=mask, is_causal=causal and mask is None, scale=scale, enable_gqa=gqa
+        )
         out[start:end] = o.transpose(0, 1)
     return out
 
@@ -101,12 +116,14 @@ def segment_ids(cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
 
 
 @register_backend("masked")
-def _masked(q, k, v, cu_seqlens, max_seqlen, causal, scale):
-    num_tokens = q.shape[0]
-    seg = segment_ids(cu_seqlens, num_tokens)
-    mask = seg[:, None] == seg[None, :]
-    if causal:
-        mask = mask.tril()
+def _masked(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
+    seg_q, seg_k = segment_ids(cu_q, q.shape[0]), segment_ids(cu_k, k.shape[0])
+    mask = seg_q[:, None] == seg_k[None, :]
+    if causal:  # key position in its segment <= query position + (m_i - n_i)
+        pos_q = torch.arange(q.shape[0], device=q.device) - cu_q[seg_q]
+        pos_k = torch.arange(k.shape[0], device=k.device) - cu_k[seg_k]
+        shift = (cu_k[1:] - cu_k[:-1]) - (cu_q[1:] - cu_q[:-1])
+        mask &= pos_k[None, :] <= (pos_q + shift[seg_q])[:, None]
     o = F.scaled_dot_product_attention(
         q.transpose(0, 1),
         k.transpose(0, 1),
@@ -128,7 +145,7 @@ def _torch_varlen_kernel():
 
 
 @register_backend("torch_varlen")
-def _torch_varlen(q, k, v, cu_seqlens, max_seqlen, causal, scale):
+def _torch_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
     kernel, has_gqa = _torch_varlen_kernel()
     extra = {}
     if q.shape[1] != k.shape[1]:
@@ -137,6 +154,7 @@ def _torch_varlen(q, k, v, cu_seqlens, max_seqlen, causal, scale):
         else:
             group = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    cu = cu_seqlens.to(torch.int32)
+    # flash attention aligns causal masks and windows to the bottom right (queries last)
     window = (-1, 0) if causal else (-1, -1)
-    return kernel(q, k, v, cu, cu, max_seqlen, max_seqlen, scale=scale, window_size=window, **extra)
+    cu_q, cu_k = cu_q.to(torch.int32), cu_k.to(torch.int32)
+    return kernel(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale, window_size=window, **extra)

@@ -49,7 +49,7 @@ def build_stages(parts: dict, cfg: Qwen3OmniConfig, engine: EngineConfig, model:
     vocoder stages exist only when those components were loaded. CUDA graphs are captured
     by ``Engine.capture_graphs`` once the stages exist."""
     dtype, device = model.torch_dtype, model.device
-    decode = model.backend("decode_attention")
+    decode, prefill = model.backend("decode_attention"), model.backend("attention_backend")
     graphs = min(model.graph_max_batch, engine.max_running)  # no decode batch is larger than max_running
     encoder_batch = BatchStageConfig(engine.encoder_batch_units, engine.max_running)
     encoder_graphs = model.graph_max_encoder_tokens
@@ -62,7 +62,7 @@ def build_stages(parts: dict, cfg: Qwen3OmniConfig, engine: EngineConfig, model:
             "thinker",
             ThinkerProgram(parts["thinker"], device, decode, graphs),
             _kv_storage(cfg.text, engine.thinker_kv_bytes, engine.page_size, dtype, device),
-            KVStageConfig(engine.max_batch_tokens, engine.max_running, decode),
+            KVStageConfig(engine.max_batch_tokens, engine.max_running, decode, prefill),
             device,
         ),
     ]
@@ -75,7 +75,7 @@ def build_stages(parts: dict, cfg: Qwen3OmniConfig, engine: EngineConfig, model:
                 "talker",
                 talker,
                 storage,
-                KVStageConfig(engine.talker_max_batch_tokens, engine.max_running, decode),
+                KVStageConfig(engine.talker_max_batch_tokens, engine.max_running, decode, prefill),
                 device,
             ),
             BatchStage(
