@@ -6,9 +6,12 @@ the rows of one fixed-shape state pool (a slot per stream, taken at its first ch
 when it leaves the stage); a batch gathers its rows, decodes, and scatters them back. Requests
 whose chunks have the same length and freshness decode in one call.
 
-On CUDA the two common calls, first chunks and full chunks, replay graphs captured at start-up
-per batch bucket (padding rows decode zeros into a scratch row). Others (a stream's last, partial
-chunk) run the same function eagerly and are counted in ``stats``. If every slot is taken, a new
+A stream's last chunk may be short (the talker ended); it decodes padded with code-0 frames to
+its full size and keeps only its own samples, which is exact: samples never depend on later
+frames (``code2wav.py``), and the stream's state is not used again. So every call has one of two
+shapes, first chunks and full chunks, and on CUDA both replay graphs captured at start-up per
+batch bucket (padding rows decode zeros into a scratch row); larger batches run the same function
+eagerly and are counted in ``stats``. If every slot is taken, a new
 stream waits for one (a stream holding a slot always finishes, so it is freed).
 
 A call decodes at most ``max_batch`` streams. Kernels round differently at other batch sizes, so a
@@ -21,6 +24,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
+import torch.nn.functional as F
 
 from omniwalk.device import to_device
 from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets
@@ -107,24 +111,30 @@ class VocoderProgram:
     def run(self, batch: list[tuple[EngineRequest, int]]) -> None:
         groups: dict[tuple[int, bool], list[EngineRequest]] = defaultdict(list)
         for req, n in batch:
-            groups[(n, req.state.vocoder.num_decoded == 0)].append(req)
-        for (n, fresh), group in groups.items():
+            decoded = req.state.vocoder.num_decoded
+            groups[(self.config.next_chunk(decoded), decoded == 0)].append((req, n))
+        for (width, fresh), group in groups.items():
             for first in range(0, len(group), self.max_batch):
-                self._call(n, fresh, group[first : first + self.max_batch])
+                self._call(width, fresh, group[first : first + self.max_batch])
 
-    def _call(self, n: int, fresh: bool, reqs: list[EngineRequest]) -> None:
+    def _call(self, width: int, fresh: bool, items: list[tuple[EngineRequest, int]]) -> None:
+        """Decode ``width`` frames per stream (a short last chunk padded) and emit each its samples."""
+        reqs = [req for req, _ in items]
+        frames = [F.pad(self._frames(req, n), (0, 0, 0, width - n)) for req, n in items]
         inputs = {
-            "codes": to_device(torch.stack([self._frames(req, n) for req in reqs]), self.device),
+            "codes": to_device(torch.stack(frames), self.device),
             "slots": to_device([self.slots[req.id] for req in reqs], self.device, torch.long),
         }
-        graph = self.graphs.get((n, fresh))
+        graph = self.graphs.get((width, fresh))
         if graph is not None and graph.fits(len(reqs)):
             wav = graph.run(len(reqs), inputs)["wav"]
         else:
             self.num_eager_calls += bool(self.graph_max_batch)
             wav = self._decode(inputs["codes"], inputs["slots"], fresh)["wav"]
-        for req, row in zip(reqs, wav.cpu(), strict=True):  # the call's one read
+        per_frame = self.vocoder.cfg.samples_per_frame
+        for (req, n), row in zip(items, wav.cpu(), strict=True):  # the call's one read
             vs = req.state.vocoder
+            row = row[: self.vocoder.num_samples(n) if fresh else n * per_frame]
             vs.num_decoded += n
             vs.chunks.append(row)
             req.emit("audio", row)
