@@ -281,28 +281,25 @@ def bench_vocoder(omni: Omni, args, m: Machine, device) -> list[dict]:
     return rows
 
 
+def encoder_row(stage, module, inputs, args, m: Machine, device, **fields) -> dict:
+    """One encoder stage call (graph replay where the layout fits a bucket) beside its floor; FLOPs
+    counted on the eager module call; ``graph_calls`` = timed calls that replayed a graph."""
+    program = stage.program
+    replays = program.stats()["graph_replays"]
+    row = component_row(module, lambda: program.encode(*inputs), args, m, device, lambda: module(*inputs), **fields)
+    row["graph_calls"] = program.stats()["graph_replays"] - replays
+    return row
+
+
 @torch.inference_mode()
 def bench_encoders(omni: Omni, args, m: Machine, device, dtype) -> list[dict]:
-    """The encoder stages' calls (graph replay where the layout fits a bucket); FLOPs are counted
-    on the eager module call."""
     audio, vision, rows = omni.parts["audio_encoder"], omni.parts["vision_encoder"], []
-    programs = omni.engine.stages["audio_encoder"].program, omni.engine.stages["vision_encoder"].program
+    stages = omni.engine.stages
     for b in args.encoder_batches:
         waves = [torch.from_numpy(speech_like(args.audio_seconds, seed=i)).to(device) for i in range(b)]
         features, num_frames = log_mel(waves)
-        x, frames = features.to(dtype), num_frames.tolist()
-        replays = programs[0].stats()["graph_replays"]
-        row = component_row(
-            audio,
-            lambda: programs[0].encode(x, frames),
-            args,
-            m,
-            device,
-            lambda: audio(x, frames),
-            item="audio",
-            batch=b,
-        )
-        row["graph_calls"] = programs[0].stats()["graph_replays"] - replays
+        inputs = features.to(dtype), num_frames.tolist()
+        row = encoder_row(stages["audio_encoder"], audio, inputs, args, m, device, item="audio", batch=b)
         row["log_mel_ms"] = median_ms(lambda: log_mel(waves), device, warmup=args.warmup, iters=args.steps)
         row["per_s"] = b * args.audio_seconds / row["ms"] * 1e3  # audio seconds per second
         rows.append(row)
@@ -313,19 +310,8 @@ def bench_encoders(omni: Omni, args, m: Machine, device, dtype) -> list[dict]:
     image = torch.from_numpy(resize_image(photo_like(*args.image_size, seed=0)))
     patches, grid = image_patches(image.to(device))
     for b in args.encoder_batches:
-        pixels, grids = patches.repeat(b, 1).to(dtype), [grid] * b
-        replays = programs[1].stats()["graph_replays"]
-        row = component_row(
-            vision,
-            lambda: programs[1].encode(pixels, grids),
-            args,
-            m,
-            device,
-            lambda: vision(pixels, grids),
-            item="image",
-            batch=b,
-        )
-        row["graph_calls"] = programs[1].stats()["graph_replays"] - replays
+        inputs = patches.repeat(b, 1).to(dtype), [grid] * b
+        row = encoder_row(stages["vision_encoder"], vision, inputs, args, m, device, item="image", batch=b)
         row["per_s"] = b / row["ms"] * 1e3  # images per second
         rows.append(row)
         print(
