@@ -11,8 +11,8 @@ its full size and keeps only its own samples, which is exact: samples never depe
 frames (``code2wav.py``), and the stream's state is not used again. So every call has one of two
 shapes, first chunks and full chunks, and on CUDA both replay graphs captured at start-up per
 batch bucket (padding rows decode zeros into a scratch row); larger batches run the same function
-eagerly and are counted in ``stats``. If every slot is taken, a new
-stream waits for one (a stream holding a slot always finishes, so it is freed).
+eagerly and are counted in ``stats``. If every slot is taken, a new stream waits for one (a
+stream holding a slot always finishes, so it is freed).
 
 A call decodes at most ``max_batch`` streams. Kernels round differently at other batch sizes, so a
 stream's samples depend on its batch-mates to float rounding (~1e-7); ``max_batch = 1`` decodes
