@@ -42,7 +42,8 @@ class ModelConfig:
     attention_backend: str = "auto"  # encoders' and prefill attention: "reference" | "torch_varlen" (CUDA, 16-bit)
     decode_attention: str = "auto"  # paged decode attention: "reference" | "triton" (CUDA)
     norm_backend: str = "auto"  # RMSNorm: "reference" | "triton" (CUDA, one fused kernel)
-    cuda_graph_max_batch: int = 64  # on CUDA, decode steps of up to this many requests replay graphs; 0 = eager
+    # on CUDA, decode steps and vocoder calls of up to this many requests replay graphs; 0 = all eager
+    cuda_graph_max_batch: int = 64
     # on CUDA with graphs on, encoder calls of up to this many packed tokens (audio tokens after the
     # convs, vision patches) replay graphs of their layer loops; 0 = encoders run eagerly
     encoder_graph_max_tokens: int = 8192

@@ -136,16 +136,20 @@ def _items():
     return [MediaItem("image", data={"image": image}), MediaItem("video", data={"frames": frames})]
 
 
-def test_vision_pixels_equal_the_processor_patches():
-    """The encoder stage's pixels (made from the item's uint8 pixels) are the processor's patches."""
-    from omniwalk.media.patches import resized_video_patches
-    from omniwalk.models.qwen3_omni.media_inputs import vision_pixels
+def test_measured_items_give_the_processor_pixels(processor):
+    """An image part measured for a request (resized uint8 kept) turns into HF's pixel values in
+    the encoder stage; a 3-frame video item pads its last temporal patch."""
+    from omniwalk.models.qwen3_omni.media_inputs import measure, vision_pixels
+    from omniwalk.models.qwen3_omni.processor import MediaPart
 
-    image, video = _items()
-    assert torch.equal(vision_pixels(image, "cpu"), image_patches(image.data["image"])[0])
-    assert torch.equal(vision_pixels(video, "cpu"), resized_video_patches(video.data["frames"])[0])
+    image = gradient_image(100, 150)
+    item = measure(MediaPart("image", {"type": "image", "image": image}), n_window=50)
+    ref = processor(images=[image], return_tensors="pt")
+    assert [list(item.grid_thw)] == ref["image_grid_thw"].tolist() and item.data["image"].dtype == torch.uint8
+    torch.testing.assert_close(vision_pixels(item, "cpu"), ref["pixel_values"], atol=1e-6, rtol=0)
+    _, video = _items()
     _, _, h, w = video.data["frames"].shape
-    assert vision_pixels(video, "cpu").shape[0] == 2 * (h // 16) * (w // 16)  # 3 frames: 2 temporal patches
+    assert vision_pixels(video, "cpu").shape[0] == 2 * (h // 16) * (w // 16)
 
 
 @pytest.mark.gpu

@@ -55,6 +55,12 @@ def record_graph(fn: Callable[..., dict], static: dict, pool, device) -> tuple[t
     return graph, out
 
 
+def rows_in_graph(graph: GraphedStep | None, rows: list[bool]) -> list[bool]:
+    """A program's ``graph_rows``: the rows its captured step can run (``rows``), or none when
+    there is no graph or too many rows for its largest bucket."""
+    return rows if graph is not None and graph.fits(sum(rows)) else [False] * len(rows)
+
+
 def fill_static(static: dict, specs: dict[str, StaticInput], inputs: dict[str, torch.Tensor], n: int) -> None:
     """Copy ``n`` live rows into the static buffers (inputs may be narrower in later dimensions)
     and set the rows after them to each input's pad value; an input missing from ``inputs`` (or

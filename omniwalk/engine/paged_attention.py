@@ -71,16 +71,15 @@ class PagedBatch:
     ):
         self.storage, self.segments, self.prefill_backend = storage, segments, prefill_backend
         pool = storage.pool
-        new_slots, self._keys = [], []
+        new_slots, key_slots = [], []  # key_slots: per segment, the slots of all its keys (host)
         self.is_decode = all(seg.num_new == 1 for seg in segments)
         for seg in segments:
             start = seg.table.num_cached
             if self.is_decode:
                 new_slots.extend(seg.table.slots(pool, start, start + 1))
                 continue
-            slots = seg.table.slots(pool, 0, start + seg.num_new)
-            new_slots.extend(slots[start:])
-            self._keys.append(to_device(slots, device, torch.long))
+            key_slots.append(seg.table.slots(pool, 0, start + seg.num_new))
+            new_slots.extend(key_slots[-1][start:])
         self._new_slots = to_device(new_slots, device, torch.long)
         self.decode = None
         if self.is_decode:
@@ -89,9 +88,11 @@ class PagedBatch:
             lens = [s.table.num_cached + 1 for s in segments]
             table, lens = to_device(table, device, torch.int32), to_device(lens, device, torch.int32)
             self.decode = DecodeKV(storage, self._new_slots, table, lens, decode_backend)
-        elif prefill_backend != "reference":  # one packed call: keys of every segment back to back
-            self._packed_keys = torch.cat(self._keys)
-            totals = [s.table.num_cached + s.num_new for s in segments]
+        elif prefill_backend == "reference":
+            self._keys = [to_device(slots, device, torch.long) for slots in key_slots]
+        else:  # one packed call: keys of every segment back to back
+            self._packed_keys = to_device([i for slots in key_slots for i in slots], device, torch.long)
+            totals = [len(slots) for slots in key_slots]
             self._cu_q = cu_seqlens([s.num_new for s in segments], device)
             self._cu_k = cu_seqlens(totals, device)
             self._max_q, self._max_k = max(s.num_new for s in segments), max(totals)

@@ -23,7 +23,7 @@ from dataclasses import fields
 import torch
 
 from omniwalk.device import HostCopy, to_device
-from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets
+from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets, rows_in_graph
 from omniwalk.engine.kv_pages import KVStorage
 from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
 from omniwalk.engine.request import EngineRequest
@@ -251,9 +251,7 @@ class TalkerProgram:
         ]
 
     def graph_rows(self, batch: list[tuple[EngineRequest, int, int]]) -> list[bool]:
-        rows = self._frame_rows(batch)
-        fits = self.frame_graph is not None and self.frame_graph.fits(sum(rows))
-        return rows if fits else [False] * len(batch)
+        return rows_in_graph(self.frame_graph, self._frame_rows(batch))
 
     def stats(self) -> dict:
         graph = self.frame_graph

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from omniwalk.device import to_device
-from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets
+from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets, rows_in_graph
 from omniwalk.engine.kv_pages import KVStorage
 from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
 from omniwalk.engine.request import EngineRequest
@@ -67,9 +67,7 @@ class ThinkerProgram:
         ]
 
     def graph_rows(self, batch: list[tuple[EngineRequest, int, int]]) -> list[bool]:
-        rows = self._decode_rows(batch)
-        fits = self.decode_graph is not None and self.decode_graph.fits(sum(rows))
-        return rows if fits else [False] * len(batch)
+        return rows_in_graph(self.decode_graph, self._decode_rows(batch))
 
     def stats(self) -> dict:
         graph = self.decode_graph
