@@ -6,13 +6,16 @@
 #   bash benchmarks/h200_session.sh                         # checks + a B = 1/32 sweep of the four paths
 #   bash benchmarks/h200_session.sh -- --paths i2s --min-requests 30      # checks + that sweep
 #   bash benchmarks/h200_session.sh --no-checks -- --paths s2t,s2s        # the sweep alone
+#   bash benchmarks/h200_session.sh --no-micro --profile s2s@1,s2s@32 -- --paths s2s
+#             # after the tests: profile_walk.py on those cells (profile/), then the sweep
 #   bash benchmarks/h200_session.sh --no-micro --also "--paths i2t,s2s" -- --paths s2t
 #             # GPU 1: the --also sweep (sweep2/); GPU 0: the GPU tests, then the other sweep (sweep/)
 #
 # Device tool: carry [".whl", ".gpu"], timeout 600 (kind nvidia-h200-x2 runs checks and sweep side
 # by side). Needs .gpu/qwen3_omni_30b_a3b_config.json (the real config; the full-size skeleton is
 # made from it when missing) and the wheels in .whl/ (benchmarks/h200_common.sh). Writes under $OUT
-# (the device returns at most 8 files): tests.log, micro/micro.{md,json}, and per sweep
+# (the device returns at most 8 files): tests.log, micro/micro.{md,json}, profile/profile.{md,json}
+# (with --profile), and per sweep
 # results.{md,json} and sweep.log (with the server's /metrics at its end). Each part has its own
 # time limit.
 set -uo pipefail
@@ -22,12 +25,14 @@ OUT=${OUT:-./h200-session-out}
 CHECKS=1
 MICRO=1
 ALSO=""
+PROFILE=""
 SWEEP_ARGS=(--concurrency 1,32 --min-requests 10 --requests-per-concurrency 2)
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-checks) CHECKS=0; shift ;;
     --no-micro) MICRO=0; shift ;;
     --also) ALSO=$2; shift 2 ;;
+    --profile) PROFILE=$2; shift 2 ;;
     --) shift; [ $# -gt 0 ] && SWEEP_ARGS=("$@"); break ;;
     *) echo "unknown option $1 (see the header)"; exit 2 ;;
   esac
@@ -58,6 +63,11 @@ checks() {
   CUDA_VISIBLE_DEVICES=0 timeout 240 python3 -m pytest -q -s -p no:cacheprovider -m gpu \
     --continue-on-collection-errors tests/ 2>&1 | grep -v "^cuda graphs" >"$OUT/tests.log"
   grep -E "GPU-|SYNC-|passed|failed|Error" "$OUT/tests.log" | cut -c1-220
+  if [ -n "$PROFILE" ]; then
+    log "profile_walk $PROFILE"
+    CUDA_VISIBLE_DEVICES=0 timeout 300 python3 benchmarks/profile_walk.py "$SKEL" --cells "$PROFILE" \
+      --out "$OUT/profile" 2>&1 | grep -E "profiled in|Error|error" | cut -c1-220
+  fi
   [ "$MICRO" = 1 ] || return 0
   log "micro-benchmarks"
   CUDA_VISIBLE_DEVICES=0 timeout 150 python3 benchmarks/micro.py "$SKEL" --out "$OUT/micro" \
