@@ -7,12 +7,14 @@ Each cell keeps B requests of the path's fixed work (``omniwalk.bench.workload``
 sweep's inputs and lengths) in flight: when one finishes, the next is added. After a warm-up of
 B finished requests, three windows of engine steps (``--steps``, the profiled one ``--profile-steps``):
 
-    free      the engine as it runs, no synchronisation added: wall ms per engine step, and how
-              often each stage had work (its batch size per step)
+    free      the engine as it runs, no synchronisation added: wall ms per engine step, how
+              often each stage had work (its batch size per step), the host time of each stage's
+              step() (launches and bookkeeping, not waiting) and of adding requests
     clocked   every stage's step() + finish() synchronised and timed (micro.py's StageClock):
               ms per engine step by stage (the GPU work of a stage, plus its host time)
-    profiled  torch profiler (CUDA): GPU kernel time per stage (kernels launched inside its
-              step(), graph replays included), by kernel kind, and the GPU's busy share of the wall
+    profiled  the clocked window again under the torch profiler: each kernel (graph replays
+              included) is counted to the stage that was running when it started; kernels and GPU
+              time per engine step by stage and kernel kind, and the top kernels
 
 Writes ``profile.json`` and ``profile.md`` to ``--out`` after every cell.
 """
@@ -20,6 +22,7 @@ Writes ``profile.json`` and ``profile.md`` to ``--out`` after every cell.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import re
 import statistics
@@ -64,13 +67,15 @@ class ClosedLoop:
 
     def __init__(self, omni: Omni, path: str, batch: int):
         self.omni, self.work, self.batch = omni, PRESETS[path], batch
-        self.seed, self.finished, self.running = 0, 0, []
+        self.seed, self.finished, self.running, self.add_seconds = 0, 0, [], 0.0
         self.top_up()
 
     def top_up(self) -> None:
+        start = time.perf_counter()
         while len(self.running) < self.batch:
             self.running.append(self.omni.add(request_body(self.work, "omni", self.seed)))
             self.seed += 1
+        self.add_seconds += time.perf_counter() - start
 
     def step(self) -> None:
         self.omni.engine.step()
@@ -88,20 +93,30 @@ class ClosedLoop:
 
 
 def free_window(loop: ClosedLoop, steps: int, device) -> dict:
-    """Engine steps as they run: wall per step, finished requests, each stage's mean batch."""
+    """Engine steps as they run: wall per step, finished requests, each stage's mean batch, the
+    host time of each stage's step() (its launches, unsynchronised) and of adding requests."""
     stages = loop.omni.engine.stages
     batches: dict[str, list[int]] = {name: [] for name in stages}
+    host = {name: 0.0 for name in stages}
+    for name, stage in stages.items():  # instance attributes shadow the methods
+        stage.step = host_timed(host, name, stage.step)
     synchronize(device)
-    start, finished = time.perf_counter(), loop.finished
-    for _ in range(steps):
-        loop.step()
-        for name, stage in stages.items():
-            batches[name].append(stage.last_batch_size)
-    synchronize(device)
+    start, finished, adding = time.perf_counter(), loop.finished, loop.add_seconds
+    try:
+        for _ in range(steps):
+            loop.step()
+            for name, stage in stages.items():
+                batches[name].append(stage.last_batch_size)
+        synchronize(device)
+    finally:
+        for stage in stages.values():
+            del stage.step
     seconds = time.perf_counter() - start
     return {
         "ms_per_step": seconds / steps * 1e3,
         "finished_per_s": (loop.finished - finished) / seconds,
+        "add_ms_per_step": (loop.add_seconds - adding) / steps * 1e3,
+        "launch_ms": {name: t / steps * 1e3 for name, t in host.items()},
         "mean_batch": {name: statistics.mean(b) for name, b in batches.items()},
         "busy_steps": {name: sum(1 for x in b if x) / steps for name, b in batches.items()},
     }
@@ -117,49 +132,38 @@ def clocked_window(loop: ClosedLoop, steps: int, device) -> dict:
     return {"ms_per_step": seconds / steps * 1e3, "stage_ms": {n: sum(ms) / steps for n, ms in clock.ms.items()}}
 
 
-def descendants(event):
-    yield event
-    for child in event.cpu_children:
-        yield from descendants(child)
-
-
 def profiled_window(loop: ClosedLoop, steps: int, device) -> dict:
-    """Kernels per stage and kind (µs per engine step), the top kernels, the GPU's busy share."""
+    """Synchronised like the clocked window, under the profiler: each kernel belongs to the stage
+    whose step() or finish() was running (synchronised on both sides) when it started. -> kernels
+    and GPU µs per engine step by stage and kind, the top kernels."""
     engine = loop.omni.engine
-    for name, stage in engine.stages.items():  # instance attributes shadow the methods
-        stage.step = annotated(f"stage:{name}", stage.step)
-    try:
-        synchronize(device)
+    with StageClock(engine, device):
+        for name, stage in engine.stages.items():  # around the clock's synchronised methods
+            stage.step, stage.finish = annotated(f"stage:{name}", stage.step), annotated(f"stage:{name}", stage.finish)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         with profile(activities=activities) as prof:
-            start = time.perf_counter()
             for _ in range(steps):
                 loop.step()
-            synchronize(device)
-            wall_us = (time.perf_counter() - start) * 1e6
-    finally:
-        for stage in engine.stages.values():
-            del stage.step
     events = prof.events()
+    ranges = sorted(
+        (e.time_range.start, e.time_range.end, e.name[6:])
+        for e in events
+        if e.device_type == DeviceType.CPU and e.name.startswith("stage:")
+    )
+    starts = [r[0] for r in ranges]
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA and not e.name.startswith("stage:")]
     by_stage: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
-    for event in events:
-        if event.device_type == DeviceType.CPU and event.name.startswith("stage:"):
-            for sub in descendants(event):
-                for kernel in sub.kernels:
-                    cell = by_stage[event.name[6:]][kind_of(kernel.name)]
-                    cell[0] += 1
-                    cell[1] += kernel.duration
-    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
     top: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for k in kernels:
-        top[k.name][0] += 1
-        top[k.name][1] += k.time_range.elapsed_us()
-    busy = union_us([(k.time_range.start, k.time_range.end) for k in kernels])
+        at = bisect.bisect_right(starts, k.time_range.start) - 1
+        stage = ranges[at][2] if at >= 0 and k.time_range.start <= ranges[at][1] else "(between stages)"
+        for cell in (by_stage[stage][kind_of(k.name)], top[k.name]):
+            cell[0] += 1
+            cell[1] += k.time_range.elapsed_us()
     per_step = lambda cell: {"kernels": cell[0] / steps, "us": cell[1] / steps}  # noqa: E731
     return {
-        "wall_ms_per_step": wall_us / steps / 1e3,
-        "gpu_busy_share": busy / wall_us,
         "kernels_per_step": len(kernels) / steps,
+        "kernel_ms_per_step": sum(k.time_range.elapsed_us() for k in kernels) / steps / 1e3,
         "stages": {s: {kind: per_step(c) for kind, c in kinds.items()} for s, kinds in by_stage.items()},
         "top_kernels": [
             {"name": name[:90], "kind": kind_of(name), **per_step(c)}
@@ -168,21 +172,22 @@ def profiled_window(loop: ClosedLoop, steps: int, device) -> dict:
     }
 
 
+def host_timed(into: dict[str, float], name: str, method):
+    def run():
+        start = time.perf_counter()
+        result = method()
+        into[name] += time.perf_counter() - start
+        return result
+
+    return run
+
+
 def annotated(name: str, method):
     def run():
         with record_function(name):
             return method()
 
     return run
-
-
-def union_us(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(intervals):
-        if b > end:
-            total += b - max(a, end)
-            end = b
-    return total
 
 
 def profile_cell(omni: Omni, path: str, batch: int, args, device) -> dict:
@@ -210,28 +215,32 @@ def report(rows: list[dict]) -> str:
             f"{row['profile_steps']} profiled)",
             "",
             f"- free-running: {free['ms_per_step']:.2f} ms per engine step, {free['finished_per_s']:.2f} requests "
-            f"finished per s; profiled: GPU busy {prof['gpu_busy_share']:.0%} of the wall, "
-            f"{prof['kernels_per_step']:.0f} kernels per step",
+            f"finished per s; {prof['kernels_per_step']:.0f} kernels per step taking "
+            f"{prof['kernel_ms_per_step']:.2f} ms of GPU time "
+            f"({prof['kernel_ms_per_step'] / free['ms_per_step']:.0%} of the free-running step); adding requests "
+            f"(processing their inputs) {free['add_ms_per_step']:.2f} ms per step",
             "",
         ]
         stage_rows = []
-        for name, ms in clocked["stage_ms"].items():
-            kinds = prof["stages"].get(name, {})
+        for name in [*clocked["stage_ms"], *(s for s in prof["stages"] if s not in clocked["stage_ms"])]:
+            ms, kinds = clocked["stage_ms"].get(name), prof["stages"].get(name, {})
             gpu = sum(c["us"] for c in kinds.values()) / 1e3
             count = sum(c["kernels"] for c in kinds.values())
             biggest = sorted(kinds.items(), key=lambda item: -item[1]["us"])[:3]
             stage_rows.append(
                 [
                     name,
-                    f"{free['busy_steps'][name]:.0%}",
-                    f"{free['mean_batch'][name]:.1f}",
-                    f"{ms:.2f}",
+                    f"{free['busy_steps'][name]:.0%}" if ms is not None else "-",
+                    f"{free['mean_batch'][name]:.1f}" if ms is not None else "-",
+                    f"{free['launch_ms'][name]:.2f}" if ms is not None else "-",
+                    f"{ms:.2f}" if ms is not None else "-",
                     f"{gpu:.2f}",
                     f"{count:.0f}",
                     ", ".join(f"{k} {c['us'] / 1e3:.2f}" for k, c in biggest),
                 ]
             )
-        header = ["stage", "steps with work", "mean batch", "clocked ms/step", "GPU ms/step", "kernels/step"]
+        header = ["stage", "steps with work", "mean batch", "step() host ms", "clocked ms/step", "GPU ms/step"]
+        header += ["kernels/step"]
         lines += [markdown_table(header + ["largest kinds (ms/step)"], stage_rows), ""]
         top = [[k["name"], k["kind"], f"{k['kernels']:.1f}", f"{k['us']:.0f}"] for k in prof["top_kernels"]]
         lines += [markdown_table(["kernel", "kind", "per step", "µs per step"], top), ""]

@@ -150,6 +150,20 @@ def test_kv_pressure_preempts_and_still_completes_correctly():
     assert_idle(o)
 
 
+def test_talker_kv_pressure_preempts_and_resumes_exactly():
+    """Speech requests with talker KV for ~100 tokens: the talker preempts and re-feeds its input
+    rows; a re-fed row must not draw its frame again (codes and audio equal to running alone)."""
+    cfg = omni().model_config.talker.text
+    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
+    o = Omni(model=checkpoint("tiny"), talker_kv_bytes=100 * per_token, page_size=8)
+    speech = [i for i in range(24) if PATHS[i % len(PATHS)] in ("t2s", "s2s")][:4]
+    outs = run_staggered(o, [make_request(i, PATHS[i % len(PATHS)]) for i in speech], every=1)
+    assert o.engine.stages["talker"].num_preemptions > 0
+    for i in speech:
+        assert_same(outs[f"r{i}"], alone(i))
+    assert_idle(o)
+
+
 def test_vocoder_streams_wait_for_a_free_state_slot():
     """With one stream slot in the vocoder's state pool, streams take turns: a stream with a chunk
     ready waits while another holds the slot, and every output is still exact."""
@@ -219,4 +233,11 @@ def test_graph_rows_are_exactly_the_rows_that_decode_and_draw():
     assert thinker.graph_rows([(req, seq - 1, 1)] * 9) == [False] * 9  # fits no bucket: eager
     inputs = ts.num_inputs
     rows = [(req, inputs, 1), (req, inputs - 1, 1), (req, inputs - 2, 1), (req, 0, inputs)]
-    assert talker.graph_rows(rows) == [True, True, False, False]
+    # the last input row re-fed (after a preemption) drew its frame already: no frame, eager
+    assert talker.graph_rows(rows) == [True, False, False, False]
+    assert talker._prefill_rows(ts, 5) == 5  # a recompute whose last row drew its frame: all of it now
+    last = ts.frames.pop()  # now the last input row's frame is due (as right after a prefill)
+    assert talker.graph_rows(rows) == [False, True, False, False]
+    assert talker._prefill_rows(ts, 5) == 4  # the last row is left for the graph's next step
+    assert talker._prefill_rows(ts, 1) == 1
+    ts.frames.append(last)

@@ -212,7 +212,8 @@ def test_triton_rms_norm_matches_reference(shape):
 
 def test_packed_prefill_equals_per_request_prefill_through_the_engine():
     """Prompt chunks (16 tokens a step, so later chunks attend to cached ones) through one packed
-    varlen call vs per-request SDPA: the same ids, logprobs to bf16 rounding."""
+    varlen call vs per-request SDPA: the same ids and logprobs to bf16 rounding (a tiny random model has
+    near-ties, where bf16 noise may pick the other token: allowed only where the top two are that close)."""
     from test_omni_text import checkpoint
 
     from omniwalk import Omni
@@ -230,9 +231,16 @@ def test_packed_prefill_equals_per_request_prefill_through_the_engine():
         return omni.generate([r for r in _requests() if r["temperature"] == 0.0])
 
     packed, per_request = run("torch_varlen"), run("reference")
-    same = 0
     for i, (x, y) in enumerate(zip(packed, per_request, strict=True)):
-        err = max(abs(p.logprob - q.logprob) for p, q in zip(x.logprobs, y.logprobs, strict=True))
-        print(f"GPU-PREFILL request {i}: ids equal {x.token_ids == y.token_ids}, max logprob difference {err:.2e}")
-        same += x.token_ids == y.token_ids
-    assert same >= len(packed) - 1
+        # Greedy ids match until the first near-tie of the reference (top-2 logprobs within bf16 noise, where
+        # either pick is right); up to there every logprob agrees to bf16 rounding.
+        pairs = list(zip(x.logprobs, y.logprobs, strict=True))
+        split = next((n for n, (p, q) in enumerate(pairs) if p.token_id != q.token_id), len(pairs))
+        err = max(abs(p.logprob - q.logprob) for p, q in pairs[: split + 1])
+        margin = y.logprobs[split].top[0][1] - y.logprobs[split].top[1][1] if split < len(pairs) else None
+        print(
+            f"GPU-PREFILL request {i}: ids equal for {split} of {len(pairs)} tokens, max logprob difference "
+            f"{err:.2e} up to there" + (f"; reference's top-2 margin there {margin:.2e}" if margin is not None else "")
+        )
+        assert err < 0.1
+        assert margin is None or margin < 0.1

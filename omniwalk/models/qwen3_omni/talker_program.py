@@ -51,6 +51,13 @@ def text_entry(generated: list[int], finished: bool, frame: int, im_end: int) ->
     return generated[k] if k < last else EOS if k == last else PAD
 
 
+def frame_due(ts) -> bool:
+    """Whether the last input row still has its frame to draw: frame j comes from input row
+    ``prefix_length - 1 + j``. After a preemption the re-fed rows drew theirs already (the next
+    frame then comes from the new row built from the last one's codes)."""
+    return len(ts.frames) == len(ts.rows)
+
+
 class TalkerProgram:
     def __init__(
         self,
@@ -81,10 +88,16 @@ class TalkerProgram:
         if ts.prefix is None:
             if not th.is_finished and th.num_generated < 2:
                 return 0
-            return ts.prefix_length - num_cached
+            return self._prefill_rows(ts, ts.prefix_length - num_cached)
         if num_cached < ts.num_inputs:  # prefill chunks, or recompute after preemption
-            return ts.num_inputs - num_cached
+            return self._prefill_rows(ts, ts.num_inputs - num_cached)
         return int(ts.pending is not None and self._text(req) is not None)
+
+    def _prefill_rows(self, ts, left: int) -> int:
+        """With a frame graph, the last input row waits for the next step when a frame is due after
+        it: there it is a frame row of the graph, and the frame is drawn there (talker head, 15
+        code-predictor passes, sampling), not by eager kernels beside the prefill."""
+        return left - 1 if self.frame_graph is not None and left > 1 and frame_due(ts) else left
 
     def is_finished(self, req: EngineRequest) -> bool:
         return req.state.talker.finished
@@ -117,7 +130,7 @@ class TalkerProgram:
         self._keep_new_rows(batch, new_rows)
         ready = []
         for (req, start, n), end in zip(batch, ends, strict=True):
-            if start + n == req.state.talker.num_inputs:  # the inputs end here: the next frame is due
+            if start + n == req.state.talker.num_inputs and frame_due(req.state.talker):  # the inputs end here
                 ready.append((req, end))
         if ready:
             return self._next_frames(
@@ -245,10 +258,12 @@ class TalkerProgram:
     def _frame_rows(batch: list[tuple[EngineRequest, int, int]]) -> list[bool]:
         """Rows that run one input row and then draw a frame: the last input row already there,
         or the new frame row ``run`` builds (the captured graph's work)."""
-        return [
-            n == 1 and req.state.talker.prefix is not None and start + 1 >= req.state.talker.num_inputs
-            for req, start, n in batch
-        ]
+        rows = []
+        for req, start, n in batch:
+            ts = req.state.talker
+            new = start + n - ts.num_inputs  # 1: the row is the new one, built in the step
+            rows.append(n == 1 and ts.prefix is not None and new >= 0 and len(ts.frames) == len(ts.rows) + new)
+        return rows
 
     def graph_rows(self, batch: list[tuple[EngineRequest, int, int]]) -> list[bool]:
         return rows_in_graph(self.frame_graph, self._frame_rows(batch))
