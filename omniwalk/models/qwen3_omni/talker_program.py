@@ -111,21 +111,26 @@ class TalkerProgram:
 
     @torch.inference_mode()
     def run(self, batch: list[tuple[EngineRequest, int, int]], kv: PagedBatch) -> Callable[[], None] | None:
-        rows, positions, new_rows = [], [], []
-        for req, start, n in batch:
-            ts = req.state.talker
-            if ts.prefix is None:
+        for req, _, _ in batch:
+            if req.state.talker.prefix is None:
                 self._build_prefix(req)
-            new = self._new_row(req) if start + n > ts.num_inputs else None
-            rows.append(self._rows(req, start, n, new))
-            positions.append(ts.positions.span(start, n))
-            new_rows.append(new)
+        wants = [start + n > req.state.talker.num_inputs for req, start, n in batch]  # a new row ends the chunk
+        built = iter(self._new_rows([req for (req, _, _), want in zip(batch, wants, strict=True) if want]))
+        new_rows = [next(built) if want else None for want in wants]
+        positions = torch.cat([req.state.talker.positions.span(start, n) for req, start, n in batch], 1)
         if all(self._frame_rows(batch)) and self.frame_graph is not None:
             if self.frame_graph.fits(len(batch)):
+                x = torch.stack(
+                    [
+                        new if new is not None else self._input_row(req, start)
+                        for (req, start, _), new in zip(batch, new_rows, strict=True)
+                    ]
+                )
                 self._keep_new_rows(batch, new_rows)
-                return self._graphed_frames(batch, torch.cat(rows), torch.cat(positions, 1), kv)
+                return self._graphed_frames(batch, x, positions, kv)
             self.num_eager_decode_steps += 1
-        h = self.talker.model(torch.cat(rows), to_device(torch.cat(positions, 1), self.device), kv)
+        rows = [self._rows(req, start, n, new) for (req, start, n), new in zip(batch, new_rows, strict=True)]
+        h = self.talker.model(torch.cat(rows), to_device(positions, self.device), kv)
         ends = [end - 1 for end in itertools.accumulate(n for _, _, n in batch)]
         self._keep_new_rows(batch, new_rows)
         ready = []
@@ -161,14 +166,24 @@ class TalkerProgram:
             position_id_per_seconds=self.position_id_per_seconds,
         )
 
-    def _new_row(self, req: EngineRequest) -> torch.Tensor:
-        entry = self._text(req)
-        if isinstance(entry, str):
-            text = self.text_rows[entry]
-        else:
-            embedding = self.thinker.model.embed_tokens(to_device([entry], self.device, torch.long))
-            text = self.talker.text_projection(embedding.to(self.talker.codec_head.weight))[0]
-        return req.state.talker.pending + text
+    def _new_rows(self, reqs: list[EngineRequest]) -> list[torch.Tensor]:
+        """The next input row of each request: its last frame's summed codec embeddings plus its text
+        row (the projected embedding of the next thinker token, or the cached EOS / pad row), built
+        for all of them at once."""
+        if not reqs:
+            return []
+        entries = [self._text(req) for req in reqs]
+        ids = [e for e in entries if not isinstance(e, str)]
+        if ids:
+            embedding = self.thinker.model.embed_tokens(to_device(ids, self.device, torch.long))
+            projected = iter(self.talker.text_projection(embedding.to(self.talker.codec_head.weight)).unbind(0))
+        text = torch.stack([self.text_rows[e] if isinstance(e, str) else next(projected) for e in entries])
+        return list((torch.stack([req.state.talker.pending for req in reqs]) + text).unbind(0))
+
+    @staticmethod
+    def _input_row(req: EngineRequest, index: int) -> torch.Tensor:
+        ts = req.state.talker
+        return ts.prefix[index] if index < ts.prefix_length else ts.rows[index - ts.prefix_length]
 
     @staticmethod
     def _rows(req: EngineRequest, start: int, n: int, new: torch.Tensor | None) -> torch.Tensor:
