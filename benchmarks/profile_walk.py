@@ -16,14 +16,18 @@ B finished requests, three windows of engine steps (``--steps``, the profiled on
               included) is counted to the stage that was running when it started; kernels and GPU
               time per engine step by stage and kernel kind, and the top kernels
 
-Writes ``profile.json`` and ``profile.md`` to ``--out`` after every cell.
+Writes ``profile.json`` and ``profile.md`` to ``--out`` after every cell; with ``--python`` also
+``python.txt``: one more free window under cProfile (the host's time by Python function).
 """
 
 from __future__ import annotations
 
 import argparse
 import bisect
+import cProfile
+import io
 import json
+import pstats
 import re
 import statistics
 import sys
@@ -122,6 +126,22 @@ def free_window(loop: ClosedLoop, steps: int, device) -> dict:
     }
 
 
+def python_window(loop: ClosedLoop, steps: int, device, top: int = 40) -> str:
+    """The engine as it runs, under cProfile: the host's time by Python function (text)."""
+    profiler = cProfile.Profile()
+    synchronize(device)
+    profiler.enable()
+    for _ in range(steps):
+        loop.step()
+    synchronize(device)
+    profiler.disable()
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text).strip_dirs()
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    return text.getvalue()
+
+
 def clocked_window(loop: ClosedLoop, steps: int, device) -> dict:
     """Every stage's step() + finish() synchronised: ms per engine step by stage."""
     start = time.perf_counter()
@@ -197,6 +217,8 @@ def profile_cell(omni: Omni, path: str, batch: int, args, device) -> dict:
     try:
         row = {"path": path, "batch": batch, "steps": args.steps, "profile_steps": args.profile_steps}
         row["free"] = free_window(loop, args.steps, device)
+        if args.python:
+            row["python"] = python_window(loop, args.steps, device)
         row["clocked"] = clocked_window(loop, args.steps, device)
         row["profiled"] = profiled_window(loop, args.profile_steps, device)
         return row
@@ -254,6 +276,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60, help="engine steps in the free and clocked windows")
     parser.add_argument("--profile-steps", type=int, default=20, help="engine steps in the profiled window")
     parser.add_argument("--warmup-waves", type=int, default=1, help="finished requests before timing, x B")
+    parser.add_argument("--python", action="store_true", help="also a cProfile window: python.txt")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", required=True)
     add_option_argument(parser, "Omni")
@@ -269,7 +292,10 @@ def main() -> None:
         start = time.perf_counter()
         rows.append(profile_cell(omni, path, batch, args, device))
         print(f"{path} B={batch}: profiled in {time.perf_counter() - start:.0f}s", flush=True)
-        (out / "profile.json").write_text(json.dumps(rows, indent=1))
+        (out / "profile.json").write_text(json.dumps([{k: v for k, v in r.items() if k != "python"} for r in rows]))
+        if args.python:
+            text = "".join(f"===== {r['path']} at B={r['batch']}\n{r['python']}\n" for r in rows)
+            (out / "python.txt").write_text(text)
         (out / "profile.md").write_text(report(rows))
     print(report(rows))
 
