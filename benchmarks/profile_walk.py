@@ -67,17 +67,20 @@ def kind_of(kernel: str) -> str:
 
 
 class ClosedLoop:
-    """B requests of one path in flight; a finished one is replaced by the next."""
+    """B requests of one path in flight; a finished one is replaced by the next. Request bodies
+    (synthetic inputs, made by the load generator in a sweep) are made up front: 2B of them, reused."""
 
     def __init__(self, omni: Omni, path: str, batch: int):
-        self.omni, self.work, self.batch = omni, PRESETS[path], batch
+        self.omni, self.batch = omni, batch
+        self.bodies = [request_body(PRESETS[path], "omni", seed) for seed in range(2 * batch)]
         self.seed, self.finished, self.running, self.add_seconds = 0, 0, [], 0.0
         self.top_up()
 
     def top_up(self) -> None:
         start = time.perf_counter()
         while len(self.running) < self.batch:
-            self.running.append(self.omni.add(request_body(self.work, "omni", self.seed)))
+            body = {**self.bodies[self.seed % len(self.bodies)], "request_id": f"walk-{self.seed}"}
+            self.running.append(self.omni.add(body))
             self.seed += 1
         self.add_seconds += time.perf_counter() - start
 

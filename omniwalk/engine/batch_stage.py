@@ -8,6 +8,7 @@ request's model-owned state, so batching never mixes requests' state.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -26,8 +27,9 @@ class BatchProgram(Protocol):
         empty (0 = nothing ready or nothing that fits)."""
         ...
 
-    def run(self, batch: list[tuple[EngineRequest, int]]) -> None:
-        """Run the taken work; must leave request state untouched if it raises."""
+    def run(self, batch: list[tuple[EngineRequest, int]]) -> Callable[[], None] | None:
+        """Launch the taken work; must leave request state untouched if it raises. May return a
+        function that completes it (waits for its host read, commits) in the stage's ``finish``."""
         ...
 
     def is_finished(self, req: EngineRequest) -> bool: ...
@@ -42,6 +44,7 @@ class BatchStage:
         self.name, self.program, self.config = name, program, config
         self.requests: dict[str, EngineRequest] = {}
         self.last_batch_size = 0
+        self._launched: list[tuple[list[tuple[EngineRequest, int]], Callable[[], None] | None]] = []
 
     def stats(self) -> dict:
         program_stats = getattr(self.program, "stats", dict)
@@ -75,25 +78,35 @@ class BatchStage:
         return batch
 
     def step(self) -> bool:
+        """Launch one batch (``finish`` completes it); returns whether any work was done."""
         self._sweep()
         batch = self.schedule()
         self.last_batch_size = len(batch)
         if not batch:
             return False
         try:
-            self.program.run(batch)
+            self._launched.append((batch, self.program.run(batch)))
         except Exception:
             for item in batch:  # isolate: only requests that fail alone fail
                 try:
-                    self.program.run([item])
+                    self._launched.append(([item], self.program.run([item])))
                 except Exception as e:  # noqa: BLE001
                     item[0].fail(e)
                     self.remove(item[0])
-        self._sweep()
         return True
 
     def finish(self) -> None:
-        """Nothing to complete: batch programs read their results back within ``step``."""
+        """Complete the launched batch (host reads and commits), then drop finished requests."""
+        launched, self._launched = self._launched, []
+        for items, done in launched:
+            try:
+                if done is not None:
+                    done()
+            except Exception as e:  # noqa: BLE001 - a failed read fails the requests it carried
+                for req, _ in items:
+                    req.fail(e)
+                    self.remove(req)
+        self._sweep()
 
     def _sweep(self) -> None:
         """Drop finished requests (some finish without work here, e.g. a talker that ended)."""

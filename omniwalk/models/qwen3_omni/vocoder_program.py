@@ -22,11 +22,12 @@ every stream alone, at fixed shapes, and its audio is bit-identical whatever els
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from omniwalk.device import to_device
+from omniwalk.device import HostCopy, to_device
 from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets
 from omniwalk.engine.request import EngineRequest
 from omniwalk.models.qwen3_omni.code2wav import Code2Wav
@@ -108,17 +109,26 @@ class VocoderProgram:
         return {"graph_replays": sum(g.num_replays for g in self.graphs.values()), "eager_calls": self.num_eager_calls}
 
     @torch.inference_mode()
-    def run(self, batch: list[tuple[EngineRequest, int]]) -> None:
+    def run(self, batch: list[tuple[EngineRequest, int]]) -> Callable[[], None]:
         groups: dict[tuple[int, bool], list[EngineRequest]] = defaultdict(list)
         for req, n in batch:
             decoded = req.state.vocoder.num_decoded
             groups[(self.config.next_chunk(decoded), decoded == 0)].append((req, n))
-        for (width, fresh), group in groups.items():
-            for first in range(0, len(group), self.max_batch):
-                self._call(width, fresh, group[first : first + self.max_batch])
+        commits = [
+            self._call(width, fresh, group[first : first + self.max_batch])
+            for (width, fresh), group in groups.items()
+            for first in range(0, len(group), self.max_batch)
+        ]
 
-    def _call(self, width: int, fresh: bool, items: list[tuple[EngineRequest, int]]) -> None:
-        """Decode ``width`` frames per stream (a short last chunk padded) and emit each its samples."""
+        def commit() -> None:
+            for done in commits:
+                done()
+
+        return commit
+
+    def _call(self, width: int, fresh: bool, items: list[tuple[EngineRequest, int]]) -> Callable[[], None]:
+        """Decode ``width`` frames per stream (a short last chunk padded); the returned function
+        reads the samples back and emits each stream its own."""
         reqs = [req for req, _ in items]
         frames = [F.pad(self._frames(req, n), (0, 0, 0, width - n)) for req, n in items]
         inputs = {
@@ -131,13 +141,18 @@ class VocoderProgram:
         else:
             self.num_eager_calls += bool(self.graph_max_batch)
             wav = self._decode(inputs["codes"], inputs["slots"], fresh)["wav"]
+        copy = HostCopy(wav)  # the call's one read, queued now (before a later replay reuses the buffer)
         per_frame = self.vocoder.cfg.samples_per_frame
-        for (req, n), row in zip(items, wav.cpu(), strict=True):  # the call's one read
-            vs = req.state.vocoder
-            row = row[: self.vocoder.num_samples(n) if fresh else n * per_frame]
-            vs.num_decoded += n
-            vs.chunks.append(row)
-            req.emit("audio", row)
+
+        def commit() -> None:
+            for (req, n), row in zip(items, copy.get(), strict=True):
+                vs = req.state.vocoder
+                row = row[: self.vocoder.num_samples(n) if fresh else n * per_frame]
+                vs.num_decoded += n
+                vs.chunks.append(row)
+                req.emit("audio", row)
+
+        return commit
 
     @staticmethod
     def _frames(req: EngineRequest, n: int) -> torch.Tensor:
