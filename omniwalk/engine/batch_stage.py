@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from omniwalk.engine.request import EngineRequest
+from omniwalk.engine.request import EngineRequest, Launched, complete
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class BatchStage:
         self.name, self.program, self.config = name, program, config
         self.requests: dict[str, EngineRequest] = {}
         self.last_batch_size = 0
-        self._launched: list[tuple[list[tuple[EngineRequest, int]], Callable[[], None] | None]] = []
+        self._launched: Launched = []
 
     def stats(self) -> dict:
         program_stats = getattr(self.program, "stats", dict)
@@ -98,14 +98,7 @@ class BatchStage:
     def finish(self) -> None:
         """Complete the launched batch (host reads and commits), then drop finished requests."""
         launched, self._launched = self._launched, []
-        for items, done in launched:
-            try:
-                if done is not None:
-                    done()
-            except Exception as e:  # noqa: BLE001 - a failed read fails the requests it carried
-                for req, _ in items:
-                    req.fail(e)
-                    self.remove(req)
+        complete(launched, self.remove)
         self._sweep()
 
     def _sweep(self) -> None:

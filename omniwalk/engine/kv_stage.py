@@ -24,7 +24,7 @@ from typing import Protocol
 
 from omniwalk.engine.kv_pages import KVStorage, PageTable
 from omniwalk.engine.paged_attention import PagedBatch, Segment
-from omniwalk.engine.request import EngineRequest, Status
+from omniwalk.engine.request import EngineRequest, Launched, Status, complete
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class KVStage:
         self.tables: dict[str, PageTable] = {}
         self.num_preemptions = 0
         self.last_batch_size = 0
-        self._launched: list[tuple[list[tuple[EngineRequest, int]], Callable[[], None] | None]] = []
+        self._launched: Launched = []
 
     @property
     def pool(self):
@@ -162,14 +162,7 @@ class KVStage:
     def finish(self) -> None:
         """Complete the launched batch (host reads and commits), then drop finished requests."""
         launched, self._launched = self._launched, []
-        for group, done in launched:
-            try:
-                if done is not None:
-                    done()
-            except Exception as e:  # noqa: BLE001 - a failed read fails the requests it carried
-                for req, _ in group:
-                    req.fail(e)
-                    self.remove(req)
+        complete(launched, self.remove)
         for group, _ in launched:
             for req, _ in group:
                 if req.id in self.tables and self._is_done(req):
