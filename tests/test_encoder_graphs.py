@@ -105,6 +105,14 @@ def _garbage_padding(inputs: dict, num_real: int) -> dict:
     return out
 
 
+def _padded_layouts(program, lengths: list[int], rows: dict) -> tuple:
+    """The layout's bucket, and the layout padded to it: with pad values, and with garbage padding."""
+    bucket = pick_bucket(program.graphs.buckets, lengths)
+    inputs = pad_layout(bucket, lengths, rows, program.graphs.specs)
+    assert bucket.num_tokens > rows["x"].shape[0]  # there is padding to test
+    return bucket, (inputs, _garbage_padding(inputs, rows["x"].shape[0]))
+
+
 @pytest.mark.parametrize("backend", ["reference", "masked"])
 @torch.no_grad()
 def test_audio_padded_layout_equals_unpadded(backend):
@@ -115,12 +123,10 @@ def test_audio_padded_layout_equals_unpadded(backend):
     features = torch.randn(len(frames), 128, max(frames), generator=torch.Generator().manual_seed(1))
     expected = encoder(features, frames)
 
-    lengths = encoder.segment_lengths(frames)
-    bucket = pick_bucket(program.graphs.buckets, lengths)
     x = encoder.embed(features, frames)
-    inputs = pad_layout(bucket, lengths, {"x": x}, program.graphs.specs)
-    assert bucket.num_tokens > x.shape[0] and inputs["cu_seqlens"][-1] == inputs["cu_seqlens"][-2]  # empty segments
-    for padded in (inputs, _garbage_padding(inputs, x.shape[0])):
+    bucket, layouts = _padded_layouts(program, encoder.segment_lengths(frames), {"x": x})
+    assert layouts[0]["cu_seqlens"][-1] == layouts[0]["cu_seqlens"][-2]  # empty segments
+    for padded in layouts:
         out = encoder.encode(**padded, max_seqlen=bucket.max_seqlen)[: x.shape[0]]
         torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
 
@@ -135,13 +141,10 @@ def test_vision_padded_layout_equals_unpadded(backend):
     pixels = torch.randn(sum(t * h * w for t, h, w in grids), encoder.cfg.patch_dim)
     expected = encoder(pixels, grids)
 
-    lengths = encoder.segment_lengths(grids)
-    bucket = pick_bucket(program.graphs.buckets, lengths)
     x, cos, sin = encoder.embed(pixels, grids)
-    inputs = pad_layout(bucket, lengths, {"x": x, "cos": cos, "sin": sin}, program.graphs.specs)
-    assert bucket.num_tokens > x.shape[0]
+    bucket, layouts = _padded_layouts(program, encoder.segment_lengths(grids), {"x": x, "cos": cos, "sin": sin})
     rows = x.shape[0] // 4
-    for padded in (inputs, _garbage_padding(inputs, x.shape[0])):
+    for padded in layouts:
         main, deepstack = encoder.encode(**padded, max_seqlen=bucket.max_seqlen)
         torch.testing.assert_close(main[:rows], expected.embeddings, rtol=1e-6, atol=1e-6)
         assert len(deepstack) == len(expected.deepstack) == 3
