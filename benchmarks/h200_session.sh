@@ -12,8 +12,8 @@
 #             # GPU 1: the --also sweep (sweep2/); GPU 0: the GPU tests, then the other sweep (sweep/)
 #
 # Device tool: carry [".whl", ".gpu"], timeout 600 (kind nvidia-h200-x2 runs checks and sweep side
-# by side). Needs .gpu/qwen3_omni_30b_a3b_config.json (the real config; the full-size skeleton is
-# made from it when missing) and the wheels in .whl/ (benchmarks/h200_common.sh). Writes under $OUT
+# by side). The full-size skeleton (.gpu/full-skel) is made from the packaged
+# preset config when missing; needs the wheels in .whl/ (benchmarks/h200_common.sh). Writes under $OUT
 # (the device returns at most 8 files): tests.log, micro/micro.{md,json}, profile/profile.{md,json}
 # (with --profile), and per sweep
 # results.{md,json} and sweep.log (with the server's /metrics at its end). Each part has its own
@@ -39,10 +39,9 @@ while [ $# -gt 0 ]; do
 done
 mkdir -p "$OUT/micro" "$OUT/sweep"
 install_wheels || exit 1
-mkdir -p ../shared/reference && cp .gpu/qwen3_omni_30b_a3b_config.json ../shared/reference/
 SKEL=.gpu/full-skel
 [ -f "$SKEL/config.json" ] ||
-  python3 -m omniwalk.cli make-tiny "$SKEL" --config .gpu/qwen3_omni_30b_a3b_config.json --no-weights
+  python3 -m omniwalk.cli make-tiny "$SKEL" --config qwen3-omni-30b-a3b --no-weights
 GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
 
 sweep() {  # on GPU $1, guard $2 seconds, into $OUT/$3 (default sweep), then the arguments

@@ -12,7 +12,7 @@
 # Options (defaults in brackets):
 #   --skel DIR | --model DIR   checkpoint or skeleton dir [.gpu/full-skel]; a missing one is made with
 #                              `omniwalk make-tiny DIR --config SKEL_CONFIG --no-weights`
-#   --skel-config FILE         config for that [.gpu/qwen3_omni_30b_a3b_config.json]; "" = packaged tiny
+#   --skel-config FILE         config for that [qwen3-omni-30b-a3b, the packaged preset]; "" = packaged tiny
 #   --paths LIST               [s2t,i2t,s2s,i2s]
 #   --concurrency LIST         [1,4,16,32]
 #   --min-requests N           bench: N = max(min_requests, K * B) measured requests per cell [50]
@@ -63,7 +63,7 @@ START_EPOCH=$(date +%s.%N)
 . benchmarks/h200_common.sh
 
 SKEL=.gpu/full-skel
-SKEL_CONFIG=.gpu/qwen3_omni_30b_a3b_config.json
+SKEL_CONFIG=qwen3-omni-30b-a3b
 PATHS=s2t,i2t,s2s,i2s
 CONCURRENCY=1,4,16,32
 MIN_REQUESTS=50

@@ -29,8 +29,9 @@ from torch import nn
 from omniwalk.models.qwen3_omni.code2wav import Code2Wav, WindowAttention
 from omniwalk.models.qwen3_omni.code2wav_stream import Code2WavState
 from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.tiny import PRESETS
 
-DEFAULT_CONFIG = Path(__file__).parents[2] / "shared" / "reference" / "qwen3_omni_30b_a3b_config.json"
+DEFAULT_CONFIG = PRESETS["qwen3-omni-30b-a3b"]
 
 
 def count_macs(vocoder: Code2Wav, run) -> int:

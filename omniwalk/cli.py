@@ -209,7 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     tiny = sub.add_parser("make-tiny", help="write a random-weight Qwen3-Omni checkpoint directory")
     tiny.add_argument("out_dir", type=Path)
-    tiny.add_argument("--config", type=Path, help="a Qwen3-Omni config.json (default: the packaged tiny config)")
+    tiny.add_argument(
+        "--config", help="a Qwen3-Omni config.json or a preset (qwen3-omni-30b-a3b); default: the packaged tiny one"
+    )
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--dtype", choices=_DTYPES, default="float32")
     tiny.add_argument("--max-shard-mb", type=float, default=2048.0, help="shard the weights above this size")

@@ -6,11 +6,12 @@ Used by the GPU parity tests and the GPU benchmarks; needs transformers (test ex
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import torch
 
-REAL_CONFIG = Path(__file__).parents[2] / "shared" / "reference" / "qwen3_omni_30b_a3b_config.json"
+from omniwalk.models.qwen3_omni.tiny import PRESETS
+
+REAL_CONFIG = PRESETS["qwen3-omni-30b-a3b"]
 
 
 def real_config_dict() -> dict:

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.layout import checkpoint_layout
-from omniwalk.models.qwen3_omni.tiny import make_tiny_checkpoint
+from omniwalk.models.qwen3_omni.tiny import PRESETS, make_tiny_checkpoint
 
 FILES = {
     "config.json",
@@ -86,9 +86,7 @@ def test_cli_make_tiny(tmp_path):
 
 
 def test_cli_inspect_reports_real_parameter_count():
-    from pathlib import Path
-
-    real = Path(__file__).parents[2] / "shared" / "reference" / "qwen3_omni_30b_a3b_config.json"
+    real = PRESETS["qwen3-omni-30b-a3b"]
     proc = subprocess.run(
         [sys.executable, "-m", "omniwalk.cli", "inspect", str(real)], capture_output=True, text=True, timeout=60
     )

@@ -10,7 +10,7 @@ from omniwalk.errors import CheckpointError
 from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.layout import checkpoint_layout
 from omniwalk.models.qwen3_omni.model import ALL_COMPONENTS, PREFIXES, build_component, load_components
-from omniwalk.models.qwen3_omni.tiny import make_tiny_checkpoint
+from omniwalk.models.qwen3_omni.tiny import PRESETS, make_tiny_checkpoint
 from omniwalk.models.qwen3_omni.weights import to_checkpoint_names
 
 
@@ -34,9 +34,7 @@ def test_module_tree_is_the_published_layout(name):
 
 
 def test_module_tree_at_full_size(tmp_path):
-    from pathlib import Path
-
-    real = Path(__file__).parents[2] / "shared" / "reference" / "qwen3_omni_30b_a3b_config.json"
+    real = PRESETS["qwen3-omni-30b-a3b"]
     cfg = Qwen3OmniConfig.from_hf(real)
     assert our_checkpoint_names(cfg) == checkpoint_layout(cfg)
 

@@ -11,7 +11,6 @@ agree on average, and flips must stay rare.
 """
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,8 +21,9 @@ from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.decoder import ContiguousKVCache
 from omniwalk.models.qwen3_omni.mrope import IMAGE, MediaSpan, mrope_positions
 from omniwalk.models.qwen3_omni.thinker import MediaEmbeddings, Thinker
+from omniwalk.models.qwen3_omni.tiny import PRESETS
 
-REAL_CONFIG = Path(__file__).parents[1] / ".." / "shared" / "reference" / "qwen3_omni_30b_a3b_config.json"
+REAL_CONFIG = PRESETS["qwen3-omni-30b-a3b"]
 NUM_LAYERS = 3
 
 

@@ -22,6 +22,9 @@ from omniwalk.models.qwen3_omni.layout import checkpoint_layout
 from omniwalk.models.qwen3_omni.tiny_tokenizer import ENDOFTEXT, SPECIAL_NAMES, build_tokenizer
 
 TINY_CONFIG = Path(__file__).with_name("tiny_config.json")
+# Named configs shipped inside the package (the published checkpoints' config.json, verbatim), so
+# ``make-tiny --config qwen3-omni-30b-a3b`` and the full-size benchmarks need nothing outside it.
+PRESETS = {"qwen3-omni-30b-a3b": Path(__file__).with_name("presets") / "qwen3-omni-30b-a3b-instruct.json"}
 DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
 
 # The chat layout of reference §4.1: media parts become one placeholder each, in content
@@ -44,11 +47,12 @@ CHAT_TEMPLATE = (
 
 
 def load_config_dict(config: str | Path | dict | None) -> dict:
+    """A config.json as a dict: a path, a ``PRESETS`` name, a dict (copied), or None (the tiny one)."""
     if config is None:
         config = TINY_CONFIG
     if isinstance(config, dict):
         return json.loads(json.dumps(config))
-    return json.loads(Path(config).read_text())
+    return json.loads(PRESETS.get(str(config), Path(config)).read_text())
 
 
 def make_tiny_checkpoint(
