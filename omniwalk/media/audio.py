@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 
-import av
 import numpy as np
 import soundfile as sf
 import soxr
@@ -67,6 +66,8 @@ def _decode_bytes(data: bytes, limits: MediaLimits) -> tuple[np.ndarray, int]:
 
 def decode_audio_stream(data: bytes, limits: MediaLimits) -> np.ndarray | None:
     """First audio stream of a container (PyAV) as mono float32 at 16 kHz; None if there is none."""
+    import av  # (lazy: PyAV is large; WAV, FLAC, Ogg and MP3 decode through libsndfile)
+
     try:
         with av.open(io.BytesIO(data)) as container:
             if not container.streams.audio:

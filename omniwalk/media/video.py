@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 
-import av
 import numpy as np
 
 from omniwalk.errors import MediaError
@@ -49,6 +48,8 @@ def decode_video(
         return _from_array(data, limits, fps)
     if len(data) > limits.max_input_bytes:
         raise MediaLimitError(f"video is {len(data)} bytes; the limit is {limits.max_input_bytes}")
+    import av  # (lazy: PyAV is large, and only encoded video and rare audio formats need it)
+
     data = bytes(data)
     try:
         frames, sampled_fps = _decode_frames(data, limits)
@@ -76,6 +77,8 @@ def _check_duration(seconds: float, limits: MediaLimits) -> None:
 
 
 def _decode_frames(data: bytes, limits: MediaLimits) -> tuple[np.ndarray, float]:
+    import av
+
     with av.open(io.BytesIO(data)) as container:
         if not container.streams.video:
             raise EmptyMediaError("no video stream found")
