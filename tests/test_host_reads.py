@@ -12,13 +12,17 @@ before it costs a GPU synchronisation.
 
 import traceback
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
 from test_engine_omni import make_request
 from test_omni_text import checkpoint
 
+import omniwalk
 from omniwalk import Omni
+
+PACKAGE = str(Path(omniwalk.__file__).parent) + "/"  # (a checkout may itself be named omniwalk)
 
 ALLOWED = {
     ("sampling.py", "picks"),  # the thinker's one read of sampled ids (and logprobs)
@@ -37,9 +41,9 @@ def record_reads(monkeypatch):
         original = getattr(torch.Tensor, name)
 
         def recorded(self, *args, **kwargs):
-            ours = [f for f in traceback.extract_stack()[:-1] if "/omniwalk/" in f.filename]
+            ours = [f for f in traceback.extract_stack()[:-1] if f.filename.startswith(PACKAGE)]
             if ours:
-                sites[(ours[-1].filename.split("/omniwalk/")[-1], ours[-1].name)] += 1
+                sites[(ours[-1].filename.removeprefix(PACKAGE), ours[-1].name)] += 1
             return original(self, *args, **kwargs)
 
         return recorded
