@@ -18,14 +18,19 @@ log() { printf '[%7ss] %s\n' "$(elapsed)" "$*"; }
 install_wheels() {
   # The device's recipe (device/README.md): one version of each wheel, no index, no deps.
   local t0=$SECONDS
-  if ! ls .whl/*.whl >/dev/null 2>&1; then
+  # Carried folders: .whl (server and media wheels) and, for the HF-parity tests, .whl_hf
+  # (transformers + huggingface_hub); each call carries what it needs within 64 MiB.
+  local wheels
+  wheels=$(ls .whl/*.whl .whl_hf/*.whl 2>/dev/null)
+  if [ -z "$wheels" ]; then
     log "install_wheels: no .whl/*.whl here (carry .whl)"
     return 1
   fi
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ||
+  # shellcheck disable=SC2086
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $wheels ||
     return 1
   export PYTHONPATH=/tmp/site:$PWD
-  log "installed $(ls .whl/*.whl | wc -l) wheels into /tmp/site in $((SECONDS - t0))s"
+  log "installed $(echo "$wheels" | wc -l) wheels into /tmp/site in $((SECONDS - t0))s"
 }
 
 record_env() {

@@ -11,7 +11,7 @@
 #   bash benchmarks/h200_session.sh --no-micro --also "--paths i2t,s2s" -- --paths s2t
 #             # GPU 1: the --also sweep (sweep2/); GPU 0: the GPU tests, then the other sweep (sweep/)
 #
-# Device tool: carry [".whl", ".gpu"], timeout 600 (kind nvidia-h200-x2 runs checks and sweep side
+# Device tool: carry [".whl", ".whl_hf"] (.whl_hf only for the HF-parity GPU tests), timeout 600 (kind nvidia-h200-x2 runs checks and sweep side
 # by side). The full-size skeleton (.gpu/full-skel) is made from the packaged
 # preset config when missing; needs the wheels in .whl/ (benchmarks/h200_common.sh). Writes under $OUT
 # (the device returns at most 8 files): tests.log, micro/micro.{md,json}, profile/profile.{md,json}
