@@ -147,6 +147,29 @@ class BatchParams:
             out.steps = to_device([s.num_generated for s in states], device, torch.long)
         return out
 
+    def with_all_fields(self, vocab: int) -> BatchParams:
+        """Every field present, absent ones at their neutral values (a CUDA graph's inputs)."""
+        rows, device = self.temperature.shape[0], self.temperature.device
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name, (value, dtype, per_id) in _NEUTRAL.items():
+            if out[name] is None:
+                shape = (rows, vocab) if per_id else (rows,)
+                out[name] = torch.full(shape, vocab if value is None else value, dtype=dtype, device=device)
+        return BatchParams(**out)
+
+
+# optional BatchParams fields: (neutral value (None: the vocabulary size), dtype, one per vocabulary id)
+_NEUTRAL = {
+    "penalty": (1.0, torch.float32, False),
+    "seen": (False, torch.bool, True),
+    "banned": (False, torch.bool, True),
+    "top_k": (None, torch.long, False),
+    "top_p": (1.0, torch.float32, False),
+    "sampled": (False, torch.bool, False),
+    "seeds": (0, torch.long, False),
+    "steps": (0, torch.long, False),
+}
+
 
 def process(logits: torch.Tensor, states: list[SamplerState]) -> torch.Tensor:
     """Raw logits [B, V] -> the fp32 scores each row is drawn from (-inf = excluded)."""

@@ -42,26 +42,6 @@ def random_states(num_rows: int, vocab: int, gen: torch.Generator) -> list[Sampl
     return states
 
 
-def full_params(p: BatchParams, num_rows: int, vocab: int) -> BatchParams:
-    """``p`` with every field present, absent ones neutral (as in a CUDA graph's static inputs)."""
-    device = p.temperature.device
-
-    def full(value, dtype, shape=()):
-        return torch.full((num_rows, *shape), value, dtype=dtype, device=device)
-
-    return BatchParams(
-        temperature=p.temperature,
-        penalty=p.penalty if p.penalty is not None else full(1.0, torch.float32),
-        seen=p.seen if p.seen is not None else full(False, torch.bool, (vocab,)),
-        banned=p.banned if p.banned is not None else full(False, torch.bool, (vocab,)),
-        top_k=p.top_k if p.top_k is not None else full(vocab, torch.long),
-        top_p=p.top_p if p.top_p is not None else full(1.0, torch.float32),
-        sampled=p.sampled if p.sampled is not None else full(False, torch.bool),
-        seeds=p.seeds if p.seeds is not None else full(0, torch.long),
-        steps=p.steps if p.steps is not None else full(0, torch.long),
-    )
-
-
 def unexplained_rows(ids: torch.Tensor, logits: torch.Tensor, p: BatchParams, step_offset: int, noise_tol: float):
     """Rows where ``ids`` differ from the reference for no stated reason, and the number that
     differ where a difference is allowed: a top-p cut within 1e-5 of ``top_p`` (the kernel sums

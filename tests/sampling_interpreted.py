@@ -10,7 +10,7 @@ import os
 
 import pytest
 import torch
-from sampling_cases import full_params, random_logits, random_states, unexplained_rows
+from sampling_cases import random_logits, random_states, unexplained_rows
 
 from omniwalk.layers import sampling_kernels
 from omniwalk.sampling import BatchParams, draw_fused, draw_reference, gumbel_noise
@@ -38,7 +38,7 @@ def test_kernel_ids_equal_the_reference(vocab, dtype, graph, step_offset):
     logits = random_logits(num_rows, vocab, gen, dtype)
     p = BatchParams.of(random_states(num_rows, vocab, gen), vocab, "cpu")
     if graph:
-        p = full_params(p, num_rows, vocab)
+        p = p.with_all_fields(vocab)
         logits, p = _pad(logits, p)  # a bucket's padding row: neutral and greedy
     ids = draw_fused(logits, p, step_offset)
     wrong, near = unexplained_rows(ids, logits, p, step_offset, noise_tol=1e-5)
