@@ -11,6 +11,10 @@ vocabulary index), so a request's tokens depend only on its own seed and logits,
 other requests share the batch, and nothing is read back to the host to draw. ``sample`` ends
 with the step's single host read (token ids, and logprobs when asked); ``sample_on_device``
 keeps ids on the device for loops that feed them straight back (the code predictor).
+
+``draw_reference`` is the PyTorch expression (the CPU path and the oracle); on CUDA ``draw``
+runs the fused Triton kernels of ``layers/sampling_kernels.py``, which give its ids (ties
+included; the one documented exception is a top-p cut within rounding of ``top_p``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch
 
 from omniwalk.device import HostCopy, to_device
 from omniwalk.errors import InvalidRequestError
+from omniwalk.layers import sampling_kernels
 
 
 @dataclass(frozen=True)
@@ -142,6 +147,29 @@ class BatchParams:
             out.steps = to_device([s.num_generated for s in states], device, torch.long)
         return out
 
+    def with_all_fields(self, vocab: int) -> BatchParams:
+        """Every field present, absent ones at their neutral values (a CUDA graph's inputs)."""
+        rows, device = self.temperature.shape[0], self.temperature.device
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name, (value, dtype, per_id) in _NEUTRAL.items():
+            if out[name] is None:
+                shape = (rows, vocab) if per_id else (rows,)
+                out[name] = torch.full(shape, vocab if value is None else value, dtype=dtype, device=device)
+        return BatchParams(**out)
+
+
+# optional BatchParams fields: (neutral value (None: the vocabulary size), dtype, one per vocabulary id)
+_NEUTRAL = {
+    "penalty": (1.0, torch.float32, False),
+    "seen": (False, torch.bool, True),
+    "banned": (False, torch.bool, True),
+    "top_k": (None, torch.long, False),
+    "top_p": (1.0, torch.float32, False),
+    "sampled": (False, torch.bool, False),
+    "seeds": (0, torch.long, False),
+    "steps": (0, torch.long, False),
+}
+
 
 def process(logits: torch.Tensor, states: list[SamplerState]) -> torch.Tensor:
     """Raw logits [B, V] -> the fp32 scores each row is drawn from (-inf = excluded)."""
@@ -162,8 +190,9 @@ def process_tensors(logits: torch.Tensor, p: BatchParams) -> torch.Tensor:
 
 
 def _top_k_top_p(scores: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Per row: keep the ``top_k`` best, then the smallest best set reaching ``top_p`` (1 = all)."""
-    sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
+    """Per row: keep the ``top_k`` best, then the smallest best set reaching ``top_p`` (1 = all).
+    Equal scores rank by index (a stable sort), which defines ties for the fused kernels too."""
+    sorted_scores, order = torch.sort(scores, dim=-1, descending=True, stable=True)
     ranks = torch.arange(scores.shape[1], device=scores.device)[None, :]
     sorted_scores = sorted_scores.masked_fill(ranks >= top_k[:, None], -float("inf"))
     probs = torch.softmax(sorted_scores, dim=-1)
@@ -191,13 +220,37 @@ def gumbel_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.
     """[B, V] Gumbel(0, 1) noise, a pure function of (seed, step, vocabulary index) per row."""
     key = _mix(seeds * _GOLDEN + steps)
     z = _mix(key[:, None] + (torch.arange(vocab, device=seeds.device)[None, :] + 1) * _GOLDEN)
-    u = (_shr(z, 40).float() + 0.5) / 2**24  # 24 random bits -> (0, 1)
+    # 23 random bits -> u in (0, 1), every (bits + 0.5) exact in fp32. NOTE: with 24 bits the top
+    # value rounds to u = 1, noise +inf, and a -inf (banned, filtered) score + inf = NaN, which
+    # argmax takes: an excluded id drawn once per ~2^24 / V draws.
+    return _gumbel_of_bits(_shr(z, 41))
+
+
+def _gumbel_of_bits(bits: torch.Tensor) -> torch.Tensor:
+    u = (bits.float() + 0.5) / 2**23
     return -torch.log(-torch.log(u))
 
 
 def draw(logits: torch.Tensor, p: BatchParams, step_offset: int = 0) -> torch.Tensor:
-    """Processed scores -> one id per row [B] (int64 on the device); pure tensor work (graphable).
-    ``step_offset`` is added to every row's token index (a loop that draws several tokens)."""
+    """Raw logits [B, V] -> one id per row [B] (int64 on the device); pure tensor work (graphable).
+    ``step_offset`` is added to every row's token index (a loop that draws several tokens).
+    On CUDA: the fused kernels (V <= 4096: one launch; larger: two, plus the PyTorch top-k/top-p
+    between a processing launch and the draw when a row asks for them)."""
+    if logits.is_cuda and sampling_kernels.available():
+        return draw_fused(logits, p, step_offset)
+    return draw_reference(logits, p, step_offset)
+
+
+def draw_fused(logits: torch.Tensor, p: BatchParams, step_offset: int = 0) -> torch.Tensor:
+    """``draw`` through the fused kernels (CUDA; the tests also run it in Triton's CPU interpreter)."""
+    if logits.shape[1] > sampling_kernels.SMALL_VOCAB_MAX and p.top_k is not None:
+        scores = _top_k_top_p(sampling_kernels.process(logits, p), p.top_k, p.top_p)
+        return sampling_kernels.draw(scores, p, step_offset, processed=True)
+    return sampling_kernels.draw(logits, p, step_offset)
+
+
+def draw_reference(logits: torch.Tensor, p: BatchParams, step_offset: int = 0) -> torch.Tensor:
+    """``draw`` as a PyTorch expression: the CPU path and the fused kernels' oracle."""
     scores = process_tensors(logits, p)
     ids = scores.argmax(-1)
     if p.sampled is None:

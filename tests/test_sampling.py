@@ -132,3 +132,12 @@ def test_graph_sampling_inputs_give_exactly_the_eager_draw(kwargs):
                 s.seen[token] = True
             s.num_generated += 1
         logits = logits.roll(step + 1, dims=1)
+
+
+def test_gumbel_noise_is_finite_at_the_extreme_bits():
+    """u = (bits + 0.5) / 2^23 stays inside (0, 1) in fp32 (with 24 bits the top value rounded to
+    u = 1: noise +inf, and a -inf score + inf = NaN, which argmax took: an excluded id drawn)."""
+    from omniwalk.sampling import _gumbel_of_bits
+
+    noise = _gumbel_of_bits(torch.tensor([0, 1, 2**23 - 2, 2**23 - 1]))
+    assert torch.isfinite(noise).all() and (noise.diff() > 0).all()

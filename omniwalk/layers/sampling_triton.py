@@ -1,0 +1,150 @@
+"""Triton code of the fused sampling kernels; ``sampling_kernels`` launches them (and says what
+they compute). Imported on first use only: it needs triton.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def mix(z):  # splitmix64's finaliser on uint64: products wrap modulo 2^64, >> is logical
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+    return z ^ (z >> 31)
+
+
+@triton.jit
+def gumbel(seed, step, cols):
+    """sampling.gumbel_noise for one row: (seed, step, vocabulary index) -> Gumbel(0, 1)."""
+    key = mix(seed.to(tl.uint64, bitcast=True) * 0x9E3779B97F4A7C15 + step.to(tl.uint64, bitcast=True))
+    z = mix(key + (cols + 1).to(tl.uint64) * 0x9E3779B97F4A7C15)
+    u = ((z >> 41).to(tl.float32) + 0.5) * (1.0 / 8388608.0)  # 23 random bits -> (0, 1)
+    return -tl.log(-tl.log(u))
+
+
+@triton.jit
+def front(x, row, cols, valid, flags, temperature_ptr, penalty_ptr, seen_ptr, seen_stride, banned_ptr, banned_stride):
+    """Repetition penalty, banned ids, temperature: the reference's fp32 steps, in its order."""
+    if (flags & 1) != 0:
+        penalty = tl.load(penalty_ptr + row)
+        seen = tl.load(seen_ptr + row * seen_stride + cols, mask=valid, other=0) != 0
+        x = tl.where(seen, tl.where(x > 0, tl.div_rn(x, penalty), x * penalty), x)
+    if (flags & 2) != 0:
+        banned = tl.load(banned_ptr + row * banned_stride + cols, mask=valid, other=0) != 0
+        x = tl.where(banned, float("-inf"), x)
+    return tl.div_rn(x, tl.load(temperature_ptr + row))
+
+
+@triton.jit
+def perturb(x, row, cols, flags, step_offset, sampled_ptr, seeds_ptr, steps_ptr):
+    """Sampled rows add the Gumbel noise (argmax then draws); greedy rows stay as they are."""
+    if (flags & 8) != 0:
+        if tl.load(sampled_ptr + row) != 0:
+            step = tl.load(steps_ptr + row) + step_offset
+            x = x + gumbel(tl.load(seeds_ptr + row), step, cols)
+    return x
+
+
+@triton.jit
+def keys_of(x, cols, BLOCK: tl.constexpr):
+    """int64 keys ordered as (score desc, index asc) when sorted descending; -0.0 == +0.0."""
+    bits = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
+    order = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # float order as signed int order
+    return (order.to(tl.int64) << 32) | (BLOCK - 1 - cols).to(tl.int64)
+
+
+@triton.jit
+def scores_of(keys):
+    order = (keys >> 32).to(tl.int32)
+    return (order ^ ((order >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def cut(sorted_keys, top_k, top_p, N: tl.constexpr):
+    """Keys sorted descending [N] -> the smallest key that top-k then top-p keep (a prefix)."""
+    ranks = tl.arange(0, N)
+    scores = tl.where(ranks < top_k, scores_of(sorted_keys), float("-inf"))
+    e = tl.exp(scores - tl.max(scores, 0))
+    probs = e / tl.sum(e, 0)
+    before = tl.cumsum(probs, 0) - probs  # mass of the better tokens
+    limit = tl.where(top_p < 1.0, top_p, float("inf"))  # (top_p 1: even a mass rounded to 1 keeps)
+    drop = ((before >= limit) & (ranks > 0)) | (ranks >= top_k)
+    num_kept = tl.min(tl.where(drop, ranks, N), 0)
+    return tl.min(tl.where(ranks < num_kept, sorted_keys, 0x7FFFFFFFFFFFFFFF), 0)
+
+
+@triton.jit
+def top_k_top_p(x, row, cols, vocab, top_k_ptr, top_p_ptr, BLOCK: tl.constexpr, CANDIDATES: tl.constexpr):
+    top_k = tl.load(top_k_ptr + row)
+    top_p = tl.load(top_p_ptr + row)
+    if (top_k < vocab) | (top_p < 1.0):  # (neutral rows of a graph skip the sort)
+        keys = keys_of(x, cols, BLOCK)
+        if top_k <= CANDIDATES:
+            smallest = cut(tl.topk(keys, CANDIDATES), top_k, top_p, CANDIDATES)
+        else:
+            smallest = cut(tl.sort(keys, descending=True), top_k, top_p, BLOCK)
+        x = tl.where(keys >= smallest, x, float("-inf"))
+    return x
+
+
+@triton.jit(do_not_specialize=["flags", "step_offset"])
+def draw_rows(
+    logits_ptr, logits_stride, temperature_ptr, penalty_ptr, seen_ptr, seen_stride, banned_ptr, banned_stride,
+    top_k_ptr, top_p_ptr, sampled_ptr, seeds_ptr, steps_ptr, out_ptr, vocab, flags, step_offset,
+    BLOCK: tl.constexpr, CANDIDATES: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    valid = cols < vocab
+    x = tl.load(logits_ptr + row * logits_stride + cols, mask=valid, other=float("-inf")).to(tl.float32)
+    x = front(
+        x, row, cols, valid, flags, temperature_ptr, penalty_ptr, seen_ptr, seen_stride, banned_ptr, banned_stride
+    )
+    if (flags & 4) != 0:
+        x = top_k_top_p(x, row, cols, vocab, top_k_ptr, top_p_ptr, BLOCK, CANDIDATES)
+    x = perturb(x, row, cols, flags, step_offset, sampled_ptr, seeds_ptr, steps_ptr)
+    tl.store(out_ptr + row, tl.argmax(x, 0).to(tl.int64))
+
+
+@triton.jit(do_not_specialize=["flags", "step_offset"])
+def draw_blocks(
+    logits_ptr, logits_stride, temperature_ptr, penalty_ptr, seen_ptr, seen_stride, banned_ptr, banned_stride,
+    top_k_ptr, top_p_ptr, sampled_ptr, seeds_ptr, steps_ptr, best_ptr, best_at_ptr, vocab, flags, step_offset,
+    PROCESS: tl.constexpr, PICK: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """PICK: each block's best (perturbed) score and its first index; else the processed scores."""
+    row, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    cols = block * BLOCK + tl.arange(0, BLOCK)
+    valid = cols < vocab
+    x = tl.load(logits_ptr + row * logits_stride + cols, mask=valid, other=float("-inf")).to(tl.float32)
+    if PROCESS:
+        x = front(
+            x, row, cols, valid, flags, temperature_ptr, penalty_ptr, seen_ptr, seen_stride, banned_ptr, banned_stride
+        )
+    if PICK:
+        x = perturb(x, row, cols, flags, step_offset, sampled_ptr, seeds_ptr, steps_ptr)
+        best, at = tl.max(x, 0, return_indices=True, return_indices_tie_break_left=True)
+        tl.store(best_ptr + row * tl.num_programs(1) + block, best)
+        tl.store(best_at_ptr + row * tl.num_programs(1) + block, block * BLOCK + at)
+    else:
+        tl.store(best_ptr + row * vocab + cols, x, mask=valid)
+
+
+@triton.jit
+def pick_blocks(best_ptr, best_at_ptr, out_ptr, num_blocks, BLOCKS_PAD: tl.constexpr):
+    """Per row: the first block holding the maximum (so the first index overall wins ties)."""
+    row = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, BLOCKS_PAD)
+    valid = i < num_blocks
+    best = tl.load(best_ptr + row * num_blocks + i, mask=valid, other=float("-inf"))
+    at = tl.load(best_at_ptr + row * num_blocks + i, mask=valid, other=0)
+    first = tl.argmax(best, 0)
+    tl.store(out_ptr + row, tl.sum(tl.where(i == first, at, 0), 0).to(tl.int64))
+
+
+@triton.jit
+def noise_rows(seeds_ptr, steps_ptr, out_ptr, vocab, BLOCK: tl.constexpr):
+    row, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    cols = block * BLOCK + tl.arange(0, BLOCK)
+    noise = gumbel(tl.load(seeds_ptr + row), tl.load(steps_ptr + row), cols)
+    tl.store(out_ptr + row * vocab + cols, noise, mask=cols < vocab)

@@ -1,0 +1,71 @@
+"""Random draws for the fused sampling kernels' tests: ``BatchParams`` mixing every operation,
+and a comparison with ``sampling.draw_reference`` that names the rows where the ids may differ."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from omniwalk.sampling import BatchParams, SamplerState, SamplingParams, draw_reference, gumbel_noise, process_tensors
+
+TOP_KS = (1, 5, 50, 64, 65, 0)  # 64 / 65: either side of the kernel's partial sort; 0 = off
+TOP_PS = (1.0, 0.95, 0.8, 0.5, 0.1)
+
+
+def random_logits(num_rows: int, vocab: int, gen: torch.Generator, dtype=torch.float32, device="cpu") -> torch.Tensor:
+    """Half the rows Gaussian, half coarse integers (many exact ties); some ids at -inf."""
+    x = torch.randn(num_rows, vocab, generator=gen) * 3
+    coarse = torch.randint(-4, 5, (num_rows, vocab), generator=gen).float()
+    x = torch.where(torch.arange(num_rows)[:, None] % 2 == 1, coarse, x)
+    x[torch.rand(num_rows, vocab, generator=gen) < 0.02] = -float("inf")  # (masked control ids)
+    return x.to(dtype).to(device)
+
+
+def random_states(num_rows: int, vocab: int, gen: torch.Generator) -> list[SamplerState]:
+    """Requests with random parameters: greedy rows, penalties, min_tokens bans, top-k/top-p."""
+
+    def pick(options):
+        return options[int(torch.randint(len(options), (), generator=gen))]
+
+    states = []
+    for _ in range(num_rows):
+        params = SamplingParams(
+            temperature=pick((0.0, 0.5, 0.9, 1.0, 1.3)), top_k=min(pick(TOP_KS), vocab), top_p=pick(TOP_PS),
+            repetition_penalty=pick((1.0, 1.0, 0.8, 1.05, 1.3)), min_tokens=pick((0, 0, 4)), max_tokens=8,
+            seed=int(torch.randint(-(2**62), 2**62, (), generator=gen)),
+        )  # fmt: skip
+        prompt = torch.randint(vocab, (int(torch.randint(0, vocab // 4 + 2, (), generator=gen)),), generator=gen)
+        state = SamplerState(params, (int(torch.randint(vocab, (), generator=gen)), 0), prompt.tolist())
+        state.num_generated = int(torch.randint(0, 6, (), generator=gen))
+        states.append(state)
+    return states
+
+
+def unexplained_rows(ids: torch.Tensor, logits: torch.Tensor, p: BatchParams, step_offset: int, noise_tol: float):
+    """Rows where ``ids`` differ from the reference for no stated reason, and the number that
+    differ where a difference is allowed: a top-p cut within 1e-5 of ``top_p`` (the kernel sums
+    the softmax in its own order), or, with ``noise_tol`` > 0 (the CPU interpreter, whose numpy
+    log differs from torch's in the last bit), two perturbed scores closer than that."""
+    ref = draw_reference(logits, p, step_offset)
+    near = _top_p_margin(logits, p) < 1e-5
+    if noise_tol > 0 and p.sampled is not None:
+        scores = process_tensors(logits, p) + gumbel_noise(p.seeds, p.steps + step_offset, logits.shape[1])
+        top2 = scores.topk(2, dim=-1).values
+        near |= p.sampled & ((top2[:, 0] - top2[:, 1]) <= noise_tol * top2[:, 0].abs().clamp(min=1))
+    differ = ids.cpu() != ref.cpu()
+    return (differ & ~near.cpu()).nonzero().flatten().tolist(), int((differ & near.cpu()).sum())
+
+
+def _top_p_margin(logits: torch.Tensor, p: BatchParams) -> torch.Tensor:
+    """Per row: the distance of the reference's mass-of-better-tokens to ``top_p`` (inf: no cut)."""
+    margin = torch.full((logits.shape[0],), float("inf"), device=logits.device)
+    if p.top_k is None:
+        return margin
+    scores = process_tensors(logits, replace(p, top_k=None, top_p=None))
+    sorted_scores, _ = torch.sort(scores, dim=-1, descending=True, stable=True)
+    ranks = torch.arange(scores.shape[1], device=scores.device)[None, :]
+    probs = torch.softmax(sorted_scores.masked_fill(ranks >= p.top_k[:, None], -float("inf")), dim=-1)
+    before = probs.cumsum(-1) - probs
+    gap = (before - p.top_p[:, None]).abs().masked_fill(ranks >= p.top_k[:, None], float("inf"))
+    return torch.where(p.top_p < 1.0, gap[:, 1:].min(-1).values, margin)
