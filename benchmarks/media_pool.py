@@ -71,7 +71,8 @@ def main() -> None:
     args = parser.parse_args()
     items = samples()
     for kind, data in items:
-        print(f"{kind}: {len(data) / 1e6:.2f} MB, one decode {min(_work((kind, data)) for _ in range(3)) * 1000:.0f} ms")
+        best = min(_work((kind, data)) for _ in range(3))
+        print(f"{kind}: {len(data) / 1e6:.2f} MB, one decode {best * 1000:.0f} ms")
     batches = {"mixed": items * 4, **{kind: [(kind, data)] * 6 for kind, data in items}}
     with ThreadPoolExecutor(args.workers) as threads, ProcessPoolExecutor(args.workers) as procs:
         asyncio.run(timed(procs, items))  # start the workers (imports) outside the measurement
