@@ -17,6 +17,7 @@ def _part(part: dict) -> dict:
     return {"messages": [{"role": "user", "content": [part]}]}
 
 
+BAD = "invalid_value"
 # (body, status, param, code); the list first, then unsupported OpenAI features
 HOSTILE = [
     ({"messages": USER, "temperature": "hot"}, 400, "temperature", "invalid_type"),
@@ -28,17 +29,17 @@ HOSTILE = [
     (_part({"type": "audio", "audio": [[0.1, 0.2], [0.3]]}), 400, "messages[0].content[0]", "invalid_value"),
     ({"messages": USER, "seed": 2**64 - 1}, 400, "seed", "invalid_value"),
     ({"messages": USER, "seed": 10**30}, 400, "seed", "invalid_value"),
-    (_part({"type": "image_url", "image_url": {"url": "/tmp/a\0.png"}}), 400, "messages[0].content[0].image_url", "invalid_value"),
+    (_part({"type": "image_url", "image_url": {"url": "/tmp/a\0.png"}}), 400, "messages[0].content[0].image_url", BAD),
     ({"messages": USER, "max_tokens": 0}, 400, "max_tokens", "invalid_value"),
     ({"messages": USER, "max_tokens": 2**40}, 400, "max_tokens", "invalid_value"),
     ({"messages": USER, "tools": [{"type": "function"}]}, 400, "tools", "unsupported_parameter"),
     ({"messages": USER, "response_format": {"type": "json_object"}}, 400, "response_format", "unsupported_parameter"),
     ({"messages": USER, "n": 2}, 400, "n", "unsupported_value"),
-    ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]}, 400, "messages[0].role", "unsupported_parameter"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].role", "unsupported_parameter"),
     ({"messages": USER, "bogus": 1}, 400, "bogus", "unknown_parameter"),
     ({"messages": []}, 400, "messages", "invalid_value"),
     ({"messages": [{"role": "bot", "content": "x"}]}, 400, "messages[0]", "invalid_value"),
-    ({"messages": [{"role": "assistant", "audio": {"id": "audio_nope"}}]}, 400, "messages[0].audio.id", "invalid_value"),
+    ({"messages": [{"role": "assistant", "audio": {"id": "audio_nope"}}]}, 400, "messages[0].audio.id", BAD),
     ([1, 2], 400, None, "invalid_type"),
 ]  # fmt: skip
 RAW = [
