@@ -167,13 +167,13 @@ def test_developer_role_and_assistant_audio_by_id(live):
 
 def test_a_256_mib_body_is_refused_without_reading_it_into_memory(served):
     proc, live = served
-    before = _rss_mb(proc.pid)
+    before = rss_mb(proc.pid)
     c = Connection(live)
     _valid(c)
     body = b'{"messages": [{"role": "user", "content": "' + b"x" * (256 * 2**20) + b'"}]}'
     status, reply, _ = c.post("/v1/chat/completions", body)
     assert status == 413 and reply["error"]["code"] == "body_too_large"
-    growth = _rss_mb(proc.pid) - before
+    growth = rss_mb(proc.pid) - before
     print(f"HTTP process RSS growth over a 256 MiB body: {growth:.1f} MB")
     assert growth < 80
     _valid(c)
@@ -182,6 +182,6 @@ def test_a_256_mib_body_is_refused_without_reading_it_into_memory(served):
         assert f'status="{status}"' in metrics
 
 
-def _rss_mb(pid: int) -> float:
+def rss_mb(pid: int) -> float:
     line = next(line for line in open(f"/proc/{pid}/status") if line.startswith("VmRSS"))
     return int(line.split()[1]) / 1024

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from media_samples import encode_video, gradient_image  # noqa: E402
 from test_omni_media import AUDIO, IMAGE, wav_data_url  # noqa: E402
 from test_server import launch, png_data_url  # noqa: E402
-from test_server_hostile import HOSTILE, RAW  # noqa: E402
+from test_server_hostile import HOSTILE, RAW, rss_mb  # noqa: E402
 
 HANG_S = 600  # a request slower than this counts as hung
 SPEECH = {"talker_temperature": 0.0, "min_audio_frames": 3, "max_audio_frames": 3}
@@ -145,11 +145,6 @@ async def idle_metrics(base: str, timeout: float = 60) -> dict[str, float]:
             if values == wanted or time.monotonic() > deadline:
                 return values
             await asyncio.sleep(0.5)
-
-
-def rss_mb(pid: int) -> float:
-    line = next(line for line in open(f"/proc/{pid}/status") if line.startswith("VmRSS"))
-    return int(line.split()[1]) / 1024
 
 
 def run_soak(num_requests: int, concurrency: int) -> dict:

@@ -13,8 +13,12 @@ hangs up (streaming or not) aborts its request.
 
 from __future__ import annotations
 
+import asyncio
+import hmac
 import logging
+from collections.abc import Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -26,6 +30,7 @@ from omniwalk.config import ServerConfig
 from omniwalk.media.limits import MediaLimits
 from omniwalk.serve import openai_api as api
 from omniwalk.serve import schemas
+from omniwalk.serve.audio_format import encode_audio, mime_type
 from omniwalk.serve.audio_store import AudioStore
 from omniwalk.serve.engine_client import EngineClient
 from omniwalk.serve.errors import APIError, validation_error
@@ -39,12 +44,42 @@ from omniwalk.serve.supervisor import Supervisor
 error_log = logging.getLogger("omniwalk.error")
 
 
+@dataclass
+class Served:
+    """What the routes share: the engine, the server's config and its per-process parts."""
+
+    client: EngineClient
+    cfg: ServerConfig
+    supervisor: Supervisor
+    decode: Callable[[list[int]], str]  # ids -> text (logprob tokens)
+    metrics: Metrics
+    pool: MediaPool
+    store: AudioStore
+
+    def context(self) -> api.Context:
+        voices = tuple(v.lower() for v in self.client.info.get("voices", ()))
+        return api.Context(self.cfg, self.pool, self.store, voices)
+
+    async def body(self, request: Request, model: type[schemas.Strict]):
+        """Auth, readiness, then the body (size-capped by the guard) parsed by ``model``."""
+        given, key = request.headers.get("authorization", "").encode(), self.cfg.api_key
+        if key and not hmac.compare_digest(given, f"Bearer {key}".encode()):
+            raise APIError(401, "invalid or missing API key", code="invalid_api_key")
+        if self.supervisor.state != "ready":
+            raise APIError(503, f"the server is not ready ({self.supervisor.state})", code="engine_unavailable")
+        try:
+            return model.model_validate_json(await request.body())
+        except ValidationError as e:
+            raise validation_error(e) from None
+
+
 def create_app(client: EngineClient, cfg: ServerConfig, limits: MediaLimits, decode, supervisor: Supervisor):
     """The ASGI app. ``decode(ids) -> str`` renders logprob tokens; the engine client is started
     in the lifespan, in the background (``/health`` says "starting" until the model is loaded)."""
     metrics = Metrics()
     pool = MediaPool(limits, cfg.media_workers, cfg.max_media_queue, metrics)
     store = AudioStore(cfg.audio_store_size, cfg.audio_expiry_s)
+    served = Served(client, cfg, supervisor, decode, metrics, pool, store)
 
     async def start() -> None:
         try:
@@ -56,8 +91,6 @@ def create_app(client: EngineClient, cfg: ServerConfig, limits: MediaLimits, dec
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        import asyncio
-
         starting = asyncio.create_task(start())
         yield
         starting.cancel()
@@ -66,66 +99,55 @@ def create_app(client: EngineClient, cfg: ServerConfig, limits: MediaLimits, dec
 
     app = FastAPI(lifespan=lifespan, title="omniwalk", openapi_url=None, docs_url=None, redoc_url=None)
     _install_error_handlers(app)
+    _info_routes(app, served)
+    _generation_routes(app, served)
+    return Guard(app, cfg.max_body_bytes, metrics)
 
-    def context() -> api.Context:
-        voices = tuple(v.lower() for v in client.info.get("voices", ()))
-        return api.Context(cfg, pool, store, voices)
 
-    async def body_of(request: Request, model: type[schemas.Strict]):
-        """Auth, readiness, then the body (size-capped by the guard) parsed by ``model``."""
-        if cfg.api_key and request.headers.get("authorization") != f"Bearer {cfg.api_key}":
-            raise APIError(401, "invalid or missing API key", code="invalid_api_key")
-        if supervisor.state != "ready":
-            status, health = supervisor.health()
-            raise APIError(503, f"the server is not ready ({health['status']})", code="engine_unavailable")
-        try:
-            return model.model_validate_json(await request.body())
-        except ValidationError as e:
-            raise validation_error(e) from None
-
+def _info_routes(app: FastAPI, served: Served) -> None:
     @app.get("/health")
     async def health():
-        status, body = supervisor.health()
+        status, body = served.supervisor.health()
         return JSONResponse(body, status_code=status)
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [_model_entry(cfg)]}
+        return {"object": "list", "data": [_model_entry(served.cfg)]}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str):
-        api.check_model(model_id, cfg)
-        return _model_entry(cfg)
+        api.check_model(model_id, served.cfg)
+        return _model_entry(served.cfg)
 
     @app.get("/metrics")
     async def prometheus():
-        metrics.update_engine(client.stats)
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+        served.metrics.update_engine(served.client.stats)
+        return Response(served.metrics.render(), media_type="text/plain; version=0.0.4")
 
+
+def _generation_routes(app: FastAPI, served: Served) -> None:
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
-        engine_request, options = await api.chat_request(await body_of(request, schemas.ChatRequest), context())
-        run = EngineRun(client, engine_request, metrics)
+        body = await served.body(request, schemas.ChatRequest)
+        engine_request, options = await api.chat_request(body, served.context())
+        run = EngineRun(served.client, engine_request, served.metrics)
         first = await run.first_event()  # engine-side validation errors still become 4xx here
         if options.stream:
-            return StreamingResponse(run.sse(first, options, decode, store), media_type="text/event-stream")
+            events = run.sse(first, options, served.decode, served.store)
+            return StreamingResponse(events, media_type="text/event-stream")
         output = await run.collect_unless_disconnected(first, request.receive)
         if output is None:
             return Response(status_code=499)  # nobody reads it: counted as the client's hang-up
-        return api.completion(output, options, decode, store)
+        return api.completion(output, options, served.decode, served.store)
 
     @app.post("/v1/audio/speech")
     async def speech(request: Request):
-        engine_request, fmt = speech_request(await body_of(request, schemas.SpeechRequest), context())
-        run = EngineRun(client, engine_request, metrics)
+        engine_request, fmt = speech_request(await served.body(request, schemas.SpeechRequest), served.context())
+        run = EngineRun(served.client, engine_request, served.metrics)
         output = await run.collect_unless_disconnected(await run.first_event(), request.receive)
         if output is None:
             return Response(status_code=499)
-        from omniwalk.serve.audio_format import encode_audio, mime_type
-
         return Response(encode_audio(output["audio"], fmt), media_type=mime_type(fmt))
-
-    return Guard(app, cfg.max_body_bytes, metrics)
 
 
 def _model_entry(cfg: ServerConfig) -> dict:
