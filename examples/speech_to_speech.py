@@ -45,5 +45,5 @@ reply = client.chat.completions.create(
 )
 message = reply.choices[0].message
 open(args.out, "wb").write(base64.b64decode(message.audio.data))
-print(f"text: {message.content!r}")
+print(f"text: {message.audio.transcript!r}")  # with speech out, the text is the audio's transcript
 print(f"speech: {args.out} ({soundfile.info(args.out).duration:.2f} s)")

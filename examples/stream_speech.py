@@ -28,10 +28,11 @@ stream = client.chat.completions.create(
 pcm = []
 for chunk in stream:
     for choice in chunk.choices:
-        if choice.delta.content:
-            print(choice.delta.content, end="", flush=True)
-        if getattr(choice.delta, "audio", None):
-            pcm.append(base64.b64decode(choice.delta.audio.data))  # 24 kHz mono int16
+        audio = getattr(choice.delta, "audio", None)  # with speech out the text is the audio's transcript
+        if getattr(audio, "transcript", None):
+            print(audio.transcript, end="", flush=True)
+        if getattr(audio, "data", None):
+            pcm.append(base64.b64decode(audio.data))  # 24 kHz mono int16
 samples = np.frombuffer(b"".join(pcm), dtype="<i2")
 soundfile.write(args.out, samples, 24000)
 print(f"\nspeech: {args.out} ({len(samples) / 24000:.2f} s in {len(pcm)} chunks)")

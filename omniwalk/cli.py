@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import signal
 import sys
 import time
 from pathlib import Path
 
-from omniwalk.errors import OmniwalkError
+from omniwalk.errors import ConfigError, OmniwalkError
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
@@ -55,71 +53,91 @@ EMBEDDED_DIR = Path.home() / ".cache" / "omniwalk" / "embedded-tiny-v1"
 
 def _embedded_checkpoint() -> Path:
     """The embedded default model: the packaged tiny config with random weights, written once."""
+    import shutil
+
     from omniwalk.models.qwen3_omni.tiny import make_tiny_checkpoint
 
     if not (EMBEDDED_DIR / "config.json").exists():
         print(f"writing the embedded tiny checkpoint to {EMBEDDED_DIR}", flush=True)
         tmp = EMBEDDED_DIR.with_name(EMBEDDED_DIR.name + ".tmp")
-        make_tiny_checkpoint(tmp)
-        tmp.rename(EMBEDDED_DIR)
+        shutil.rmtree(tmp, ignore_errors=True)  # a write that was interrupted
+        try:
+            make_tiny_checkpoint(tmp)
+            tmp.rename(EMBEDDED_DIR)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return EMBEDDED_DIR
 
 
-def _serve(args: argparse.Namespace) -> None:
+def _listening_socket(host: str, port: int):
+    """Bind the server's socket first: a port in use is reported before the model loads."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _serve(args: argparse.Namespace) -> int:
     import dataclasses
+    import logging
 
-    import uvicorn
-
-    from omniwalk.config import EngineConfig, ModelConfig, ServerConfig
+    from omniwalk.config import EngineConfig, ModelConfig, OmniConfig, ServerConfig
     from omniwalk.media.limits import MediaLimits
-    from omniwalk.serve.app import create_app
-    from omniwalk.serve.engine_client import EngineClient
-    from omniwalk.tokenizer import Tokenizer
 
-    _QuietServer = _quiet_server_class()  # noqa: N806 - a class
+    server = ServerConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServerConfig)})
+    options = {
+        f.name: getattr(args, f.name) for c in (ModelConfig, EngineConfig, MediaLimits) for f in dataclasses.fields(c)
+    }
+    if args.model is not None and not Path(args.model).expanduser().is_dir():
+        raise ConfigError(f"--model {args.model}: no such checkpoint directory")
+    OmniConfig.from_kwargs(**{**options, "model": str(args.model)})  # config errors before anything starts
+    sock = _listening_socket(server.host, server.port)
+    logging.basicConfig(level=server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     model = args.model or _embedded_checkpoint()
     if args.model is None:
         print(
             "NOTE: serving the embedded tiny model: its weights are RANDOM, its text and speech are noise", flush=True
         )
-    server = ServerConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServerConfig)})
-    options = {
-        f.name: getattr(args, f.name) for c in (ModelConfig, EngineConfig, MediaLimits) for f in dataclasses.fields(c)
-    }
     options["model"] = str(model)
+    return _run_server(server, MediaLimits(**{f.name: options[f.name] for f in dataclasses.fields(MediaLimits)}),
+                       options, model, sock)  # fmt: skip
+
+
+def _run_server(server, limits, options: dict, model, sock) -> int:
+    import uvicorn
+
+    from omniwalk.serve.app import create_app
+    from omniwalk.serve.engine_client import EngineClient
+    from omniwalk.serve.supervisor import Server, Supervisor
+    from omniwalk.tokenizer import Tokenizer
+
     client = EngineClient(**options)
     print(f"engine process started (pid {client.process.pid}); loading weights from {model}", flush=True)
     url = f"http://{server.host}:{server.port}/v1"
-    app = create_app(
-        client,
-        server,
-        Tokenizer.from_dir(model).decode,
-        on_ready=lambda: print(f"ready: {url} (model {server.served_model_name!r})", flush=True),
+    supervisor = Supervisor(client, server.shutdown_grace_s, url, server.served_model_name)
+    app = create_app(client, server, limits, Tokenizer.from_dir(model).decode, supervisor)
+    config = uvicorn.Config(
+        app,
+        log_level=server.log_level,
+        access_log=False,  # (omniwalk.access logs every response with its request id)
+        timeout_graceful_shutdown=server.shutdown_grace_s + 5,  # (a backstop: the supervisor fails them first)
     )
     try:
-        _QuietServer(uvicorn.Config(app, host=server.host, port=server.port, log_level="warning")).run()
+        Server(config, supervisor).run(sockets=[sock])
     finally:
         client.close()  # (idempotent: the lifespan normally did it)
-    print("stopped", flush=True)
-
-
-def _quiet_server_class():
-    import uvicorn
-
-    class QuietServer(uvicorn.Server):
-        """Ctrl-C / SIGTERM: uvicorn's graceful shutdown, then a normal exit (uvicorn itself
-        re-raises the signal afterwards, which prints tracebacks from the lifespan task)."""
-
-        @contextlib.contextmanager
-        def capture_signals(self):
-            originals = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                yield
-            finally:
-                for sig, handler in originals.items():
-                    signal.signal(sig, handler)
-
-    return QuietServer
+        sock.close()
+    print("stopped" if supervisor.exit_code == 0 else f"stopped: {supervisor.reason}", flush=True)
+    return supervisor.exit_code
 
 
 def _bench(args: argparse.Namespace) -> None:
@@ -159,27 +177,52 @@ def _bench(args: argparse.Namespace) -> None:
     print("wrote " + ", ".join(str(f) for f in files))
 
 
-def _flag_type(annotation: str):
-    if annotation.startswith("bool"):
-        return lambda v: {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}[v.lower()]
-    return int if annotation.startswith("int") else float if annotation.startswith("float") else str
+_SIZE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30}
+_SIZE_UNITS["ti"] = 2**40
+
+
+def parse_size(text: str) -> int:
+    """'16GiB', '512MiB', '1.5GB', '1024' -> bytes."""
+    import re
+
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]i?)?b?\s*", text.lower())
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 4096, 512MiB, 16GiB, 1.5GB)")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2) or ""])
+
+
+def parse_bool(text: str) -> bool:
+    value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a boolean (true / false)")
+    return value
+
+
+def _choices() -> dict[str, tuple[str, ...]]:
+    from omniwalk.config import BACKENDS, DTYPES, LOG_LEVELS
+
+    return {"dtype": DTYPES, "log_level": LOG_LEVELS, **{name: (*pair, "auto") for name, pair in BACKENDS.items()}}
 
 
 def _add_dataclass_flags(parser: argparse.ArgumentParser, cls, skip=()) -> None:
-    """One ``--field-name`` flag per dataclass field, typed and defaulted from the field."""
+    """One ``--field-name`` flag per dataclass field, typed and defaulted from the field: booleans
+    are flags (``--x``; ``--x false`` also works), ``*_bytes`` take sizes (``16GiB``), choices are listed."""
     import dataclasses
 
+    choices = _choices()
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
-        kind = _flag_type(str(f.type))
-        parser.add_argument(
-            "--" + f.name.replace("_", "-"),
-            dest=f.name,
-            type=kind,
-            default=f.default,
-            help=f"{cls.__name__}.{f.name} (default: {f.default})",
-        )
+        kind, flag = str(f.type), "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        common = {"dest": f.name, "default": default, "help": f"{cls.__name__}.{f.name} (default: {default})"}
+        if kind.startswith("bool"):
+            parser.add_argument(flag, nargs="?", const=True, type=parse_bool, **common)
+        elif f.name.endswith("_bytes"):
+            parser.add_argument(flag, type=parse_size, **{**common, "help": common["help"] + "; e.g. 16GiB"})
+        else:
+            convert = int if kind.startswith("int") else float if kind.startswith("float") else str
+            parser.add_argument(flag, type=convert, choices=choices.get(f.name), **common)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -227,11 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
+        return args.func(args) or 0
     except OmniwalkError as e:
         print(f"omniwalk: error: {e}", file=sys.stderr)
         return 2
-    return 0
 
 
 if __name__ == "__main__":

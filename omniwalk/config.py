@@ -9,9 +9,6 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass, field, fields
 
-import torch
-
-from omniwalk.engine.packed_graphs import MIN_BUCKET_TOKENS
 from omniwalk.errors import ConfigError
 from omniwalk.media.limits import MediaLimits
 
@@ -26,7 +23,8 @@ BACKENDS = {
     "decode_attention": ("reference", "triton"),
     "norm_backend": ("reference", "triton"),
 }
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# (torch is imported where a dtype or device is used, so that `omniwalk --help` does not load it)
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -49,6 +47,10 @@ class ModelConfig:
     encoder_graph_max_tokens: int = 8192
 
     def __post_init__(self):
+        import torch
+
+        from omniwalk.engine.packed_graphs import MIN_BUCKET_TOKENS
+
         for name, choices in BACKENDS.items():
             if getattr(self, name) not in (*choices, "auto"):
                 raise ConfigError(f"{name} must be one of {[*choices, 'auto']}, got {getattr(self, name)!r}")
@@ -67,11 +69,15 @@ class ModelConfig:
             raise ConfigError(f"device {self.device!r} is not a torch device") from None
 
     @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+    def torch_dtype(self):
+        import torch
+
+        return getattr(torch, self.dtype)
 
     @property
     def on_cuda(self) -> bool:
+        import torch
+
         return torch.device(self.device).type == "cuda"
 
     def backend(self, name: str) -> str:
@@ -141,6 +147,9 @@ class OmniConfig:
         return cls(**{key: c(**{k: v for k, v in kwargs.items() if k in names[key]}) for key, c in parts.items()})
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """The HTTP server's knobs (``omniwalk serve`` flags are generated from these fields)."""
@@ -149,12 +158,29 @@ class ServerConfig:
     port: int = 8000
     api_key: str | None = None  # when set, requests need "Authorization: Bearer <key>"
     served_model_name: str = "qwen3-omni"
-    max_body_bytes: int = 64 * 2**20  # larger bodies: 413
+    max_body_bytes: int = 64 * 2**20  # larger bodies: 413, refused from Content-Length or while read
     max_tokens_limit: int = 8192  # requests asking for more: 400
     max_audio_frames_limit: int = 4096  # 12.5 frames per second of speech: ~5.5 minutes
     default_max_tokens: int = 512  # when a request names none
+    # "info" adds an access log line per response (request id, route, status, duration)
+    log_level: str = field(default="warning", metadata={"choices": LOG_LEVELS})
+    # SIGTERM: requests in flight may finish for this long; then they are aborted and the server exits
+    shutdown_grace_s: float = 30.0
+    media_workers: int = 2  # threads decoding media bytes in the HTTP process (the codecs release the GIL)
+    max_media_queue: int = 64  # media items waiting for a worker; beyond that: 429
+    # assistant audio a later request may reference by id ({"audio": {"id"}}): the newest this many
+    # answers' transcripts, each until its expires_at
+    audio_store_size: int = 1024
+    audio_expiry_s: int = 3600
 
     def __post_init__(self):
-        for name in ("port", "max_body_bytes", "max_tokens_limit", "max_audio_frames_limit", "default_max_tokens"):
+        positive = ("port", "max_body_bytes", "max_tokens_limit", "max_audio_frames_limit", "default_max_tokens")
+        for name in (*positive, "media_workers", "max_media_queue", "audio_store_size", "audio_expiry_s"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.port > 65535:
+            raise ConfigError(f"port must be <= 65535, got {self.port}")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"log_level must be one of {list(LOG_LEVELS)}, got {self.log_level!r}")
+        if self.shutdown_grace_s < 0:
+            raise ConfigError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")

@@ -10,7 +10,8 @@
 ``generate`` takes one request dict (-> ``RequestOutput``) or a list (-> list, run concurrently).
 Request keys: ``messages``, ``modalities`` (["text"] or ["text", "audio"]), the ``SamplingParams``
 fields, ``voice`` and the ``TalkerSamplingParams`` fields for speech, ``use_audio_in_video``,
-``use_default_system_prompt`` (default true) and an optional ``request_id``. Invalid requests
+``use_default_system_prompt`` (default true), ``forced_answer`` (a text the thinker answers with
+instead of generating: the talker speaks exactly it) and an optional ``request_id``. Invalid requests
 raise ``InvalidRequestError`` before anything runs; a request that fails while running ends
 with ``finish_reason == "error"`` and its ``error``, and no other request is affected.
 """
@@ -118,14 +119,15 @@ class Omni:
         speaker = resolve_speaker(self.model_config.talker.speaker_ids, request.get("voice")) if speak else None
         prompt = self.prompt(request)
         room = self.max_model_len - prompt.num_prompt_tokens
-        if room < 1:
+        answer = self._forced_answer(request.get("forced_answer"))
+        if room < max(1, len(answer or ())):
             raise InvalidRequestError(
                 f"the prompt has {prompt.num_prompt_tokens} tokens; the context length is {self.max_model_len}"
             )
         walk, state = new_state(
             prompt,
             params,
-            min(params.max_tokens, room),
+            len(answer) if answer else min(params.max_tokens, room),
             self.tokenizer.detokenizer(),
             self.model_config,
             use_audio_in_video=bool(request.get("use_audio_in_video", False)),
@@ -133,9 +135,19 @@ class Omni:
             speaker=speaker,
             device=self.config.model.device,
         )
+        state.thinker.forced_answer = answer
         req = EngineRequest(str(request.get("request_id") or f"req-{next(self._ids)}"), walk, state)
         self.engine.add(req)
         return req
+
+    def _forced_answer(self, text) -> list[int] | None:
+        """``forced_answer`` (text the thinker answers with instead of generating, e.g. speech of a
+        given text) -> its token ids + the end of the turn."""
+        if text is None:
+            return None
+        if not isinstance(text, str) or not text:
+            raise InvalidRequestError("forced_answer must be a non-empty string")
+        return self.tokenizer.encode(text) + [self.model_config.tokens.im_end]
 
     def _wants_audio(self, request: dict) -> bool:
         modalities = request.get("modalities") or ["text"]

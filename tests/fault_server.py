@@ -1,16 +1,21 @@
-"""`omniwalk serve` with one injected engine fault, for the HTTP failure-isolation test.
+"""`omniwalk serve` with injected faults, for the failure-isolation tests.
 
-Run as a script: the patch below sits at module level, so the spawned engine process (which
-re-imports this file as its main module) gets it too. A request with ``max_tokens == 13`` fails
-while its first token is taken; every other request runs normally.
+Run as a script: the patches below sit at module level, so the spawned engine process (which
+re-imports this file as its main module) gets them too. In the engine, a request with
+``max_tokens == 13`` fails while its first token is taken. In the HTTP process, a response of
+exactly 7 completion tokens raises while its body is built (an unexpected server fault). Every
+other request runs normally.
 """
 
 import sys
 
 from omniwalk.models.qwen3_omni.thinker_program import ThinkerProgram
+from omniwalk.serve import openai_api
 
 FAULT_MAX_TOKENS = 13
+FAULT_HTTP_TOKENS = 7
 _commit = ThinkerProgram._commit
+_usage = openai_api.usage
 
 
 def _faulty_commit(req, pick):
@@ -19,7 +24,14 @@ def _faulty_commit(req, pick):
     return _commit(req, pick)
 
 
+def _faulty_usage(output):
+    if len(output["token_ids"]) == FAULT_HTTP_TOKENS:
+        raise RuntimeError("injected HTTP fault")
+    return _usage(output)
+
+
 ThinkerProgram._commit = staticmethod(_faulty_commit)
+openai_api.usage = _faulty_usage
 
 if __name__ == "__main__":
     from omniwalk.cli import main

@@ -1,7 +1,9 @@
 """Media by URL or path: refused by default; allowed sources are read within limits."""
 
+import contextlib
 import http.server
 import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -42,28 +44,82 @@ def test_local_paths_inside_the_allowed_directory_only(tmp_path):
         fetch("big.wav", "audio_url", limits)
 
 
-@pytest.fixture
-def http_server(tmp_path):
-    (tmp_path / "small.bin").write_bytes(b"hello")
-    (tmp_path / "big.bin").write_bytes(b"x" * 1000)
-
+def _serve(directory, host: str = "127.0.0.1", redirect_to: str | None = None):
     class Handler(http.server.SimpleHTTPRequestHandler):
         def __init__(self, *args, **kwargs):
-            super().__init__(*args, directory=str(tmp_path), **kwargs)
+            super().__init__(*args, directory=str(directory), **kwargs)
+
+        def do_GET(self):
+            if self.path == "/slow.bin":
+                time.sleep(3)
+            if redirect_to is not None and self.path.startswith("/redirect"):
+                self.send_response(302)
+                self.send_header("Location", redirect_to)
+                self.end_headers()
+                return
+            with contextlib.suppress(ConnectionError):  # a client that timed out has gone
+                super().do_GET()
 
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = http.server.ThreadingHTTPServer((host, 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
+    return server, f"http://{host}:{server.server_address[1]}"
+
+
+@pytest.fixture
+def http_server(tmp_path):
+    (tmp_path / "small.bin").write_bytes(b"hello")
+    (tmp_path / "big.bin").write_bytes(b"x" * 1000)
+    (tmp_path / "slow.bin").write_bytes(b"x")
+    server, base = _serve(tmp_path)
+    yield base
     server.shutdown()
 
 
+LOOPBACK = replace(DEFAULT, allow_remote_urls=True, max_input_bytes=100, fetch_timeout_s=1.0)
+
+
 def test_remote_urls_when_allowed(http_server):
-    limits = replace(DEFAULT, allow_remote_urls=True, max_input_bytes=100, fetch_timeout_s=5.0)
+    limits = replace(LOOPBACK, fetch_allow_networks=("127.0.0.1/32",))
     assert fetch(f"{http_server}/small.bin", "image_url", limits) == b"hello"
     with pytest.raises(MediaLimitError, match="larger than 100 bytes"):
         fetch(f"{http_server}/big.bin", "image_url", limits)
-    with pytest.raises(InvalidRequestError, match="could not fetch"):
+    with pytest.raises(InvalidRequestError, match="could not fetch the URL$") as e:
         fetch(f"{http_server}/missing.bin", "image_url", limits)
+    assert "404" not in str(e.value)  # upstream statuses are not echoed
+    with pytest.raises(InvalidRequestError, match="timed out"):
+        fetch(f"{http_server}/slow.bin", "image_url", limits)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://127.0.0.1:9/a.png", "http://localhost:9/a.png", "http://[::1]:9/a.png", "http://169.254.169.254/x",
+     "http://10.0.0.1/x", "http://192.168.1.1/x", "http://[::ffff:127.0.0.1]:9/x", "http://0.0.0.0:9/x"],
+)  # fmt: skip
+def test_private_targets_are_refused_unless_allow_listed(url):
+    with pytest.raises(InvalidRequestError, match="not an allowed address"):
+        fetch(url, "image_url", LOOPBACK)
+
+
+def test_a_redirect_to_a_refused_target_is_not_followed(tmp_path):
+    """An allow-listed host (127.0.0.2) redirecting to one that is not (127.0.0.1)."""
+    (tmp_path / "small.bin").write_bytes(b"hello")
+    inner, inner_base = _serve(tmp_path)
+    outer, outer_base = _serve(tmp_path, "127.0.0.2", redirect_to=f"{inner_base}/small.bin")
+    try:
+        limits = replace(LOOPBACK, fetch_allow_networks=("127.0.0.2/32",))
+        with pytest.raises(InvalidRequestError, match="not an allowed address"):
+            fetch(f"{outer_base}/redirect", "image_url", limits)
+        both = replace(LOOPBACK, fetch_allow_networks=("127.0.0.0/8",))
+        assert fetch(f"{outer_base}/redirect", "image_url", both) == b"hello"
+    finally:
+        inner.shutdown()
+        outer.shutdown()
+
+
+def test_a_nul_byte_in_a_local_path_is_a_bad_request(tmp_path):
+    limits = replace(DEFAULT, local_media_dir=str(tmp_path))
+    with pytest.raises(InvalidRequestError, match="NUL"):
+        fetch("a\0.wav", "image_url", limits)

@@ -111,7 +111,8 @@ def test_audio_and_image_in_text_and_speech_out(client):
     message = r.choices[0].message
     samples, rate = soundfile.read(io.BytesIO(base64.b64decode(message.audio.data)), dtype="float32")
     assert rate == 24000 and len(samples) == 1920 * 12 - 555  # the frames generated, exactly
-    assert message.audio.transcript == message.content and message.audio.id and message.audio.expires_at
+    # OpenAI's shape: with audio output the text is the audio's transcript only
+    assert message.content is None and message.audio.transcript and message.audio.id and message.audio.expires_at
     assert r.usage.prompt_tokens > 40  # the audio and image placeholders count
 
 
@@ -134,24 +135,22 @@ def test_streamed_pcm_equals_the_non_streaming_audio(client):
         for choice in chunk.choices:
             text.append(choice.delta.content or "")
             audio = getattr(choice.delta, "audio", None)
-            if audio:
-                pcm.append(base64.b64decode(audio.data))
-                transcript.append(audio.transcript or "")
+            pcm.append(base64.b64decode(getattr(audio, "data", None) or ""))
+            transcript.append(getattr(audio, "transcript", None) or "")
     assert b"".join(pcm) == base64.b64decode(whole.choices[0].message.audio.data)
-    assert "".join(text) == "".join(transcript) == whole.choices[0].message.content
+    assert "".join(text) == "" and "".join(transcript) == whole.choices[0].message.audio.transcript
     assert usage.completion_tokens == 6
 
 
 def test_audio_speech_endpoint(client):
     r = client.audio.speech.create(
-        model="qwen3-omni",
-        input="good morning",
-        voice="ethan",
-        response_format="flac",
-        extra_body={**SPEECH, "max_tokens": 4},
+        model="qwen3-omni", input="good morning", voice="ethan", response_format="flac", extra_body=SPEECH
     )
     samples, rate = soundfile.read(io.BytesIO(r.content))
     assert rate == 24000 and len(samples) == 1920 * 12 - 555
+    with pytest.raises(openai.BadRequestError) as e:
+        client.audio.speech.create(model="qwen3-omni", input="hi", voice="ethan", speed=1.5)
+    assert e.value.body["param"] == "speed" and e.value.body["code"] == "unsupported_value"
 
 
 def post(base_url: str, body, headers=None, raw: bytes | None = None) -> httpx.Response:
@@ -161,7 +160,7 @@ def post(base_url: str, body, headers=None, raw: bytes | None = None) -> httpx.R
 
 USER = [{"role": "user", "content": "hi"}]
 BAD = [
-    (None, b"{not json", 400, "invalid JSON"),
+    (None, b"{not json", 400, "not valid JSON"),
     ({"messages": [{"role": "user", "content": [{"type": "file", "file": {}}]}]}, None, 400, "unknown content type"),
     (
         {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "%%%"}}]}]},
@@ -179,7 +178,7 @@ BAD = [
     ({"messages": USER, "modalities": ["text", "audio"], "audio": {"voice": "nobody"}}, None, 400, "unknown voice"),
     ({"messages": USER, "modalities": ["text", "audio"], "audio": {"format": "ogg-vorbis"}}, None, 400, "format"),
     ({"messages": USER, "modalities": ["video"]}, None, 400, "modalities"),
-    ({"messages": USER, "model": "gpt-9"}, None, 400, "unknown model"),
+    ({"messages": USER, "model": "gpt-9"}, None, 404, "does not exist"),
     (
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
         None,
@@ -195,6 +194,7 @@ def test_errors_have_openai_bodies(base_url, body, raw, status, message):
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert message.lower() in error["message"].lower() and error["type"] == "invalid_request_error"
+    assert error["code"] is None or isinstance(error["code"], str)
     assert urllib.request.urlopen(f"{base_url}/health").status == 200
 
 
@@ -206,9 +206,10 @@ def test_api_key_and_body_limit_and_queue_full():
         assert post(base, {"messages": USER, "max_tokens": 2}, ok).status_code == 200
         big = post(base, {"messages": [{"role": "user", "content": "x" * 5000}]}, ok)
         assert big.status_code == 413 and "exceeds" in big.json()["error"]["message"]
+        assert post(base, {"messages": USER}, ok, raw=iter([b"x" * 1500] * 2)).status_code == 413  # no Content-Length
 
         async def two():
-            async with httpx.AsyncClient(timeout=60) as h:
+            async with httpx.AsyncClient(timeout=600) as h:  # (1500 steps: slow on a busy 2-core machine)
                 body = {"messages": USER, "max_tokens": 1500, "ignore_eos": True}
                 first = asyncio.create_task(h.post(f"{base}/v1/chat/completions", json=body, headers=ok))
                 await asyncio.sleep(0.5)
@@ -239,9 +240,9 @@ def test_concurrent_streams_with_disconnects(base_url, client):
         stream = await a.chat.completions.create(stream=True, **request(i))
         async for chunk in stream:
             for choice in chunk.choices:
-                text.append(choice.delta.content or "")
-                if getattr(choice.delta, "audio", None):
-                    pcm.append(base64.b64decode(choice.delta.audio.data))
+                audio = getattr(choice.delta, "audio", None)
+                text.append(getattr(audio, "transcript", None) or "")
+                pcm.append(base64.b64decode(getattr(audio, "data", None) or ""))
                 if i % 4 == 1 and len(text) >= 3:  # a quarter of the clients hang up mid-stream
                     await stream.close()
                     return None
@@ -260,7 +261,7 @@ def test_concurrent_streams_with_disconnects(base_url, client):
             want = np.frombuffer(base64.b64decode(expected[i].choices[0].message.audio.data), "<i2").astype(int)
             # chunks of concurrent requests share vocoder calls: equal up to PCM16 rounding
             assert got.shape == want.shape and np.abs(got - want).max() <= 1
-            assert results[i][1] == expected[i].choices[0].message.content
+            assert results[i][1] == expected[i].choices[0].message.audio.transcript
     assert urllib.request.urlopen(f"{base_url}/health").status == 200
     deadline = time.monotonic() + 30
     while True:  # aborted requests leave the engine within a step; stats arrive asynchronously
@@ -274,6 +275,7 @@ def test_concurrent_streams_with_disconnects(base_url, client):
     assert idle, metrics
     assert "omniwalk_requests_in_flight 0.0" in metrics
     assert 'omniwalk_requests_total{status="length"}' in metrics
+    assert 'omniwalk_http_responses_total{route="/v1/chat/completions",status="499"} 4.0' in metrics
 
 
 def test_an_engine_failure_is_a_500_for_that_request_only():
@@ -290,6 +292,7 @@ def test_an_engine_failure_is_a_500_for_that_request_only():
         assert bad.status_code == 500, bad.text
         error = bad.json()["error"]
         assert error["type"] == "server_error" and "injected engine fault" in error["message"]
+        assert "request id" in error["message"]
         assert good.status_code == again.status_code == 200
         assert good.json()["usage"]["completion_tokens"] == 30
         assert good.json()["choices"][0]["message"] == again.json()["choices"][0]["message"]

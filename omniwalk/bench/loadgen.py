@@ -78,10 +78,10 @@ def _consume(record: RequestRecord, chunk: dict, now: float) -> None:
         record.completion_tokens = chunk["usage"]["completion_tokens"]
     for choice in chunk.get("choices", []):
         delta = choice.get("delta") or {}
-        if delta.get("content"):
+        audio = delta.get("audio") or {}
+        if delta.get("content") or audio.get("transcript"):  # (with speech out, OpenAI streams text as the transcript)
             record.first_text = record.first_text or now
             record.text_times.append(now)
-        audio = delta.get("audio") or {}
         if audio.get("data"):
             record.first_audio = record.first_audio or now
             record.audio_times.append(now)

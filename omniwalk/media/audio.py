@@ -86,8 +86,8 @@ def decode_audio_stream(data: bytes, limits: MediaLimits) -> np.ndarray | None:
                     raise MediaLimitError(f"audio is longer than {limits.max_audio_seconds} s")
     except MediaError:
         raise
-    except (av.FFmpegError, ValueError, IndexError) as e:
-        raise CorruptMediaError(f"could not decode audio: {e}") from None
+    except (av.FFmpegError, ValueError, IndexError):
+        raise CorruptMediaError("could not decode audio (corrupt data or an unsupported codec)") from None
     if not pieces:
         raise EmptyMediaError("audio stream has no samples")
     wave = np.concatenate(pieces)

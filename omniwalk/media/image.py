@@ -48,8 +48,8 @@ def decode_image(data: bytes | np.ndarray, limits: MediaLimits = DEFAULT_LIMITS)
             return np.asarray(_to_rgb(image))
     except MediaError:
         raise
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as e:
-        raise CorruptMediaError(f"could not decode image: {e}") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError):
+        raise CorruptMediaError("could not decode image (unknown format or corrupt data)") from None
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:

@@ -25,6 +25,23 @@ class MediaLimits:
     allow_remote_urls: bool = False  # http(s) URLs, fetched within fetch_timeout_s and max_input_bytes
     local_media_dir: str | None = None  # file paths / file:// URLs inside this directory only
     fetch_timeout_s: float = 10.0
+    # Remote hosts must resolve to public addresses; these networks (CIDR, e.g. "10.1.0.0/16") are
+    # allowed besides (loopback, link-local and private ranges are refused otherwise).
+    fetch_allow_networks: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        import ipaddress
+
+        from omniwalk.errors import ConfigError
+
+        networks = self.fetch_allow_networks
+        networks = networks.split(",") if isinstance(networks, str) else networks  # (a CLI value)
+        object.__setattr__(self, "fetch_allow_networks", tuple(n.strip() for n in networks if n.strip()))
+        for network in self.fetch_allow_networks:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError:
+                raise ConfigError(f"fetch_allow_networks: {network!r} is not a CIDR network") from None
 
 
 DEFAULT_LIMITS = MediaLimits()

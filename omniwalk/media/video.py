@@ -55,8 +55,8 @@ def decode_video(
         frames, sampled_fps = _decode_frames(data, limits)
     except MediaError:
         raise
-    except (av.FFmpegError, ValueError, IndexError, ZeroDivisionError) as e:
-        raise CorruptMediaError(f"could not decode video: {e}") from None
+    except (av.FFmpegError, ValueError, IndexError, ZeroDivisionError):
+        raise CorruptMediaError("could not decode video (corrupt data or an unsupported codec)") from None
     return DecodedVideo(frames, sampled_fps, decode_audio_stream(data, limits))
 
 

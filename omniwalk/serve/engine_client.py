@@ -7,16 +7,20 @@
     client.close()
 
 A request that the engine rejects raises ``EngineRequestError`` from ``generate`` (with
-``bad_request`` set for the client's own mistakes); other requests are unaffected.
+``bad_request`` set for the client's own mistakes); other requests are unaffected. When the
+engine process dies (``watch`` notices at once through its sentinel), or ``fail_all`` is called
+(a shutdown's grace period ran out), every request in flight raises ``EngineUnavailableError``,
+and so does every later one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import zmq
@@ -33,6 +37,10 @@ class EngineRequestError(OmniwalkError):
     def __init__(self, message: str, error_type: str, bad_request: bool):
         super().__init__(message)
         self.error_type, self.bad_request = error_type, bad_request
+
+
+class EngineUnavailableError(OmniwalkError):
+    """The engine process is gone (or the server is shutting down): a 503."""
 
 
 class EngineClient:
@@ -53,6 +61,9 @@ class EngineClient:
         self._receiver: asyncio.Task | None = None
         self.info: dict = {}
         self.stats: dict = {}  # the engine's latest occupancy report (engine.stats())
+        self.fatal_error: str | None = None  # what the engine process reported before it exited
+        self.unavailable: str | None = None  # why requests cannot be served any more
+        self._watch_loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self, timeout: float = START_TIMEOUT_S) -> None:
         """Wait for the engine to load its model; raises if it fails or dies first."""
@@ -68,11 +79,38 @@ class EngineClient:
         self.info = message
         self._receiver = asyncio.create_task(self._receive())
 
+    def watch(self, on_exit: Callable[[str], None]) -> None:
+        """Call ``on_exit(reason)`` as soon as the engine process exits (after ``fail_all``)."""
+        loop = self._watch_loop = asyncio.get_running_loop()
+
+        async def report() -> None:
+            await asyncio.sleep(0.2)  # the receiver may still hold the engine's last ("fatal") message
+            self.process.join(1.0)
+            reason = f"the engine process exited with code {self.process.exitcode}"
+            reason += f": {self.fatal_error}" if self.fatal_error else ""
+            self.fail_all(reason)
+            on_exit(reason)
+
+        def exited() -> None:
+            loop.remove_reader(self.process.sentinel)
+            self._report = loop.create_task(report())
+
+        loop.add_reader(self.process.sentinel, exited)
+
+    def fail_all(self, reason: str) -> None:
+        """Fail every request in flight, and every later one, with ``EngineUnavailableError(reason)``."""
+        self.unavailable = self.unavailable or reason
+        for queue in self._queues.values():
+            queue.put_nowait({"type": "unavailable"})
+
     async def _receive(self) -> None:
         while True:
             message = unpack(await self._pull.recv())
             if message["type"] == "stats":
                 self.stats = message["data"]
+                continue
+            if message["type"] == "fatal":
+                self.fatal_error = message["error"]
                 continue
             queue = self._queues.get(message.get("id"))
             if queue is not None:
@@ -80,6 +118,8 @@ class EngineClient:
 
     async def generate(self, request: dict) -> AsyncIterator[dict]:
         """Submit ``request`` and yield its events until "finished" (inclusive)."""
+        if self.unavailable:
+            raise EngineUnavailableError(self.unavailable)
         request = {**request, "request_id": request.get("request_id") or uuid.uuid4().hex}
         rid = request["request_id"]
         queue = self._queues[rid] = asyncio.Queue()
@@ -88,6 +128,8 @@ class EngineClient:
             await self._push.send(pack({"type": "add", "request": request}))
             while True:
                 message = await queue.get()
+                if message["type"] == "unavailable":
+                    raise EngineUnavailableError(self.unavailable)
                 if message["type"] == "error":
                     done = True
                     raise EngineRequestError(message["error"], message["error_type"], message["bad_request"])
@@ -97,7 +139,7 @@ class EngineClient:
                     return
         finally:
             self._queues.pop(rid, None)
-            if not done:  # the consumer went away (e.g. an HTTP client disconnected): free the work
+            if not done and not self._ctx.closed:  # the consumer went away (e.g. a client hung up): free the work
                 self._push.send(pack({"type": "abort", "id": rid}))
 
     async def abort(self, request_id: str) -> None:
@@ -111,6 +153,8 @@ class EngineClient:
         """Stop the engine process (a "shutdown" message, then a kill after ``timeout``); idempotent."""
         if self._ctx.closed:
             return
+        if self._watch_loop is not None and not self._watch_loop.is_closed():
+            self._watch_loop.remove_reader(self.process.sentinel)  # an exit asked for is no failure
         if self._receiver is not None:
             self._receiver.cancel()
         if self.process.is_alive():
@@ -122,3 +166,4 @@ class EngineClient:
         if self.process.is_alive():
             self.process.kill()
         self._ctx.destroy(linger=0)
+        shutil.rmtree(self._dir, ignore_errors=True)  # the sockets' folder

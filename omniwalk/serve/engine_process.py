@@ -8,7 +8,8 @@ Two ZMQ sockets, msgpack frames (``wire.py``):
                               {"type": "audio", "id", "data": float32 PCM 24 kHz}
                               {"type": "finished", "id", "output": {...RequestOutput fields}}
                               {"type": "error", "id", "error": str, "error_type": str, "bad_request": bool}
-                              {"type": "fatal", "error"} instead of "ready" if the model fails to load
+                              {"type": "fatal", "error"} instead of "ready" if the model fails to
+                              load, or before the process exits on an error outside any request
 
 Messages are drained between steps; when no request is running the loop blocks on the inbox
 instead of spinning.
@@ -18,7 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import sys
 import time
+import traceback
 
 import zmq
 
@@ -46,10 +49,18 @@ def serve_engine(options: dict, inbox_addr: str, outbox_addr: str) -> None:
         omni = Omni(**options)
         print(f"engine: weights loaded and KV pools allocated in {time.monotonic() - start:.1f}s", flush=True)
     except Exception as e:  # noqa: BLE001 - reported to the client, which raises it
+        traceback.print_exc()
         outbox.send(pack({"type": "fatal", "error": f"{type(e).__name__}: {e}"}))
-        return
+        ctx.destroy(linger=1000)
+        sys.exit(1)
     outbox.send(pack({"type": "ready", "voices": [name for name, _ in omni.model_config.talker.speakers]}))
-    _EngineLoop(omni, inbox, outbox).run()
+    try:
+        _EngineLoop(omni, inbox, outbox).run()
+    except Exception as e:  # noqa: BLE001 - a fault outside any request: the server exits, a supervisor restarts it
+        traceback.print_exc()
+        outbox.send(pack({"type": "fatal", "error": f"{type(e).__name__}: {e}"}))
+        ctx.destroy(linger=1000)
+        sys.exit(1)
     ctx.destroy(linger=1000)
 
 

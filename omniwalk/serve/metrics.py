@@ -1,15 +1,53 @@
-"""Prometheus metrics of the HTTP server and, via the engine's stats messages, of the engine."""
+"""Prometheus metrics of the HTTP server and, via the engine's stats messages, of the engine.
+
+Counters are counters (``*_total``), levels are gauges:
+
+    omniwalk_http_responses_total{route, status}   every response, HTTP-layer rejections (401, 404,
+                                                   405, 413, 429, 400, 500) included; "499" = the
+                                                   client hung up before the response ended
+    omniwalk_requests_total{status}                generation requests by finish reason / failure
+    omniwalk_media_queue_depth                     media items submitted to the pool, not yet done
+    omniwalk_media_decode_seconds{kind}            one item's decode + preprocessing in a worker
+    omniwalk_engine{stage, quantity}               engine levels (KV pages, running, waiting, ...)
+    omniwalk_engine_events_total{stage, quantity}  engine counts (preemptions, graph replays, ...)
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+disable_created_metrics()  # (the *_created series read as gauges beside every counter)
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# engine stats quantities that only grow (exported as counters); every other one is a level
+ENGINE_COUNTS = ("preemptions", "graph_replays", "eager_decode_steps", "eager_calls")
+
+
+class _EngineCollector:
+    """The engine's latest stats report, read at scrape time."""
+
+    def __init__(self):
+        self.stats: dict = {}
+
+    def collect(self):
+        labels = ["stage", "quantity"]
+        levels = GaugeMetricFamily("omniwalk_engine", "Engine state, by stage and quantity", labels=labels)
+        counts = CounterMetricFamily(
+            "omniwalk_engine_events", "Engine event counts, by stage and quantity", labels=labels
+        )
+        for stage, values in self.stats.items():
+            for quantity, value in values.items():
+                (counts if quantity in ENGINE_COUNTS else levels).add_metric([stage, quantity], value)
+        yield levels
+        yield counts
 
 
 class Metrics:
     def __init__(self):
         r = self.registry = CollectorRegistry()
+        self.responses = Counter(
+            "omniwalk_http_responses", "HTTP responses by route and status", ["route", "status"], registry=r
+        )
         self.requests = Counter("omniwalk_requests", "Finished requests by status", ["status"], registry=r)
         self.in_flight = Gauge("omniwalk_requests_in_flight", "Requests being served", registry=r)
         self.ttft = Histogram(
@@ -25,12 +63,15 @@ class Metrics:
         self.rtf = Histogram(
             "omniwalk_real_time_factor", "Latency / audio duration", buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5), registry=r
         )
-        self.engine = Gauge("omniwalk_engine", "Engine state, by stage and quantity", ["stage", "quantity"], registry=r)
+        self.media_queue = Gauge("omniwalk_media_queue_depth", "Media items in the decode pool", registry=r)
+        self.media_seconds = Histogram(
+            "omniwalk_media_decode_seconds", "Media decode + preprocessing time", ["kind"], buckets=_LATENCY, registry=r
+        )
+        self._engine = _EngineCollector()
+        r.register(self._engine)
 
     def update_engine(self, stats: dict) -> None:
-        for stage, values in stats.items():
-            for quantity, value in values.items():
-                self.engine.labels(stage, quantity).set(value)
+        self._engine.stats = stats
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,12 +1,15 @@
-"""OpenAI chat-completions shapes: request body -> engine request, engine output -> response.
+"""OpenAI chat-completions semantics: a validated body -> engine request, engine output -> response.
 
-One choice per response; text in ``message.content`` / ``delta.content``; speech in
-``message.audio`` ({id, data = the whole file in the requested format, expires_at, transcript}) or
-``delta.audio`` ({id, data = base64 PCM16 24 kHz, transcript = the text since the last chunk}).
+One choice per response. Text only: ``message.content`` / ``delta.content``. With audio output,
+as OpenAI does, the text is the audio's transcript only (``content`` is null):
+``message.audio`` = {id, data = the whole file in the requested format, expires_at, transcript};
+streamed, ``delta.audio`` = {id, transcript} for text and {id, data = base64 PCM16 24 kHz} for
+sound. Assistant audio may be referenced by id in a later request (``audio_store``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 import uuid
@@ -15,8 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from omniwalk.config import ServerConfig
-from omniwalk.errors import InvalidRequestError
-from omniwalk.serve.audio_format import encode_audio, normalize_format, pcm16_bytes
+from omniwalk.serve import schemas as s
+from omniwalk.serve.audio_format import encode_audio, pcm16_bytes
+from omniwalk.serve.audio_store import AudioStore
+from omniwalk.serve.errors import APIError, bad_request, unsupported
+from omniwalk.serve.media_pool import MediaPool
 
 # Body fields passed to the engine as they are (sampling, speech sampling, media options).
 PASSTHROUGH = (
@@ -25,7 +31,12 @@ PASSTHROUGH = (
     "talker_repetition_penalty", "code_predictor_temperature", "code_predictor_top_k", "code_predictor_top_p",
     "min_audio_frames", "max_audio_frames", "use_audio_in_video", "use_default_system_prompt",
 )  # fmt: skip
-AUDIO_EXPIRY_S = 3600
+# OpenAI features this server does not have (a 400 that says so when one is set)
+UNSUPPORTED = {
+    "tools": "tool calling", "tool_choice": "tool calling", "functions": "function calling",
+    "function_call": "function calling", "logit_bias": "logit_bias", "prediction": "predicted outputs",
+    "reasoning_effort": "reasoning_effort", "web_search_options": "web search",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -39,47 +50,129 @@ class ChatOptions:
     audio_format: str | None  # None: text only
 
 
-def chat_request(body: dict, cfg: ServerConfig) -> tuple[dict, ChatOptions]:
-    """Validate an OpenAI chat body -> (engine request, response options). Raises InvalidRequestError."""
-    if not isinstance(body, dict):
-        raise InvalidRequestError("the request body must be a JSON object")
-    model = body.get("model", cfg.served_model_name)
-    if model != cfg.served_model_name:
-        raise InvalidRequestError(f"unknown model {model!r}; this server serves {cfg.served_model_name!r}")
-    if not isinstance(body.get("messages"), list) or not body["messages"]:
-        raise InvalidRequestError("'messages' must be a non-empty list")
-    if body.get("n", 1) != 1:
-        raise InvalidRequestError("only n=1 is supported")
-    modalities = body.get("modalities") or ["text"]
-    request = {"messages": body["messages"], "modalities": modalities, "request_id": f"chatcmpl-{uuid.uuid4().hex}"}
-    request.update({k: body[k] for k in PASSTHROUGH if body.get(k) is not None})
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or cfg.default_max_tokens
-    _check_limit("max_tokens", max_tokens, cfg.max_tokens_limit)
+@dataclass
+class Context:
+    """What turning a body into an engine request needs from the server."""
+
+    cfg: ServerConfig
+    pool: MediaPool
+    store: AudioStore
+    voices: tuple[str, ...]  # the checkpoint's speakers (lower case)
+
+
+def check_model(model: str | None, cfg: ServerConfig) -> str:
+    if model is not None and model != cfg.served_model_name:
+        raise APIError(404, f"the model {model!r} does not exist; this server serves {cfg.served_model_name!r}",
+                       param="model", code="model_not_found")  # fmt: skip
+    return cfg.served_model_name
+
+
+def check_speech(body: s.SpeechSampling, ctx: Context, voice: str | None, voice_param: str) -> dict:
+    """The speech fields every audio-out request shares -> engine request fields."""
+    if voice is not None and voice.lower() not in ctx.voices:
+        raise bad_request(f"unknown voice {voice!r}; available: {', '.join(ctx.voices)}", voice_param)
+    frames = body.max_audio_frames or ctx.cfg.max_audio_frames_limit
+    _check_limit("max_audio_frames", frames, ctx.cfg.max_audio_frames_limit)
+    return {"voice": voice, "max_audio_frames": frames}
+
+
+async def chat_request(body: s.ChatRequest, ctx: Context) -> tuple[dict, ChatOptions]:
+    """A validated chat body -> (engine request, response options); APIError when it cannot be served."""
+    model = check_model(body.model, ctx.cfg)
+    _check_unsupported(body)
+    modalities = sorted(set(body.modalities or ["text"]))
+    if modalities not in (["text"], ["audio", "text"]):
+        raise bad_request("modalities must be ['text'] or ['text', 'audio']", "modalities")
+    request = {"request_id": f"chatcmpl-{uuid.uuid4().hex}", "modalities": modalities}
+    request.update({k: getattr(body, k) for k in PASSTHROUGH if getattr(body, k) is not None})
+    max_tokens = body.max_completion_tokens or body.max_tokens or ctx.cfg.default_max_tokens
+    _check_limit("max_completion_tokens" if body.max_completion_tokens else "max_tokens", max_tokens,
+                 ctx.cfg.max_tokens_limit)  # fmt: skip
     request["max_tokens"] = max_tokens
-    _check_limit("max_audio_frames", request.get("max_audio_frames", 1), cfg.max_audio_frames_limit)
+    if body.min_tokens is not None and body.min_tokens > max_tokens:
+        raise bad_request("min_tokens must not exceed max_tokens", "min_tokens")
     audio_format = None
-    if isinstance(modalities, list) and "audio" in modalities:
-        audio = body.get("audio") or {}
-        if not isinstance(audio, dict):
-            raise InvalidRequestError("'audio' must be an object {voice, format}")
-        try:
-            audio_format = normalize_format(audio.get("format", "wav"))
-        except ValueError as e:
-            raise InvalidRequestError(str(e)) from None
-        request["voice"] = audio.get("voice")
-        request.setdefault("max_audio_frames", cfg.max_audio_frames_limit)
-    stream_options = body.get("stream_options") or {}
-    options = ChatOptions(
-        request["request_id"], model, bool(body.get("stream")), bool(stream_options.get("include_usage")), audio_format
-    )
-    return request, options
+    if "audio" in modalities:
+        audio = body.audio or s.AudioOutput()
+        audio_format = audio.format
+        request.update(check_speech(body, ctx, audio.voice, "audio.voice"))
+    request["messages"] = await engine_messages(body.messages, ctx)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return request, ChatOptions(request["request_id"], model, bool(body.stream), include_usage, audio_format)
 
 
-def _check_limit(name: str, value, limit: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InvalidRequestError(f"{name} must be a positive integer, got {value!r}")
+def _check_unsupported(body: s.ChatRequest) -> None:
+    for name, what in UNSUPPORTED.items():
+        if getattr(body, name) not in (None, [], {}):
+            raise unsupported(name, what)
+    if body.n not in (None, 1):
+        raise APIError(400, "only n=1 is supported", param="n", code="unsupported_value")
+    if body.response_format is not None and body.response_format.type != "text":
+        raise unsupported("response_format", f"response_format {body.response_format.type!r}")
+    for name in ("frequency_penalty", "presence_penalty"):
+        if getattr(body, name) not in (None, 0, 0.0):
+            raise APIError(400, f"{name} is not supported (use repetition_penalty)", param=name,
+                           code="unsupported_value")  # fmt: skip
+    if body.parallel_tool_calls:
+        raise unsupported("parallel_tool_calls", "tool calling")
+
+
+def _check_limit(name: str, value: int, limit: int) -> None:
     if value > limit:
-        raise InvalidRequestError(f"{name} = {value} exceeds this server's limit of {limit}")
+        raise bad_request(f"{name} = {value} exceeds this server's limit of {limit}", name)
+
+
+async def engine_messages(messages: list, ctx: Context) -> list[dict]:
+    """Validated messages -> the engine's (developer as system, assistant audio as its transcript,
+    every media part decoded to arrays by the pool, all of a request's parts concurrently)."""
+    out, jobs = [], []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if isinstance(m, s.ToolMessage) or (isinstance(m, s.AssistantMessage) and m.tool_calls):
+            field = "role" if isinstance(m, s.ToolMessage) else "tool_calls"
+            raise unsupported(f"{where}.{field}", "tool calling")
+        if isinstance(m, s.SystemMessage):
+            out.append({"role": "system", "content": _text(m.content)})
+        elif isinstance(m, s.AssistantMessage):
+            out.append({"role": "assistant", "content": _assistant_text(m, where, ctx.store)})
+        elif isinstance(m.content, str):
+            out.append({"role": "user", "content": m.content})
+        else:
+            parts = []
+            for j, part in enumerate(m.content):
+                if isinstance(part, s.TextPart):
+                    parts.append({"type": "text", "text": part.text})
+                else:
+                    parts.append(None)
+                    jobs.append((parts, len(parts) - 1, _decode(part, f"{where}.content[{j}]", ctx.pool)))
+            out.append({"role": "user", "content": parts})
+    decoded = await asyncio.gather(*(job for _, _, job in jobs))
+    for (parts, index, _), part in zip(jobs, decoded, strict=True):
+        parts[index] = part
+    return out
+
+
+def _decode(part, where: str, pool: MediaPool):
+    kind = s.MEDIA_PART_KINDS[part.type]
+    if isinstance(part, s.InputAudioPart):
+        return pool.decode(kind, part.input_audio.data, f"{where}.input_audio.data", is_base64=True)
+    ref = getattr(part, part.type)
+    return pool.decode(kind, ref if isinstance(ref, str) else ref.url, f"{where}.{part.type}")
+
+
+def _text(content: str | list | None) -> str:
+    return content if isinstance(content, str) else "".join(p.text for p in content or [])
+
+
+def _assistant_text(m: s.AssistantMessage, where: str, store: AudioStore) -> str:
+    if m.audio is not None:
+        transcript = store.get(m.audio.id)
+        if transcript is None:
+            raise bad_request(f"{where}.audio.id: no audio with this id (unknown or expired)", f"{where}.audio.id")
+        return transcript
+    if m.content is None:
+        raise bad_request(f"{where}: an assistant message needs content or audio", f"{where}.content")
+    return _text(m.content)
 
 
 def usage(output: dict) -> dict:
@@ -103,15 +196,17 @@ def logprobs_block(output: dict, decode) -> dict | None:
     return {"content": content}
 
 
-def completion(output: dict, options: ChatOptions, decode) -> dict:
+def completion(output: dict, options: ChatOptions, decode, store: AudioStore) -> dict:
     """The non-streaming response body."""
     message = {"role": "assistant", "content": output["text"]}
     if options.audio_format is not None:
-        audio = np.asarray(output["audio"], dtype=np.float32)
+        audio_id = f"audio_{uuid.uuid4().hex}"
+        data = encode_audio(np.asarray(output["audio"], np.float32), options.audio_format)
+        message["content"] = None  # the text is the audio's transcript (OpenAI's shape)
         message["audio"] = {
-            "id": f"audio-{uuid.uuid4().hex}",
-            "data": base64.b64encode(encode_audio(audio, options.audio_format)).decode(),
-            "expires_at": int(time.time()) + AUDIO_EXPIRY_S,
+            "id": audio_id,
+            "data": base64.b64encode(data).decode(),
+            "expires_at": store.put(audio_id, output["text"]),
             "transcript": output["text"],
         }
     choice = {
@@ -128,9 +223,9 @@ def chunk(options: ChatOptions, delta: dict, finish_reason: str | None = None, l
     return _envelope("chat.completion.chunk", options, choices=[choice])
 
 
-def audio_delta(audio_id: str, samples, transcript: str) -> dict:
+def audio_data_delta(audio_id: str, samples) -> dict:
     data = base64.b64encode(pcm16_bytes(np.asarray(samples, dtype=np.float32))).decode()
-    return {"audio": {"id": audio_id, "data": data, "transcript": transcript}}
+    return {"audio": {"id": audio_id, "data": data}}
 
 
 def _envelope(kind: str, options: ChatOptions, **fields) -> dict:

@@ -73,6 +73,9 @@ class ThinkerState:
     # For the talker: the thinker prompt's decoder input embeddings and accept-layer hidden states.
     prompt_embeddings: torch.Tensor | None = None
     prompt_accept_hidden: torch.Tensor | None = None
+    # Token ids committed as the answer instead of the first draw (ending with a stop token), so
+    # the talker voices exactly this text (/v1/audio/speech); None = generate as usual.
+    forced_answer: list[int] | None = None
 
     @property
     def num_generated(self) -> int:

@@ -140,7 +140,10 @@ class ThinkerProgram:
 
         def commit() -> None:
             for row, pick in zip(ready, picks(), strict=True):
-                batch[row][0].guarded(self._commit, batch[row][0], pick)
+                req = batch[row][0]
+                # A forced answer (speech of a given text) replaces the first draw, whole: no decode steps.
+                for given in _forced_picks(req.state.thinker) or [pick]:
+                    req.guarded(self._commit, req, given)
 
         return commit
 
@@ -202,6 +205,12 @@ class ThinkerProgram:
             req.emit("text", final[len(st.text) :])
             st.text = final
         st.finish_reason = reason
+
+
+def _forced_picks(st: ThinkerState) -> list[TokenLogprob] | None:
+    """The state's forced answer as picks (consumed: it is taken once, where the first token would be)."""
+    forced, st.forced_answer = st.forced_answer, None
+    return None if forced is None else [TokenLogprob(token_id, 0.0) for token_id in forced]
 
 
 def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:

@@ -1,0 +1,143 @@
+"""One request's trip through the engine: its events, latency metrics, and the two ways it is
+answered (collected into one body, or streamed as server-sent events).
+
+Engine outcomes become ``APIError``s: a request the engine refused as invalid is a 400, a full
+engine a 429, a request that failed inside the engine a 500, an engine that is gone (or a
+shutdown whose grace period ran out) a 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+
+from omniwalk.serve import openai_api as api
+from omniwalk.serve.audio_store import AudioStore
+from omniwalk.serve.engine_client import EngineClient, EngineRequestError, EngineUnavailableError
+from omniwalk.serve.errors import APIError
+from omniwalk.serve.metrics import Metrics
+
+
+def engine_error(e: Exception, request_id: str) -> APIError:
+    if isinstance(e, EngineUnavailableError):
+        return APIError(503, f"the engine is unavailable: {e}", code="engine_unavailable")
+    if e.error_type == "QueueFullError":
+        return APIError(429, str(e), code="engine_full", headers={"Retry-After": "1"})
+    if e.bad_request:
+        return APIError(400, str(e), code="invalid_value")
+    return APIError(500, f"the request failed in the engine: {e} (request id {request_id})", code="engine_error")
+
+
+class EngineRun:
+    def __init__(self, client: EngineClient, request: dict, metrics: Metrics):
+        self.events = client.generate(request)
+        self.id, self.metrics = request["request_id"], metrics
+        self.start = time.monotonic()
+        self.first_text = self.first_audio = self.last_text = None
+        self.open = False
+
+    async def first_event(self) -> dict:
+        self.open = True
+        self.metrics.in_flight.inc()
+        try:
+            return await self._next()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        """End the run: leave the in-flight gauge and, if it is still going, abort it."""
+        if self.open:
+            self.open = False
+            self.metrics.in_flight.dec()
+        await self.events.aclose()
+
+    async def _next(self) -> dict:
+        try:
+            event = await self.events.__anext__()
+        except (EngineRequestError, EngineUnavailableError) as e:
+            status = "rejected" if getattr(e, "bad_request", False) else "error"
+            self.metrics.requests.labels(status).inc()
+            await self.close()
+            raise engine_error(e, self.id) from None
+        now = time.monotonic()
+        if event["type"] == "text":
+            if self.first_text is None:
+                self.first_text = now
+                self.metrics.ttft.observe(now - self.start)
+            elif self.last_text is not None:
+                self.metrics.itl.observe(now - self.last_text)
+            self.last_text = now
+        elif event["type"] == "audio" and self.first_audio is None:
+            self.first_audio = now
+            self.metrics.ttfa.observe(now - self.start)
+        elif event["type"] == "finished":
+            self._finish(event["output"], now)
+        return event
+
+    def _finish(self, output: dict, now: float) -> None:
+        self.open = False
+        self.metrics.in_flight.dec()
+        self.metrics.requests.labels(output["finish_reason"]).inc()
+        self.metrics.e2e.observe(now - self.start)
+        if output.get("audio") is not None and len(output["audio"]):
+            self.metrics.rtf.observe((now - self.start) / (len(output["audio"]) / 24000))
+
+    async def collect(self, event: dict) -> dict:
+        while event["type"] != "finished":
+            event = await self._next()
+        return event["output"]
+
+    async def collect_unless_disconnected(self, event: dict, receive) -> dict | None:
+        """``collect``, but a client that hangs up first aborts the request (-> None)."""
+        collecting = asyncio.ensure_future(self.collect(event))
+        hangup = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait({collecting, hangup}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            hangup.cancel()
+            if not collecting.done():
+                collecting.cancel()
+                await asyncio.gather(collecting, return_exceptions=True)
+                await self.close()  # (the generator's exit sent the abort)
+        return collecting.result() if not collecting.cancelled() else None
+
+    async def sse(self, event: dict, options: api.ChatOptions, decode, store: AudioStore):
+        """Server-sent events: role, text (or transcript) and audio deltas, the finish chunk,
+        usage, [DONE]. A client that hangs up cancels this generator: the engine aborts."""
+        speaks, audio_id = options.audio_format is not None, f"audio_{uuid.uuid4().hex}"
+        yield _sse(api.chunk(options, {"role": "assistant", "content": None if speaks else ""}))
+        try:
+            while True:
+                if event["type"] == "text":
+                    delta = {"audio": {"id": audio_id, "transcript": event["data"]}} if speaks else None
+                    yield _sse(api.chunk(options, delta or {"content": event["data"]}))
+                elif event["type"] == "audio":
+                    yield _sse(api.chunk(options, api.audio_data_delta(audio_id, event["data"])))
+                elif event["type"] == "finished":
+                    output = event["output"]
+                    delta = {}
+                    if speaks:  # the audio's end: its expiry, and its transcript kept for later turns
+                        delta = {"audio": {"id": audio_id, "expires_at": store.put(audio_id, output["text"])}}
+                    logprobs = api.logprobs_block(output, decode)
+                    yield _sse(api.chunk(options, delta, output["finish_reason"], logprobs))
+                    if options.include_usage:
+                        yield _sse({**api.chunk(options, {}), "choices": [], "usage": api.usage(output)})
+                    break
+                event = await self._next()
+        except APIError as e:
+            yield _sse(e.body())
+        finally:
+            await self.close()
+        yield "data: [DONE]\n\n"
+
+
+async def _disconnected(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload)}\n\n"

@@ -1,0 +1,203 @@
+"""Request bodies as pydantic models that mirror OpenAI's (chat completions, audio speech).
+
+Parsing is strict (no "0.5" for a float, no 1.0 for an int) and unknown fields are refused, as
+OpenAI refuses them; every integer is bounded to what the engine stores it in. JSON is parsed by
+pydantic itself (``model_validate_json``), whose parser bounds nesting depth. The project's own
+fields (sampling extras, speech sampling) are typed here too. ``errors.validation_error`` turns
+the first failure into a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+INT64_MAX = 2**63 - 1
+# The talker's code predictor draws with seed + 1, so a seed stays one below int64's maximum.
+Seed = Annotated[int, Field(ge=-(2**63), le=INT64_MAX - 1)]
+Count = Annotated[int, Field(ge=1, le=2**31 - 1)]  # token / frame counts (int32 in the engine)
+NonNegativeCount = Annotated[int, Field(ge=0, le=2**31 - 1)]
+TopK = Annotated[int, Field(ge=0, le=2**31 - 1)]
+Temperature = Annotated[float, Field(ge=0.0, le=100.0, allow_inf_nan=False)]
+TopP = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
+Penalty = Annotated[float, Field(gt=0.0, le=100.0, allow_inf_nan=False)]
+ModelName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+VoiceName = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+# Base64 data and URLs are bounded by the body size; other short strings explicitly.
+ShortText = Annotated[str, StringConstraints(max_length=256)]
+
+AUDIO_FORMATS = ("wav", "pcm16", "flac", "mp3", "opus")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+# ---- content parts ----
+
+
+class TextPart(Strict):
+    type: Literal["text"]
+    text: str
+
+
+class InputAudio(Strict):
+    data: str  # base64
+    format: ShortText | None = None  # a hint only: the bytes are sniffed
+
+
+class InputAudioPart(Strict):
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+
+class URLRef(Strict):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImageURLPart(Strict):
+    type: Literal["image_url"]
+    image_url: URLRef | str
+
+
+class AudioURLPart(Strict):
+    type: Literal["audio_url"]
+    audio_url: URLRef | str
+
+
+class VideoURLPart(Strict):
+    type: Literal["video_url"]
+    video_url: URLRef | str
+
+
+UserPart = Annotated[
+    TextPart | InputAudioPart | ImageURLPart | AudioURLPart | VideoURLPart, Field(discriminator="type")
+]
+MEDIA_PART_KINDS = {"input_audio": "audio", "audio_url": "audio", "image_url": "image", "video_url": "video"}
+
+
+# ---- messages ----
+
+
+class SystemMessage(Strict):
+    role: Literal["system", "developer"]  # OpenAI's newer name for the system turn
+    content: str | list[TextPart]
+    name: ShortText | None = None
+
+
+class UserMessage(Strict):
+    role: Literal["user"]
+    content: str | Annotated[list[UserPart], Field(min_length=1)]
+    name: ShortText | None = None
+
+
+class AudioRef(Strict):
+    id: Annotated[str, StringConstraints(min_length=1, max_length=128)]
+
+
+class AssistantMessage(Strict):
+    role: Literal["assistant"]
+    content: str | list[TextPart] | None = None
+    audio: AudioRef | None = None  # a previous answer's audio, by its id (resolved to its transcript)
+    name: ShortText | None = None
+    refusal: str | None = None
+    tool_calls: list[dict] | None = None  # refused: tools are not supported
+
+
+class ToolMessage(Strict):
+    role: Literal["tool", "function"]  # refused: tools are not supported
+    content: str | list[TextPart] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+Message = Annotated[SystemMessage | UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")]
+
+
+# ---- sampling shared by chat and speech ----
+
+
+class SpeechSampling(Strict):
+    """The talker's sampling (omniwalk's extra fields)."""
+
+    seed: Seed | None = None
+    talker_temperature: Temperature | None = None
+    talker_top_k: TopK | None = None
+    talker_top_p: TopP | None = None
+    talker_repetition_penalty: Penalty | None = None
+    code_predictor_temperature: Temperature | None = None
+    code_predictor_top_k: TopK | None = None
+    code_predictor_top_p: TopP | None = None
+    min_audio_frames: NonNegativeCount | None = None
+    max_audio_frames: Count | None = None
+
+
+class AudioOutput(Strict):
+    voice: VoiceName | None = None  # None: the checkpoint's default speaker
+    format: Literal[AUDIO_FORMATS] = "wav"  # type: ignore[valid-type]
+
+
+class StreamOptions(Strict):
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None  # accepted, ignored (nothing is obfuscated)
+
+
+class ResponseFormat(Strict):
+    type: str
+    json_schema: dict | None = None
+
+
+class ChatRequest(SpeechSampling):
+    model: ModelName | None = None
+    messages: Annotated[list[Message], Field(min_length=1, max_length=4096)]
+    modalities: Annotated[list[Literal["text", "audio"]], Field(min_length=1, max_length=2)] | None = None
+    audio: AudioOutput | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    max_tokens: Count | None = None
+    max_completion_tokens: Count | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)] | None = None
+    top_p: TopP | None = None
+    stop: Annotated[str, StringConstraints(min_length=1)] | Annotated[list[str], Field(max_length=16)] | None = None
+    n: Count | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    # omniwalk's extra sampling fields (``extra_body`` in the openai client)
+    top_k: TopK | None = None
+    repetition_penalty: Penalty | None = None
+    min_tokens: NonNegativeCount | None = None
+    ignore_eos: bool | None = None
+    use_audio_in_video: bool | None = None
+    use_default_system_prompt: bool | None = None
+    # OpenAI fields accepted and ignored (they change nothing a caller can observe here)
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    # OpenAI features this server does not have: refused with a 400 that says so when set
+    tools: list | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list | None = None
+    function_call: str | dict | None = None
+    response_format: ResponseFormat | None = None
+    logit_bias: dict | None = None
+    prediction: dict | None = None
+    reasoning_effort: str | None = None
+    web_search_options: dict | None = None
+
+
+class SpeechRequest(SpeechSampling):
+    model: ModelName | None = None
+    input: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
+    voice: VoiceName | None = None
+    response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
+    speed: Annotated[float, Field(ge=0.25, le=4.0)] = 1.0
+    instructions: str | None = None
+    stream_format: Literal["audio", "sse"] | None = None
