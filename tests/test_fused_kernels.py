@@ -66,8 +66,8 @@ def test_qk_norm_rope(into_store):
         torch.testing.assert_close(ours[1], ref[1], **TOL)
         assert torch.equal(ours[2], ref[2])
     # one table row broadcast over every token (the code predictor's passes)
-    one = qk_norm_rope_triton(qkv, q_w, k_w, 1e-6, cos[:1], sin[:1], heads, kv_heads)
-    torch.testing.assert_close(one[0], qk_norm_rope_reference(qkv, q_w, k_w, 1e-6, cos[:1], sin[:1], heads, kv_heads)[0])
+    args = (qkv, q_w, k_w, 1e-6, cos[:1], sin[:1], heads, kv_heads)
+    torch.testing.assert_close(qk_norm_rope_triton(*args)[0], qk_norm_rope_reference(*args)[0], **TOL)
 
 
 def test_silu_mul():
