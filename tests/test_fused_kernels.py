@@ -154,3 +154,20 @@ def test_fused_talker_and_code_predictor_equal_reference():
     torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-4, atol=1e-4)
     assert torch.equal(outs[1][1], outs[0][1])
     torch.testing.assert_close(outs[1][2], outs[0][2], rtol=1e-4, atol=1e-4)
+
+
+def test_fused_kernels_through_the_engine_give_the_same_ids_and_codes():
+    """A speech request on the tiny checkpoint: paged decode steps store keys from the fused kernel,
+    the code predictor attends through the paged decode kernel; ids and codes equal the reference's."""
+    from test_omni_text import checkpoint, greedy
+
+    from omniwalk import Omni
+
+    request = greedy(6) | dict(modalities=["text", "audio"], min_audio_frames=4, max_audio_frames=4)
+    request |= dict(talker_temperature=0.0, code_predictor_temperature=0.0)
+    outs = [
+        Omni(model=checkpoint("tiny"), moe_backend=moe, norm_backend=norm).generate(request)
+        for moe, norm in (("reference", "reference"), ("fused", "triton"))
+    ]
+    assert outs[1].token_ids == outs[0].token_ids
+    assert torch.equal(outs[1].codes, outs[0].codes)

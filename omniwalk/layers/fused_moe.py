@@ -14,8 +14,9 @@ Rounding follows the reference (``moe.reference_experts``): gate/up outputs, sil
 the expert output and its weighted value are each rounded to the activations' dtype; only the
 sum over a token's experts differs (fp32 here, dtype steps in the reference's index_add).
 
-A shared expert of width S * I folds in as S experts of width I: silu(gate)·up is per unit and
-the down projection sums over units, so its S slices' outputs add up to the shared expert's.
+A shared expert of width W folds in as S = ceil(W / I) experts of width I: silu(gate)·up is per
+unit and the down projection sums over units, so its slices' outputs add up to the shared
+expert's (the last slice padded with zero units, which add exactly nothing).
 """
 
 from __future__ import annotations

@@ -151,22 +151,21 @@ class SparseMoE(nn.Module):
 
     @torch.no_grad()
     def fold_shared_expert(self) -> None:
-        """Fused backend, after loading: the shared expert becomes S = width / I extra experts
+        """Fused backend, after loading: the shared expert becomes S = ceil(width / I) extra experts
         (ids E .. E+S-1) and its gate an extra router row (logit column E); see ``fused_moe``."""
         if self.shared_expert is None:
             return
         shared, inter = self.shared_expert, self.experts.down_proj.shape[2]
         width = shared.down_proj.weight.shape[1]
-        if width % inter:
-            raise ValueError(f"shared expert width {width} is not a multiple of the expert width {inter}")
-        gate, up = shared.gate_proj.weight.split(inter), shared.up_proj.weight.split(inter)
+        pad = -width % inter  # zero units (zero gate, up and down weights) add exactly nothing
+        gate, up = (F.pad(p.weight, (0, 0, 0, pad)).split(inter) for p in (shared.gate_proj, shared.up_proj))
         extra_gate_up = torch.stack([torch.cat(pair) for pair in zip(gate, up, strict=True)])
-        extra_down = torch.stack(shared.down_proj.weight.split(inter, dim=1))
+        extra_down = torch.stack(F.pad(shared.down_proj.weight, (0, pad)).split(inter, dim=1))
         e = self.experts
         e.gate_up_proj = nn.Parameter(torch.cat([e.gate_up_proj.data, extra_gate_up]), requires_grad=False)
         e.down_proj = nn.Parameter(torch.cat([e.down_proj.data, extra_down]), requires_grad=False)
         self.gate = merged_linear(self.gate, self.shared_expert_gate)
-        self.num_shared = width // inter
+        self.num_shared = extra_down.shape[0]
         self.shared_expert = self.shared_expert_gate = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
