@@ -133,9 +133,14 @@ def route_topk(
     return weights, ids
 
 
+# (gate_up: rows, columns per step; down: columns, units per step; warps) of the GEMV programs
+GEMV_BLOCKS = (16, 256, 32, 128, 4)
+
+
 def expert_gemv(
-    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
-) -> torch.Tensor:
+    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+    blocks: tuple[int, ...] = GEMV_BLOCKS,
+) -> torch.Tensor:  # fmt: skip
     """x [N, H], gate_up [E, 2I, H], down [E, H, I], weights/ids [N, P] -> weighted expert outputs
     [N, P, H] in x's dtype (sum over P = the MoE output)."""
     n, p = ids.shape
@@ -146,14 +151,14 @@ def expert_gemv(
     if n == 0:
         return out
     _, gate_up_kernel, down_kernel = _kernels()
-    block_i, block_n = 16, 32
-    gate_up_kernel[(n * p, -(-inter // block_i))](
+    rows, columns, out_columns, units, warps = blocks
+    gate_up_kernel[(n * p, -(-inter // rows))](
         x, gate_up, ids, act, gate_up.stride(0), gate_up.stride(1),
-        H=hidden, INTER=inter, P=p, BLOCK_I=block_i, BLOCK_H=256,
+        H=hidden, INTER=inter, P=p, BLOCK_I=rows, BLOCK_H=columns, num_warps=warps,
     )  # fmt: skip
-    down_kernel[(n * p, -(-hidden // block_n))](
+    down_kernel[(n * p, -(-hidden // out_columns))](
         act, down, ids, weights, out, down.stride(0), down.stride(1),
-        H=hidden, INTER=inter, BLOCK_N=block_n, BLOCK_I=128,
+        H=hidden, INTER=inter, BLOCK_N=out_columns, BLOCK_I=units, num_warps=warps,
     )  # fmt: skip
     return out
 
