@@ -23,13 +23,13 @@ if [ "$MOE" = 1 ]; then
 fi
 if [ "$MICRO" = 1 ]; then
   echo "--- micro.py"
-  timeout 240 python3 benchmarks/micro.py "$SKEL" --out "$OUT" --parts thinker,talker,vocoder \
+  timeout 200 python3 benchmarks/micro.py "$SKEL" --out "$OUT" --parts thinker,talker,vocoder \
     --thinker-batches 1,8,32 --talker-batches 1,8,32 --vocoder-batches 1,8 2>&1 |
     grep -E "^(thinker|talker|vocoder|model built|copy)|Error|error"
 fi
 if [ "$TESTS" = 1 ]; then
   echo "--- GPU tests"
-  timeout 280 python3 -m pytest -q -s -p no:cacheprovider -m gpu --continue-on-collection-errors tests/ 2>&1 |
+  timeout 220 python3 -m pytest -q -s -p no:cacheprovider -m gpu --continue-on-collection-errors tests/ 2>&1 |
     grep -v "^cuda graphs" >"$OUT/tests.log"
   grep -E "GPU-|SYNC-|passed|failed|Error" "$OUT/tests.log" | cut -c1-200
 fi
