@@ -24,7 +24,7 @@ SHAPES = {  # name: (hidden, experts incl. folded shared slices, routed experts,
     "thinker": (2048, 128, 128, 8, 768),
     "talker": (1024, 130, 128, 8, 384),
 }
-VARIANTS = [GEMV_BLOCKS, (32, 256, 64, 128, 4), (8, 512, 16, 256, 4), (16, 128, 32, 64, 2), (16, 256, 16, 256, 8)]
+VARIANTS = [GEMV_BLOCKS, (16, 256, 32, 128, 4), (8, 512, 16, 256, 4), (8, 512, 16, 256, 8), (16, 512, 16, 512, 8)]
 
 
 def layer_weights(shape, layers: int):
@@ -74,7 +74,7 @@ def bench_shape(name: str, shape, layers: int, tokens: list[int]) -> list[dict]:
     shared = experts - routed
     for n in tokens:
         x = torch.randn(n, hidden, device="cuda", dtype=torch.bfloat16)
-        variants = [("grouped", None)] + [("gemv", b) for b in (VARIANTS if n in (1, 8) else VARIANTS[:1])]
+        variants = [("grouped", None)] + [("gemv", b) for b in (VARIANTS if n in (1, 8, 32) else VARIANTS[:1])]
         for path, blocks in variants:
 
             def run(path=path, blocks=blocks):

@@ -12,8 +12,9 @@ for a in "$@"; do
   case "$a" in --no-moe) MOE=0 ;; --no-micro) MICRO=0 ;; --no-tests) TESTS=0 ;; *) echo "unknown $a"; exit 2 ;; esac
 done
 mkdir -p "$OUT"
+# (.whl_extra: cffi for soundfile, httpx2 and its deps for huggingface_hub 2.4, which this device image lacked)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  ../.whl/*.whl ../.whl_hf/*.whl || exit 1
+  ../.whl/*.whl ../.whl_hf/*.whl $(ls .whl_extra/*.whl 2>/dev/null) || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 SKEL=.gpu/full-skel
 [ -f "$SKEL/config.json" ] || python3 -m omniwalk.cli make-tiny "$SKEL" --config qwen3-omni-30b-a3b --no-weights >/dev/null
