@@ -25,7 +25,7 @@ fi
 if [ "$MICRO" = 1 ]; then
   echo "--- micro.py"
   timeout 200 python3 benchmarks/micro.py "$SKEL" --out "$OUT" --parts thinker,talker,vocoder \
-    --thinker-batches 1,8,32 --talker-batches 1,8,32 --vocoder-batches 1,8 2>&1 |
+    --thinker-batches 1,8,32,64 --talker-batches 1,8,32 --vocoder-batches 1,8 2>&1 |
     grep -E "^(thinker|talker|vocoder|model built|copy)|Error|error"
 fi
 if [ "$TESTS" = 1 ]; then

@@ -61,6 +61,11 @@ def test_qk_norm_rope_into_paged_store(n):
         f"GPU-FUSED q/k norm + rope + store n={n}: differ q {_differ(q, q_ref):.4%} "
         f"k {_differ(stores[1][0], stores[0][0]):.4%} v {_differ(stores[1][1], stores[0][1]):.4%}"
     )
+    ones, zeros = torch.ones_like(cos), torch.zeros_like(sin)  # no rotation: the norm alone
+    norm_only = [
+        f(qkv, q_w, k_w, 1e-6, ones, zeros, heads, kv_heads)[0] for f in (qk_norm_rope_reference, qk_norm_rope_triton)
+    ]
+    print(f"GPU-FUSED q/k norm alone n={n}: differ q {_differ(*norm_only):.4%}")
     torch.testing.assert_close(q, q_ref, rtol=8e-3, atol=8e-3)
     torch.testing.assert_close(stores[1][0], stores[0][0], rtol=8e-3, atol=8e-3)
     assert torch.equal(stores[1][1], stores[0][1])  # v is copied

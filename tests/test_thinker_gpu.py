@@ -104,12 +104,12 @@ def test_full_size_thinker_layers_bf16_match_hf(kernels):
     same_route = torch.stack([(a == b).all(-1) for a, b in zip(hf_routes, our_routes, strict=True)]).all(0)
     # bf16 rounding moves ~10% of tokens onto another top-8 set in some layer (0.900 of tokens kept their route
     # with cuDNN SDPA, 0.889 with flash/efficient SDPA); those tokens are why the per-token minimum drops.
-    assert same_route.float().mean() >= 0.85, same_route.float().mean()
-    assert cosine[same_route].min() >= 0.999, cosine[same_route].min()
     overall = F.cosine_similarity(got.flatten(), expected.flatten(), dim=0)
     print(
         f"GPU-PARITY thinker ({kernels} kernels) logits cosine: all logits {overall:.6f} "
         f"per-token mean {cosine.mean():.6f} min {cosine.min():.6f} "
         f"same-route min {cosine[same_route].min():.6f} same-route share {same_route.float().mean():.3f}"
     )
+    assert same_route.float().mean() >= 0.85, same_route.float().mean()
+    assert cosine[same_route].min() >= 0.999, cosine[same_route].min()
     assert cosine.mean() >= 0.999, cosine.mean()

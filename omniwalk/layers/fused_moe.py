@@ -134,8 +134,9 @@ def route_topk(
 
 
 # (gate_up: rows, columns per step; down: columns, units per step; warps) of the GEMV programs: the
-# best of 5 variants at 1 and 8 tokens, thinker and talker shapes (benchmarks/fused_moe.py, H200:
-# thinker layer at 1 token 53.1 -> 35.4 µs against (16, 256, 32, 128, 4))
+# best of 5 variants at 1, 8 and 32 tokens, thinker and talker shapes but one (talker at 1 token:
+# 17.8 vs 19.2 µs) (benchmarks/fused_moe.py, H200, run 2: thinker layer at 1 token 35.2 µs, 53.9
+# with (16, 256, 32, 128, 4))
 GEMV_BLOCKS = (16, 256, 16, 256, 8)
 
 

@@ -30,9 +30,9 @@ from omniwalk.layers.silu_mul import silu_mul_triton
 
 MOE_BACKENDS = ("reference", "fused")
 # fused backend: expert GEMVs up to this many (token, expert) pairs per call, a grouped GEMM beyond.
-# H200, µs per thinker MoE layer, GEMV vs grouped (benchmarks/fused_moe.py): 128 pairs 279 vs 347,
-# 256 pairs 458 vs 440 (talker layer: 82 vs 138 and 132 vs 176)
-MAX_GEMV_PAIRS = 128
+# H200, µs per MoE layer incl. router and routing, GEMV vs grouped (benchmarks/fused_moe.py, run 2):
+# thinker 8 pairs 35 vs 98, 64 pairs 136 vs 247, 256 pairs 385 vs 453; talker 256 pairs 123 vs 177
+MAX_GEMV_PAIRS = 256
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,22 +64,23 @@ def grouped_experts(
 
     The N*k pairs are sorted by expert; per-expert row counts become the cumulative ``offs`` of
     ``torch._grouped_mm`` (one launch per projection, whatever the number of experts hit), and
-    the weighted rows are summed back per token. No host synchronisation.
+    the weighted rows go back to pair order: -> [N, k, H] partials, summed by the consumer like
+    ``fused_moe.expert_gemv``'s (in fp32, so both paths give a token the same sum). No host
+    synchronisation.
     """
     num_tokens, top_k = ids.shape
     flat = ids.flatten().long()
     # (16-bit keys: a small radix sort makes a pass per few key bits; -0.8 ms a thinker step at B=32, H200)
     order = flat.to(torch.int16 if gate_up.shape[0] <= 2**15 else torch.int32).argsort(stable=True)
-    token = order // top_k
     counts = torch.zeros(gate_up.shape[0], dtype=torch.long, device=x.device)
     counts.scatter_add_(0, flat, flat.new_ones(1).expand_as(flat))
     offs = counts.cumsum(0, dtype=torch.int32)  # (bincount would read its input's max back to the host)
-    rows = x[token]
+    rows = x[order // top_k]
     h = torch._grouped_mm(rows, gate_up.transpose(1, 2), offs=offs)
     gate, up = h.chunk(2, dim=-1)
     y = torch._grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offs=offs)
     y = y * weights.flatten()[order, None].to(y.dtype)
-    return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
+    return y.new_empty(flat.shape[0], x.shape[1]).index_copy_(0, order, y).view(num_tokens, top_k, x.shape[1])
 
 
 class GatedMLP(nn.Module):
@@ -128,7 +129,7 @@ class SparseMoE(nn.Module):
 
     Parameter names follow the checkpoint: ``gate`` (router, [E, H]), ``experts.*``,
     ``shared_expert.*``, ``shared_expert_gate`` ([1, H]). ``forward`` returns [N, H], or with the
-    fused backend at decode sizes the per-pair partials [N, P, H] whose sum is the output.
+    fused backend the per-pair partials [N, P, H] whose sum is the output (``RMSNorm.add`` sums them).
     """
 
     def __init__(
