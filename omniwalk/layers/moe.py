@@ -30,9 +30,12 @@ from omniwalk.layers.silu_mul import silu_mul_triton
 
 MOE_BACKENDS = ("reference", "fused")
 # fused backend: expert GEMVs up to this many (token, expert) pairs per call, a grouped GEMM beyond.
-# H200, µs per MoE layer incl. router and routing, GEMV vs grouped (benchmarks/fused_moe.py, run 2):
-# thinker 8 pairs 35 vs 98, 64 pairs 136 vs 247, 256 pairs 385 vs 453; talker 256 pairs 123 vs 177
-MAX_GEMV_PAIRS = 256
+# H200, µs per MoE layer incl. router and routing, GEMV vs grouped (benchmarks/fused_moe.py, random
+# routing): thinker 8 pairs 35 vs 98, 128 pairs 228 vs 339, 256 pairs 385 vs 453. But the GEMVs read
+# an expert once per pair and the grouped GEMM once per expert: with the engine's random weights
+# (routes concentrated on few experts) the thinker step at B=32 (256 pairs) took 19.7 ms with GEMVs
+# against 10.6 with the grouped GEMM (micro.py, runs 3 and 2), so 256 pairs stay grouped.
+MAX_GEMV_PAIRS = 128
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
