@@ -14,7 +14,9 @@ option (``cuda_graph_max_batch=64``, ``max_running=128``, ...). Parts (``--parts
     encoders  audio encoder on 4 s clips, vision encoder on 640x480 images, vs batch
 
 Stage steps are timed inside ``Engine.step`` (synchronised before and after the stage), so the
-figures are the engine's own. Writes ``micro.json`` and ``micro.md`` after every part.
+figures are the engine's own. On CUDA ``kernels`` counts the GPU kernels of one stage step (graph
+replays kernel by kernel, torch profiler) or one vocoder call. Writes ``micro.json`` and
+``micro.md`` after every part.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, when not installed
@@ -150,21 +154,60 @@ def steady_steps(omni: Omni, reqs: list, stage_name: str, args, device) -> tuple
     return statistics.median(clock.ms[stage_name]), statistics.mean(keys), replays
 
 
+def _is_kernel(event) -> bool:
+    return event.device_type == DeviceType.CUDA and not event.name.startswith(("Memcpy", "Memset"))
+
+
+def count_kernels(fn, device) -> int | None:
+    """GPU kernels ``fn()`` runs (a graph replay's kernels each count), None off CUDA."""
+    if torch.device(device).type != "cuda":
+        return None
+    synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        synchronize(device)
+    return sum(1 for e in prof.events() if _is_kernel(e))
+
+
+def stage_kernels(engine, stage_name: str, device) -> int | None:
+    """GPU kernels of ``stage_name`` in one engine step: those starting inside its step() or
+    finish(), each synchronised on both sides by the StageClock; None off CUDA."""
+    if torch.device(device).type != "cuda":
+        return None
+    stage = engine.stages[stage_name]
+
+    def ranged(method):
+        def run():
+            with record_function("micro:stage"):
+                return method()
+
+        return run
+
+    with StageClock(engine, device):
+        stage.step, stage.finish = ranged(stage.step), ranged(stage.finish)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            engine.step()
+    events = prof.events()
+    spans = [(e.time_range.start, e.time_range.end) for e in events if e.name == "micro:stage"]
+    return sum(1 for e in events if _is_kernel(e) and any(a <= e.time_range.start <= b for a, b in spans))
+
+
 def routed_experts(decoder, run) -> float | None:
     """Mean distinct experts per MoE layer over the eager forwards in ``run()`` (None if no router
     ran eagerly, e.g. a replayed CUDA graph)."""
     counts = []
 
-    def counter(top_k: int):
-        def hook(module, inputs, logits):  # logits [tokens, experts] of the router
+    def counter(top_k: int, num_experts: int):
+        def hook(module, inputs, logits):  # logits [tokens, experts (+ a folded shared expert's gate)]
+            logits = logits[:, :num_experts]
             ids = logits.topk(top_k, dim=-1).indices.flatten()
-            hit = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device).index_fill_(0, ids, True)
+            hit = torch.zeros(num_experts, dtype=torch.bool, device=logits.device).index_fill_(0, ids, True)
             counts.append(hit.sum())
 
         return hook
 
     moes = [layer.mlp for layer in decoder.layers if hasattr(layer.mlp, "gate")]
-    handles = [moe.gate.register_forward_hook(counter(moe.top_k)) for moe in moes]
+    handles = [moe.gate.register_forward_hook(counter(moe.top_k, moe.num_experts)) for moe in moes]
     try:
         with torch.inference_mode():
             run()
@@ -179,11 +222,12 @@ def steady_state(omni: Omni, requests: list[dict], is_ready, stage_name: str, de
     ``decoder`` routes to in one more step, abort them -> a row of measured figures."""
     reqs = start(omni, requests, is_ready)
     ms, keys, replays = steady_steps(omni, reqs, stage_name, args, device)
+    kernels = stage_kernels(omni.engine, stage_name, device)
     routed = routed_experts(decoder, omni.engine.step)
     for r in reqs:
         omni.abort(r.id)
     b = len(requests)
-    return dict(batch=b, ms=ms, graph_steps=replays, context=keys / b, routed_experts=routed)
+    return dict(batch=b, ms=ms, kernels=kernels, graph_steps=replays, context=keys / b, routed_experts=routed)
 
 
 def bench_thinker(omni: Omni, args, m: Machine, device, dtype_bytes: int) -> list[dict]:
@@ -196,7 +240,10 @@ def bench_thinker(omni: Omni, args, m: Machine, device, dtype_bytes: int) -> lis
         ms, floor = row["ms"], work.floor_ms(m)
         row |= dict(tok_s=b / ms * 1e3, expected_experts=expected_experts(cfg.num_experts, cfg.num_experts_per_tok, b))
         rows.append(row | dict(floor_gb=work.bytes / 1e9, floor_ms=floor, ratio=ms / floor))
-        print(f"thinker B={b:3d}: {ms:8.2f} ms/step {b / ms * 1e3:8.1f} tok/s  floor {floor:6.2f} ms x{ms / floor:.1f}")
+        print(
+            f"thinker B={b:3d}: {ms:8.2f} ms/step {b / ms * 1e3:8.1f} tok/s  floor {floor:6.2f} ms x{ms / floor:.1f}  "
+            f"kernels {row['kernels']}"
+        )
     return rows
 
 
@@ -212,7 +259,10 @@ def bench_talker(omni: Omni, args, m: Machine, device, dtype_bytes: int) -> list
         rtf = ms / (frame_s * 1e3)  # the talker alone: step time per frame of audio
         row |= dict(frames_s=b / ms * 1e3, audio_s_per_s=b / rtf, rtf=rtf)
         rows.append(row | dict(floor_gb=work.bytes / 1e9, floor_ms=floor, ratio=ms / floor))
-        print(f"talker  B={b:3d}: {ms:8.2f} ms/step (RTF {rtf:.3f})  floor {floor:6.2f} ms  x{ms / floor:.1f}")
+        print(
+            f"talker  B={b:3d}: {ms:8.2f} ms/step (RTF {rtf:.3f})  floor {floor:6.2f} ms  x{ms / floor:.1f}  "
+            f"kernels {row['kernels']}"
+        )
     return rows
 
 
@@ -271,12 +321,13 @@ def bench_vocoder(omni: Omni, args, m: Machine, device) -> list[dict]:
                 replays = sum(g.num_replays for g in program.graphs.values())
                 row = component_row(vocoder, run, args, m, device, eager, frames=frames, batch=b, start=warm)
                 row["graph_calls"] = sum(g.num_replays for g in program.graphs.values()) - replays
+                row["kernels"] = count_kernels(run, device)
                 row["audio_s_per_s"] = b * frames * vocoder.cfg.samples_per_frame / OUTPUT_RATE / row["ms"] * 1e3
                 rows.append(row)
                 print(
                     f"vocoder {frames:3d} frames B={b:3d} from frame {warm:3d}: {row['ms']:8.2f} ms "
                     f"{row['audio_s_per_s']:8.1f} audio s/s  floor {row['floor_ms']:.2f} ms  "
-                    f"graph calls {row['graph_calls']}"
+                    f"graph calls {row['graph_calls']}  kernels {row['kernels']}"
                 )
     return rows
 
@@ -324,17 +375,17 @@ def bench_encoders(omni: Omni, args, m: Machine, device, dtype) -> list[dict]:
 TABLES = {  # part -> (title, columns)
     "thinker": (
         "Thinker decode step",
-        ["batch", "ms", "tok_s", "graph_steps", "context", "routed_experts", "expected_experts", "floor_gb"]
+        ["batch", "ms", "kernels", "tok_s", "graph_steps", "context", "routed_experts", "expected_experts", "floor_gb"]
         + ["floor_ms", "ratio"],
     ),
     "talker": (
         "Talker step (one frame per request, with the code predictor; rtf = ms per 80 ms frame)",
-        ["batch", "ms", "frames_s", "audio_s_per_s", "rtf", "graph_steps", "context", "routed_experts", "floor_gb"]
-        + ["floor_ms", "ratio"],
+        ["batch", "ms", "kernels", "frames_s", "audio_s_per_s", "rtf", "graph_steps", "context", "routed_experts"]
+        + ["floor_gb", "floor_ms", "ratio"],
     ),
     "vocoder": (
         "Vocoder chunk (start = frames each stream decoded before; 0 = a first chunk)",
-        ["frames", "batch", "start", "ms", "audio_s_per_s", "graph_calls", "gflop", "floor_ms", "ratio"],
+        ["frames", "batch", "start", "ms", "kernels", "audio_s_per_s", "graph_calls", "gflop", "floor_ms", "ratio"],
     ),
     "encoders": (
         "Encoders (per_s = audio seconds or images per second)",

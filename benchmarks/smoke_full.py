@@ -22,11 +22,11 @@ def timed(omni: Omni, requests):
     return outs, time.perf_counter() - start
 
 
-# The full-size model with random bf16 weights on the GPU, grouped-GEMM MoE, 8 + 2 GiB of KV.
+# The full-size model with random bf16 weights on the GPU, fused MoE, 8 + 2 GiB of KV.
 FULL_OPTIONS = dict(
     device="cuda",
     dtype="bfloat16",
-    moe_backend="grouped",
+    moe_backend="fused",
     random_weights=True,
     thinker_kv_bytes=8 * 2**30,
     talker_kv_bytes=2 * 2**30,

@@ -18,7 +18,7 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 # per backend field: (reference, fast)
 BACKENDS = {
-    "moe_backend": ("reference", "grouped"),
+    "moe_backend": ("reference", "fused"),
     "attention_backend": ("reference", "torch_varlen"),
     "decode_attention": ("reference", "triton"),
     "norm_backend": ("reference", "triton"),
@@ -36,10 +36,14 @@ class ModelConfig:
     default_system_prompt: str | None = DEFAULT_SYSTEM_PROMPT  # used when a request has no system turn
     random_weights: bool = False  # build random weights on the device instead of reading them (benchmarks)
     # Fast paths, chosen by name ("auto": the fast one on CUDA, the reference one elsewhere):
-    moe_backend: str = "auto"  # "reference" (per-expert loop, the CPU oracle) | "grouped" (grouped GEMM)
+    # MoE: "reference" (per-expert loop, the CPU oracle) | "fused" (CUDA: routing kernel, expert GEMVs
+    # at decode sizes, grouped GEMM at many tokens per expert; layers/moe.py)
+    moe_backend: str = "auto"
     attention_backend: str = "auto"  # encoders' and prefill attention: "reference" | "torch_varlen" (CUDA, 16-bit)
     decode_attention: str = "auto"  # paged decode attention: "reference" | "triton" (CUDA)
-    norm_backend: str = "auto"  # RMSNorm: "reference" | "triton" (CUDA, one fused kernel)
+    # decoder kernels: "reference" | "triton" (CUDA: fused add + RMSNorm, merged q/k/v and gate/up GEMMs,
+    # q/k norm + rope + KV store in one kernel; models/qwen3_omni/decoder.py)
+    norm_backend: str = "auto"
     # on CUDA, decode steps and vocoder calls of up to this many requests replay graphs; 0 = all eager
     cuda_graph_max_batch: int = 64
     # on CUDA with graphs on, encoder calls of up to this many packed tokens (audio tokens after the

@@ -120,7 +120,7 @@ def test_backends_resolve_by_device_and_reject_unknown_names():
     assert cpu.graph_max_batch == 0  # graphs exist only on CUDA
     gpu = ModelConfig(model="m", device="cuda", dtype="bfloat16")
     kernel = "triton" if importlib.util.find_spec("triton") else "reference"  # Triton kernels need Triton
-    assert [gpu.backend(n) for n in names] == ["grouped", "torch_varlen", kernel, kernel]
+    assert [gpu.backend(n) for n in names] == ["fused", "torch_varlen", kernel, kernel]
     assert gpu.graph_max_batch == 64
     assert ModelConfig(model="m", device="cuda").backend("attention_backend") == "reference"  # fp32: no flash
     assert ModelConfig(model="m", device="cuda", moe_backend="reference").backend("moe_backend") == "reference"

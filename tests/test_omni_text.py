@@ -116,9 +116,3 @@ def test_request_errors_are_typed():
         omni().generate({"messages": MESSAGES, "temperature": -1})
     with pytest.raises(ConfigError, match="unknown option"):
         Omni(model=checkpoint("tiny"), colour="blue")
-
-
-def test_grouped_moe_backend_gives_the_same_greedy_tokens():
-    request = greedy(24)
-    grouped = omni("uneven", moe_backend="grouped").generate(request)
-    assert grouped.token_ids == omni("uneven").generate(request).token_ids

@@ -19,7 +19,7 @@ from test_code2wav import make_audio_like_
 from omniwalk.models.qwen3_omni.code2wav import Code2Wav
 from omniwalk.models.qwen3_omni.code2wav_stream import VocoderStream, VocoderStreamConfig
 from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.decoder import ContiguousKVCache
+from omniwalk.models.qwen3_omni.decoder import ContiguousKVCache, use_kernels
 from omniwalk.models.qwen3_omni.talker import Talker
 
 BF16 = torch.bfloat16
@@ -38,7 +38,7 @@ class ForcedSampler:
         return torch.tensor([self.codes[len(self.logits) - 1]], device=logits.device)
 
 
-def _talker_pair():
+def _talker_pair(kernels: str):
     from transformers import Qwen3OmniMoeConfig
     from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeTalkerForConditionalGeneration
 
@@ -47,7 +47,8 @@ def _talker_pair():
     hf_cfg._attn_implementation = "sdpa"
     with torch.device("cuda"):
         hf = Qwen3OmniMoeTalkerForConditionalGeneration._from_config(hf_cfg, dtype=BF16).eval()
-        ours = Talker(Qwen3OmniConfig.from_hf(data).talker).to(BF16).eval()
+        ours = Talker(Qwen3OmniConfig.from_hf(data).talker, "fused" if kernels == "fused" else "reference")
+        ours = ours.to(BF16).eval()
     randomize_(hf, seed=0)
     with torch.no_grad():
         for model in (hf.model, hf.code_predictor.model):
@@ -58,13 +59,15 @@ def _talker_pair():
         for layer in hf.model.layers:  # wider router margins: bf16 rounding must not flip the 6th/7th expert
             layer.mlp.gate.weight.mul_(4)
     ours.load_state_dict(hf.state_dict())
+    use_kernels(ours, "triton" if kernels == "fused" else "reference")
     return hf, ours
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernels", ["reference", "fused"])
 @torch.no_grad()
-def test_full_size_talker_step_bf16_matches_hf():
-    hf, ours = _talker_pair()
+def test_full_size_talker_step_bf16_matches_hf(kernels):
+    hf, ours = _talker_pair(kernels)
     cfg = ours.cfg
     g = torch.Generator(device="cuda").manual_seed(1)
     x = torch.randn(NUM_PROMPT, cfg.text.hidden_size, generator=g, device="cuda").to(BF16)
@@ -110,7 +113,7 @@ def test_full_size_talker_step_bf16_matches_hf():
     )
 
 
-def _code2wav_pair():
+def _code2wav_pair(kernels: str):
     from transformers import Qwen3OmniMoeConfig
     from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
 
@@ -124,13 +127,15 @@ def _code2wav_pair():
     codes = torch.randint(0, 2048, (1, hf_cfg.num_quantizers, 40), generator=torch.Generator().manual_seed(0))
     make_audio_like_(hf, codes.cuda())
     ours.load_state_dict(hf.state_dict())
+    use_kernels(ours, "triton" if kernels == "fused" else "reference")
     return hf, ours
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernels", ["reference", "fused"])
 @torch.no_grad()
-def test_full_size_code2wav_bf16_matches_hf_and_streams():
-    hf, ours = _code2wav_pair()
+def test_full_size_code2wav_bf16_matches_hf_and_streams(kernels):
+    hf, ours = _code2wav_pair(kernels)
     g = torch.Generator(device="cuda").manual_seed(3)
     codes = torch.randint(0, 2048, (1, 50, ours.cfg.num_quantizers), generator=g, device="cuda")
     expected = hf(codes.transpose(1, 2))[0, 0].float()

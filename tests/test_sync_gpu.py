@@ -21,7 +21,7 @@ def test_steady_state_steps_read_back_only_sampled_ids_and_audio():
 
     from omniwalk import Omni
 
-    o = Omni(model=checkpoint("tiny"), device="cuda", dtype="bfloat16", moe_backend="grouped")
+    o = Omni(model=checkpoint("tiny"), device="cuda", dtype="bfloat16", moe_backend="fused")
     base = {"messages": [{"role": "user", "content": "tell me about the world"}], "ignore_eos": True}
     speech = {
         "modalities": ["text", "audio"],

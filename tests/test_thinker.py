@@ -142,5 +142,5 @@ def test_grouped_moe_backend_equals_reference(dtype, tol):
     weights, ids = route(torch.randn(n, experts, generator=g).to(dtype), k, True)
     ids[0] = torch.tensor([7, 6, 5])  # some experts get no token at all
     expected = reference_experts(x, gate_up, down, weights, ids).float()
-    got = grouped_experts(x, gate_up, down, weights, ids).float()
+    got = grouped_experts(x, gate_up, down, weights, ids).float().sum(1)  # per-pair partials
     assert (got - expected).abs().max() <= tol * expected.abs().max()

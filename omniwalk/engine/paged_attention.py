@@ -49,9 +49,17 @@ class DecodeKV:
         self.kernel = DECODE_BACKENDS[backend]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        keys, values, slots = self.kv_slots(layer, q.shape[0])
+        keys.index_copy_(0, slots, k.to(keys.dtype))
+        values.index_copy_(0, slots, v.to(values.dtype))
+        return self.attend_stored(layer, q)
+
+    def kv_slots(self, layer: int, num_new: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Where the new keys go (a fused kernel may write them there itself, then ``attend_stored``)."""
+        return self.storage.keys[layer], self.storage.values[layer], self.slots
+
+    def attend_stored(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         keys, values = self.storage.keys[layer], self.storage.values[layer]
-        keys.index_copy_(0, self.slots, k.to(keys.dtype))
-        values.index_copy_(0, self.slots, v.to(values.dtype))
         return self.kernel(q.contiguous(), keys, values, self.table, self.lens, self.storage.pool.page_size)
 
     def advance(self, num_new: int) -> None:
@@ -131,6 +139,13 @@ class PagedBatch:
             start += seg.num_new
             out.append(causal_attention(qs, keys[slots].transpose(0, 1), values[slots].transpose(0, 1)).transpose(0, 1))
         return torch.cat(out)
+
+    def kv_slots(self, layer: int, num_new: int):
+        """A pure decode step's store (see ``DecodeKV``); None for prompt chunks."""
+        return None if self.decode is None else self.decode.kv_slots(layer, num_new)
+
+    def attend_stored(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        return self.decode.attend_stored(layer, q)
 
     def advance(self, num_new: int) -> None:
         """After the decoder's last layer: every request's cache now holds its new tokens."""

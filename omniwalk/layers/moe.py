@@ -8,20 +8,34 @@ Weights (shared by every backend, the layout ``weights.py`` loads):
 Routing is not a backend concern: ``route`` does softmax in fp32 over all experts, keeps the
 top-k and optionally renormalises them to sum 1 (HF's order of operations). A backend only
 computes ``y[n] = sum_j w[n, j] * down_e(silu(gate_e(x[n])) * up_e(x[n]))`` with ``e = ids[n, j]``.
-The reference backend loops over the experts that received tokens (CPU, the test oracle); a
-grouped-GEMM GPU backend registers beside it.
+Backends (``SparseMoE.backend``):
+
+    reference  loop over the experts that received tokens (CPU, the test oracle)
+    fused      CUDA: routing in one kernel (``fused_moe.route_topk``); then, while the (token,
+               expert) pairs are few (decode: at most ``MAX_GEMV_PAIRS``), expert GEMVs that read
+               each selected expert once and return per-pair partials (``fused_moe.expert_gemv``,
+               summed by the decoder's next add + RMSNorm); beyond that a grouped GEMM over
+               expert-sorted pairs (``grouped_experts``), where tensor-core tiles are full enough.
+               A shared expert is folded in as extra experts (``SparseMoE.fold_shared_expert``).
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-# (x [N, H], gate_up [E, 2I, H], down [E, H, I], weights [N, k], ids [N, k]) -> y [N, H]
-ExpertsBackend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+from omniwalk.layers.fused_moe import expert_gemv, route_topk
+from omniwalk.layers.silu_mul import silu_mul_triton
+
+MOE_BACKENDS = ("reference", "fused")
+# fused backend: expert GEMVs up to this many (token, expert) pairs per call, a grouped GEMM beyond.
+# H200, µs per MoE layer incl. router and routing, GEMV vs grouped (benchmarks/fused_moe.py, random
+# routing): thinker 8 pairs 35 vs 98, 128 pairs 228 vs 339, 256 pairs 385 vs 453. But the GEMVs read
+# an expert once per pair and the grouped GEMM once per expert: with the engine's random weights
+# (routes concentrated on few experts) the thinker step at B=32 (256 pairs) took 19.7 ms with GEMVs
+# against 10.6 with the grouped GEMM (micro.py, runs 3 and 2), so 256 pairs stay grouped.
+MAX_GEMV_PAIRS = 128
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,58 +67,72 @@ def grouped_experts(
 
     The N*k pairs are sorted by expert; per-expert row counts become the cumulative ``offs`` of
     ``torch._grouped_mm`` (one launch per projection, whatever the number of experts hit), and
-    the weighted rows are summed back per token. No host synchronisation.
+    the weighted rows go back to pair order: -> [N, k, H] partials, summed by the consumer like
+    ``fused_moe.expert_gemv``'s (in fp32, so both paths give a token the same sum). No host
+    synchronisation.
     """
     num_tokens, top_k = ids.shape
-    flat = ids.flatten()
+    flat = ids.flatten().long()
     # (16-bit keys: a small radix sort makes a pass per few key bits; -0.8 ms a thinker step at B=32, H200)
     order = flat.to(torch.int16 if gate_up.shape[0] <= 2**15 else torch.int32).argsort(stable=True)
-    token = order // top_k
     counts = torch.zeros(gate_up.shape[0], dtype=torch.long, device=x.device)
     counts.scatter_add_(0, flat, flat.new_ones(1).expand_as(flat))
     offs = counts.cumsum(0, dtype=torch.int32)  # (bincount would read its input's max back to the host)
-    rows = x[token]
+    rows = x[order // top_k]
     h = torch._grouped_mm(rows, gate_up.transpose(1, 2), offs=offs)
     gate, up = h.chunk(2, dim=-1)
     y = torch._grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offs=offs)
     y = y * weights.flatten()[order, None].to(y.dtype)
-    return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
-
-
-EXPERTS_BACKENDS: dict[str, ExpertsBackend] = {"reference": reference_experts, "grouped": grouped_experts}
+    return y.new_empty(flat.shape[0], x.shape[1]).index_copy_(0, order, y).view(num_tokens, top_k, x.shape[1])
 
 
 class GatedMLP(nn.Module):
-    """``down(silu(gate(x)) * up(x))``: the dense MLP and the MoE's shared expert."""
+    """``down(silu(gate(x)) * up(x))``: the dense MLP and the MoE's shared expert.
+
+    ``merge_projections`` (CUDA fast path, after loading) replaces gate and up by one
+    ``gate_up_proj`` (rows: gate then up): one GEMM and one fused silu·mul kernel.
+    """
 
     def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_up_proj: nn.Linear | None = None
+
+    def merge_projections(self) -> None:
+        self.gate_up_proj = merged_linear(self.gate_proj, self.up_proj)
+        del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_proj is not None:
+            return self.down_proj(silu_mul_triton(self.gate_up_proj(x)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class FusedExperts(nn.Module):
-    """Holds the fused expert weights; the math lives in the selected backend."""
+def merged_linear(*parts: nn.Linear) -> nn.Linear:
+    """One bias-free Linear whose output rows are ``parts``' outputs, in order."""
+    weight = torch.cat([p.weight.data for p in parts])
+    merged = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    merged.weight = nn.Parameter(weight, requires_grad=False)
+    return merged
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, backend: str = "reference"):
+
+class FusedExperts(nn.Module):
+    """Holds the fused expert weights ([E, 2I, H] and [E, H, I])."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
         super().__init__()
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
-        self.backend = EXPERTS_BACKENDS[backend]
-
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        return self.backend(x, self.gate_up_proj, self.down_proj, weights, ids)
 
 
 class SparseMoE(nn.Module):
     """Top-k routed experts, plus a sigmoid-gated shared expert when ``shared_intermediate_size > 0``.
 
     Parameter names follow the checkpoint: ``gate`` (router, [E, H]), ``experts.*``,
-    ``shared_expert.*``, ``shared_expert_gate`` ([1, H]).
+    ``shared_expert.*``, ``shared_expert_gate`` ([1, H]). ``forward`` returns [N, H], or with the
+    fused backend the per-pair partials [N, P, H] whose sum is the output (``RMSNorm.add`` sums them).
     """
 
     def __init__(
@@ -118,16 +146,44 @@ class SparseMoE(nn.Module):
         backend: str = "reference",
     ):
         super().__init__()
-        self.top_k, self.renormalize = top_k, renormalize
+        if backend not in MOE_BACKENDS:
+            raise ValueError(f"moe backend must be one of {MOE_BACKENDS}, got {backend!r}")
+        self.top_k, self.renormalize, self.backend = top_k, renormalize, backend
+        self.num_experts, self.num_shared = num_experts, 0  # num_shared: shared-expert slices folded in
         self.gate = nn.Linear(hidden_size, num_experts, bias=False)
-        self.experts = FusedExperts(num_experts, hidden_size, intermediate_size, backend)
+        self.experts = FusedExperts(num_experts, hidden_size, intermediate_size)
         self.shared_expert = GatedMLP(hidden_size, shared_intermediate_size) if shared_intermediate_size else None
         self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False) if shared_intermediate_size else None
 
+    @torch.no_grad()
+    def fold_shared_expert(self) -> None:
+        """Fused backend, after loading: the shared expert becomes S = ceil(width / I) extra experts
+        (ids E .. E+S-1) and its gate an extra router row (logit column E); see ``fused_moe``."""
+        if self.shared_expert is None:
+            return
+        shared, inter = self.shared_expert, self.experts.down_proj.shape[2]
+        width = shared.down_proj.weight.shape[1]
+        pad = -width % inter  # zero units (zero gate, up and down weights) add exactly nothing
+        gate, up = (F.pad(p.weight, (0, 0, 0, pad)).split(inter) for p in (shared.gate_proj, shared.up_proj))
+        extra_gate_up = torch.stack([torch.cat(pair) for pair in zip(gate, up, strict=True)])
+        extra_down = torch.stack(F.pad(shared.down_proj.weight, (0, pad)).split(inter, dim=1))
+        e = self.experts
+        e.gate_up_proj = nn.Parameter(torch.cat([e.gate_up_proj.data, extra_gate_up]), requires_grad=False)
+        e.down_proj = nn.Parameter(torch.cat([e.down_proj.data, extra_down]), requires_grad=False)
+        self.gate = merged_linear(self.gate, self.shared_expert_gate)
+        self.num_shared = extra_down.shape[0]
+        self.shared_expert = self.shared_expert_gate = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [N, H] -> [N, H]."""
+        """x: [N, H] -> [N, H] (or [N, P, H] partials, see the class docstring)."""
+        gate_up, down = self.experts.gate_up_proj, self.experts.down_proj
+        if self.backend == "fused":
+            weights, ids = route_topk(self.gate(x), self.top_k, self.renormalize, self.num_shared)
+            if ids.numel() <= MAX_GEMV_PAIRS:
+                return expert_gemv(x, gate_up, down, weights, ids)
+            return grouped_experts(x, gate_up, down, weights, ids)
         weights, ids = route(self.gate(x), self.top_k, self.renormalize)
-        out = self.experts(x, weights, ids)
+        out = reference_experts(x, gate_up, down, weights, ids)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out

@@ -1,10 +1,16 @@
-"""RMSNorm as HF computes it: variance in fp32, the weight applied after casting back.
+"""RMSNorm as HF computes it (variance in fp32, the weight applied after casting back), and the
+residual add that precedes every decoder norm.
+
+``RMSNorm.add(h, delta)`` returns ``(h + delta, norm(h + delta))``: the decoder's residual stream
+and the next sub-block's input in one call. ``delta`` is a sub-block's output: None (nothing to
+add), [N, H] in h's dtype, or [N, K, H] partial sums (the fused MoE's weighted expert outputs,
+fp32) that are summed in fp32 and rounded to h's dtype before the add, as the reference rounds the
+MoE's output before its residual add.
 
 Backends (``RMSNorm.backend``, set from config when a model is built): ``reference`` is the
-PyTorch expression below (eight elementwise kernels); ``triton`` is one kernel per call with
-the same rounding steps (fp32 statistics, cast to the input dtype, weight product rounded to it;
-bitwise equal to the reference on the H200), for CUDA decode steps where launches, not bytes,
-set the time.
+PyTorch expression (eight elementwise kernels, the oracle); ``triton`` is one kernel per call for
+the add and the norm together, with the same rounding steps (fp32 statistics, cast to the input
+dtype, weight product rounded to it): bitwise equal to the reference on the H200 for a plain norm.
 """
 
 from __future__ import annotations
@@ -23,12 +29,24 @@ class RMSNorm(nn.Module):
         self.backend = "reference"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.add(x, None)[1]
+
+    def add(self, h: torch.Tensor, delta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (h + delta, RMSNorm of it); see the module docstring for ``delta``'s shapes."""
         if self.backend == "triton":
-            return rms_norm_triton(x, self.weight, self.eps)
-        dtype = x.dtype
-        x32 = x.float()
+            return add_rms_norm_triton(h, delta, self.weight, self.eps)
+        h = residual_add(h, delta)
+        dtype = h.dtype
+        x32 = h.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return h, self.weight * x32.to(dtype)
+
+
+def residual_add(h: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
+    """h + delta, delta as in ``RMSNorm.add`` (partials summed in fp32, rounded to h's dtype)."""
+    if delta is None:
+        return h
+    return h + (delta if delta.dim() == h.dim() else delta.float().sum(-2).to(h.dtype))
 
 
 NORM_BACKENDS = ("reference", "triton")
@@ -49,25 +67,48 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def rms_norm(x_ptr, w_ptr, out_ptr, dim, eps, BLOCK: tl.constexpr):
+    def add_rms_norm(
+        h_ptr, d_ptr, w_ptr, h_out_ptr, out_ptr, dim, eps, stride_dn, stride_dk,
+        PARTS: tl.constexpr, BLOCK: tl.constexpr,
+    ):  # fmt: skip
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < dim
-        x = tl.load(x_ptr + row * dim + cols, mask=mask, other=0.0).to(tl.float32)
-        y = (x * tl.math.rsqrt(tl.sum(x * x, 0) / dim + eps)).to(out_ptr.dtype.element_ty)
+        dtype = out_ptr.dtype.element_ty
+        x = tl.load(h_ptr + row * dim + cols, mask=mask, other=0.0).to(tl.float32)
+        if PARTS > 0:  # the residual add: parts summed in fp32, rounded like the sub-block's output
+            acc = tl.zeros((BLOCK,), tl.float32)
+            for k in tl.static_range(PARTS):
+                acc += tl.load(d_ptr + row * stride_dn + k * stride_dk + cols, mask=mask, other=0.0).to(tl.float32)
+            x = (x + acc.to(dtype).to(tl.float32)).to(dtype)
+            tl.store(h_out_ptr + row * dim + cols, x, mask=mask)
+            x = x.to(tl.float32)
+        y = (x * tl.math.rsqrt(tl.sum(x * x, 0) / dim + eps)).to(dtype)
         w = tl.load(w_ptr + cols, mask=mask, other=0.0)
-        out = (w.to(tl.float32) * y.to(tl.float32)).to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + row * dim + cols, out, mask=mask)
+        tl.store(out_ptr + row * dim + cols, (w.to(tl.float32) * y.to(tl.float32)).to(dtype), mask=mask)
 
-    return rms_norm
+    return add_rms_norm
 
 
-def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if weight.dtype != x.dtype:
-        raise TypeError(f"triton RMSNorm wants the weight in the input's dtype ({weight.dtype} vs {x.dtype})")
-    dim = x.shape[-1]
-    flat = x.reshape(-1, dim).contiguous()
+def add_rms_norm_triton(
+    h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if weight.dtype != h.dtype:
+        raise TypeError(f"triton RMSNorm wants the weight in the input's dtype ({weight.dtype} vs {h.dtype})")
+    dim = h.shape[-1]
+    flat = h.reshape(-1, dim).contiguous()
     out = torch.empty_like(flat)
+    h_out, parts = flat, 0
+    if delta is not None:
+        d = delta.reshape(flat.shape[0], -1, dim)
+        if d.stride(-1) != 1:
+            d = d.contiguous()
+        h_out, parts = torch.empty_like(flat), d.shape[1]
+    else:
+        d = flat
     if flat.shape[0]:
-        _kernel()[(flat.shape[0],)](flat, weight, out, dim, eps, BLOCK=1 << (dim - 1).bit_length())
-    return out.view(x.shape)
+        _kernel()[(flat.shape[0],)](
+            flat, d, weight, h_out, out, dim, eps, d.stride(0), d.stride(1) if d.dim() == 3 else 0,
+            PARTS=parts, BLOCK=1 << (dim - 1).bit_length(),
+        )  # fmt: skip
+    return (h if delta is None else h_out.view(h.shape)), out.view(h.shape)

@@ -5,6 +5,15 @@ Attention: per-head RMSNorm on q and k *before* rope, GQA, causal, scale head_di
 Rope is interleaved MRoPE when ``DecoderConfig.rope.mrope_section`` is set, else 1-D.
 MLP is a ``SparseMoE`` (optionally with a shared expert) or a dense ``GatedMLP``.
 
+The residual stream is carried as ``(h, delta)``: a sub-block's output ``delta`` is added by the
+next norm (``RMSNorm.add``: one kernel on the fast path, which also sums the fused MoE's per-pair
+partials), so the decoder's final norm takes the last layer's MLP output.
+
+CUDA fast path (``use_kernels``, after the weights are loaded): q/k/v merged into one
+``qkv_proj`` GEMM, then one kernel for the q/k RMSNorm + rotary, writing the new keys/values
+straight into a decode step's KV store (``KVCache.kv_slots``); gate/up merged likewise
+(``GatedMLP.merge_projections``).
+
 Tensors are per request and unbatched: hidden [tokens, hidden]. Keys and values live in a
 ``KVCache`` object passed into ``forward``; ``ContiguousKVCache`` is the simple per-request one
 (a paged implementation replaces it in the engine). Module names match the checkpoint
@@ -20,8 +29,10 @@ import torch
 from torch import nn
 
 from omniwalk.layers.kv_attention import causal_attention
-from omniwalk.layers.moe import GatedMLP, SparseMoE
-from omniwalk.layers.norm import RMSNorm
+from omniwalk.layers.moe import GatedMLP, SparseMoE, merged_linear
+from omniwalk.layers.norm import RMSNorm, residual_add, set_norm_backend
+from omniwalk.layers.paged_decode import paged_decode_triton
+from omniwalk.layers.qk_norm_rope import KVOut, qk_norm_rope_triton
 from omniwalk.layers.rotary import apply_rotary, mrope_cos_sin, rope_cos_sin, rotary_tables
 from omniwalk.models.qwen3_omni.config import DecoderConfig
 
@@ -40,6 +51,13 @@ class KVCache(Protocol):
         ...
 
     def advance(self, num_new: int) -> None: ...
+
+    def kv_slots(self, layer: int, num_new: int) -> KVOut | None:
+        """(keys, values, slots) when a fused kernel may write this forward's ``num_new`` keys
+        straight into the store (then ``attend_stored`` attends), else None (use ``attend``)."""
+        ...
+
+    def attend_stored(self, layer: int, q: torch.Tensor) -> torch.Tensor: ...
 
 
 class ContiguousKVCache:
@@ -72,26 +90,56 @@ class ContiguousKVCache:
     def advance(self, num_new: int) -> None:
         self.num_tokens += num_new
 
+    def kv_slots(self, layer: int, num_new: int) -> None:
+        return None
+
 
 class RowsKVCache:
     """Keys/values of B independent sequences that always advance together (same length), e.g.
     the code predictor's fresh per-frame caches of a batch of requests. Packed inputs are
-    row-major: [B * n] tokens = n new tokens of row 0, then row 1, ..."""
+    row-major: [B * n] tokens = n new tokens of row 0, then row 1, ...
 
-    def __init__(self, rows: int, num_layers: int, num_kv_heads: int, head_dim: int, dtype, device, capacity: int):
-        self.rows, self.num_tokens = rows, 0
-        shape = (rows, num_kv_heads, capacity, head_dim)
+    Storage per layer is [B * capacity, kv_heads, d] (row r's position t at slot r * capacity + t):
+    the paged layout with one page per row, so with ``decode_backend="triton"`` a pass of one token
+    per row stores through ``kv_slots`` and attends with the paged decode kernel.
+    """
+
+    def __init__(
+        self, rows: int, num_layers: int, num_kv_heads: int, head_dim: int, dtype, device, capacity: int,
+        decode_backend: str = "reference",
+    ):  # fmt: skip
+        self.rows, self.capacity, self.num_tokens = rows, capacity, 0
+        shape = (rows * capacity, num_kv_heads, head_dim)
         self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.is_fused = decode_backend == "triton"
+        if self.is_fused:  # per position t: each row's slot and key count, made once ([capacity, rows])
+            steps = torch.arange(capacity, device=device)[:, None]
+            self._slots = torch.arange(rows, device=device)[None, :] * capacity + steps
+            self._lens = (steps + 1).to(torch.int32).expand(capacity, rows).contiguous()
+            self._table = torch.arange(rows, dtype=torch.int32, device=device)[:, None]
+
+    def _rows(self, store: torch.Tensor) -> torch.Tensor:
+        return store.view(self.rows, self.capacity, *store.shape[1:])
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         b, n = self.rows, q.shape[0] // self.rows
         end = self.num_tokens + n
-        self.keys[layer][:, :, self.num_tokens : end] = k.view(b, n, *k.shape[1:]).transpose(1, 2)
-        self.values[layer][:, :, self.num_tokens : end] = v.view(b, n, *v.shape[1:]).transpose(1, 2)
+        keys, values = self._rows(self.keys[layer]), self._rows(self.values[layer])
+        keys[:, self.num_tokens : end] = k.view(b, n, *k.shape[1:])
+        values[:, self.num_tokens : end] = v.view(b, n, *v.shape[1:])
         qs = q.view(b, n, *q.shape[1:]).transpose(1, 2)
-        out = causal_attention(qs, self.keys[layer][:, :, :end], self.values[layer][:, :, :end])
+        out = causal_attention(qs, keys[:, :end].transpose(1, 2), values[:, :end].transpose(1, 2))
         return out.transpose(1, 2).reshape(q.shape)
+
+    def kv_slots(self, layer: int, num_new: int) -> KVOut | None:
+        if not self.is_fused or num_new != self.rows:
+            return None
+        return self.keys[layer], self.values[layer], self._slots[self.num_tokens]
+
+    def attend_stored(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        lens = self._lens[self.num_tokens]
+        return paged_decode_triton(q, self.keys[layer], self.values[layer], self._table, lens, self.capacity)
 
     def advance(self, num_new: int) -> None:
         self.num_tokens += num_new // self.rows
@@ -117,14 +165,31 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * d, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.qkv_proj: nn.Linear | None = None  # the fast path's merged projection
+
+    def merge_projections(self) -> None:
+        self.qkv_proj = merged_linear(self.q_proj, self.k_proj, self.v_proj)
+        del self.q_proj, self.k_proj, self.v_proj
 
     def forward(self, x, cos, sin, cache: KVCache, layer: int) -> torch.Tensor:
         n = x.shape[0]
-        q = apply_rotary(self.q_norm(self.q_proj(x).view(n, self.num_heads, self.head_dim)), cos, sin)
-        k = apply_rotary(self.k_norm(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)), cos, sin)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        out = cache.attend(layer, q, k, v)  # [n, heads, d]
+        if self.qkv_proj is not None:
+            out = self._fused(x, cos, sin, cache, layer)
+        else:
+            q = apply_rotary(self.q_norm(self.q_proj(x).view(n, self.num_heads, self.head_dim)), cos, sin)
+            k = apply_rotary(self.k_norm(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)), cos, sin)
+            v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+            out = cache.attend(layer, q, k, v)  # [n, heads, d]
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+
+    def _fused(self, x, cos, sin, cache: KVCache, layer: int) -> torch.Tensor:
+        """One GEMM, one norm + rope (+ KV store) kernel, the attention."""
+        target = cache.kv_slots(layer, x.shape[0])
+        q, k, v = qk_norm_rope_triton(
+            self.qkv_proj(x), self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin,
+            self.num_heads, self.num_kv_heads, target,
+        )  # fmt: skip
+        return cache.attend(layer, q, k, v) if target is None else cache.attend_stored(layer, q)
 
 
 class DecoderLayer(nn.Module):
@@ -146,13 +211,28 @@ class DecoderLayer(nn.Module):
         else:
             self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, x, cos, sin, cache: KVCache, layer: int) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, h, delta, cos, sin, cache: KVCache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Residual stream ``h`` + the previous layer's pending ``delta`` -> (h, this layer's MLP output)."""
+        h, x = self.input_layernorm.add(h, delta)
+        h, x = self.post_attention_layernorm.add(h, self.self_attn(x, cos, sin, cache, layer))
+        return h, self.mlp(x)
 
 
-# Called after each layer with (layer index, its output); returns the hidden state to continue with.
-LayerHook = Callable[[int, torch.Tensor], torch.Tensor]
+# Called after layer i (a key of the dict) with its output; returns the hidden state to continue with.
+LayerHooks = dict[int, Callable[[torch.Tensor], torch.Tensor]]
+
+
+def use_kernels(module: nn.Module, norm_backend: str) -> None:
+    """After the weights are loaded: every RMSNorm under ``module`` uses ``norm_backend``; fused
+    MoE layers fold their shared expert in; with ``triton`` (the CUDA fast path) every attention
+    and gated MLP merges its projections (then runs the fused q/k norm + rope + KV store and the
+    fused silu·mul)."""
+    set_norm_backend(module, norm_backend)
+    for m in list(module.modules()):
+        if isinstance(m, SparseMoE) and m.backend == "fused":
+            m.fold_shared_expert()
+        elif isinstance(m, (Attention, GatedMLP)) and norm_backend == "triton":
+            m.merge_projections()
 
 
 class Decoder(nn.Module):
@@ -178,15 +258,16 @@ class Decoder(nn.Module):
         x: torch.Tensor,
         positions: torch.Tensor | None,
         cache: KVCache,
-        layer_hook: LayerHook | None = None,
+        hooks: LayerHooks | None = None,
         tables: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """x: [n, hidden] new tokens; positions: their rope positions -> final-normed hidden [n, hidden].
         ``tables``: their ``rotary_tables`` made beforehand (then ``positions`` is not used)."""
         cos, sin = tables if tables is not None else rotary_tables(*self.rotary(positions), x.dtype)
+        h, delta = x, None
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache, i)
-            if layer_hook is not None:
-                x = layer_hook(i, x)
+            h, delta = layer(h, delta, cos, sin, cache, i)
+            if hooks and i in hooks:
+                h, delta = hooks[i](residual_add(h, delta)), None
         cache.advance(x.shape[0])
-        return self.norm(x)
+        return self.norm.add(h, delta)[1]

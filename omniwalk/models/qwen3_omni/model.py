@@ -13,10 +13,10 @@ import torch
 from torch import nn
 
 from omniwalk.errors import CheckpointError
-from omniwalk.layers.norm import set_norm_backend
 from omniwalk.models.qwen3_omni.audio_encoder import AudioEncoder
 from omniwalk.models.qwen3_omni.code2wav import Code2Wav
 from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.decoder import use_kernels
 from omniwalk.models.qwen3_omni.talker import Talker
 from omniwalk.models.qwen3_omni.thinker import Thinker
 from omniwalk.models.qwen3_omni.vision_encoder import VisionEncoder
@@ -37,7 +37,7 @@ ALL_COMPONENTS = tuple(PREFIXES)
 class Backends:
     attention: str = "reference"  # varlen attention for the encoders
     moe: str = "reference"
-    norm: str = "reference"  # RMSNorm
+    norm: str = "reference"  # RMSNorm; "triton" = the fused decoder kernels (``decoder.use_kernels``)
 
 
 def build_component(name: str, cfg: Qwen3OmniConfig, backends: Backends = Backends()) -> nn.Module:
@@ -74,12 +74,12 @@ def load_components(
     out = {}
     for name in names:
         module = _build_on(device, dtype, name, cfg, backends)
-        set_norm_backend(module, backends.norm)
         if random_seed is not None:
             randomize(module, random_seed)
         else:
             for sub, prefix in PREFIXES[name].items():
                 load_weights(module.get_submodule(sub) if sub else module, ckpt_dir, prefix)
+        use_kernels(module, backends.norm)  # (merges and folds loaded weights on the fast path)
         out[name] = module.eval()
     if set(names) == set(ALL_COMPONENTS) and random_seed is None:
         taken = tuple(p for prefixes in PREFIXES.values() for p in prefixes.values())

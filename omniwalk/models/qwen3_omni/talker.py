@@ -142,8 +142,9 @@ class CodePredictor(nn.Module):
         b, p = talker_hidden.shape[0], self.lm_head[0].weight
         cfg = self.cfg
         cache = RowsKVCache(
-            b, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, p.dtype, p.device, self.num_code_groups + 1
-        )
+            b, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, p.dtype, p.device,
+            self.num_code_groups + 1, self.model.norm.backend,  # triton: one-token passes via the decode kernel
+        )  # fmt: skip
         x = torch.stack([talker_hidden, code0_embedding], dim=1).reshape(2 * b, -1)  # row-major [B * 2]
         h = self.model(x, torch.arange(2, device=p.device).repeat(b), cache).view(b, 2, -1)[:, -1]
         codes, total = [], torch.zeros_like(talker_hidden)

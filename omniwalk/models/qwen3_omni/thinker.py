@@ -12,6 +12,7 @@ that layer's DeepStack addition), without keeping any other layer's states.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -110,7 +111,8 @@ class Thinker(nn.Module):
                 h = h + deepstack[layer]  # zero outside image/video positions
             return h
 
-        h = self.model(x, positions, cache, hook)
+        layers = set(range(deepstack.shape[0] if deepstack is not None else 0)) | {capture_at} - {-1}
+        h = self.model(x, positions, cache, {i: functools.partial(hook, i) for i in layers})
         # logits only where tokens get sampled: the last row, every row, or given rows (packed batches)
         logits = self.lm_head(h if all_logits else h[-1:] if logit_rows is None else h[logit_rows])
         return ThinkerOutput(logits, x if talker_states else None, captured.get("h"))

@@ -1,0 +1,109 @@
+"""The attention input of a Qwen3 decoder layer from its merged q/k/v projection, in one step:
+
+    qkv [n, (heads + 2 kv_heads) * d]  ->  q = rope(q_norm(q)),  k = rope(k_norm(k)),  v
+
+(per-head RMSNorm before the rotary, ``rotary.apply_rotary``'s rotate-half layout with
+``rotary_tables``' cos/sin: [n or 1, 1, d] in the activations' dtype, sin's first half negated).
+
+With ``kv_out = (keys, values, slots)`` k and v are written straight into a KV store instead of
+being returned: token i's rows go to ``keys[slots[i]]`` / ``values[slots[i]]`` (keys [slots,
+kv_heads, d], e.g. a layer's paged storage), so a decode step needs no separate copy.
+
+``qk_norm_rope_reference`` is the PyTorch composition (the oracle); ``qk_norm_rope_triton`` is one
+kernel over (token, head) programs with the reference's rounding steps (norm as ``RMSNorm``; each
+rotary product and their sum rounded to the activations' dtype), so on the GPU it can be bitwise.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from omniwalk.layers.rotary import apply_rotary
+
+KVOut = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # keys, values [slots, kv_heads, d], slots [n]
+
+
+def _head_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def qk_norm_rope_reference(qkv, q_weight, k_weight, eps, cos, sin, heads, kv_heads, kv_out: KVOut | None = None):
+    """-> (q [n, heads, d], k, v [n, kv_heads, d]; k, v are None when written to ``kv_out``)."""
+    n, d = qkv.shape[0], q_weight.shape[0]
+    q, k, v = qkv.view(n, heads + 2 * kv_heads, d).split([heads, kv_heads, kv_heads], dim=1)
+    q = apply_rotary(_head_norm(q, q_weight, eps), cos, sin)
+    k = apply_rotary(_head_norm(k, k_weight, eps), cos, sin)
+    if kv_out is None:
+        return q, k, v
+    keys, values, slots = kv_out
+    keys.index_copy_(0, slots, k.to(keys.dtype))
+    values.index_copy_(0, slots, v.to(values.dtype))
+    return q, None, None
+
+
+@functools.cache
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def qk_norm_rope(
+        qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, slots_ptr,
+        stride_qkv, stride_cos, stride_kn, stride_kh, eps,
+        HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr, HAS_SLOTS: tl.constexpr,
+    ):  # fmt: skip
+        n, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
+        d = tl.arange(0, D)
+        partner = (d + D // 2) % D  # rotate_half reads the other half
+        src = qkv_ptr + n * stride_qkv + head * D
+        dtype = q_ptr.dtype.element_ty
+        row = tl.load(slots_ptr + n).to(tl.int64) if HAS_SLOTS else n
+        if head < HEADS + KV_HEADS:
+            x = tl.load(src + d).to(tl.float32)
+            x_partner = tl.load(src + partner).to(tl.float32)
+            is_q = head < HEADS
+            w = tl.where(is_q, tl.load(qw_ptr + d), tl.load(kw_ptr + d)).to(tl.float32)
+            w_partner = tl.where(is_q, tl.load(qw_ptr + partner), tl.load(kw_ptr + partner)).to(tl.float32)
+            r = tl.math.rsqrt(tl.sum(x * x, 0) / D + eps)
+            y = (w * (x * r).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+            y_partner = (w_partner * (x_partner * r).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+            c = tl.load(cos_ptr + n * stride_cos + d).to(tl.float32)
+            s = tl.load(sin_ptr + n * stride_cos + d).to(tl.float32)
+            out = ((y * c).to(dtype).to(tl.float32) + (y_partner * s).to(dtype).to(tl.float32)).to(dtype)
+            if is_q:
+                tl.store(q_ptr + (n * HEADS + head) * D + d, out)
+            else:
+                tl.store(k_ptr + row * stride_kn + (head - HEADS) * stride_kh + d, out)
+        else:
+            tl.store(v_ptr + row * stride_kn + (head - HEADS - KV_HEADS) * stride_kh + d, tl.load(src + d))
+
+    return qk_norm_rope
+
+
+def qk_norm_rope_triton(qkv, q_weight, k_weight, eps, cos, sin, heads, kv_heads, kv_out: KVOut | None = None):
+    n, d = qkv.shape[0], q_weight.shape[0]
+    if qkv.stride(-1) != 1:
+        qkv = qkv.contiguous()
+    q = qkv.new_empty(n, heads, d)
+    if kv_out is None:
+        k, v = qkv.new_empty(n, kv_heads, d), qkv.new_empty(n, kv_heads, d)
+        keys, values, slots = k, v, q  # (slots unused)
+    else:
+        keys, values, slots = kv_out
+        k = v = None
+    if keys.stride(-1) != 1 or keys.stride() != values.stride():
+        raise ValueError("keys and values must share a layout with contiguous head rows")
+    cos_stride = cos.stride(0) if cos.shape[0] > 1 else 0  # one table row broadcast over the tokens
+    if n:
+        _kernel()[(n, heads + 2 * kv_heads)](
+            qkv, q_weight, k_weight, cos, sin, q, keys, values, slots,
+            qkv.stride(0), cos_stride, keys.stride(0), keys.stride(1), eps,
+            HEADS=heads, KV_HEADS=kv_heads, D=d, HAS_SLOTS=kv_out is not None,
+        )  # fmt: skip
+    return q, k, v
+
+
+QK_NORM_ROPE = {"reference": qk_norm_rope_reference, "triton": qk_norm_rope_triton}

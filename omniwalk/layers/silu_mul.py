@@ -1,0 +1,45 @@
+"""``silu(gate) * up`` of a merged gate/up projection's output [N, 2I] -> [N, I], rounded like the
+PyTorch expression (silu rounded to the dtype, then the product): one kernel instead of three."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+
+def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+@functools.cache
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def silu_mul(x_ptr, out_ptr, stride_x, INTER: tl.constexpr, BLOCK: tl.constexpr):
+        row, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
+        cols = block * BLOCK + tl.arange(0, BLOCK)
+        ok = cols < INTER
+        dtype = out_ptr.dtype.element_ty
+        gate = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+        up = tl.load(x_ptr + row * stride_x + INTER + cols, mask=ok, other=0.0).to(tl.float32)
+        silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+        tl.store(out_ptr + row * INTER + cols, (silu * up).to(dtype), mask=ok)
+
+    return silu_mul
+
+
+def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
+    inter = gate_up.shape[-1] // 2
+    flat = gate_up.reshape(-1, 2 * inter)
+    if flat.stride(-1) != 1:
+        flat = flat.contiguous()
+    out = flat.new_empty(flat.shape[0], inter)
+    block = min(1024, 1 << (inter - 1).bit_length())
+    if flat.shape[0]:
+        _kernel()[(flat.shape[0], -(-inter // block))](flat, out, flat.stride(0), INTER=inter, BLOCK=block)
+    return out.view(*gate_up.shape[:-1], inter)

@@ -1,0 +1,173 @@
+"""The CUDA fast path's Triton kernels against the PyTorch reference, on the CPU through Triton's
+interpreter (fp32: the interpreter lacks some 16-bit constants). The GPU twin is
+``test_fused_gpu.py`` (bf16, on the device)."""
+
+import copy
+
+import pytest
+import torch
+import triton_cpu
+
+from omniwalk.layers import moe
+from omniwalk.layers.fused_moe import expert_gemv, route_topk
+from omniwalk.layers.moe import SparseMoE, reference_experts, route
+from omniwalk.layers.norm import RMSNorm
+from omniwalk.layers.qk_norm_rope import qk_norm_rope_reference, qk_norm_rope_triton
+from omniwalk.layers.rotary import mrope_cos_sin, rotary_tables
+from omniwalk.layers.silu_mul import silu_mul_reference, silu_mul_triton
+from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.decoder import ContiguousKVCache, use_kernels
+from omniwalk.models.qwen3_omni.model import randomize
+from omniwalk.models.qwen3_omni.talker import Talker
+from omniwalk.models.qwen3_omni.thinker import Thinker
+from omniwalk.models.qwen3_omni.tiny import TINY_CONFIG, load_config_dict
+
+pytestmark = pytest.mark.skipif(not triton_cpu.ON_CPU, reason="interpreter tests run on the CPU machine")
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(autouse=True)
+def interpreter(monkeypatch):
+    yield from triton_cpu.interpreted(monkeypatch)
+
+
+@pytest.mark.parametrize("parts", [None, 0, 1, 3])  # None: a plain norm; 0: delta [N, H]; k: partials [N, k, H]
+def test_add_rms_norm(parts):
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(5, 48, generator=g)
+    delta = None if parts is None else torch.randn(5, *([parts] if parts else []), 48, generator=g)
+    norm = RMSNorm(48, 1e-6)
+    norm.weight.data.normal_(1.0, 0.1, generator=g)
+    ref = norm.add(h, delta)
+    norm.backend = "triton"
+    ours = norm.add(h, delta)
+    for a, b in zip(ours, ref, strict=True):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+@pytest.mark.parametrize("into_store", [False, True])
+def test_qk_norm_rope(into_store):
+    g = torch.Generator().manual_seed(1)
+    n, heads, kv_heads, d = 3, 4, 2, 16
+    qkv = torch.randn(n, (heads + 2 * kv_heads) * d, generator=g) * 2
+    q_w, k_w = torch.rand(d, generator=g) + 0.5, torch.rand(d, generator=g) + 0.5
+    positions = torch.tensor([[5, 6, 7], [5, 9, 2], [5, 1, 3]])
+    cos, sin = rotary_tables(*mrope_cos_sin(positions, d, 1e6, (2, 3, 3)), torch.float32)
+    stores = [(torch.zeros(10, kv_heads, d), torch.zeros(10, kv_heads, d), torch.tensor([7, 2, 5])) for _ in "ab"]
+    kv = (lambda i: stores[i]) if into_store else (lambda i: None)
+    ref = qk_norm_rope_reference(qkv, q_w, k_w, 1e-6, cos, sin, heads, kv_heads, kv(0))
+    ours = qk_norm_rope_triton(qkv, q_w, k_w, 1e-6, cos, sin, heads, kv_heads, kv(1))
+    torch.testing.assert_close(ours[0], ref[0], **TOL)
+    if into_store:
+        assert ours[1] is None and ours[2] is None
+        for a, b in zip(stores[0][:2], stores[1][:2], strict=True):
+            torch.testing.assert_close(a, b, **TOL)
+    else:
+        torch.testing.assert_close(ours[1], ref[1], **TOL)
+        assert torch.equal(ours[2], ref[2])
+    # one table row broadcast over every token (the code predictor's passes)
+    args = (qkv, q_w, k_w, 1e-6, cos[:1], sin[:1], heads, kv_heads)
+    torch.testing.assert_close(qk_norm_rope_triton(*args)[0], qk_norm_rope_reference(*args)[0], **TOL)
+
+
+def test_silu_mul():
+    x = torch.randn(3, 2 * 40, generator=torch.Generator().manual_seed(2)) * 3
+    torch.testing.assert_close(silu_mul_triton(x), silu_mul_reference(x), **TOL)
+
+
+@pytest.mark.parametrize("renormalize, shared", [(True, 0), (False, 0), (True, 2)])
+def test_route_topk(renormalize, shared):
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 20 + (1 if shared else 0), generator=g)
+    weights, ids = route_topk(logits, 4, renormalize, shared)
+    ref_w, ref_ids = route(logits[:, :20], 4, renormalize)
+    assert torch.equal(ids[:, :4].long(), ref_ids)
+    torch.testing.assert_close(weights[:, :4], ref_w, **TOL)
+    if shared:
+        assert ids[:, 4:].tolist() == [[20, 21]] * 6
+        torch.testing.assert_close(weights[:, 4:], torch.sigmoid(logits[:, 20:]).expand(6, 2), **TOL)
+
+
+def test_expert_gemv():
+    g = torch.Generator().manual_seed(4)
+    n, h, inter, experts = 3, 72, 40, 6  # (sizes off the kernels' blocks: masks)
+    x = torch.randn(n, h, generator=g)
+    gate_up = torch.randn(experts, 2 * inter, h, generator=g) / h**0.5
+    down = torch.randn(experts, h, inter, generator=g) / inter**0.5
+    weights, ids = route(torch.randn(n, experts, generator=g), 2, True)
+    parts = expert_gemv(x, gate_up, down, weights, ids.int())
+    assert parts.shape == (n, 2, h)
+    torch.testing.assert_close(parts.sum(1), reference_experts(x, gate_up, down, weights, ids), **TOL)
+
+
+@pytest.mark.parametrize("max_gemv_pairs", [64, 0])  # expert GEMVs, or the grouped GEMM beyond them
+def test_fused_moe_with_its_shared_expert_folded_in(monkeypatch, max_gemv_pairs):
+    monkeypatch.setattr(moe, "MAX_GEMV_PAIRS", max_gemv_pairs)
+    ref = SparseMoE(32, 8, 2, 16, True, shared_intermediate_size=48)
+    randomize(ref, 5)
+    fused = copy.deepcopy(ref)
+    fused.backend = "fused"
+    fused.fold_shared_expert()
+    assert fused.experts.gate_up_proj.shape[0] == 8 + 3 and fused.shared_expert is None
+    x = torch.randn(5, 32, generator=torch.Generator().manual_seed(6))
+    out = fused(x)
+    torch.testing.assert_close(out.sum(1) if out.dim() == 3 else out, ref(x), **TOL)
+
+
+def _pair(cls, *args):
+    """(reference module, the same weights on the fused path) from the tiny config."""
+    ref = cls(*args, "reference").eval()
+    randomize(ref, 7)
+    fused = cls(*args, "fused").eval()
+    fused.load_state_dict(ref.state_dict())
+    use_kernels(fused, "triton")
+    return ref, fused
+
+
+@torch.no_grad()
+def test_fused_thinker_equals_reference_with_talker_states():
+    cfg = Qwen3OmniConfig.from_hf(load_config_dict(TINY_CONFIG))
+    ref, fused = _pair(Thinker, cfg.text, cfg.tokens, cfg.talker.accept_hidden_layer)
+    assert not hasattr(fused.model.layers[0].self_attn, "q_proj")  # merged into qkv_proj
+    ids = torch.randint(0, 100, (7,), generator=torch.Generator().manual_seed(8))
+    outs = []
+    for model in (ref, fused):
+        kv = ContiguousKVCache.for_config(cfg.text, torch.float32, "cpu")
+        prompt = model(ids, torch.arange(7), kv, all_logits=True, talker_states=True)
+        step = model(ids[:1], torch.tensor([7]), kv)  # one decode token after the prompt
+        outs.append((prompt.logits, prompt.accept_hidden, step.logits))
+    for a, b in zip(*outs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@torch.no_grad()
+def test_fused_talker_and_code_predictor_equal_reference():
+    cfg = Qwen3OmniConfig.from_hf(load_config_dict(TINY_CONFIG))
+    ref, fused = _pair(Talker, cfg.talker)
+    x = torch.randn(3, cfg.talker.text.hidden_size, generator=torch.Generator().manual_seed(9))
+    outs = []
+    for model in (ref, fused):
+        kv = ContiguousKVCache.for_config(cfg.talker.text, torch.float32, "cpu")
+        hidden = model.model(x, torch.arange(3), kv)
+        codes, total = model.code_predictor(hidden, hidden.flip(0), lambda logits, i: logits.argmax(-1))
+        outs.append((hidden, codes, total))
+    torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-4, atol=1e-4)
+    assert torch.equal(outs[1][1], outs[0][1])
+    torch.testing.assert_close(outs[1][2], outs[0][2], rtol=1e-4, atol=1e-4)
+
+
+def test_fused_kernels_through_the_engine_give_the_same_ids_and_codes():
+    """A speech request on the tiny checkpoint: paged decode steps store keys from the fused kernel,
+    the code predictor attends through the paged decode kernel; ids and codes equal the reference's."""
+    from test_omni_text import checkpoint, greedy
+
+    from omniwalk import Omni
+
+    request = greedy(6) | dict(modalities=["text", "audio"], min_audio_frames=4, max_audio_frames=4)
+    request |= dict(talker_temperature=0.0, code_predictor_temperature=0.0)
+    outs = [
+        Omni(model=checkpoint("tiny"), moe_backend=moe, norm_backend=norm).generate(request)
+        for moe, norm in (("reference", "reference"), ("fused", "triton"))
+    ]
+    assert outs[1].token_ids == outs[0].token_ids
+    assert torch.equal(outs[1].codes, outs[0].codes)
