@@ -56,8 +56,8 @@ def build_stages(parts: dict, cfg: Qwen3OmniConfig, engine: EngineConfig, model:
     audio = AudioEncoderProgram(parts["audio_encoder"], device, dtype, encoder_graphs)
     vision = VisionEncoderProgram(parts["vision_encoder"], device, dtype, encoder_graphs)
     stages = [
-        BatchStage("audio_encoder", audio, encoder_batch),
-        BatchStage("vision_encoder", vision, encoder_batch),
+        BatchStage("audio_encoder", audio, encoder_batch, device),
+        BatchStage("vision_encoder", vision, encoder_batch, device),
         KVStage(
             "thinker",
             ThinkerProgram(parts["thinker"], device, decode, graphs),
@@ -82,6 +82,7 @@ def build_stages(parts: dict, cfg: Qwen3OmniConfig, engine: EngineConfig, model:
                 "vocoder",
                 VocoderProgram(parts["code2wav"], stream, device, engine.max_running, engine.vocoder_max_batch, graphs),
                 BatchStageConfig(2**31, engine.max_running),
+                device,
             ),
         ]
     return stages

@@ -55,7 +55,7 @@ def frame_due(ts) -> bool:
     """Whether the last input row still has its frame to draw: frame j comes from input row
     ``prefix_length - 1 + j``. After a preemption the re-fed rows drew theirs already (the next
     frame then comes from the new row built from the last one's codes)."""
-    return len(ts.frames) == len(ts.rows)
+    return ts.num_frames == len(ts.rows)
 
 
 class TalkerProgram:
@@ -83,7 +83,7 @@ class TalkerProgram:
 
     def num_ready(self, req: EngineRequest, num_cached: int) -> int:
         ts, th = req.state.talker, req.state.thinker
-        if ts.finished:
+        if ts.finished or ts.num_frames == ts.params.max_audio_frames:  # (the last may still be in flight)
             return 0
         if ts.prefix is None:
             if not th.is_finished and th.num_generated < 2:
@@ -107,7 +107,7 @@ class TalkerProgram:
 
     def _text(self, req: EngineRequest):
         th = req.state.thinker
-        return text_entry(th.generated, th.is_finished, len(req.state.talker.frames) - 1, self.im_end)
+        return text_entry(th.generated, th.is_finished, req.state.talker.num_frames - 1, self.im_end)
 
     @torch.inference_mode()
     def run(self, batch: list[tuple[EngineRequest, int, int]], kv: PagedBatch) -> Callable[[], None] | None:
@@ -219,11 +219,15 @@ class TalkerProgram:
         advance([ts.sampler for ts in states], frames[:, 0])
         advance([ts.cp_sampler for ts in states], None, num_drawn=frames.shape[1] - 1)  # (no penalty there)
         copy = HostCopy(frames)  # the step's one read, queued now
+        for row, ts in enumerate(states):  # the next row is built from these codes before they are read
+            ts.pending, ts.num_inflight = codec_sum[row], ts.num_inflight + 1
 
         def commit() -> None:
             host = copy.get()
             for row, req in enumerate(reqs):
-                req.guarded(self._commit_frame, req, host[row], codec_sum[row])
+                req.state.talker.num_inflight -= 1
+                if not (req.status.is_done or req.state.talker.finished):  # else: drawn after codec EOS
+                    req.guarded(self._commit_frame, req, host[row])
 
         return commit
 
@@ -277,7 +281,7 @@ class TalkerProgram:
         for req, start, n in batch:
             ts = req.state.talker
             new = start + n - ts.num_inputs  # 1: the row is the new one, built in the step
-            rows.append(n == 1 and ts.prefix is not None and new >= 0 and len(ts.frames) == len(ts.rows) + new)
+            rows.append(n == 1 and ts.prefix is not None and new >= 0 and ts.num_frames == len(ts.rows) + new)
         return rows
 
     def graph_rows(self, batch: list[tuple[EngineRequest, int, int]]) -> list[bool]:
@@ -287,17 +291,15 @@ class TalkerProgram:
         graph = self.frame_graph
         return {"graph_replays": graph.num_replays if graph else 0, "eager_decode_steps": self.num_eager_decode_steps}
 
-    def _commit_frame(self, req: EngineRequest, frame: torch.Tensor, codec_sum: torch.Tensor) -> None:
-        """Keep the frame unless group 0 is codec EOS; stop at EOS or the frame limit."""
+    def _commit_frame(self, req: EngineRequest, frame: torch.Tensor) -> None:
+        """Keep the frame unless group 0 is codec EOS; stop at EOS or the frame limit. (What the
+        next step already did from this frame's codes is dropped with the request's pages.)"""
         ts = req.state.talker
         if int(frame[0]) == self.talker.cfg.codec.eos:
             ts.finished = True
             return
         ts.frames.append(frame)
-        if len(ts.frames) == ts.params.max_audio_frames:
-            ts.finished = True
-        else:
-            ts.pending = codec_sum
+        ts.finished = len(ts.frames) == ts.params.max_audio_frames
 
 
 def _sampling_inputs(vocab: int) -> dict[str, StaticInput]:

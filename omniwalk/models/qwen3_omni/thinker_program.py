@@ -1,8 +1,12 @@
 """Engine program for the thinker: packed prefill chunks and decode tokens of many requests.
 
-A request's tokens are ``seq`` = prompt + generated ids; the KV holds a prefix of it, and a step
-runs the next ready tokens (``num_ready``). When a request's chunk reaches the end of ``seq`` its
-next token is sampled (so prefill, decode and recompute after preemption are one code path).
+A request's tokens are ``seq`` = prompt + generated ids read back, then ``inflight``: ids sampled
+by the step before, still on the device (the host reads them one step late). The KV holds a
+prefix of the two, and a step runs the next ready tokens (``num_ready``); tokens still in flight
+are copied into the step's input ids on the device. When a request's chunk reaches the end its
+next token is sampled (so prefill, decode and recompute after preemption are one code path). A
+stop found when a token is read back ends the request; the token the next step sampled after it
+is dropped (and its KV slot goes with the request's pages), so outputs equal a synchronous loop.
 Media rows for a chunk are the encoder rows of the placeholders inside it.
 
 A step in which every request decodes one generated token (no prompt rows, so no media and no
@@ -62,7 +66,7 @@ class ThinkerProgram:
         """Rows that decode their one next generated token (the captured graph's work: no prompt
         rows, so no media and no talker states)."""
         return [
-            n == 1 and req.state.thinker.prompt.num_prompt_tokens <= start == len(req.state.thinker.seq) - 1
+            n == 1 and req.state.thinker.prompt.num_prompt_tokens <= start == req.state.thinker.num_tokens - 1
             for req, start, n in batch
         ]
 
@@ -75,19 +79,14 @@ class ThinkerProgram:
 
     def num_ready(self, req: EngineRequest, num_cached: int) -> int:
         st = req.state.thinker
-        if st.is_finished:
+        if st.is_finished or st.num_sampled >= st.max_tokens:  # (the last one may still be in flight)
             return 0
-        if st.placeholders_before is None:  # media not assembled yet
+        if st.placeholders_before is None:  # media not counted yet
             if not req.state.media.is_encoded:
                 return 0
-            self._assemble_media(req)
-        return len(st.seq) - num_cached
-
-    def _assemble_media(self, req: EngineRequest) -> None:
-        st = req.state.thinker
-        st.media = req.state.media.embeddings()
-        ids = np.asarray(st.prompt.token_ids)
-        st.placeholders_before = {k: np.concatenate([[0], np.cumsum(ids == pad)]) for k, pad in self.pad_ids.items()}
+            ids = np.asarray(st.prompt.token_ids)
+            st.placeholders_before = {k: np.concatenate([[0], np.cumsum(ids == p)]) for k, p in self.pad_ids.items()}
+        return st.num_tokens - num_cached
 
     def is_finished(self, req: EngineRequest) -> bool:
         return req.state.thinker.is_finished
@@ -98,14 +97,11 @@ class ThinkerProgram:
     @torch.inference_mode()
     def run(self, batch: list[tuple[EngineRequest, int, int]], kv: PagedBatch) -> Callable[[], None] | None:
         states = [req.state.thinker for req, _, _ in batch]
-        ids = [t for st, (_, s, n) in zip(states, batch, strict=True) for t in st.seq[s : s + n]]
+        ids = self._input_ids(batch)
         positions = torch.cat([st.prompt.rope.span(s, n) for st, (_, s, n) in zip(states, batch, strict=True)], 1)
         if all(self._decode_rows(batch)) and self.decode_graph is not None:
             if self.decode_graph.fits(len(batch)):
-                inputs = {
-                    "ids": to_device(ids, self.device, torch.long),
-                    "positions": to_device(positions.T, self.device),
-                }
+                inputs = {"ids": ids, "positions": to_device(positions.T, self.device)}
                 logits = self.decode_graph.run(len(batch), {**inputs, **kv.decode_inputs()})["logits"]
                 kv.advance(len(batch))  # (the graph's DecodeKV keeps no host bookkeeping)
                 return self._sample(batch, list(range(len(batch))), logits)
@@ -114,7 +110,7 @@ class ThinkerProgram:
         speaks = any(req.state.talker is not None for req, _, _ in batch)
         media, counts = self._media(batch)
         out = self.thinker(
-            to_device(ids, self.device, torch.long),
+            ids,
             to_device(positions, self.device),
             kv,
             media,
@@ -126,7 +122,7 @@ class ThinkerProgram:
         for row, (req, start, n) in enumerate(batch):
             if req.state.talker is not None:
                 self._keep_prompt_rows(req.state.thinker, start, n, out, offset)
-            if start + n == len(req.state.thinker.seq):  # the chunk reached the end: sample
+            if start + n == req.state.thinker.num_tokens:  # the chunk reached the end: sample
                 ready.append(row)
             offset += n
         if ready:
@@ -137,12 +133,35 @@ class ThinkerProgram:
         """Draw the next token of the ``ready`` rows of the batch (``logits`` [len(ready), vocab]);
         the returned function reads the picks back and commits them."""
         picks = sample_async(logits, [batch[row][0].state.thinker.sampler for row in ready])
+        for i, row in enumerate(ready):
+            batch[row][0].state.thinker.inflight.append((picks.ids, i))
 
         def commit() -> None:
             for row, pick in zip(ready, picks(), strict=True):
-                batch[row][0].guarded(self._commit, batch[row][0], pick)
+                req = batch[row][0]
+                req.state.thinker.inflight.pop(0)
+                if not (req.status.is_done or req.state.thinker.is_finished):  # else: sampled after a stop
+                    req.guarded(self._commit, req, pick)
 
         return commit
+
+    def _input_ids(self, batch) -> torch.Tensor:
+        """The step's input ids [tokens] on the device: read-back ids from the host, ids still in
+        flight copied over from the draws that made them (device to device)."""
+        host, patches = [], {}  # id(draw) -> (draw, [positions in the step], [rows of the draw])
+        for req, start, n in batch:
+            st = req.state.thinker
+            host += st.seq[start : start + n]
+            for draw, row in st.inflight[max(start - len(st.seq), 0) : start + n - len(st.seq)]:
+                where = patches.setdefault(id(draw), (draw, [], []))
+                where[1].append(len(host))
+                where[2].append(row)
+                host.append(0)
+        ids = to_device(host, self.device, torch.long)
+        for draw, where, rows in patches.values():
+            rows = draw[to_device(rows, self.device, torch.long)]
+            ids.index_copy_(0, to_device(where, self.device, torch.long), rows)
+        return ids
 
     def _media(self, batch) -> tuple[MediaEmbeddings | None, dict[str, int]]:
         """Encoder rows for the placeholders inside each request's chunk, packed in batch order,
@@ -151,7 +170,11 @@ class ThinkerProgram:
         deep: dict[str, list] = {k: [] for k in ("image", "video")}
         for req, start, n in batch:
             st = req.state.thinker
-            if st.media is None or start >= st.prompt.num_prompt_tokens:
+            if start >= st.prompt.num_prompt_tokens:
+                continue
+            if st.media is None:  # (here, on the stage's stream: after the encoders' rows, see lanes.py)
+                st.media = req.state.media.embeddings()
+            if st.media is None:
                 continue
             end = min(start + n, st.prompt.num_prompt_tokens)
             for kind in KINDS:
