@@ -49,6 +49,7 @@ def build_stages(parts: dict, cfg: Qwen3OmniConfig, engine: EngineConfig, model:
     vocoder stages exist only when those components were loaded. CUDA graphs are captured
     by ``Engine.capture_graphs`` once the stages exist."""
     dtype, device = model.torch_dtype, model.device
+    engine = engine.sized_for(model)  # (OmniConfig did it already; a config built by hand may not have)
     decode, prefill = model.backend("decode_attention"), model.backend("attention_backend")
     graphs = min(model.graph_max_batch, engine.max_running)  # no decode batch is larger than max_running
     encoder_batch = BatchStageConfig(engine.encoder_batch_units, engine.max_running)
