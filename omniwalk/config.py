@@ -47,6 +47,9 @@ class ModelConfig:
     # on CUDA with graphs on, encoder calls of up to this many packed tokens (audio tokens after the
     # convs, vision patches) replay graphs of their layer loops; 0 = encoders run eagerly
     encoder_graph_max_tokens: int = 8192
+    # on CUDA with graphs on, prefill steps of the thinker and the talker of up to this many tokens
+    # (and at most the stage's token budget) replay graphs of their decoder layers; 0 = eager
+    prefill_graph_max_tokens: int = 2048
 
     def __post_init__(self):
         for name, choices in BACKENDS.items():
@@ -54,9 +57,10 @@ class ModelConfig:
                 raise ConfigError(f"{name} must be one of {[*choices, 'auto']}, got {getattr(self, name)!r}")
         if self.cuda_graph_max_batch < 0:
             raise ConfigError(f"cuda_graph_max_batch must be >= 0, got {self.cuda_graph_max_batch}")
-        n = self.encoder_graph_max_tokens
-        if n and (n < MIN_BUCKET_TOKENS or n & (n - 1)):
-            raise ConfigError(f"encoder_graph_max_tokens must be 0 or a power of two >= {MIN_BUCKET_TOKENS}, got {n}")
+        for name in ("encoder_graph_max_tokens", "prefill_graph_max_tokens"):
+            n = getattr(self, name)
+            if n and (n < MIN_BUCKET_TOKENS or n & (n - 1)):
+                raise ConfigError(f"{name} must be 0 or a power of two >= {MIN_BUCKET_TOKENS}, got {n}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -94,9 +98,17 @@ class ModelConfig:
     def graph_max_encoder_tokens(self) -> int:
         """Largest encoder call (packed tokens) replayed from a CUDA graph: 0 when graphs are off,
         and with the reference attention backend (it reads segment bounds on the host)."""
+        return self._packed_graph_tokens(self.encoder_graph_max_tokens)
+
+    @property
+    def graph_max_prefill_tokens(self) -> int:
+        """Largest prefill step (tokens) replayed from a CUDA graph; 0 as for the encoders."""
+        return self._packed_graph_tokens(self.prefill_graph_max_tokens)
+
+    def _packed_graph_tokens(self, limit: int) -> int:
         if self.graph_max_batch == 0 or self.backend("attention_backend") == "reference":
             return 0
-        return self.encoder_graph_max_tokens
+        return limit
 
 
 @dataclass(frozen=True)

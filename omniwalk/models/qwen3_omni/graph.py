@@ -15,6 +15,7 @@ from omniwalk.config import EngineConfig, ModelConfig
 from omniwalk.engine.batch_stage import BatchStage, BatchStageConfig
 from omniwalk.engine.kv_pages import KVStorage
 from omniwalk.engine.kv_stage import KVStage, KVStageConfig
+from omniwalk.engine.prefill_graphs import PrefillPlan
 from omniwalk.models.qwen3_omni.code2wav_stream import VocoderStreamConfig
 from omniwalk.models.qwen3_omni.config import DecoderConfig, Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.encoder_programs import AudioEncoderProgram, VisionEncoderProgram
@@ -61,14 +62,24 @@ def build_stages(parts: dict, cfg: Qwen3OmniConfig, engine: EngineConfig, model:
         BatchStage("vision_encoder", vision, encoder_batch, device),
         KVStage(
             "thinker",
-            ThinkerProgram(parts["thinker"], device, decode, graphs),
+            ThinkerProgram(
+                parts["thinker"],
+                device,
+                decode,
+                graphs,
+                PrefillPlan(min(model.graph_max_prefill_tokens, engine.max_batch_tokens), prefill),
+                len(cfg.vision.deepstack_visual_indexes),
+            ),
             _kv_storage(cfg.text, engine.thinker_kv_bytes, engine.page_size, dtype, device),
             KVStageConfig(engine.max_batch_tokens, engine.max_running, decode, prefill),
             device,
         ),
     ]
     if "talker" in parts:
-        talker = TalkerProgram(parts["talker"], parts["thinker"], cfg.position_id_per_seconds, device, decode, graphs)
+        plan = PrefillPlan(min(model.graph_max_prefill_tokens, engine.talker_max_batch_tokens), prefill)
+        talker = TalkerProgram(
+            parts["talker"], parts["thinker"], cfg.position_id_per_seconds, device, decode, graphs, plan
+        )
         storage = _kv_storage(cfg.talker.text, engine.talker_kv_bytes, engine.page_size, dtype, device)
         stream = VocoderStreamConfig(engine.vocoder_chunk_frames, engine.vocoder_first_chunk_frames)
         stages += [
