@@ -96,9 +96,9 @@ def test_stages_wait_for_their_inputs_on_their_lanes():
     reqs = [o.add(make_request(i, path)) for i, path in enumerate(["s2s", "i2t", "t2s"])]
     while o.engine.has_unfinished():
         o.engine.step()
-    stats = o.engine.stats()
-    assert stats["thinker"]["stream_waits"] >= 2  # the audio and the image request's encoder rows
-    assert stats["talker"]["stream_waits"] >= 2  # the two speech requests' thinker states
+    stages = o.engine.stages
+    assert stages["thinker"].lane.num_waits >= 2  # the audio and the image request's encoder rows
+    assert stages["talker"].lane.num_waits >= 2  # the two speech requests' thinker states
     assert all(r.error is None for r in reqs)
     assert set(reqs[0].produced) == {"audio_encoder", "thinker", "talker", "vocoder"}
 

@@ -38,8 +38,8 @@ def test_async_equals_synchronous_loop_on_the_gpu():
     omni = _omni(8)
     requests = _mixed_requests()
     sync, ours = _run(omni, requests, True), _run(omni, requests, False)
-    stats = omni.engine.stats()
-    print(f"GPU-ASYNC stream waits: { {name: s.get('stream_waits') for name, s in stats.items()} }")
+    stages = omni.engine.stages
+    print(f"GPU-ASYNC stream waits: { {name: stage.lane.num_waits for name, stage in stages.items()} }")
     same = 0
     for i, (x, y) in enumerate(zip(sync, ours, strict=True)):
         assert x.error is None and y.error is None
@@ -57,7 +57,7 @@ def test_async_equals_synchronous_loop_on_the_gpu():
         elif x.codes is not None:
             print(f"GPU-ASYNC request {i}: ids equal, codes differ (talker near tie)")
     assert same >= len(requests) - 3
-    assert stats["thinker"]["stream_waits"] > 0 and stats["talker"]["stream_waits"] > 0
+    assert stages["thinker"].lane.num_waits > 0 and stages["talker"].lane.num_waits > 0
 
 
 def test_stages_run_on_their_own_streams():

@@ -52,8 +52,7 @@ class BatchStage:
 
     def stats(self) -> dict:
         program_stats = getattr(self.program, "stats", dict)
-        own = {"requests": len(self.requests), "batch_size": self.last_batch_size, "stream_waits": self.lane.num_waits}
-        return {**own, **program_stats()}
+        return {"requests": len(self.requests), "batch_size": self.last_batch_size, **program_stats()}
 
     def capture_graphs(self, pool=None):
         capture = getattr(self.program, "capture_graphs", None)

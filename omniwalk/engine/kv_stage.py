@@ -193,7 +193,6 @@ class KVStage:
             "waiting": len(self.waiting),
             "batch_size": self.last_batch_size,
             "preemptions": self.num_preemptions,
-            "stream_waits": self.lane.num_waits,
             **program_stats(),
         }
 

@@ -35,7 +35,7 @@ class Lane:
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         if self.stream is not None:  # work queued before the lane existed (weights, KV pools) comes first
             self.stream.wait_stream(torch.cuda.current_stream(device))
-        self.num_waits = 0  # distinct events waited for (the data edges crossed), for stats and tests
+        self.num_waits = 0  # distinct events waited for (the data edges crossed), for tests
 
     def launching(self):
         """Context in which the stage's kernels go to its stream."""
