@@ -8,7 +8,7 @@ step already made, so ids, text, codes and audio are the same either way.
 
 import pytest
 import torch
-from test_engine_omni import PATHS, assert_idle, assert_same, make_request, omni, run_staggered
+from test_engine_omni import PATHS, alone, assert_idle, assert_same, make_request, omni, run_staggered
 from test_omni_text import checkpoint
 
 from omniwalk import Omni
@@ -48,16 +48,15 @@ def stopping(requests: list[dict], refs) -> list[dict]:
 @pytest.mark.parametrize("sampled", [False, True])
 def test_async_loop_equals_synchronous_loop_with_stops(sampled):
     o = omni()
-    requests = [make_request(i, PATHS[i % len(PATHS)], sampled=sampled) for i in range(12)]
-    free = run_staggered(o, requests, on_step=synchronous)
-    requests = stopping(requests, [free[r["request_id"]] for r in requests])
+    requests = [make_request(i, PATHS[i % len(PATHS)], sampled=sampled) for i in range(9)]
+    requests = stopping(requests, [alone(i, sampled) for i in range(len(requests))])
     sync = run_staggered(o, requests, on_step=synchronous)
     seen = set()
     outs = run_staggered(o, requests, on_step=lambda o, step, reqs: late_stops(o, step, reqs, seen))
     for request in requests:
         assert_same(outs[request["request_id"]], sync[request["request_id"]])
     reasons = [outs[r["request_id"]].finish_reason for r in requests]
-    assert reasons.count("stop") >= 4 and "length" in reasons
+    assert reasons.count("stop") >= 3 and "length" in reasons
     assert any(kind == "token" for _, kind in seen)  # a stop read late: its next token was dropped
     assert_idle(o)
 
