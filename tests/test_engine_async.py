@@ -112,3 +112,81 @@ def test_drain_completes_what_is_in_flight():
     launched = th.num_sampled
     o.engine.drain()
     assert not th.inflight and th.num_generated == launched
+
+
+class LookaheadToy:
+    """The engine-level contract on its own: test_engine_core's toy LM, its sampled token kept as a
+    tensor until the commit one step later; it stops at ``stop_at`` tokens or on a stop token."""
+
+    def __init__(self, stop_token: int):
+        from test_engine_core import ToyLM, ToyProgram
+
+        self.toy, self.stop_token = ToyProgram(ToyLM()), stop_token
+
+    def num_ready(self, req, num_cached):
+        st = req.state
+        if st.get("done") or len(st["seq"]) + len(st.setdefault("inflight", [])) >= st["stop_at"]:
+            return 0
+        return len(st["seq"]) + len(st["inflight"]) - num_cached
+
+    def run(self, batch, kv):
+        m = self.toy.model
+        ids = torch.cat([self._ids(req.state, s, n) for req, s, n in batch])
+        x = m.embed[ids]
+        q, k, v = (x @ m.qkv).view(len(ids), 3, 2, 16).unbind(1)
+        h = kv.attend(0, q, k, v).reshape(len(ids), 32) + x
+        kv.advance(len(ids))
+        ends = torch.tensor([n for _, _, n in batch]).cumsum(0) - 1
+        picks = (h[ends] @ m.head).argmax(-1)
+        ready = [(req, picks[row : row + 1]) for row, (req, s, n) in enumerate(batch)
+                 if s + n == len(req.state["seq"]) + len(req.state["inflight"])]  # fmt: skip
+        for req, pick in ready:
+            req.state["inflight"].append(pick)
+
+        def commit():
+            for req, _ in ready:
+                token = int(req.state["inflight"].pop(0))
+                if req.state.get("done") or req.status.is_done:
+                    req.state["dropped"] = True  # sampled after the stop: rolled back
+                    continue
+                req.state["seq"].append(token)
+                req.emit("text", token)
+                req.state["done"] = token == self.stop_token or len(req.state["seq"]) >= req.state["stop_at"]
+
+        return commit
+
+    @staticmethod
+    def _ids(st, start, n):
+        """Read-back ids from the host list, the rest from the tensors still in flight."""
+        seq, inflight = st["seq"], st["inflight"]
+        host = torch.tensor(seq[start : start + n], dtype=torch.long)
+        return torch.cat([host, *inflight[max(start - len(seq), 0) : start + n - len(seq)]])
+
+    def is_finished(self, req):
+        return bool(req.state.get("done"))
+
+    def on_preempt(self, req):
+        pass
+
+
+@pytest.mark.parametrize("num_pages", [256, 20])
+def test_one_step_lookahead_on_the_toy_engine_equals_the_synchronous_loop(num_pages):
+    from test_engine_core import DIM, HEADS, drive, generated, workload
+
+    from omniwalk.engine.engine import Engine
+    from omniwalk.engine.kv_pages import KVStorage, PagePool
+    from omniwalk.engine.kv_stage import KVStage, KVStageConfig
+
+    def engine():
+        storage = KVStorage(PagePool(num_pages, 4), 1, HEADS, DIM // HEADS, torch.float32, "cpu")
+        stage = KVStage("lm", LookaheadToy(stop_token=7), storage, KVStageConfig(64, 64), "cpu")
+        return Engine([stage]), stage
+
+    (sync_engine, _), (ours, stage) = engine(), engine()
+    sync = drive(sync_engine, workload(), on_step=lambda step, reqs: sync_engine.drain())
+    outs = drive(ours, workload())
+    for rid in sync:
+        assert generated(outs[rid]) == generated(sync[rid]), rid
+    assert any(r.state.get("dropped") for r in outs.values())  # a stop read late, its next token dropped
+    assert any(generated(r)[-1] == 7 for r in outs.values())
+    assert stage.pool.num_used == 0 and (num_pages == 256 or stage.num_preemptions > 0)
