@@ -15,6 +15,9 @@ B finished requests, three windows of engine steps (``--steps``, the profiled on
     profiled  the clocked window again under the torch profiler: each kernel (graph replays
               included) is counted to the stage that was running when it started; kernels and GPU
               time per engine step by stage and kernel kind, and the top kernels
+    busy      the free window again under the profiler, nothing synchronised: the share of the wall
+              time in which some kernel ran (the union of kernel intervals: "GPU busy"), and the
+              overlap (kernel time summed over that union: > 1 when stages' streams run at once)
 
 Writes ``profile.json`` and ``profile.md`` to ``--out`` after every cell; with ``--python`` also
 ``python.txt``: one more free window under cProfile (the host's time by Python function).
@@ -195,6 +198,31 @@ def profiled_window(loop: ClosedLoop, steps: int, device) -> dict:
     }
 
 
+def busy_window(loop: ClosedLoop, steps: int, device) -> dict:
+    """The engine as it runs (no synchronisation added), under the profiler: GPU busy share of the
+    wall time (union of kernel intervals) and the overlap of kernels on different streams."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    synchronize(device)
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            loop.step()
+        synchronize(device)
+        seconds = time.perf_counter() - start
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA)
+    union, end = 0.0, float("-inf")
+    for a, b in spans:
+        union += max(0.0, b - max(a, end))
+        end = max(end, b)
+    total = sum(b - a for a, b in spans)
+    return {
+        "ms_per_step": seconds / steps * 1e3,
+        "busy_ms_per_step": union / steps / 1e3,
+        "busy_share": union / 1e6 / seconds,
+        "overlap": total / union if union else 0.0,
+    }
+
+
 def host_timed(into: dict[str, float], name: str, method):
     def run():
         start = time.perf_counter()
@@ -222,6 +250,7 @@ def profile_cell(omni: Omni, path: str, batch: int, args, device) -> dict:
         row["free"] = free_window(loop, args.steps, device)
         if args.python:
             row["python"] = python_window(loop, args.steps, device)
+        row["busy"] = busy_window(loop, args.steps, device)
         row["clocked"] = clocked_window(loop, args.steps, device)
         row["profiled"] = profiled_window(loop, args.profile_steps, device)
         return row
@@ -234,16 +263,18 @@ def profile_cell(omni: Omni, path: str, batch: int, args, device) -> dict:
 def report(rows: list[dict]) -> str:
     lines = ["# Where the walk's time goes (profile_walk.py)", ""]
     for row in rows:
-        free, clocked, prof = row["free"], row["clocked"], row["profiled"]
+        free, clocked, prof, busy = row["free"], row["clocked"], row["profiled"], row["busy"]
         lines += [
             f"## {row['path']} at B={row['batch']} ({row['steps']} engine steps free and clocked, "
             f"{row['profile_steps']} profiled)",
             "",
             f"- free-running: {free['ms_per_step']:.2f} ms per engine step, {free['finished_per_s']:.2f} requests "
             f"finished per s; {prof['kernels_per_step']:.0f} kernels per step taking "
-            f"{prof['kernel_ms_per_step']:.2f} ms of GPU time "
-            f"({prof['kernel_ms_per_step'] / free['ms_per_step']:.0%} of the free-running step); adding requests "
+            f"{prof['kernel_ms_per_step']:.2f} ms of GPU time; adding requests "
             f"(processing their inputs) {free['add_ms_per_step']:.2f} ms per step",
+            f"- GPU busy (profiled free-running, {busy['ms_per_step']:.2f} ms per step): some kernel ran in "
+            f"{busy['busy_share']:.0%} of the wall time ({busy['busy_ms_per_step']:.2f} ms per step); kernels "
+            f"overlapping on streams: {busy['overlap']:.2f}x (summed kernel time / busy time)",
             "",
         ]
         stage_rows = []

@@ -7,7 +7,7 @@ its own fields. Values are validated here, once, with errors that name the field
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from omniwalk.errors import ConfigError
 from omniwalk.media.limits import MediaLimits
@@ -49,6 +49,9 @@ class ModelConfig:
     # on CUDA with graphs on, encoder calls of up to this many packed tokens (audio tokens after the
     # convs, vision patches) replay graphs of their layer loops; 0 = encoders run eagerly
     encoder_graph_max_tokens: int = 8192
+    # on CUDA with graphs on, prefill steps of the thinker and the talker of up to this many tokens
+    # (and at most the stage's token budget) replay graphs of their decoder layers; 0 = eager
+    prefill_graph_max_tokens: int = 2048
 
     def __post_init__(self):
         import torch
@@ -60,9 +63,10 @@ class ModelConfig:
                 raise ConfigError(f"{name} must be one of {[*choices, 'auto']}, got {getattr(self, name)!r}")
         if self.cuda_graph_max_batch < 0:
             raise ConfigError(f"cuda_graph_max_batch must be >= 0, got {self.cuda_graph_max_batch}")
-        n = self.encoder_graph_max_tokens
-        if n and (n < MIN_BUCKET_TOKENS or n & (n - 1)):
-            raise ConfigError(f"encoder_graph_max_tokens must be 0 or a power of two >= {MIN_BUCKET_TOKENS}, got {n}")
+        for name in ("encoder_graph_max_tokens", "prefill_graph_max_tokens"):
+            n = getattr(self, name)
+            if n and (n < MIN_BUCKET_TOKENS or n & (n - 1)):
+                raise ConfigError(f"{name} must be 0 or a power of two >= {MIN_BUCKET_TOKENS}, got {n}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -104,9 +108,17 @@ class ModelConfig:
     def graph_max_encoder_tokens(self) -> int:
         """Largest encoder call (packed tokens) replayed from a CUDA graph: 0 when graphs are off,
         and with the reference attention backend (it reads segment bounds on the host)."""
+        return self._packed_graph_tokens(self.encoder_graph_max_tokens)
+
+    @property
+    def graph_max_prefill_tokens(self) -> int:
+        """Largest prefill step (tokens) replayed from a CUDA graph; 0 as for the encoders."""
+        return self._packed_graph_tokens(self.prefill_graph_max_tokens)
+
+    def _packed_graph_tokens(self, limit: int) -> int:
         if self.graph_max_batch == 0 or self.backend("attention_backend") == "reference":
             return 0
-        return self.encoder_graph_max_tokens
+        return limit
 
 
 @dataclass(frozen=True)
@@ -116,8 +128,10 @@ class EngineConfig:
     page_size: int = 16  # tokens per KV page
     thinker_kv_bytes: int = 256 * 2**20  # KV pool of the thinker (all layers, keys + values)
     talker_kv_bytes: int = 64 * 2**20
-    max_batch_tokens: int = 512  # per thinker step: prefill chunk tokens + decode tokens
-    talker_max_batch_tokens: int = 512
+    # per step: prefill chunk tokens + decode tokens, of the thinker and of the talker; 0 = sized to
+    # the device when the config is built (``batch_tokens_for``)
+    max_batch_tokens: int = 0
+    talker_max_batch_tokens: int = 0
     max_running: int = 64  # requests holding KV pages in one KV stage
     max_requests: int = 256  # unfinished requests admitted; beyond that: QueueFullError
     encoder_batch_units: int = 65536  # mel frames (audio) / patches (vision) per encoder call
@@ -129,8 +143,27 @@ class EngineConfig:
 
     def __post_init__(self):
         for f in fields(self):
-            if getattr(self, f.name) < 1:
-                raise ConfigError(f"{f.name} must be >= 1, got {getattr(self, f.name)}")
+            least = 0 if f.name in SIZED_TO_DEVICE else 1
+            if getattr(self, f.name) < least:
+                raise ConfigError(f"{f.name} must be >= {least}, got {getattr(self, f.name)}")
+
+    def sized_for(self, model: ModelConfig) -> EngineConfig:
+        """This config with its 0 (device-sized) fields resolved for ``model``'s device."""
+        budget = batch_tokens_for(model)
+        return replace(self, **{name: getattr(self, name) or budget for name in SIZED_TO_DEVICE})
+
+
+SIZED_TO_DEVICE = ("max_batch_tokens", "talker_max_batch_tokens")
+
+
+def batch_tokens_for(model: ModelConfig) -> int:
+    """The default per-step token budget of a KV stage. On the CPU 512 keeps a step short. On an
+    H200 a thinker step costs 9.3 / 12.8 / 15.0 ms at 1 / 32 / 64 tokens (docs/perf.md, run 4):
+    more tokens per step are nearly free until the GEMMs fill the GPU, so a burst of arrivals
+    should be admitted in a few large steps, not many small ones. 2048 holds about 5 image
+    prompts (640x480: ~350 tokens) or 20 audio prompts (4 s: ~100) of the bench beside 64
+    decodes. TODO: measure 1024 / 2048 / 4096 (i2t and s2t at B=32: TTFT p50 against ITL)."""
+    return 2048 if model.on_cuda else 512
 
 
 @dataclass(frozen=True)
@@ -148,7 +181,8 @@ class OmniConfig:
         unknown = sorted(set(kwargs) - set().union(*names.values()))
         if unknown:
             raise ConfigError(f"unknown option(s) {unknown}; known: {sorted(set().union(*names.values()))}")
-        return cls(**{key: c(**{k: v for k, v in kwargs.items() if k in names[key]}) for key, c in parts.items()})
+        built = {key: c(**{k: v for k, v in kwargs.items() if k in names[key]}) for key, c in parts.items()}
+        return cls(**{**built, "engine": built["engine"].sized_for(built["model"])})
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")

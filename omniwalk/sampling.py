@@ -297,6 +297,7 @@ def sample_async(logits: torch.Tensor, states: list[SamplerState]) -> Callable[[
     def picks() -> list[TokenLogprob]:
         return _picks(states, copy.get().tolist(), k)  # NOTE: the step's one host read
 
+    picks.ids = ids  # the drawn ids [B], still on the device: the next step's inputs, before the read
     return picks
 
 

@@ -189,10 +189,10 @@ def test_injected_failure_fails_only_that_request():
     talker = o.engine.stages["talker"].program
     original = talker._commit_frame
 
-    def flaky(req, frame, codec_sum):
+    def flaky(req, frame):
         if req.id == "r5":
             raise RuntimeError("injected talker failure")
-        return original(req, frame, codec_sum)
+        return original(req, frame)
 
     talker._commit_frame = flaky
     try:
@@ -224,6 +224,7 @@ def test_graph_rows_are_exactly_the_rows_that_decode_and_draw():
     req = o.add(make_request(1, "t2s"))
     while len(req.state.talker.frames) < 2:
         o.engine.step()
+    o.engine.drain()  # nothing in flight: the rows below are read-back tokens and frames
     th, ts = req.state.thinker, req.state.talker
     prompt, seq = th.prompt.num_prompt_tokens, len(th.seq)
     assert thinker.graph_rows([(req, seq - 1, 1)]) == [False]  # no graph captured (CPU)

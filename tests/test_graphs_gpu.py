@@ -4,7 +4,7 @@ CUDA-graph replay against eager execution of the same step (thinker decode, talk
 import pytest
 import torch
 
-from omniwalk.engine.kv_pages import KVStorage, PagePool
+from omniwalk.engine.kv_pages import KVStorage, PagePool, PageTable
 from omniwalk.engine.paged_attention import DecodeKV
 from omniwalk.layers.paged_decode import paged_decode_reference, paged_decode_triton
 
@@ -35,7 +35,7 @@ def test_triton_paged_decode_matches_reference(heads, kv_heads):
     assert torch.equal(ours[-1], torch.zeros_like(ours[-1]))  # the padding row reads nothing
 
 
-def _omni(graphs: int):
+def _omni(graphs: int, **options):
     from test_omni_text import checkpoint
 
     from omniwalk import Omni
@@ -47,6 +47,7 @@ def _omni(graphs: int):
         cuda_graph_max_batch=graphs,
         thinker_kv_bytes=64 * 2**20,
         talker_kv_bytes=16 * 2**20,
+        **options,
     )
 
 
@@ -81,8 +82,9 @@ def _requests():
 
 def test_graph_replay_equals_eager_through_the_engine():
     """Same requests, graphs on and off: identical ids, codes and audio, except where bf16 GEMMs
-    chosen differently under capture break a near tie (then the eager top-2 gap must be tiny)."""
-    eager, graphed = _omni(0), _omni(8)
+    chosen differently under capture break a near tie (then the eager top-2 gap must be tiny).
+    Prefill graphs (padded layouts: other GEMM shapes) are tested on their own below."""
+    eager, graphed = _omni(0), _omni(8, prefill_graph_max_tokens=0)
     a, b = eager.generate(_requests()), graphed.generate(_requests())
     stats = graphed.engine.stats()
     print(f"GPU-GRAPHS stats thinker={stats['thinker']} talker={stats['talker']}")
@@ -244,3 +246,63 @@ def test_packed_prefill_equals_per_request_prefill_through_the_engine():
         )
         assert err < 0.1
         assert margin is None or margin < 0.1
+
+
+@torch.inference_mode()
+def test_prefill_graph_equals_eager_on_the_same_padded_layout():
+    """A thinker prefill step of two chunks (a first one, and one after cached tokens) replayed in
+    its bucket's graph equals the eager decoder over the same padded layout bit for bit, and the
+    unpadded eager step closely (other GEMM shapes)."""
+    from omniwalk.engine.paged_attention import PagedBatch, Segment
+    from omniwalk.engine.prefill_graphs import PrefillKV, kv_inputs
+
+    omni = _omni(4)
+    stage = omni.engine.stages["thinker"]
+    program, storage = stage.program, stage.storage
+    for k, v in zip(storage.keys, storage.values, strict=True):
+        k.normal_()
+        v.normal_()
+    tables = [PageTable(), PageTable()]
+    for table, (cached, new) in zip(tables, [(0, 40), (30, 20)], strict=True):
+        table.reserve(storage.pool, cached + new)
+        table.num_cached = cached
+    segments = [Segment(tables[0], 40), Segment(tables[1], 20)]
+    kv = PagedBatch(storage, segments, "cuda", "triton", "torch_varlen")
+    hidden = program.thinker.cfg.hidden_size
+    x = torch.randn(60, hidden, device="cuda", dtype=torch.bfloat16)
+    positions = torch.cat([torch.arange(40.0), torch.arange(30.0, 50.0)])[:, None].expand(60, 3).cuda()
+    bucket = program.prefill_graphs.pick(kv)
+    assert bucket is not None
+    graphed = program.prefill_graphs.run(bucket, kv, {"x": x, "positions": positions})["hidden"][:60].clone()
+
+    t = bucket.num_tokens
+    padded_kv = PrefillKV(storage, *kv_inputs(bucket, storage, segments, "cuda").values(), bucket.max_seqlen, 2 * t,
+                          "torch_varlen")  # fmt: skip
+    pad = lambda r: torch.cat([r, r.new_zeros(t - 60, *r.shape[1:])])  # noqa: E731
+    deepstack = x.new_zeros(t, program.deepstack_levels, hidden)
+    eager_padded = program._decoder(padded_kv, pad(x), pad(positions), deepstack)["hidden"][:60]
+    eager = program._decoder(kv, x, positions)["hidden"]
+    cos = torch.nn.functional.cosine_similarity(graphed.float(), eager.float(), dim=-1).min().item()
+    exact = torch.equal(graphed, eager_padded)
+    print(f"GPU-PREFILL-GRAPH bucket {bucket}: graph vs eager padded bitwise {exact}; vs unpadded min cosine {cos:.6f}")
+    assert exact and cos > 0.999
+
+
+def test_prefill_graphs_through_the_engine():
+    """Prefill graphs on and off (decode graphs on in both): greedy ids the same until a near tie
+    of the eager run (top-2 logprobs within bf16 noise), logprobs close up to there."""
+    on, off = _omni(8), _omni(8, prefill_graph_max_tokens=0)
+    requests = [r for r in _requests() if r["temperature"] == 0.0]
+    a, b = on.generate(requests), off.generate(requests)
+    stats = on.engine.stats()
+    print(f"GPU-PREFILL-GRAPH stats thinker={stats['thinker']} talker={stats['talker']}")
+    assert stats["thinker"]["prefill_graph_replays"] > 0 and stats["talker"]["prefill_graph_replays"] > 0
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        pairs = list(zip(x.logprobs, y.logprobs, strict=True))
+        split = next((n for n, (p, q) in enumerate(pairs) if p.token_id != q.token_id), len(pairs))
+        err = max(abs(p.logprob - q.logprob) for p, q in pairs[: split + 1])
+        margin = y.logprobs[split].top[0][1] - y.logprobs[split].top[1][1] if split < len(pairs) else None
+        codes = None if x.codes is None else torch.equal(x.codes, y.codes)
+        print(f"GPU-PREFILL-GRAPH request {i}: ids equal for {split} of {len(pairs)}, max logprob difference "
+              f"{err:.2e}, codes equal {codes}")  # fmt: skip
+        assert err < 0.1 and (margin is None or margin < 0.1)

@@ -1,4 +1,5 @@
-"""Benchmark statistics, the markdown table and the charts (metric vs concurrency per path)."""
+"""Benchmark statistics, the markdown table and the charts (metric vs concurrency per path, with the
+published anchors of M* and vLLM-Omni beside ours: ``anchors.py``)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
+from omniwalk.bench.anchors import MARKERS, anchor_points
 from omniwalk.bench.loadgen import RequestRecord
 
 CHARTS = (  # (file stem, summary key, axis label)
     ("req_per_s", "req_per_s", "requests / s"),
+    ("audio_s_per_s", "audio_s_per_s", "audio seconds / s"),
     ("ttft_text_p50", "ttft_text_p50", "time to first text p50 (s)"),
     ("ttft_audio_p50", "ttft_audio_p50", "time to first audio p50 (s)"),
     ("rtf_p50", "rtf_p50", "real-time factor p50"),
@@ -81,16 +84,23 @@ def _charts(out: Path, cells: dict) -> list[Path]:
     files = []
     paths = sorted({p for p, _ in cells})
     for stem, key, label in CHARTS:
-        fig, ax = plt.subplots(figsize=(5, 3.5))
+        fig, ax = plt.subplots(figsize=(5.5, 3.8))
         for path in paths:
             points = sorted((b, s[key]) for (p, b), s in cells.items() if p == path and key in s)
-            if points:
-                ax.plot(*zip(*points, strict=True), marker="o", label=path)
+            if not points or (key == "audio_s_per_s" and not any(v for _, v in points)):
+                continue
+            (line,) = ax.plot(*zip(*points, strict=True), marker="o", label=path)
+            for system, marker in MARKERS.items():  # the published anchors, in the path's colour
+                anchors = anchor_points(system, path, key)
+                if anchors:
+                    ax.scatter(*zip(*anchors, strict=True), marker=marker, color=line.get_color(), s=40)
+        for system, marker in MARKERS.items():  # legend entries for the anchors' markers
+            ax.scatter([], [], marker=marker, color="gray", label=f"{system} (2xH200, real weights)")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrency")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(out / f"{stem}.png", dpi=100)
         plt.close(fig)

@@ -12,7 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from omniwalk.engine.request import EngineRequest, Launched, complete
+from omniwalk.engine.inflight import InFlight
+from omniwalk.engine.lanes import Lane
+from omniwalk.engine.request import EngineRequest
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,8 @@ class BatchProgram(Protocol):
 
     def run(self, batch: list[tuple[EngineRequest, int]]) -> Callable[[], None] | None:
         """Launch the taken work; must leave request state untouched if it raises. May return a
-        function that completes it (waits for its host read, commits) in the stage's ``finish``."""
+        function that completes it (waits for its host read, commits): the stage calls it one step
+        later (``engine/inflight.py``), so ``take`` must count work launched but not completed."""
         ...
 
     def is_finished(self, req: EngineRequest) -> bool: ...
@@ -40,11 +43,12 @@ class BatchProgram(Protocol):
 
 
 class BatchStage:
-    def __init__(self, name: str, program: BatchProgram, config: BatchStageConfig):
+    def __init__(self, name: str, program: BatchProgram, config: BatchStageConfig, device="cpu"):
         self.name, self.program, self.config = name, program, config
         self.requests: dict[str, EngineRequest] = {}
         self.last_batch_size = 0
-        self._launched: Launched = []
+        self.lane = Lane(device)
+        self.inflight = InFlight(name)
 
     def stats(self) -> dict:
         program_stats = getattr(self.program, "stats", dict)
@@ -78,27 +82,22 @@ class BatchStage:
         return batch
 
     def step(self) -> bool:
-        """Launch one batch (``finish`` completes it); returns whether any work was done."""
-        self._sweep()
-        batch = self.schedule()
-        self.last_batch_size = len(batch)
-        if not batch:
-            return False
-        try:
-            self._launched.append((batch, self.program.run(batch)))
-        except Exception:
-            for item in batch:  # isolate: only requests that fail alone fail
-                try:
-                    self._launched.append(([item], self.program.run([item])))
-                except Exception as e:  # noqa: BLE001
-                    item[0].fail(e)
-                    self.remove(item[0])
-        return True
+        """Launch this step's batch on the stage's lane (``finish`` completes the step before it);
+        returns whether any work was launched."""
+        self.inflight.begin_step()
+        with self.lane.launching():
+            self._sweep()
+            batch = self.schedule()
+            self.last_batch_size = len(batch)
+            if batch:
+                self.inflight.launch(batch, self.program.run, self.lane, self.remove)
+        return bool(batch)
 
     def finish(self) -> None:
-        """Complete the launched batch (host reads and commits), then drop finished requests."""
-        launched, self._launched = self._launched, []
-        complete(launched, self.remove)
+        """Complete the previous step's batch (host reads and commits; all launched work when this
+        step launched none), then drop finished requests."""
+        with self.lane.launching():
+            self.inflight.complete(self.remove)
         self._sweep()
 
     def _sweep(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from omniwalk.engine.inflight import InFlight
 from omniwalk.engine.request import EngineRequest, Status
 from omniwalk.errors import OmniwalkError
 
@@ -37,6 +38,8 @@ class Stage(Protocol):
     def step(self) -> bool: ...
 
     def finish(self) -> None: ...
+
+    inflight: InFlight  # launched work not yet completed (engine/inflight.py)
 
     def stats(self) -> dict: ...
 
@@ -69,18 +72,29 @@ class Engine:
         return True
 
     def step(self) -> bool:
-        """Advance every stage once; returns whether any stage did work.
+        """Advance every stage once; returns whether any stage launched work.
 
-        Two passes: every stage launches its work (upstream first), then every stage finishes
-        it (waits for its host read, commits). A stage's read thus overlaps the launches of the
-        stages after it; the price is that what a KV stage commits (sampled tokens, frames)
-        reaches the stages after it one step later.
+        Upstream first, each stage launches its next batch on its own lane (stream), then
+        completes the batch it launched one step before (waits for that batch's host read and
+        commits it; ``engine/inflight.py``). So the device always has a step queued while the
+        host reads, commits and schedules, and a stage sees what the stages before it committed
+        in this step.
         """
         worked = False
         for stage in self.stages.values():
             worked |= stage.step()
-        for stage in self.stages.values():
             stage.finish()
+        self._retire()
+        return worked
+
+    def drain(self) -> None:
+        """Complete all launched work now (every stage's reads and commits), launching nothing."""
+        for stage in self.stages.values():
+            stage.inflight.begin_step()
+            stage.finish()
+        self._retire()
+
+    def _retire(self) -> None:
         for req in list(self.requests.values()):
             if req.status is Status.FAILED:
                 self._remove_everywhere(req)
@@ -89,15 +103,14 @@ class Engine:
                 req.status = Status.FINISHED
                 del self.requests[req.id]
                 req.emit("finished")
-        return worked
 
     def capture_graphs(self) -> None:
-        """Let every stage that has them capture its CUDA graphs (one shared memory pool)."""
-        pool = None
+        """Let every stage that has them capture its CUDA graphs. One memory pool per stage: the
+        stages replay concurrently on their own streams, and graphs that share a pool must not."""
         for stage in self.stages.values():
             capture = getattr(stage, "capture_graphs", None)
             if capture is not None:
-                pool = capture(pool)
+                capture(None)
 
     def stats(self) -> dict[str, dict]:
         """Per stage: occupancy and the last batch size; plus the engine's request count."""

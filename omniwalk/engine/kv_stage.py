@@ -22,9 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from omniwalk.engine.inflight import InFlight
 from omniwalk.engine.kv_pages import KVStorage, PageTable
+from omniwalk.engine.lanes import Lane
 from omniwalk.engine.paged_attention import PagedBatch, Segment
-from omniwalk.engine.request import EngineRequest, Launched, Status, complete
+from omniwalk.engine.request import EngineRequest, Status
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,11 @@ class KVProgram(Protocol):
         consume the outputs (sample where a request's ready tokens end).
 
         May return a function that finishes the work (waits for the host read of what was
-        sampled and commits it): the engine calls it after every stage has launched its step.
-        Must leave request state untouched if it raises: the stage then reruns requests alone.
+        sampled and commits it). The stage calls it one step later, after launching the next
+        step's batch (``engine/inflight.py``): so ``num_ready`` and the next ``run`` must count
+        what was sampled but not read yet, and take it from the device; a commit that ends a
+        request (a stop) drops what the next step already did for it. Must leave request state
+        untouched if it raises: the stage then reruns requests alone.
         """
         ...
 
@@ -72,7 +77,8 @@ class KVStage:
         self.tables: dict[str, PageTable] = {}
         self.num_preemptions = 0
         self.last_batch_size = 0
-        self._launched: Launched = []
+        self.lane = Lane(device)
+        self.inflight = InFlight(name)
 
     @property
     def pool(self):
@@ -139,34 +145,25 @@ class KVStage:
         self.num_preemptions += 1
 
     def step(self) -> bool:
-        """Launch one batch (``finish`` completes it); returns whether any work was done."""
-        for req in [r for r in (*self.running, *self.waiting) if self._is_done(r)]:
-            self.remove(req)  # finished without work in this stage (e.g. nothing left to say)
-        batch = self.schedule()
-        self.last_batch_size = len(batch)
-        if not batch:
-            return False
-        for group in self._groups(batch):
-            try:
-                self._launched.append((group, self._run(group)))
-            except Exception:
-                # Isolate the failure: rerun each request alone; only those that fail again fail.
-                for req, n in group:
-                    try:
-                        self._launched.append(([(req, n)], self._run([(req, n)])))
-                    except Exception as e:  # noqa: BLE001 - any model error fails just this request
-                        req.fail(e)
-                        self.remove(req)
-        return True
+        """Launch this step's batch on the stage's lane (``finish`` completes the step before it);
+        returns whether any work was launched."""
+        self.inflight.begin_step()
+        with self.lane.launching():
+            for req in [r for r in (*self.running, *self.waiting) if self._is_done(r)]:
+                self.remove(req)  # finished without work in this stage (e.g. nothing left to say)
+            batch = self.schedule()
+            self.last_batch_size = len(batch)
+            for group in self._groups(batch) if batch else []:
+                self.inflight.launch(group, self._run, self.lane, self.remove)
+        return bool(batch)
 
     def finish(self) -> None:
-        """Complete the launched batch (host reads and commits), then drop finished requests."""
-        launched, self._launched = self._launched, []
-        complete(launched, self.remove)
-        for group, _ in launched:
-            for req, _ in group:
-                if req.id in self.tables and self._is_done(req):
-                    self.remove(req)
+        """Complete the previous step's batch (host reads and commits; all launched work when this
+        step launched none), then drop finished requests."""
+        with self.lane.launching():
+            self.inflight.complete(self.remove)
+        for req in [r for r in (*self.running, *self.waiting) if self._is_done(r)]:
+            self.remove(req)
 
     def _groups(self, batch: list[tuple[EngineRequest, int]]) -> list[list[tuple[EngineRequest, int]]]:
         """The step's forwards: one, or two when the program can replay a graph for some rows

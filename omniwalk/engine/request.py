@@ -10,7 +10,6 @@ from __future__ import annotations
 import enum
 import itertools
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +46,9 @@ class EngineRequest:
     error: Exception | None = None
     events: deque[Event] = field(default_factory=deque)
     order: int = field(default_factory=lambda: next(_counter))  # FIFO tie-breaker and preemption age
+    # stage name -> the event after which that stage's outputs for this request are on the device
+    # (``engine/lanes.py``: the data edges between stages on their own streams)
+    produced: dict[str, Any] = field(default_factory=dict)
 
     def emit(self, kind: str, data: Any = None) -> None:
         self.events.append(Event(kind, data))
@@ -66,19 +68,3 @@ class EngineRequest:
             fn(*args)
         except Exception as e:  # noqa: BLE001 - any error here belongs to this request only
             self.fail(e)
-
-
-Launched = list[tuple[list[tuple["EngineRequest", int]], Callable[[], None] | None]]  # (batch, its completion)
-
-
-def complete(launched: Launched, remove: Callable[[EngineRequest], None]) -> None:
-    """Run each launched batch's completion (its host read and commits); a completion that raises
-    fails the requests it carried, which ``remove`` takes out of the stage."""
-    for items, done in launched:
-        try:
-            if done is not None:
-                done()
-        except Exception as e:  # noqa: BLE001 - a failed read fails the requests it carried
-            for req, _ in items:
-                req.fail(e)
-                remove(req)

@@ -15,6 +15,7 @@ from omniwalk.config import EngineConfig, ModelConfig
 from omniwalk.engine.batch_stage import BatchStage, BatchStageConfig
 from omniwalk.engine.kv_pages import KVStorage
 from omniwalk.engine.kv_stage import KVStage, KVStageConfig
+from omniwalk.engine.prefill_graphs import PrefillPlan
 from omniwalk.models.qwen3_omni.code2wav_stream import VocoderStreamConfig
 from omniwalk.models.qwen3_omni.config import DecoderConfig, Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.encoder_programs import AudioEncoderProgram, VisionEncoderProgram
@@ -49,6 +50,7 @@ def build_stages(parts: dict, cfg: Qwen3OmniConfig, engine: EngineConfig, model:
     vocoder stages exist only when those components were loaded. CUDA graphs are captured
     by ``Engine.capture_graphs`` once the stages exist."""
     dtype, device = model.torch_dtype, model.device
+    engine = engine.sized_for(model)  # (OmniConfig did it already; a config built by hand may not have)
     decode, prefill = model.backend("decode_attention"), model.backend("attention_backend")
     graphs = min(model.graph_max_batch, engine.max_running)  # no decode batch is larger than max_running
     encoder_batch = BatchStageConfig(engine.encoder_batch_units, engine.max_running)
@@ -56,18 +58,28 @@ def build_stages(parts: dict, cfg: Qwen3OmniConfig, engine: EngineConfig, model:
     audio = AudioEncoderProgram(parts["audio_encoder"], device, dtype, encoder_graphs)
     vision = VisionEncoderProgram(parts["vision_encoder"], device, dtype, encoder_graphs)
     stages = [
-        BatchStage("audio_encoder", audio, encoder_batch),
-        BatchStage("vision_encoder", vision, encoder_batch),
+        BatchStage("audio_encoder", audio, encoder_batch, device),
+        BatchStage("vision_encoder", vision, encoder_batch, device),
         KVStage(
             "thinker",
-            ThinkerProgram(parts["thinker"], device, decode, graphs),
+            ThinkerProgram(
+                parts["thinker"],
+                device,
+                decode,
+                graphs,
+                PrefillPlan(min(model.graph_max_prefill_tokens, engine.max_batch_tokens), prefill),
+                len(cfg.vision.deepstack_visual_indexes),
+            ),
             _kv_storage(cfg.text, engine.thinker_kv_bytes, engine.page_size, dtype, device),
             KVStageConfig(engine.max_batch_tokens, engine.max_running, decode, prefill),
             device,
         ),
     ]
     if "talker" in parts:
-        talker = TalkerProgram(parts["talker"], parts["thinker"], cfg.position_id_per_seconds, device, decode, graphs)
+        plan = PrefillPlan(min(model.graph_max_prefill_tokens, engine.talker_max_batch_tokens), prefill)
+        talker = TalkerProgram(
+            parts["talker"], parts["thinker"], cfg.position_id_per_seconds, device, decode, graphs, plan
+        )
         storage = _kv_storage(cfg.talker.text, engine.talker_kv_bytes, engine.page_size, dtype, device)
         stream = VocoderStreamConfig(engine.vocoder_chunk_frames, engine.vocoder_first_chunk_frames)
         stages += [
@@ -82,6 +94,7 @@ def build_stages(parts: dict, cfg: Qwen3OmniConfig, engine: EngineConfig, model:
                 "vocoder",
                 VocoderProgram(parts["code2wav"], stream, device, engine.max_running, engine.vocoder_max_batch, graphs),
                 BatchStageConfig(2**31, engine.max_running),
+                device,
             ),
         ]
     return stages

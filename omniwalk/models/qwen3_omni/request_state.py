@@ -64,7 +64,10 @@ class ThinkerState:
     sampler: SamplerState
     detok: IncrementalDetokenizer
     max_tokens: int  # params.max_tokens capped by the context length
-    seq: list[int]  # prompt + generated ids; KV holds a prefix of it
+    seq: list[int]  # prompt + generated ids read back (committed)
+    # ids sampled after ``seq`` but not read back yet: (device tensor of a draw, row), oldest first.
+    # The KV holds a prefix of seq + inflight; the next step feeds them from the device.
+    inflight: list[tuple[torch.Tensor, int]] = field(default_factory=list)
     picks: list[TokenLogprob] = field(default_factory=list)
     text: str = ""  # emitted text (cut before a stop string)
     finish_reason: str | None = None
@@ -79,7 +82,17 @@ class ThinkerState:
 
     @property
     def num_generated(self) -> int:
+        """Generated ids read back (committed)."""
         return len(self.seq) - self.prompt.num_prompt_tokens
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt + generated ids, those still on the device included: the sequence the KV follows."""
+        return len(self.seq) + len(self.inflight)
+
+    @property
+    def num_sampled(self) -> int:
+        return self.num_generated + len(self.inflight)
 
     @property
     def generated(self) -> list[int]:
@@ -100,18 +113,25 @@ class TalkerState:
     prefix: torch.Tensor | None = None  # [P, hidden] built when the thinker has its first tokens
     positions: RopePositions | None = None
     rows: list[torch.Tensor] = field(default_factory=list)  # decode input rows fed after the prefix
-    pending: torch.Tensor | None = None  # codec sum of the newest frame, waiting for its text entry
-    frames: list[torch.Tensor] = field(default_factory=list)  # [G] int64 per complete frame
+    pending: torch.Tensor | None = None  # codec sum of the newest frame (device), waiting for its text entry
+    frames: list[torch.Tensor] = field(default_factory=list)  # [G] int64 per frame read back (committed)
+    num_inflight: int = 0  # frames drawn but not read back yet (their codec sum is ``pending`` already)
     finished: bool = False
 
     @property
     def num_inputs(self) -> int:
         return (self.prefix_length if self.prefix is not None else 0) + len(self.rows)
 
+    @property
+    def num_frames(self) -> int:
+        """Frames drawn, those not read back yet included."""
+        return len(self.frames) + self.num_inflight
+
 
 @dataclass
 class VocoderState:
-    num_decoded: int = 0  # frames turned into audio
+    num_decoded: int = 0  # frames whose decode was launched
+    num_emitted: int = 0  # frames whose audio was read back and emitted (one step later)
     chunks: list[torch.Tensor] = field(default_factory=list)  # PCM chunks emitted, in order
     finished: bool = False
 

@@ -26,6 +26,7 @@ from omniwalk.device import HostCopy, to_device
 from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets, rows_in_graph
 from omniwalk.engine.kv_pages import KVStorage
 from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
+from omniwalk.engine.prefill_graphs import NO_PREFILL_GRAPHS, PrefillGraphs, PrefillPlan
 from omniwalk.engine.request import EngineRequest
 from omniwalk.models.qwen3_omni.talker import Talker
 from omniwalk.models.qwen3_omni.talker_prompt import talker_prefix
@@ -55,7 +56,7 @@ def frame_due(ts) -> bool:
     """Whether the last input row still has its frame to draw: frame j comes from input row
     ``prefix_length - 1 + j``. After a preemption the re-fed rows drew theirs already (the next
     frame then comes from the new row built from the last one's codes)."""
-    return len(ts.frames) == len(ts.rows)
+    return ts.num_frames == len(ts.rows)
 
 
 class TalkerProgram:
@@ -67,11 +68,13 @@ class TalkerProgram:
         device,
         decode_attention: str = "reference",
         graph_max_batch: int = 0,
+        prefill: PrefillPlan = NO_PREFILL_GRAPHS,
     ):
         self.talker, self.thinker, self.device = talker, thinker, device
         self.position_id_per_seconds = position_id_per_seconds
-        self.decode_attention, self.graph_max_batch = decode_attention, graph_max_batch
+        self.decode_attention, self.graph_max_batch, self.prefill = decode_attention, graph_max_batch, prefill
         self.frame_graph: GraphedStep | None = None
+        self.prefill_graphs: PrefillGraphs | None = None
         self.num_eager_decode_steps = 0
         t = thinker.tokens
         self.im_end = t.im_end
@@ -83,7 +86,7 @@ class TalkerProgram:
 
     def num_ready(self, req: EngineRequest, num_cached: int) -> int:
         ts, th = req.state.talker, req.state.thinker
-        if ts.finished:
+        if ts.finished or ts.num_frames == ts.params.max_audio_frames:  # (the last may still be in flight)
             return 0
         if ts.prefix is None:
             if not th.is_finished and th.num_generated < 2:
@@ -107,7 +110,7 @@ class TalkerProgram:
 
     def _text(self, req: EngineRequest):
         th = req.state.thinker
-        return text_entry(th.generated, th.is_finished, len(req.state.talker.frames) - 1, self.im_end)
+        return text_entry(th.generated, th.is_finished, req.state.talker.num_frames - 1, self.im_end)
 
     @torch.inference_mode()
     def run(self, batch: list[tuple[EngineRequest, int, int]], kv: PagedBatch) -> Callable[[], None] | None:
@@ -130,7 +133,7 @@ class TalkerProgram:
                 return self._graphed_frames(batch, x, positions, kv)
             self.num_eager_decode_steps += 1
         rows = [self._rows(req, start, n, new) for (req, start, n), new in zip(batch, new_rows, strict=True)]
-        h = self.talker.model(torch.cat(rows), to_device(positions, self.device), kv)
+        h = self._layers(torch.cat(rows), positions.T, kv)
         ends = [end - 1 for end in itertools.accumulate(n for _, _, n in batch)]
         self._keep_new_rows(batch, new_rows)
         ready = []
@@ -219,19 +222,43 @@ class TalkerProgram:
         advance([ts.sampler for ts in states], frames[:, 0])
         advance([ts.cp_sampler for ts in states], None, num_drawn=frames.shape[1] - 1)  # (no penalty there)
         copy = HostCopy(frames)  # the step's one read, queued now
+        for row, ts in enumerate(states):  # the next row is built from these codes before they are read
+            ts.pending, ts.num_inflight = codec_sum[row], ts.num_inflight + 1
 
         def commit() -> None:
             host = copy.get()
             for row, req in enumerate(reqs):
-                req.guarded(self._commit_frame, req, host[row], codec_sum[row])
+                req.state.talker.num_inflight -= 1
+                if not (req.status.is_done or req.state.talker.finished):  # else: drawn after codec EOS
+                    req.guarded(self._commit_frame, req, host[row])
 
         return commit
 
+    def _layers(self, x: torch.Tensor, positions: torch.Tensor, kv: PagedBatch) -> torch.Tensor:
+        """The talker LM over input rows x [n, hidden] at positions [n, 3] -> hidden [n, hidden]:
+        replayed from a prefill graph when the step's layout fits a bucket, else eager."""
+        bucket = self.prefill_graphs.pick(kv) if self.prefill_graphs is not None else None
+        if bucket is None:
+            return self._model(kv, x, to_device(positions, self.device))["hidden"]
+        out = self.prefill_graphs.run(bucket, kv, {"x": x, "positions": to_device(positions, self.device)})
+        kv.advance(x.shape[0])  # (the graph's PrefillKV keeps no host bookkeeping)
+        return out["hidden"][: x.shape[0]]
+
+    def _model(self, kv, x: torch.Tensor, positions: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"hidden": self.talker.model(x, positions.T, kv)}
+
     def capture_graphs(self, storage: KVStorage, pool=None):
-        """Capture the frame step (talker decode + all sampling and code-predictor steps) per bucket."""
+        """Capture the prefill layers per layout bucket, and the frame step (talker decode + all
+        sampling and code-predictor steps) per batch bucket."""
+        cfg = self.talker.cfg
+        specs = {
+            "x": StaticInput((cfg.text.hidden_size,), self.talker.codec_head.weight.dtype),
+            "positions": StaticInput((3,), torch.float32),
+        }
+        self.prefill_graphs = self.prefill.graphs("talker", self._model, specs, storage, self.device)
+        pool = self.prefill_graphs.capture(pool)
         if self.graph_max_batch == 0:
             return pool
-        cfg = self.talker.cfg
         names = [f.name for f in fields(BatchParams)]
 
         def frame_step(x, positions, slots, table, lens, **sampling):
@@ -277,27 +304,26 @@ class TalkerProgram:
         for req, start, n in batch:
             ts = req.state.talker
             new = start + n - ts.num_inputs  # 1: the row is the new one, built in the step
-            rows.append(n == 1 and ts.prefix is not None and new >= 0 and len(ts.frames) == len(ts.rows) + new)
+            rows.append(n == 1 and ts.prefix is not None and new >= 0 and ts.num_frames == len(ts.rows) + new)
         return rows
 
     def graph_rows(self, batch: list[tuple[EngineRequest, int, int]]) -> list[bool]:
         return rows_in_graph(self.frame_graph, self._frame_rows(batch))
 
     def stats(self) -> dict:
-        graph = self.frame_graph
-        return {"graph_replays": graph.num_replays if graph else 0, "eager_decode_steps": self.num_eager_decode_steps}
+        graph, prefill = self.frame_graph, self.prefill_graphs.stats() if self.prefill_graphs else {}
+        replays = graph.num_replays if graph else 0
+        return {"graph_replays": replays, "eager_decode_steps": self.num_eager_decode_steps, **prefill}
 
-    def _commit_frame(self, req: EngineRequest, frame: torch.Tensor, codec_sum: torch.Tensor) -> None:
-        """Keep the frame unless group 0 is codec EOS; stop at EOS or the frame limit."""
+    def _commit_frame(self, req: EngineRequest, frame: torch.Tensor) -> None:
+        """Keep the frame unless group 0 is codec EOS; stop at EOS or the frame limit. (What the
+        next step already did from this frame's codes is dropped with the request's pages.)"""
         ts = req.state.talker
         if int(frame[0]) == self.talker.cfg.codec.eos:
             ts.finished = True
             return
         ts.frames.append(frame)
-        if len(ts.frames) == ts.params.max_audio_frames:
-            ts.finished = True
-        else:
-            ts.pending = codec_sum
+        ts.finished = len(ts.frames) == ts.params.max_audio_frames
 
 
 def _sampling_inputs(vocab: int) -> dict[str, StaticInput]:

@@ -1,16 +1,23 @@
 """Engine program for the thinker: packed prefill chunks and decode tokens of many requests.
 
-A request's tokens are ``seq`` = prompt + generated ids; the KV holds a prefix of it, and a step
-runs the next ready tokens (``num_ready``). When a request's chunk reaches the end of ``seq`` its
-next token is sampled (so prefill, decode and recompute after preemption are one code path).
+A request's tokens are ``seq`` = prompt + generated ids read back, then ``inflight``: ids sampled
+by the step before, still on the device (the host reads them one step late). The KV holds a
+prefix of the two, and a step runs the next ready tokens (``num_ready``); tokens still in flight
+are copied into the step's input ids on the device. When a request's chunk reaches the end its
+next token is sampled (so prefill, decode and recompute after preemption are one code path). A
+stop found when a token is read back ends the request; the token the next step sampled after it
+is dropped (and its KV slot goes with the request's pages), so outputs equal a synchronous loop.
 Media rows for a chunk are the encoder rows of the placeholders inside it.
 
 A step in which every request decodes one generated token (no prompt rows, so no media and no
 talker states) replays a CUDA graph of the whole forward when one was captured for its batch size.
+Other steps (prompt chunks) embed eagerly (media rows scattered in), then replay a graph of the
+decoder layers for their padded layout (``engine/prefill_graphs.py``) when one fits.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -20,6 +27,7 @@ from omniwalk.device import to_device
 from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets, rows_in_graph
 from omniwalk.engine.kv_pages import KVStorage
 from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
+from omniwalk.engine.prefill_graphs import NO_PREFILL_GRAPHS, PrefillGraphs, PrefillPlan
 from omniwalk.engine.request import EngineRequest
 from omniwalk.models.qwen3_omni.request_state import ThinkerState
 from omniwalk.models.qwen3_omni.thinker import MediaEmbeddings, Thinker
@@ -29,16 +37,34 @@ KINDS = ("audio", "image", "video")
 
 
 class ThinkerProgram:
-    def __init__(self, thinker: Thinker, device, decode_attention: str = "reference", graph_max_batch: int = 0):
+    def __init__(
+        self,
+        thinker: Thinker,
+        device,
+        decode_attention: str = "reference",
+        graph_max_batch: int = 0,
+        prefill: PrefillPlan = NO_PREFILL_GRAPHS,
+        deepstack_levels: int = 0,
+    ):
         self.thinker, self.device, self.decode_attention = thinker, device, decode_attention
         t = thinker.tokens
         self.pad_ids = {"audio": t.audio_pad, "image": t.image_pad, "video": t.video_pad}
-        self.graph_max_batch = graph_max_batch
+        self.graph_max_batch, self.prefill, self.deepstack_levels = graph_max_batch, prefill, deepstack_levels
         self.decode_graph: GraphedStep | None = None
+        self.prefill_graphs: PrefillGraphs | None = None
         self.num_eager_decode_steps = 0  # pure decode steps too large for every captured graph
 
     def capture_graphs(self, storage: KVStorage, pool=None):
-        """Capture the decode forward for every batch bucket up to ``graph_max_batch``."""
+        """Capture the decode forward for every batch bucket up to ``graph_max_batch``, and the
+        decoder layers of prefill steps per layout bucket up to ``prefill.max_tokens``."""
+        hidden = self.thinker.cfg.hidden_size
+        specs = {
+            "x": StaticInput((hidden,), self.thinker.lm_head.weight.dtype),
+            "positions": StaticInput((3,), torch.float32),
+            "deepstack": StaticInput((self.deepstack_levels, hidden), self.thinker.lm_head.weight.dtype),
+        }
+        self.prefill_graphs = self.prefill.graphs("thinker", self._decoder, specs, storage, self.device)
+        pool = self.prefill_graphs.capture(pool)
         if self.graph_max_batch == 0:
             return pool
 
@@ -62,7 +88,7 @@ class ThinkerProgram:
         """Rows that decode their one next generated token (the captured graph's work: no prompt
         rows, so no media and no talker states)."""
         return [
-            n == 1 and req.state.thinker.prompt.num_prompt_tokens <= start == len(req.state.thinker.seq) - 1
+            n == 1 and req.state.thinker.prompt.num_prompt_tokens <= start == req.state.thinker.num_tokens - 1
             for req, start, n in batch
         ]
 
@@ -70,24 +96,20 @@ class ThinkerProgram:
         return rows_in_graph(self.decode_graph, self._decode_rows(batch))
 
     def stats(self) -> dict:
-        graph = self.decode_graph
-        return {"graph_replays": graph.num_replays if graph else 0, "eager_decode_steps": self.num_eager_decode_steps}
+        graph, prefill = self.decode_graph, self.prefill_graphs.stats() if self.prefill_graphs else {}
+        replays = graph.num_replays if graph else 0
+        return {"graph_replays": replays, "eager_decode_steps": self.num_eager_decode_steps, **prefill}
 
     def num_ready(self, req: EngineRequest, num_cached: int) -> int:
         st = req.state.thinker
-        if st.is_finished:
+        if st.is_finished or st.num_sampled >= st.max_tokens:  # (the last one may still be in flight)
             return 0
-        if st.placeholders_before is None:  # media not assembled yet
+        if st.placeholders_before is None:  # media not counted yet
             if not req.state.media.is_encoded:
                 return 0
-            self._assemble_media(req)
-        return len(st.seq) - num_cached
-
-    def _assemble_media(self, req: EngineRequest) -> None:
-        st = req.state.thinker
-        st.media = req.state.media.embeddings()
-        ids = np.asarray(st.prompt.token_ids)
-        st.placeholders_before = {k: np.concatenate([[0], np.cumsum(ids == pad)]) for k, pad in self.pad_ids.items()}
+            ids = np.asarray(st.prompt.token_ids)
+            st.placeholders_before = {k: np.concatenate([[0], np.cumsum(ids == p)]) for k, p in self.pad_ids.items()}
+        return st.num_tokens - num_cached
 
     def is_finished(self, req: EngineRequest) -> bool:
         return req.state.thinker.is_finished
@@ -98,54 +120,92 @@ class ThinkerProgram:
     @torch.inference_mode()
     def run(self, batch: list[tuple[EngineRequest, int, int]], kv: PagedBatch) -> Callable[[], None] | None:
         states = [req.state.thinker for req, _, _ in batch]
-        ids = [t for st, (_, s, n) in zip(states, batch, strict=True) for t in st.seq[s : s + n]]
+        ids = self._input_ids(batch)
         positions = torch.cat([st.prompt.rope.span(s, n) for st, (_, s, n) in zip(states, batch, strict=True)], 1)
         if all(self._decode_rows(batch)) and self.decode_graph is not None:
             if self.decode_graph.fits(len(batch)):
-                inputs = {
-                    "ids": to_device(ids, self.device, torch.long),
-                    "positions": to_device(positions.T, self.device),
-                }
+                inputs = {"ids": ids, "positions": to_device(positions.T, self.device)}
                 logits = self.decode_graph.run(len(batch), {**inputs, **kv.decode_inputs()})["logits"]
                 kv.advance(len(batch))  # (the graph's DecodeKV keeps no host bookkeeping)
                 return self._sample(batch, list(range(len(batch))), logits)
             self.num_eager_decode_steps += 1
-        ends = torch.tensor([n for _, _, n in batch]).cumsum(0) - 1
-        speaks = any(req.state.talker is not None for req, _, _ in batch)
         media, counts = self._media(batch)
-        out = self.thinker(
-            to_device(ids, self.device, torch.long),
-            to_device(positions, self.device),
-            kv,
-            media,
-            talker_states=speaks,
-            logit_rows=to_device(ends, self.device),
-            counts=counts,
-        )
-        offset, ready = 0, []
+        x, deepstack = self.thinker.embed(ids, media, counts)
+        out = self._layers(x, positions.T, deepstack, kv)
+        offset, ready, ends = 0, [], []
         for row, (req, start, n) in enumerate(batch):
             if req.state.talker is not None:
-                self._keep_prompt_rows(req.state.thinker, start, n, out, offset)
-            if start + n == len(req.state.thinker.seq):  # the chunk reached the end: sample
+                self._keep_prompt_rows(req.state.thinker, start, n, x, out["accept_hidden"], offset)
+            if start + n == req.state.thinker.num_tokens:  # the chunk reached the end: sample
                 ready.append(row)
+                ends.append(offset + n - 1)
             offset += n
         if ready:
-            return self._sample(batch, ready, out.logits[to_device(ready, self.device, torch.long)])
+            logits = self.thinker.lm_head(out["hidden"][to_device(ends, self.device, torch.long)])
+            return self._sample(batch, ready, logits)
         return None
+
+    def _layers(self, x, positions, deepstack, kv: PagedBatch) -> dict[str, torch.Tensor]:
+        """The decoder over a prefill step's embeddings: replayed from a graph when the step's
+        layout fits a bucket, else eager."""
+        deepstack = deepstack.transpose(0, 1) if deepstack is not None else None  # [n, levels, hidden]: rows first
+        bucket = self.prefill_graphs.pick(kv) if self.prefill_graphs is not None else None
+        if bucket is None:
+            return self._decoder(kv, x, to_device(positions, self.device), deepstack)
+        rows = {"x": x, "positions": to_device(positions, self.device), "deepstack": deepstack}
+        out = self.prefill_graphs.run(bucket, kv, rows)
+        kv.advance(x.shape[0])  # (the graph's PrefillKV keeps no host bookkeeping)
+        return {name: t[: x.shape[0]] for name, t in out.items()}
+
+    def _decoder(self, kv, x, positions, deepstack=None) -> dict[str, torch.Tensor]:
+        """x [n, hidden] at positions [n, 3], DeepStack rows [n, levels, hidden] or None -> the final
+        hidden states and the output of layer ``accept_hidden_layer - 1`` (for the talker)."""
+        accept_at, taps = self.thinker.accept_hidden_layer - 1, {}
+
+        def tap(layer: int, h: torch.Tensor) -> torch.Tensor:
+            taps.update({"accept_hidden": h} if layer == accept_at else {})
+            return h + deepstack[:, layer] if deepstack is not None and layer < deepstack.shape[1] else h
+
+        layers = {accept_at, *range(deepstack.shape[1] if deepstack is not None else 0)}
+        hooks = {i: functools.partial(tap, i) for i in layers}
+        return {"hidden": self.thinker.model(x, positions.T, kv, hooks), **taps}
 
     def _sample(self, batch, ready: list[int], logits: torch.Tensor) -> Callable[[], None]:
         """Draw the next token of the ``ready`` rows of the batch (``logits`` [len(ready), vocab]);
         the returned function reads the picks back and commits them."""
         picks = sample_async(logits, [batch[row][0].state.thinker.sampler for row in ready])
+        for i, row in enumerate(ready):
+            batch[row][0].state.thinker.inflight.append((picks.ids, i))
 
         def commit() -> None:
             for row, pick in zip(ready, picks(), strict=True):
                 req = batch[row][0]
+                req.state.thinker.inflight.pop(0)
+                if req.status.is_done or req.state.thinker.is_finished:  # sampled after a stop: dropped
+                    continue
                 # A forced answer (speech of a given text) replaces the first draw, whole: no decode steps.
                 for given in _forced_picks(req.state.thinker) or [pick]:
                     req.guarded(self._commit, req, given)
 
         return commit
+
+    def _input_ids(self, batch) -> torch.Tensor:
+        """The step's input ids [tokens] on the device: read-back ids from the host, ids still in
+        flight copied over from the draws that made them (device to device)."""
+        host, patches = [], {}  # id(draw) -> (draw, [positions in the step], [rows of the draw])
+        for req, start, n in batch:
+            st = req.state.thinker
+            host += st.seq[start : start + n]
+            for draw, row in st.inflight[max(start - len(st.seq), 0) : start + n - len(st.seq)]:
+                where = patches.setdefault(id(draw), (draw, [], []))
+                where[1].append(len(host))
+                where[2].append(row)
+                host.append(0)
+        ids = to_device(host, self.device, torch.long)
+        for draw, where, rows in patches.values():
+            rows = draw[to_device(rows, self.device, torch.long)]
+            ids.index_copy_(0, to_device(where, self.device, torch.long), rows)
+        return ids
 
     def _media(self, batch) -> tuple[MediaEmbeddings | None, dict[str, int]]:
         """Encoder rows for the placeholders inside each request's chunk, packed in batch order,
@@ -154,7 +214,11 @@ class ThinkerProgram:
         deep: dict[str, list] = {k: [] for k in ("image", "video")}
         for req, start, n in batch:
             st = req.state.thinker
-            if st.media is None or start >= st.prompt.num_prompt_tokens:
+            if start >= st.prompt.num_prompt_tokens:
+                continue
+            if st.media is None:  # (here, on the stage's stream: after the encoders' rows, see lanes.py)
+                st.media = req.state.media.embeddings()
+            if st.media is None:
                 continue
             end = min(start + n, st.prompt.num_prompt_tokens)
             for kind in KINDS:
@@ -171,17 +235,16 @@ class ThinkerProgram:
         return MediaEmbeddings(cat["audio"], cat["image"], cat["video"], stack["image"], stack["video"]), counts
 
     @staticmethod
-    def _keep_prompt_rows(st: ThinkerState, start: int, n: int, out, offset: int) -> None:
+    def _keep_prompt_rows(st: ThinkerState, start: int, n: int, x, accept_hidden, offset: int) -> None:
         num_prompt = st.prompt.num_prompt_tokens
         if start >= num_prompt:
             return
         if st.prompt_embeddings is None:
-            shape = (num_prompt, out.embeddings.shape[1])
-            st.prompt_embeddings = out.embeddings.new_empty(shape)
-            st.prompt_accept_hidden = out.accept_hidden.new_empty(shape)
+            st.prompt_embeddings = x.new_empty((num_prompt, x.shape[1]))
+            st.prompt_accept_hidden = accept_hidden.new_empty((num_prompt, x.shape[1]))
         end = min(start + n, num_prompt)
-        st.prompt_embeddings[start:end] = out.embeddings[offset : offset + end - start]
-        st.prompt_accept_hidden[start:end] = out.accept_hidden[offset : offset + end - start]
+        st.prompt_embeddings[start:end] = x[offset : offset + end - start]
+        st.prompt_accept_hidden[start:end] = accept_hidden[offset : offset + end - start]
 
     @staticmethod
     def _commit(req: EngineRequest, pick: TokenLogprob) -> None:

@@ -73,7 +73,7 @@ class VocoderProgram:
 
     def is_finished(self, req: EngineRequest) -> bool:
         ts, vs = req.state.talker, req.state.vocoder
-        return ts.finished and vs.num_decoded == len(ts.frames)
+        return ts.finished and vs.num_emitted == len(ts.frames)  # (not before its last chunk is out)
 
     def _decode(self, codes: torch.Tensor, slots: torch.Tensor, fresh: bool) -> dict[str, torch.Tensor]:
         """codes [b, T, Q] of the streams in pool rows ``slots`` [b] -> their PCM [b, samples]."""
@@ -119,6 +119,8 @@ class VocoderProgram:
             for (width, fresh), group in groups.items()
             for first in range(0, len(group), self.max_batch)
         ]
+        for req, n in batch:  # launched (all of it, or nothing if a call raised): next come the frames after
+            req.state.vocoder.num_decoded += n
 
         def commit() -> None:
             for done in commits:
@@ -146,9 +148,11 @@ class VocoderProgram:
 
         def commit() -> None:
             for (req, n), row in zip(items, copy.get(), strict=True):
+                if req.status.is_done:  # aborted or failed after the launch
+                    continue
                 vs = req.state.vocoder
                 row = row[: self.vocoder.num_samples(n) if fresh else n * per_frame]
-                vs.num_decoded += n
+                vs.num_emitted += n
                 vs.chunks.append(row)
                 req.emit("audio", row)
 

@@ -1,0 +1,90 @@
+"""Launched work not yet completed: one engine step of lookahead.
+
+A stage's ``step`` launches the work of step N+1 before its ``finish`` completes step N (waits for
+that step's host read, commits what was read). So while the host reads and commits step N, and
+schedules and launches step N+2, the device is busy with step N+1. A program feeds what step N
+produced (sampled ids, frames) to step N+1 on the device, without the host knowing it; the host
+learns it one step late, and what step N+1 did for a request that step N ended (a stop token, a
+codec EOS) is dropped at its completion (its KV goes with the request's pages).
+
+``complete`` finishes every step's work but the newest, or all of it when the newest step
+launched nothing (nothing left to overlap with: the last results must come out).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from omniwalk.engine.lanes import Lane, upstream_events
+from omniwalk.engine.request import EngineRequest
+
+Items = list[tuple[EngineRequest, int]]
+
+
+@dataclass
+class Launch:
+    items: Items  # (request, units of work) it carried
+    done: Callable[[], None] | None  # waits for its host read and commits; None: nothing to complete
+    event: object  # recorded on the stage's lane after the launch
+
+
+class InFlight:
+    def __init__(self, stage: str):
+        self.stage = stage
+        self.steps: deque[list[Launch]] = deque()
+
+    def begin_step(self) -> None:
+        self.steps.append([])
+
+    def launch(self, items: Items, run: Callable[[Items], Callable | None], lane: Lane, remove) -> None:
+        """Launch ``run(items)`` on ``lane`` after the inputs it reads (the upstream stamps of its
+        requests). If it raises, each item is launched alone and only those that fail alone fail
+        (``run`` must leave request state untouched when it raises)."""
+        lane.wait_for(event for req, _ in items for event in upstream_events(req, self.stage))
+        try:
+            self.add(items, run(items), lane.record())
+        except Exception:
+            for item in items:
+                try:
+                    self.add([item], run([item]), lane.record())
+                except Exception as e:  # noqa: BLE001 - any model error fails just this request
+                    item[0].fail(e)
+                    remove(item[0])
+
+    def add(self, items: Items, done: Callable[[], None] | None, event) -> None:
+        """A launch of this step; one with nothing to complete has made its outputs visible already."""
+        self.steps[-1].append(Launch(items, done, event))
+        if done is None:
+            _stamp(items, self.stage, event)
+
+    @property
+    def is_empty(self) -> bool:
+        return not any(self.steps)
+
+    def complete(self, remove: Callable[[EngineRequest], None]) -> None:
+        """Complete every launch of the steps before the newest (all of them if the newest launched
+        nothing). A completion that raises fails the requests it carried (``remove`` takes them out)."""
+        keep = 1 if self.steps and self.steps[-1] else 0
+        while len(self.steps) > keep:
+            for launch in self.steps.popleft():
+                _complete(launch, self.stage, remove)
+
+
+def _complete(launch: Launch, stage: str, remove: Callable[[EngineRequest], None]) -> None:
+    if launch.done is None:
+        return
+    try:
+        launch.done()
+    except Exception as e:  # noqa: BLE001 - a failed read fails the requests it carried
+        for req, _ in launch.items:
+            req.fail(e)
+            remove(req)
+        return
+    _stamp(launch.items, stage, launch.event)
+
+
+def _stamp(items: Items, stage: str, event) -> None:
+    for req, _ in items:
+        req.produced[stage] = event
