@@ -104,6 +104,8 @@ class ThinkerProgram:
         st = req.state.thinker
         if st.is_finished or st.num_sampled >= st.max_tokens:  # (the last one may still be in flight)
             return 0
+        if st.forced_answer is not None and st.num_sampled:  # its commit replaces that draw: nothing to decode
+            return 0
         if st.placeholders_before is None:  # media not counted yet
             if not req.state.media.is_encoded:
                 return 0
