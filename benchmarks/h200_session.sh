@@ -59,7 +59,7 @@ sweep() {  # on GPU $1, guard $2 seconds, into $OUT/$3 (default sweep), then the
 checks() {
   log "GPU tests"
   # (modules needing packages the device lacks, e.g. openai, fail to import: their tests are CPU ones)
-  CUDA_VISIBLE_DEVICES=0 timeout 240 python3 -m pytest -q -s -p no:cacheprovider -m gpu \
+  CUDA_VISIBLE_DEVICES=0 timeout 330 python3 -m pytest -q -s -p no:cacheprovider -m gpu \
     --continue-on-collection-errors tests/ 2>&1 | grep -v "^cuda graphs" >"$OUT/tests.log"
   grep -E "GPU-|SYNC-|passed|failed|Error" "$OUT/tests.log" | cut -c1-220
   if [ -n "$PROFILE" ]; then

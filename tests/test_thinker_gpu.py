@@ -105,6 +105,19 @@ def test_full_size_thinker_layers_bf16_match_hf(kernels):
     # bf16 rounding moves ~10% of tokens onto another top-8 set in some layer (0.900 of tokens kept their route
     # with cuDNN SDPA, 0.889 with flash/efficient SDPA); those tokens are why the per-token minimum drops.
     overall = F.cosine_similarity(got.flatten(), expected.flatten(), dim=0)
+    # The fp32 truth (HF in fp32 on the same weights): how far each bf16 path is from the exact function.
+    hf.float()
+    truth = hf_head.float()(
+        hf(
+            inputs_embeds=embeds[None].float(),
+            position_ids=rope.positions.cuda()[:, None],
+            visual_pos_masks=mask[None],
+            deepstack_visual_embeds=[d.float() for d in deepstack],
+        ).last_hidden_state
+    )[0]
+    truth_hf = F.cosine_similarity(expected.flatten(), truth.flatten(), dim=0)
+    truth_ours = F.cosine_similarity(got.flatten(), truth.flatten(), dim=0)
+    print(f"GPU-PARITY thinker ({kernels} kernels) vs fp32 truth: HF bf16 {truth_hf:.6f} ours bf16 {truth_ours:.6f}")
     print(
         f"GPU-PARITY thinker ({kernels} kernels) logits cosine: all logits {overall:.6f} "
         f"per-token mean {cosine.mean():.6f} min {cosine.min():.6f} "
