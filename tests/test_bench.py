@@ -41,3 +41,11 @@ def test_bench_against_a_live_server(tmp_path):
     table = (tmp_path / "results.md").read_text()
     assert table.count("\n") == 6 and "| t2s | 3 |" in table
     assert all((tmp_path / f"{stem}.png").stat().st_size > 1000 for stem in ("req_per_s", "rtf_p50", "ttft_text_p50"))
+
+
+def test_charts_of_a_text_only_run_leave_out_the_audio_chart(tmp_path):
+    from omniwalk.bench.report import _charts
+
+    cells = {("s2t", b): {"req_per_s": 2.0 * b, "audio_s_per_s": 0.0, "ttft_text_p50": 0.1} for b in (1, 32)}
+    names = {f.name for f in _charts(tmp_path, cells)}
+    assert "req_per_s.png" in names and "audio_s_per_s.png" not in names

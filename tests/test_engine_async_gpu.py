@@ -60,14 +60,11 @@ def test_async_equals_synchronous_loop_on_the_gpu():
     assert stages["thinker"].lane.num_waits > 0 and stages["talker"].lane.num_waits > 0
 
 
-def test_stages_run_on_their_own_streams():
-    """Each stage's lane is a stream of its own (not the default one), and a graph pool per stage."""
+def test_stages_keep_their_own_graph_pools():
+    """Each KV stage captures into a graph pool of its own."""
     from test_graphs_gpu import _omni
 
     omni = _omni(4)
-    streams = {name: stage.lane.stream for name, stage in omni.engine.stages.items()}
-    assert all(s is not None and s != torch.cuda.default_stream() for s in streams.values())
-    assert len({s.cuda_stream for s in streams.values()}) == len(streams)
     thinker, talker = omni.engine.stages["thinker"].program, omni.engine.stages["talker"].program
     thinker_pool = next(iter(thinker.decode_graph.keyed.graphs.values()))[0].pool()
     talker_pool = next(iter(talker.frame_graph.keyed.graphs.values()))[0].pool()

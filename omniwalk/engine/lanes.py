@@ -1,24 +1,16 @@
-"""Where a stage launches its work: its own CUDA stream, with events on the data edges.
+"""Where a stage launches its work, with per-request stamps on the data edges.
 
-Every stage launches on its own ``Lane`` (a CUDA stream on CUDA), so the thinker, the talker, the
-vocoder and the encoders of one engine step can run at the same time on one GPU: a step costs about
-its longest stage, not their sum, where kernels leave the GPU partly idle.
+Every stage launches through its ``Lane``. The data edges are per request: when a stage's outputs
+for a request become visible to the stages after it, the stage stamps the request with an event
+(``EngineRequest.produced``); a stage about to launch a batch waits for the stamps of the stages
+before it on each request's walk (``num_waits`` counts the edges crossed, for tests).
 
-The data edges are per request. When a stage's outputs for a request become visible to the stages
-after it (at launch for a program that has nothing to complete, e.g. an encoder writing its rows;
-else when its launch completes, e.g. the thinker's committed tokens), the stage stamps the request
-with the event recorded after that launch (``EngineRequest.produced``). A stage about to launch a
-batch makes its lane wait for the stamps of the stages before it on each request's walk. A stamp
-set at completion is already passed on the device (the host read that completed the launch came
-after it), so waiting for it costs nothing; a stamp set at launch (an encoder) is a real wait, for
-the batches that need it only.
-
-Memory of a tensor made on one lane and read on another is safe without ``record_stream``: a
-request's cross-stage tensors (encoder rows, the thinker prompt's states for the talker) live as
-long as the request, which ends only after the host has read results of the reading lane that
-came after those reads.
-
-On the CPU a lane is the host itself: the same calls, no streams, events that are already passed.
+NOTE: all lanes launch on the device's current stream, so the stamps are already passed. Lanes on
+CUDA streams of their own (one per stage, events on the edges) hung a server on the H200
+(2026-12-01, `benchmarks/results/2026-12-01-h200/integration/`): the talker's host read of a frame
+waited forever for its event, at a different step each run, while the same tree on one stream
+served every path with 0 errors. Until that is understood, stages overlap only through the
+engine's one-step lookahead, not on separate streams.
 """
 
 from __future__ import annotations
@@ -31,37 +23,24 @@ import torch
 
 class Lane:
     def __init__(self, device):
-        device = torch.device(device)
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        if self.stream is not None:  # work queued before the lane existed (weights, KV pools) comes first
-            self.stream.wait_stream(torch.cuda.current_stream(device))
+        self.device = torch.device(device)
         self.num_waits = 0  # distinct events waited for (the data edges crossed), for tests
 
     def launching(self):
-        """Context in which the stage's kernels go to its stream."""
-        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+        """Context in which the stage's kernels are launched (the current stream, see the NOTE)."""
+        return contextlib.nullcontext()
 
     def record(self):
-        """An event after everything launched on this lane so far (on the CPU: a passed marker)."""
-        if self.stream is None:
-            return PASSED
-        event = torch.cuda.Event()
-        event.record(self.stream)
-        return event
+        """A stamp after everything launched on this lane so far: passed, on one stream."""
+        return PASSED
 
     def wait_for(self, events: Iterable) -> None:
-        """Later launches on this lane start after ``events`` (each counted once)."""
-        seen = set()
-        for event in events:
-            if event is None or id(event) in seen:
-                continue
-            seen.add(id(event))
-            self.num_waits += 1
-            if self.stream is not None and event is not PASSED:
-                self.stream.wait_event(event)
+        """Later launches on this lane start after ``events`` (each counted once; on one stream
+        they are passed already)."""
+        self.num_waits += len({id(e) for e in events if e is not None})
 
 
-PASSED = object()  # the CPU's event: the host ran it already
+PASSED = object()  # a stamp that is passed already (one stream, or the host)
 
 
 def upstream_events(req, stage: str) -> list:
