@@ -5,13 +5,19 @@ Tests only; omniwalk never imports transformers at run time.
 
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
+import tempfile
 from functools import cache
 from pathlib import Path
 
 import torch
 
 from omniwalk.models.qwen3_omni.model import randomize
+
+TEST_ROOT = tempfile.mkdtemp(prefix="omniwalk-tests-")  # the checkpoints tests write, removed at exit
+atexit.register(shutil.rmtree, TEST_ROOT, True)
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 PACKAGE_TINY = Path(__file__).parents[1] / "omniwalk" / "models" / "qwen3_omni" / "tiny_config.json"
@@ -51,9 +57,7 @@ def hf_checkpoint(name: str, seed: int = 0) -> Path:
 
 @cache
 def _hf_checkpoint(name: str, seed: int) -> Path:
-    import tempfile
-
-    out = Path(tempfile.mkdtemp(prefix=f"hf_{name}_"))
+    out = Path(tempfile.mkdtemp(prefix=f"hf_{name}_", dir=TEST_ROOT))
     hf_model(name, seed).save_pretrained(out)
     return out
 

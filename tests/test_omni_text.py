@@ -5,7 +5,7 @@ from functools import cache
 
 import pytest
 import torch
-from hf_oracle import config_dict
+from hf_oracle import TEST_ROOT, config_dict
 
 from omniwalk import Omni
 from omniwalk.config import DEFAULT_SYSTEM_PROMPT
@@ -21,7 +21,7 @@ MESSAGES = [
 
 @cache
 def checkpoint(name: str) -> str:
-    return str(make_tiny_checkpoint(tempfile.mkdtemp(prefix=f"omni_{name}_"), config_dict(name)))
+    return str(make_tiny_checkpoint(tempfile.mkdtemp(prefix=f"omni_{name}_", dir=TEST_ROOT), config_dict(name)))
 
 
 @cache

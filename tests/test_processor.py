@@ -53,7 +53,9 @@ class GridOnlyVideoProcessor:
 def checkpoint(tmp="processor"):
     import tempfile
 
-    return make_tiny_checkpoint(tempfile.mkdtemp(prefix=tmp))
+    from hf_oracle import TEST_ROOT
+
+    return make_tiny_checkpoint(tempfile.mkdtemp(prefix=tmp, dir=TEST_ROOT))
 
 
 @cache
