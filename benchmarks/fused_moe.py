@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -19,6 +20,9 @@ import torch.nn.functional as F
 
 from omniwalk.layers.fused_moe import GEMV_BLOCKS, expert_gemv, route_topk
 from omniwalk.layers.moe import grouped_experts
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # (harness.py beside this file)
+from harness import replay_us  # noqa: E402
 
 SHAPES = {  # name: (hidden, experts incl. folded shared slices, routed experts, top_k + shared slots, width)
     "thinker": (2048, 128, 128, 8, 768),
@@ -58,14 +62,7 @@ def time_us(fn, layers: int, replays: int = 20) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / replays / layers
+    return replay_us(graph, replays) / layers
 
 
 def bench_shape(name: str, shape, layers: int, tokens: list[int]) -> list[dict]:

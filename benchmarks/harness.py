@@ -97,6 +97,20 @@ def median_ms(fn: Callable[[], object], device, *, warmup: int = 2, iters: int =
     return statistics.median(times)
 
 
+def replay_us(graph, replays: int = 20) -> float:
+    """Mean microseconds per replay of a captured CUDA graph (one warm replay first, device events)."""
+    import torch
+
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / replays
+
+
 def timed_seconds(fn: Callable[[], object], device) -> tuple[object, float]:
     """(fn(), synchronised wall seconds) for one long call."""
     synchronize(device)

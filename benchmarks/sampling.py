@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, when not installed
-from harness import int_list, markdown_table, write_report  # noqa: E402
+from harness import int_list, markdown_table, replay_us, write_report  # noqa: E402
 
 from omniwalk.sampling import BatchParams, SamplerState, SamplingParams, draw, draw_reference  # noqa: E402
 
@@ -63,14 +63,7 @@ def graph_us(fn, num_draws: int = 16, replays: int = 20) -> float:
     with torch.cuda.graph(graph):
         for i in range(num_draws):
             fn(i)
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1000 / (replays * num_draws)
+    return replay_us(graph, replays) / num_draws
 
 
 def kernels_per_draw(fn) -> int | None:
