@@ -74,7 +74,7 @@ class Engine:
     def step(self) -> bool:
         """Advance every stage once; returns whether any stage launched work.
 
-        Upstream first, each stage launches its next batch on its own lane (stream), then
+        Upstream first, each stage launches its next batch (through its lane, ``engine/lanes.py``), then
         completes the batch it launched one step before (waits for that batch's host read and
         commits it; ``engine/inflight.py``). So the device always has a step queued while the
         host reads, commits and schedules, and a stage sees what the stages before it committed
@@ -105,8 +105,9 @@ class Engine:
                 req.emit("finished")
 
     def capture_graphs(self) -> None:
-        """Let every stage that has them capture its CUDA graphs. One memory pool per stage: the
-        stages replay concurrently on their own streams, and graphs that share a pool must not."""
+        """Let every stage that has them capture its CUDA graphs, one memory pool per stage (made for
+        stages replaying at once on streams of their own; today they share one stream, see
+        ``engine/lanes.py``, and one pool would do: its memory saving is not measured)."""
         for stage in self.stages.values():
             capture = getattr(stage, "capture_graphs", None)
             if capture is not None:

@@ -28,6 +28,8 @@ import torch
 
 @functools.cache
 def _kernels():
+    # NOTE: three kernels in one builder (85 lines): Triton is imported on first use only (CPU installs
+    # lack it), and the routing and both expert GEMVs share that one lazy import and cache.
     import triton
     import triton.language as tl
 
