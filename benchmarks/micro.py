@@ -55,6 +55,7 @@ from omniwalk.media.patches import image_patches, resize_image  # noqa: E402
 CPU_OPTIONS = dict(device="cpu", dtype="float32")
 OUTPUT_RATE = 24000  # Code2Wav's sample rate
 PARTS = ("thinker", "talker", "vocoder", "encoders")
+KERNEL_TOP = 25  # kernels listed per stage step, by total time
 
 
 class StageClock:
@@ -155,7 +156,8 @@ def steady_steps(omni: Omni, reqs: list, stage_name: str, args, device) -> tuple
 
 
 def _is_kernel(event) -> bool:
-    return event.device_type == DeviceType.CUDA and not event.name.startswith(("Memcpy", "Memset"))
+    # (the profiler also puts record_function ranges on the GPU timeline: "micro:stage" is one)
+    return event.device_type == DeviceType.CUDA and not event.name.startswith(("Memcpy", "Memset", "micro:"))
 
 
 def count_kernels(fn, device) -> int | None:
@@ -169,9 +171,11 @@ def count_kernels(fn, device) -> int | None:
     return sum(1 for e in prof.events() if _is_kernel(e))
 
 
-def stage_kernels(engine, stage_name: str, device) -> int | None:
+def stage_kernels(engine, stage_name: str, device) -> dict | None:
     """GPU kernels of ``stage_name`` in one engine step: those starting inside its step() or
-    finish(), each synchronised on both sides by the StageClock; None off CUDA."""
+    finish(), each synchronised on both sides by the StageClock -> {count, busy_us (kernel time
+    summed), span_us (first kernel start to last kernel end: the rest are gaps), top (the kernels
+    by total time, grouped by name)}; None off CUDA."""
     if torch.device(device).type != "cuda":
         return None
     stage = engine.stages[stage_name]
@@ -189,7 +193,19 @@ def stage_kernels(engine, stage_name: str, device) -> int | None:
             engine.step()
     events = prof.events()
     spans = [(e.time_range.start, e.time_range.end) for e in events if e.name == "micro:stage"]
-    return sum(1 for e in events if _is_kernel(e) and any(a <= e.time_range.start <= b for a, b in spans))
+    kernels = [e for e in events if _is_kernel(e) and any(a <= e.time_range.start <= b for a, b in spans)]
+    if not kernels:
+        return dict(count=0, busy_us=0.0, span_us=0.0, top=[])
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name[:90], []).append(e.time_range.end - e.time_range.start)
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:KERNEL_TOP]
+    return dict(
+        count=len(kernels),
+        busy_us=sum(e.time_range.end - e.time_range.start for e in kernels),
+        span_us=max(e.time_range.end for e in kernels) - min(e.time_range.start for e in kernels),
+        top=[dict(name=n, calls=len(t), total_us=round(sum(t), 1), mean_us=round(sum(t) / len(t), 2)) for n, t in top],
+    )
 
 
 def routed_experts(decoder, run) -> float | None:
@@ -222,12 +238,22 @@ def steady_state(omni: Omni, requests: list[dict], is_ready, stage_name: str, de
     ``decoder`` routes to in one more step, abort them -> a row of measured figures."""
     reqs = start(omni, requests, is_ready)
     ms, keys, replays = steady_steps(omni, reqs, stage_name, args, device)
-    kernels = stage_kernels(omni.engine, stage_name, device)
+    kernels = stage_kernels(omni.engine, stage_name, device) or {}
     routed = routed_experts(decoder, omni.engine.step)
     for r in reqs:
         omni.abort(r.id)
     b = len(requests)
-    return dict(batch=b, ms=ms, kernels=kernels, graph_steps=replays, context=keys / b, routed_experts=routed)
+    return dict(
+        batch=b,
+        ms=ms,
+        kernels=kernels.get("count"),
+        kernel_busy_ms=kernels["busy_us"] / 1e3 if kernels else None,
+        kernel_span_ms=kernels["span_us"] / 1e3 if kernels else None,
+        kernel_top=kernels.get("top"),
+        graph_steps=replays,
+        context=keys / b,
+        routed_experts=routed,
+    )
 
 
 def bench_thinker(omni: Omni, args, m: Machine, device, dtype_bytes: int) -> list[dict]:
@@ -242,7 +268,7 @@ def bench_thinker(omni: Omni, args, m: Machine, device, dtype_bytes: int) -> lis
         rows.append(row | dict(floor_gb=work.bytes / 1e9, floor_ms=floor, ratio=ms / floor))
         print(
             f"thinker B={b:3d}: {ms:8.2f} ms/step {b / ms * 1e3:8.1f} tok/s  floor {floor:6.2f} ms x{ms / floor:.1f}  "
-            f"kernels {row['kernels']}"
+            f"kernels {row['kernels']} busy {row['kernel_busy_ms']} ms span {row['kernel_span_ms']} ms"
         )
     return rows
 
@@ -261,7 +287,7 @@ def bench_talker(omni: Omni, args, m: Machine, device, dtype_bytes: int) -> list
         rows.append(row | dict(floor_gb=work.bytes / 1e9, floor_ms=floor, ratio=ms / floor))
         print(
             f"talker  B={b:3d}: {ms:8.2f} ms/step (RTF {rtf:.3f})  floor {floor:6.2f} ms  x{ms / floor:.1f}  "
-            f"kernels {row['kernels']}"
+            f"kernels {row['kernels']} busy {row['kernel_busy_ms']} ms span {row['kernel_span_ms']} ms"
         )
     return rows
 
@@ -409,6 +435,18 @@ def report(results: dict) -> str:
         if results.get(part):
             rows = [[row.get(c) for c in columns] for row in results[part]]
             lines += ["", f"## {title}", "", markdown_table(columns, rows)]
+    for part in ("thinker", "talker"):
+        for row in results.get(part) or []:
+            if row.get("kernel_top"):
+                lines += [
+                    "",
+                    f"### {part} B={row['batch']}: {row['kernels']} kernels, {row['kernel_busy_ms']:.2f} ms busy "
+                    f"in a {row['kernel_span_ms']:.2f} ms span (step {row['ms']:.2f} ms)",
+                    "",
+                    markdown_table(
+                        ["name", "calls", "total_us", "mean_us"], [list(k.values()) for k in row["kernel_top"]]
+                    ),
+                ]
     return "\n".join(lines)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 
-import av
 import numpy as np
 import soundfile as sf
 from PIL import Image
@@ -44,6 +43,8 @@ def encode_video(
     frames: np.ndarray, fps: int, fmt: str = "mp4", codec: str = "libx264", audio: np.ndarray | None = None
 ) -> bytes:
     """uint8 [T, H, W, 3] (+ optional mono float32 audio at 16 kHz) -> encoded bytes."""
+    import av  # (lazy: the device machine's image has no PyAV; tests that encode no video run there)
+
     buf = io.BytesIO()
     with av.open(buf, mode="w", format=fmt) as out:
         video = out.add_stream(codec, rate=fps)
@@ -63,6 +64,8 @@ def encode_video(
 
 
 def _write_audio(out, sound, wave: np.ndarray) -> None:
+    import av
+
     rate = sound.codec_context.sample_rate
     if rate != 16000:
         wave = np.interp(np.arange(int(len(wave) * rate / 16000)) * 16000 / rate, np.arange(len(wave)), wave)
