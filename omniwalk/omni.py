@@ -33,8 +33,8 @@ from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.graph import build_stages, new_state
 from omniwalk.models.qwen3_omni.media_inputs import measure
 from omniwalk.models.qwen3_omni.model import Backends, load_components
+from omniwalk.models.qwen3_omni.networks.talker import TalkerSamplingParams
 from omniwalk.models.qwen3_omni.processor import ChatProcessor, Prompt
-from omniwalk.models.qwen3_omni.talker import TalkerSamplingParams
 from omniwalk.models.qwen3_omni.talker_prompt import resolve_speaker
 from omniwalk.sampling import SamplingParams, TokenLogprob
 from omniwalk.tokenizer import Tokenizer

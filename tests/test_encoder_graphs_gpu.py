@@ -24,9 +24,9 @@ VISION_LAYOUTS = [
 def _encoder(kind: str):
     from gpu_pairs import randomize_, real_config_dict
 
-    from omniwalk.models.qwen3_omni.audio_encoder import AudioEncoder
     from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
-    from omniwalk.models.qwen3_omni.vision_encoder import VisionEncoder
+    from omniwalk.models.qwen3_omni.networks.audio_encoder import AudioEncoder
+    from omniwalk.models.qwen3_omni.networks.vision_encoder import VisionEncoder
 
     cfg = Qwen3OmniConfig.from_hf(real_config_dict())
     with torch.device("cuda"):

@@ -16,7 +16,7 @@ from prompt_cases import thinker_cases
 from omniwalk.errors import InvalidRequestError
 from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.model import load_components
-from omniwalk.models.qwen3_omni.talker import Talker, TalkerSamplingParams
+from omniwalk.models.qwen3_omni.networks.talker import Talker, TalkerSamplingParams
 from omniwalk.models.qwen3_omni.talker_prompt import build_talker_prompt, resolve_speaker
 
 NUM_FRAMES = 32

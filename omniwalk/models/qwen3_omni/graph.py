@@ -16,9 +16,10 @@ from omniwalk.engine.batch_stage import BatchStage, BatchStageConfig
 from omniwalk.engine.kv_pages import KVStorage
 from omniwalk.engine.kv_stage import KVStage, KVStageConfig
 from omniwalk.engine.prefill_graphs import PrefillPlan
-from omniwalk.models.qwen3_omni.code2wav_stream import VocoderStreamConfig
 from omniwalk.models.qwen3_omni.config import DecoderConfig, Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.encoder_programs import AudioEncoderProgram, VisionEncoderProgram
+from omniwalk.models.qwen3_omni.networks.code2wav_stream import VocoderStreamConfig
+from omniwalk.models.qwen3_omni.networks.talker import TalkerSamplingParams
 from omniwalk.models.qwen3_omni.processor import Prompt
 from omniwalk.models.qwen3_omni.request_state import (
     AUDIO,
@@ -28,7 +29,6 @@ from omniwalk.models.qwen3_omni.request_state import (
     ThinkerState,
     VocoderState,
 )
-from omniwalk.models.qwen3_omni.talker import TalkerSamplingParams
 from omniwalk.models.qwen3_omni.talker_program import TalkerProgram
 from omniwalk.models.qwen3_omni.talker_prompt import talker_prefix_length
 from omniwalk.models.qwen3_omni.thinker_program import ThinkerProgram

@@ -33,8 +33,8 @@ from omniwalk.media.patches import (
     seconds_per_grid,
 )
 from omniwalk.media.video import decode_video
-from omniwalk.models.qwen3_omni.audio_encoder import audio_output_lengths
 from omniwalk.models.qwen3_omni.mrope import AUDIO, IMAGE, VIDEO
+from omniwalk.models.qwen3_omni.networks.audio_encoder import audio_output_lengths
 from omniwalk.models.qwen3_omni.processor import MediaItem, MediaPart
 
 

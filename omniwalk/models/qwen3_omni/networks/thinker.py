@@ -20,7 +20,7 @@ from torch import nn
 
 from omniwalk.errors import InvalidRequestError
 from omniwalk.models.qwen3_omni.config import DecoderConfig, TokenIds
-from omniwalk.models.qwen3_omni.decoder import Decoder, KVCache
+from omniwalk.models.qwen3_omni.networks.decoder import Decoder, KVCache
 
 
 @dataclass
