@@ -15,7 +15,7 @@ _DTYPES = ("float32", "bfloat16", "float16")
 def _make_tiny(args: argparse.Namespace) -> None:
     import torch
 
-    from omniwalk.models.qwen3_omni.tiny import TINY_CONFIG, make_tiny_checkpoint
+    from omniwalk.models.qwen3_omni.checkpoint.tiny import TINY_CONFIG, make_tiny_checkpoint
 
     start = time.perf_counter()
     config = args.config or TINY_CONFIG
@@ -34,8 +34,8 @@ def _make_tiny(args: argparse.Namespace) -> None:
 
 
 def _inspect(args: argparse.Namespace) -> None:
-    from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
-    from omniwalk.models.qwen3_omni.layout import checkpoint_layout, num_parameters
+    from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
+    from omniwalk.models.qwen3_omni.checkpoint.layout import checkpoint_layout, num_parameters
 
     cfg = Qwen3OmniConfig.from_hf(args.model)
     print(f"thinker:  {cfg.text}")
@@ -55,7 +55,7 @@ def _embedded_checkpoint() -> Path:
     """The embedded default model: the packaged tiny config with random weights, written once."""
     import shutil
 
-    from omniwalk.models.qwen3_omni.tiny import make_tiny_checkpoint
+    from omniwalk.models.qwen3_omni.checkpoint.tiny import make_tiny_checkpoint
 
     if not (EMBEDDED_DIR / "config.json").exists():
         print(f"writing the embedded tiny checkpoint to {EMBEDDED_DIR}", flush=True)

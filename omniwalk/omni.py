@@ -29,13 +29,13 @@ from omniwalk.config import OmniConfig
 from omniwalk.engine.engine import Engine, EngineLimits
 from omniwalk.engine.request import EngineRequest, Event, Status
 from omniwalk.errors import InvalidRequestError
-from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.graph import build_stages, new_state
-from omniwalk.models.qwen3_omni.media_inputs import measure
-from omniwalk.models.qwen3_omni.model import Backends, load_components
+from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.checkpoint.loader import Backends, load_components
 from omniwalk.models.qwen3_omni.networks.talker import TalkerSamplingParams
-from omniwalk.models.qwen3_omni.processor import ChatProcessor, Prompt
-from omniwalk.models.qwen3_omni.talker_prompt import resolve_speaker
+from omniwalk.models.qwen3_omni.processing.chat import ChatProcessor, Prompt
+from omniwalk.models.qwen3_omni.processing.media_inputs import measure
+from omniwalk.models.qwen3_omni.processing.talker_prompt import resolve_speaker
+from omniwalk.models.qwen3_omni.programs.stages import build_stages, new_state
 from omniwalk.sampling import SamplingParams, TokenLogprob
 from omniwalk.tokenizer import Tokenizer
 

@@ -7,11 +7,11 @@ from hf_oracle import hf_checkpoint, hf_model
 from safetensors.torch import load_file
 
 from omniwalk.errors import CheckpointError
-from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.layout import checkpoint_layout
-from omniwalk.models.qwen3_omni.model import ALL_COMPONENTS, PREFIXES, build_component, load_components
-from omniwalk.models.qwen3_omni.tiny import PRESETS, make_tiny_checkpoint
-from omniwalk.models.qwen3_omni.weights import to_checkpoint_names
+from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.checkpoint.layout import checkpoint_layout
+from omniwalk.models.qwen3_omni.checkpoint.loader import ALL_COMPONENTS, PREFIXES, build_component, load_components
+from omniwalk.models.qwen3_omni.checkpoint.tiny import PRESETS, make_tiny_checkpoint
+from omniwalk.models.qwen3_omni.checkpoint.weights import to_checkpoint_names
 
 
 def our_checkpoint_names(cfg) -> dict[str, tuple]:

@@ -17,7 +17,7 @@ from test_omni_text import checkpoint, omni
 
 from omniwalk.errors import InvalidRequestError
 from omniwalk.media.mel import log_mel
-from omniwalk.models.qwen3_omni.media_inputs import vision_pixels
+from omniwalk.models.qwen3_omni.processing.media_inputs import vision_pixels
 
 RNG = np.random.default_rng(1)
 AUDIO = (0.1 * RNG.standard_normal(16000 * 2 + 300)).astype(np.float32)

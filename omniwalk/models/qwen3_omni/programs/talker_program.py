@@ -30,7 +30,7 @@ from omniwalk.engine.prefill_graphs import NO_PREFILL_GRAPHS, PrefillGraphs, Pre
 from omniwalk.engine.request import EngineRequest
 from omniwalk.models.qwen3_omni.networks.talker import Talker
 from omniwalk.models.qwen3_omni.networks.thinker import Thinker
-from omniwalk.models.qwen3_omni.talker_prompt import talker_prefix
+from omniwalk.models.qwen3_omni.processing.talker_prompt import talker_prefix
 from omniwalk.sampling import BatchParams, advance, draw
 
 EOS, PAD = "eos", "pad"
