@@ -12,10 +12,6 @@ from dataclasses import dataclass, field, fields, replace
 from omniwalk.errors import ConfigError
 from omniwalk.media.limits import MediaLimits
 
-DEFAULT_SYSTEM_PROMPT = (
-    "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving auditory and "
-    "visual inputs, as well as generating text and speech."
-)
 # per backend field: (reference, fast)
 BACKENDS = {
     "moe_backend": ("reference", "fused"),
@@ -33,7 +29,8 @@ class ModelConfig:
     device: str = "cpu"
     dtype: str = "float32"
     max_model_len: int | None = None  # prompt + generated tokens; None = the checkpoint's max positions
-    default_system_prompt: str | None = DEFAULT_SYSTEM_PROMPT  # used when a request has no system turn
+    # the system turn of a request without one; None = the model family's own, "" = none
+    default_system_prompt: str | None = None
     random_weights: bool = False  # build random weights on the device instead of reading them (benchmarks)
     # Fast paths, chosen by name ("auto": the fast one on CUDA, the reference one elsewhere):
     # MoE: "reference" (per-expert loop, the CPU oracle) | "fused" (CUDA: routing kernel, expert GEMVs

@@ -95,5 +95,5 @@ def test_skeleton_checkpoint_with_random_weights_built_on_the_device(tmp_path):
         }
     )
     assert len(out.token_ids) == 5 and out.codes.shape == (3, 4) and out.audio.isfinite().all()
-    params = [p for m in omni.parts.values() for p in m.parameters()]
+    params = [p for m in omni.family.parts.values() for p in m.parameters()]
     assert all(p.isfinite().all() and p.abs().max() > 0 for p in params)

@@ -53,7 +53,7 @@ def serve_engine(options: dict, inbox_addr: str, outbox_addr: str) -> None:
         outbox.send(pack({"type": "fatal", "error": f"{type(e).__name__}: {e}"}))
         ctx.destroy(linger=1000)
         sys.exit(1)
-    outbox.send(pack({"type": "ready", "voices": [name for name, _ in omni.model_config.talker.speakers]}))
+    outbox.send(pack({"type": "ready", "voices": list(omni.family.info.voices)}))
     try:
         _EngineLoop(omni, inbox, outbox).run()
     except Exception as e:  # noqa: BLE001 - a fault outside any request: the server exits, a supervisor restarts it
