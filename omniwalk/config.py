@@ -192,7 +192,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None  # when set, requests need "Authorization: Bearer <key>"
-    served_model_name: str = "qwen3-omni"
+    served_model_name: str | None = None  # the name requests give as "model"; None = the model family's
     max_body_bytes: int = 64 * 2**20  # larger bodies: 413, refused from Content-Length or while read
     max_tokens_limit: int = 8192  # requests asking for more: 400
     max_audio_frames_limit: int = 4096  # 12.5 frames per second of speech: ~5.5 minutes

@@ -58,6 +58,7 @@ class ModelInfo:
 
 class ModelFamily(ABC):
     info: ModelInfo
+    presets: dict[str, Path] = {}  # named configs shipped with the family (``make-tiny --config NAME``)
 
     @abstractmethod
     def __init__(self, config: OmniConfig):

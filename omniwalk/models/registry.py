@@ -45,6 +45,16 @@ def family_class(source: str | Path | dict) -> type[ModelFamily]:
     raise ConfigError(f"{where}: architectures {names} name no model family known here; known: {sorted(known)}")
 
 
+def family_for_config(config: str | Path) -> type[ModelFamily]:
+    """The family of a config.json (or checkpoint directory), or the one that ships a preset of this name."""
+    if Path(config).exists():
+        return family_class(config)
+    for path in families().values():
+        if str(config) in load(path).presets:
+            return load(path)
+    raise ConfigError(f"{config}: no such config.json, and no model family has a preset of that name")
+
+
 def default_family() -> type[ModelFamily]:
     return load(families()[DEFAULT_ARCHITECTURE])
 

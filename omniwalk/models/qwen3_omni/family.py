@@ -14,7 +14,7 @@ from omniwalk.models.family import ModelFamily, ModelInfo, RequestOutput
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.checkpoint.layout import checkpoint_layout, num_parameters
 from omniwalk.models.qwen3_omni.checkpoint.loader import Backends, load_components
-from omniwalk.models.qwen3_omni.checkpoint.tiny import make_tiny_checkpoint
+from omniwalk.models.qwen3_omni.checkpoint.tiny import PRESETS, make_tiny_checkpoint
 from omniwalk.models.qwen3_omni.networks.talker import TalkerSamplingParams
 from omniwalk.models.qwen3_omni.processing.chat import DEFAULT_SYSTEM_PROMPT, ChatProcessor, Prompt
 from omniwalk.models.qwen3_omni.processing.media_inputs import measure
@@ -40,6 +40,8 @@ class Qwen3OmniOutput(RequestOutput):
 
 
 class Qwen3OmniFamily(ModelFamily):
+    presets = PRESETS
+
     def __init__(self, config: OmniConfig):
         self.config, mc = config, config.model
         self.cfg = cfg = Qwen3OmniConfig.from_hf(mc.model)
