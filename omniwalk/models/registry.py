@@ -8,12 +8,12 @@ architecture, value: ``module:Class``), so adding one edits nothing here.
 from __future__ import annotations
 
 import importlib
-import json
 from importlib.metadata import entry_points
 from pathlib import Path
 
 from omniwalk.errors import ConfigError
 from omniwalk.models.family import ModelFamily
+from omniwalk.models.json_fields import read_config
 
 BUILTIN = {"Qwen3OmniMoeForConditionalGeneration": "omniwalk.models.qwen3_omni.family:Qwen3OmniFamily"}
 DEFAULT_ARCHITECTURE = "Qwen3OmniMoeForConditionalGeneration"  # the embedded tiny model's family
@@ -27,21 +27,11 @@ def families() -> dict[str, str]:
 
 def family_class(source: str | Path | dict) -> type[ModelFamily]:
     """The family of a checkpoint directory, a config.json path or its parsed dict."""
-    if isinstance(source, dict):
-        where, config = "config", source
-    else:
-        path = Path(source) / "config.json" if Path(source).is_dir() else Path(source)
-        where = str(path)
-        try:
-            config = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"no config.json at {path}") from None
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path} is not valid JSON: {e}") from None
-    names, known = config.get("architectures") or [], families()
+    names, known = read_config(source).get("architectures") or [], families()
     for name in names:
         if name in known:
             return load(known[name])
+    where = "config" if isinstance(source, dict) else str(source)
     raise ConfigError(f"{where}: architectures {names} name no model family known here; known: {sorted(known)}")
 
 
