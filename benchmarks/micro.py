@@ -339,7 +339,7 @@ def vocoder_chunk(program, batch: int, frames: int, warm_frames: int, device):
 @torch.inference_mode()
 def bench_vocoder(omni: Omni, args, m: Machine, device) -> list[dict]:
     program, rows = omni.engine.stages["vocoder"].program, []
-    vocoder, first = program.vocoder, omni.config.engine.vocoder_first_chunk_frames
+    vocoder, first = program.vocoder, omni.config.family.vocoder_first_chunk_frames
     for frames in args.vocoder_frames:
         for b in args.vocoder_batches:
             for warm in (0, args.vocoder_warm_frames) if frames == first else (args.vocoder_warm_frames,):
@@ -504,7 +504,7 @@ def main() -> None:
         "vocoder": lambda: bench_vocoder(omni, args, m, device),
         "encoders": lambda: bench_encoders(omni, args, m, device, dtype),
     }
-    results["config"] = {"model": asdict(omni.config.model), "engine": asdict(omni.config.engine)}
+    results["config"] = {part: asdict(getattr(omni.config, part)) for part in ("model", "engine", "family")}
     for part in parts:
         print(f"-- {part}")
         results[part] = benches[part]()

@@ -18,7 +18,7 @@ def _make_tiny(args: argparse.Namespace) -> None:
     from omniwalk.models import registry
 
     start = time.perf_counter()
-    family = registry.family_for_config(args.config) if args.config else registry.default_family()
+    family = (registry.family_for_config(args.config) if args.config else registry.default_family()).Family
     what = "a config + tokenizer skeleton" if args.no_weights else f"a random-weight checkpoint (seed {args.seed})"
     print(f"writing {what} from {args.config or 'the tiny config'} to {args.out_dir}", flush=True)
     out = family.make_tiny(
@@ -53,7 +53,7 @@ def _embedded_checkpoint() -> Path:
         tmp = EMBEDDED_DIR.with_name(EMBEDDED_DIR.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)  # a write that was interrupted
         try:
-            default_family().make_tiny(tmp)
+            default_family().Family.make_tiny(tmp)
             tmp.rename(EMBEDDED_DIR)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -83,14 +83,16 @@ def _serve(args: argparse.Namespace) -> int:
 
     from omniwalk.config import EngineConfig, ModelConfig, OmniConfig, ServerConfig
     from omniwalk.media.limits import MediaLimits
+    from omniwalk.models import registry
 
     server = ServerConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServerConfig)})
-    options = {
-        f.name: getattr(args, f.name) for c in (ModelConfig, EngineConfig, MediaLimits) for f in dataclasses.fields(c)
-    }
     if args.model is not None and not Path(args.model).expanduser().is_dir():
         raise ConfigError(f"--model {args.model}: no such checkpoint directory")
-    OmniConfig.from_kwargs(**{**options, "model": str(args.model)})  # config errors before anything starts
+    family = registry.family_module(args.model) if args.model else registry.default_family()
+    family_options = getattr(family, "Options", None)
+    sections = (ModelConfig, EngineConfig, MediaLimits, *filter(None, [family_options]))
+    options = {f.name: getattr(args, f.name) for c in sections for f in dataclasses.fields(c)}
+    OmniConfig.from_kwargs(family_options, **{**options, "model": str(args.model)})  # errors before anything starts
     sock = _listening_socket(server.host, server.port)
     logging.basicConfig(level=server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     model = args.model or _embedded_checkpoint()
@@ -209,7 +211,8 @@ def _add_dataclass_flags(parser: argparse.ArgumentParser, cls, skip=()) -> None:
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
-        kind, flag = str(f.type), "--" + f.name.replace("_", "-")
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))  # (annotations or types)
+        flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         common = {"dest": f.name, "default": default, "help": f"{cls.__name__}.{f.name} (default: {default})"}
         if kind.startswith("bool"):
@@ -222,6 +225,8 @@ def _add_dataclass_flags(parser: argparse.ArgumentParser, cls, skip=()) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import dataclasses
+
     parser = argparse.ArgumentParser(prog="omniwalk", description="Serve composite any-to-any multimodal models.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -230,8 +235,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="serve a checkpoint over an OpenAI-compatible HTTP API")
     serve.add_argument("--model", type=Path, default=None, help="checkpoint directory (default: embedded tiny model)")
-    for cls in (ServerConfig, ModelConfig, EngineConfig, MediaLimits):
-        _add_dataclass_flags(serve, cls, skip=("model",))
+    from omniwalk.models.registry import all_options
+
+    seen = {"model"}
+    for cls in (ServerConfig, ModelConfig, EngineConfig, MediaLimits, *all_options()):
+        _add_dataclass_flags(serve, cls, skip=seen)  # (families sharing a field share its flag)
+        seen |= {f.name for f in dataclasses.fields(cls)}
     serve.set_defaults(func=_serve)
 
     bench = sub.add_parser("bench", help="closed-loop load test of an OpenAI-compatible omni server")

@@ -1,13 +1,21 @@
 """Engine and model knobs as frozen dataclasses: one source of truth, no environment variables.
 
-``OmniConfig`` is what ``Omni`` (and later the server) is built from; the server extends it with
-its own fields. Values are validated here, once, with errors that name the field.
+    OmniConfig = ModelConfig   the checkpoint and how its networks run (device, dtype, backends)
+               + EngineConfig  the walk runtime: KV pages, token budget, admission, CUDA graphs
+               + MediaLimits   what a request's media may be
+               + family        the model family's own section (its ``Options``: per-stage budgets)
+
+``OmniConfig.from_kwargs`` builds it from flat keyword arguments (``Omni(model, **options)``, the
+``omniwalk serve`` flags) and ``resolve_auto`` fixes every "auto" choice for the device, once, so
+the engine and the family read plain values. ``ServerConfig`` holds the HTTP server's knobs.
+Values are validated here, with errors that name the field.
 """
 
 from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from omniwalk.errors import ConfigError
 from omniwalk.media.limits import MediaLimits
@@ -21,6 +29,7 @@ BACKENDS = {
 }
 # (torch is imported where a dtype or device is used, so that `omniwalk --help` does not load it)
 DTYPES = ("float32", "bfloat16", "float16")
+MIN_GRAPH_TOKENS = 256  # the smallest packed-graph bucket (engine/packed_graphs.py)
 
 
 @dataclass(frozen=True)
@@ -39,31 +48,15 @@ class ModelConfig:
     attention_backend: str = "auto"  # encoders' and prefill attention: "reference" | "torch_varlen" (CUDA, 16-bit)
     decode_attention: str = "auto"  # paged decode attention: "reference" | "triton" (CUDA)
     # decoder kernels: "reference" | "triton" (CUDA: fused add + RMSNorm, merged q/k/v and gate/up GEMMs,
-    # q/k norm + rope + KV store in one kernel; models/qwen3_omni/decoder.py)
+    # q/k norm + rope + KV store in one kernel)
     norm_backend: str = "auto"
-    # on CUDA, decode steps and vocoder calls of up to this many requests replay graphs; 0 = all eager
-    cuda_graph_max_batch: int = 64
-    # on CUDA with graphs on, encoder calls of up to this many packed tokens (audio tokens after the
-    # convs, vision patches) replay graphs of their layer loops; 0 = encoders run eagerly
-    encoder_graph_max_tokens: int = 8192
-    # on CUDA with graphs on, prefill steps of the thinker and the talker of up to this many tokens
-    # (and at most the stage's token budget) replay graphs of their decoder layers; 0 = eager
-    prefill_graph_max_tokens: int = 2048
 
     def __post_init__(self):
         import torch
 
-        from omniwalk.engine.packed_graphs import MIN_BUCKET_TOKENS
-
         for name, choices in BACKENDS.items():
             if getattr(self, name) not in (*choices, "auto"):
                 raise ConfigError(f"{name} must be one of {[*choices, 'auto']}, got {getattr(self, name)!r}")
-        if self.cuda_graph_max_batch < 0:
-            raise ConfigError(f"cuda_graph_max_batch must be >= 0, got {self.cuda_graph_max_batch}")
-        for name in ("encoder_graph_max_tokens", "prefill_graph_max_tokens"):
-            n = getattr(self, name)
-            if n and (n < MIN_BUCKET_TOKENS or n & (n - 1)):
-                raise ConfigError(f"{name} must be 0 or a power of two >= {MIN_BUCKET_TOKENS}, got {n}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -85,82 +78,34 @@ class ModelConfig:
 
         return torch.device(self.device).type == "cuda"
 
-    def backend(self, name: str) -> str:
-        """A backend field with "auto" resolved for this device, dtype and installed packages."""
-        value = getattr(self, name)
-        if value != "auto":
-            return value
-        reference, fast = BACKENDS[name]
-        usable = self.on_cuda and (name != "attention_backend" or self.dtype != "float32")
-        if fast == "triton":
-            usable = usable and importlib.util.find_spec("triton") is not None
-        return fast if usable else reference
-
-    @property
-    def graph_max_batch(self) -> int:
-        """Largest decode batch replayed from a CUDA graph (0: graphs off, always so off CUDA)."""
-        return self.cuda_graph_max_batch if self.on_cuda else 0
-
-    @property
-    def graph_max_encoder_tokens(self) -> int:
-        """Largest encoder call (packed tokens) replayed from a CUDA graph: 0 when graphs are off,
-        and with the reference attention backend (it reads segment bounds on the host)."""
-        return self._packed_graph_tokens(self.encoder_graph_max_tokens)
-
-    @property
-    def graph_max_prefill_tokens(self) -> int:
-        """Largest prefill step (tokens) replayed from a CUDA graph; 0 as for the encoders."""
-        return self._packed_graph_tokens(self.prefill_graph_max_tokens)
-
-    def _packed_graph_tokens(self, limit: int) -> int:
-        if self.graph_max_batch == 0 or self.backend("attention_backend") == "reference":
-            return 0
-        return limit
-
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Scheduling and memory knobs of the walk runtime (one tested default each)."""
+    """Scheduling, memory and graph knobs of the walk runtime (one tested default each)."""
 
     page_size: int = 16  # tokens per KV page
-    thinker_kv_bytes: int = 256 * 2**20  # KV pool of the thinker (all layers, keys + values)
-    talker_kv_bytes: int = 64 * 2**20
-    # per step: prefill chunk tokens + decode tokens, of the thinker and of the talker; 0 = sized to
-    # the device when the config is built (``batch_tokens_for``)
+    # per step and KV stage: prefill chunk tokens + decode tokens; 0 = sized to the device (``resolve_auto``)
     max_batch_tokens: int = 0
-    talker_max_batch_tokens: int = 0
-    max_running: int = 64  # requests holding KV pages in one KV stage
+    max_running: int = 64  # requests holding KV pages in one KV stage (also streams in a stream pool)
     max_requests: int = 256  # unfinished requests admitted; beyond that: QueueFullError
-    encoder_batch_units: int = 65536  # mel frames (audio) / patches (vision) per encoder call
-    vocoder_chunk_frames: int = 25  # codec frames per streamed audio chunk (12.5 frames = 1 s)
-    vocoder_first_chunk_frames: int = 5  # a smaller first chunk: earlier first audio
-    # streams decoded in one vocoder call; 1 = each stream alone: audio bit-identical whatever else
-    # runs (CPU kernels, like GPU ones, round differently at other batch sizes), at a throughput cost
-    vocoder_max_batch: int = 64
+    # on CUDA, decode steps (and batched stream calls) of up to this many requests replay graphs; 0 = all eager
+    cuda_graph_max_batch: int = 64
+    # on CUDA with graphs on, encoder calls of up to this many packed tokens replay graphs of their
+    # layer loops; 0 = encoders run eagerly
+    encoder_graph_max_tokens: int = 8192
+    # on CUDA with graphs on, prefill steps of up to this many tokens (and at most the stage's token
+    # budget) replay graphs of their decoder layers; 0 = eager
+    prefill_graph_max_tokens: int = 2048
 
     def __post_init__(self):
         for f in fields(self):
-            least = 0 if f.name in SIZED_TO_DEVICE else 1
+            least = 0 if f.name == "max_batch_tokens" or "graph" in f.name else 1
             if getattr(self, f.name) < least:
                 raise ConfigError(f"{f.name} must be >= {least}, got {getattr(self, f.name)}")
-
-    def sized_for(self, model: ModelConfig) -> EngineConfig:
-        """This config with its 0 (device-sized) fields resolved for ``model``'s device."""
-        budget = batch_tokens_for(model)
-        return replace(self, **{name: getattr(self, name) or budget for name in SIZED_TO_DEVICE})
-
-
-SIZED_TO_DEVICE = ("max_batch_tokens", "talker_max_batch_tokens")
-
-
-def batch_tokens_for(model: ModelConfig) -> int:
-    """The default per-step token budget of a KV stage. On the CPU 512 keeps a step short. On an
-    H200 a thinker step costs 9.3 / 12.8 / 15.0 ms at 1 / 32 / 64 tokens (docs/perf.md, run 4):
-    more tokens per step are nearly free until the GEMMs fill the GPU, so a burst of arrivals
-    should be admitted in a few large steps, not many small ones. 2048 holds about 5 image
-    prompts (640x480: ~350 tokens) or 20 audio prompts (4 s: ~100) of the bench beside 64
-    decodes. TODO: measure 1024 / 2048 / 4096 (i2t and s2t at B=32: TTFT p50 against ITL)."""
-    return 2048 if model.on_cuda else 512
+        for name in ("encoder_graph_max_tokens", "prefill_graph_max_tokens"):
+            n = getattr(self, name)
+            if n and (n < MIN_GRAPH_TOKENS or n & (n - 1)):
+                raise ConfigError(f"{name} must be 0 or a power of two >= {MIN_GRAPH_TOKENS}, got {n}")
 
 
 @dataclass(frozen=True)
@@ -168,18 +113,53 @@ class OmniConfig:
     model: ModelConfig = field(default_factory=lambda: ModelConfig(model=""))
     engine: EngineConfig = field(default_factory=EngineConfig)
     media: MediaLimits = field(default_factory=MediaLimits)
+    family: Any = None  # the model family's ``Options`` (None: it has none)
 
     @classmethod
-    def from_kwargs(cls, **kwargs) -> OmniConfig:
-        """Keyword arguments named after ``ModelConfig``, ``EngineConfig`` or ``MediaLimits`` fields
-        -> the config; unknown names are errors."""
-        parts = {"model": ModelConfig, "engine": EngineConfig, "media": MediaLimits}
-        names = {key: {f.name for f in fields(c)} for key, c in parts.items()}
+    def from_kwargs(cls, family_options: type | None = None, **kwargs) -> OmniConfig:
+        """Keyword arguments named after ``ModelConfig``, ``EngineConfig``, ``MediaLimits`` or
+        ``family_options`` (the model family's ``Options``) fields -> the config, resolved
+        (``resolve_auto``); unknown names are errors."""
+        parts = {"model": ModelConfig, "engine": EngineConfig, "media": MediaLimits, "family": family_options}
+        names = {key: {f.name for f in fields(c)} if c else set() for key, c in parts.items()}
         unknown = sorted(set(kwargs) - set().union(*names.values()))
         if unknown:
             raise ConfigError(f"unknown option(s) {unknown}; known: {sorted(set().union(*names.values()))}")
-        built = {key: c(**{k: v for k, v in kwargs.items() if k in names[key]}) for key, c in parts.items()}
-        return cls(**{**built, "engine": built["engine"].sized_for(built["model"])})
+        built = {key: c(**{k: v for k, v in kwargs.items() if k in names[key]}) for key, c in parts.items() if c}
+        return resolve_auto(cls(**built))
+
+
+def resolve_auto(config: OmniConfig) -> OmniConfig:
+    """``config`` with every choice left to the device made: "auto" backends (the fast one where it
+    runs: CUDA, and for the varlen attention a 16-bit dtype, and for Triton kernels an installed
+    triton), the device-sized token budget, and graph limits (0 off CUDA; packed graphs also need
+    the varlen attention, the reference one reads segment bounds on the host)."""
+    model, engine = config.model, config.engine
+    backends = {}
+    for name, (reference, fast) in BACKENDS.items():
+        usable = model.on_cuda and (name != "attention_backend" or model.dtype != "float32")
+        usable = usable and (fast != "triton" or importlib.util.find_spec("triton") is not None)
+        backends[name] = getattr(model, name) if getattr(model, name) != "auto" else fast if usable else reference
+    graphs = engine.cuda_graph_max_batch if model.on_cuda else 0
+    packed = graphs and backends["attention_backend"] != "reference"
+    engine = replace(
+        engine,
+        max_batch_tokens=engine.max_batch_tokens or batch_tokens_for(model),
+        cuda_graph_max_batch=graphs,
+        encoder_graph_max_tokens=engine.encoder_graph_max_tokens if packed else 0,
+        prefill_graph_max_tokens=engine.prefill_graph_max_tokens if packed else 0,
+    )
+    return replace(config, model=replace(model, **backends), engine=engine)
+
+
+def batch_tokens_for(model: ModelConfig) -> int:
+    """The default per-step token budget of a KV stage. On the CPU 512 keeps a step short. On an
+    H200 a 30B-A3B MoE decoder step costs 9.3 / 12.8 / 15.0 ms at 1 / 32 / 64 tokens (docs/perf.md,
+    run 4): more tokens per step are nearly free until the GEMMs fill the GPU, so a burst of
+    arrivals should be admitted in a few large steps, not many small ones. 2048 holds about 5
+    image prompts (640x480: ~350 tokens) or 20 audio prompts (4 s: ~100) of the bench beside 64
+    decodes. TODO: measure 1024 / 2048 / 4096 (i2t and s2t at B=32: TTFT p50 against ITL)."""
+    return 2048 if model.on_cuda else 512
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")

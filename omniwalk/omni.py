@@ -26,14 +26,17 @@ from omniwalk.engine.engine import Engine, EngineLimits
 from omniwalk.engine.request import EngineRequest, Event, Status
 from omniwalk.errors import InvalidRequestError
 from omniwalk.models.family import RequestOutput
-from omniwalk.models.registry import family_class
+from omniwalk.models.registry import family_module
 
 
 class Omni:
     def __init__(self, model: str, **options):
-        """``options`` are ``ModelConfig``, ``EngineConfig`` and ``MediaLimits`` fields (device, dtype, ...)."""
-        self.config = OmniConfig.from_kwargs(model=os.path.expanduser(str(model)), **options)
-        self.family = family_class(self.config.model.model)(self.config)
+        """``options`` are ``ModelConfig``, ``EngineConfig``, ``MediaLimits`` and the model family's
+        ``Options`` fields (device, dtype, max_model_len, ...)."""
+        model = os.path.expanduser(str(model))
+        family = family_module(model)
+        self.config = OmniConfig.from_kwargs(getattr(family, "Options", None), model=model, **options)
+        self.family = family.Family(self.config)
         self.engine = Engine(self.family.build_stages(), EngineLimits(self.config.engine.max_requests))
         self.engine.capture_graphs()
         self._ids = itertools.count()

@@ -110,24 +110,30 @@ def test_missing_or_malformed_file(tmp_path):
         Qwen3OmniConfig.from_hf(tmp_path)
 
 
+def resolved(**options):
+    from omniwalk.config import OmniConfig
+
+    return OmniConfig.from_kwargs(model="m", **options)
+
+
 def test_backends_resolve_by_device_and_reject_unknown_names():
-    from omniwalk.config import ModelConfig
+    from omniwalk.config import EngineConfig, ModelConfig
     from omniwalk.errors import ConfigError
 
     names = ("moe_backend", "attention_backend", "decode_attention", "norm_backend")
-    cpu = ModelConfig(model="m")
-    assert [cpu.backend(n) for n in names] == ["reference"] * 4
-    assert cpu.graph_max_batch == 0  # graphs exist only on CUDA
-    gpu = ModelConfig(model="m", device="cuda", dtype="bfloat16")
+    cpu = resolved()
+    assert [getattr(cpu.model, n) for n in names] == ["reference"] * 4
+    assert cpu.engine.cuda_graph_max_batch == 0  # graphs exist only on CUDA
+    gpu = resolved(device="cuda", dtype="bfloat16")
     kernel = "triton" if importlib.util.find_spec("triton") else "reference"  # Triton kernels need Triton
-    assert [gpu.backend(n) for n in names] == ["fused", "torch_varlen", kernel, kernel]
-    assert gpu.graph_max_batch == 64
-    assert ModelConfig(model="m", device="cuda").backend("attention_backend") == "reference"  # fp32: no flash
-    assert ModelConfig(model="m", device="cuda", moe_backend="reference").backend("moe_backend") == "reference"
+    assert [getattr(gpu.model, n) for n in names] == ["fused", "torch_varlen", kernel, kernel]
+    assert gpu.engine.cuda_graph_max_batch == 64
+    assert resolved(device="cuda").model.attention_backend == "reference"  # fp32: no flash
+    assert resolved(device="cuda", moe_backend="reference").model.moe_backend == "reference"
     with pytest.raises(ConfigError, match="decode_attention"):
         ModelConfig(model="m", decode_attention="flash")
     with pytest.raises(ConfigError, match="cuda_graph_max_batch"):
-        ModelConfig(model="m", cuda_graph_max_batch=-1)
+        EngineConfig(cuda_graph_max_batch=-1)
 
 
 def test_graph_batch_buckets():
@@ -140,18 +146,19 @@ def test_graph_batch_buckets():
 
 
 def test_encoder_graph_tokens_validated_and_resolved():
-    from omniwalk.config import ModelConfig
+    from omniwalk.config import EngineConfig
     from omniwalk.errors import ConfigError
 
     for bad in (-1, 100, 1000, 3 * 1024):
         with pytest.raises(ConfigError, match="encoder_graph_max_tokens"):
-            ModelConfig(model="m", encoder_graph_max_tokens=bad)
-    gpu = {"model": "m", "device": "cuda", "dtype": "bfloat16"}
-    assert ModelConfig(**gpu).graph_max_encoder_tokens == 8192
-    assert ModelConfig(**gpu, encoder_graph_max_tokens=256).graph_max_encoder_tokens == 256
-    assert ModelConfig(**gpu, encoder_graph_max_tokens=0).graph_max_encoder_tokens == 0
-    assert ModelConfig(**gpu, cuda_graph_max_batch=0).graph_max_encoder_tokens == 0  # the global switch
-    assert ModelConfig(model="m").graph_max_encoder_tokens == 0  # CPU: eager
+            EngineConfig(encoder_graph_max_tokens=bad)
+    gpu = {"device": "cuda", "dtype": "bfloat16"}
+    tokens = lambda **options: resolved(**options).engine.encoder_graph_max_tokens  # noqa: E731
+    assert tokens(**gpu) == 8192
+    assert tokens(**gpu, encoder_graph_max_tokens=256) == 256
+    assert tokens(**gpu, encoder_graph_max_tokens=0) == 0
+    assert tokens(**gpu, cuda_graph_max_batch=0) == 0  # the global switch
+    assert tokens() == 0  # CPU: eager
     # the reference attention reads segment bounds on the host: not capturable
-    assert ModelConfig(model="m", device="cuda").graph_max_encoder_tokens == 0
-    assert ModelConfig(**gpu, attention_backend="reference").graph_max_encoder_tokens == 0
+    assert tokens(device="cuda") == 0
+    assert tokens(**gpu, attention_backend="reference") == 0

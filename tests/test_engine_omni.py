@@ -169,7 +169,7 @@ def test_vocoder_streams_wait_for_a_free_state_slot():
     ready waits while another holds the slot, and every output is still exact."""
     o = Omni(model=checkpoint("tiny"))
     program, waited = o.engine.stages["vocoder"].program, []
-    first = o.config.engine.vocoder_first_chunk_frames
+    first = o.config.family.vocoder_first_chunk_frames
     lent, program.free = program.free[:-1], program.free[-1:]  # keep one slot
 
     def watch(o, step, reqs):

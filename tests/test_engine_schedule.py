@@ -4,18 +4,17 @@ and decodes in every step, arrivals admitted in the step after they arrive."""
 import pytest
 from test_engine_core import make_engine, make_request
 
-from omniwalk.config import EngineConfig, ModelConfig, OmniConfig
+from omniwalk.config import EngineConfig, ModelConfig, OmniConfig, resolve_auto
 from omniwalk.errors import ConfigError
 
 
 def test_token_budget_is_sized_to_the_device_once():
     cpu, cuda = OmniConfig.from_kwargs(model="m"), OmniConfig.from_kwargs(model="m", device="cuda")
-    assert (cpu.engine.max_batch_tokens, cpu.engine.talker_max_batch_tokens) == (512, 512)
-    assert (cuda.engine.max_batch_tokens, cuda.engine.talker_max_batch_tokens) == (2048, 2048)
+    assert (cpu.engine.max_batch_tokens, cuda.engine.max_batch_tokens) == (512, 2048)
     given = OmniConfig.from_kwargs(model="m", device="cuda", max_batch_tokens=100)
-    assert (given.engine.max_batch_tokens, given.engine.talker_max_batch_tokens) == (100, 2048)
+    assert given.engine.max_batch_tokens == 100
     assert EngineConfig().max_batch_tokens == 0  # unresolved until a device is known
-    assert EngineConfig().sized_for(ModelConfig(model="m")).max_batch_tokens == 512
+    assert resolve_auto(OmniConfig(ModelConfig(model="m"))).engine.max_batch_tokens == 512
     with pytest.raises(ConfigError, match="max_batch_tokens must be >= 0"):
         EngineConfig(max_batch_tokens=-1)
 

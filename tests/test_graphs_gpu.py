@@ -162,7 +162,7 @@ def test_vocoder_graph_equals_eager_on_the_same_rows(fresh):
     omni = _omni(4)
     program = omni.engine.stages["vocoder"].program
     cfg = program.vocoder.cfg
-    frames = omni.config.engine.vocoder_first_chunk_frames if fresh else omni.config.engine.vocoder_chunk_frames
+    frames = omni.config.family.vocoder_first_chunk_frames if fresh else omni.config.family.vocoder_chunk_frames
     g = torch.Generator(device="cuda").manual_seed(0)
     history = torch.randint(0, cfg.codebook_size, (3, 7, cfg.num_quantizers), device="cuda", generator=g)
     codes = torch.randint(0, cfg.codebook_size, (3, frames, cfg.num_quantizers), device="cuda", generator=g)

@@ -43,7 +43,8 @@ def checkpoint(tmp_path_factory) -> Path:
 def test_omni_runs_an_installed_family(site, checkpoint, monkeypatch):
     monkeypatch.syspath_prepend(str(site))
     assert family_class(checkpoint) is ToyFamily
-    omni = Omni(model=str(checkpoint))
+    omni = Omni(model=str(checkpoint), toy_kv_pages=64)  # (the family's own option)
+    assert omni.config.family.toy_kv_pages == 64
     out = omni.generate({"messages": [{"role": "user", "content": PROMPT}], "max_tokens": N})
     assert out.text == toy_alone(PROMPT, N) and len(out.token_ids) == N and out.finish_reason == "length"
     with pytest.raises(InvalidRequestError, match="no audio output"):
@@ -53,7 +54,9 @@ def test_omni_runs_an_installed_family(site, checkpoint, monkeypatch):
 def test_omniwalk_serve_serves_it_to_the_openai_client(site, checkpoint):
     root = Path(__file__).parents[1]
     path = [str(site), str(root / "tests"), str(root), os.environ.get("PYTHONPATH", "")]
-    proc, base = launch(model=checkpoint, env={**os.environ, "PYTHONPATH": os.pathsep.join(path)})
+    proc, base = launch(
+        "--toy-kv-pages", "256", model=checkpoint, env={**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    )
     try:
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
         assert [m.id for m in client.models.list()] == ["toy-lm"]

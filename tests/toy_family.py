@@ -3,10 +3,12 @@ text in, text out, one KV stage. It names nothing of Qwen3-Omni.
 
 A checkpoint is a directory whose config.json names the ``ToyLM`` architecture. The family is
 registered as an installed package registers one: a ``.dist-info`` folder on ``sys.path`` with an
-``omniwalk.families`` entry point (``install``), so a server's engine process finds it too.
+``omniwalk.families`` entry point naming this module (``install``), so a server's engine process
+finds it too. The module defines ``Family`` and ``Options`` (``omniwalk/models/registry.py``).
 """
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -38,6 +40,13 @@ class TextProgram(ToyProgram):
         req.emit("text", ALPHABET[token])
 
 
+@dataclass(frozen=True)
+class Options:
+    """The family's own config section: ``Omni`` keywords and ``omniwalk serve`` flags."""
+
+    toy_kv_pages: int = 1024  # pages of 4 tokens
+
+
 class ToyFamily(ModelFamily):
     info = ModelInfo(name="toy-lm")
 
@@ -45,8 +54,9 @@ class ToyFamily(ModelFamily):
         self.config, self.model = config, ToyLM()
 
     def build_stages(self):
-        storage = KVStorage(PagePool(1024, 4), 1, HEADS, DIM // HEADS, torch.float32, "cpu")
-        return [KVStage("lm", TextProgram(self.model), storage, KVStageConfig(64, 64), "cpu")]
+        storage = KVStorage(PagePool(self.config.family.toy_kv_pages, 4), 1, HEADS, DIM // HEADS, torch.float32, "cpu")
+        budget = self.config.engine.max_batch_tokens
+        return [KVStage("lm", TextProgram(self.model), storage, KVStageConfig(budget, 64), "cpu")]
 
     def new_request(self, request):
         params = SamplingParams.from_request(request)  # (greedy whatever it asks; its fields are checked)
@@ -75,10 +85,13 @@ class ToyFamily(ModelFamily):
         return f"toy LM: vocabulary {len(ALPHABET)}, width {DIM}, {HEADS} heads"
 
 
+Family = ToyFamily
+
+
 def install(site: Path) -> Path:
     """Register the family in ``site`` (to be put on sys.path / PYTHONPATH) as an installed package would."""
     dist = site / "toy_family-0.1.dist-info"
     dist.mkdir(parents=True, exist_ok=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-family\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text(f"[omniwalk.families]\n{ARCHITECTURE} = toy_family:ToyFamily\n")
+    (dist / "entry_points.txt").write_text(f"[omniwalk.families]\n{ARCHITECTURE} = toy_family\n")
     return site

@@ -1,8 +1,9 @@
 """What a benchmark cell asks for: paths with fixed work per request, and synthetic inputs.
 
-Work is fixed so systems are compared on equal work: the thinker ignores EOS and generates
+Work is fixed so systems are compared on equal work: the model ignores EOS and generates
 exactly ``text_tokens``; speech paths generate exactly ``audio_frames`` codec frames (12.5 per
-second). Presets follow the seed benchmark's matched work (``shared/reference`` §5–6).
+second). The presets' sizes (4 s clips, 640x480 images, 16-160 tokens) are the matched work of
+the published Qwen3-Omni serving comparisons (``bench/anchors.py``).
 """
 
 from __future__ import annotations

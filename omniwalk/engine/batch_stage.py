@@ -1,8 +1,8 @@
-"""Batching for components without a KV cache (encoders, the streaming vocoder).
+"""Batching for components without a KV cache (encoders, a streaming vocoder).
 
 Each step packs ready work from every request, oldest first, up to a budget of work units
-(encoder tokens, vocoder frames): **pack what is ready, run it once**. A single unit of work
-larger than the budget still runs, alone. Per-request streaming state (vocoder) lives in the
+(encoder tokens, codec frames): **pack what is ready, run it once**. A single unit of work
+larger than the budget still runs, alone. Per-request streaming state lives in the
 request's model-owned state, so batching never mixes requests' state.
 """
 
@@ -101,6 +101,6 @@ class BatchStage:
         self._sweep()
 
     def _sweep(self) -> None:
-        """Drop finished requests (some finish without work here, e.g. a talker that ended)."""
+        """Drop finished requests (some finish without work here, e.g. a speech stream that ended)."""
         for req in [r for r in self.requests.values() if r.status.is_done or self.program.is_finished(r)]:
             self.remove(req)

@@ -80,7 +80,7 @@ class GraphedStep:
 
     def __init__(self, name: str, fn: Callable[..., dict], inputs: dict[str, StaticInput], buckets: list[int], device):
         self.name, self.inputs, self.buckets, self.device = name, inputs, sorted(buckets), device
-        knob = "cuda_graph_max_batch (0 = no graphs) or the KV budgets (thinker_kv_bytes, talker_kv_bytes)"
+        knob = "cuda_graph_max_batch (0 = no graphs) or the stages' KV budgets (the *_kv_bytes options)"
         self.keyed = KeyedGraphs(f"{name} batch", lambda b, **kw: fn(**kw), self._pads, self.buckets, device, knob)
 
     def _pads(self, b: int) -> dict[str, torch.Tensor]:

@@ -1,8 +1,8 @@
 """The walk runtime: requests move through a model's stages; one ``step`` advances every stage.
 
 A request is added to every stage of its walk at once; a stage runs a request's work only when
-the model program says its inputs are ready (encoder outputs present, enough thinker tokens for
-the talker, enough frames for the vocoder), so streaming edges need no extra machinery. A
+the model program says its inputs are ready (encoder outputs present, enough text tokens for a
+speech LM, enough frames for a vocoder), so streaming edges need no extra machinery. A
 request is finished when every stage of its walk is done with it; aborting or failing a request
 removes it from every stage, freeing its KV pages and stage state at once.
 """

@@ -1,4 +1,4 @@
-"""Continuous batching for a component with a KV cache (thinker, talker).
+"""Continuous batching for a component with a KV cache (a language model, a speech LM).
 
 The policy, once per step: **keep what is running moving, then admit what fits.**
 
@@ -7,7 +7,7 @@ The policy, once per step: **keep what is running moving, then admit what fits.*
    request is preempted (pages freed, its tokens recomputed later) — never a crash or a
    deadlock: the oldest request can always progress.
 2. Waiting requests are admitted in FIFO order (skipping those whose inputs are not ready yet,
-   e.g. a talker waiting for its first thinker tokens) while budget, pages and
+   e.g. a speech LM waiting for its first text tokens) while budget, pages and
    ``max_running`` allow. A long prompt is cut into chunks of the remaining budget, so it never
    stalls running decodes.
 

@@ -7,7 +7,7 @@ before it on each request's walk (``num_waits`` counts the edges crossed, for te
 
 NOTE: all lanes launch on the device's current stream, so the stamps are already passed. Lanes on
 CUDA streams of their own (one per stage, events on the edges) hung a server on the H200
-(2026-12-01, `benchmarks/results/2026-12-01-h200/integration/`): the talker's host read of a frame
+(2026-12-01, `benchmarks/results/2026-12-01-h200/integration/`): the speech stage's host read of a frame
 waited forever for its event, at a different step each run, while the same tree on one stream
 served every path with 0 errors. Until that is understood, stages overlap only through the
 engine's one-step lookahead, not on separate streams.

@@ -1,6 +1,6 @@
 """CUDA graphs of a KV stage's prefill forward (prompt chunks of many requests over paged KV).
 
-Eager, a prefill forward launches thousands of small kernels (~2.6k for the thinker), and the
+Eager, a prefill forward launches thousands of small kernels (~2.6k for a 48-layer MoE LM), and the
 host time to launch them bounded busy steps (docs/perf.md: ~15 ms per step at s2s B=32). A graph
 replays them at the cost of one launch. Its shapes are fixed, so a step's layout is padded to a
 ``Bucket`` (``packed_graphs``: tokens T, segments S, longest segment M) and its keys to K = 2T:
@@ -32,7 +32,7 @@ from omniwalk.engine.paged_attention import PagedBatch, Segment
 from omniwalk.layers.attention import cu_seqlens, varlen_attention
 
 KEYS_PER_TOKEN = 2  # K = 2T key slots per bucket
-SHORTEST_COMMON_CHUNK = 128  # fewer tokens per chunk is uncommon (a short prompt, a re-fed talker row)
+SHORTEST_COMMON_CHUNK = 128  # fewer tokens per chunk is uncommon (a short prompt, a re-fed speech row)
 
 
 class PrefillKV:

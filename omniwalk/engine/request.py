@@ -1,7 +1,7 @@
 """The engine's per-request record and the events it streams back.
 
 The engine does not look inside ``state``: each model package keeps its own per-request data
-there (prompt ids, media, generated tokens, streaming vocoder state, ...). The engine only moves
+there (prompt ids, media, generated tokens, streaming state, ...). The engine only moves
 the request between stages along its ``walk`` and collects ``events``.
 """
 

@@ -58,11 +58,11 @@ class ModelInfo:
 
 class ModelFamily(ABC):
     info: ModelInfo
-    presets: dict[str, Path] = {}  # named configs shipped with the family (``make-tiny --config NAME``)
 
     @abstractmethod
     def __init__(self, config: OmniConfig):
-        """Load the checkpoint ``config.model.model`` for ``config``'s device, dtype and backends."""
+        """Load the checkpoint ``config.model.model`` for ``config``'s device, dtype and backends
+        (resolved); ``config.family`` is the family's own section (its ``Options``)."""
 
     @abstractmethod
     def build_stages(self) -> list[Stage]:

@@ -1,0 +1,20 @@
+"""Qwen3-Omni as a model family (``models/registry.py``): ``Options`` and ``PRESETS`` are light;
+``Family`` loads torch and the networks, so it is imported on first use."""
+
+from pathlib import Path
+
+from omniwalk.models.qwen3_omni.options import Qwen3OmniOptions as Options
+
+# Named configs shipped inside the package (the published checkpoints' config.json, verbatim), so
+# ``make-tiny --config qwen3-omni-30b-a3b`` and the full-size benchmarks need nothing outside it.
+PRESETS = {"qwen3-omni-30b-a3b": Path(__file__).parent / "checkpoint" / "presets" / "qwen3-omni-30b-a3b-instruct.json"}
+
+__all__ = ["Family", "Options", "PRESETS"]
+
+
+def __getattr__(name: str):
+    if name == "Family":
+        from omniwalk.models.qwen3_omni.family import Qwen3OmniFamily
+
+        return Qwen3OmniFamily
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

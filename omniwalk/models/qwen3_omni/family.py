@@ -14,7 +14,7 @@ from omniwalk.models.family import ModelFamily, ModelInfo, RequestOutput
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.checkpoint.layout import checkpoint_layout, num_parameters
 from omniwalk.models.qwen3_omni.checkpoint.loader import Backends, load_components
-from omniwalk.models.qwen3_omni.checkpoint.tiny import PRESETS, make_tiny_checkpoint
+from omniwalk.models.qwen3_omni.checkpoint.tiny import make_tiny_checkpoint
 from omniwalk.models.qwen3_omni.networks.talker import TalkerSamplingParams
 from omniwalk.models.qwen3_omni.processing.chat import DEFAULT_SYSTEM_PROMPT, ChatProcessor, Prompt
 from omniwalk.models.qwen3_omni.processing.media_inputs import measure
@@ -40,8 +40,6 @@ class Qwen3OmniOutput(RequestOutput):
 
 
 class Qwen3OmniFamily(ModelFamily):
-    presets = PRESETS
-
     def __init__(self, config: OmniConfig):
         self.config, mc = config, config.model
         self.cfg = cfg = Qwen3OmniConfig.from_hf(mc.model)
@@ -55,7 +53,7 @@ class Qwen3OmniFamily(ModelFamily):
             names,
             dtype=mc.torch_dtype,
             device=mc.device,
-            backends=Backends(*(mc.backend(f"{kind}_backend") for kind in ("attention", "moe", "norm"))),
+            backends=Backends(mc.attention_backend, mc.moe_backend, mc.norm_backend),
             cfg=cfg,
             random_seed=0 if mc.random_weights else None,
         )
@@ -70,7 +68,7 @@ class Qwen3OmniFamily(ModelFamily):
         )
 
     def build_stages(self) -> list:
-        return build_stages(self.parts, self.cfg, self.config.engine, self.config.model)
+        return build_stages(self.parts, self.cfg, self.config)
 
     def prompt(self, request: dict) -> Prompt:
         """Request -> thinker prompt: ids, media spans, measured media items, MRoPE positions."""

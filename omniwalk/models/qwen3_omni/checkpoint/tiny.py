@@ -17,14 +17,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from omniwalk.models.qwen3_omni import PRESETS
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.checkpoint.layout import checkpoint_layout
 from omniwalk.models.qwen3_omni.checkpoint.tiny_tokenizer import ENDOFTEXT, SPECIAL_NAMES, build_tokenizer
 
 TINY_CONFIG = Path(__file__).with_name("tiny_config.json")
-# Named configs shipped inside the package (the published checkpoints' config.json, verbatim), so
-# ``make-tiny --config qwen3-omni-30b-a3b`` and the full-size benchmarks need nothing outside it.
-PRESETS = {"qwen3-omni-30b-a3b": Path(__file__).with_name("presets") / "qwen3-omni-30b-a3b-instruct.json"}
 DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
 
 # The chat layout of reference §4.1: media parts become one placeholder each, in content

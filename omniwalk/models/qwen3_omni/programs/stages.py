@@ -11,7 +11,7 @@ sees only stage kinds (batch stages, KV stages) and these programs; nothing else
 
 from __future__ import annotations
 
-from omniwalk.config import EngineConfig, ModelConfig
+from omniwalk.config import EngineConfig, OmniConfig
 from omniwalk.engine.batch_stage import BatchStage, BatchStageConfig
 from omniwalk.engine.kv_pages import KVStorage
 from omniwalk.engine.kv_stage import KVStage, KVStageConfig
@@ -19,6 +19,7 @@ from omniwalk.engine.prefill_graphs import PrefillPlan
 from omniwalk.models.qwen3_omni.checkpoint.config import DecoderConfig, Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.networks.code2wav_stream import VocoderStreamConfig
 from omniwalk.models.qwen3_omni.networks.talker import TalkerSamplingParams
+from omniwalk.models.qwen3_omni.options import Qwen3OmniOptions
 from omniwalk.models.qwen3_omni.processing.chat import Prompt
 from omniwalk.models.qwen3_omni.processing.talker_prompt import talker_prefix_length
 from omniwalk.models.qwen3_omni.programs.encoder_programs import AudioEncoderProgram, VisionEncoderProgram
@@ -36,8 +37,6 @@ from omniwalk.models.qwen3_omni.programs.vocoder_program import VocoderProgram
 from omniwalk.sampling import SamplerState, SamplingParams
 from omniwalk.tokenizer import IncrementalDetokenizer
 
-STAGES = ("audio_encoder", "vision_encoder", "thinker", "talker", "vocoder")
-
 
 def _kv_storage(cfg: DecoderConfig, budget: int, page_size: int, dtype, device) -> KVStorage:
     return KVStorage.from_budget(
@@ -45,59 +44,47 @@ def _kv_storage(cfg: DecoderConfig, budget: int, page_size: int, dtype, device) 
     )
 
 
-def build_stages(parts: dict, cfg: Qwen3OmniConfig, engine: EngineConfig, model: ModelConfig) -> list:
-    """The engine stages over loaded components (``model.load_components`` names); talker and
-    vocoder stages exist only when those components were loaded. CUDA graphs are captured
-    by ``Engine.capture_graphs`` once the stages exist."""
+def build_stages(parts: dict, cfg: Qwen3OmniConfig, config: OmniConfig) -> list:
+    """The engine stages over loaded components (``checkpoint/loader.py`` names) for a resolved
+    config (``config.resolve_auto``); talker and vocoder stages exist only when those components
+    were loaded. CUDA graphs are captured by ``Engine.capture_graphs`` once the stages exist."""
+    model, engine, opts = config.model, config.engine, config.family or Qwen3OmniOptions()
     dtype, device = model.torch_dtype, model.device
-    engine = engine.sized_for(model)  # (OmniConfig did it already; a config built by hand may not have)
-    decode, prefill = model.backend("decode_attention"), model.backend("attention_backend")
-    graphs = min(model.graph_max_batch, engine.max_running)  # no decode batch is larger than max_running
-    encoder_batch = BatchStageConfig(engine.encoder_batch_units, engine.max_running)
-    encoder_graphs = model.graph_max_encoder_tokens
+    decode, prefill = model.decode_attention, model.attention_backend
+    graphs = min(engine.cuda_graph_max_batch, engine.max_running)  # no decode batch is larger than max_running
+    encoder_batch = BatchStageConfig(opts.encoder_batch_units, engine.max_running)
+    encoder_graphs = engine.encoder_graph_max_tokens
     audio = AudioEncoderProgram(parts["audio_encoder"], device, dtype, encoder_graphs)
     vision = VisionEncoderProgram(parts["vision_encoder"], device, dtype, encoder_graphs)
+    plan, deepstack = _prefill(engine, engine.max_batch_tokens, prefill), len(cfg.vision.deepstack_visual_indexes)
+    thinker = ThinkerProgram(parts["thinker"], device, decode, graphs, plan, deepstack)
     stages = [
         BatchStage("audio_encoder", audio, encoder_batch, device),
         BatchStage("vision_encoder", vision, encoder_batch, device),
         KVStage(
             "thinker",
-            ThinkerProgram(
-                parts["thinker"],
-                device,
-                decode,
-                graphs,
-                PrefillPlan(min(model.graph_max_prefill_tokens, engine.max_batch_tokens), prefill),
-                len(cfg.vision.deepstack_visual_indexes),
-            ),
-            _kv_storage(cfg.text, engine.thinker_kv_bytes, engine.page_size, dtype, device),
+            thinker,
+            _kv_storage(cfg.text, opts.thinker_kv_bytes, engine.page_size, dtype, device),
             KVStageConfig(engine.max_batch_tokens, engine.max_running, decode, prefill),
             device,
         ),
     ]
     if "talker" in parts:
-        plan = PrefillPlan(min(model.graph_max_prefill_tokens, engine.talker_max_batch_tokens), prefill)
-        talker = TalkerProgram(
-            parts["talker"], parts["thinker"], cfg.position_id_per_seconds, device, decode, graphs, plan
-        )
-        storage = _kv_storage(cfg.talker.text, engine.talker_kv_bytes, engine.page_size, dtype, device)
-        stream = VocoderStreamConfig(engine.vocoder_chunk_frames, engine.vocoder_first_chunk_frames)
+        budget = opts.talker_max_batch_tokens or engine.max_batch_tokens
+        talker = TalkerProgram(parts["talker"], parts["thinker"], cfg.position_id_per_seconds, device, decode, graphs,
+                               _prefill(engine, budget, prefill))  # fmt: skip
+        storage = _kv_storage(cfg.talker.text, opts.talker_kv_bytes, engine.page_size, dtype, device)
+        stream = VocoderStreamConfig(opts.vocoder_chunk_frames, opts.vocoder_first_chunk_frames)
+        vocoder = VocoderProgram(parts["code2wav"], stream, device, engine.max_running, opts.vocoder_max_batch, graphs)
         stages += [
-            KVStage(
-                "talker",
-                talker,
-                storage,
-                KVStageConfig(engine.talker_max_batch_tokens, engine.max_running, decode, prefill),
-                device,
-            ),
-            BatchStage(
-                "vocoder",
-                VocoderProgram(parts["code2wav"], stream, device, engine.max_running, engine.vocoder_max_batch, graphs),
-                BatchStageConfig(2**31, engine.max_running),
-                device,
-            ),
+            KVStage("talker", talker, storage, KVStageConfig(budget, engine.max_running, decode, prefill), device),
+            BatchStage("vocoder", vocoder, BatchStageConfig(2**31, engine.max_running), device),
         ]
     return stages
+
+
+def _prefill(engine: EngineConfig, budget: int, attention: str) -> PrefillPlan:
+    return PrefillPlan(min(engine.prefill_graph_max_tokens, budget), attention)
 
 
 def new_state(

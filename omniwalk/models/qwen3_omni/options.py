@@ -1,0 +1,26 @@
+"""Qwen3-Omni's section of the config: its per-stage budgets (``Omni`` keywords, ``omniwalk serve`` flags)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from omniwalk.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Qwen3OmniOptions:
+    thinker_kv_bytes: int = 256 * 2**20  # KV pool of the thinker (all layers, keys + values)
+    talker_kv_bytes: int = 64 * 2**20
+    talker_max_batch_tokens: int = 0  # the talker's token budget per step; 0 = the engine's max_batch_tokens
+    encoder_batch_units: int = 65536  # mel frames (audio) / patches (vision) per encoder call
+    vocoder_chunk_frames: int = 25  # codec frames per streamed audio chunk (12.5 frames = 1 s)
+    vocoder_first_chunk_frames: int = 5  # a smaller first chunk: earlier first audio
+    # streams decoded in one vocoder call; 1 = each stream alone: audio bit-identical whatever else
+    # runs (CPU kernels, like GPU ones, round differently at other batch sizes), at a throughput cost
+    vocoder_max_batch: int = 64
+
+    def __post_init__(self):
+        for f in fields(self):
+            least = 0 if f.name == "talker_max_batch_tokens" else 1
+            if getattr(self, f.name) < least:
+                raise ConfigError(f"{f.name} must be >= {least}, got {getattr(self, f.name)}")
