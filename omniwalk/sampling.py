@@ -312,24 +312,3 @@ def _picks(states: list[SamplerState], rows: list[list[float]], k: int) -> list[
         top = [(int(t), v) for t, v in zip(row[2 : 2 + n], row[2 + k : 2 + k + n], strict=True)]
         out.append(TokenLogprob(token, row[1], top))
     return out
-
-
-class Sampler:
-    """One request's sampler: ``sampler(logits [V]) -> TokenLogprob`` (a batch of one)."""
-
-    def __init__(self, params: SamplingParams, eos_token_ids: tuple[int, ...], prompt_ids: list[int], device="cpu"):
-        self.state = SamplerState(params, eos_token_ids, prompt_ids)
-        self.params = params
-
-    @property
-    def num_generated(self) -> int:
-        return self.state.num_generated
-
-    def is_stop_token(self, token_id: int) -> bool:
-        return self.state.is_stop_token(token_id)
-
-    def processed(self, logits: torch.Tensor) -> torch.Tensor:
-        return process(logits[None], [self.state])[0]
-
-    def __call__(self, logits: torch.Tensor) -> TokenLogprob:
-        return sample(logits[None], [self.state])[0]

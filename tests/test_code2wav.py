@@ -9,12 +9,9 @@ import torch
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.checkpoint.weights import load_weights
 from omniwalk.models.qwen3_omni.networks.code2wav import Code2Wav
-from omniwalk.models.qwen3_omni.networks.code2wav_stream import (
-    VocoderStream,
-    VocoderStreamConfig,
-    decode_in_chunks,
-)
+from omniwalk.models.qwen3_omni.networks.code2wav_stream import VocoderStreamConfig
 from tests.hf_oracle import config_dict, hf_checkpoint, hf_model
+from tests.single_request import VocoderStream, decode_in_chunks
 
 NAMES = ["tiny", "uneven"]
 

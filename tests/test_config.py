@@ -9,7 +9,7 @@ import pytest
 
 from omniwalk.errors import ConfigError
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.checkpoint.layout import checkpoint_layout, num_parameters
+from omniwalk.models.qwen3_omni.checkpoint.loader import checkpoint_layout, num_parameters
 from omniwalk.models.qwen3_omni.checkpoint.tiny import PRESETS
 
 REAL = PRESETS["qwen3-omni-30b-a3b"]

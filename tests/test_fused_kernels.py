@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 import triton_cpu
+from single_request import ContiguousKVCache
 
 from omniwalk.layers import moe
 from omniwalk.layers.fused_moe import expert_gemv, route_topk
@@ -18,7 +19,7 @@ from omniwalk.layers.silu_mul import silu_mul_reference, silu_mul_triton
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.checkpoint.loader import randomize
 from omniwalk.models.qwen3_omni.checkpoint.tiny import TINY_CONFIG, load_config_dict
-from omniwalk.models.qwen3_omni.networks.decoder import ContiguousKVCache, use_kernels
+from omniwalk.models.qwen3_omni.networks.decoder import use_kernels
 from omniwalk.models.qwen3_omni.networks.talker import Talker
 from omniwalk.models.qwen3_omni.networks.thinker import Thinker
 

@@ -10,7 +10,7 @@ from hf_oracle import TINY_CONFIGS
 from safetensors.torch import load_file
 
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.checkpoint.layout import checkpoint_layout
+from omniwalk.models.qwen3_omni.checkpoint.loader import checkpoint_layout
 from omniwalk.models.qwen3_omni.checkpoint.tiny import PRESETS, make_tiny_checkpoint
 
 FILES = {

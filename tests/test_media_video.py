@@ -7,10 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from media_samples import encode_video, gradient_image, tone
+from single_request import video_patches
 
 from omniwalk.media.errors import CorruptMediaError, EmptyMediaError, MediaLimitError
 from omniwalk.media.limits import MediaLimits
-from omniwalk.media.patches import VIDEO_PATCHES, seconds_per_grid, smart_resize, video_patches
+from omniwalk.media.patches import VIDEO_PATCHES, seconds_per_grid, smart_resize
 from omniwalk.media.video import decode_video, sample_frame_indices
 
 

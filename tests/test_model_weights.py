@@ -4,39 +4,26 @@ tree maps onto exactly the published layout."""
 import pytest
 import torch
 from hf_oracle import hf_checkpoint, hf_model
+from published_layout import checkpoint_layout as published_layout
 from safetensors.torch import load_file
 
 from omniwalk.errors import CheckpointError
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.checkpoint.layout import checkpoint_layout
-from omniwalk.models.qwen3_omni.checkpoint.loader import ALL_COMPONENTS, PREFIXES, build_component, load_components
+from omniwalk.models.qwen3_omni.checkpoint.loader import PREFIXES, checkpoint_layout, load_components
 from omniwalk.models.qwen3_omni.checkpoint.tiny import PRESETS, make_tiny_checkpoint
 from omniwalk.models.qwen3_omni.checkpoint.weights import to_checkpoint_names
-
-
-def our_checkpoint_names(cfg) -> dict[str, tuple]:
-    names = {}
-    for component in ALL_COMPONENTS:
-        with torch.device("meta"):
-            module = build_component(component, cfg)
-        for sub, prefix in PREFIXES[component].items():
-            target = module.get_submodule(sub) if sub else module
-            for name, p in target.named_parameters():
-                for ckpt_name, shape, _ in to_checkpoint_names(name, p.shape):
-                    names[prefix + ckpt_name] = shape
-    return names
 
 
 @pytest.mark.parametrize("name", ["tiny", "uneven"])
 def test_module_tree_is_the_published_layout(name):
     cfg = Qwen3OmniConfig.from_hf(hf_checkpoint(name))
-    assert our_checkpoint_names(cfg) == checkpoint_layout(cfg)
+    assert checkpoint_layout(cfg) == published_layout(cfg)
 
 
 def test_module_tree_at_full_size(tmp_path):
     real = PRESETS["qwen3-omni-30b-a3b"]
     cfg = Qwen3OmniConfig.from_hf(real)
-    assert our_checkpoint_names(cfg) == checkpoint_layout(cfg)
+    assert checkpoint_layout(cfg) == published_layout(cfg)
 
 
 @pytest.mark.parametrize("name, sharded", [("tiny", False), ("uneven", False), ("uneven", True)])

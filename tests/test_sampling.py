@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from single_request import Sampler
 from transformers import (
     RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
@@ -10,7 +11,7 @@ from transformers import (
 )
 
 from omniwalk.errors import InvalidRequestError
-from omniwalk.sampling import Sampler, SamplingParams
+from omniwalk.sampling import SamplingParams
 
 EOS = 7
 VOCAB = 500

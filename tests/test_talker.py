@@ -12,12 +12,13 @@ import pytest
 import torch
 from hf_oracle import config_dict, hf_checkpoint, hf_model
 from prompt_cases import thinker_cases
+from single_request import build_talker_prompt, talker_generate
 
 from omniwalk.errors import InvalidRequestError
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.checkpoint.loader import load_components
 from omniwalk.models.qwen3_omni.networks.talker import Talker, TalkerSamplingParams
-from omniwalk.models.qwen3_omni.processing.talker_prompt import build_talker_prompt, resolve_speaker
+from omniwalk.models.qwen3_omni.processing.talker_prompt import resolve_speaker
 
 NUM_FRAMES = 32
 NUM_TEXT_TOKENS = 10
@@ -94,7 +95,7 @@ def run_ours(hf, talker, cfg, case, thinker_result, voice: str) -> torch.Tensor:
     params = TalkerSamplingParams(
         talker_temperature=0, code_predictor_temperature=0, max_audio_frames=NUM_FRAMES, min_audio_frames=NUM_FRAMES
     )
-    return torch.stack(list(talker.generate(prompt, params)))
+    return torch.stack(list(talker_generate(talker, prompt, params)))
 
 
 def _case(cfg, name):

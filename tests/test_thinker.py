@@ -12,14 +12,14 @@ import torch
 import torch.nn.functional as F
 from hf_oracle import hf_checkpoint, hf_model
 from prompt_cases import thinker_cases
+from single_request import ContiguousKVCache, Sampler
 
 from omniwalk.errors import InvalidRequestError
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.checkpoint.loader import load_components
-from omniwalk.models.qwen3_omni.networks.decoder import ContiguousKVCache
 from omniwalk.models.qwen3_omni.networks.thinker import MediaEmbeddings, Thinker
 from omniwalk.models.qwen3_omni.processing.positions import mrope_positions
-from omniwalk.sampling import Sampler, SamplingParams
+from omniwalk.sampling import SamplingParams
 
 NEW_TOKENS = 64
 CONFIGS = ("tiny", "uneven")

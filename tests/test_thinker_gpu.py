@@ -15,10 +15,11 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from single_request import ContiguousKVCache
 
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.checkpoint.tiny import PRESETS
-from omniwalk.models.qwen3_omni.networks.decoder import ContiguousKVCache, use_kernels
+from omniwalk.models.qwen3_omni.networks.decoder import use_kernels
 from omniwalk.models.qwen3_omni.networks.thinker import MediaEmbeddings, Thinker
 from omniwalk.models.qwen3_omni.processing.positions import IMAGE, MediaSpan, mrope_positions
 

@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("torchvision")
 
-from omniwalk.media.patches import video_patches  # noqa: E402
+from single_request import video_patches  # noqa: E402
 
 SIZES = [(4, 64, 96), (5, 100, 150), (6, 360, 640), (2, 33, 47), (8, 720, 1280)]
 

@@ -5,9 +5,10 @@ import pytest
 import torch
 from hf_oracle import config_dict, hf_checkpoint, hf_model
 from media_samples import gradient_image
+from single_request import video_patches
 from test_audio_encoder import assert_parity
 
-from omniwalk.media.patches import image_patches, resize_image, video_patches
+from omniwalk.media.patches import image_patches, resize_image
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.checkpoint.weights import load_weights
 from omniwalk.models.qwen3_omni.networks.vision_encoder import VisionEncoder

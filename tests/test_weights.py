@@ -17,7 +17,7 @@ from torch import nn
 
 from omniwalk.errors import CheckpointError
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.checkpoint.layout import checkpoint_layout
+from omniwalk.models.qwen3_omni.checkpoint.loader import checkpoint_layout
 from omniwalk.models.qwen3_omni.checkpoint.tiny import make_tiny_checkpoint
 from omniwalk.models.qwen3_omni.checkpoint.weights import load_weights
 
@@ -70,7 +70,7 @@ def test_hf_save_pretrained_loads_bit_equal(name):
     ckpt = hf_checkpoint(name)
     cfg = Qwen3OmniConfig.from_hf(ckpt)
     module = fused_module(checkpoint_layout(cfg))
-    load_weights(module, ckpt, strict_unused=True)
+    load_weights(module, ckpt)
     saved = load_file(str(ckpt / "model.safetensors"))
     hf_state = dict(hf_model(name).named_parameters())
     assert len(saved) == len(checkpoint_layout(cfg))
@@ -89,7 +89,7 @@ def test_load_with_prefix_dtype_and_sharded(tmp_path):
     assert (ckpt / "model.safetensors.index.json").exists()
     cfg = Qwen3OmniConfig.from_hf(ckpt)
     full = fused_module(checkpoint_layout(cfg))
-    load_weights(full, ckpt, dtype=torch.bfloat16, strict_unused=True)
+    load_weights(full.bfloat16(), ckpt)
     talker = fused_module(
         {k[len("talker.") :]: v for k, v in checkpoint_layout(cfg).items() if k.startswith("talker.")}
     )

@@ -14,8 +14,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-FRAMES_PER_SECOND = 12.5
-
 
 @dataclass(frozen=True)
 class Workload:

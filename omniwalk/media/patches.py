@@ -122,11 +122,6 @@ def resized_video_patches(
     return patchify(_normalise(frames, spec), spec)
 
 
-def video_patches(frames: torch.Tensor, spec: PatchSpec = VIDEO_PATCHES) -> tuple[torch.Tensor, tuple[int, int, int]]:
-    """uint8 [T, H, W, 3] sampled frames -> resized, normalised patches and grid."""
-    return resized_video_patches(resize_video(frames, spec), spec)
-
-
 def seconds_per_grid(sampled_fps: float, spec: PatchSpec = VIDEO_PATCHES) -> float:
     """Seconds of video covered by one temporal patch (``video_second_per_grid`` for MRoPE)."""
     return spec.temporal_patch_size / sampled_fps

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -69,3 +70,14 @@ class Section:
 
     def section(self, key: str) -> Section:
         return Section(self.get(key, kind=dict), self.name(key))
+
+    def read(self, cls, **given):
+        """The frozen dataclass ``cls`` read field by field: JSON keys named after its fields, typed
+        by their annotations (int >= 1, float, bool, tuple of ints), defaulting to the fields'
+        defaults (required where there is none); ``given`` fields are taken as they are."""
+        readers = {"int": self.int, "float": self.float, "bool": self.bool, "tuple[int, ...]": self.ints}
+        values = {}
+        for f in dataclasses.fields(cls):
+            default = MISSING if f.default is dataclasses.MISSING else f.default
+            values[f.name] = given[f.name] if f.name in given else readers[f.type](f.name, default)
+        return cls(**values)

@@ -1,8 +1,8 @@
-"""Float PCM (mono, 24 kHz, [-1, 1]) -> the response audio formats of the OpenAI audio API.
+"""Float PCM (mono, the model's sample rate, [-1, 1]) -> the response audio formats of the OpenAI audio API.
 
 Streaming chunks are always raw PCM16 little-endian (``delta.audio.data``); whole responses use
 the requested container. Encoding goes through libsndfile (the ``soundfile`` wheel ships it with
-FLAC, MP3 and Ogg/Opus support). Opus only takes 8/12/16/24/48 kHz, so 24 kHz is kept as is.
+FLAC, MP3 and Ogg/Opus support). Opus only takes 8/12/16/24/48 kHz (24 kHz speech is kept as is).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import io
 
 import numpy as np
 
-SAMPLE_RATE = 24000
 # format name -> (libsndfile container, subtype, MIME type)
 FORMATS = {
     "wav": ("WAV", "PCM_16", "audio/wav"),
@@ -37,7 +36,7 @@ def pcm16_bytes(samples: np.ndarray) -> bytes:
     return (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
 
 
-def encode_audio(samples: np.ndarray, fmt: str, sample_rate: int = SAMPLE_RATE) -> bytes:
+def encode_audio(samples: np.ndarray, fmt: str, sample_rate: int) -> bytes:
     fmt = normalize_format(fmt)
     if fmt == "pcm16":
         return pcm16_bytes(samples)

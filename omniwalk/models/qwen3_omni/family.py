@@ -12,8 +12,7 @@ from omniwalk.engine.request import EngineRequest
 from omniwalk.errors import InvalidRequestError
 from omniwalk.models.family import ModelFamily, ModelInfo, RequestOutput
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.checkpoint.layout import checkpoint_layout, num_parameters
-from omniwalk.models.qwen3_omni.checkpoint.loader import Backends, load_components
+from omniwalk.models.qwen3_omni.checkpoint.loader import Backends, checkpoint_layout, load_components, num_parameters
 from omniwalk.models.qwen3_omni.checkpoint.tiny import make_tiny_checkpoint
 from omniwalk.models.qwen3_omni.networks.talker import TalkerSamplingParams
 from omniwalk.models.qwen3_omni.processing.chat import DEFAULT_SYSTEM_PROMPT, ChatProcessor, Prompt
@@ -99,7 +98,6 @@ class Qwen3OmniFamily(ModelFamily):
             use_audio_in_video=bool(request.get("use_audio_in_video", False)),
             speech=speech,
             speaker=speaker,
-            device=self.config.model.device,
         )
         state.thinker.forced_answer = answer
         return walk, state

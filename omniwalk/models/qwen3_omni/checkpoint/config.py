@@ -133,17 +133,17 @@ def _read_decoder(
 
 @dataclass(frozen=True)
 class AudioEncoderConfig:
-    num_mel_bins: int
     d_model: int
     encoder_layers: int
     encoder_attention_heads: int
     encoder_ffn_dim: int
-    downsample_hidden_size: int
     output_dim: int
-    n_window: int  # half a chunk: chunks are 2 * n_window mel frames
-    n_window_infer: int  # attention window in mel frames
-    conv_chunksize: int
-    max_source_positions: int
+    num_mel_bins: int = 128
+    downsample_hidden_size: int = 480
+    n_window: int = 50  # half a chunk: chunks are 2 * n_window mel frames
+    n_window_infer: int = 800  # attention window in mel frames
+    conv_chunksize: int = 500
+    max_source_positions: int = 1500
 
     @property
     def head_dim(self) -> int:
@@ -154,19 +154,7 @@ def _read_audio(s: _Section) -> AudioEncoderConfig:
     act = s.get("activation_function", "gelu", str)
     if act != "gelu":
         raise ConfigError(f"{s.name('activation_function')}: only 'gelu' is supported, got {act!r}")
-    cfg = AudioEncoderConfig(
-        num_mel_bins=s.int("num_mel_bins", 128),
-        d_model=s.int("d_model"),
-        encoder_layers=s.int("encoder_layers"),
-        encoder_attention_heads=s.int("encoder_attention_heads"),
-        encoder_ffn_dim=s.int("encoder_ffn_dim"),
-        downsample_hidden_size=s.int("downsample_hidden_size", 480),
-        output_dim=s.int("output_dim"),
-        n_window=s.int("n_window", 50),
-        n_window_infer=s.int("n_window_infer", 800),
-        conv_chunksize=s.int("conv_chunksize", 500),
-        max_source_positions=s.int("max_source_positions", 1500),
-    )
+    cfg = s.read(AudioEncoderConfig)
     if cfg.d_model % cfg.encoder_attention_heads:
         raise ConfigError(f"{s.name('d_model')} must be a multiple of encoder_attention_heads")
     if cfg.n_window_infer % (2 * cfg.n_window):
@@ -180,13 +168,13 @@ class VisionEncoderConfig:
     hidden_size: int
     intermediate_size: int
     num_heads: int
-    patch_size: int
-    temporal_patch_size: int
-    spatial_merge_size: int
-    in_channels: int
     out_hidden_size: int
-    num_position_embeddings: int
-    deepstack_visual_indexes: tuple[int, ...]
+    patch_size: int = 16
+    temporal_patch_size: int = 2
+    spatial_merge_size: int = 2
+    in_channels: int = 3
+    num_position_embeddings: int = 2304
+    deepstack_visual_indexes: tuple[int, ...] = (8, 16, 24)
     rope_theta: float = 10000.0
 
     @property
@@ -203,20 +191,7 @@ def _read_vision(s: _Section) -> VisionEncoderConfig:
     act = s.get("hidden_act", "gelu_pytorch_tanh", str)
     if act != "gelu_pytorch_tanh":
         raise ConfigError(f"{s.name('hidden_act')}: only 'gelu_pytorch_tanh' is supported, got {act!r}")
-    cfg = VisionEncoderConfig(
-        depth=s.int("depth"),
-        hidden_size=s.int("hidden_size"),
-        intermediate_size=s.int("intermediate_size"),
-        num_heads=s.int("num_heads"),
-        patch_size=s.int("patch_size", 16),
-        temporal_patch_size=s.int("temporal_patch_size", 2),
-        spatial_merge_size=s.int("spatial_merge_size", 2),
-        in_channels=s.int("in_channels", 3),
-        out_hidden_size=s.int("out_hidden_size"),
-        num_position_embeddings=s.int("num_position_embeddings", 2304),
-        deepstack_visual_indexes=s.ints("deepstack_visual_indexes", (8, 16, 24)),
-        rope_theta=float((s.data.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
-    )
+    cfg = s.read(VisionEncoderConfig, rope_theta=float((s.data.get("rope_parameters") or {}).get("rope_theta", 1e4)))
     if cfg.hidden_size % cfg.num_heads or cfg.head_dim % 4:
         raise ConfigError(f"{s.name('hidden_size')}/num_heads must be a multiple of 4 (2-D rotary)")
     side = math.isqrt(cfg.num_position_embeddings)
@@ -289,14 +264,14 @@ class Code2WavConfig:
     num_hidden_layers: int
     num_attention_heads: int
     num_key_value_heads: int
-    sliding_window: int
-    rms_norm_eps: float
-    layer_scale_initial_scale: float
     rope_theta: float
-    max_position_embeddings: int
     decoder_dim: int
-    upsample_rates: tuple[int, ...]
-    upsampling_ratios: tuple[int, ...]
+    sliding_window: int = 72
+    rms_norm_eps: float = 1e-5
+    layer_scale_initial_scale: float = 0.01
+    max_position_embeddings: int = 8000
+    upsample_rates: tuple[int, ...] = (8, 5, 4, 3)
+    upsampling_ratios: tuple[int, ...] = (2, 2)
 
     @property
     def head_dim(self) -> int:
@@ -312,23 +287,8 @@ def _read_code2wav(s: _Section) -> Code2WavConfig:
     if act != "silu":
         raise ConfigError(f"{s.name('hidden_act')}: only 'silu' is supported, got {act!r}")
     heads = s.int("num_attention_heads")
-    cfg = Code2WavConfig(
-        codebook_size=s.int("codebook_size"),
-        num_quantizers=s.int("num_quantizers"),
-        hidden_size=s.int("hidden_size"),
-        intermediate_size=s.int("intermediate_size"),
-        num_hidden_layers=s.int("num_hidden_layers"),
-        num_attention_heads=heads,
-        num_key_value_heads=s.int("num_key_value_heads", heads),
-        sliding_window=s.int("sliding_window", 72),
-        rms_norm_eps=s.float("rms_norm_eps", 1e-5),
-        layer_scale_initial_scale=s.float("layer_scale_initial_scale", 0.01),
-        rope_theta=_read_rope(s, 10000.0, 2, multimodal=False).theta,
-        max_position_embeddings=s.int("max_position_embeddings", 8000),
-        decoder_dim=s.int("decoder_dim"),
-        upsample_rates=s.ints("upsample_rates", (8, 5, 4, 3)),
-        upsampling_ratios=s.ints("upsampling_ratios", (2, 2)),
-    )
+    theta = _read_rope(s, 10000.0, 2, multimodal=False).theta
+    cfg = s.read(Code2WavConfig, num_key_value_heads=s.int("num_key_value_heads", heads), rope_theta=theta)
     if cfg.hidden_size % heads:
         raise ConfigError(f"{s.name('hidden_size')} must be a multiple of num_attention_heads")
     if cfg.decoder_dim % (2 ** len(cfg.upsample_rates)):

@@ -7,6 +7,7 @@ does not need (e.g. the talker and vocoder for a text-only server) are simply no
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -14,7 +15,7 @@ from torch import nn
 
 from omniwalk.errors import CheckpointError
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.checkpoint.weights import checkpoint_files, load_weights
+from omniwalk.models.qwen3_omni.checkpoint.weights import checkpoint_files, load_weights, to_checkpoint_names
 from omniwalk.models.qwen3_omni.networks.audio_encoder import AudioEncoder
 from omniwalk.models.qwen3_omni.networks.code2wav import Code2Wav
 from omniwalk.models.qwen3_omni.networks.decoder import use_kernels
@@ -38,6 +39,23 @@ class Backends:
     attention: str = "reference"  # varlen attention for the encoders
     moe: str = "reference"
     norm: str = "reference"  # RMSNorm; "triton" = the fused decoder kernels (``decoder.use_kernels``)
+
+
+def checkpoint_layout(cfg: Qwen3OmniConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor of a checkpoint for ``cfg``: name -> shape, from our module tree (built on the
+    meta device) in the checkpoint's naming (per-expert tensors)."""
+    names = {}
+    for component in ALL_COMPONENTS:
+        with torch.device("meta"):
+            module = build_component(component, cfg)
+        for sub, prefix in PREFIXES[component].items():
+            for name, p in (module.get_submodule(sub) if sub else module).named_parameters():
+                names.update({prefix + n: shape for n, shape, _ in to_checkpoint_names(name, p.shape)})
+    return names
+
+
+def num_parameters(cfg: Qwen3OmniConfig) -> int:
+    return sum(math.prod(shape) for shape in checkpoint_layout(cfg).values())
 
 
 def build_component(name: str, cfg: Qwen3OmniConfig, backends: Backends = Backends()) -> nn.Module:

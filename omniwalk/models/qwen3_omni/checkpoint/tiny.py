@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 
 from omniwalk.models.qwen3_omni import PRESETS
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.checkpoint.layout import checkpoint_layout
+from omniwalk.models.qwen3_omni.checkpoint.loader import checkpoint_layout
 from omniwalk.models.qwen3_omni.checkpoint.tiny_tokenizer import ENDOFTEXT, SPECIAL_NAMES, build_tokenizer
 
 TINY_CONFIG = Path(__file__).with_name("tiny_config.json")

@@ -89,39 +89,19 @@ def _expected(module: nn.Module, prefix: str) -> dict[str, tuple[str, tuple[int,
     return out
 
 
-def load_weights(
-    module: nn.Module,
-    ckpt_dir: str | Path,
-    prefix: str = "",
-    *,
-    dtype: torch.dtype | None = None,
-    device: torch.device | str | None = None,
-    strict_unused: bool = False,
-) -> None:
-    """Fill every parameter of ``module`` from the checkpoint tensors named ``prefix + name``.
-
-    Missing or mis-shaped tensors are errors naming the key(s) and file. Checkpoint tensors
-    under ``prefix`` that no parameter takes are errors too; with ``strict_unused`` the same holds
-    for tensors outside ``prefix`` (used when loading a whole model). ``module`` may live on the
-    meta device: parameters are then created on ``device``.
-    """
+def load_weights(module: nn.Module, ckpt_dir: str | Path, prefix: str = "") -> None:
+    """Fill every parameter of ``module`` in place (its device and dtype) from the checkpoint
+    tensors named ``prefix + name``. Missing or mis-shaped tensors are errors naming the key(s)
+    and file; so are checkpoint tensors under ``prefix`` that no parameter takes."""
     files = checkpoint_files(ckpt_dir)
     expected = _expected(module, prefix)
     missing = sorted(set(expected) - set(files))
     if missing:
         raise CheckpointError(f"{ckpt_dir}: missing {len(missing)} tensor(s): {_names(missing)}")
-    unexpected = sorted(n for n in set(files) - set(expected) if strict_unused or n.startswith(prefix))
+    unexpected = sorted(n for n in set(files) - set(expected) if n.startswith(prefix))
     if unexpected:
         raise CheckpointError(f"{ckpt_dir}: unexpected {len(unexpected)} tensor(s): {_names(unexpected)}")
-    targets = {}  # parameters are filled in place unless they live on meta or change dtype
-    for name, param in module.named_parameters():
-        target_device = device if device is not None else param.device
-        if str(target_device) == "meta":
-            raise CheckpointError("load_weights needs a device when the module lives on the meta device")
-        if param.device == torch.device(target_device) and dtype in (None, param.dtype):
-            targets[name] = param.data
-        else:
-            targets[name] = torch.empty(param.shape, dtype=dtype or param.dtype, device=target_device)
+    params = dict(module.named_parameters())
     by_file: dict[Path, list[str]] = {}
     for ckpt_name in expected:
         by_file.setdefault(files[ckpt_name], []).append(ckpt_name)
@@ -135,18 +115,8 @@ def load_weights(
                     raise CheckpointError(f"{path}: cannot read {ckpt_name} (truncated file?): {e}") from None
                 if tuple(tensor.shape) != shape:
                     raise CheckpointError(f"{path}: {ckpt_name} has shape {tuple(tensor.shape)}, expected {shape}")
-                dest = targets[ours] if expert is None else targets[ours][expert, rows]
-                dest.copy_(tensor)
-    params = dict(module.named_parameters())
-    for name, value in targets.items():
-        if value is not params[name].data:
-            _set_parameter(module, name, value)
-
-
-def _set_parameter(module: nn.Module, name: str, value: torch.Tensor) -> None:
-    *path, leaf = name.split(".")
-    owner = module.get_submodule(".".join(path)) if path else module
-    setattr(owner, leaf, nn.Parameter(value, requires_grad=False))
+                with torch.no_grad():
+                    (params[ours] if expert is None else params[ours][expert, rows]).copy_(tensor)
 
 
 def _names(names: list[str], limit: int = 8) -> str:

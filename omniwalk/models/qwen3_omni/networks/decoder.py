@@ -15,8 +15,8 @@ straight into a decode step's KV store (``KVCache.kv_slots``); gate/up merged li
 (``GatedMLP.merge_projections``).
 
 Tensors are per request and unbatched: hidden [tokens, hidden]. Keys and values live in a
-``KVCache`` object passed into ``forward``; ``ContiguousKVCache`` is the simple per-request one
-(a paged implementation replaces it in the engine). Module names match the checkpoint
+``KVCache`` object passed into ``forward``: the engine's paged ones, or a contiguous per-request
+one in the component tests (``tests/single_request.py``). Module names match the checkpoint
 (``layers.N.self_attn.q_proj`` ...), so ``weights.load_weights`` fills them directly.
 """
 
@@ -40,10 +40,9 @@ from omniwalk.models.qwen3_omni.checkpoint.config import DecoderConfig
 class KVCache(Protocol):
     """Where keys/values live during a forward, and how new queries attend to them.
 
-    Implementations: ``ContiguousKVCache`` (one request) and the engine's ``PagedBatch`` (many
-    requests packed along the token axis, keys in pages). During a forward every layer calls
-    ``attend`` once with that forward's new q/k/v; the decoder calls ``advance`` after the last
-    layer.
+    Implementations: the engine's ``PagedBatch`` (many requests packed along the token axis, keys
+    in pages), ``RowsKVCache`` below. During a forward every layer calls ``attend`` once with that
+    forward's new q/k/v; the decoder calls ``advance`` after the last layer.
     """
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -58,40 +57,6 @@ class KVCache(Protocol):
         ...
 
     def attend_stored(self, layer: int, q: torch.Tensor) -> torch.Tensor: ...
-
-
-class ContiguousKVCache:
-    """One contiguous buffer per layer, [kv_heads, capacity, head_dim], doubled when full."""
-
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device, capacity=256):
-        self.num_tokens = 0
-        shape = (num_kv_heads, capacity, head_dim)
-        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-
-    @classmethod
-    def for_config(cls, cfg: DecoderConfig, dtype: torch.dtype, device) -> ContiguousKVCache:
-        return cls(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, dtype, device)
-
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        k_all, v_all = self.append(layer, k.transpose(0, 1), v.transpose(0, 1))
-        return causal_attention(q.transpose(0, 1), k_all, v_all).transpose(0, 1)
-
-    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """k, v [kv_heads, new, d] -> all keys/values [kv_heads, num_tokens + new, d]."""
-        end = self.num_tokens + k.shape[1]
-        if end > self.keys[layer].shape[1]:
-            self.keys[layer] = _grow(self.keys[layer], end, self.num_tokens)
-            self.values[layer] = _grow(self.values[layer], end, self.num_tokens)
-        self.keys[layer][:, self.num_tokens : end] = k
-        self.values[layer][:, self.num_tokens : end] = v
-        return self.keys[layer][:, :end], self.values[layer][:, :end]
-
-    def advance(self, num_new: int) -> None:
-        self.num_tokens += num_new
-
-    def kv_slots(self, layer: int, num_new: int) -> None:
-        return None
 
 
 class RowsKVCache:
@@ -143,15 +108,6 @@ class RowsKVCache:
 
     def advance(self, num_new: int) -> None:
         self.num_tokens += num_new // self.rows
-
-
-def _grow(buf: torch.Tensor, needed: int, used: int) -> torch.Tensor:
-    capacity = buf.shape[1]
-    while capacity < needed:
-        capacity *= 2
-    out = buf.new_empty((buf.shape[0], capacity, buf.shape[2]))
-    out[:, :used] = buf[:, :used]
-    return out
 
 
 class Attention(nn.Module):

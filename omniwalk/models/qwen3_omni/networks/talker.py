@@ -16,7 +16,7 @@ masked until ``min_audio_frames`` frames exist. Talker and code-predictor sampli
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
@@ -27,9 +27,8 @@ from omniwalk.device import to_device
 from omniwalk.errors import InvalidRequestError
 from omniwalk.layers.rotary import rotary_tables
 from omniwalk.models.qwen3_omni.checkpoint.config import DecoderConfig, TalkerConfig
-from omniwalk.models.qwen3_omni.networks.decoder import ContiguousKVCache, Decoder, RowsKVCache
-from omniwalk.models.qwen3_omni.processing.positions import RopePositions
-from omniwalk.sampling import Sampler, SamplerState, SamplingParams, sample_on_device
+from omniwalk.models.qwen3_omni.networks.decoder import Decoder, RowsKVCache
+from omniwalk.sampling import SamplingParams
 
 # (logits [B, vocab], draw index 0..G-2 within the frame) -> ids [B] on the device
 SampleFn = Callable[[torch.Tensor, int], torch.Tensor]
@@ -82,16 +81,6 @@ class TalkerSamplingParams:
             top_p=self.code_predictor_top_p,
             seed=seed,
         )
-
-
-@dataclass
-class TalkerPrompt:
-    """What the talker needs from the thinker for one request (built by ``talker_prompt.py``)."""
-
-    embeddings: torch.Tensor  # [P, hidden] prefill inputs (projected user turns + 9-position header)
-    positions: RopePositions  # [3, P] and the decode delta
-    text_stream: torch.Tensor  # [T, hidden] one projected text entry per frame after the first; ends with tts_eos
-    tts_pad: torch.Tensor  # [hidden] added once the text stream is spent
 
 
 class ResizeMLP(nn.Module):
@@ -183,31 +172,3 @@ class Talker(nn.Module):
     def group0_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden [hidden] -> codec logits [vocab] with control codes (not EOS) at -inf."""
         return self.codec_head(hidden).float().masked_fill(self.suppressed, -float("inf"))
-
-    @torch.inference_mode()
-    def generate(self, prompt: TalkerPrompt, params: TalkerSamplingParams) -> Iterator[torch.Tensor]:
-        """Yield each complete frame's codes [G] int64 (group 0 first) until codec EOS or the frame limit."""
-        p = self.codec_head.weight
-        embed0 = self.model.codec_embedding
-        cache = ContiguousKVCache.for_config(self.cfg.text, p.dtype, p.device)
-        h = self.model(prompt.embeddings.to(p), prompt.positions.positions.to(p.device), cache)[-1]
-        talker_sampler = Sampler(params.talker(), (self.cfg.codec.eos,), [], p.device)
-        cp_state = SamplerState(params.code_predictor(), (), [])
-
-        def cp_sample(logits: torch.Tensor, _: int) -> torch.Tensor:
-            return sample_on_device(logits, [cp_state])
-
-        num_prompt = prompt.embeddings.shape[0]
-        for frame in range(params.max_audio_frames):
-            code0 = talker_sampler(self.group0_logits(h)).token_id
-            if code0 == self.cfg.codec.eos:
-                return
-            code0_embedding = embed0(torch.tensor(code0, device=p.device))
-            rest, rest_sum = self.code_predictor(h[None], code0_embedding[None], cp_sample)
-            rest, rest_sum = rest[0].cpu(), rest_sum[0]
-            yield torch.cat([torch.tensor([code0]), rest])
-            if frame + 1 == params.max_audio_frames:
-                return
-            text = prompt.text_stream[frame] if frame < len(prompt.text_stream) else prompt.tts_pad
-            x = code0_embedding + rest_sum + text.to(p)
-            h = self.model(x[None], prompt.positions.decode(num_prompt + frame).to(p.device), cache)[-1]

@@ -96,7 +96,6 @@ class Thinker(nn.Module):
         *,
         all_logits: bool = False,
         talker_states: bool = False,
-        logit_rows: torch.Tensor | None = None,
         counts: dict | None = None,
     ) -> ThinkerOutput:
         """Run new tokens ``input_ids`` [n] at rope ``positions`` ([3, n] or [n]) after ``cache``'s tokens."""
@@ -113,8 +112,7 @@ class Thinker(nn.Module):
 
         layers = set(range(deepstack.shape[0] if deepstack is not None else 0)) | {capture_at} - {-1}
         h = self.model(x, positions, cache, {i: functools.partial(hook, i) for i in layers})
-        # logits only where tokens get sampled: the last row, every row, or given rows (packed batches)
-        logits = self.lm_head(h if all_logits else h[-1:] if logit_rows is None else h[logit_rows])
+        logits = self.lm_head(h if all_logits else h[-1:])  # every row's, or the last one's
         return ThinkerOutput(logits, x if talker_states else None, captured.get("h"))
 
 

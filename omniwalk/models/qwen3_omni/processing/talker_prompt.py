@@ -31,7 +31,7 @@ import torch
 from omniwalk.device import to_device
 from omniwalk.errors import InvalidRequestError
 from omniwalk.models.qwen3_omni.checkpoint.config import CodecIds, TokenIds
-from omniwalk.models.qwen3_omni.networks.talker import Talker, TalkerPrompt
+from omniwalk.models.qwen3_omni.networks.talker import Talker
 from omniwalk.models.qwen3_omni.processing.positions import MediaSpan, RopePositions, mrope_positions
 
 NUM_HEADER_TEXT = 3  # <|im_start|> assistant \n
@@ -130,47 +130,3 @@ def talker_prefix(
 def talker_prefix_length(prompt_ids: list[int], tokens: TokenIds) -> int:
     """Rows ``talker_prefix`` returns: every user-turn position plus the 9-position header."""
     return int(user_positions(prompt_ids, tokens).sum()) + NUM_HEADER_TEXT + 6
-
-
-@torch.inference_mode()
-def build_talker_prompt(
-    talker: Talker,
-    tokens: TokenIds,
-    *,
-    prompt_ids: list[int],
-    generated_ids: list[int],
-    embeddings: torch.Tensor,
-    accept_hidden: torch.Tensor,
-    special_embeddings: torch.Tensor,
-    spans: list[MediaSpan],
-    speaker: int,
-    position_id_per_seconds: float,
-) -> TalkerPrompt:
-    """Build one request's whole talker prompt once the thinker has finished.
-
-    ``embeddings`` / ``accept_hidden`` are [L, thinker_hidden] for the first L positions of
-    prompt + generated ids (normally all but the last generated token, which the thinker never ran);
-    L must cover the first generated token. ``spans`` are the thinker prompt's media spans.
-    """
-    p = talker.codec_head.weight
-    num_prompt = len(prompt_ids)
-    if embeddings.shape[0] <= num_prompt or not generated_ids:
-        raise InvalidRequestError("speech output needs at least one generated text token")
-    inputs, positions = talker_prefix(
-        talker,
-        tokens,
-        prompt_ids=prompt_ids,
-        embeddings=embeddings[:num_prompt],
-        accept_hidden=accept_hidden[:num_prompt],
-        first_answer=embeddings[num_prompt],
-        special_embeddings=special_embeddings,
-        spans=spans,
-        speaker=speaker,
-        position_id_per_seconds=position_id_per_seconds,
-    )
-    _, eos, pad = talker.text_projection(special_embeddings.to(p)).unbind(0)
-    spoken = generated_ids.index(tokens.im_end) if tokens.im_end in generated_ids else len(generated_ids)
-    # generated token k (k >= 1) is spoken with frame k, up to (not including) a thinker EOS and
-    # within the rows the thinker ran; then tts_eos once.
-    stream = talker.text_projection(embeddings[num_prompt + 1 : num_prompt + spoken].to(p))
-    return TalkerPrompt(inputs, positions, torch.cat([stream, eos[None]]), pad)

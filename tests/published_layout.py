@@ -1,8 +1,7 @@
-"""The published checkpoint's tensor layout (names and shapes), derived from the config.
+"""The published checkpoint's tensor layout (names and shapes), written out from the config.
 
-This is the file format, not our module tree: experts are per-expert tensors here. It is what
-``make-tiny`` writes, what the parameter count is computed from, and a cross-check for our
-modules (tests assert the module tree maps onto exactly these names).
+The file format, not our module tree (experts are per-expert tensors here), described apart from
+our modules: the oracle that the layout the package derives from its modules is checked against.
 """
 
 from __future__ import annotations
