@@ -39,25 +39,12 @@ def _inspect(args: argparse.Namespace) -> None:
     print(family_class(args.model).describe(args.model))
 
 
-EMBEDDED_DIR = Path.home() / ".cache" / "omniwalk" / "embedded-tiny-v1"
-
-
 def _embedded_checkpoint() -> Path:
     """The embedded default model: the default family's tiny config with random weights, written once."""
-    import shutil
-
+    from omniwalk.models.locate import CACHE, written_once
     from omniwalk.models.registry import default_family
 
-    if not (EMBEDDED_DIR / "config.json").exists():
-        print(f"writing the embedded tiny checkpoint to {EMBEDDED_DIR}", flush=True)
-        tmp = EMBEDDED_DIR.with_name(EMBEDDED_DIR.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)  # a write that was interrupted
-        try:
-            default_family().Family.make_tiny(tmp)
-            tmp.rename(EMBEDDED_DIR)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return EMBEDDED_DIR
+    return written_once(CACHE / "embedded-tiny-v1", default_family().Family.make_tiny, "the embedded tiny checkpoint")
 
 
 def _listening_socket(host: str, port: int):
@@ -84,19 +71,19 @@ def _serve(args: argparse.Namespace) -> int:
     from omniwalk.config import EngineConfig, ModelConfig, OmniConfig, ServerConfig
     from omniwalk.media.limits import MediaLimits
     from omniwalk.models import registry
+    from omniwalk.models.locate import locate
 
     server = ServerConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServerConfig)})
-    if args.model is not None and not Path(args.model).expanduser().is_dir():
-        raise ConfigError(f"--model {args.model}: no such checkpoint directory")
-    family = registry.family_module(args.model) if args.model else registry.default_family()
+    model = locate(args.model, args.random_weights, args.hf_cache) if args.model else None
+    family = registry.family_module(model) if model else registry.default_family()
     family_options = getattr(family, "Options", None)
     sections = (ModelConfig, EngineConfig, MediaLimits, *filter(None, [family_options]))
     options = {f.name: getattr(args, f.name) for c in sections for f in dataclasses.fields(c)}
-    OmniConfig.from_kwargs(family_options, **{**options, "model": str(args.model)})  # errors before anything starts
+    OmniConfig.from_kwargs(family_options, **{**options, "model": str(model)})  # errors before anything starts
     sock = _listening_socket(server.host, server.port)
     logging.basicConfig(level=server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    model = args.model or _embedded_checkpoint()
-    if args.model is None:
+    if model is None:
+        model = _embedded_checkpoint()
         print(
             "NOTE: serving the embedded tiny model: its weights are RANDOM, its text and speech are noise", flush=True
         )
@@ -234,7 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     from omniwalk.media.limits import MediaLimits
 
     serve = sub.add_parser("serve", help="serve a checkpoint over an OpenAI-compatible HTTP API")
-    serve.add_argument("--model", type=Path, default=None, help="checkpoint directory (default: embedded tiny model)")
+    serve.add_argument("--model", default=None, help="checkpoint directory, preset name (with --random-weights) or "
+                       "Hugging Face id ORG/NAME in the local cache (default: the embedded tiny model)")  # fmt: skip
     from omniwalk.models.registry import all_options
 
     seen = {"model"}

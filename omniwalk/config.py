@@ -41,6 +41,7 @@ class ModelConfig:
     # the system turn of a request without one; None = the model family's own, "" = none
     default_system_prompt: str | None = None
     random_weights: bool = False  # build random weights on the device instead of reading them (benchmarks)
+    hf_cache: str | None = None  # the Hugging Face cache a model id is found in; None: huggingface_hub's
     # Fast paths, chosen by name ("auto": the fast one on CUDA, the reference one elsewhere):
     # MoE: "reference" (per-expert loop, the CPU oracle) | "fused" (CUDA: routing kernel, expert GEMVs
     # at decode sizes, grouped GEMM at many tokens per expert; layers/moe.py)

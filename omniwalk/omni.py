@@ -18,7 +18,6 @@ ends with ``finish_reason == "error"`` and its ``error``, and no other request i
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Iterator
 
 from omniwalk.config import OmniConfig
@@ -26,6 +25,7 @@ from omniwalk.engine.engine import Engine, EngineLimits
 from omniwalk.engine.request import EngineRequest, Event, Status
 from omniwalk.errors import InvalidRequestError
 from omniwalk.models.family import RequestOutput
+from omniwalk.models.locate import locate
 from omniwalk.models.registry import family_module
 
 
@@ -33,7 +33,7 @@ class Omni:
     def __init__(self, model: str, **options):
         """``options`` are ``ModelConfig``, ``EngineConfig``, ``MediaLimits`` and the model family's
         ``Options`` fields (device, dtype, max_model_len, ...)."""
-        model = os.path.expanduser(str(model))
+        model = str(locate(str(model), options.get("random_weights", False), options.get("hf_cache")))
         family = family_module(model)
         self.config = OmniConfig.from_kwargs(getattr(family, "Options", None), model=model, **options)
         self.family = family.Family(self.config)

@@ -54,13 +54,15 @@ def default_family() -> ModuleType:
 
 def family_for_config(config: str | Path) -> ModuleType:
     """The family of a config.json (or checkpoint directory), or the one that ships a preset of this name."""
-    if Path(config).exists():
-        return family_module(config)
-    for name in dict.fromkeys(families().values()):
-        module = importlib.import_module(name)
-        if str(config) in getattr(module, "PRESETS", {}):
-            return module
-    raise ConfigError(f"{config}: no such config.json, and no model family has a preset of that name")
+    family = family_with_preset(str(config)) if not Path(config).exists() else family_module(config)
+    if family is None:
+        raise ConfigError(f"{config}: no such config.json, and no model family has a preset of that name")
+    return family
+
+
+def family_with_preset(name: str) -> ModuleType | None:
+    modules = [importlib.import_module(m) for m in dict.fromkeys(families().values())]
+    return next((m for m in modules if name in getattr(m, "PRESETS", {})), None)
 
 
 def all_options() -> list[type]:

@@ -5,9 +5,15 @@ from pathlib import Path
 
 from omniwalk.models.qwen3_omni.options import Qwen3OmniOptions as Options
 
-# Named configs shipped inside the package (the published checkpoints' config.json, verbatim), so
-# ``make-tiny --config qwen3-omni-30b-a3b`` and the full-size benchmarks need nothing outside it.
-PRESETS = {"qwen3-omni-30b-a3b": Path(__file__).parent / "checkpoint" / "presets" / "qwen3-omni-30b-a3b-instruct.json"}
+# Named configs shipped inside the package, so ``make-tiny --config qwen3-omni-30b-a3b``, ``serve --model
+# qwen3-omni-30b-a3b --random-weights`` and the full-size benchmarks need nothing outside it: the
+# published Instruct config.json verbatim, and for the Thinking variant (text out: its checkpoint
+# has no talker or code2wav) the same config with enable_audio_output false.
+_DIR = Path(__file__).parent / "checkpoint" / "presets"
+PRESETS = {
+    "qwen3-omni-30b-a3b": _DIR / "qwen3-omni-30b-a3b-instruct.json",
+    "qwen3-omni-30b-a3b-thinking": _DIR / "qwen3-omni-30b-a3b-thinking.json",
+}
 
 __all__ = ["Family", "Options", "PRESETS"]
 
