@@ -12,6 +12,7 @@ from test_engine_omni import PATHS, alone, assert_idle, assert_same, make_reques
 from test_omni_text import checkpoint
 
 from omniwalk import Omni
+from omniwalk.engine.kv_stage import KVProgram
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -114,7 +115,7 @@ def test_drain_completes_what_is_in_flight():
     assert not th.inflight and th.num_generated == launched
 
 
-class LookaheadToy:
+class LookaheadToy(KVProgram):
     """The engine-level contract on its own: test_engine_core's toy LM, its sampled token kept as a
     tensor until the commit one step later; it stops at ``stop_at`` tokens or on a stop token."""
 

@@ -11,7 +11,7 @@ import torch
 
 from omniwalk.engine.engine import Engine, EngineLimits, QueueFullError
 from omniwalk.engine.kv_pages import KVStorage, PagePool
-from omniwalk.engine.kv_stage import KVStage, KVStageConfig
+from omniwalk.engine.kv_stage import KVProgram, KVStage, KVStageConfig
 from omniwalk.engine.request import EngineRequest, Status
 
 VOCAB, DIM, HEADS = 64, 32, 2
@@ -26,7 +26,7 @@ class ToyLM(torch.nn.Module):
         self.head = torch.randn(DIM, VOCAB, generator=g)
 
 
-class ToyProgram:
+class ToyProgram(KVProgram):
     """Prompt ids -> greedy tokens; ``seq`` = prompt + generated, KV holds ``seq[:num_cached]``."""
 
     def __init__(self, model, fail_on: set[str] = frozenset()):

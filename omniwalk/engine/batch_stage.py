@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from omniwalk.engine.inflight import InFlight
 from omniwalk.engine.lanes import Lane
-from omniwalk.engine.request import EngineRequest
+from omniwalk.engine.request import EngineRequest, Work
 
 
 @dataclass(frozen=True)
@@ -23,23 +22,33 @@ class BatchStageConfig:
     max_batch_requests: int = 64
 
 
-class BatchProgram(Protocol):
+class BatchProgram:
+    """The model side of a batch stage: ``take``, ``run`` and ``is_finished``; the rest have defaults."""
+
     def take(self, req: EngineRequest, budget: int, batch_is_empty: bool) -> int:
         """Units of ``req``'s ready work to run in this batch, within ``budget`` unless the batch is
         empty (0 = nothing ready or nothing that fits)."""
-        ...
+        raise NotImplementedError
 
-    def run(self, batch: list[tuple[EngineRequest, int]]) -> Callable[[], None] | None:
+    def run(self, batch: list[Work]) -> Callable[[], None] | None:
         """Launch the taken work; must leave request state untouched if it raises. May return a
         function that completes it (waits for its host read, commits): the stage calls it one step
         later (``engine/inflight.py``), so ``take`` must count work launched but not completed."""
-        ...
+        raise NotImplementedError
 
-    def is_finished(self, req: EngineRequest) -> bool: ...
+    def is_finished(self, req: EngineRequest) -> bool:
+        raise NotImplementedError
 
-    # Optional: ``release(req)`` (free what the program holds for a request leaving the stage),
-    # ``capture_graphs(pool) -> pool`` (CUDA graphs, captured at start-up) and ``stats() -> dict``
-    # (counters reported beside the stage's own, e.g. graph replays).
+    def release(self, req: EngineRequest) -> None:
+        """Free what the program holds for a request leaving the stage."""
+
+    def capture_graphs(self, pool=None):
+        """Capture CUDA graphs (at start-up); returns the memory pool."""
+        return pool
+
+    def stats(self) -> dict:
+        """Counters reported beside the stage's own (graph replays, eager calls)."""
+        return {}
 
 
 class BatchStage:
@@ -51,33 +60,29 @@ class BatchStage:
         self.inflight = InFlight(name)
 
     def stats(self) -> dict:
-        program_stats = getattr(self.program, "stats", dict)
-        return {"requests": len(self.requests), "batch_size": self.last_batch_size, **program_stats()}
+        return {"requests": len(self.requests), "batch_size": self.last_batch_size, **self.program.stats()}
 
     def capture_graphs(self, pool=None):
-        capture = getattr(self.program, "capture_graphs", None)
-        return capture(pool) if capture else pool
+        return self.program.capture_graphs(pool)
 
     def add(self, req: EngineRequest) -> None:
         self.requests[req.id] = req
 
     def remove(self, req: EngineRequest) -> None:
         self.requests.pop(req.id, None)
-        release = getattr(self.program, "release", None)
-        if release is not None:
-            release(req)
+        self.program.release(req)
 
     def is_done(self, req: EngineRequest) -> bool:
         return req.id not in self.requests
 
-    def schedule(self) -> list[tuple[EngineRequest, int]]:
+    def schedule(self) -> list[Work]:
         batch, budget = [], self.config.max_batch_units
         for req in sorted(self.requests.values(), key=lambda r: r.order):
             if len(batch) >= self.config.max_batch_requests or budget <= 0:
                 break
             units = self.program.take(req, budget, not batch)
             if units:
-                batch.append((req, units))
+                batch.append(Work(req, units))
                 budget -= units
         return batch
 

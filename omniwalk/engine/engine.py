@@ -43,6 +43,8 @@ class Stage(Protocol):
 
     def stats(self) -> dict: ...
 
+    def capture_graphs(self, pool=None): ...
+
 
 class Engine:
     def __init__(self, stages: list[Stage], limits: EngineLimits = EngineLimits()):
@@ -109,9 +111,7 @@ class Engine:
         stages replaying at once on streams of their own; today they share one stream, see
         ``engine/lanes.py``, and one pool would do: its memory saving is not measured)."""
         for stage in self.stages.values():
-            capture = getattr(stage, "capture_graphs", None)
-            if capture is not None:
-                capture(None)
+            stage.capture_graphs(None)
 
     def stats(self) -> dict[str, dict]:
         """Per stage: occupancy and the last batch size; plus the engine's request count."""

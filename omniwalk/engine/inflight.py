@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from omniwalk.engine.lanes import Lane, upstream_events
-from omniwalk.engine.request import EngineRequest
+from omniwalk.engine.request import EngineRequest, Work
 
-Items = list[tuple[EngineRequest, int]]
+Items = list[Work]
 
 
 @dataclass

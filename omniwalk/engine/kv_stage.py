@@ -20,13 +20,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from omniwalk.engine.inflight import InFlight
 from omniwalk.engine.kv_pages import KVStorage, PageTable
 from omniwalk.engine.lanes import Lane
 from omniwalk.engine.paged_attention import PagedBatch, Segment
-from omniwalk.engine.request import EngineRequest, Status
+from omniwalk.engine.request import Chunk, EngineRequest, Status, Work
 
 
 @dataclass(frozen=True)
@@ -37,16 +36,17 @@ class KVStageConfig:
     prefill_attention: str = "reference"  # other steps: per request, or one packed varlen call (layers/attention.py)
 
 
-class KVProgram(Protocol):
-    """The model side of a KV stage."""
+class KVProgram:
+    """The model side of a KV stage: ``num_ready``, ``run`` and ``is_finished``; the rest have
+    defaults a program overrides when it has CUDA graphs or something to undo."""
 
     def num_ready(self, req: EngineRequest, num_cached: int) -> int:
         """Tokens of ``req`` that can run now, given ``num_cached`` are in its KV (0 = wait)."""
-        ...
+        raise NotImplementedError
 
-    def run(self, batch: list[tuple[EngineRequest, int, int]], kv: PagedBatch) -> Callable[[], None] | None:
-        """Run tokens [start, start + n) of each ``(req, start, n)`` (packed in batch order) and
-        consume the outputs (sample where a request's ready tokens end).
+    def run(self, batch: list[Chunk], kv: PagedBatch) -> Callable[[], None] | None:
+        """Run each chunk's tokens (packed in batch order) and consume the outputs (sample where a
+        request's ready tokens end).
 
         May return a function that finishes the work (waits for the host read of what was
         sampled and commits it). The stage calls it one step later, after launching the next
@@ -55,18 +55,25 @@ class KVProgram(Protocol):
         request (a stop) drops what the next step already did for it. Must leave request state
         untouched if it raises: the stage then reruns requests alone.
         """
-        ...
+        raise NotImplementedError
 
-    def is_finished(self, req: EngineRequest) -> bool: ...
+    def is_finished(self, req: EngineRequest) -> bool:
+        raise NotImplementedError
 
     def on_preempt(self, req: EngineRequest) -> None:
         """The request's KV was dropped; its tokens will be recomputed from position 0."""
-        ...
 
-    # Optional: ``capture_graphs(storage, pool) -> pool`` (CUDA graphs over this stage's KV
-    # storage, at start-up), ``graph_rows(batch) -> list[bool]`` (which rows a captured graph
-    # can run; the stage then runs them as a batch of their own) and ``stats() -> dict``
-    # (merged into the stage's stats).
+    def capture_graphs(self, storage: KVStorage, pool=None):
+        """Capture CUDA graphs over this stage's KV storage (at start-up); returns the memory pool."""
+        return pool
+
+    def graph_rows(self, batch: list[Chunk]) -> list[bool] | None:
+        """Which chunks a captured graph can run (the stage runs them as a batch of their own); None: no graphs."""
+        return None
+
+    def stats(self) -> dict:
+        """Counters reported beside the stage's own (graph replays, eager steps)."""
+        return {}
 
 
 class KVStage:
@@ -101,7 +108,7 @@ class KVStage:
     def is_done(self, req: EngineRequest) -> bool:
         return req.id not in self.tables
 
-    def schedule(self) -> list[tuple[EngineRequest, int]]:
+    def schedule(self) -> list[Work]:
         batch, budget = [], self.config.max_batch_tokens
         for req in sorted(self.running, key=lambda r: r.order):
             if budget == 0:
@@ -110,7 +117,7 @@ class KVStage:
                 continue
             n = min(self.program.num_ready(req, self.tables[req.id].num_cached), budget)
             if n and self._reserve(req, n):
-                batch.append((req, n))
+                batch.append(Work(req, n))
                 budget -= n
         for req in list(self.waiting):
             if budget == 0 or len(self.running) >= self.config.max_running:
@@ -123,7 +130,7 @@ class KVStage:
             self.waiting.remove(req)
             self.running.append(req)
             req.status = Status.RUNNING
-            batch.append((req, n))
+            batch.append(Work(req, n))
             budget -= n
         return batch
 
@@ -165,15 +172,12 @@ class KVStage:
         for req in [r for r in (*self.running, *self.waiting) if self._is_done(r)]:
             self.remove(req)
 
-    def _groups(self, batch: list[tuple[EngineRequest, int]]) -> list[list[tuple[EngineRequest, int]]]:
+    def _groups(self, batch: list[Work]) -> list[list[Work]]:
         """The step's forwards: one, or two when the program can replay a graph for some rows
         (pure decode) but not the others (prefill chunks): those rows first, as their own batch,
         so arriving prompts never push running decodes off their graph."""
-        graph_rows = getattr(self.program, "graph_rows", None)
-        if graph_rows is None:
-            return [batch]
-        flags = graph_rows([(req, self.tables[req.id].num_cached, n) for req, n in batch])
-        if all(flags) or not any(flags):
+        flags = self.program.graph_rows([Chunk(req, self.tables[req.id].num_cached, n) for req, n in batch])
+        if flags is None or all(flags) or not any(flags):
             return [batch]
         return [
             [b for b, f in zip(batch, flags, strict=True) if f],
@@ -181,11 +185,9 @@ class KVStage:
         ]
 
     def capture_graphs(self, pool=None):
-        capture = getattr(self.program, "capture_graphs", None)
-        return capture(self.storage, pool) if capture else pool
+        return self.program.capture_graphs(self.storage, pool)
 
     def stats(self) -> dict:
-        program_stats = getattr(self.program, "stats", dict)
         return {
             "kv_pages_used": self.pool.num_used,
             "kv_pages_total": self.pool.num_pages,
@@ -193,19 +195,19 @@ class KVStage:
             "waiting": len(self.waiting),
             "batch_size": self.last_batch_size,
             "preemptions": self.num_preemptions,
-            **program_stats(),
+            **self.program.stats(),
         }
 
     def _is_done(self, req: EngineRequest) -> bool:
         return req.status is Status.FAILED or self.program.is_finished(req)
 
-    def _run(self, batch: list[tuple[EngineRequest, int]]) -> Callable[[], None] | None:
+    def _run(self, batch: list[Work]) -> Callable[[], None] | None:
         segments = [Segment(self.tables[r.id], n) for r, n in batch]
         starts = [seg.table.num_cached for seg in segments]
         cfg = self.config
         kv = PagedBatch(self.storage, segments, self.device, cfg.decode_attention, cfg.prefill_attention)
         try:
-            return self.program.run([(r, start, n) for (r, n), start in zip(batch, starts, strict=True)], kv)
+            return self.program.run([Chunk(r, start, n) for (r, n), start in zip(batch, starts, strict=True)], kv)
         except Exception:
             for seg, start in zip(segments, starts, strict=True):  # the model may have advanced them
                 seg.table.num_cached = start

@@ -11,7 +11,7 @@ import enum
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class Status(enum.Enum):
@@ -68,3 +68,20 @@ class EngineRequest:
             fn(*args)
         except Exception as e:  # noqa: BLE001 - any error here belongs to this request only
             self.fail(e)
+
+
+class Work(NamedTuple):
+    """A request's share of a stage's batch: ``n`` units (tokens in a KV stage, the program's own
+    units in a batch stage: encoder tokens, codec frames)."""
+
+    req: EngineRequest
+    n: int
+
+
+class Chunk(NamedTuple):
+    """Tokens [start, start + n) of a request's sequence in one KV-stage forward (``start`` tokens
+    are in its KV already: a prefill chunk, or the one token a decode step runs)."""
+
+    req: EngineRequest
+    start: int
+    n: int

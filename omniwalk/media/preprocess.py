@@ -22,8 +22,6 @@ from omniwalk.media.limits import DEFAULT_LIMITS, MediaLimits
 from omniwalk.media.patches import resize_image, resize_video
 from omniwalk.media.video import decode_video
 
-KINDS = ("audio", "image", "video")
-
 
 def preprocess(kind: str, data: bytes, limits: MediaLimits = DEFAULT_LIMITS) -> dict:
     """One media item's bytes -> its array content part (raises ``MediaError`` subclasses)."""

@@ -13,6 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
 
+from omniwalk.modality import Modality
+
 INT64_MAX = 2**63 - 1
 # A family may draw a second stream with seed + 1, so a seed stays one below int64's maximum.
 Seed = Annotated[int, Field(ge=-(2**63), le=INT64_MAX - 1)]
@@ -75,7 +77,8 @@ class VideoURLPart(Strict):
 UserPart = Annotated[
     TextPart | InputAudioPart | ImageURLPart | AudioURLPart | VideoURLPart, Field(discriminator="type")
 ]
-MEDIA_PART_KINDS = {"input_audio": "audio", "audio_url": "audio", "image_url": "image", "video_url": "video"}
+MEDIA_PART_KINDS = {"input_audio": Modality.AUDIO, "audio_url": Modality.AUDIO, "image_url": Modality.IMAGE,
+                    "video_url": Modality.VIDEO}  # fmt: skip
 
 
 # ---- messages ----

@@ -24,7 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
-AUDIO, IMAGE, VIDEO, AUDIO_IN_VIDEO = "audio", "image", "video", "audio_in_video"
+from omniwalk.modality import Modality
+
+AUDIO, IMAGE, VIDEO = Modality.AUDIO, Modality.IMAGE, Modality.VIDEO
+AUDIO_IN_VIDEO = "audio_in_video"  # a span kind: a video whose audio track's tokens interleave with its frames
 
 
 @dataclass(frozen=True)

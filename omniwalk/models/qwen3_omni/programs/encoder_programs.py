@@ -15,9 +15,10 @@ import math
 import torch
 
 from omniwalk.device import to_device
+from omniwalk.engine.batch_stage import BatchProgram
 from omniwalk.engine.cuda_graphs import StaticInput
 from omniwalk.engine.packed_graphs import PackedGraphs, layout_buckets
-from omniwalk.engine.request import EngineRequest
+from omniwalk.engine.request import EngineRequest, Work
 from omniwalk.media.mel import log_mel, num_mel_frames
 from omniwalk.models.qwen3_omni.networks.audio_encoder import AudioEncoder
 from omniwalk.models.qwen3_omni.networks.vision_encoder import VisionEncoder, VisionOutput
@@ -33,7 +34,7 @@ def _fits(cost: int, budget: int, batch_is_empty: bool) -> int:
     return cost if cost and (cost <= budget or batch_is_empty) else 0
 
 
-class AudioEncoderProgram:
+class AudioEncoderProgram(BatchProgram):
     def __init__(self, encoder: AudioEncoder, device, dtype: torch.dtype, graph_max_tokens: int = 0):
         self.encoder, self.device, self.dtype = encoder, device, dtype
         # segments are attention windows; the shortest common clip is one chunk (1 s)
@@ -59,7 +60,7 @@ class AudioEncoderProgram:
         return _fits(sum(num_mel_frames(len(waves[i])) for i in self._pending(req)), budget, batch_is_empty)
 
     @torch.inference_mode()
-    def run(self, batch: list[tuple[EngineRequest, int]]) -> None:
+    def run(self, batch: list[Work]) -> None:
         slots = [(req, i) for req, _ in batch for i in self._pending(req)]
         waves = [to_device(torch.from_numpy(req.state.media.waves[i]), self.device) for req, i in slots]
         features, _ = log_mel(waves)  # each clip as if alone (the processor's token counts)
@@ -82,7 +83,7 @@ class AudioEncoderProgram:
         return not self._pending(req)
 
 
-class VisionEncoderProgram:
+class VisionEncoderProgram(BatchProgram):
     def __init__(self, encoder: VisionEncoder, device, dtype: torch.dtype, graph_max_tokens: int = 0):
         self.encoder, self.device, self.dtype = encoder, device, dtype
         buckets = layout_buckets(graph_max_tokens, None, MIN_COMMON_FRAME_PATCHES)
@@ -113,7 +114,7 @@ class VisionEncoderProgram:
         return _fits(sum(math.prod(items[i].grid_thw) for i in self._pending(req)), budget, batch_is_empty)
 
     @torch.inference_mode()
-    def run(self, batch: list[tuple[EngineRequest, int]]) -> None:
+    def run(self, batch: list[Work]) -> None:
         slots = [(req, req.state.media.vision[i], i) for req, _ in batch for i in self._pending(req)]
         pixels = torch.cat([vision_pixels(item, self.device) for _, item, _ in slots]).to(self.dtype)
         out = self.encode(pixels, [item.grid_thw for _, item, _ in slots])

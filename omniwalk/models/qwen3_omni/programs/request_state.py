@@ -19,11 +19,9 @@ import torch
 from omniwalk.models.qwen3_omni.networks.talker import TalkerSamplingParams
 from omniwalk.models.qwen3_omni.networks.thinker import MediaEmbeddings
 from omniwalk.models.qwen3_omni.processing.chat import Prompt
-from omniwalk.models.qwen3_omni.processing.positions import RopePositions
+from omniwalk.models.qwen3_omni.processing.positions import IMAGE, VIDEO, RopePositions
 from omniwalk.sampling import SamplerState, SamplingParams, TokenLogprob
 from omniwalk.tokenizer import IncrementalDetokenizer
-
-AUDIO, IMAGE, VIDEO = "audio", "image", "video"
 
 
 @dataclass

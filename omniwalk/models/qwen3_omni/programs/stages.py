@@ -21,10 +21,10 @@ from omniwalk.models.qwen3_omni.networks.code2wav_stream import VocoderStreamCon
 from omniwalk.models.qwen3_omni.networks.talker import TalkerSamplingParams
 from omniwalk.models.qwen3_omni.options import Qwen3OmniOptions
 from omniwalk.models.qwen3_omni.processing.chat import Prompt
+from omniwalk.models.qwen3_omni.processing.positions import AUDIO
 from omniwalk.models.qwen3_omni.processing.talker_prompt import talker_prefix_length
 from omniwalk.models.qwen3_omni.programs.encoder_programs import AudioEncoderProgram, VisionEncoderProgram
 from omniwalk.models.qwen3_omni.programs.request_state import (
-    AUDIO,
     MediaState,
     OmniRequestState,
     TalkerState,
@@ -97,7 +97,6 @@ def new_state(
     use_audio_in_video: bool = False,
     speech: TalkerSamplingParams | None = None,
     speaker: int | None = None,
-    device="cpu",
 ) -> tuple[tuple[str, ...], OmniRequestState]:
     """A processed request -> (its walk, its state)."""
     items = prompt.items

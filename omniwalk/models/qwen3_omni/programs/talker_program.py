@@ -25,9 +25,10 @@ import torch
 from omniwalk.device import HostCopy, to_device
 from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets, rows_in_graph
 from omniwalk.engine.kv_pages import KVStorage
+from omniwalk.engine.kv_stage import KVProgram
 from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
 from omniwalk.engine.prefill_graphs import NO_PREFILL_GRAPHS, PrefillGraphs, PrefillPlan
-from omniwalk.engine.request import EngineRequest
+from omniwalk.engine.request import Chunk, EngineRequest
 from omniwalk.models.qwen3_omni.networks.talker import Talker
 from omniwalk.models.qwen3_omni.networks.thinker import Thinker
 from omniwalk.models.qwen3_omni.processing.talker_prompt import talker_prefix
@@ -59,7 +60,7 @@ def frame_due(ts) -> bool:
     return ts.num_frames == len(ts.rows)
 
 
-class TalkerProgram:
+class TalkerProgram(KVProgram):
     def __init__(
         self,
         talker: Talker,
@@ -113,7 +114,7 @@ class TalkerProgram:
         return text_entry(th.generated, th.is_finished, req.state.talker.num_frames - 1, self.im_end)
 
     @torch.inference_mode()
-    def run(self, batch: list[tuple[EngineRequest, int, int]], kv: PagedBatch) -> Callable[[], None] | None:
+    def run(self, batch: list[Chunk], kv: PagedBatch) -> Callable[[], None] | None:
         for req, _, _ in batch:
             if req.state.talker.prefix is None:
                 self._build_prefix(req)
@@ -297,7 +298,7 @@ class TalkerProgram:
         return self._commit_frames(reqs, out["frames"], out["codec_sum"].clone())  # (graph outputs are reused)
 
     @staticmethod
-    def _frame_rows(batch: list[tuple[EngineRequest, int, int]]) -> list[bool]:
+    def _frame_rows(batch: list[Chunk]) -> list[bool]:
         """Rows that run one input row and then draw a frame: the last input row already there,
         or the new frame row ``run`` builds (the captured graph's work)."""
         rows = []
@@ -307,7 +308,7 @@ class TalkerProgram:
             rows.append(n == 1 and ts.prefix is not None and new >= 0 and ts.num_frames == len(ts.rows) + new)
         return rows
 
-    def graph_rows(self, batch: list[tuple[EngineRequest, int, int]]) -> list[bool]:
+    def graph_rows(self, batch: list[Chunk]) -> list[bool]:
         return rows_in_graph(self.frame_graph, self._frame_rows(batch))
 
     def stats(self) -> dict:

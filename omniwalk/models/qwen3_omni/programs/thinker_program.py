@@ -26,17 +26,17 @@ import torch
 from omniwalk.device import to_device
 from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets, rows_in_graph
 from omniwalk.engine.kv_pages import KVStorage
+from omniwalk.engine.kv_stage import KVProgram
 from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
 from omniwalk.engine.prefill_graphs import NO_PREFILL_GRAPHS, PrefillGraphs, PrefillPlan
-from omniwalk.engine.request import EngineRequest
+from omniwalk.engine.request import Chunk, EngineRequest
+from omniwalk.modality import MEDIA
 from omniwalk.models.qwen3_omni.networks.thinker import MediaEmbeddings, Thinker
 from omniwalk.models.qwen3_omni.programs.request_state import ThinkerState
 from omniwalk.sampling import TokenLogprob, sample_async
 
-KINDS = ("audio", "image", "video")
 
-
-class ThinkerProgram:
+class ThinkerProgram(KVProgram):
     def __init__(
         self,
         thinker: Thinker,
@@ -84,7 +84,7 @@ class ThinkerProgram:
         return self.decode_graph.capture(pool)
 
     @staticmethod
-    def _decode_rows(batch: list[tuple[EngineRequest, int, int]]) -> list[bool]:
+    def _decode_rows(batch: list[Chunk]) -> list[bool]:
         """Rows that decode their one next generated token (the captured graph's work: no prompt
         rows, so no media and no talker states)."""
         return [
@@ -92,7 +92,7 @@ class ThinkerProgram:
             for req, start, n in batch
         ]
 
-    def graph_rows(self, batch: list[tuple[EngineRequest, int, int]]) -> list[bool]:
+    def graph_rows(self, batch: list[Chunk]) -> list[bool]:
         return rows_in_graph(self.decode_graph, self._decode_rows(batch))
 
     def stats(self) -> dict:
@@ -120,7 +120,7 @@ class ThinkerProgram:
         """Nothing to undo: the prompt's talker rows are rewritten identically on recompute."""
 
     @torch.inference_mode()
-    def run(self, batch: list[tuple[EngineRequest, int, int]], kv: PagedBatch) -> Callable[[], None] | None:
+    def run(self, batch: list[Chunk], kv: PagedBatch) -> Callable[[], None] | None:
         states = [req.state.thinker for req, _, _ in batch]
         ids = self._input_ids(batch)
         positions = torch.cat([st.prompt.rope.span(s, n) for st, (_, s, n) in zip(states, batch, strict=True)], 1)
@@ -212,7 +212,7 @@ class ThinkerProgram:
     def _media(self, batch) -> tuple[MediaEmbeddings | None, dict[str, int]]:
         """Encoder rows for the placeholders inside each request's chunk, packed in batch order,
         and how many placeholders of each kind the batch holds (known on the host)."""
-        parts: dict[str, list] = {k: [] for k in KINDS}
+        parts: dict[str, list] = {k: [] for k in MEDIA}
         deep: dict[str, list] = {k: [] for k in ("image", "video")}
         for req, start, n in batch:
             st = req.state.thinker
@@ -223,7 +223,7 @@ class ThinkerProgram:
             if st.media is None:
                 continue
             end = min(start + n, st.prompt.num_prompt_tokens)
-            for kind in KINDS:
+            for kind in MEDIA:
                 a, b = int(st.placeholders_before[kind][start]), int(st.placeholders_before[kind][end])
                 if b > a:
                     parts[kind].append(getattr(st.media, kind)[a:b])

@@ -28,13 +28,14 @@ import torch
 import torch.nn.functional as F
 
 from omniwalk.device import HostCopy, to_device
+from omniwalk.engine.batch_stage import BatchProgram
 from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets
-from omniwalk.engine.request import EngineRequest
+from omniwalk.engine.request import EngineRequest, Work
 from omniwalk.models.qwen3_omni.networks.code2wav import Code2Wav
 from omniwalk.models.qwen3_omni.networks.code2wav_stream import VocoderStreamConfig
 
 
-class VocoderProgram:
+class VocoderProgram(BatchProgram):
     def __init__(
         self,
         vocoder: Code2Wav,
@@ -109,7 +110,7 @@ class VocoderProgram:
         return {"graph_replays": sum(g.num_replays for g in self.graphs.values()), "eager_calls": self.num_eager_calls}
 
     @torch.inference_mode()
-    def run(self, batch: list[tuple[EngineRequest, int]]) -> Callable[[], None]:
+    def run(self, batch: list[Work]) -> Callable[[], None]:
         groups: dict[tuple[int, bool], list[EngineRequest]] = defaultdict(list)
         for req, n in batch:
             decoded = req.state.vocoder.num_decoded
@@ -128,7 +129,7 @@ class VocoderProgram:
 
         return commit
 
-    def _call(self, width: int, fresh: bool, items: list[tuple[EngineRequest, int]]) -> Callable[[], None]:
+    def _call(self, width: int, fresh: bool, items: list[Work]) -> Callable[[], None]:
         """Decode ``width`` frames per stream (a short last chunk padded); the returned function
         reads the samples back and emits each stream its own."""
         reqs = [req for req, _ in items]
