@@ -8,6 +8,7 @@ from test_engine_omni import alone, workload
 from test_omni_text import checkpoint
 
 from omniwalk.serve.engine_client import EngineClient, EngineRequestError
+from omniwalk.serve.wire import Finished
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -15,12 +16,9 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 async def collect(client: EngineClient, request: dict) -> dict:
     text, audio = [], []
     async for event in client.generate(request):
-        if event["type"] == "text":
-            text.append(event["data"])
-        elif event["type"] == "audio":
-            audio.append(event["data"])
-        else:
-            return {"deltas": text, "chunks": audio, **event["output"]}
+        if isinstance(event, Finished):
+            return {"deltas": text, "chunks": audio, **event.output}
+        (text if event.kind == "text" else audio).append(event.data)
 
 
 async def scenario():

@@ -2,7 +2,7 @@
 
     client = EngineClient(model="CKPT_DIR", device="cuda")   # starts the engine process
     await client.start()                                    # waits until the model is loaded
-    async for event in client.generate(request): ...        # {"type": "text"|"audio"|"finished", ...}
+    async for event in client.generate(request): ...        # wire.Delta ..., then wire.Finished
     await client.abort(request_id)
     client.close()
 
@@ -29,7 +29,7 @@ import zmq.asyncio
 from omniwalk.errors import OmniwalkError
 from omniwalk.models.family import ModelInfo
 from omniwalk.serve.engine_process import serve_engine
-from omniwalk.serve.wire import pack, unpack
+from omniwalk.serve.wire import Abort, Add, Delta, Failed, Fatal, Finished, Ready, Shutdown, Stats, pack, unpack
 
 START_TIMEOUT_S = 600.0
 
@@ -75,9 +75,9 @@ class EngineClient:
             if asyncio.get_running_loop().time() > deadline:
                 raise TimeoutError(f"engine did not start within {timeout:.0f}s")
         message = unpack(await self._pull.recv())
-        if message["type"] != "ready":
-            raise RuntimeError(f"engine failed to start: {message.get('error')}")
-        self.info = ModelInfo(**{k: tuple(v) if isinstance(v, list) else v for k, v in message["info"].items()})
+        if not isinstance(message, Ready):
+            raise RuntimeError(f"engine failed to start: {message.error}")
+        self.info = ModelInfo(**{k: tuple(v) if isinstance(v, list) else v for k, v in message.info.items()})
         self._receiver = asyncio.create_task(self._receive())
 
     def watch(self, on_exit: Callable[[str], None]) -> None:
@@ -102,23 +102,20 @@ class EngineClient:
         """Fail every request in flight, and every later one, with ``EngineUnavailableError(reason)``."""
         self.unavailable = self.unavailable or reason
         for queue in self._queues.values():
-            queue.put_nowait({"type": "unavailable"})
+            queue.put_nowait(None)  # (None: the engine is unavailable)
 
     async def _receive(self) -> None:
         while True:
             message = unpack(await self._pull.recv())
-            if message["type"] == "stats":
-                self.stats = message["data"]
-                continue
-            if message["type"] == "fatal":
-                self.fatal_error = message["error"]
-                continue
-            queue = self._queues.get(message.get("id"))
-            if queue is not None:
+            if isinstance(message, Stats):
+                self.stats = message.data
+            elif isinstance(message, Fatal):
+                self.fatal_error = message.error
+            elif (queue := self._queues.get(message.id)) is not None:
                 queue.put_nowait(message)
 
-    async def generate(self, request: dict) -> AsyncIterator[dict]:
-        """Submit ``request`` and yield its events until "finished" (inclusive)."""
+    async def generate(self, request: dict) -> AsyncIterator[Delta | Finished]:
+        """Submit ``request`` and yield its Deltas, then its Finished."""
         if self.unavailable:
             raise EngineUnavailableError(self.unavailable)
         request = {**request, "request_id": request.get("request_id") or uuid.uuid4().hex}
@@ -126,25 +123,25 @@ class EngineClient:
         queue = self._queues[rid] = asyncio.Queue()
         done = False
         try:
-            await self._push.send(pack({"type": "add", "request": request}))
+            await self._push.send(pack(Add(request)))
             while True:
                 message = await queue.get()
-                if message["type"] == "unavailable":
+                if message is None:
                     raise EngineUnavailableError(self.unavailable)
-                if message["type"] == "error":
+                if isinstance(message, Failed):
                     done = True
-                    raise EngineRequestError(message["error"], message["error_type"], message["bad_request"])
+                    raise EngineRequestError(message.error, message.error_type, message.bad_request)
                 yield message
-                if message["type"] == "finished":
+                if isinstance(message, Finished):
                     done = True
                     return
         finally:
             self._queues.pop(rid, None)
             if not done and not self._ctx.closed:  # the consumer went away (e.g. a client hung up): free the work
-                self._push.send(pack({"type": "abort", "id": rid}))
+                self._push.send(pack(Abort(rid)))
 
     async def abort(self, request_id: str) -> None:
-        await self._push.send(pack({"type": "abort", "id": request_id}))
+        await self._push.send(pack(Abort(request_id)))
 
     @property
     def is_alive(self) -> bool:
@@ -161,7 +158,7 @@ class EngineClient:
         if self.process.is_alive():
             sync = zmq.Context.instance().socket(zmq.PUSH)
             sync.connect(self.inbox_addr)
-            sync.send(pack({"type": "shutdown"}))
+            sync.send(pack(Shutdown()))
             sync.close(linger=1000)
             self.process.join(timeout)
         if self.process.is_alive():

@@ -1,19 +1,9 @@
 """The engine process: it owns the model and the step loop, so HTTP work never takes its GIL.
 
-Two ZMQ sockets, msgpack frames (``wire.py``):
-
-    client --PUSH--> inbox    {"type": "add", "request": {...}} | {"type": "abort", "id"} | {"type": "shutdown"}
-    client <--PULL-- outbox   {"type": "ready", "info": {...ModelInfo}} first, then per request id:
-                              {"type": "text", "id", "data": str}
-                              {"type": "audio", "id", "data": float32 PCM 24 kHz}
-                              {"type": "finished", "id", "output": {...RequestOutput fields}}
-                                  (logprobs: {"token": text, "logprob", "top": [(text, logprob)]})
-                              {"type": "error", "id", "error": str, "error_type": str, "bad_request": bool}
-                              {"type": "fatal", "error"} instead of "ready" if the model fails to
-                              load, or before the process exits on an error outside any request
-
-Messages are drained between steps; when no request is running the loop blocks on the inbox
-instead of spinning.
+Two ZMQ sockets carry ``wire.py``'s messages: the client pushes Add / Abort / Shutdown into the
+inbox; the outbox sends Ready (or Fatal) first, then each request's Deltas and its Finished or
+Failed, and Stats. Messages are drained between steps; when no request is running the loop
+blocks on the inbox instead of spinning.
 """
 
 from __future__ import annotations
@@ -28,7 +18,7 @@ import zmq
 
 from omniwalk.engine.request import EngineRequest
 from omniwalk.errors import InvalidRequestError
-from omniwalk.serve.wire import pack, unpack
+from omniwalk.serve.wire import Abort, Add, Delta, Failed, Fatal, Finished, Ready, Shutdown, Stats, pack, unpack
 
 IDLE_POLL_MS = 100
 STATS_INTERVAL_S = 0.05
@@ -51,15 +41,15 @@ def serve_engine(options: dict, inbox_addr: str, outbox_addr: str) -> None:
         print(f"engine: weights loaded and KV pools allocated in {time.monotonic() - start:.1f}s", flush=True)
     except Exception as e:  # noqa: BLE001 - reported to the client, which raises it
         traceback.print_exc()
-        outbox.send(pack({"type": "fatal", "error": f"{type(e).__name__}: {e}"}))
+        outbox.send(pack(Fatal(f"{type(e).__name__}: {e}")))
         ctx.destroy(linger=1000)
         sys.exit(1)
-    outbox.send(pack({"type": "ready", "info": dataclasses.asdict(omni.family.info)}))
+    outbox.send(pack(Ready(dataclasses.asdict(omni.family.info))))
     try:
         _EngineLoop(omni, inbox, outbox).run()
     except Exception as e:  # noqa: BLE001 - a fault outside any request: the server exits, a supervisor restarts it
         traceback.print_exc()
-        outbox.send(pack({"type": "fatal", "error": f"{type(e).__name__}: {e}"}))
+        outbox.send(pack(Fatal(f"{type(e).__name__}: {e}")))
         ctx.destroy(linger=1000)
         sys.exit(1)
     ctx.destroy(linger=1000)
@@ -88,18 +78,17 @@ class _EngineLoop:
         """Engine occupancy for /metrics: at most every STATS_INTERVAL_S while busy, once on idle."""
         now = time.monotonic()
         if (busy and now - self.last_stats >= STATS_INTERVAL_S) or (not busy and self.was_busy):
-            self.outbox.send(pack({"type": "stats", "id": None, "data": self.omni.engine.stats()}))
+            self.outbox.send(pack(Stats(self.omni.engine.stats())))
             self.last_stats = now
         self.was_busy = busy
 
-    def _handle(self, msg: dict) -> bool:
-        kind = msg.get("type")
-        if kind == "shutdown":
+    def _handle(self, msg) -> bool:
+        if isinstance(msg, Shutdown):
             return False
-        if kind == "abort":
-            self.omni.abort(msg["id"])
-        elif kind == "add":
-            request = msg["request"]
+        if isinstance(msg, Abort):
+            self.omni.abort(msg.id)
+        elif isinstance(msg, Add):
+            request = msg.request
             try:
                 req = self.omni.add(request)
             except Exception as e:  # noqa: BLE001 - a bad request fails alone
@@ -113,13 +102,12 @@ class _EngineLoop:
             while req.events:
                 event = req.events.popleft()
                 if event.kind in ("text", "audio"):
-                    self.outbox.send(pack({"type": event.kind, "id": rid, "data": event.data}))
+                    self.outbox.send(pack(Delta(rid, event.kind, event.data)))
                 elif event.kind == "error":
                     self._send_error(rid, event.data)
                     del self.active[rid]
                 elif event.kind == "finished":
-                    output = self._output(req)
-                    self.outbox.send(pack({"type": "finished", "id": rid, "output": output}))
+                    self.outbox.send(pack(Finished(rid, self._output(req))))
                     del self.active[rid]
                     break
 
@@ -135,6 +123,5 @@ class _EngineLoop:
         return message
 
     def _send_error(self, rid: str | None, error: BaseException) -> None:
-        message = {"type": "error", "id": rid, "error": str(error), "error_type": type(error).__name__}
-        message["bad_request"] = isinstance(error, InvalidRequestError)  # the client's fault (4xx), not ours
-        self.outbox.send(pack(message))
+        bad_request = isinstance(error, InvalidRequestError)
+        self.outbox.send(pack(Failed(rid, str(error), type(error).__name__, bad_request)))

@@ -18,6 +18,7 @@ from omniwalk.serve.audio_store import AudioStore
 from omniwalk.serve.engine_client import EngineClient, EngineRequestError, EngineUnavailableError
 from omniwalk.serve.errors import APIError
 from omniwalk.serve.metrics import Metrics
+from omniwalk.serve.wire import Delta, Finished
 
 
 def engine_error(e: Exception, request_id: str) -> APIError:
@@ -39,7 +40,7 @@ class EngineRun:
         self.first_text = self.first_audio = self.last_text = None
         self.open = False
 
-    async def first_event(self) -> dict:
+    async def first_event(self) -> Delta | Finished:
         self.open = True
         self.metrics.in_flight.inc()
         try:
@@ -55,7 +56,7 @@ class EngineRun:
             self.metrics.in_flight.dec()
         await self.events.aclose()
 
-    async def _next(self) -> dict:
+    async def _next(self) -> Delta | Finished:
         try:
             event = await self.events.__anext__()
         except (EngineRequestError, EngineUnavailableError) as e:
@@ -64,18 +65,18 @@ class EngineRun:
             await self.close()
             raise engine_error(e, self.id) from None
         now = time.monotonic()
-        if event["type"] == "text":
+        if isinstance(event, Finished):
+            self._finish(event.output, now)
+        elif event.kind == "text":
             if self.first_text is None:
                 self.first_text = now
                 self.metrics.ttft.observe(now - self.start)
             elif self.last_text is not None:
                 self.metrics.itl.observe(now - self.last_text)
             self.last_text = now
-        elif event["type"] == "audio" and self.first_audio is None:
+        elif self.first_audio is None:
             self.first_audio = now
             self.metrics.ttfa.observe(now - self.start)
-        elif event["type"] == "finished":
-            self._finish(event["output"], now)
         return event
 
     def _finish(self, output: dict, now: float) -> None:
@@ -86,12 +87,12 @@ class EngineRun:
         if output.get("audio") is not None and len(output["audio"]):
             self.metrics.rtf.observe((now - self.start) / (len(output["audio"]) / self.sample_rate))
 
-    async def collect(self, event: dict) -> dict:
-        while event["type"] != "finished":
+    async def collect(self, event: Delta | Finished) -> dict:
+        while not isinstance(event, Finished):
             event = await self._next()
-        return event["output"]
+        return event.output
 
-    async def collect_unless_disconnected(self, event: dict, receive) -> dict | None:
+    async def collect_unless_disconnected(self, event: Delta | Finished, receive) -> dict | None:
         """``collect``, but a client that hangs up first aborts the request (-> None)."""
         collecting = asyncio.ensure_future(self.collect(event))
         hangup = asyncio.ensure_future(_disconnected(receive))
@@ -105,20 +106,20 @@ class EngineRun:
                 await self.close()  # (the generator's exit sent the abort)
         return collecting.result() if not collecting.cancelled() else None
 
-    async def sse(self, event: dict, options: api.ChatOptions, store: AudioStore):
+    async def sse(self, event: Delta | Finished, options: api.ChatOptions, store: AudioStore):
         """Server-sent events: role, text (or transcript) and audio deltas, the finish chunk,
         usage, [DONE]. A client that hangs up cancels this generator: the engine aborts."""
         speaks, audio_id = options.audio_format is not None, f"audio_{uuid.uuid4().hex}"
         yield _sse(api.chunk(options, {"role": "assistant", "content": None if speaks else ""}))
         try:
             while True:
-                if event["type"] == "text":
-                    delta = {"audio": {"id": audio_id, "transcript": event["data"]}} if speaks else None
-                    yield _sse(api.chunk(options, delta or {"content": event["data"]}))
-                elif event["type"] == "audio":
-                    yield _sse(api.chunk(options, api.audio_data_delta(audio_id, event["data"])))
-                elif event["type"] == "finished":
-                    output = event["output"]
+                if isinstance(event, Delta) and event.kind == "text":
+                    delta = {"audio": {"id": audio_id, "transcript": event.data}} if speaks else None
+                    yield _sse(api.chunk(options, delta or {"content": event.data}))
+                elif isinstance(event, Delta):
+                    yield _sse(api.chunk(options, api.audio_data_delta(audio_id, event.data)))
+                else:
+                    output = event.output
                     delta = {}
                     if speaks:  # the audio's end: its expiry, and its transcript kept for later turns
                         delta = {"audio": {"id": audio_id, "expires_at": store.put(audio_id, output["text"])}}

@@ -1,11 +1,19 @@
-"""msgpack framing between the HTTP process and the engine process.
+"""The messages between the HTTP process and the engine process, and their msgpack framing.
 
-Requests and events are plain dicts; numpy arrays and torch tensors (media inputs, audio chunks,
-codes) travel as raw bytes with dtype and shape, never as Python lists.
+    HTTP -> engine   Add(request) | Abort(id) | Shutdown()
+    engine -> HTTP   Ready(info) once the model is loaded (Fatal(error) if it fails to), then per
+                     request Delta(id, "text" | "audio", data)..., and Finished(id, output) or
+                     Failed(id, error, error_type, bad_request); Stats(data) now and then; Fatal(error)
+                     before the process exits on a fault outside any request
+
+A request and an output are plain dicts (``omni.py``'s request keys, ``RequestOutput``'s fields);
+numpy arrays and torch tensors in them (media inputs, audio chunks, codes) travel as raw bytes
+with dtype and shape, never as Python lists.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from typing import Any
 
 import msgpack
@@ -13,6 +21,60 @@ import numpy as np
 import torch
 
 _ARRAY = "__ndarray__"
+
+
+@dataclass
+class Add:
+    request: dict
+
+
+@dataclass
+class Abort:
+    id: str
+
+
+@dataclass
+class Shutdown:
+    pass
+
+
+@dataclass
+class Ready:
+    info: dict  # ``ModelInfo`` fields
+
+
+@dataclass
+class Delta:
+    id: str
+    kind: str  # "text" (a str) or "audio" (float32 PCM at the model's sample rate)
+    data: Any
+
+
+@dataclass
+class Finished:
+    id: str
+    output: dict  # ``RequestOutput`` fields; logprobs as {"token": text, "logprob", "top": [(text, logprob)]}
+
+
+@dataclass
+class Failed:
+    id: str | None
+    error: str
+    error_type: str
+    bad_request: bool  # the client's fault (a 4xx), not the server's
+
+
+@dataclass
+class Fatal:
+    error: str
+
+
+@dataclass
+class Stats:
+    data: dict  # ``Engine.stats()``
+
+
+MESSAGES = {cls.__name__: cls for cls in (Add, Abort, Shutdown, Ready, Delta, Finished, Failed, Fatal, Stats)}
 
 
 def _default(obj: Any):
@@ -31,9 +93,11 @@ def _object_hook(obj: dict):
     return obj
 
 
-def pack(message: dict) -> bytes:
-    return msgpack.packb(message, default=_default, use_bin_type=True)
+def pack(message) -> bytes:
+    body = {"type": type(message).__name__, **{f.name: getattr(message, f.name) for f in fields(message)}}
+    return msgpack.packb(body, default=_default, use_bin_type=True)
 
 
-def unpack(data: bytes) -> dict:
-    return msgpack.unpackb(data, object_hook=_object_hook, raw=False, strict_map_key=False)
+def unpack(data: bytes):
+    body = msgpack.unpackb(data, object_hook=_object_hook, raw=False, strict_map_key=False)
+    return MESSAGES[body.pop("type")](**body)
