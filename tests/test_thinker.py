@@ -15,6 +15,7 @@ from prompt_cases import thinker_cases
 from single_request import ContiguousKVCache, Sampler
 
 from omniwalk.errors import InvalidRequestError
+from omniwalk.modality import Modality
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.checkpoint.loader import load_components
 from omniwalk.models.qwen3_omni.networks.thinker import MediaEmbeddings, Thinker
@@ -42,16 +43,17 @@ def hf_media(hf, inputs) -> MediaEmbeddings:
     m = hf.thinker.model
     media = MediaEmbeddings()
     if "input_features" in inputs:
-        media.audio = m.get_audio_features(inputs["input_features"], inputs["feature_attention_mask"]).last_hidden_state
+        features = m.get_audio_features(inputs["input_features"], inputs["feature_attention_mask"])
+        media.rows[Modality.AUDIO] = features.last_hidden_state
     for kind, pixels, grid in (
-        ("image", "pixel_values", "image_grid_thw"),
-        ("video", "pixel_values_videos", "video_grid_thw"),
+        (Modality.IMAGE, "pixel_values", "image_grid_thw"),
+        (Modality.VIDEO, "pixel_values_videos", "video_grid_thw"),
     ):
         if pixels in inputs:
-            fn = m.get_image_features if kind == "image" else m.get_video_features
+            fn = m.get_image_features if kind == Modality.IMAGE else m.get_video_features
             out = fn(inputs[pixels], inputs[grid])
-            setattr(media, kind, torch.cat(out.pooler_output))
-            setattr(media, f"{kind}_deepstack", torch.stack([torch.cat(level) for level in out.deepstack_features]))
+            media.rows[kind] = torch.cat(out.pooler_output)
+            media.deepstack[kind] = torch.stack([torch.cat(level) for level in out.deepstack_features])
     return media
 
 
@@ -124,7 +126,8 @@ def test_placeholder_feature_mismatch_is_a_typed_error():
     case = case_by_name(cfg, "image")
     hidden = cfg.text.hidden_size
     n = case.ids.count(cfg.tokens.image_pad)
-    media = MediaEmbeddings(image=torch.zeros(n - 1, hidden), image_deepstack=torch.zeros(3, n - 1, hidden))
+    image = Modality.IMAGE
+    media = MediaEmbeddings({image: torch.zeros(n - 1, hidden)}, {image: torch.zeros(3, n - 1, hidden)})
     kv = ContiguousKVCache.for_config(cfg.text, torch.float32, "cpu")
     with pytest.raises(InvalidRequestError, match=f"{n} image placeholder tokens but .* {n - 1} embeddings"):
         thinker(torch.tensor(case.ids), torch.arange(len(case.ids)), kv, media)

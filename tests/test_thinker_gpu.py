@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from single_request import ContiguousKVCache
 
+from omniwalk.modality import Modality
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.checkpoint.tiny import PRESETS
 from omniwalk.models.qwen3_omni.networks.decoder import use_kernels
@@ -99,7 +100,7 @@ def test_full_size_thinker_layers_bf16_match_hf(kernels):
     expected = hf_head(out)[0].float()
 
     kv = ContiguousKVCache.for_config(cfg.text, torch.bfloat16, "cuda")
-    media = MediaEmbeddings(image=image, image_deepstack=deepstack)
+    media = MediaEmbeddings({Modality.IMAGE: image}, {Modality.IMAGE: deepstack})
     got = ours(ids_t, rope.positions.cuda(), kv, media, all_logits=True).logits.float()
     cosine = F.cosine_similarity(got, expected, dim=-1)
     same_route = torch.stack([(a == b).all(-1) for a, b in zip(hf_routes, our_routes, strict=True)]).all(0)

@@ -13,29 +13,29 @@ that layer's DeepStack addition), without keeping any other layer's states.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from omniwalk.errors import InvalidRequestError
+from omniwalk.modality import MEDIA, Modality
 from omniwalk.models.qwen3_omni.checkpoint.config import DecoderConfig, TokenIds
 from omniwalk.models.qwen3_omni.networks.decoder import Decoder, KVCache
 
 
 @dataclass
 class MediaEmbeddings:
-    """Encoder outputs of one request; rows are in prompt order of their placeholder tokens.
+    """Encoder outputs of a prompt (or a packed batch of chunks), per modality present; rows are
+    in prompt order of their placeholder tokens.
 
-    ``*_deepstack`` are [levels, rows, hidden]: the vision encoder's extra taps, added to the
-    hidden state after decoder layers 0..levels-1 at image/video positions.
+    ``rows[kind]`` [num placeholders of ``kind``, hidden]; ``deepstack[kind]`` (image, video)
+    [levels, rows, hidden]: the vision encoder's extra taps, added to the hidden state after
+    decoder layers 0..levels-1 at that modality's positions.
     """
 
-    audio: torch.Tensor | None = None  # [num <|audio_pad|>, hidden]
-    image: torch.Tensor | None = None  # [num <|image_pad|>, hidden]
-    video: torch.Tensor | None = None  # [num <|video_pad|>, hidden]
-    image_deepstack: torch.Tensor | None = None
-    video_deepstack: torch.Tensor | None = None
+    rows: dict[Modality, torch.Tensor] = field(default_factory=dict)
+    deepstack: dict[Modality, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -68,13 +68,9 @@ class Thinker(nn.Module):
         x = self.model.embed_tokens(input_ids)
         if media is None:
             return x, None
-        t = self.tokens
         masks, found = {}, {}
-        for name, token, rows in (
-            ("audio", t.audio_pad, media.audio),
-            ("image", t.image_pad, media.image),
-            ("video", t.video_pad, media.video),
-        ):
+        for name, token in zip(MEDIA, self.tokens.media_pads, strict=True):
+            rows = media.rows.get(name)
             masks[name] = mask = input_ids == token
             found[name] = count = counts[name] if counts is not None else int(mask.sum())
             num_rows = 0 if rows is None else rows.shape[0]
@@ -119,7 +115,7 @@ class Thinker(nn.Module):
 def _deepstack_additions(masks: dict, found: dict, media: MediaEmbeddings, x: torch.Tensor):
     """Image and video DeepStack rows placed at their positions -> [levels, n, hidden] (zeros
     elsewhere), or None without vision tokens. Built with masked scatters: no host reads."""
-    parts = [(masks[kind], getattr(media, f"{kind}_deepstack")) for kind in ("image", "video") if found[kind]]
+    parts = [(masks[kind], media.deepstack.get(kind)) for kind in (Modality.IMAGE, Modality.VIDEO) if found[kind]]
     if not parts:
         return None
     if any(ds is None for _, ds in parts):

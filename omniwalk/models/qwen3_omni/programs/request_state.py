@@ -19,7 +19,7 @@ import torch
 from omniwalk.models.qwen3_omni.networks.talker import TalkerSamplingParams
 from omniwalk.models.qwen3_omni.networks.thinker import MediaEmbeddings
 from omniwalk.models.qwen3_omni.processing.chat import Prompt
-from omniwalk.models.qwen3_omni.processing.positions import IMAGE, VIDEO, RopePositions
+from omniwalk.models.qwen3_omni.processing.positions import AUDIO, IMAGE, VIDEO, RopePositions
 from omniwalk.sampling import SamplerState, SamplingParams, TokenLogprob
 from omniwalk.tokenizer import IncrementalDetokenizer
 
@@ -45,13 +45,13 @@ class MediaState:
         """Assemble the thinker's media rows (placeholder order within each modality)."""
         if not self.waves and not self.vision:
             return None
-        media = MediaEmbeddings(audio=torch.cat(self.audio_out) if self.waves else None)
+        media = MediaEmbeddings({AUDIO: torch.cat(self.audio_out)} if self.waves else {})
         for kind in (IMAGE, VIDEO):
             outs = [o for item, o in zip(self.vision, self.vision_out, strict=True) if item.kind == kind]
             if outs:
-                setattr(media, kind, torch.cat([main for main, _ in outs]))
+                media.rows[kind] = torch.cat([main for main, _ in outs])
                 levels = zip(*[deep for _, deep in outs], strict=True)
-                setattr(media, f"{kind}_deepstack", torch.stack([torch.cat(level) for level in levels]))
+                media.deepstack[kind] = torch.stack([torch.cat(level) for level in levels])
         return media
 
 

@@ -30,7 +30,7 @@ from omniwalk.engine.kv_stage import KVProgram
 from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
 from omniwalk.engine.prefill_graphs import NO_PREFILL_GRAPHS, PrefillGraphs, PrefillPlan
 from omniwalk.engine.request import Chunk, EngineRequest
-from omniwalk.modality import MEDIA
+from omniwalk.modality import MEDIA, Modality
 from omniwalk.models.qwen3_omni.networks.thinker import MediaEmbeddings, Thinker
 from omniwalk.models.qwen3_omni.programs.request_state import ThinkerState
 from omniwalk.sampling import TokenLogprob, sample_async
@@ -213,7 +213,7 @@ class ThinkerProgram(KVProgram):
         """Encoder rows for the placeholders inside each request's chunk, packed in batch order,
         and how many placeholders of each kind the batch holds (known on the host)."""
         parts: dict[str, list] = {k: [] for k in MEDIA}
-        deep: dict[str, list] = {k: [] for k in ("image", "video")}
+        deep: dict[str, list] = {k: [] for k in (Modality.IMAGE, Modality.VIDEO)}
         for req, start, n in batch:
             st = req.state.thinker
             if start >= st.prompt.num_prompt_tokens:
@@ -226,15 +226,14 @@ class ThinkerProgram(KVProgram):
             for kind in MEDIA:
                 a, b = int(st.placeholders_before[kind][start]), int(st.placeholders_before[kind][end])
                 if b > a:
-                    parts[kind].append(getattr(st.media, kind)[a:b])
+                    parts[kind].append(st.media.rows[kind][a:b])
                     if kind in deep:
-                        deep[kind].append(getattr(st.media, f"{kind}_deepstack")[:, a:b])
+                        deep[kind].append(st.media.deepstack[kind][:, a:b])
         counts = {k: sum(p.shape[0] for p in v) for k, v in parts.items()}
         if not any(counts.values()):
             return None, counts
-        cat = {k: torch.cat(v) if v else None for k, v in parts.items()}
-        stack = {k: torch.cat(v, dim=1) if v else None for k, v in deep.items()}
-        return MediaEmbeddings(cat["audio"], cat["image"], cat["video"], stack["image"], stack["video"]), counts
+        rows = {k: torch.cat(v) for k, v in parts.items() if v}
+        return MediaEmbeddings(rows, {k: torch.cat(v, dim=1) for k, v in deep.items() if v}), counts
 
     @staticmethod
     def _keep_prompt_rows(st: ThinkerState, start: int, n: int, x, accept_hidden, offset: int) -> None:
