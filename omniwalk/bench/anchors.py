@@ -1,10 +1,9 @@
 """Anchor figures of other systems, drawn beside ours in the bench charts.
 
-Source: the seed benchmark (project reference notes, ``serving_landscape.md`` §6, copied here
-2026-12-01): M* and vLLM-Omni serving Qwen3-Omni-30B-A3B with real weights on 2 x H200, closed
-loop, N = max(50, 10·B), at B = 1 and 32. Ours run random weights on one H200 with matched work
-per request, so read them as anchors, not as a like-for-like race. Units are the summary's: s,
-req/s, audio s/s (ITL in s).
+Source: the project's seed benchmark (figures copied here 2026-12-01): M* and vLLM-Omni serving
+Qwen3-Omni-30B-A3B with real weights on 2 x H200, closed loop, N = max(50, 10·B), at B = 1 and 32.
+Ours run random weights on one H200 with matched work per request, so read them as anchors, not
+as a like-for-like race. Units are the summary's: s, req/s, audio s/s (ITL in s).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from omniwalk.models.qwen3_omni.checkpoint.tiny_tokenizer import ENDOFTEXT, SPEC
 TINY_CONFIG = Path(__file__).with_name("tiny_config.json")
 DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
 
-# The chat layout of reference §4.1: media parts become one placeholder each, in content
+# The chat layout of the published chat template: media parts become one placeholder each, in content
 # order, inside their turn; the processor expands each placeholder to the encoder's count.
 CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -153,7 +153,7 @@ def write_tokenizer_files(out: Path, cfg: Qwen3OmniConfig) -> None:
 
 
 def _preprocessor_config(cfg: Qwen3OmniConfig) -> dict:
-    """Feature extractor + image processor settings of reference §1.8."""
+    """Feature extractor + image processor settings (the published preprocessor_config.json's)."""
     v = cfg.vision
     return {
         "processor_class": "Qwen3OmniMoeProcessor",

@@ -1,6 +1,6 @@
 """Code2Wav: codec frames -> 24 kHz mono waveform, decoded one-shot or as an exact stream.
 
-Network (reference §6): the mean of a frame's Q code embeddings -> a causal sliding-window
+Network (HF ``Qwen3OmniMoeCode2Wav``): the mean of a frame's Q code embeddings -> a causal sliding-window
 transformer -> 2 x (transposed conv x2 + ConvNeXt) -> a causal conv decoder of SnakeBeta /
 transposed-conv / dilated residual blocks -> clamp to [-1, 1].
 

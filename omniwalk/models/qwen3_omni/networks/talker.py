@@ -1,6 +1,7 @@
 """The talker: a MoE LM over codec ids that speaks the thinker's answer, one codec frame per step.
 
-Per frame (reference §5.3), with ``h`` the talker's final-normed hidden state at its last position:
+Per frame (HF ``Qwen3OmniMoeTalkerForConditionalGeneration`` and its code predictor), with ``h``
+the talker's final-normed hidden state at its last position:
 
     c0        = sample(codec_head(h))      group 0; ids >= vocab - 1024 except codec EOS suppressed
     c1..c_G-1 = code predictor([h, emb0(c0)])   a small dense LM with a fresh KV cache per frame:
@@ -37,7 +38,7 @@ NUM_SUPPRESSED_CODEC_IDS = 1024  # the codec vocabulary's top ids are control co
 
 @dataclass(frozen=True)
 class TalkerSamplingParams:
-    """Per-request speech sampling; defaults are HF's (reference §5.3, landscape §2.13)."""
+    """Per-request speech sampling; defaults are HF's (``Qwen3OmniMoeForConditionalGeneration.generate``)."""
 
     talker_temperature: float = 0.9
     talker_top_k: int = 50

@@ -1,4 +1,5 @@
-"""Thinker outputs -> the talker's prompt (reference §5.1, landscape §2.12).
+"""Thinker outputs -> the talker's prompt (HF ``Qwen3OmniMoeForConditionalGeneration._get_talker_user_parts``
+and ``_get_talker_assistant_parts``).
 
 Inputs are per thinker position (prompt, then generated tokens the thinker ran):
 ``embeddings`` E (decoder input embeddings) and ``accept_hidden`` Hh (output of thinker layer
