@@ -35,13 +35,24 @@ MAX_ROWS = 16  # rows per call through the kernel; cuBLAS beyond (TODO: measure 
 
 class Blocks(NamedTuple):
     """One launch configuration. ``split``: programs along K per column block (> 1 only where the
-    caller takes partial sums)."""
+    caller takes partial sums); ``rows``: x's rows padded to (0: ``padded_rows``)."""
 
     n: int  # weight rows per program
     k: int  # K step per loop iteration
     split: int
     warps: int
     stages: int
+    rows: int = 0
+
+
+# (padded rows, N, K, gated, may split) -> Blocks, N being I for a gated product. TODO: measured
+# on the H200 by benchmarks/skinny_gemm.py (it writes this table); other shapes get ``default_blocks``.
+TUNED: dict[tuple[int, int, int, bool, bool], Blocks] = {}
+
+
+def padded_rows(m: int) -> int:
+    """1 (a GEMV: no tensor-core dot), else M padded to a power of two >= 16 (``tl.dot``'s minimum)."""
+    return 1 if m == 1 else max(16, 1 << (m - 1).bit_length())
 
 
 @functools.cache
@@ -49,7 +60,7 @@ def _kernel():
     import triton
     import triton.language as tl
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["M"])  # (M only masks rows: one compile for every M of a padding)
     def skinny_gemm(
         x_ptr, w_ptr, out_ptr, M, N, K, k_chunk, stride_xm, stride_wn, stride_om, stride_os, up_offset,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr,
@@ -102,12 +113,13 @@ def _kernel():
     return skinny_gemm
 
 
-def default_blocks(m: int, n: int, k: int, may_split: bool) -> Blocks:
-    """A launch configuration for an M x N x K product (N: output columns, gated: the I of silu·mul).
-
-    TODO: set by measurement (benchmarks/skinny_gemm.py); now: about one program per SM (132 on
-    the H200) from 16- or 32-row column blocks, split along K where the columns are too few.
-    """
+def default_blocks(m: int, n: int, k: int, gated: bool, may_split: bool) -> Blocks:
+    """The launch configuration of an M x N x K product (N: output columns; I for a gated one):
+    ``TUNED``'s, else about one program per SM (132 on the H200) from 16- or 32-column blocks, split
+    along K where the columns are too few."""
+    tuned = TUNED.get((padded_rows(m), n, k, gated, may_split))
+    if tuned is not None:
+        return tuned
     block_n = 32 if n >= 32 * 128 else 16
     split = 2 if may_split and -(-n // block_n) < 96 and k >= 2048 else 1
     return Blocks(block_n, 256 if m > 1 else 512, split, 4, 4)
@@ -121,7 +133,7 @@ def skinny_gemm(
     docstring); ``partials`` never splits a gated product."""
     m, k = x.shape
     n = weight.shape[0] // 2 if gated else weight.shape[0]
-    blocks = blocks or default_blocks(m, n, k, partials and not gated)
+    blocks = blocks or default_blocks(m, n, k, gated, partials and not gated)
     split = 1 if gated else blocks.split
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -133,7 +145,7 @@ def skinny_gemm(
         out = x.new_empty(m, split, n, dtype=torch.float32)
     else:
         out = x.new_empty(m, n)
-    block_m = 1 if m == 1 else max(16, 1 << (m - 1).bit_length())
+    block_m = blocks.rows or padded_rows(m)
     k_chunk = -(-k // (split * blocks.k)) * blocks.k  # each split: a whole number of K steps
     if m:
         _kernel()[(-(-n // blocks.n), split)](
