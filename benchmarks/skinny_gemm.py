@@ -48,29 +48,36 @@ SHAPES = {
     "codec head": (1024, 3072, "plain"),
 }
 HEADS = ("cp lm_head", "codec head")
-GEMV = [Blocks(8, 512, 1, 4, 1), Blocks(16, 256, 1, 4, 1), Blocks(16, 512, 1, 4, 1), Blocks(32, 256, 1, 4, 1)]
-GEMV += [Blocks(16, 512, 1, 8, 1), Blocks(16, 256, 1, 4, 3), Blocks(8, 1024, 1, 4, 1)]
-DOT = [Blocks(16, 256, 1, 4, 4), Blocks(16, 512, 1, 4, 3), Blocks(32, 256, 1, 4, 4), Blocks(32, 512, 1, 4, 3)]
-DOT += [Blocks(64, 256, 1, 4, 3), Blocks(16, 128, 1, 4, 6), Blocks(32, 128, 1, 4, 6), Blocks(16, 256, 1, 2, 4)]
+# (run 1 of 2026-12-01: at M = 1 the GEMV lanes beat tl.dot, the larger K steps best; at M > 1 deep
+# pipelines of 64- or 32-row tiles; these are the leaders and their neighbours, incl. whole-K steps)
+GEMV = [Blocks(8, 1024, 1, 4, 1), Blocks(16, 512, 1, 4, 1), Blocks(4, 2048, 1, 4, 1), Blocks(8, 2048, 1, 8, 1)]
+GEMV += [Blocks(16, 1024, 1, 8, 1), Blocks(4, 4096, 1, 8, 1), Blocks(32, 256, 1, 4, 1), Blocks(16, 512, 1, 4, 3)]
+DOT = [Blocks(64, 256, 1, 4, 3), Blocks(32, 128, 1, 4, 6), Blocks(32, 256, 1, 4, 4), Blocks(64, 128, 1, 4, 6)]
+DOT += [Blocks(32, 256, 1, 4, 6), Blocks(128, 128, 1, 4, 4), Blocks(64, 256, 1, 8, 3), Blocks(16, 256, 1, 4, 4)]
 SPLITS = (1, 2, 4)
 POOL_BYTES = 512 << 20
 BF16 = torch.bfloat16
 
 
 def candidates(m: int, kind: str) -> list[Blocks]:
-    base = GEMV + [b._replace(rows=16) for b in DOT[:3]] if m == 1 else DOT
+    base = GEMV + [b._replace(rows=16) for b in DOT[:2]] if m == 1 else DOT
     splits = SPLITS if kind == "partials" else (1,)
     return [b._replace(split=s) for b in base for s in splits]
 
 
 def _warm(items: list[tuple[int, bool, Blocks]]) -> int:
     """Compile (worker process): one small call per configuration, same specialisations as the real shapes."""
+    done = 0
     for m, gated, blocks in items:
         x = torch.randn(m, 1024, device="cuda", dtype=BF16)
         w = torch.randn(1024 if gated else 512, 1024, device="cuda", dtype=BF16)
-        skinny_gemm(x, w, gated=gated, partials=blocks.split > 1, blocks=blocks)
+        try:
+            skinny_gemm(x, w, gated=gated, partials=blocks.split > 1, blocks=blocks)
+            done += 1
+        except Exception as e:  # (e.g. more shared memory than an SM has: skipped in the timings too)
+            print(f"{blocks} rows={m} gated={gated}: {type(e).__name__}", flush=True)
     torch.cuda.synchronize()
-    return len(items)
+    return done
 
 
 def warm_in_parallel(rows: list[int], workers: int) -> None:
@@ -106,7 +113,7 @@ def within_bound(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, kind: str)
         ref = silu_mul_triton(ref)
         return bool(((out.float() - ref.float()).abs() <= ref.float().abs() * 2**-6 + 2**-8).all())
     y = out.sum(1) if out.dim() == 3 else out.float()
-    bound = ref.float().abs() * 2**-8 + 2 * x.shape[1] * 2**-24 * F.linear(x.float().abs(), w.float().abs())
+    bound = ref.float().abs() * 2**-7 + 2 * x.shape[1] * 2**-24 * F.linear(x.float().abs(), w.float().abs())
     return bool(((y - ref.float()).abs() <= bound).all())
 
 
@@ -126,7 +133,10 @@ def bench_shape(name: str, rows: list[int]) -> list[dict]:
         us = time_us(cublas, calls)
         out.append(dict(shape=name, m=m, kernel="cublas", us=us, gb_s=gb / us * 1e6))
         for b in candidates(m, kind):
-            ok = within_bound(skinny_gemm(x, pool[0], gated=gated, partials=partials, blocks=b), x, pool[0], kind)
+            try:
+                ok = within_bound(skinny_gemm(x, pool[0], gated=gated, partials=partials, blocks=b), x, pool[0], kind)
+            except Exception:  # (does not fit the SM: see _warm)
+                continue
             us = time_us(lambda i, b=b: skinny_gemm(x, pool[i], gated=gated, partials=partials, blocks=b), calls)
             out.append(dict(shape=name, m=m, kernel="skinny", blocks=list(b), ok=ok, us=us, gb_s=gb / us * 1e6))
         best = min((r for r in out if r["m"] == m and r["kernel"] == "skinny" and r["ok"]), key=lambda r: r["us"])
@@ -140,31 +150,26 @@ def bench_shape(name: str, rows: list[int]) -> list[dict]:
 
 
 def tune(results: list[dict], rows: list[int]) -> dict:
-    """Per table key the configuration with the least total µs over its rows; and max_rows."""
-    tuned, best = [], {}
+    """Per table key the configuration with the least total µs over the key's rows, or None where
+    cuBLAS's total is less; max_rows: the most rows measured (beyond them cuBLAS, unmeasured)."""
+    tuned = []
     for name, (k, n, kind) in SHAPES.items():
         gated = kind == "gated"
+        if name in HEADS:
+            continue
         for bucket in sorted({padded_rows(m) for m in rows}):
             ms = [m for m in rows if padded_rows(m) == bucket]
-            total: dict[tuple, float] = {}
+            total: dict = {}  # blocks (None: cuBLAS) -> [µs summed, rows measured]
             for r in results:
-                if r["shape"] == name and r["m"] in ms and r["kernel"] == "skinny":
-                    key = tuple(r["blocks"])
-                    total[key] = total.get(key, 0.0) + (r["us"] if r["ok"] else float("inf"))
-            totals = {key: t for key, t in total.items() if t < float("inf")}
-            if totals:
-                choice = min(totals, key=totals.get)
-                tuned.append([[bucket, n // 2 if gated else n, k, gated, kind == "partials"], list(choice)])
-        for m in rows:
-            rs = [r for r in results if r["shape"] == name and r["m"] == m]
-            best[name, m] = (min(r["us"] for r in rs if r["kernel"] == "skinny" and r["ok"]), rs[0]["us"])
-    max_rows = 0
-    for m in sorted(rows):
-        decoder = [best[name, m] for name in SHAPES if name not in HEADS]
-        if sum(s for s, _ in decoder) > sum(c for _, c in decoder):
-            break
-        max_rows = m
-    return dict(max_rows=max_rows, tuned=tuned)
+                if r["shape"] == name and r["m"] in ms and (r["kernel"] == "cublas" or r["ok"]):
+                    t = total.setdefault(tuple(r["blocks"]) if r["kernel"] == "skinny" else None, [0.0, 0])
+                    t[0], t[1] = t[0] + r["us"], t[1] + 1
+            complete = {key: us for key, (us, count) in total.items() if count == len(ms)}
+            choice = min(complete, key=complete.get)
+            tuned.append([[bucket, n // 2 if gated else n, k, gated, kind == "partials"], choice and list(choice)])
+    variants = {(key[0] if not blocks[5] else blocks[5], key[3], key[4] and blocks[2] > 1, *blocks[:2], *blocks[3:5])
+                for key, blocks in tuned if blocks}  # fmt: skip
+    return dict(max_rows=max(rows), tuned=tuned, compiled_variants=len(variants))
 
 
 def report(results: list[dict], tuned: dict, out: Path) -> None:
@@ -181,28 +186,28 @@ def report(results: list[dict], tuned: dict, out: Path) -> None:
             rows[-1].append(bad)
     headers = ["shape", "M", "cuBLAS µs", "GB/s", "skinny µs", "GB/s", "best blocks", "configs off bound"]
     lines += ["", markdown_table(headers, rows), "", "tuned (padded rows, N, K, gated, may split) -> blocks:", ""]
-    lines += [f"    {tuple(key)}: {tuple(blocks)}" for key, blocks in tuned["tuned"]]
+    lines += [f"    {tuple(key)}: {blocks and Blocks(*blocks)}," for key, blocks in tuned["tuned"]]
+    lines += ["", f"compiled variants the table implies (cold start): {tuned['compiled_variants']}"]
     (out / "skinny_gemm.md").write_text("\n".join(lines) + "\n")
 
 
 def apply(path: Path, script: str, args: list[str]) -> None:
     table = json.loads(path.read_text())
     sg.MAX_ROWS = table["max_rows"] or sg.MAX_ROWS
-    sg.TUNED.update({tuple(key): Blocks(*blocks) for key, blocks in table["tuned"]})
+    sg.TUNED.update({tuple(key): blocks and Blocks(*blocks) for key, blocks in table["tuned"]})
     print(f"skinny_gemm: MAX_ROWS={sg.MAX_ROWS}, {len(table['tuned'])} tuned configurations", flush=True)
     sys.argv = [script, *args]
     runpy.run_path(script, run_name="__main__")
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--apply"]:  # --apply TUNED_JSON SCRIPT ARGS... (the script's arguments untouched)
+        return apply(Path(sys.argv[2]), sys.argv[3], sys.argv[4:])
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path)
-    p.add_argument("--rows", default="1,2,4,8,16,32")
+    p.add_argument("--rows", default="1,2,8,16,32")
     p.add_argument("--workers", type=int, default=12)
-    p.add_argument("--apply", type=Path, help="tuned.json; then the script to run and its arguments follow")
-    args, rest = p.parse_known_args()
-    if args.apply:
-        return apply(args.apply, rest[0], rest[1:])
+    args = p.parse_args()
     run(args.out, [int(m) for m in args.rows.split(",")], args.workers)
 
 

@@ -2,7 +2,7 @@
 shapes, at the launch configurations the fast path picks (the CPU twin is ``test_skinny_gemm.py``).
 
 Bound (as on the CPU): both round an fp32 sum once, so an output may differ by one bf16 step
-(2**-8 of its value) plus the fp32 reordering bound ``2 * K * 2**-24 * sum_k |x_k * w_k|``. The gated
+(at most 2**-7 of its value) plus the fp32 reordering bound ``2 * K * 2**-24 * sum_k |x_k * w_k|``. The gated
 epilogue rounds gate and up like the reference, so a one-step difference there moves silu·up by
 about a step: held to 2**-6 relative. Each test prints the share of elements that differ.
 """
@@ -47,7 +47,7 @@ def test_skinny_gemm_matches_cublas(name, m):
         return
     split = out.shape[1] if out.dim() == 3 else 1
     y = out.sum(1) if out.dim() == 3 else out.float()
-    bound = ref.float().abs() * 2**-8 + 2 * k * 2**-24 * F.linear(x.float().abs(), w.float().abs())
+    bound = ref.float().abs() * 2**-7 + 2 * k * 2**-24 * F.linear(x.float().abs(), w.float().abs())
     err = (y - ref.float()).abs()
     differ = (y.to(BF16) != ref).float().mean().item()
     print(

@@ -45,9 +45,10 @@ class Blocks(NamedTuple):
     rows: int = 0
 
 
-# (padded rows, N, K, gated, may split) -> Blocks, N being I for a gated product. TODO: measured
-# on the H200 by benchmarks/skinny_gemm.py (it writes this table); other shapes get ``default_blocks``.
-TUNED: dict[tuple[int, int, int, bool, bool], Blocks] = {}
+# (padded rows, N, K, gated, may split) -> Blocks, or None where cuBLAS (+ silu·mul when gated) is
+# faster; N is I for a gated product. TODO: measured on the H200 by benchmarks/skinny_gemm.py (it
+# writes this table); other shapes get ``default_blocks``.
+TUNED: dict[tuple[int, int, int, bool, bool], Blocks | None] = {}
 
 
 def padded_rows(m: int) -> int:
@@ -113,13 +114,16 @@ def _kernel():
     return skinny_gemm
 
 
-def default_blocks(m: int, n: int, k: int, gated: bool, may_split: bool) -> Blocks:
+def pick_blocks(m: int, n: int, k: int, gated: bool, may_split: bool) -> Blocks | None:
     """The launch configuration of an M x N x K product (N: output columns; I for a gated one):
-    ``TUNED``'s, else about one program per SM (132 on the H200) from 16- or 32-column blocks, split
-    along K where the columns are too few."""
-    tuned = TUNED.get((padded_rows(m), n, k, gated, may_split))
-    if tuned is not None:
-        return tuned
+    ``TUNED``'s (None where cuBLAS measured faster), else ``default_blocks``."""
+    key = (padded_rows(m), n, k, gated, may_split)
+    return TUNED[key] if key in TUNED else default_blocks(m, n, k, may_split)
+
+
+def default_blocks(m: int, n: int, k: int, may_split: bool) -> Blocks:
+    """Shapes not in ``TUNED``: about one program per SM (132 on the H200) from 16- or 32-column
+    blocks, split along K where the columns are too few."""
     block_n = 32 if n >= 32 * 128 else 16
     split = 2 if may_split and -(-n // block_n) < 96 and k >= 2048 else 1
     return Blocks(block_n, 256 if m > 1 else 512, split, 4, 4)
@@ -133,7 +137,8 @@ def skinny_gemm(
     docstring); ``partials`` never splits a gated product."""
     m, k = x.shape
     n = weight.shape[0] // 2 if gated else weight.shape[0]
-    blocks = blocks or default_blocks(m, n, k, gated, partials and not gated)
+    may_split = partials and not gated
+    blocks = blocks or pick_blocks(m, n, k, gated, may_split) or default_blocks(m, n, k, may_split)
     split = 1 if gated else blocks.split
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -179,8 +184,12 @@ class SkinnyLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        if flat.shape[0] > MAX_ROWS:
+        (n, k), m = self.weight.shape, flat.shape[0]
+        partials = self.partials and x.dim() == 2
+        n = n // 2 if self.gated else n
+        blocks = pick_blocks(m, n, k, self.gated, partials and not self.gated) if m <= MAX_ROWS else None
+        if blocks is None:
             y = F.linear(x, self.weight)
             return silu_mul_triton(y) if self.gated else y
-        y = skinny_gemm(flat, self.weight, gated=self.gated, partials=self.partials and x.dim() == 2)
+        y = skinny_gemm(flat, self.weight, gated=self.gated, partials=partials, blocks=blocks)
         return y if y.dim() == 3 else y.view(*x.shape[:-1], y.shape[-1])
