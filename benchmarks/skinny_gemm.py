@@ -207,16 +207,18 @@ def main() -> None:
     p.add_argument("--out", type=Path)
     p.add_argument("--rows", default="1,2,8,16,32")
     p.add_argument("--workers", type=int, default=12)
+    p.add_argument("--heads", action="store_true", help="also the LM-head shapes (not on the fast path)")
     args = p.parse_args()
-    run(args.out, [int(m) for m in args.rows.split(",")], args.workers)
+    names = [name for name in SHAPES if args.heads or name not in HEADS]
+    run(args.out, names, [int(m) for m in args.rows.split(",")], args.workers)
 
 
 @torch.inference_mode()
-def run(out: Path, rows: list[int], workers: int) -> None:
+def run(out: Path, names: list[str], rows: list[int], workers: int) -> None:
     if workers:
         warm_in_parallel(rows, workers)
     results = []
-    for name in SHAPES:
+    for name in names:
         results += bench_shape(name, rows)
         torch.cuda.empty_cache()
     out.mkdir(parents=True, exist_ok=True)
