@@ -30,7 +30,7 @@ from torch import nn
 
 from omniwalk.layers.silu_mul import silu_mul_triton
 
-MAX_ROWS = 16  # rows per call through the kernel; cuBLAS beyond (TODO: measure 32)
+MAX_ROWS = 32  # rows per call through the kernel (where ``TUNED`` does not name cuBLAS); cuBLAS beyond
 
 
 class Blocks(NamedTuple):
@@ -46,9 +46,41 @@ class Blocks(NamedTuple):
 
 
 # (padded rows, N, K, gated, may split) -> Blocks, or None where cuBLAS (+ silu·mul when gated) is
-# faster; N is I for a gated product. TODO: measured on the H200 by benchmarks/skinny_gemm.py (it
-# writes this table); other shapes get ``default_blocks``.
-TUNED: dict[tuple[int, int, int, bool, bool], Blocks | None] = {}
+# faster; N is I for a gated product; other shapes get ``default_blocks``. Measured on the H200:
+# benchmarks/skinny_gemm.py, run k1/call2 of 2026-12-01 (per key the least total µs over its rows
+# 1 / 2, 8, 16 / 32, in CUDA graphs, weights from HBM). µs per call at M = 1, cuBLAS -> this table:
+# thinker qkv 7.7 (cuBLAS kept; the kernel's best 8.3), thinker o 8.6 -> 6.5, talker qkv 4.8 -> 3.9,
+# talker/cp o 12.6 -> 3.5, cp qkv 5.2 -> 4.4, cp gate_up + silu·mul 7.4 -> 5.9, cp down 6.5 -> 3.9.
+TUNED: dict[tuple[int, int, int, bool, bool], Blocks | None] = {
+    # thinker qkv
+    (1, 5120, 2048, False, False): None,
+    (16, 5120, 2048, False, False): Blocks(64, 128, 1, 4, 6),
+    (32, 5120, 2048, False, False): Blocks(64, 128, 1, 4, 6),
+    # thinker o
+    (1, 2048, 4096, False, True): Blocks(64, 256, 4, 4, 3, rows=16),
+    (16, 2048, 4096, False, True): Blocks(64, 128, 4, 4, 6),
+    (32, 2048, 4096, False, True): Blocks(64, 128, 4, 4, 6),
+    # talker qkv
+    (1, 2560, 1024, False, False): Blocks(8, 1024, 1, 4, 1),
+    (16, 2560, 1024, False, False): Blocks(64, 128, 1, 4, 6),
+    (32, 2560, 1024, False, False): Blocks(64, 128, 1, 4, 6),
+    # talker o, cp o
+    (1, 1024, 2048, False, True): Blocks(4, 4096, 1, 8, 1),
+    (16, 1024, 2048, False, True): Blocks(64, 128, 4, 4, 6),
+    (32, 1024, 2048, False, True): Blocks(64, 128, 4, 4, 6),
+    # cp qkv
+    (1, 4096, 1024, False, False): Blocks(8, 1024, 1, 4, 1),
+    (16, 4096, 1024, False, False): Blocks(64, 128, 1, 4, 6),
+    (32, 4096, 1024, False, False): Blocks(64, 128, 1, 4, 6),
+    # cp gate_up (I = 3072)
+    (1, 3072, 1024, True, False): Blocks(8, 1024, 1, 4, 1),
+    (16, 3072, 1024, True, False): Blocks(64, 128, 1, 4, 6),
+    (32, 3072, 1024, True, False): Blocks(32, 128, 1, 4, 6),
+    # cp down
+    (1, 1024, 3072, False, True): Blocks(4, 4096, 1, 8, 1),
+    (16, 1024, 3072, False, True): Blocks(64, 128, 4, 4, 6),
+    (32, 1024, 3072, False, True): Blocks(64, 128, 4, 4, 6),
+}
 
 
 def padded_rows(m: int) -> int:
