@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omniwalk.layers.fused_moe import expert_gemv, route_topk
-from omniwalk.layers.silu_mul import silu_mul_triton
+from omniwalk.layers.skinny_gemm import SkinnyLinear
 
 MOE_BACKENDS = ("reference", "fused")
 # fused backend: expert GEMVs up to this many (token, expert) pairs per call, a grouped GEMM beyond.
@@ -89,24 +89,29 @@ def grouped_experts(
 class GatedMLP(nn.Module):
     """``down(silu(gate(x)) * up(x))``: the dense MLP and the MoE's shared expert.
 
-    ``merge_projections`` (CUDA fast path, after loading) replaces gate and up by one
-    ``gate_up_proj`` (rows: gate then up): one GEMM and one fused silu·mul kernel.
+    ``merge_projections`` (CUDA fast path, after loading) replaces gate and up by one gated
+    ``gate_up_proj`` (rows: gate then up; silu·mul in the GEMM's epilogue) and the projections by
+    ``SkinnyLinear``s (decode-sized inputs through the skinny GEMM). With ``partial_output`` (a
+    decoder layer's MLP, whose output the next ``RMSNorm.add`` takes) the output may then be fp32
+    partial sums [N, S, H] (``skinny_gemm``).
     """
 
-    def __init__(self, hidden_size: int, intermediate_size: int):
+    def __init__(self, hidden_size: int, intermediate_size: int, partial_output: bool = False):
         super().__init__()
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
-        self.gate_up_proj: nn.Linear | None = None
+        self.gate_up_proj: SkinnyLinear | None = None
+        self.partial_output = partial_output
 
     def merge_projections(self) -> None:
-        self.gate_up_proj = merged_linear(self.gate_proj, self.up_proj)
+        self.gate_up_proj = SkinnyLinear.merge(self.gate_proj, self.up_proj, gated=True)
+        self.down_proj = SkinnyLinear.merge(self.down_proj, partials=self.partial_output)
         del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is not None:
-            return self.down_proj(silu_mul_triton(self.gate_up_proj(x)))
+            return self.down_proj(self.gate_up_proj(x))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
