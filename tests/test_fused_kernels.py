@@ -13,6 +13,7 @@ from omniwalk.layers.fused_moe import expert_gemv
 from omniwalk.layers.moe import SparseMoE, reference_experts, route
 from omniwalk.layers.moe_routing import route_folded, route_topk
 from omniwalk.layers.norm import RMSNorm
+from omniwalk.layers.paged_decode import paged_decode_reference, paged_decode_triton
 from omniwalk.layers.qk_norm_rope import qk_norm_rope_reference, qk_norm_rope_triton
 from omniwalk.layers.rotary import mrope_cos_sin, rotary_tables
 from omniwalk.layers.silu_mul import silu_mul_reference, silu_mul_triton
@@ -121,6 +122,27 @@ def test_expert_gemv():
         parts = expert_gemv(x, gate_up, down, weights, ids.int(), **blocks)
         assert parts.shape == (n, 2, h)
         torch.testing.assert_close(parts.sum(1), ref, **TOL)
+
+
+@pytest.mark.parametrize("programs", [0, 8, 128])  # rows not split; split in 2; up to the splits' cap
+def test_paged_decode(programs):
+    g = torch.Generator().manual_seed(11)
+    page, d, num_pages, heads, kv_heads = 4, 16, 60, 4, 2
+    keys = torch.randn((num_pages + 1) * page, kv_heads, d, generator=g)
+    values = torch.randn(keys.shape, generator=g)
+    lens = [1, 3, 4, 5, 17, 40, 0]  # 0: a padding row
+    table = torch.zeros(len(lens), 12, dtype=torch.int32)
+    pages = torch.randperm(num_pages, generator=g).tolist()
+    for row, n in enumerate(lens):
+        table[row, : -(-n // page)] = torch.tensor(pages[: -(-n // page)], dtype=torch.int32)
+        pages = pages[-(-n // page) :]
+    lens = torch.tensor(lens, dtype=torch.int32)
+    q = torch.randn(len(lens), heads, d, generator=g)
+    semaphores = torch.zeros(64, dtype=torch.int32) if programs else None
+    ours = paged_decode_triton(q, keys, values, table, lens, page, semaphores, blocks=(8, 1), programs=programs)
+    torch.testing.assert_close(ours, paged_decode_reference(q, keys, values, table, lens, page), **TOL)
+    assert not programs or semaphores.abs().sum() == 0  # left zero for the next call
+    assert torch.equal(ours[-1], torch.zeros_like(ours[-1]))
 
 
 @pytest.mark.parametrize("max_gemv_pairs", [64, 0])  # expert GEMVs, or the grouped GEMM beyond them
