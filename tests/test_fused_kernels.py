@@ -9,7 +9,7 @@ import torch
 import triton_cpu
 
 from omniwalk.layers import moe
-from omniwalk.layers.fused_moe import expert_gemv
+from omniwalk.layers.fused_moe import expert_down, expert_gate_up, expert_gemv
 from omniwalk.layers.moe import SparseMoE, reference_experts, route
 from omniwalk.layers.moe_routing import route_folded, route_topk
 from omniwalk.layers.norm import RMSNorm
@@ -118,10 +118,12 @@ def test_expert_gemv():
     down = torch.randn(experts, h, inter, generator=g) / inter**0.5
     weights, ids = route(torch.randn(n, experts, generator=g), 2, True)
     ref = reference_experts(x, gate_up, down, weights, ids)
-    for blocks in [{}, dict(gate_up_blocks=(16, 32, 1), down_blocks=(16, 16, 1))]:  # one step per row, and loops
-        parts = expert_gemv(x, gate_up, down, weights, ids.int(), **blocks)
-        assert parts.shape == (n, 2, h)
-        torch.testing.assert_close(parts.sum(1), ref, **TOL)
+    parts = expert_gemv(x, gate_up, down, weights, ids.int())  # (a whole row per step)
+    assert parts.shape == (n, 2, h)
+    torch.testing.assert_close(parts.sum(1), ref, **TOL)
+    ids = ids.int()
+    parts = expert_down(expert_gate_up(x, gate_up, ids, (16, 32, 1)), down, weights, ids, (16, 16, 1))  # loops
+    torch.testing.assert_close(parts.sum(1), ref, **TOL)
 
 
 @pytest.mark.parametrize("programs", [0, 8, 128])  # rows not split; split in 2; up to the splits' cap

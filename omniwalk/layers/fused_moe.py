@@ -89,29 +89,45 @@ DOWN_BLOCKS = (8, 1024, 4)
 
 
 def expert_gemv(
-    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-    gate_up_blocks: tuple[int, int, int] = GATE_UP_BLOCKS, down_blocks: tuple[int, int, int] = DOWN_BLOCKS,
-) -> torch.Tensor:  # fmt: skip
+    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
     """x [N, H], gate_up [E, 2I, H], down [E, H, I], weights/ids [N, P] -> weighted expert outputs
     [N, P, H] in x's dtype (sum over P = the MoE output)."""
+    ids = ids.contiguous()
+    return expert_down(expert_gate_up(x, gate_up, ids), down, weights, ids)
+
+
+def expert_gate_up(
+    x: torch.Tensor, gate_up: torch.Tensor, ids: torch.Tensor, blocks: tuple[int, int, int] = GATE_UP_BLOCKS
+) -> torch.Tensor:
+    """-> act [N * P, I]: silu(gate·x) * (up·x) per (token, expert) pair."""
     n, p = ids.shape
-    hidden, inter = x.shape[1], down.shape[2]
-    x, ids, weights = x.contiguous(), ids.contiguous(), weights.contiguous()
+    hidden, inter = x.shape[1], gate_up.shape[1] // 2
+    x = x.contiguous()
     act = x.new_empty(n * p, inter)
-    out = x.new_empty(n, p, hidden)
-    if n == 0:
-        return out
-    gate_up_kernel, down_kernel = _kernels()
-    rows, columns, warps = gate_up_blocks
-    gate_up_kernel[(n * p, -(-inter // rows))](
-        x, gate_up, ids, act, gate_up.stride(0), gate_up.stride(1),
-        H=hidden, INTER=inter, P=p, BLOCK_I=rows, BLOCK_H=min(columns, _pow2(hidden)), num_warps=warps,
-    )  # fmt: skip
-    out_columns, units, warps = down_blocks
-    down_kernel[(n * p, -(-hidden // out_columns))](
-        act, down, ids, weights, out, down.stride(0), down.stride(1),
-        H=hidden, INTER=inter, BLOCK_N=out_columns, BLOCK_I=min(units, _pow2(inter)), num_warps=warps,
-    )  # fmt: skip
+    if n:
+        rows, columns, warps = blocks
+        _kernels()[0][(n * p, -(-inter // rows))](
+            x, gate_up, ids, act, gate_up.stride(0), gate_up.stride(1),
+            H=hidden, INTER=inter, P=p, BLOCK_I=rows, BLOCK_H=min(columns, _pow2(hidden)), num_warps=warps,
+        )  # fmt: skip
+    return act
+
+
+def expert_down(
+    act: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+    blocks: tuple[int, int, int] = DOWN_BLOCKS,
+) -> torch.Tensor:  # fmt: skip
+    """act [N * P, I] -> [N, P, H]: each pair's expert output times its routing weight."""
+    n, p = ids.shape
+    hidden, inter = down.shape[1], down.shape[2]
+    out = act.new_empty(n, p, hidden)
+    if n:
+        columns, units, warps = blocks
+        _kernels()[1][(n * p, -(-hidden // columns))](
+            act, down, ids, weights.contiguous(), out, down.stride(0), down.stride(1),
+            H=hidden, INTER=inter, BLOCK_N=columns, BLOCK_I=min(units, _pow2(inter)), num_warps=warps,
+        )  # fmt: skip
     return out
 
 
