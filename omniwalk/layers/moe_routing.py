@@ -50,8 +50,8 @@ def _kernel():
                 x = tl.load(x_ptr + n * stride_x + cols, mask=cols < H, other=0.0).to(tl.float32)
                 w = tl.load(router_ptr + rows[:, None] * stride_r + cols[None, :], mask=ok, other=0.0)
                 acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
-            logit = acc.to(x_ptr.dtype.element_ty).to(tl.float32)  # the router Linear's output dtype
-            tl.store(logits_ptr + n * stride_l + rows, logit, mask=row_ok)
+            block_logits = acc.to(x_ptr.dtype.element_ty).to(tl.float32)  # the router Linear's output dtype
+            tl.store(logits_ptr + n * stride_l + rows, block_logits, mask=row_ok)
             tl.debug_barrier()  # every thread's logits are written before the release below
             done = tl.atomic_add(counter_ptr + n, 1, sem="acq_rel", scope="gpu")
         else:  # one program per token, its logits given
