@@ -83,9 +83,11 @@ def _kernels():
 # (rows of the intermediate, columns of x per step, warps) of a gate_up program and (output columns,
 # units per step, warps) of a down program; spans are clipped to the next power of two of H and I,
 # so a span >= that reads a whole row in one step (all loads of a program in flight at once).
-# H200, µs per kernel at 1 token, thinker (talker): see benchmarks/fused_moe.py
-GATE_UP_BLOCKS = (4, 2048, 4)
-DOWN_BLOCKS = (8, 1024, 4)
+# H200, benchmarks/fused_moe.py (k2 call 1), µs per kernel incl. the graph's gap, thinker/talker
+# at 1 token: gate_up 14.8/5.4 (the previous (16, 256, 8): 17.9/8.6; the best thinker variant,
+# (4, 1024, 4), 14.6/6.8); down 8.6/4.5 (whole rows (4, 1024, 4): 9.0/4.0, but 1.2 µs slower at 8 tokens).
+GATE_UP_BLOCKS = (2, 2048, 4)
+DOWN_BLOCKS = (16, 256, 8)
 
 
 def expert_gemv(

@@ -120,7 +120,10 @@ def _kernel():
 
 
 # (keys per block, warps) of a program; rows (request, kv head) split into up to MAX_SPLITS programs
-# each while the batch has fewer than DECODE_PROGRAMS / 2 rows. H200: see benchmarks/paged_decode.py
+# each while the batch has fewer than DECODE_PROGRAMS / 2 rows; rows of at most 32 keys (the code
+# predictor's) use blocks of 32. H200, benchmarks/paged_decode.py (k2 call 1), µs per call incl.
+# the graph's gap, thinker B=1 at 130 / 207 / 512 / 2048 keys: 5.3 / 5.4 / 6.2 / 9.4 (not split:
+# 5.8 / 6.8 / 11.1 / 37.6); 17 keys, one block of 32: 3.1 (of 64: 3.8).
 DECODE_BLOCKS = (64, 4)
 DECODE_PROGRAMS = 128
 MAX_SPLITS = 8
@@ -143,8 +146,10 @@ def paged_decode_triton(
     group_pad = max(16, 1 << (group - 1).bit_length())
     out = torch.empty_like(q)
     block, warps = blocks
+    max_keys = table.shape[1] * page_size
+    block = min(block, max(32, 1 << (max_keys - 1).bit_length()))
     rows = batch * kv_heads
-    splits = 1 if semaphores is None else num_splits(rows, table.shape[1] * page_size, block, programs)
+    splits = 1 if semaphores is None else num_splits(rows, max_keys, block, programs)
     parts = out
     if splits > 1:
         if rows > semaphores.numel():
