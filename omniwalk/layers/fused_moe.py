@@ -86,6 +86,9 @@ def _kernels():
 # H200, benchmarks/fused_moe.py (k2 call 1), µs per kernel incl. the graph's gap, thinker/talker
 # at 1 token: gate_up 14.8/5.4 (the previous (16, 256, 8): 17.9/8.6; the best thinker variant,
 # (4, 1024, 4), 14.6/6.8); down 8.6/4.5 (whole rows (4, 1024, 4): 9.0/4.0, but 1.2 µs slower at 8 tokens).
+# TODO: ptxas issues a program's loads in waves (sm_90a SASS of gate_up (2, 2048, 4): 7 loads, then 3
+# after the first FMAs), paying DRAM latency twice; see moe_routing's NOTE. Loads feeding tl.dot go
+# through the pipeliner's async copies instead (a GEMV as a dot with the tokens padded to 16 rows).
 GATE_UP_BLOCKS = (2, 2048, 4)
 DOWN_BLOCKS = (16, 256, 8)
 

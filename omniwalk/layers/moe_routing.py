@@ -2,7 +2,7 @@
 optional renormalisation; with a shared expert folded in (``num_shared`` > 0) the router has one
 more row, its gate, and slots top_k .. P-1 name experts E .. E+num_shared-1 with weight
 sigmoid(gate). Output: weights [N, P] (activation dtype), ids [N, P] int32, P = top_k + num_shared,
-slots in descending probability (ties: the lower id first).
+slots in descending probability (ties: the lower id first, like ``torch.argmax``).
 
     route_topk    logits [N, E (+1)] -> weights, ids; one program per token (many tokens: the
                   router is a GEMM, e.g. a prompt)
@@ -14,8 +14,13 @@ slots in descending probability (ties: the lower id first).
 
 Rounding follows the reference (``moe.route(F.linear(x, router))``): logits are accumulated in
 fp32 and rounded to the activations' dtype (the router Linear's output), then softmax in fp32.
-The top-k is k rounds of argmax (a rank per expert from one [E, E] comparison took 5.4 µs a
-call against 4.0, H200, micro.py thinker B=32).
+
+The top-k is a rank per expert (how many experts are ahead of it), one [E, E] comparison.
+H200, micro.py kernel busy µs (k2 calls 1 and 2), rank vs k rounds of argmax: folded, thinker B=1
+5.9 vs 8.4; given logits, thinker B=32 5.4 vs 4.0. NOTE: the folded kernel's difference is not the
+top-k's own cost: the rank's [E, E] tile needs 168 registers, and with them ptxas issues all the
+router loads of a program at once; at argmax's 40 registers it interleaves them with the FMAs, a
+DRAM round trip per wave (sm_90a SASS). A barrier between loads and arithmetic does not stop it.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ def _kernel():
     def route(
         x_ptr, router_ptr, logits_ptr, counter_ptr, weights_ptr, ids_ptr, stride_x, stride_r, stride_l,
         H: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr, K: tl.constexpr, SHARED: tl.constexpr,
-        RENORM: tl.constexpr, FOLDED: tl.constexpr, P_PAD: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
+        RENORM: tl.constexpr, FOLDED: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
     ):  # fmt: skip
         n, last = tl.program_id(0).to(tl.int64), tl.num_programs(1) - 1
         if FOLDED:  # this program's block of router rows -> logits (fp32 scratch); the shared gate is row E
@@ -62,24 +67,21 @@ def _kernel():
             logit = logit.to(tl.float32)
             prob = tl.exp(logit - tl.max(logit, 0))
             prob = prob / tl.sum(prob, 0)
-            slot = tl.arange(0, P_PAD)
-            picked = tl.zeros((P_PAD,), tl.float32)
-            picked_ids = tl.zeros((P_PAD,), tl.int32)
-            for j in tl.static_range(K):  # (argmax: the lower id of equal ones first)
-                best = tl.argmax(prob, 0)
-                picked = tl.where(slot == j, tl.max(prob, 0), picked)
-                picked_ids = tl.where(slot == j, best, picked_ids)
-                prob = tl.where(e == best, -1.0, prob)
+            # rank[i] = experts ahead of i: a larger probability, or an equal one and a lower id
+            ahead = (prob[None, :] > prob[:, None]) | ((prob[None, :] == prob[:, None]) & (e[None, :] < e[:, None]))
+            rank = tl.sum(ahead.to(tl.int32), 1)
+            picked = rank < K
             if RENORM:
-                picked = picked / tl.sum(tl.where(slot < K, picked, 0.0), 0)
+                prob = prob / tl.sum(tl.where(picked, prob, 0.0), 0)
             dtype = weights_ptr.dtype.element_ty
-            picked = picked.to(dtype)
+            tl.store(weights_ptr + n * (K + SHARED) + rank, prob.to(dtype), mask=picked)
+            tl.store(ids_ptr + n * (K + SHARED) + rank, e, mask=picked)
             if SHARED > 0:
                 gate = tl.load(logits_ptr + n * stride_l + E, cache_modifier=".cg").to(tl.float32)
-                picked = tl.where(slot >= K, (1.0 / (1.0 + tl.exp(-gate))).to(dtype), picked)
-                picked_ids = tl.where(slot >= K, E + slot - K, picked_ids)
-            tl.store(weights_ptr + n * (K + SHARED) + slot, picked, mask=slot < K + SHARED)
-            tl.store(ids_ptr + n * (K + SHARED) + slot, picked_ids, mask=slot < K + SHARED)
+                weight = (1.0 / (1.0 + tl.exp(-gate))).to(dtype)
+                for s in tl.static_range(SHARED):
+                    tl.store(weights_ptr + n * (K + SHARED) + K + s, weight)
+                    tl.store(ids_ptr + n * (K + SHARED) + K + s, E + s)
             if FOLDED:
                 tl.store(counter_ptr + n, 0)
 
@@ -98,7 +100,7 @@ def route_topk(
         _kernel()[(n, 1)](
             logits, logits, logits, ids, weights, ids, 0, 0, logits.stride(0),
             H=1, E=num_experts, E_PAD=_pow2(num_experts), K=top_k, SHARED=num_shared, RENORM=renormalize,
-            FOLDED=False, P_PAD=_pow2(top_k + num_shared), BLOCK_E=1, BLOCK_H=1,
+            FOLDED=False, BLOCK_E=1, BLOCK_H=1,
         )  # fmt: skip
     return weights, ids
 
@@ -122,8 +124,8 @@ def route_folded(
         x = x.contiguous()
         _kernel()[(n, -(-router.shape[0] // rows))](
             x, router, scratch, counters, weights, ids, x.stride(0), router.stride(0), scratch.stride(0),
-            H=hidden, E=num_experts, E_PAD=e_pad, K=top_k, SHARED=num_shared, RENORM=renormalize, FOLDED=True,
-            P_PAD=_pow2(top_k + num_shared), BLOCK_E=rows, BLOCK_H=min(_pow2(hidden), 4096), num_warps=warps,
+            H=hidden, E=num_experts, E_PAD=e_pad, K=top_k, SHARED=num_shared, RENORM=renormalize,
+            FOLDED=True, BLOCK_E=rows, BLOCK_H=min(_pow2(hidden), 4096), num_warps=warps,
         )  # fmt: skip
     return weights, ids
 
