@@ -17,14 +17,20 @@ import os
 import numpy as np
 import torch
 
-from omniwalk.layers import fused_moe, norm, paged_decode, qk_norm_rope, silu_mul, skinny_gemm
+from omniwalk.layers import fused_moe, moe_routing, norm, paged_decode, qk_norm_rope, silu_mul, skinny_gemm
 
 ON_CPU = not torch.cuda.is_available()
 if ON_CPU:
     os.environ["TRITON_INTERPRET"] = "1"
 BUILDERS = (
-    norm._kernel, qk_norm_rope._kernel, silu_mul._kernel, fused_moe._kernels, paged_decode._kernel, skinny_gemm._kernel
-)  # fmt: skip
+    norm._kernel,
+    qk_norm_rope._kernel,
+    silu_mul._kernel,
+    fused_moe._kernels,
+    moe_routing._kernel,
+    paged_decode._kernel,
+    skinny_gemm._kernel,
+)
 
 
 def interpreted(monkeypatch):

@@ -11,11 +11,13 @@ computes ``y[n] = sum_j w[n, j] * down_e(silu(gate_e(x[n])) * up_e(x[n]))`` with
 Backends (``SparseMoE.backend``):
 
     reference  loop over the experts that received tokens (CPU, the test oracle)
-    fused      CUDA: routing in one kernel (``fused_moe.route_topk``); then, while the (token,
-               expert) pairs are few (decode: at most ``MAX_GEMV_PAIRS``), expert GEMVs that read
-               each selected expert once and return per-pair partials (``fused_moe.expert_gemv``,
-               summed by the decoder's next add + RMSNorm); beyond that a grouped GEMM over
-               expert-sorted pairs (``grouped_experts``), where tensor-core tiles are full enough.
+    fused      CUDA, routing in one kernel (``moe_routing``). While the (token, expert) pairs are
+               few (decode: at most ``MAX_GEMV_PAIRS``) the router GEMV is folded into it
+               (``route_folded``) and expert GEMVs read each selected expert once and return
+               per-pair partials (``fused_moe.expert_gemv``, summed by the decoder's next add +
+               RMSNorm); beyond that the router is a GEMM (``route_topk`` on its logits) and the
+               experts a grouped GEMM over expert-sorted pairs (``grouped_experts``), where
+               tensor-core tiles are full enough.
                A shared expert is folded in as extra experts (``SparseMoE.fold_shared_expert``).
 """
 
@@ -25,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omniwalk.layers.fused_moe import expert_gemv, route_topk
+from omniwalk.layers.fused_moe import expert_gemv
+from omniwalk.layers.moe_routing import route_folded, route_topk
 from omniwalk.layers.skinny_gemm import SkinnyLinear
 
 MOE_BACKENDS = ("reference", "fused")
@@ -159,6 +162,8 @@ class SparseMoE(nn.Module):
         self.experts = FusedExperts(num_experts, hidden_size, intermediate_size)
         self.shared_expert = GatedMLP(hidden_size, shared_intermediate_size) if shared_intermediate_size else None
         self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False) if shared_intermediate_size else None
+        # route_folded's per-token counters (this layer's own: layers never run concurrently with themselves)
+        self.register_buffer("route_counters", torch.zeros(MAX_GEMV_PAIRS, dtype=torch.int32), persistent=False)
 
     @torch.no_grad()
     def fold_shared_expert(self) -> None:
@@ -183,9 +188,11 @@ class SparseMoE(nn.Module):
         """x: [N, H] -> [N, H] (or [N, P, H] partials, see the class docstring)."""
         gate_up, down = self.experts.gate_up_proj, self.experts.down_proj
         if self.backend == "fused":
-            weights, ids = route_topk(self.gate(x), self.top_k, self.renormalize, self.num_shared)
-            if ids.numel() <= MAX_GEMV_PAIRS:
+            route_args = (self.top_k, self.renormalize, self.num_shared)
+            if x.shape[0] * (self.top_k + self.num_shared) <= MAX_GEMV_PAIRS:
+                weights, ids = route_folded(x, self.gate.weight, self.route_counters, *route_args)
                 return expert_gemv(x, gate_up, down, weights, ids)
+            weights, ids = route_topk(self.gate(x), *route_args)
             return grouped_experts(x, gate_up, down, weights, ids)
         weights, ids = route(self.gate(x), self.top_k, self.renormalize)
         out = reference_experts(x, gate_up, down, weights, ids)
