@@ -22,19 +22,26 @@ import functools
 
 import torch
 
+from omniwalk.layers import pdl
+
 
 @functools.cache
 def _kernels():
     # (Triton is imported on first use only: CPU installs lack it)
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     @triton.jit
     def expert_gate_up(
         x_ptr, w_ptr, ids_ptr, act_ptr, stride_we, stride_wr,
         H: tl.constexpr, INTER: tl.constexpr, P: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
+        USE_PDL: tl.constexpr,
     ):  # fmt: skip
         pair, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
+        if USE_PDL:  # (the weights to read depend on the routing ids: nothing to load before the wait)
+            gdc_wait()
+            gdc_launch_dependents()
         token = pair // P
         expert = tl.load(ids_ptr + pair).to(tl.int64)
         rows = block * BLOCK_I + tl.arange(0, BLOCK_I)
@@ -59,9 +66,12 @@ def _kernels():
     @triton.jit
     def expert_down(
         act_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr, stride_we, stride_wr,
-        H: tl.constexpr, INTER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_I: tl.constexpr,
+        H: tl.constexpr, INTER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_I: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
         pair, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
+        if USE_PDL:
+            gdc_wait()
+            gdc_launch_dependents()
         expert = tl.load(ids_ptr + pair).to(tl.int64)
         cols = block * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < H
@@ -115,6 +125,7 @@ def expert_gate_up(
         _kernels()[0][(n * p, -(-inter // rows))](
             x, gate_up, ids, act, gate_up.stride(0), gate_up.stride(1),
             H=hidden, INTER=inter, P=p, BLOCK_I=rows, BLOCK_H=min(columns, _pow2(hidden)), num_warps=warps,
+            **pdl.launch(x.device),
         )  # fmt: skip
     return act
 
@@ -132,6 +143,7 @@ def expert_down(
         _kernels()[1][(n * p, -(-hidden // columns))](
             act, down, ids, weights.contiguous(), out, down.stride(0), down.stride(1),
             H=hidden, INTER=inter, BLOCK_N=columns, BLOCK_I=min(units, _pow2(inter)), num_warps=warps,
+            **pdl.launch(act.device),
         )  # fmt: skip
     return out
 

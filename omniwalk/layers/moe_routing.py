@@ -29,6 +29,8 @@ import functools
 
 import torch
 
+from omniwalk.layers import pdl
+
 # route_folded: (router rows per program, warps). H200: see benchmarks/fused_moe.py
 ROUTER_BLOCKS = (4, 4)
 
@@ -37,29 +39,40 @@ ROUTER_BLOCKS = (4, 4)
 def _kernel():
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     @triton.jit
     def route(
         x_ptr, router_ptr, logits_ptr, counter_ptr, weights_ptr, ids_ptr, stride_x, stride_r, stride_l,
         H: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr, K: tl.constexpr, SHARED: tl.constexpr,
         RENORM: tl.constexpr, FOLDED: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
+        USE_PDL: tl.constexpr,
     ):  # fmt: skip
         n, last = tl.program_id(0).to(tl.int64), tl.num_programs(1) - 1
         if FOLDED:  # this program's block of router rows -> logits (fp32 scratch); the shared gate is row E
             rows = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
             row_ok = rows < E + (1 if SHARED > 0 else 0)
             acc = tl.zeros((BLOCK_E,), tl.float32)
+            # each step's router tile is loaded one step ahead: the first before the PDL wait
+            w = tl.load(router_ptr + rows[:, None] * stride_r + tl.arange(0, BLOCK_H)[None, :],
+                        mask=row_ok[:, None] & (tl.arange(0, BLOCK_H) < H)[None, :], other=0.0)  # fmt: skip
+            if USE_PDL:
+                gdc_wait()
+                gdc_launch_dependents()
             for start in range(0, H, BLOCK_H):
                 cols = start + tl.arange(0, BLOCK_H)
-                ok = row_ok[:, None] & (cols < H)[None, :]
                 x = tl.load(x_ptr + n * stride_x + cols, mask=cols < H, other=0.0).to(tl.float32)
-                w = tl.load(router_ptr + rows[:, None] * stride_r + cols[None, :], mask=ok, other=0.0)
                 acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
+                ok = row_ok[:, None] & (cols + BLOCK_H < H)[None, :]
+                w = tl.load(router_ptr + rows[:, None] * stride_r + BLOCK_H + cols[None, :], mask=ok, other=0.0)
             block_logits = acc.to(x_ptr.dtype.element_ty).to(tl.float32)  # the router Linear's output dtype
             tl.store(logits_ptr + n * stride_l + rows, block_logits, mask=row_ok)
             tl.debug_barrier()  # every thread's logits are written before the release below
             done = tl.atomic_add(counter_ptr + n, 1, sem="acq_rel", scope="gpu")
         else:  # one program per token, its logits given
+            if USE_PDL:
+                gdc_wait()
+                gdc_launch_dependents()
             done = last
         if done == last:  # (folded: the token's last program to finish; its logits are all written)
             e = tl.arange(0, E_PAD)
@@ -100,7 +113,7 @@ def route_topk(
         _kernel()[(n, 1)](
             logits, logits, logits, ids, weights, ids, 0, 0, logits.stride(0),
             H=1, E=num_experts, E_PAD=_pow2(num_experts), K=top_k, SHARED=num_shared, RENORM=renormalize,
-            FOLDED=False, BLOCK_E=1, BLOCK_H=1,
+            FOLDED=False, BLOCK_E=1, BLOCK_H=1, **pdl.launch(logits.device),
         )  # fmt: skip
     return weights, ids
 
@@ -125,7 +138,7 @@ def route_folded(
         _kernel()[(n, -(-router.shape[0] // rows))](
             x, router, scratch, counters, weights, ids, x.stride(0), router.stride(0), scratch.stride(0),
             H=hidden, E=num_experts, E_PAD=e_pad, K=top_k, SHARED=num_shared, RENORM=renormalize,
-            FOLDED=True, BLOCK_E=rows, BLOCK_H=min(_pow2(hidden), 4096), num_warps=warps,
+            FOLDED=True, BLOCK_E=rows, BLOCK_H=min(_pow2(hidden), 4096), num_warps=warps, **pdl.launch(x.device),
         )  # fmt: skip
     return weights, ids
 

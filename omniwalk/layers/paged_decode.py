@@ -25,6 +25,7 @@ import functools
 
 import torch
 
+from omniwalk.layers import pdl
 from omniwalk.layers.kv_attention import causal_attention
 
 
@@ -44,6 +45,7 @@ def paged_decode_reference(q, keys, values, table, lens, page_size: int, semapho
 def _kernel():
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     @triton.jit
     def paged_decode(
@@ -51,9 +53,12 @@ def _kernel():
         stride_qb, stride_qh, stride_ks, stride_kh, stride_tb, stride_ob, stride_oh,
         scale,
         KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-        BLOCK: tl.constexpr, SPLITS: tl.constexpr,
+        BLOCK: tl.constexpr, SPLITS: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
         b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        if USE_PDL:
+            gdc_wait()
+            gdc_launch_dependents()
         n = tl.load(lens_ptr + b)
         # split s takes keys [s * span, (s + 1) * span) in whole blocks, so a short row uses fewer splits
         span = tl.cdiv(tl.cdiv(n, SPLITS), BLOCK) * BLOCK
@@ -160,7 +165,7 @@ def paged_decode_triton(
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), table.stride(0), out.stride(0), out.stride(1),
         d**-0.5,
         KV_HEADS=kv_heads, GROUP=group, GROUP_PAD=group_pad, D=d, PAGE=page_size, BLOCK=block, SPLITS=splits,
-        num_warps=warps,
+        num_warps=warps, **pdl.launch(q.device),
     )  # fmt: skip
     return out
 

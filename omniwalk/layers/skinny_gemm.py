@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omniwalk.layers import pdl
 from omniwalk.layers.silu_mul import silu_mul_triton
 
 MAX_ROWS = 32  # rows per call through the kernel (where ``TUNED`` does not name cuBLAS); cuBLAS beyond
@@ -92,12 +93,13 @@ def padded_rows(m: int) -> int:
 def _kernel():
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     @triton.jit(do_not_specialize=["M"])  # (M only masks rows: one compile for every M of a padding)
     def skinny_gemm(
         x_ptr, w_ptr, out_ptr, M, N, K, k_chunk, stride_xm, stride_wn, stride_om, stride_os, up_offset,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr,
-        PRECISION: tl.constexpr,
+        PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
         block, split = tl.program_id(0), tl.program_id(1)
         cols = block * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns = weight rows
@@ -111,17 +113,32 @@ def _kernel():
         if BLOCK_M == 1:  # a GEMV: products in [BLOCK_N, BLOCK_K] lanes, one reduction at the end
             lanes = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
             lanes_up = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+            # each step's weight tile is loaded one step ahead: the first before the PDL wait
+            ks = k_start + tl.arange(0, BLOCK_K)
+            ok = col_ok[:, None] & (ks < k_end)[None, :]
+            w = tl.load(gate_rows + ks[None, :], mask=ok, other=0.0)
+            w_up = w
+            if GATED:
+                w_up = tl.load(up_rows + ks[None, :], mask=ok, other=0.0)
+            if USE_PDL:
+                gdc_wait()
+                gdc_launch_dependents()
             for k0 in range(k_start, k_end, BLOCK_K):
                 ks = k0 + tl.arange(0, BLOCK_K)
-                k_ok = ks < k_end
-                x = tl.load(x_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-                ok = col_ok[:, None] & k_ok[None, :]
-                lanes += tl.load(gate_rows + ks[None, :], mask=ok, other=0.0).to(tl.float32) * x
+                x = tl.load(x_ptr + ks, mask=ks < k_end, other=0.0).to(tl.float32)[None, :]
+                lanes += w.to(tl.float32) * x
                 if GATED:
-                    lanes_up += tl.load(up_rows + ks[None, :], mask=ok, other=0.0).to(tl.float32) * x
+                    lanes_up += w_up.to(tl.float32) * x
+                ok = col_ok[:, None] & (ks + BLOCK_K < k_end)[None, :]
+                w = tl.load(gate_rows + BLOCK_K + ks[None, :], mask=ok, other=0.0)
+                if GATED:
+                    w_up = tl.load(up_rows + BLOCK_K + ks[None, :], mask=ok, other=0.0)
             acc = tl.sum(lanes, 1)[:, None]
             acc_up = tl.sum(lanes_up, 1)[:, None]
         else:
+            if USE_PDL:  # (tl.dot's loads are pipelined by the compiler: no weight tile before the wait)
+                gdc_wait()
+                gdc_launch_dependents()
             acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
             acc_up = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
             for k0 in range(k_start, k_end, BLOCK_K):
@@ -190,7 +207,7 @@ def skinny_gemm(
             out.stride(1) if split > 1 else 0, n * weight.stride(0),
             BLOCK_M=block_m, BLOCK_N=blocks.n, BLOCK_K=blocks.k, GATED=gated,
             PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # (fp32 as F.linear's; 16-bit ignores it)
-            num_warps=blocks.warps, num_stages=blocks.stages,
+            num_warps=blocks.warps, num_stages=blocks.stages, **pdl.launch(x.device),
         )  # fmt: skip
     return out
 
