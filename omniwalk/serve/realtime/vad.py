@@ -1,0 +1,98 @@
+"""Server VAD: a stream of PCM16 24 kHz samples in, "speech started" / "speech stopped" out.
+
+The per-frame decision is the WebRTC VAD (``webrtcvad-wheels``, a C library, ~6 µs per 20 ms
+frame on this machine's CPU, ``benchmarks/realtime_vad.py``). Audio is resampled to 16 kHz
+(soxr's quick mode: the VAD itself works on the 0-4 kHz band, where that mode's aliasing does
+not reach) and cut into 20 ms frames. Over the frames, a vote:
+
+    frame       . . v v . v v v v . v v v . . . . . . . . . . . . . .
+    window      [voiced share >= threshold] -> speech starts at the window's first voiced frame
+    quiet       share < threshold for silence_ms in a row -> speech stops at the end of that quiet
+
+``threshold`` is the protocol's (0-1): the share of voiced frames in the last ``window_ms`` that
+counts as speech, so a higher one needs more continuous voice (it plays the role OpenAI gives to
+"louder audio needed"). Sample indices count everything the session appended, at 24 kHz.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import soxr
+import webrtcvad
+
+INPUT_RATE = 24000  # the protocol's PCM16 rate
+VAD_RATE = 16000
+FRAME_MS = 20
+FRAME_SAMPLES = INPUT_RATE * FRAME_MS // 1000  # 480 input samples per frame
+_VAD_FRAME = VAD_RATE * FRAME_MS // 1000  # 320 resampled samples per frame
+
+
+@dataclass(frozen=True)
+class VADParams:
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_ms: int = 500
+    window_ms: int = 200
+    aggressiveness: int = 3
+
+    @property
+    def votes_needed(self) -> int:
+        window = self.window_ms // FRAME_MS
+        return min(window, max(1, math.ceil(self.threshold * window - 1e-9)))
+
+
+@dataclass(frozen=True)
+class Boundary:
+    kind: str  # "start" | "stop"
+    sample: int  # at 24 kHz, from the session's first appended sample
+
+
+class TurnDetector:
+    def __init__(self, params: VADParams, first_sample: int = 0):
+        self.params = params
+        self.vad = webrtcvad.Vad(params.aggressiveness)
+        self.resampler = soxr.ResampleStream(INPUT_RATE, VAD_RATE, 1, dtype="int16", quality="QQ")
+        self.pending = np.empty(0, np.int16)  # resampled samples not yet in a frame
+        self.first_frame_sample = first_sample  # frame i covers 24 kHz samples from here + 480 i
+        self.num_frames = 0
+        self.window: deque[bool] = deque([False] * (params.window_ms // FRAME_MS), maxlen=params.window_ms // FRAME_MS)
+        self.is_speaking = False
+        self.num_quiet_frames = 0
+
+    def feed(self, samples: np.ndarray) -> list[Boundary]:
+        """The next int16 samples at 24 kHz -> the starts and stops they complete (in order)."""
+        resampled = self.resampler.resample_chunk(samples)
+        self.pending = np.concatenate([self.pending, resampled]) if len(self.pending) else resampled
+        out = []
+        num_whole = len(self.pending) // _VAD_FRAME
+        for i in range(num_whole):
+            frame = self.pending[i * _VAD_FRAME : (i + 1) * _VAD_FRAME]
+            boundary = self._frame(self.vad.is_speech(frame.tobytes(), VAD_RATE))
+            if boundary is not None:
+                out.append(boundary)
+        self.pending = self.pending[num_whole * _VAD_FRAME :]
+        return out
+
+    def _frame(self, is_voiced: bool) -> Boundary | None:
+        self.window.append(is_voiced)
+        self.num_frames += 1
+        is_speech = sum(self.window) >= self.params.votes_needed
+        if not self.is_speaking:
+            if not is_speech:
+                return None
+            self.is_speaking, self.num_quiet_frames = True, 0
+            first_voiced = next(i for i, v in enumerate(self.window) if v)
+            start_frame = self.num_frames - len(self.window) + first_voiced
+            return Boundary("start", self._sample(start_frame))
+        self.num_quiet_frames = 0 if is_speech else self.num_quiet_frames + 1
+        if self.num_quiet_frames * FRAME_MS < self.params.silence_ms:
+            return None
+        self.is_speaking = False
+        return Boundary("stop", self._sample(self.num_frames))
+
+    def _sample(self, frame: int) -> int:
+        return self.first_frame_sample + max(frame, 0) * FRAME_SAMPLES
