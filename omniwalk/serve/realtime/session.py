@@ -79,10 +79,13 @@ class Session:
         await self.emit("session.created", session=self.settings.to_json(self.emit.is_beta))
 
     async def handle(self, frame: str | bytes) -> None:
+        event = None
         try:
             event = p.parse(frame)
             await getattr(self, "on_" + event.type.replace(".", "_"))(event)
         except APIError as e:
+            if event is not None:
+                e.event_id = event.event_id
             await self.emit.send(p.error_event(e))
         except Exception as e:  # noqa: BLE001 - a fault of ours: logged, the session goes on
             error_log.error("unexpected error in a realtime session (%s)", self.settings.id, exc_info=e)

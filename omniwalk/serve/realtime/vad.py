@@ -6,8 +6,12 @@ frame on this machine's CPU, ``benchmarks/realtime_vad.py``). Audio is resampled
 not reach) and cut into 20 ms frames. Over the frames, a vote:
 
     frame       . . v v . v v v v . v v v . . . . . . . . . . . . . .
-    window      [voiced share >= threshold] -> speech starts at the window's first voiced frame
-    quiet       share < threshold for silence_ms in a row -> speech stops at the end of that quiet
+    vote        voiced share of the last window_ms >= threshold: speech (starts at the window's
+                first voiced frame)
+    stop        silence_ms since the last voiced frame that the vote counted as speech, and the
+                vote below threshold: speech stops at the end of that quiet
+
+(a lone voiced frame in noise, with the vote below threshold, does not restart the quiet).
 
 ``threshold`` is the protocol's (0-1): the share of voiced frames in the last ``window_ms`` that
 counts as speech, so a higher one needs more continuous voice (it plays the role OpenAI gives to
@@ -61,7 +65,7 @@ class TurnDetector:
         self.num_frames = 0
         self.window: deque[bool] = deque([False] * (params.window_ms // FRAME_MS), maxlen=params.window_ms // FRAME_MS)
         self.is_speaking = False
-        self.num_quiet_frames = 0
+        self.last_speech_frame = 0  # the last voiced frame while the vote said speech
 
     def feed(self, samples: np.ndarray) -> list[Boundary]:
         """The next int16 samples at 24 kHz -> the starts and stops they complete (in order)."""
@@ -84,12 +88,13 @@ class TurnDetector:
         if not self.is_speaking:
             if not is_speech:
                 return None
-            self.is_speaking, self.num_quiet_frames = True, 0
+            self.is_speaking, self.last_speech_frame = True, self.num_frames
             first_voiced = next(i for i, v in enumerate(self.window) if v)
             start_frame = self.num_frames - len(self.window) + first_voiced
             return Boundary("start", self._sample(start_frame))
-        self.num_quiet_frames = 0 if is_speech else self.num_quiet_frames + 1
-        if self.num_quiet_frames * FRAME_MS < self.params.silence_ms:
+        if is_voiced and is_speech:
+            self.last_speech_frame = self.num_frames
+        if is_speech or (self.num_frames - self.last_speech_frame) * FRAME_MS < self.params.silence_ms:
             return None
         self.is_speaking = False
         return Boundary("stop", self._sample(self.num_frames))
