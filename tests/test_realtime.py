@@ -206,16 +206,20 @@ def test_audio_turn_equals_the_chat_completion_with_audio_input(base_url):
     assert done.usage.input_tokens == want["usage"]["prompt_tokens"]
 
 
-def test_server_vad_detects_a_turn_and_answers_it(base_url):
+def test_server_vad_detects_a_turn_answers_it_and_transcribes_it(base_url):
     async def talk():
         async with sdk(base_url).realtime.connect() as conn:
             await conn.recv()
+            vad = {"type": "server_vad", "silence_duration_ms": 300}
             await conn.session.update(
-                session={"audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 300}}},
+                session={"audio": {"input": {"turn_detection": vad, "transcription": {"model": "qwen3-omni"}}},
                          "type": "realtime", "output_modalities": ["text"], "max_output_tokens": 3, **GREEDY}
             )  # fmt: skip
             await append(conn, quiet(0.6) + speech(1.2) + quiet(0.8))
-            return await until(conn)
+            events = await until(conn)
+            if not any(e.type.endswith("transcription.completed") for e in events):
+                events += await until(conn, "conversation.item.input_audio_transcription.completed")
+            return events
 
     events = asyncio.run(talk())
     types = [e.type for e in events]
@@ -228,7 +232,11 @@ def test_server_vad_detects_a_turn_and_answers_it(base_url):
     assert 600 - 300 - 40 <= started.audio_start_ms <= 600 - 300 + 100  # speech at 600 ms, 300 ms of padding
     assert 1800 + 300 <= stopped.audio_end_ms <= 1800 + 300 + 250  # speech ends at 1800 ms; 300 ms of quiet
     assert started.item_id == stopped.item_id == events[start + 2].item_id
-    assert events[-1].response.status == "incomplete" and events[-1].response.usage.output_tokens == 3
+    done = [e for e in events if e.type == "response.done"][0].response
+    assert done.status == "incomplete" and done.usage.output_tokens == 3
+    deltas = [e.delta for e in events if e.type == "conversation.item.input_audio_transcription.delta"]
+    completed = events[types.index("conversation.item.input_audio_transcription.completed")]
+    assert completed.item_id == started.item_id and completed.transcript == "".join(deltas) != ""
 
 
 def long_answer(conn):

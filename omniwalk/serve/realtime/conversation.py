@@ -29,7 +29,7 @@ ASSISTANT_TYPES = {"text": ("output_text", "text"), "audio": ("output_audio", "a
 @dataclass
 class Part:
     kind: str  # "text" | "audio"
-    text: str = ""  # text, or the audio's transcript
+    text: str = ""  # text, or the audio's transcript (a user's: when transcription is on)
     audio: np.ndarray | None = None  # a user's audio (int16 at 24 kHz)
     audio_ms: int = 0  # an assistant's audio: milliseconds spoken (truncated: played)
 
@@ -47,7 +47,7 @@ class Item:
             if self.role != "assistant":
                 kind = "input_text" if part.kind == "text" else "input_audio"
                 content.append({"type": kind, "text": part.text} if part.kind == "text" else
-                               {"type": kind, "transcript": None})  # fmt: skip
+                               {"type": kind, "transcript": part.text or None})  # fmt: skip
             else:
                 kind = ASSISTANT_TYPES[part.kind][int(is_beta)]
                 content.append({"type": kind, "text" if part.kind == "text" else "transcript": part.text})

@@ -53,7 +53,7 @@ class TurnDetection(s.Strict):
 class AudioInput(s.Strict):
     format: AudioFormat | None = None
     turn_detection: TurnDetection | None = None
-    transcription: dict | None = None  # refused when set: no transcription model here
+    transcription: dict | None = None  # {"model", "language", "prompt"}: the served model transcribes
     noise_reduction: dict | None = None  # refused when set
 
 
@@ -102,7 +102,7 @@ class SessionFields(ResponseFields):
     model: s.ModelName | None = None
     input_audio_format: str | None = None  # beta
     turn_detection: TurnDetection | None = None  # beta
-    input_audio_transcription: dict | None = None  # beta; refused when set
+    input_audio_transcription: dict | None = None  # beta
     input_audio_noise_reduction: dict | None = None  # beta; refused when set
     speed: float | None = None
     expires_at: int | None = None

@@ -6,7 +6,8 @@
                                     cancels it first (barge-in: response.done "cancelled",
                                     reason "turn_detected") when interrupt_response is on
     input_audio_buffer.commit    -> input_audio_buffer.committed, conversation.item.added (+ .done)
-                                    (after a VAD stop: then a response, when create_response is on)
+                                    (after a VAD stop: then a response, when create_response is on;
+                                    with transcription on, its events beside: ``transcription.py``)
     input_audio_buffer.clear     -> input_audio_buffer.cleared
     conversation.item.create     -> conversation.item.added (+ .done)
     conversation.item.truncate   -> conversation.item.truncated
@@ -38,6 +39,7 @@ from omniwalk.serve.realtime.settings import (
     output_speaks,
     output_voice,
 )
+from omniwalk.serve.realtime.transcription import transcribe
 from omniwalk.serve.realtime.vad import INPUT_RATE
 
 error_log = logging.getLogger("omniwalk.error")
@@ -70,6 +72,7 @@ class Session:
         self.audio.set_vad(self.settings.turn_detection.vad if self.settings.turn_detection else None)
         self.speech_item_id: str | None = None  # the user item VAD is hearing
         self.response: Response | None = None
+        self.transcriptions: set[asyncio.Task] = set()
 
     @property
     def is_responding(self) -> bool:
@@ -93,6 +96,8 @@ class Session:
             await self.emit.send(p.error_event(internal))
 
     async def close(self) -> None:
+        for task in self.transcriptions:
+            task.cancel()
         if self.response is not None:
             await self.response.cancel(None)
 
@@ -146,6 +151,10 @@ class Session:
         previous = self.conversation.add(item)
         await self.emit("input_audio_buffer.committed", previous_item_id=previous, item_id=item_id)
         await self._item_added(item, previous)
+        if self.settings.transcription is not None:
+            task = asyncio.create_task(transcribe(self.emit, self.run_engine, self.context, item))
+            self.transcriptions.add(task)
+            task.add_done_callback(self.transcriptions.discard)
 
     async def _item_added(self, item: Item, previous: str | None) -> None:
         await self.emit("conversation.item.added", previous_item_id=previous, item=item.to_json(self.emit.is_beta))

@@ -5,7 +5,8 @@ One set of fields whatever the dialect; ``apply`` reads both spellings (GA ``aud
 ``voice``, ``turn_detection``, ``max_response_output_tokens``) and ``to_json`` writes the client's.
 Only fields present in an update change (an explicit ``null`` turns turn detection off). Values
 this server cannot honour are refused naming the field: audio other than PCM16 at 24 kHz,
-transcription, noise reduction, tools, semantic VAD, a speed other than 1.0.
+noise reduction, tools, semantic VAD, a speed other than 1.0. Transcription, whatever model it
+names, is done by the served model (``transcription.py``).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class Settings:
     turn_detection: TurnDetection | None = None
     max_output_tokens: int | None = None  # None: the server's default_max_tokens
     sampling: dict = field(default_factory=dict)  # omniwalk's sampling fields set on the session
+    transcription: dict | None = None  # {"model", ...}: user audio is transcribed (``transcription.py``)
     vad_defaults: VADParams = VADParams()  # the server's (turning VAD on starts from these)
 
     @classmethod
@@ -78,6 +80,10 @@ class Settings:
             where = "session.turn_detection" if "turn_detection" in given else "session.audio.input.turn_detection"
             new.turn_detection = _turn_detection(td, new.turn_detection or TurnDetection(self.vad_defaults), where)
         new.sampling.update({k: getattr(update, k) for k in SAMPLING if k in given})
+        if "input_audio_transcription" in given:
+            new.transcription = update.input_audio_transcription
+        elif audio_input and "transcription" in audio_input.model_fields_set:
+            new.transcription = audio_input.transcription
         self.__dict__.update(new.__dict__)
 
     def to_json(self, is_beta: bool) -> dict:
@@ -89,10 +95,15 @@ class Settings:
             return {
                 **common, "modalities": ["text", "audio"] if self.speaks else ["text"], "voice": self.voice,
                 "input_audio_format": "pcm16", "output_audio_format": "pcm16", "turn_detection": td,
-                "input_audio_transcription": None, "max_response_output_tokens": tokens,
+                "input_audio_transcription": self.transcription, "max_response_output_tokens": tokens,
             }  # fmt: skip
         audio = {
-            "input": {"format": PCM, "turn_detection": td, "transcription": None, "noise_reduction": None},
+            "input": {
+                "format": PCM,
+                "turn_detection": td,
+                "transcription": self.transcription,
+                "noise_reduction": None,
+            },
             "output": {"format": PCM, "voice": self.voice, "speed": 1.0},
         }
         return {**common, "type": "realtime", "output_modalities": ["audio"] if self.speaks else ["text"],
@@ -153,9 +164,7 @@ def _check_refused(update: p.SessionFields, where: str) -> None:
     check_response_refused(update, where)
     audio_input = update.audio.input if update.audio else None
     for name, value in (
-        ("input_audio_transcription", update.input_audio_transcription),
         ("input_audio_noise_reduction", update.input_audio_noise_reduction),
-        ("audio.input.transcription", audio_input and audio_input.transcription),
         ("audio.input.noise_reduction", audio_input and audio_input.noise_reduction),
         ("prompt", update.prompt),
     ):
