@@ -8,12 +8,14 @@ Answers are greedy, so a realtime turn is compared with the chat completion of t
 import asyncio
 import base64
 import json
+import shutil
 import time
 import urllib.request
 
 import numpy as np
 import openai
 import pytest
+import soundfile
 import websockets
 from test_server import server
 
@@ -457,3 +459,47 @@ def test_auth_limits_and_the_beta_dialect(base_url):
     assert "conversation.item.created" in types and "response.text.delta" in types and "response.text.done" in types
     assert "conversation.item.done" not in types and "response.output_text.delta" not in types
     assert events[-1].response.usage.output_tokens == 2
+
+
+CHROMIUM = shutil.which("chromium")  # Debian's (.ci/run installs it)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)")
+def test_the_talk_page_in_headless_chromium(base_url, tmp_path):
+    """The page at / with a fake microphone playing a WAV: a turn is detected, the answer's audio
+    reaches the page's output node, both transcripts appear."""
+    from playwright.sync_api import sync_playwright
+
+    rate, noise = 48000, np.random.default_rng(0)
+    wave = np.concatenate([0.002 * noise.standard_normal(rate), speech_like(1.5, 1, rate), np.zeros(3 * rate)])
+    soundfile.write(tmp_path / "mic.wav", wave.astype(np.float32), rate, subtype="PCM_16")
+    flags = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", "--disable-quic", "--use-fake-ui-for-media-stream",
+             "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={tmp_path / 'mic.wav'}%noloop",
+             "--autoplay-policy=no-user-gesture-required"]  # fmt: skip
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=flags)
+        try:
+            page = browser.new_page(viewport={"width": 900, "height": 480})
+            errors = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(f"{base_url}/")
+            page.evaluate("talkSessionExtras = {max_output_tokens: 4, min_audio_frames: 12, max_audio_frames: 12}")
+            page.fill("#api-key", KEY)
+            page.click("#connect")
+            page.wait_for_function(
+                "talkStats.responsesDone >= 1 && talkStats.userTranscripts.length >= 1"
+                " && talkStats.playedSamples >= 12 * 1920 - 555",
+                timeout=120_000,
+            )
+            stats = page.evaluate("talkStats")
+            user = page.inner_text(".turn.user .text")
+            assistant = page.inner_text(".turn.assistant .text")
+            page.screenshot(path=tmp_path / "talk.png")
+        finally:
+            browser.close()
+    assert not errors and not stats["errors"], (errors, stats["errors"])
+    assert stats["speechStarted"] >= 1 and stats["speechStopped"] >= 1 and stats["audioDeltas"] >= 1
+    assert stats["nonZeroSamples"] > 0  # the answer's samples reached the page's output node
+    assert user.strip() and user == stats["userTranscripts"][0]
+    assert assistant.strip() and assistant == stats["assistantTranscripts"][0]
