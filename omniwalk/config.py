@@ -217,7 +217,7 @@ class ServerConfig:
     realtime_max_append_bytes: int = 4 * 2**20  # decoded audio per input_audio_buffer.append (87 s of PCM16)
     realtime_max_buffer_s: float = 600.0  # audio the input buffer holds until it is committed
     realtime_vad_threshold: float = 0.5  # fraction of voiced 20 ms frames in the window that is speech
-    realtime_vad_window_ms: int = 200  # the window those votes are counted over (a multiple of 20)
+    realtime_vad_window_ms: int = 300  # the window those votes are counted over (a multiple of 20)
     realtime_vad_prefix_padding_ms: int = 300  # audio kept before the detected start of speech
     realtime_vad_silence_ms: int = 500  # quiet this long ends a turn
     realtime_vad_aggressiveness: int = 3  # WebRTC VAD mode, 0 (least) to 3 (most eager to call a frame silence)

@@ -33,6 +33,9 @@ VAD_RATE = 16000
 FRAME_MS = 20
 FRAME_SAMPLES = INPUT_RATE * FRAME_MS // 1000  # 480 input samples per frame
 _VAD_FRAME = VAD_RATE * FRAME_MS // 1000  # 320 resampled samples per frame
+# The WebRTC VAD calls the first ~80 ms of a stream voiced whatever it holds, while it adapts its
+# noise model (measured on quiet noise at -54 to -30 dBFS): those frames vote unvoiced.
+WARMUP_FRAMES = 5
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,7 @@ class VADParams:
     threshold: float = 0.5
     prefix_padding_ms: int = 300
     silence_ms: int = 500
-    window_ms: int = 200
+    window_ms: int = 300
     aggressiveness: int = 3
 
     @property
@@ -82,6 +85,7 @@ class TurnDetector:
         return out
 
     def _frame(self, is_voiced: bool) -> Boundary | None:
+        is_voiced = is_voiced and self.num_frames >= WARMUP_FRAMES
         self.window.append(is_voiced)
         self.num_frames += 1
         is_speech = sum(self.window) >= self.params.votes_needed
