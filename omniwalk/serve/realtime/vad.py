@@ -1,7 +1,8 @@
 """Server VAD: a stream of PCM16 24 kHz samples in, "speech started" / "speech stopped" out.
 
-The per-frame decision is the WebRTC VAD (``webrtcvad-wheels``, a C library, ~6 µs per 20 ms
-frame on this machine's CPU, ``benchmarks/realtime_vad.py``). Audio is resampled to 16 kHz
+The per-frame decision is the WebRTC VAD (``webrtcvad-wheels``, a C library: 3-4 µs per 20 ms
+frame, 12-15 µs with the resampling and the vote, on the 2-core CI machine;
+``benchmarks/realtime_vad.py``). Audio is resampled to 16 kHz
 (soxr's quick mode: the VAD itself works on the 0-4 kHz band, where that mode's aliasing does
 not reach) and cut into 20 ms frames. Over the frames, a vote:
 
