@@ -243,7 +243,7 @@ def test_server_vad_detects_a_turn_answers_it_and_transcribes_it(base_url):
 
 def long_answer(conn):
     return conn.session.update(
-        session={**NO_VAD, "max_output_tokens": 64, "min_audio_frames": 400, "max_audio_frames": 400, **GREEDY}
+        session={**NO_VAD, "max_output_tokens": 8, "min_audio_frames": 400, "max_audio_frames": 400, **GREEDY}
     )
 
 
