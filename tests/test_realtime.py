@@ -330,6 +330,8 @@ async def next_of(ws, kind: str) -> dict:
 BAD_EVENTS = [
     ("{not json", "invalid_json", None),
     ({"type": "session.dance"}, "invalid_value", "type"),
+    ({"type": ["session.update"]}, "invalid_value", "type"),
+    ([1, 2], "invalid_type", None),
     ({"type": "input_audio_buffer.append", "audio": "%%%not base64"}, "invalid_value", "audio"),
     ({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"abc").decode()}, "invalid_value", "audio"),
     ({"type": "input_audio_buffer.append", "audio": base64.b64encode(bytes(100_000)).decode()}, "audio_too_large",
@@ -358,8 +360,8 @@ def test_bad_events_get_error_events_and_the_session_goes_on(base_url):
         ws = await raw_session(base_url)
         errors = []
         for i, (event, _, _) in enumerate(BAD_EVENTS):
-            if isinstance(event, dict):
-                event = json.dumps({**event, "event_id": f"evt_{i}"})
+            if not isinstance(event, str):
+                event = json.dumps({**event, "event_id": f"evt_{i}"} if isinstance(event, dict) else event)
             await ws.send(event)
             errors.append(await next_of(ws, "error"))
         await ws.send(json.dumps({"type": "session.update", "session": {**NO_VAD, "output_modalities": ["text"],
@@ -385,7 +387,7 @@ def test_bad_events_get_error_events_and_the_session_goes_on(base_url):
     for i, ((_, code, param), error) in enumerate(zip(BAD_EVENTS, errors, strict=True)):
         assert error["error"]["code"] == code and error["error"]["param"] == param, (i, error)
         assert error["error"]["type"] == "invalid_request_error" and error["error"]["message"]
-        assert error["error"]["event_id"] == (f"evt_{i}" if i else None)
+        assert error["error"]["event_id"] == (f"evt_{i}" if isinstance(BAD_EVENTS[i][0], dict) else None)
     assert done["response"]["status"] == "incomplete" and done["response"]["usage"]["output_tokens"] == 2
     assert urllib.request.urlopen(f"{base_url}/health").status == 200
 

@@ -206,7 +206,7 @@ def parse(text: str | bytes) -> ClientEvent:
     kind, event_id = raw.get("type"), raw.get("event_id")
     event_id = event_id if isinstance(event_id, str) else None
     try:
-        if kind not in EVENTS:
+        if not isinstance(kind, str) or kind not in EVENTS:
             raise bad_request(f"unknown event type {kind!r}; expected one of {sorted(EVENTS)}", "type")
         if kind == "input_audio_buffer.append":
             return _append(raw, event_id)

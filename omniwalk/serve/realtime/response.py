@@ -22,9 +22,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 
 import numpy as np
 from pydantic import ValidationError
+from starlette.websockets import WebSocketDisconnect
 
 from omniwalk.serve import openai_api as api
 from omniwalk.serve import schemas
@@ -35,6 +37,12 @@ from omniwalk.serve.realtime.conversation import Item, Part
 from omniwalk.serve.run import EngineRun
 
 SAMPLES_PER_MS = 24  # output PCM16 at 24 kHz
+error_log = logging.getLogger("omniwalk.error")
+
+
+def is_disconnect(e: BaseException) -> bool:
+    """Sending to a client that went away (what ends a session, not a fault)."""
+    return isinstance(e, WebSocketDisconnect | OSError | RuntimeError)
 
 
 async def engine_request(body: dict, ctx: api.Context) -> dict:
@@ -63,11 +71,14 @@ class Response:
 
     async def cancel(self, reason: str | None) -> None:
         """Stop it and wait for its last event (``reason`` None: the session is closing, send nothing)."""
-        if self.task is None or self.task.done():
+        if self.task is None:
             return
-        self.cancel_reason = reason
-        self.task.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
+        if not self.task.done():
+            self.cancel_reason = reason
+            self.task.cancel()
+        (outcome,) = await asyncio.gather(self.task, return_exceptions=True)
+        if isinstance(outcome, Exception) and not is_disconnect(outcome):
+            error_log.error("a realtime response failed (%s)", self.id, exc_info=outcome)
 
     async def run(self) -> None:
         await self._open()

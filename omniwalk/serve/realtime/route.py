@@ -20,11 +20,11 @@ import time
 import uuid
 
 from fastapi import FastAPI, WebSocket
-from starlette.websockets import WebSocketDisconnect
 
 from omniwalk.serve import openai_api as api
 from omniwalk.serve.errors import APIError
 from omniwalk.serve.realtime import protocol as p
+from omniwalk.serve.realtime.response import is_disconnect
 from omniwalk.serve.realtime.session import Emitter, Session
 from omniwalk.serve.run import EngineRun
 
@@ -105,8 +105,10 @@ async def _serve(ws: WebSocket, served) -> None:
                            code="session_expired")  # fmt: skip
         await session.emit.send(p.error_event(expired))
         await ws.close(1000)
-    except (WebSocketDisconnect, OSError, RuntimeError):
-        pass  # the client went away (sending to it failed)
+    except Exception as e:
+        if not is_disconnect(e):
+            raise
+        # the client went away (sending to it failed)
     finally:
         await session.close()
 

@@ -30,7 +30,7 @@ from omniwalk.serve.errors import APIError, bad_request
 from omniwalk.serve.realtime import protocol as p
 from omniwalk.serve.realtime.conversation import Conversation, Item, Part, item_from_client, pcm16
 from omniwalk.serve.realtime.input_audio import InputAudio, samples_to_ms
-from omniwalk.serve.realtime.response import Response, engine_request
+from omniwalk.serve.realtime.response import Response, engine_request, is_disconnect
 from omniwalk.serve.realtime.settings import (
     SAMPLING,
     Settings,
@@ -154,7 +154,13 @@ class Session:
         if self.settings.transcription is not None:
             task = asyncio.create_task(transcribe(self.emit, self.run_engine, self.context, item))
             self.transcriptions.add(task)
-            task.add_done_callback(self.transcriptions.discard)
+            task.add_done_callback(self._transcribed)
+
+    def _transcribed(self, task: asyncio.Task) -> None:
+        self.transcriptions.discard(task)
+        error = None if task.cancelled() else task.exception()
+        if error is not None and not is_disconnect(error):
+            error_log.error("a transcription failed (session %s)", self.settings.id, exc_info=error)
 
     async def _item_added(self, item: Item, previous: str | None) -> None:
         await self.emit("conversation.item.added", previous_item_id=previous, item=item.to_json(self.emit.is_beta))
