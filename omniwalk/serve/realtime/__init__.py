@@ -8,4 +8,5 @@ conversation.py  items, and the chat messages a turn's prompt is built from
 input_audio.py   the input audio buffer, cut into turns by the VAD
 vad.py           server VAD (WebRTC VAD over 20 ms frames, a vote over a window)
 response.py      one response: a chat-completions engine request streamed as response events
+transcription.py the served model transcribes committed user audio (when the session asks)
 """
