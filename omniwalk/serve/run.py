@@ -54,6 +54,10 @@ class EngineRun:
             self.metrics.in_flight.dec()
         await self.events.aclose()
 
+    async def next_event(self) -> dict:
+        """The event after ``first_event`` (and so on, up to "finished"); engine failures as APIError."""
+        return await self._next()
+
     async def _next(self) -> dict:
         try:
             event = await self.events.__anext__()
