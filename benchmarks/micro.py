@@ -257,11 +257,11 @@ def steady_state(omni: Omni, requests: list[dict], is_ready, stage_name: str, de
 
 
 def bench_thinker(omni: Omni, args, m: Machine, device, dtype_bytes: int) -> list[dict]:
-    cfg, rows = omni.model_config.text, []
+    cfg, rows = omni.family.cfg.text, []
     for b in args.thinker_batches:
         requests = [text_request(i, 4096, args.prompt_words) for i in range(b)]
         is_ready = lambda r: r.state.thinker.num_generated >= 1  # prefill done
-        row = steady_state(omni, requests, is_ready, "thinker", omni.parts["thinker"].model, args, device)
+        row = steady_state(omni, requests, is_ready, "thinker", omni.family.parts["thinker"].model, args, device)
         work = thinker_step(cfg, b, round(row["context"] * b), dtype_bytes, row["routed_experts"])
         ms, floor = row["ms"], work.floor_ms(m)
         row |= dict(tok_s=b / ms * 1e3, expected_experts=expected_experts(cfg.num_experts, cfg.num_experts_per_tok, b))
@@ -274,12 +274,12 @@ def bench_thinker(omni: Omni, args, m: Machine, device, dtype_bytes: int) -> lis
 
 
 def bench_talker(omni: Omni, args, m: Machine, device, dtype_bytes: int) -> list[dict]:
-    cfg, rows = omni.model_config, []
+    cfg, rows = omni.family.cfg, []
     frame_s = cfg.code2wav.samples_per_frame / OUTPUT_RATE
     for b in args.talker_batches:
         requests = [speech_request(i, 4096, args.prompt_words) for i in range(b)]
         is_ready = lambda r: len(r.state.talker.frames) >= 1  # talker prefix done
-        row = steady_state(omni, requests, is_ready, "talker", omni.parts["talker"].model, args, device)
+        row = steady_state(omni, requests, is_ready, "talker", omni.family.parts["talker"].model, args, device)
         work = talker_step(cfg.talker, b, round(row["context"] * b), dtype_bytes, row["routed_experts"])
         ms, floor = row["ms"], work.floor_ms(m)
         rtf = ms / (frame_s * 1e3)  # the talker alone: step time per frame of audio
@@ -370,7 +370,7 @@ def encoder_row(stage, module, inputs, args, m: Machine, device, **fields) -> di
 
 @torch.inference_mode()
 def bench_encoders(omni: Omni, args, m: Machine, device, dtype) -> list[dict]:
-    audio, vision, rows = omni.parts["audio_encoder"], omni.parts["vision_encoder"], []
+    audio, vision, rows = omni.family.parts["audio_encoder"], omni.family.parts["vision_encoder"], []
     stages = omni.engine.stages
     for b in args.encoder_batches:
         waves = [torch.from_numpy(speech_like(args.audio_seconds, seed=i)).to(device) for i in range(b)]

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from omniwalk.models.qwen3_omni.config import DecoderConfig, TalkerConfig
+from omniwalk.models.qwen3_omni.checkpoint.config import DecoderConfig, TalkerConfig
 
 
 @dataclass(frozen=True)

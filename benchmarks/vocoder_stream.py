@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from omniwalk.models.qwen3_omni.code2wav import Code2Wav, WindowAttention
-from omniwalk.models.qwen3_omni.code2wav_stream import Code2WavState
-from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.tiny import PRESETS
+from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.checkpoint.tiny import PRESETS
+from omniwalk.models.qwen3_omni.networks.code2wav import Code2Wav, WindowAttention
+from omniwalk.models.qwen3_omni.networks.code2wav_stream import Code2WavState
 
 DEFAULT_CONFIG = PRESETS["qwen3-omni-30b-a3b"]
 

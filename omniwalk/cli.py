@@ -15,15 +15,15 @@ _DTYPES = ("float32", "bfloat16", "float16")
 def _make_tiny(args: argparse.Namespace) -> None:
     import torch
 
-    from omniwalk.models.qwen3_omni.tiny import TINY_CONFIG, make_tiny_checkpoint
+    from omniwalk.models import registry
 
     start = time.perf_counter()
-    config = args.config or TINY_CONFIG
+    family = registry.family_for_config(args.config) if args.config else registry.default_family()
     what = "a config + tokenizer skeleton" if args.no_weights else f"a random-weight checkpoint (seed {args.seed})"
-    print(f"writing {what} from {config} to {args.out_dir}", flush=True)
-    out = make_tiny_checkpoint(
+    print(f"writing {what} from {args.config or 'the tiny config'} to {args.out_dir}", flush=True)
+    out = family.make_tiny(
         args.out_dir,
-        config,
+        args.config,
         args.seed,
         dtype=getattr(torch, args.dtype),
         max_shard_bytes=int(args.max_shard_mb * 1024**2),
@@ -34,35 +34,26 @@ def _make_tiny(args: argparse.Namespace) -> None:
 
 
 def _inspect(args: argparse.Namespace) -> None:
-    from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
-    from omniwalk.models.qwen3_omni.layout import checkpoint_layout, num_parameters
+    from omniwalk.models.registry import family_class
 
-    cfg = Qwen3OmniConfig.from_hf(args.model)
-    print(f"thinker:  {cfg.text}")
-    print(f"audio:    {cfg.audio}")
-    print(f"vision:   {cfg.vision}")
-    print(f"talker:   {cfg.talker.text}")
-    print(f"code predictor: {cfg.talker.code_predictor}")
-    print(f"code2wav: {cfg.code2wav}")
-    print(f"voices:   {', '.join(name for name, _ in cfg.talker.speakers)}")
-    print(f"tensors:  {len(checkpoint_layout(cfg)):,}   parameters: {num_parameters(cfg):,}")
+    print(family_class(args.model).describe(args.model))
 
 
 EMBEDDED_DIR = Path.home() / ".cache" / "omniwalk" / "embedded-tiny-v1"
 
 
 def _embedded_checkpoint() -> Path:
-    """The embedded default model: the packaged tiny config with random weights, written once."""
+    """The embedded default model: the default family's tiny config with random weights, written once."""
     import shutil
 
-    from omniwalk.models.qwen3_omni.tiny import make_tiny_checkpoint
+    from omniwalk.models.registry import default_family
 
     if not (EMBEDDED_DIR / "config.json").exists():
         print(f"writing the embedded tiny checkpoint to {EMBEDDED_DIR}", flush=True)
         tmp = EMBEDDED_DIR.with_name(EMBEDDED_DIR.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)  # a write that was interrupted
         try:
-            make_tiny_checkpoint(tmp)
+            default_family().make_tiny(tmp)
             tmp.rename(EMBEDDED_DIR)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -118,13 +109,12 @@ def _run_server(server, limits, options: dict, model, sock) -> int:
     from omniwalk.serve.app import create_app
     from omniwalk.serve.engine_client import EngineClient
     from omniwalk.serve.supervisor import Server, Supervisor
-    from omniwalk.tokenizer import Tokenizer
 
     client = EngineClient(**options)
     print(f"engine process started (pid {client.process.pid}); loading weights from {model}", flush=True)
     url = f"http://{server.host}:{server.port}/v1"
     supervisor = Supervisor(client, server.shutdown_grace_s, url, server.served_model_name)
-    app = create_app(client, server, limits, Tokenizer.from_dir(model).decode, supervisor)
+    app = create_app(client, server, limits, supervisor)
     config = uvicorn.Config(
         app,
         log_level=server.log_level,
@@ -148,9 +138,15 @@ def _bench(args: argparse.Namespace) -> None:
     from omniwalk.bench.workload import PRESETS
 
     split = lambda text: tuple(x.strip() for x in text.split(",") if x.strip())  # noqa: E731
+    base_url, model = args.base_url.rstrip("/"), args.model_name
+    if model is None:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+        model = httpx.get(f"{base_url}/models", headers=headers, timeout=30).json()["data"][0]["id"]
     cfg = BenchConfig(
-        base_url=args.base_url.rstrip("/"),
-        model=args.model_name,
+        base_url=base_url,
+        model=model,
         api_key=args.api_key,
         paths=split(args.paths),
         concurrency=tuple(int(b) for b in split(args.concurrency)),
@@ -240,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="closed-loop load test of an OpenAI-compatible omni server")
     bench.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
-    bench.add_argument("--model-name", default="qwen3-omni", help="the model name the server expects")
+    bench.add_argument("--model-name", default=None, help="the model name the server expects (default: its first)")
     bench.add_argument("--api-key", default=None)
     bench.add_argument("--paths", default="s2t,i2t,s2s,i2s", help="comma list of s2t,i2t,s2s,i2s,t2t,t2s")
     bench.add_argument("--concurrency", default="1,4,16,32", help="comma list of in-flight request counts")
@@ -250,10 +246,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", type=Path, default=Path("bench-results"))
     bench.set_defaults(func=_bench)
 
-    tiny = sub.add_parser("make-tiny", help="write a random-weight Qwen3-Omni checkpoint directory")
+    tiny = sub.add_parser("make-tiny", help="write a random-weight checkpoint directory")
     tiny.add_argument("out_dir", type=Path)
     tiny.add_argument(
-        "--config", help="a Qwen3-Omni config.json or a preset (qwen3-omni-30b-a3b); default: the packaged tiny one"
+        "--config",
+        help="a config.json or a preset name (e.g. qwen3-omni-30b-a3b); default: the default family's tiny one",
     )
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--dtype", choices=_DTYPES, default="float32")

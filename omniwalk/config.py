@@ -12,10 +12,6 @@ from dataclasses import dataclass, field, fields, replace
 from omniwalk.errors import ConfigError
 from omniwalk.media.limits import MediaLimits
 
-DEFAULT_SYSTEM_PROMPT = (
-    "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving auditory and "
-    "visual inputs, as well as generating text and speech."
-)
 # per backend field: (reference, fast)
 BACKENDS = {
     "moe_backend": ("reference", "fused"),
@@ -33,7 +29,8 @@ class ModelConfig:
     device: str = "cpu"
     dtype: str = "float32"
     max_model_len: int | None = None  # prompt + generated tokens; None = the checkpoint's max positions
-    default_system_prompt: str | None = DEFAULT_SYSTEM_PROMPT  # used when a request has no system turn
+    # the system turn of a request without one; None = the model family's own, "" = none
+    default_system_prompt: str | None = None
     random_weights: bool = False  # build random weights on the device instead of reading them (benchmarks)
     # Fast paths, chosen by name ("auto": the fast one on CUDA, the reference one elsewhere):
     # MoE: "reference" (per-expert loop, the CPU oracle) | "fused" (CUDA: routing kernel, expert GEMVs
@@ -195,7 +192,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None  # when set, requests need "Authorization: Bearer <key>"
-    served_model_name: str = "qwen3-omni"
+    served_model_name: str | None = None  # the name requests give as "model"; None = the model family's
     max_body_bytes: int = 64 * 2**20  # larger bodies: 413, refused from Content-Length or while read
     max_tokens_limit: int = 8192  # requests asking for more: 400
     max_audio_frames_limit: int = 4096  # 12.5 frames per second of speech: ~5.5 minutes

@@ -9,7 +9,7 @@ import json
 
 import torch
 
-from omniwalk.models.qwen3_omni.tiny import PRESETS
+from omniwalk.models.qwen3_omni.checkpoint.tiny import PRESETS
 
 REAL_CONFIG = PRESETS["qwen3-omni-30b-a3b"]
 
@@ -47,8 +47,8 @@ def _hf(cls_name: str, cfg):
 def audio_pair(seed: int = 0, backend: str = "torch_varlen"):
     from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeAudioEncoderConfig
 
-    from omniwalk.models.qwen3_omni.audio_encoder import AudioEncoder
-    from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
+    from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
+    from omniwalk.models.qwen3_omni.networks.audio_encoder import AudioEncoder
 
     raw = real_config_dict()
     hf = _hf("Qwen3OmniMoeAudioEncoder", Qwen3OmniMoeAudioEncoderConfig(**raw["thinker_config"]["audio_config"]))
@@ -63,8 +63,8 @@ def audio_pair(seed: int = 0, backend: str = "torch_varlen"):
 def vision_pair(seed: int = 0, backend: str = "torch_varlen"):
     from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeVisionEncoderConfig
 
-    from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
-    from omniwalk.models.qwen3_omni.vision_encoder import VisionEncoder
+    from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
+    from omniwalk.models.qwen3_omni.networks.vision_encoder import VisionEncoder
 
     raw = real_config_dict()
     hf = _hf("Qwen3OmniMoeVisionEncoder", Qwen3OmniMoeVisionEncoderConfig(**raw["thinker_config"]["vision_config"]))

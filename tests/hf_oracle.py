@@ -14,13 +14,13 @@ from pathlib import Path
 
 import torch
 
-from omniwalk.models.qwen3_omni.model import randomize
+from omniwalk.models.qwen3_omni.checkpoint.loader import randomize
 
 TEST_ROOT = tempfile.mkdtemp(prefix="omniwalk-tests-")  # the checkpoints tests write, removed at exit
 atexit.register(shutil.rmtree, TEST_ROOT, True)
 
 CONFIG_DIR = Path(__file__).parent / "configs"
-PACKAGE_TINY = Path(__file__).parents[1] / "omniwalk" / "models" / "qwen3_omni" / "tiny_config.json"
+PACKAGE_TINY = Path(__file__).parents[1] / "omniwalk" / "models" / "qwen3_omni" / "checkpoint" / "tiny_config.json"
 # Two shapes of tiny model: the reference one and one with uneven sizes (odd head dims,
 # 3 code groups, 5/6 experts, deepstack at [1, 3], sliding window 5).
 TINY_CONFIGS = {"tiny": PACKAGE_TINY, "uneven": CONFIG_DIR / "tiny_uneven.json"}

@@ -6,9 +6,9 @@ import torch
 from hf_oracle import config_dict, hf_checkpoint, hf_model
 
 from omniwalk.media.mel import log_mel
-from omniwalk.models.qwen3_omni.audio_encoder import AudioEncoder, audio_output_lengths
-from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.weights import load_weights
+from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.checkpoint.weights import load_weights
+from omniwalk.models.qwen3_omni.networks.audio_encoder import AudioEncoder, audio_output_lengths
 
 
 def assert_parity(ours: torch.Tensor, ref: torch.Tensor):

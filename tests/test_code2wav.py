@@ -6,14 +6,14 @@ from functools import cache
 import pytest
 import torch
 
-from omniwalk.models.qwen3_omni.code2wav import Code2Wav
-from omniwalk.models.qwen3_omni.code2wav_stream import (
+from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.checkpoint.weights import load_weights
+from omniwalk.models.qwen3_omni.networks.code2wav import Code2Wav
+from omniwalk.models.qwen3_omni.networks.code2wav_stream import (
     VocoderStream,
     VocoderStreamConfig,
     decode_in_chunks,
 )
-from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.weights import load_weights
 from tests.hf_oracle import config_dict, hf_checkpoint, hf_model
 
 NAMES = ["tiny", "uneven"]

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from omniwalk.errors import ConfigError
-from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.layout import checkpoint_layout, num_parameters
-from omniwalk.models.qwen3_omni.tiny import PRESETS
+from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.checkpoint.layout import checkpoint_layout, num_parameters
+from omniwalk.models.qwen3_omni.checkpoint.tiny import PRESETS
 
 REAL = PRESETS["qwen3-omni-30b-a3b"]
-PACKAGED_TINY = Path(__file__).parents[1] / "omniwalk" / "models" / "qwen3_omni" / "tiny_config.json"
+PACKAGED_TINY = Path(__file__).parents[1] / "omniwalk" / "models" / "qwen3_omni" / "checkpoint" / "tiny_config.json"
 
 
 def real_dict() -> dict:

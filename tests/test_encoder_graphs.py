@@ -7,15 +7,15 @@ from hf_oracle import config_dict
 
 from omniwalk.engine.batch_stage import BatchStage, BatchStageConfig
 from omniwalk.engine.packed_graphs import Bucket, layout_buckets, pad_layout, padded_lengths, pick_bucket
-from omniwalk.models.qwen3_omni.audio_encoder import AudioEncoder, attention_windows, audio_output_lengths
-from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.encoder_programs import (
+from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.checkpoint.loader import randomize
+from omniwalk.models.qwen3_omni.networks.audio_encoder import AudioEncoder, attention_windows, audio_output_lengths
+from omniwalk.models.qwen3_omni.networks.vision_encoder import VisionEncoder
+from omniwalk.models.qwen3_omni.programs.encoder_programs import (
     MIN_COMMON_FRAME_PATCHES,
     AudioEncoderProgram,
     VisionEncoderProgram,
 )
-from omniwalk.models.qwen3_omni.model import randomize
-from omniwalk.models.qwen3_omni.vision_encoder import VisionEncoder
 
 WINDOW, CHUNK = 104, 13  # full-size audio: attention window and one chunk (1 s), in tokens
 

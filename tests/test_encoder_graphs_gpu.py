@@ -24,9 +24,9 @@ VISION_LAYOUTS = [
 def _encoder(kind: str):
     from gpu_pairs import randomize_, real_config_dict
 
-    from omniwalk.models.qwen3_omni.audio_encoder import AudioEncoder
-    from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
-    from omniwalk.models.qwen3_omni.vision_encoder import VisionEncoder
+    from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
+    from omniwalk.models.qwen3_omni.networks.audio_encoder import AudioEncoder
+    from omniwalk.models.qwen3_omni.networks.vision_encoder import VisionEncoder
 
     cfg = Qwen3OmniConfig.from_hf(real_config_dict())
     with torch.device("cuda"):
@@ -52,14 +52,14 @@ def _programs(kind: str, cls, max_tokens: int):
 
 @pytest.fixture(scope="module")
 def audio():
-    from omniwalk.models.qwen3_omni.encoder_programs import AudioEncoderProgram
+    from omniwalk.models.qwen3_omni.programs.encoder_programs import AudioEncoderProgram
 
     return _programs("audio", AudioEncoderProgram, AUDIO_MAX_TOKENS)
 
 
 @pytest.fixture(scope="module")
 def vision():
-    from omniwalk.models.qwen3_omni.encoder_programs import VisionEncoderProgram
+    from omniwalk.models.qwen3_omni.programs.encoder_programs import VisionEncoderProgram
 
     return _programs("vision", VisionEncoderProgram, VISION_MAX_TOKENS)
 

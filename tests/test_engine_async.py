@@ -65,8 +65,8 @@ def test_codec_eos_read_late_drops_the_next_frame():
     """Codec EOS forced as soon as it is allowed (after ``min_audio_frames``): every speech request
     ends on EOS; the frame the next step drew from the EOS frame's codes is dropped."""
     o = Omni(model=checkpoint("tiny"))
-    eos = o.model_config.talker.codec.eos
-    hook = o.parts["talker"].codec_head.register_forward_hook(
+    eos = o.family.cfg.talker.codec.eos
+    hook = o.family.parts["talker"].codec_head.register_forward_hook(
         lambda m, args, out: out.index_fill(-1, torch.tensor([eos]), 1e4)
     )
     speech = [i for i in range(24) if PATHS[i % len(PATHS)].endswith("2s")][:6]

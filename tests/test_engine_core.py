@@ -47,8 +47,11 @@ class ToyProgram:
         ends = torch.tensor([n for _, _, n in batch]).cumsum(0) - 1
         for (req, start, n), token in zip(batch, logits[ends].argmax(-1).tolist(), strict=True):
             if start + n == len(req.state["seq"]):  # the chunk reached the end: sample
-                req.state["seq"].append(token)
-                req.emit("text", token)
+                self.commit(req, token)
+
+    def commit(self, req, token):
+        req.state["seq"].append(token)
+        req.emit("text", token)
 
     def is_finished(self, req):
         return len(req.state["seq"]) >= req.state["stop_at"]

@@ -140,7 +140,7 @@ def test_abort_a_third_leaves_the_rest_unchanged_and_frees_everything():
 
 def test_kv_pressure_preempts_and_still_completes_correctly():
     # The workload needs ~2,900 thinker tokens of KV at once; give it a third.
-    cfg = omni().model_config.text
+    cfg = omni().family.cfg.text
     per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
     o = Omni(model=checkpoint("tiny"), thinker_kv_bytes=1000 * per_token, page_size=8)
     outs = run_staggered(o, workload(), every=1)
@@ -153,7 +153,7 @@ def test_kv_pressure_preempts_and_still_completes_correctly():
 def test_talker_kv_pressure_preempts_and_resumes_exactly():
     """Speech requests with talker KV for ~100 tokens: the talker preempts and re-feeds its input
     rows; a re-fed row must not draw its frame again (codes and audio equal to running alone)."""
-    cfg = omni().model_config.talker.text
+    cfg = omni().family.cfg.talker.text
     per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
     o = Omni(model=checkpoint("tiny"), talker_kv_bytes=100 * per_token, page_size=8)
     speech = [i for i in range(24) if PATHS[i % len(PATHS)] in ("t2s", "s2s")][:4]

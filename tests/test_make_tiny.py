@@ -9,9 +9,9 @@ import torch
 from hf_oracle import TINY_CONFIGS
 from safetensors.torch import load_file
 
-from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.layout import checkpoint_layout
-from omniwalk.models.qwen3_omni.tiny import PRESETS, make_tiny_checkpoint
+from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.checkpoint.layout import checkpoint_layout
+from omniwalk.models.qwen3_omni.checkpoint.tiny import PRESETS, make_tiny_checkpoint
 
 FILES = {
     "config.json",

@@ -128,7 +128,7 @@ def test_limit_errors_say_why():
 
 def _items():
     from omniwalk.media.patches import resize_video
-    from omniwalk.models.qwen3_omni.processor import MediaItem
+    from omniwalk.models.qwen3_omni.processing.chat import MediaItem
 
     rng = np.random.default_rng(0)
     image = torch.from_numpy(resize_image(rng.integers(0, 256, (100, 150, 3), dtype=np.uint8)))
@@ -139,8 +139,8 @@ def _items():
 def test_measured_items_give_the_processor_pixels(processor):
     """An image part measured for a request (resized uint8 kept) turns into HF's pixel values in
     the encoder stage; a 3-frame video item pads its last temporal patch."""
-    from omniwalk.models.qwen3_omni.media_inputs import measure, vision_pixels
-    from omniwalk.models.qwen3_omni.processor import MediaPart
+    from omniwalk.models.qwen3_omni.processing.chat import MediaPart
+    from omniwalk.models.qwen3_omni.processing.media_inputs import measure, vision_pixels
 
     image = gradient_image(100, 150)
     item = measure(MediaPart("image", {"type": "image", "image": image}), n_window=50)
@@ -156,7 +156,7 @@ def test_measured_items_give_the_processor_pixels(processor):
 def test_vision_pixels_on_the_gpu_equal_the_cpu_ones():
     """Same uint8 pixels in, same patches out, to float32 rounding (measured on the H200: not bit
     for bit, CUDA divides by a scalar as a multiply by its reciprocal)."""
-    from omniwalk.models.qwen3_omni.media_inputs import vision_pixels
+    from omniwalk.models.qwen3_omni.processing.media_inputs import vision_pixels
 
     for item in _items():
         gpu, cpu = vision_pixels(item, "cuda").cpu(), vision_pixels(item, "cpu")

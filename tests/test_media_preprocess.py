@@ -9,8 +9,8 @@ import torch
 from media_samples import encode_audio, encode_image, encode_video, gradient_image, tone
 
 from omniwalk.media.preprocess import preprocess
-from omniwalk.models.qwen3_omni.media_inputs import measure
-from omniwalk.models.qwen3_omni.processor import MediaPart
+from omniwalk.models.qwen3_omni.processing.chat import MediaPart
+from omniwalk.models.qwen3_omni.processing.media_inputs import measure
 
 N_WINDOW = 50
 

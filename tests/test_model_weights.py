@@ -7,11 +7,11 @@ from hf_oracle import hf_checkpoint, hf_model
 from safetensors.torch import load_file
 
 from omniwalk.errors import CheckpointError
-from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.layout import checkpoint_layout
-from omniwalk.models.qwen3_omni.model import ALL_COMPONENTS, PREFIXES, build_component, load_components
-from omniwalk.models.qwen3_omni.tiny import PRESETS, make_tiny_checkpoint
-from omniwalk.models.qwen3_omni.weights import to_checkpoint_names
+from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.checkpoint.layout import checkpoint_layout
+from omniwalk.models.qwen3_omni.checkpoint.loader import ALL_COMPONENTS, PREFIXES, build_component, load_components
+from omniwalk.models.qwen3_omni.checkpoint.tiny import PRESETS, make_tiny_checkpoint
+from omniwalk.models.qwen3_omni.checkpoint.weights import to_checkpoint_names
 
 
 def our_checkpoint_names(cfg) -> dict[str, tuple]:
@@ -95,5 +95,5 @@ def test_skeleton_checkpoint_with_random_weights_built_on_the_device(tmp_path):
         }
     )
     assert len(out.token_ids) == 5 and out.codes.shape == (3, 4) and out.audio.isfinite().all()
-    params = [p for m in omni.parts.values() for p in m.parameters()]
+    params = [p for m in omni.family.parts.values() for p in m.parameters()]
     assert all(p.isfinite().all() and p.abs().max() > 0 for p in params)

@@ -17,7 +17,7 @@ from test_omni_text import checkpoint, omni
 
 from omniwalk.errors import InvalidRequestError
 from omniwalk.media.mel import log_mel
-from omniwalk.models.qwen3_omni.media_inputs import vision_pixels
+from omniwalk.models.qwen3_omni.processing.media_inputs import vision_pixels
 
 RNG = np.random.default_rng(1)
 AUDIO = (0.1 * RNG.standard_normal(16000 * 2 + 300)).astype(np.float32)
@@ -133,9 +133,9 @@ def hf(name: str):
 def test_media_chat_matches_hf(name, case):
     request = {**REQUESTS[case], "max_tokens": STEPS, "min_tokens": STEPS, "temperature": 0.0}
     aiv = bool(request.get("use_audio_in_video"))
-    prompt = omni(name).prompt(request)
+    prompt = omni(name).family.prompt(request)
     if aiv:
-        t = omni(name).model_config.tokens
+        t = omni(name).family.cfg.tokens
         assert t.audio_start in prompt.token_ids and prompt.token_ids.count(t.audio_pad) > 0
     out = omni(name).generate(request)
     inputs = hf_inputs(prompt, aiv)
@@ -151,8 +151,8 @@ def test_base64_audio_and_data_url_image_parts():
     Image.fromarray(IMAGE).save(png, format="PNG")
     image_url = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
     b64_wav = wav_data_url(AUDIO).split(",", 1)[1]
-    in_memory = omni().prompt(REQUESTS["audio_image"])
-    encoded = omni().prompt(
+    in_memory = omni().family.prompt(REQUESTS["audio_image"])
+    encoded = omni().family.prompt(
         {
             "messages": [
                 {
@@ -171,7 +171,7 @@ def test_base64_audio_and_data_url_image_parts():
 
 def test_remote_urls_and_bad_base64_are_typed_errors():
     with pytest.raises(InvalidRequestError, match="data: URL"):
-        omni().prompt(
+        omni().family.prompt(
             {
                 "messages": [
                     {
@@ -182,7 +182,7 @@ def test_remote_urls_and_bad_base64_are_typed_errors():
             }
         )
     with pytest.raises(InvalidRequestError, match="base64"):
-        omni().prompt(
+        omni().family.prompt(
             {
                 "messages": [
                     {
@@ -202,10 +202,12 @@ def test_local_image_path_when_the_operator_allows_a_directory(tmp_path):
 
     Image.fromarray(IMAGE).save(tmp_path / "cat.png")
     allowed = Omni(model=checkpoint("tiny"), local_media_dir=str(tmp_path))
-    by_path = allowed.prompt(
+    by_path = allowed.family.prompt(
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "cat.png"}]}]}
     )
-    in_memory = omni().prompt({"messages": [{"role": "user", "content": [{"type": "image", "image": IMAGE}]}]})
+    in_memory = omni().family.prompt({"messages": [{"role": "user", "content": [{"type": "image", "image": IMAGE}]}]})
     assert by_path.token_ids == in_memory.token_ids
     with pytest.raises(InvalidRequestError, match="local paths are not read"):
-        omni().prompt({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "cat.png"}]}]})
+        omni().family.prompt(
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "cat.png"}]}]}
+        )

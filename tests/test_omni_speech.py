@@ -77,10 +77,10 @@ def test_speech_matches_hf_generate(name, case, voice):
     messages = MESSAGES if case == "text" else REQUESTS[case]["messages"]
     request = greedy_speech(messages, voice=voice)
     out = omni(name).generate(request)
-    prompt = omni(name).prompt(request)
+    prompt = omni(name).family.prompt(request)
     ids, codes, wav = run_hf(name, hf_inputs(prompt, False), voice)
     assert out.token_ids == ids
-    assert out.codes.shape == (FRAMES, omni(name).model_config.talker.num_code_groups)
+    assert out.codes.shape == (FRAMES, omni(name).family.cfg.talker.num_code_groups)
     assert torch.equal(out.codes, codes)
     assert out.audio.shape == wav.shape == (1920 * FRAMES - 555,)
     assert (out.audio - wav).abs().max() <= 1e-4
@@ -120,15 +120,15 @@ def test_bad_speech_requests_are_typed_errors(fields, message):
 def test_codec_eos_stops_after_min_audio_frames():
     """A codec head that always prefers EOS: EOS is masked for min_audio_frames frames, then stops."""
     o = omni()
-    talker = o.parts["talker"]
-    eos, original = o.model_config.talker.codec.eos, talker.group0_logits
+    talker = o.family.parts["talker"]
+    eos, original = o.family.cfg.talker.codec.eos, talker.group0_logits
     talker.group0_logits = lambda h: original(h).index_fill(-1, torch.tensor([eos]), 1e4)
     try:
         three = o.generate({**greedy_speech(MESSAGES), "min_audio_frames": 3, "max_audio_frames": 10})
         none = o.generate({**greedy_speech(MESSAGES), "min_audio_frames": 0, "max_audio_frames": 10})
     finally:
         del talker.group0_logits
-    groups = o.model_config.talker.num_code_groups
+    groups = o.family.cfg.talker.num_code_groups
     assert three.codes.shape == (3, groups) and three.audio.shape == (1920 * 3 - 555,)
     assert none.codes.shape == (0, groups) and none.audio.numel() == 0 and none.finish_reason == "length"
 
@@ -140,7 +140,7 @@ def test_speech_sampling_is_seeded_per_request_and_never_emits_control_codes():
         return omni().generate(request).codes
 
     first, again, other = codes(1), codes(1), codes(2)
-    cfg = omni().model_config.talker
+    cfg = omni().family.cfg.talker
     assert first.shape == (6, cfg.num_code_groups)
     assert torch.equal(first, again) and not torch.equal(first, other)
     assert int(first[:, 0].max()) < cfg.text.vocab_size - 1024  # control codes are suppressed

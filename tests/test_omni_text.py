@@ -8,9 +8,9 @@ import torch
 from hf_oracle import TEST_ROOT, config_dict
 
 from omniwalk import Omni
-from omniwalk.config import DEFAULT_SYSTEM_PROMPT
 from omniwalk.errors import ConfigError, InvalidRequestError
-from omniwalk.models.qwen3_omni.tiny import make_tiny_checkpoint
+from omniwalk.models.qwen3_omni.checkpoint.tiny import make_tiny_checkpoint
+from omniwalk.models.qwen3_omni.processing.chat import DEFAULT_SYSTEM_PROMPT
 
 MESSAGES = [
     {"role": "user", "content": "hello world"},
@@ -71,9 +71,9 @@ def test_batch_of_requests_returns_a_list_in_order():
 
 def test_eos_ends_the_request_unless_masked_or_ignored():
     o = omni()
-    eos = o.model_config.tokens.im_end
+    eos = o.family.cfg.tokens.im_end
     # make EOS the argmax at every step
-    head = o.parts["thinker"].lm_head
+    head = o.family.parts["thinker"].lm_head
     hook = head.register_forward_hook(lambda m, args, out: out.index_fill(-1, torch.tensor([eos]), 1e4))
     try:
         stopped = o.generate({"messages": MESSAGES, "max_tokens": 8, "temperature": 0.0})

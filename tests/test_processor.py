@@ -16,11 +16,10 @@ from transformers import AutoTokenizer, Qwen3OmniMoeProcessor
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import _get_feat_extract_output_lengths
 
-from omniwalk.config import DEFAULT_SYSTEM_PROMPT
 from omniwalk.errors import InvalidRequestError
-from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.processor import ChatProcessor, MediaItem
-from omniwalk.models.qwen3_omni.tiny import make_tiny_checkpoint
+from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.checkpoint.tiny import make_tiny_checkpoint
+from omniwalk.models.qwen3_omni.processing.chat import DEFAULT_SYSTEM_PROMPT, ChatProcessor, MediaItem
 from omniwalk.tokenizer import Tokenizer
 
 HF_TOKEN_NAMES = {
@@ -201,7 +200,7 @@ def test_template_without_sentinels_is_rejected():
 
 
 def test_chat_template_exceptions_are_typed():
-    from omniwalk.models.qwen3_omni.processor import render_chat
+    from omniwalk.models.qwen3_omni.processing.chat import render_chat
 
     with pytest.raises(InvalidRequestError, match="chat template: no"):
         render_chat("{{ raise_exception('no') }}", [])

@@ -110,7 +110,7 @@ def test_graph_sampling_inputs_give_exactly_the_eager_draw(kwargs):
     from dataclasses import fields
 
     from omniwalk.engine.cuda_graphs import fill_static
-    from omniwalk.models.qwen3_omni.talker_program import _sampling_inputs
+    from omniwalk.models.qwen3_omni.programs.talker_program import _sampling_inputs
     from omniwalk.sampling import BatchParams, SamplerState, draw, process_tensors
 
     torch.manual_seed(0)

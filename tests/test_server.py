@@ -31,11 +31,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(*flags: str, entry=("-m", "omniwalk.cli", "serve")) -> tuple[subprocess.Popen, str]:
+def launch(*flags: str, entry=("-m", "omniwalk.cli", "serve"), model=None, env=None) -> tuple[subprocess.Popen, str]:
     """Start the server in its own process group (as a terminal would) and wait for /health."""
     port = free_port()
-    cmd = [sys.executable, *entry, "--model", checkpoint("tiny"), "--port", str(port), *flags]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    cmd = [sys.executable, *entry, "--model", str(model or checkpoint("tiny")), "--port", str(port), *flags]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env
+    )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while True:

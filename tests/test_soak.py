@@ -31,9 +31,10 @@ from test_server_hostile import HOSTILE, RAW, rss_mb  # noqa: E402
 
 HANG_S = 600  # a request slower than this counts as hung
 SPEECH = {"talker_temperature": 0.0, "min_audio_frames": 3, "max_audio_frames": 3}
-VIDEO = "data:video/mp4;base64," + base64.b64encode(
-    encode_video(np.stack([gradient_image(64, 64, seed=i) for i in range(4)]), 2)
-).decode()
+VIDEO = (
+    "data:video/mp4;base64,"
+    + base64.b64encode(encode_video(np.stack([gradient_image(64, 64, seed=i) for i in range(4)]), 2)).decode()
+)
 REFUSED_SOURCES = ["http://127.0.0.1:1/a.png", "file:///etc/passwd", "/etc/passwd", "http://169.254.169.254/x"]
 
 

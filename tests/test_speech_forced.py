@@ -3,7 +3,7 @@
 
 from test_omni_text import omni
 
-from omniwalk.models.qwen3_omni.thinker_program import ThinkerProgram
+from omniwalk.models.qwen3_omni.programs.thinker_program import ThinkerProgram
 
 TEXT = "the quick brown fox jumps over the lazy dog and runs far away"  # 12 words
 SPEECH = {"talker_temperature": 0.0, "code_predictor_temperature": 0.0, "min_audio_frames": 6, "max_audio_frames": 6}
@@ -28,7 +28,7 @@ def test_a_forced_answer_is_spoken_without_thinker_decode_steps(monkeypatch):
     }
     out = o.generate(request)
     assert out.text == TEXT and out.finish_reason == "stop"
-    assert out.token_ids == o.tokenizer.encode(TEXT) + [o.model_config.tokens.im_end]
+    assert out.token_ids == o.family.tokenizer.encode(TEXT) + [o.family.cfg.tokens.im_end]
     mine = [(start, n, num_prompt) for rid, start, n, num_prompt in rows if rid == "speech"]
     assert mine and all(start + n <= num_prompt for start, n, num_prompt in mine)  # prompt rows only
     assert out.codes.shape[0] == 6 and len(out.audio) > 0

@@ -16,11 +16,11 @@ import torch
 from gpu_pairs import cosine, randomize_, real_config_dict, report
 from test_code2wav import make_audio_like_
 
-from omniwalk.models.qwen3_omni.code2wav import Code2Wav
-from omniwalk.models.qwen3_omni.code2wav_stream import VocoderStream, VocoderStreamConfig
-from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.decoder import ContiguousKVCache, use_kernels
-from omniwalk.models.qwen3_omni.talker import Talker
+from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.networks.code2wav import Code2Wav
+from omniwalk.models.qwen3_omni.networks.code2wav_stream import VocoderStream, VocoderStreamConfig
+from omniwalk.models.qwen3_omni.networks.decoder import ContiguousKVCache, use_kernels
+from omniwalk.models.qwen3_omni.networks.talker import Talker
 
 BF16 = torch.bfloat16
 NUM_PROMPT = 40

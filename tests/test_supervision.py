@@ -13,7 +13,7 @@ import httpx
 from test_omni_text import checkpoint
 from test_server import free_port, launch
 
-from omniwalk.models.qwen3_omni.tiny import make_tiny_checkpoint
+from omniwalk.models.qwen3_omni.checkpoint.tiny import make_tiny_checkpoint
 
 LONG = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 8000, "ignore_eos": True}
 

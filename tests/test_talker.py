@@ -14,10 +14,10 @@ from hf_oracle import config_dict, hf_checkpoint, hf_model
 from prompt_cases import thinker_cases
 
 from omniwalk.errors import InvalidRequestError
-from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.model import load_components
-from omniwalk.models.qwen3_omni.talker import Talker, TalkerSamplingParams
-from omniwalk.models.qwen3_omni.talker_prompt import build_talker_prompt, resolve_speaker
+from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.checkpoint.loader import load_components
+from omniwalk.models.qwen3_omni.networks.talker import Talker, TalkerSamplingParams
+from omniwalk.models.qwen3_omni.processing.talker_prompt import build_talker_prompt, resolve_speaker
 
 NUM_FRAMES = 32
 NUM_TEXT_TOKENS = 10

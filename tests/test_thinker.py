@@ -14,11 +14,11 @@ from hf_oracle import hf_checkpoint, hf_model
 from prompt_cases import thinker_cases
 
 from omniwalk.errors import InvalidRequestError
-from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.decoder import ContiguousKVCache
-from omniwalk.models.qwen3_omni.model import load_components
-from omniwalk.models.qwen3_omni.mrope import mrope_positions
-from omniwalk.models.qwen3_omni.thinker import MediaEmbeddings, Thinker
+from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.checkpoint.loader import load_components
+from omniwalk.models.qwen3_omni.networks.decoder import ContiguousKVCache
+from omniwalk.models.qwen3_omni.networks.thinker import MediaEmbeddings, Thinker
+from omniwalk.models.qwen3_omni.processing.positions import mrope_positions
 from omniwalk.sampling import Sampler, SamplingParams
 
 NEW_TOKENS = 64

@@ -16,11 +16,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.decoder import ContiguousKVCache, use_kernels
-from omniwalk.models.qwen3_omni.mrope import IMAGE, MediaSpan, mrope_positions
-from omniwalk.models.qwen3_omni.thinker import MediaEmbeddings, Thinker
-from omniwalk.models.qwen3_omni.tiny import PRESETS
+from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.checkpoint.tiny import PRESETS
+from omniwalk.models.qwen3_omni.networks.decoder import ContiguousKVCache, use_kernels
+from omniwalk.models.qwen3_omni.networks.thinker import MediaEmbeddings, Thinker
+from omniwalk.models.qwen3_omni.processing.positions import IMAGE, MediaSpan, mrope_positions
 
 REAL_CONFIG = PRESETS["qwen3-omni-30b-a3b"]
 NUM_LAYERS = 3

@@ -52,7 +52,7 @@ def test_video_prompt_ids_equal_hf_processor_with_real_video_processor(case):
     """Our measurement (decode, sample, resize, grid) + prompt layout vs HF's full processor."""
     from test_processor import CASES, hf_call, hf_processor, ours
 
-    from omniwalk.models.qwen3_omni.media_inputs import measure
+    from omniwalk.models.qwen3_omni.processing.media_inputs import measure
 
     processor = hf_processor()
     stand_in, processor.video_processor = processor.video_processor, hf_video_processor()

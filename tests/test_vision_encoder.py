@@ -8,9 +8,9 @@ from media_samples import gradient_image
 from test_audio_encoder import assert_parity
 
 from omniwalk.media.patches import image_patches, resize_image, video_patches
-from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.vision_encoder import VisionEncoder
-from omniwalk.models.qwen3_omni.weights import load_weights
+from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.checkpoint.weights import load_weights
+from omniwalk.models.qwen3_omni.networks.vision_encoder import VisionEncoder
 
 
 @pytest.fixture(scope="module", params=["tiny", "uneven"])

@@ -23,7 +23,7 @@ PCM_BYTES_PER_SECOND = 24000 * 2
 @dataclass(frozen=True)
 class BenchConfig:
     base_url: str = "http://127.0.0.1:8000/v1"
-    model: str = "qwen3-omni"
+    model: str | None = None  # None: the first model the server's /v1/models lists
     api_key: str | None = None
     paths: tuple[str, ...] = ("s2t", "i2t", "s2s", "i2s")
     concurrency: tuple[int, ...] = (1, 4, 16, 32)

@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from omniwalk.errors import ConfigError
 
 MISSING = object()
+
+
+def read_config(source: str | Path | dict) -> dict:
+    """A checkpoint directory's config.json, a config.json path, or an already parsed dict."""
+    if isinstance(source, dict):
+        return source
+    path = Path(source) / "config.json" if Path(source).is_dir() else Path(source)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"no config.json at {path}") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path} is not valid JSON: {e}") from None
 
 
 class Section:

@@ -16,9 +16,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections.abc import Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -53,35 +52,39 @@ class Served:
     client: EngineClient
     cfg: ServerConfig
     supervisor: Supervisor
-    decode: Callable[[list[int]], str]  # ids -> text (logprob tokens)
     metrics: Metrics
     pool: MediaPool
     store: AudioStore
+    schemas: dict = field(default_factory=dict)  # ChatRequest / SpeechRequest -> with the family's fields
 
     def context(self) -> api.Context:
-        voices = tuple(v.lower() for v in self.client.info.get("voices", ()))
-        return api.Context(self.cfg, self.pool, self.store, voices)
+        return api.Context(self.cfg, self.pool, self.store, self.client.info)
 
-    async def body(self, request: Request, model: type[schemas.Strict]):
-        """Auth, readiness, then the body (size-capped by the guard) parsed by ``model``."""
+    async def body(self, request: Request, base: type[schemas.Strict]):
+        """Auth, readiness, then the body (size-capped by the guard) parsed by ``base`` with the
+        model family's own request fields."""
         given, key = request.headers.get("authorization", "").encode(), self.cfg.api_key
         if key and not hmac.compare_digest(given, f"Bearer {key}".encode()):
             raise APIError(401, "invalid or missing API key", code="invalid_api_key")
         if self.supervisor.state != "ready":
             raise APIError(503, f"the server is not ready ({self.supervisor.state})", code="engine_unavailable")
+        if base not in self.schemas:
+            info = self.client.info
+            fields = info.request_fields if base is schemas.ChatRequest else info.speech_fields
+            self.schemas[base] = schemas.with_fields(base, {name: info.request_fields[name] for name in fields})
         try:
-            return model.model_validate_json(await request.body())
+            return self.schemas[base].model_validate_json(await request.body())
         except ValidationError as e:
             raise validation_error(e) from None
 
 
-def create_app(client: EngineClient, cfg: ServerConfig, limits: MediaLimits, decode, supervisor: Supervisor):
-    """The ASGI app. ``decode(ids) -> str`` renders logprob tokens; the engine client is started
-    in the lifespan, in the background (``/health`` says "starting" until the model is loaded)."""
+def create_app(client: EngineClient, cfg: ServerConfig, limits: MediaLimits, supervisor: Supervisor):
+    """The ASGI app. The engine client is started in the lifespan, in the background (``/health``
+    says "starting" until the model is loaded)."""
     metrics = Metrics()
     pool = MediaPool(limits, cfg.media_workers, cfg.max_media_queue, metrics)
     store = AudioStore(cfg.audio_store_size, cfg.audio_expiry_s)
-    served = Served(client, cfg, supervisor, decode, metrics, pool, store)
+    served = Served(client, cfg, supervisor, metrics, pool, store)
 
     async def start() -> None:
         try:
@@ -116,12 +119,12 @@ def _info_routes(app: FastAPI, served: Served) -> None:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [_model_entry(served.cfg)]}
+        return {"object": "list", "data": [_model_entry(served)]}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str):
-        api.check_model(model_id, served.cfg)
-        return _model_entry(served.cfg)
+        api.check_model(model_id, served.context())
+        return _model_entry(served)
 
     @app.get("/metrics")
     async def prometheus():
@@ -137,12 +140,12 @@ def _generation_routes(app: FastAPI, served: Served) -> None:
         run = EngineRun(served.client, engine_request, served.metrics)
         first = await run.first_event()  # engine-side validation errors still become 4xx here
         if options.stream:
-            events = run.sse(first, options, served.decode, served.store)
+            events = run.sse(first, options, served.store)
             return StreamingResponse(events, media_type="text/event-stream")
         output = await run.collect_unless_disconnected(first, request.receive)
         if output is None:
             return Response(status_code=499)  # nobody reads it: counted as the client's hang-up
-        return api.completion(output, options, served.decode, served.store)
+        return api.completion(output, options, served.store, served.client.info.sample_rate)
 
     @app.post("/v1/audio/speech")
     async def speech(request: Request):
@@ -151,11 +154,12 @@ def _generation_routes(app: FastAPI, served: Served) -> None:
         output = await run.collect_unless_disconnected(await run.first_event(), request.receive)
         if output is None:
             return Response(status_code=499)
-        return Response(encode_audio(output["audio"], fmt), media_type=mime_type(fmt))
+        audio = encode_audio(output["audio"], fmt, served.client.info.sample_rate)
+        return Response(audio, media_type=mime_type(fmt))
 
 
-def _model_entry(cfg: ServerConfig) -> dict:
-    return {"id": cfg.served_model_name, "object": "model", "created": 0, "owned_by": "omniwalk"}
+def _model_entry(served: Served) -> dict:
+    return {"id": served.context().model_name, "object": "model", "created": 0, "owned_by": "omniwalk"}
 
 
 def _install_error_handlers(app: FastAPI) -> None:

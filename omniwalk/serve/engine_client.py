@@ -27,6 +27,7 @@ import zmq
 import zmq.asyncio
 
 from omniwalk.errors import OmniwalkError
+from omniwalk.models.family import ModelInfo
 from omniwalk.serve.engine_process import serve_engine
 from omniwalk.serve.wire import pack, unpack
 
@@ -59,7 +60,7 @@ class EngineClient:
         self._pull.connect(self.outbox_addr)
         self._queues: dict[str, asyncio.Queue] = {}
         self._receiver: asyncio.Task | None = None
-        self.info: dict = {}
+        self.info: ModelInfo | None = None  # what the loaded model offers, once the engine is ready
         self.stats: dict = {}  # the engine's latest occupancy report (engine.stats())
         self.fatal_error: str | None = None  # what the engine process reported before it exited
         self.unavailable: str | None = None  # why requests cannot be served any more
@@ -76,7 +77,7 @@ class EngineClient:
         message = unpack(await self._pull.recv())
         if message["type"] != "ready":
             raise RuntimeError(f"engine failed to start: {message.get('error')}")
-        self.info = message
+        self.info = ModelInfo(**{k: tuple(v) if isinstance(v, list) else v for k, v in message["info"].items()})
         self._receiver = asyncio.create_task(self._receive())
 
     def watch(self, on_exit: Callable[[str], None]) -> None:

@@ -3,10 +3,11 @@
 Two ZMQ sockets, msgpack frames (``wire.py``):
 
     client --PUSH--> inbox    {"type": "add", "request": {...}} | {"type": "abort", "id"} | {"type": "shutdown"}
-    client <--PULL-- outbox   {"type": "ready"} first, then per request id:
+    client <--PULL-- outbox   {"type": "ready", "info": {...ModelInfo}} first, then per request id:
                               {"type": "text", "id", "data": str}
                               {"type": "audio", "id", "data": float32 PCM 24 kHz}
                               {"type": "finished", "id", "output": {...RequestOutput fields}}
+                                  (logprobs: {"token": text, "logprob", "top": [(text, logprob)]})
                               {"type": "error", "id", "error": str, "error_type": str, "bad_request": bool}
                               {"type": "fatal", "error"} instead of "ready" if the model fails to
                               load, or before the process exits on an error outside any request
@@ -53,7 +54,7 @@ def serve_engine(options: dict, inbox_addr: str, outbox_addr: str) -> None:
         outbox.send(pack({"type": "fatal", "error": f"{type(e).__name__}: {e}"}))
         ctx.destroy(linger=1000)
         sys.exit(1)
-    outbox.send(pack({"type": "ready", "voices": [name for name, _ in omni.model_config.talker.speakers]}))
+    outbox.send(pack({"type": "ready", "info": dataclasses.asdict(omni.family.info)}))
     try:
         _EngineLoop(omni, inbox, outbox).run()
     except Exception as e:  # noqa: BLE001 - a fault outside any request: the server exits, a supervisor restarts it
@@ -117,11 +118,21 @@ class _EngineLoop:
                     self._send_error(rid, event.data)
                     del self.active[rid]
                 elif event.kind == "finished":
-                    output = dataclasses.asdict(self.omni.output(req))
-                    output.pop("logprobs") if output.get("logprobs") is None else None
+                    output = self._output(req)
                     self.outbox.send(pack({"type": "finished", "id": rid, "output": output}))
                     del self.active[rid]
                     break
+
+    def _output(self, req: EngineRequest) -> dict:
+        """The request's output, with its logprob tokens as text."""
+        out, decode = self.omni.output(req), self.omni.family.decode
+        picks, message = out.logprobs, dataclasses.asdict(dataclasses.replace(out, logprobs=None))
+        message.pop("logprobs")
+        if picks is not None:
+            text = lambda token_id: decode([int(token_id)])  # noqa: E731
+            top = lambda p: [(text(t), lp) for t, lp in p.top]  # noqa: E731
+            message["logprobs"] = [{"token": text(p.token_id), "logprob": p.logprob, "top": top(p)} for p in picks]
+        return message
 
     def _send_error(self, rid: str | None, error: BaseException) -> None:
         message = {"type": "error", "id": rid, "error": str(error), "error_type": type(error).__name__}

@@ -3,8 +3,8 @@
 One choice per response. Text only: ``message.content`` / ``delta.content``. With audio output,
 as OpenAI does, the text is the audio's transcript only (``content`` is null):
 ``message.audio`` = {id, data = the whole file in the requested format, expires_at, transcript};
-streamed, ``delta.audio`` = {id, transcript} for text and {id, data = base64 PCM16 24 kHz} for
-sound. Assistant audio may be referenced by id in a later request (``audio_store``).
+streamed, ``delta.audio`` = {id, transcript} for text and {id, data = base64 PCM16 at the model's
+sample rate} for sound. Assistant audio may be referenced by id in a later request (``audio_store``).
 """
 
 from __future__ import annotations
@@ -18,18 +18,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from omniwalk.config import ServerConfig
+from omniwalk.models.family import ModelInfo
 from omniwalk.serve import schemas as s
 from omniwalk.serve.audio_format import encode_audio, pcm16_bytes
 from omniwalk.serve.audio_store import AudioStore
 from omniwalk.serve.errors import APIError, bad_request, unsupported
 from omniwalk.serve.media_pool import MediaPool
 
-# Body fields passed to the engine as they are (sampling, speech sampling, media options).
+# Body fields passed to the engine as they are (sampling), beside the family's own (ModelInfo.request_fields).
 PASSTHROUGH = (
     "temperature", "top_p", "top_k", "repetition_penalty", "seed", "stop", "min_tokens", "ignore_eos",
-    "logprobs", "top_logprobs", "talker_temperature", "talker_top_k", "talker_top_p",
-    "talker_repetition_penalty", "code_predictor_temperature", "code_predictor_top_k", "code_predictor_top_p",
-    "min_audio_frames", "max_audio_frames", "use_audio_in_video", "use_default_system_prompt",
+    "logprobs", "top_logprobs",
 )  # fmt: skip
 # OpenAI features this server does not have (a 400 that says so when one is set)
 UNSUPPORTED = {
@@ -57,34 +56,43 @@ class Context:
     cfg: ServerConfig
     pool: MediaPool
     store: AudioStore
-    voices: tuple[str, ...]  # the checkpoint's speakers (lower case)
+    info: ModelInfo | None  # what the loaded model offers (from the engine process; None while it starts)
+
+    @property
+    def model_name(self) -> str:
+        return self.cfg.served_model_name or (self.info.name if self.info else "")
 
 
-def check_model(model: str | None, cfg: ServerConfig) -> str:
-    if model is not None and model != cfg.served_model_name:
-        raise APIError(404, f"the model {model!r} does not exist; this server serves {cfg.served_model_name!r}",
+def check_model(model: str | None, ctx: Context) -> str:
+    if model is not None and model != ctx.model_name:
+        raise APIError(404, f"the model {model!r} does not exist; this server serves {ctx.model_name!r}",
                        param="model", code="model_not_found")  # fmt: skip
-    return cfg.served_model_name
+    return ctx.model_name
 
 
-def check_speech(body: s.SpeechSampling, ctx: Context, voice: str | None, voice_param: str) -> dict:
+def check_speech(body, ctx: Context, voice: str | None, voice_param: str, audio_param: str) -> dict:
     """The speech fields every audio-out request shares -> engine request fields."""
-    if voice is not None and voice.lower() not in ctx.voices:
-        raise bad_request(f"unknown voice {voice!r}; available: {', '.join(ctx.voices)}", voice_param)
-    frames = body.max_audio_frames or ctx.cfg.max_audio_frames_limit
-    _check_limit("max_audio_frames", frames, ctx.cfg.max_audio_frames_limit)
-    return {"voice": voice, "max_audio_frames": frames}
+    if "audio" not in ctx.info.output_modalities:
+        raise bad_request(f"this model has no audio output ({ctx.model_name!r} answers with text only)", audio_param)
+    if voice is not None and voice.lower() not in ctx.info.voices:
+        raise bad_request(f"unknown voice {voice!r}; available: {', '.join(ctx.info.voices)}", voice_param)
+    speech = {"voice": voice}
+    if "max_audio_frames" in ctx.info.request_fields:
+        speech["max_audio_frames"] = body.max_audio_frames or ctx.cfg.max_audio_frames_limit
+        _check_limit("max_audio_frames", speech["max_audio_frames"], ctx.cfg.max_audio_frames_limit)
+    return speech
 
 
 async def chat_request(body: s.ChatRequest, ctx: Context) -> tuple[dict, ChatOptions]:
     """A validated chat body -> (engine request, response options); APIError when it cannot be served."""
-    model = check_model(body.model, ctx.cfg)
+    model = check_model(body.model, ctx)
     _check_unsupported(body)
     modalities = sorted(set(body.modalities or ["text"]))
     if modalities not in (["text"], ["audio", "text"]):
         raise bad_request("modalities must be ['text'] or ['text', 'audio']", "modalities")
     request = {"request_id": f"chatcmpl-{uuid.uuid4().hex}", "modalities": modalities}
-    request.update({k: getattr(body, k) for k in PASSTHROUGH if getattr(body, k) is not None})
+    passed = (*PASSTHROUGH, *ctx.info.request_fields)
+    request.update({k: getattr(body, k) for k in passed if getattr(body, k) is not None})
     max_tokens = body.max_completion_tokens or body.max_tokens or ctx.cfg.default_max_tokens
     _check_limit("max_completion_tokens" if body.max_completion_tokens else "max_tokens", max_tokens,
                  ctx.cfg.max_tokens_limit)  # fmt: skip
@@ -95,7 +103,7 @@ async def chat_request(body: s.ChatRequest, ctx: Context) -> tuple[dict, ChatOpt
     if "audio" in modalities:
         audio = body.audio or s.AudioOutput()
         audio_format = audio.format
-        request.update(check_speech(body, ctx, audio.voice, "audio.voice"))
+        request.update(check_speech(body, ctx, audio.voice, "audio.voice", "modalities"))
     request["messages"] = await engine_messages(body.messages, ctx)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return request, ChatOptions(request["request_id"], model, bool(body.stream), include_usage, audio_format)
@@ -180,28 +188,27 @@ def usage(output: dict) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def logprobs_block(output: dict, decode) -> dict | None:
+def logprobs_block(output: dict) -> dict | None:
     """OpenAI ``logprobs.content`` from the engine's per-token logprobs (None when not asked)."""
     if not output.get("logprobs"):
         return None
 
-    def entry(token_id: int, logprob: float) -> dict:
-        text = decode([token_id])
+    def entry(text: str, logprob: float) -> dict:
         return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 
     content = []
     for item in output["logprobs"]:
-        top = [entry(int(t), lp) for t, lp in item["top"]]
-        content.append({**entry(item["token_id"], item["logprob"]), "top_logprobs": top})
+        top = [entry(t, lp) for t, lp in item["top"]]
+        content.append({**entry(item["token"], item["logprob"]), "top_logprobs": top})
     return {"content": content}
 
 
-def completion(output: dict, options: ChatOptions, decode, store: AudioStore) -> dict:
+def completion(output: dict, options: ChatOptions, store: AudioStore, sample_rate: int) -> dict:
     """The non-streaming response body."""
     message = {"role": "assistant", "content": output["text"]}
     if options.audio_format is not None:
         audio_id = f"audio_{uuid.uuid4().hex}"
-        data = encode_audio(np.asarray(output["audio"], np.float32), options.audio_format)
+        data = encode_audio(np.asarray(output["audio"], np.float32), options.audio_format, sample_rate)
         message["content"] = None  # the text is the audio's transcript (OpenAI's shape)
         message["audio"] = {
             "id": audio_id,
@@ -212,7 +219,7 @@ def completion(output: dict, options: ChatOptions, decode, store: AudioStore) ->
     choice = {
         "index": 0,
         "message": message,
-        "logprobs": logprobs_block(output, decode),
+        "logprobs": logprobs_block(output),
         "finish_reason": output["finish_reason"],
     }
     return _envelope("chat.completion", options, choices=[choice], usage=usage(output))

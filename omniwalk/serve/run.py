@@ -32,6 +32,7 @@ def engine_error(e: Exception, request_id: str) -> APIError:
 
 class EngineRun:
     def __init__(self, client: EngineClient, request: dict, metrics: Metrics):
+        self.sample_rate = client.info.sample_rate
         self.events = client.generate(request)
         self.id, self.metrics = request["request_id"], metrics
         self.start = time.monotonic()
@@ -87,7 +88,7 @@ class EngineRun:
         self.metrics.requests.labels(output["finish_reason"]).inc()
         self.metrics.e2e.observe(now - self.start)
         if output.get("audio") is not None and len(output["audio"]):
-            self.metrics.rtf.observe((now - self.start) / (len(output["audio"]) / 24000))
+            self.metrics.rtf.observe((now - self.start) / (len(output["audio"]) / self.sample_rate))
 
     async def collect(self, event: dict) -> dict:
         while event["type"] != "finished":
@@ -108,7 +109,7 @@ class EngineRun:
                 await self.close()  # (the generator's exit sent the abort)
         return collecting.result() if not collecting.cancelled() else None
 
-    async def sse(self, event: dict, options: api.ChatOptions, decode, store: AudioStore):
+    async def sse(self, event: dict, options: api.ChatOptions, store: AudioStore):
         """Server-sent events: role, text (or transcript) and audio deltas, the finish chunk,
         usage, [DONE]. A client that hangs up cancels this generator: the engine aborts."""
         speaks, audio_id = options.audio_format is not None, f"audio_{uuid.uuid4().hex}"
@@ -125,7 +126,7 @@ class EngineRun:
                     delta = {}
                     if speaks:  # the audio's end: its expiry, and its transcript kept for later turns
                         delta = {"audio": {"id": audio_id, "expires_at": store.put(audio_id, output["text"])}}
-                    logprobs = api.logprobs_block(output, decode)
+                    logprobs = api.logprobs_block(output)
                     yield _sse(api.chunk(options, delta, output["finish_reason"], logprobs))
                     if options.include_usage:
                         yield _sse({**api.chunk(options, {}), "choices": [], "usage": api.usage(output)})

@@ -3,18 +3,18 @@
 Parsing is strict (no "0.5" for a float, no 1.0 for an int) and unknown fields are refused, as
 OpenAI refuses them; every integer is bounded to what the engine stores it in. JSON is parsed by
 pydantic itself (``model_validate_json``), whose parser bounds nesting depth. The project's own
-fields (sampling extras, speech sampling) are typed here too. ``errors.validation_error`` turns
-the first failure into a 400 naming the field.
+sampling extras are typed here too, and a model family's own fields by the kinds it names
+(``with_fields``). ``errors.validation_error`` turns the first failure into a 400 naming the field.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
 
 INT64_MAX = 2**63 - 1
-# The talker's code predictor draws with seed + 1, so a seed stays one below int64's maximum.
+# A family may draw a second stream with seed + 1, so a seed stays one below int64's maximum.
 Seed = Annotated[int, Field(ge=-(2**63), le=INT64_MAX - 1)]
 Count = Annotated[int, Field(ge=1, le=2**31 - 1)]  # token / frame counts (int32 in the engine)
 NonNegativeCount = Annotated[int, Field(ge=0, le=2**31 - 1)]
@@ -116,22 +116,18 @@ class ToolMessage(Strict):
 Message = Annotated[SystemMessage | UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")]
 
 
-# ---- sampling shared by chat and speech ----
+# ---- the model family's own request fields ----
+
+# kinds a family names for its extra request fields (``ModelInfo.request_fields``)
+FIELD_KINDS = {
+    "seed": Seed, "temperature": Temperature, "top_k": TopK, "top_p": TopP, "penalty": Penalty,
+    "count": Count, "count0": NonNegativeCount, "flag": bool,
+}  # fmt: skip
 
 
-class SpeechSampling(Strict):
-    """The talker's sampling (omniwalk's extra fields)."""
-
-    seed: Seed | None = None
-    talker_temperature: Temperature | None = None
-    talker_top_k: TopK | None = None
-    talker_top_p: TopP | None = None
-    talker_repetition_penalty: Penalty | None = None
-    code_predictor_temperature: Temperature | None = None
-    code_predictor_top_k: TopK | None = None
-    code_predictor_top_p: TopP | None = None
-    min_audio_frames: NonNegativeCount | None = None
-    max_audio_frames: Count | None = None
+def with_fields(base: type[Strict], fields: dict[str, str]) -> type[Strict]:
+    """``base`` (ChatRequest, SpeechRequest) with the family's fields, optional, typed by kind."""
+    return create_model(base.__name__, __base__=base, **{n: (FIELD_KINDS[k] | None, None) for n, k in fields.items()})
 
 
 class AudioOutput(Strict):
@@ -149,7 +145,7 @@ class ResponseFormat(Strict):
     json_schema: dict | None = None
 
 
-class ChatRequest(SpeechSampling):
+class ChatRequest(Strict):
     model: ModelName | None = None
     messages: Annotated[list[Message], Field(min_length=1, max_length=4096)]
     modalities: Annotated[list[Literal["text", "audio"]], Field(min_length=1, max_length=2)] | None = None
@@ -166,13 +162,12 @@ class ChatRequest(SpeechSampling):
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
-    # omniwalk's extra sampling fields (``extra_body`` in the openai client)
+    # omniwalk's extra sampling fields (``extra_body`` in the openai client; the family adds its own)
+    seed: Seed | None = None
     top_k: TopK | None = None
     repetition_penalty: Penalty | None = None
     min_tokens: NonNegativeCount | None = None
     ignore_eos: bool | None = None
-    use_audio_in_video: bool | None = None
-    use_default_system_prompt: bool | None = None
     # OpenAI fields accepted and ignored (they change nothing a caller can observe here)
     user: str | None = None
     metadata: dict[str, str] | None = None
@@ -193,8 +188,9 @@ class ChatRequest(SpeechSampling):
     web_search_options: dict | None = None
 
 
-class SpeechRequest(SpeechSampling):
+class SpeechRequest(Strict):
     model: ModelName | None = None
+    seed: Seed | None = None
     input: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
     voice: VoiceName | None = None
     response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"

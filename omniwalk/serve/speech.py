@@ -1,9 +1,8 @@
 """``POST /v1/audio/speech``: speak exactly the given text.
 
-The text is given to the thinker as its answer (``forced_answer``): the thinker runs the prefill
-of a short prompt (its hidden states make the talker's prefix) and, instead of sampling, commits
-the text's tokens and the end of the turn at once, with no decode steps; the talker voices those
-tokens and the request ends when the speech does. ``speed`` other than 1.0, ``instructions``,
+The text is given to the model as its answer (``forced_answer``, ``models/family.py``): the model
+reads a short prompt and, instead of sampling, takes the text as what it says, and speaks it; the
+request ends when the speech does. A model without audio output answers 400. ``speed`` other than 1.0, ``instructions``,
 ``stream_format: "sse"`` and ``aac`` are refused with a 400 that says so.
 """
 
@@ -17,15 +16,11 @@ from omniwalk.serve.errors import APIError, bad_request, unsupported
 from omniwalk.serve.schemas import SpeechRequest
 
 SPEECH_SYSTEM_PROMPT = "Read the user's text aloud, exactly as written."
-SPEECH_PASSTHROUGH = (
-    "seed", "talker_temperature", "talker_top_k", "talker_top_p", "talker_repetition_penalty",
-    "code_predictor_temperature", "code_predictor_top_k", "code_predictor_top_p", "min_audio_frames",
-)  # fmt: skip
 
 
 def speech_request(body: SpeechRequest, ctx: api.Context) -> tuple[dict, str]:
     """A validated speech body -> (engine request, response audio format)."""
-    api.check_model(body.model, ctx.cfg)
+    api.check_model(body.model, ctx)
     if body.speed != 1.0:
         raise APIError(400, "speed other than 1.0 is not supported", param="speed", code="unsupported_value")
     if body.instructions:
@@ -39,9 +34,9 @@ def speech_request(body: SpeechRequest, ctx: api.Context) -> tuple[dict, str]:
         "messages": [{"role": "system", "content": SPEECH_SYSTEM_PROMPT}, {"role": "user", "content": body.input}],
         "modalities": ["text", "audio"],
         "forced_answer": body.input,
-        **{k: getattr(body, k) for k in SPEECH_PASSTHROUGH if getattr(body, k) is not None},
-        **api.check_speech(body, ctx, body.voice, "voice"),
+        **{k: getattr(body, k) for k in ("seed", *ctx.info.speech_fields) if getattr(body, k) is not None},
+        **api.check_speech(body, ctx, body.voice, "voice", "model"),
     }
-    if request.get("min_audio_frames", 0) > request["max_audio_frames"]:
+    if request.get("min_audio_frames", 0) > request.get("max_audio_frames", 2**31):
         raise bad_request("min_audio_frames must not exceed max_audio_frames", "min_audio_frames")
     return request, normalize_format(body.response_format)

@@ -26,7 +26,7 @@ from omniwalk.serve.engine_client import EngineClient
 
 
 class Supervisor:
-    def __init__(self, client: EngineClient, grace_s: float, url: str = "", model: str = ""):
+    def __init__(self, client: EngineClient, grace_s: float, url: str = "", model: str | None = None):
         self.client, self.grace_s, self.url, self.model = client, grace_s, url, model
         self.state, self.reason, self.exit_code = "starting", None, 0
         self.server: uvicorn.Server | None = None
@@ -35,7 +35,7 @@ class Supervisor:
     def ready(self) -> None:
         self.state = "ready"
         self.client.watch(self.engine_exited)
-        print(f"ready: {self.url} (model {self.model!r})", flush=True)
+        print(f"ready: {self.url} (model {self.model or self.client.info.name!r})", flush=True)
 
     def failed_to_start(self, error: BaseException) -> None:
         self._fail("failed", f"the engine failed to start: {error}")

@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.layout import checkpoint_layout
-from omniwalk.models.qwen3_omni.tiny_tokenizer import ENDOFTEXT, SPECIAL_NAMES, build_tokenizer
+from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.checkpoint.layout import checkpoint_layout
+from omniwalk.models.qwen3_omni.checkpoint.tiny_tokenizer import ENDOFTEXT, SPECIAL_NAMES, build_tokenizer
 
 TINY_CONFIG = Path(__file__).with_name("tiny_config.json")
 # Named configs shipped inside the package (the published checkpoints' config.json, verbatim), so

@@ -19,9 +19,9 @@ from omniwalk.engine.cuda_graphs import StaticInput
 from omniwalk.engine.packed_graphs import PackedGraphs, layout_buckets
 from omniwalk.engine.request import EngineRequest
 from omniwalk.media.mel import log_mel, num_mel_frames
-from omniwalk.models.qwen3_omni.audio_encoder import AudioEncoder
-from omniwalk.models.qwen3_omni.media_inputs import vision_pixels
-from omniwalk.models.qwen3_omni.vision_encoder import VisionEncoder, VisionOutput
+from omniwalk.models.qwen3_omni.networks.audio_encoder import AudioEncoder
+from omniwalk.models.qwen3_omni.networks.vision_encoder import VisionEncoder, VisionOutput
+from omniwalk.models.qwen3_omni.processing.media_inputs import vision_pixels
 
 KNOB = "encoder_graph_max_tokens (0 = encoders run eagerly)"
 # Vision segments are frame groups: a 256x256 image has 256 patches and a video frame group at

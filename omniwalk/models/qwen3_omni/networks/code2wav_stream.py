@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from omniwalk.errors import ConfigError
 
 if TYPE_CHECKING:  # code2wav.py imports this module for Code2WavState
-    from omniwalk.models.qwen3_omni.code2wav import Code2Wav
+    from omniwalk.models.qwen3_omni.networks.code2wav import Code2Wav
 
 
 @dataclass

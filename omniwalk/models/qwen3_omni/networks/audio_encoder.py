@@ -23,7 +23,7 @@ from torch import nn
 
 from omniwalk.device import to_device
 from omniwalk.layers.attention import cu_seqlens, varlen_attention
-from omniwalk.models.qwen3_omni.config import AudioEncoderConfig
+from omniwalk.models.qwen3_omni.checkpoint.config import AudioEncoderConfig
 
 NUM_CONVS = 3  # each halves time (and mel) with kernel 3, stride 2, padding 1
 

@@ -12,7 +12,6 @@ Model code reads these frozen dataclasses only, never raw dicts; special token i
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 from omniwalk.errors import ConfigError
 from omniwalk.models.json_fields import MISSING as _MISSING
 from omniwalk.models.json_fields import Section as _Section
+from omniwalk.models.json_fields import read_config
 
 
 @dataclass(frozen=True)
@@ -353,18 +353,7 @@ class Qwen3OmniConfig:
     @classmethod
     def from_hf(cls, source: str | Path | dict) -> Qwen3OmniConfig:
         """Normalise a checkpoint directory, a ``config.json`` path, or its parsed dict."""
-        if isinstance(source, dict):
-            data = source
-        else:
-            path = Path(source)
-            path = path / "config.json" if path.is_dir() else path
-            try:
-                data = json.loads(path.read_text())
-            except FileNotFoundError:
-                raise ConfigError(f"no config.json at {path}") from None
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{path} is not valid JSON: {e}") from None
-        return _read_model(_Section(data, ""))
+        return _read_model(_Section(read_config(source), ""))
 
 
 def _read_tokens(top: _Section, thinker: _Section) -> TokenIds:

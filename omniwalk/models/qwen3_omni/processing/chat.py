@@ -26,8 +26,8 @@ from functools import cache
 from typing import Any
 
 from omniwalk.errors import CheckpointError, InvalidRequestError
-from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig, TokenIds
-from omniwalk.models.qwen3_omni.mrope import (
+from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig, TokenIds
+from omniwalk.models.qwen3_omni.processing.positions import (
     AUDIO,
     AUDIO_IN_VIDEO,
     IMAGE,
@@ -41,6 +41,11 @@ from omniwalk.models.qwen3_omni.mrope import (
 from omniwalk.tokenizer import Tokenizer
 
 ROLES = ("system", "user", "assistant")
+# the system turn of a request without one (as HF's Qwen3-Omni examples give it; a config field overrides it)
+DEFAULT_SYSTEM_PROMPT = (
+    "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving auditory and "
+    "visual inputs, as well as generating text and speech."
+)
 # content part type -> canonical media kind; "text" stays text
 PART_KINDS = {
     "audio": AUDIO,

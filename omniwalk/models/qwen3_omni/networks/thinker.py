@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from omniwalk.errors import InvalidRequestError
-from omniwalk.models.qwen3_omni.config import DecoderConfig, TokenIds
-from omniwalk.models.qwen3_omni.decoder import Decoder, KVCache
+from omniwalk.models.qwen3_omni.checkpoint.config import DecoderConfig, TokenIds
+from omniwalk.models.qwen3_omni.networks.decoder import Decoder, KVCache
 
 
 @dataclass

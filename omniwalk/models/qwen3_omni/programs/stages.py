@@ -16,11 +16,13 @@ from omniwalk.engine.batch_stage import BatchStage, BatchStageConfig
 from omniwalk.engine.kv_pages import KVStorage
 from omniwalk.engine.kv_stage import KVStage, KVStageConfig
 from omniwalk.engine.prefill_graphs import PrefillPlan
-from omniwalk.models.qwen3_omni.code2wav_stream import VocoderStreamConfig
-from omniwalk.models.qwen3_omni.config import DecoderConfig, Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.encoder_programs import AudioEncoderProgram, VisionEncoderProgram
-from omniwalk.models.qwen3_omni.processor import Prompt
-from omniwalk.models.qwen3_omni.request_state import (
+from omniwalk.models.qwen3_omni.checkpoint.config import DecoderConfig, Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.networks.code2wav_stream import VocoderStreamConfig
+from omniwalk.models.qwen3_omni.networks.talker import TalkerSamplingParams
+from omniwalk.models.qwen3_omni.processing.chat import Prompt
+from omniwalk.models.qwen3_omni.processing.talker_prompt import talker_prefix_length
+from omniwalk.models.qwen3_omni.programs.encoder_programs import AudioEncoderProgram, VisionEncoderProgram
+from omniwalk.models.qwen3_omni.programs.request_state import (
     AUDIO,
     MediaState,
     OmniRequestState,
@@ -28,11 +30,9 @@ from omniwalk.models.qwen3_omni.request_state import (
     ThinkerState,
     VocoderState,
 )
-from omniwalk.models.qwen3_omni.talker import TalkerSamplingParams
-from omniwalk.models.qwen3_omni.talker_program import TalkerProgram
-from omniwalk.models.qwen3_omni.talker_prompt import talker_prefix_length
-from omniwalk.models.qwen3_omni.thinker_program import ThinkerProgram
-from omniwalk.models.qwen3_omni.vocoder_program import VocoderProgram
+from omniwalk.models.qwen3_omni.programs.talker_program import TalkerProgram
+from omniwalk.models.qwen3_omni.programs.thinker_program import ThinkerProgram
+from omniwalk.models.qwen3_omni.programs.vocoder_program import VocoderProgram
 from omniwalk.sampling import SamplerState, SamplingParams
 from omniwalk.tokenizer import IncrementalDetokenizer
 

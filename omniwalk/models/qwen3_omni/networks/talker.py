@@ -26,9 +26,9 @@ from torch import nn
 from omniwalk.device import to_device
 from omniwalk.errors import InvalidRequestError
 from omniwalk.layers.rotary import rotary_tables
-from omniwalk.models.qwen3_omni.config import DecoderConfig, TalkerConfig
-from omniwalk.models.qwen3_omni.decoder import ContiguousKVCache, Decoder, RowsKVCache
-from omniwalk.models.qwen3_omni.mrope import RopePositions
+from omniwalk.models.qwen3_omni.checkpoint.config import DecoderConfig, TalkerConfig
+from omniwalk.models.qwen3_omni.networks.decoder import ContiguousKVCache, Decoder, RowsKVCache
+from omniwalk.models.qwen3_omni.processing.positions import RopePositions
 from omniwalk.sampling import Sampler, SamplerState, SamplingParams, sample_on_device
 
 # (logits [B, vocab], draw index 0..G-2 within the frame) -> ids [B] on the device

@@ -24,7 +24,7 @@ from torch import nn
 
 from omniwalk.layers.attention import cu_seqlens, varlen_attention
 from omniwalk.layers.rotary import apply_rotary, rotary_tables
-from omniwalk.models.qwen3_omni.config import VisionEncoderConfig
+from omniwalk.models.qwen3_omni.checkpoint.config import VisionEncoderConfig
 
 Grid = tuple[int, int, int]  # (t, h, w) in patches; h and w are multiples of the merge size
 

@@ -13,14 +13,14 @@ import torch
 from torch import nn
 
 from omniwalk.errors import CheckpointError
-from omniwalk.models.qwen3_omni.audio_encoder import AudioEncoder
-from omniwalk.models.qwen3_omni.code2wav import Code2Wav
-from omniwalk.models.qwen3_omni.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.decoder import use_kernels
-from omniwalk.models.qwen3_omni.talker import Talker
-from omniwalk.models.qwen3_omni.thinker import Thinker
-from omniwalk.models.qwen3_omni.vision_encoder import VisionEncoder
-from omniwalk.models.qwen3_omni.weights import checkpoint_files, load_weights
+from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.checkpoint.weights import checkpoint_files, load_weights
+from omniwalk.models.qwen3_omni.networks.audio_encoder import AudioEncoder
+from omniwalk.models.qwen3_omni.networks.code2wav import Code2Wav
+from omniwalk.models.qwen3_omni.networks.decoder import use_kernels
+from omniwalk.models.qwen3_omni.networks.talker import Talker
+from omniwalk.models.qwen3_omni.networks.thinker import Thinker
+from omniwalk.models.qwen3_omni.networks.vision_encoder import VisionEncoder
 
 # component -> checkpoint prefixes of its submodules ("" = the component itself)
 PREFIXES = {

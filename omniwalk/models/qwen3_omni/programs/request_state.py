@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from omniwalk.models.qwen3_omni.mrope import RopePositions
-from omniwalk.models.qwen3_omni.processor import Prompt
-from omniwalk.models.qwen3_omni.talker import TalkerSamplingParams
-from omniwalk.models.qwen3_omni.thinker import MediaEmbeddings
+from omniwalk.models.qwen3_omni.networks.talker import TalkerSamplingParams
+from omniwalk.models.qwen3_omni.networks.thinker import MediaEmbeddings
+from omniwalk.models.qwen3_omni.processing.chat import Prompt
+from omniwalk.models.qwen3_omni.processing.positions import RopePositions
 from omniwalk.sampling import SamplerState, SamplingParams, TokenLogprob
 from omniwalk.tokenizer import IncrementalDetokenizer
 

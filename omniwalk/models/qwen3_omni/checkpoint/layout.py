@@ -7,7 +7,7 @@ modules (tests assert the module tree maps onto exactly these names).
 
 from __future__ import annotations
 
-from omniwalk.models.qwen3_omni.config import (
+from omniwalk.models.qwen3_omni.checkpoint.config import (
     AudioEncoderConfig,
     Code2WavConfig,
     DecoderConfig,

@@ -33,9 +33,9 @@ from omniwalk.media.patches import (
     seconds_per_grid,
 )
 from omniwalk.media.video import decode_video
-from omniwalk.models.qwen3_omni.audio_encoder import audio_output_lengths
-from omniwalk.models.qwen3_omni.mrope import AUDIO, IMAGE, VIDEO
-from omniwalk.models.qwen3_omni.processor import MediaItem, MediaPart
+from omniwalk.models.qwen3_omni.networks.audio_encoder import audio_output_lengths
+from omniwalk.models.qwen3_omni.processing.chat import MediaItem, MediaPart
+from omniwalk.models.qwen3_omni.processing.positions import AUDIO, IMAGE, VIDEO
 
 
 def measure(part: MediaPart, n_window: int, limits: MediaLimits = DEFAULT_LIMITS) -> MediaItem:

@@ -25,8 +25,8 @@ from omniwalk.layers.kv_attention import SDPA_BACKENDS
 from omniwalk.layers.moe import GatedMLP
 from omniwalk.layers.norm import RMSNorm
 from omniwalk.layers.rotary import apply_rotary, rope_cos_sin, rotary_tables
-from omniwalk.models.qwen3_omni.code2wav_stream import Code2WavState
-from omniwalk.models.qwen3_omni.config import Code2WavConfig
+from omniwalk.models.qwen3_omni.checkpoint.config import Code2WavConfig
+from omniwalk.models.qwen3_omni.networks.code2wav_stream import Code2WavState
 
 
 class SnakeBeta(nn.Module):

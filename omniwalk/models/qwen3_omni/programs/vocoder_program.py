@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from omniwalk.device import HostCopy, to_device
 from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets
 from omniwalk.engine.request import EngineRequest
-from omniwalk.models.qwen3_omni.code2wav import Code2Wav
-from omniwalk.models.qwen3_omni.code2wav_stream import VocoderStreamConfig
+from omniwalk.models.qwen3_omni.networks.code2wav import Code2Wav
+from omniwalk.models.qwen3_omni.networks.code2wav_stream import VocoderStreamConfig
 
 
 class VocoderProgram:

@@ -37,7 +37,7 @@ from omniwalk.layers.paged_decode import paged_decode_triton
 from omniwalk.layers.qk_norm_rope import KVOut, qk_norm_rope_triton
 from omniwalk.layers.rotary import apply_rotary, mrope_cos_sin, rope_cos_sin, rotary_tables
 from omniwalk.layers.skinny_gemm import SkinnyLinear
-from omniwalk.models.qwen3_omni.config import DecoderConfig
+from omniwalk.models.qwen3_omni.checkpoint.config import DecoderConfig
 
 
 class KVCache(Protocol):

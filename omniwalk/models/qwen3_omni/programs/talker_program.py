@@ -28,9 +28,9 @@ from omniwalk.engine.kv_pages import KVStorage
 from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
 from omniwalk.engine.prefill_graphs import NO_PREFILL_GRAPHS, PrefillGraphs, PrefillPlan
 from omniwalk.engine.request import EngineRequest
-from omniwalk.models.qwen3_omni.talker import Talker
-from omniwalk.models.qwen3_omni.talker_prompt import talker_prefix
-from omniwalk.models.qwen3_omni.thinker import Thinker
+from omniwalk.models.qwen3_omni.networks.talker import Talker
+from omniwalk.models.qwen3_omni.networks.thinker import Thinker
+from omniwalk.models.qwen3_omni.processing.talker_prompt import talker_prefix
 from omniwalk.sampling import BatchParams, advance, draw
 
 EOS, PAD = "eos", "pad"

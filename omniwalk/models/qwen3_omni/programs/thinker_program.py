@@ -29,8 +29,8 @@ from omniwalk.engine.kv_pages import KVStorage
 from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
 from omniwalk.engine.prefill_graphs import NO_PREFILL_GRAPHS, PrefillGraphs, PrefillPlan
 from omniwalk.engine.request import EngineRequest
-from omniwalk.models.qwen3_omni.request_state import ThinkerState
-from omniwalk.models.qwen3_omni.thinker import MediaEmbeddings, Thinker
+from omniwalk.models.qwen3_omni.networks.thinker import MediaEmbeddings, Thinker
+from omniwalk.models.qwen3_omni.programs.request_state import ThinkerState
 from omniwalk.sampling import TokenLogprob, sample_async
 
 KINDS = ("audio", "image", "video")

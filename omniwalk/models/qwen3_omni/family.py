@@ -1,0 +1,154 @@
+"""Qwen3-Omni in the family socket (``models/family.py``): its checkpoint, stages, requests, outputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from omniwalk.config import OmniConfig
+from omniwalk.engine.request import EngineRequest
+from omniwalk.errors import InvalidRequestError
+from omniwalk.models.family import ModelFamily, ModelInfo, RequestOutput
+from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.checkpoint.layout import checkpoint_layout, num_parameters
+from omniwalk.models.qwen3_omni.checkpoint.loader import Backends, load_components
+from omniwalk.models.qwen3_omni.checkpoint.tiny import PRESETS, make_tiny_checkpoint
+from omniwalk.models.qwen3_omni.networks.talker import TalkerSamplingParams
+from omniwalk.models.qwen3_omni.processing.chat import DEFAULT_SYSTEM_PROMPT, ChatProcessor, Prompt
+from omniwalk.models.qwen3_omni.processing.media_inputs import measure
+from omniwalk.models.qwen3_omni.processing.talker_prompt import resolve_speaker
+from omniwalk.models.qwen3_omni.programs.stages import build_stages, new_state
+from omniwalk.sampling import SamplingParams
+from omniwalk.tokenizer import Tokenizer
+
+SAMPLE_RATE = 24000  # Code2Wav's output, Hz
+# speech sampling (``TalkerSamplingParams``) and prompt options; kinds as in serve/schemas.py
+SPEECH_FIELDS = {
+    "talker_temperature": "temperature", "talker_top_k": "top_k", "talker_top_p": "top_p",
+    "talker_repetition_penalty": "penalty", "code_predictor_temperature": "temperature",
+    "code_predictor_top_k": "top_k", "code_predictor_top_p": "top_p", "min_audio_frames": "count0",
+    "max_audio_frames": "count",
+}  # fmt: skip
+PROMPT_FIELDS = {"use_audio_in_video": "flag", "use_default_system_prompt": "flag"}
+
+
+@dataclass
+class Qwen3OmniOutput(RequestOutput):
+    codes: torch.Tensor | None = None  # int64 [frames, code groups], complete frames only (audio out)
+
+
+class Qwen3OmniFamily(ModelFamily):
+    presets = PRESETS
+
+    def __init__(self, config: OmniConfig):
+        self.config, mc = config, config.model
+        self.cfg = cfg = Qwen3OmniConfig.from_hf(mc.model)
+        self.tokenizer = Tokenizer.from_dir(mc.model)
+        system = DEFAULT_SYSTEM_PROMPT if mc.default_system_prompt is None else mc.default_system_prompt
+        self.processor = ChatProcessor(cfg, self.tokenizer, system)
+        speaks = cfg.enable_audio_output
+        names = ("thinker", "audio_encoder", "vision_encoder") + (("talker", "code2wav") if speaks else ())
+        self.parts = load_components(
+            mc.model,
+            names,
+            dtype=mc.torch_dtype,
+            device=mc.device,
+            backends=Backends(*(mc.backend(f"{kind}_backend") for kind in ("attention", "moe", "norm"))),
+            cfg=cfg,
+            random_seed=0 if mc.random_weights else None,
+        )
+        self.max_model_len = mc.max_model_len or cfg.text.max_position_embeddings
+        self.info = ModelInfo(
+            name="qwen3-omni",
+            output_modalities=("text", "audio") if speaks else ("text",),
+            voices=tuple(name for name, _ in cfg.talker.speakers) if speaks else (),
+            sample_rate=SAMPLE_RATE if speaks else 0,
+            request_fields={**(SPEECH_FIELDS if speaks else {}), **PROMPT_FIELDS},
+            speech_fields=tuple(SPEECH_FIELDS) if speaks else (),
+        )
+
+    def build_stages(self) -> list:
+        return build_stages(self.parts, self.cfg, self.config.engine, self.config.model)
+
+    def prompt(self, request: dict) -> Prompt:
+        """Request -> thinker prompt: ids, media spans, measured media items, MRoPE positions."""
+        if "messages" not in request:
+            raise InvalidRequestError("a request is a dict with 'messages'")
+        ids, parts = self.processor.tokenize(request["messages"], bool(request.get("use_default_system_prompt", True)))
+        items = [measure(part, self.cfg.audio.n_window, self.config.media) for part in parts]
+        return self.processor.build(ids, items, bool(request.get("use_audio_in_video", False)))
+
+    def new_request(self, request: dict):
+        speak = "audio" in (request.get("modalities") or ())
+        params = SamplingParams.from_request(request)
+        speech = TalkerSamplingParams.from_request(request) if speak else None
+        speaker = resolve_speaker(self.cfg.talker.speaker_ids, request.get("voice")) if speak else None
+        prompt = self.prompt(request)
+        room = self.max_model_len - prompt.num_prompt_tokens
+        answer = self._forced_answer(request.get("forced_answer"))
+        if room < max(1, len(answer or ())):
+            raise InvalidRequestError(
+                f"the prompt has {prompt.num_prompt_tokens} tokens; the context length is {self.max_model_len}"
+            )
+        walk, state = new_state(
+            prompt,
+            params,
+            len(answer) if answer else min(params.max_tokens, room),
+            self.tokenizer.detokenizer(),
+            self.cfg,
+            use_audio_in_video=bool(request.get("use_audio_in_video", False)),
+            speech=speech,
+            speaker=speaker,
+            device=self.config.model.device,
+        )
+        state.thinker.forced_answer = answer
+        return walk, state
+
+    def _forced_answer(self, text) -> list[int] | None:
+        """``forced_answer`` (text the thinker answers with instead of generating, e.g. speech of a
+        given text) -> its token ids + the end of the turn."""
+        if text is None:
+            return None
+        if not isinstance(text, str) or not text:
+            raise InvalidRequestError("forced_answer must be a non-empty string")
+        return self.tokenizer.encode(text) + [self.cfg.tokens.im_end]
+
+    def output(self, req: EngineRequest) -> Qwen3OmniOutput:
+        st, th = req.state, req.state.thinker
+        out = Qwen3OmniOutput(
+            req.id,
+            th.prompt.token_ids,
+            th.generated,
+            th.text,
+            th.finish_reason,
+            th.picks if th.params.logprobs else None,
+        )
+        if st.talker is not None:
+            frames = st.talker.frames
+            groups = self.cfg.talker.num_code_groups
+            out.codes = torch.stack(frames) if frames else torch.zeros(0, groups, dtype=torch.long)
+            out.audio = torch.cat(st.vocoder.chunks) if st.vocoder.chunks else torch.zeros(0)
+        return out
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    @classmethod
+    def make_tiny(cls, out_dir: Path, config=None, seed: int = 0, **options) -> Path:
+        return make_tiny_checkpoint(out_dir, config, seed, **options)
+
+    @classmethod
+    def describe(cls, path) -> str:
+        cfg = Qwen3OmniConfig.from_hf(path)
+        return "\n".join([
+            f"thinker:  {cfg.text}",
+            f"audio:    {cfg.audio}",
+            f"vision:   {cfg.vision}",
+            f"talker:   {cfg.talker.text}",
+            f"code predictor: {cfg.talker.code_predictor}",
+            f"code2wav: {cfg.code2wav}",
+            f"voices:   {', '.join(name for name, _ in cfg.talker.speakers)}",
+            f"tensors:  {len(checkpoint_layout(cfg)):,}   parameters: {num_parameters(cfg):,}",
+        ])  # fmt: skip
