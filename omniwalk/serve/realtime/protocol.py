@@ -22,7 +22,7 @@ import json
 import uuid
 from typing import Annotated, Literal
 
-from pydantic import Field, StringConstraints, ValidationError
+from pydantic import ConfigDict, Field, StringConstraints, ValidationError
 
 from omniwalk.serve import schemas as s
 from omniwalk.serve.errors import APIError, bad_request, validation_error
@@ -68,8 +68,13 @@ class AudioConfig(s.Strict):
     output: AudioOutput | None = None
 
 
-class Sampling(s.SpeechSampling):
-    """omniwalk's sampling fields, accepted in a session and a response as in chat's extra body."""
+class Sampling(s.Strict):
+    """omniwalk's sampling fields, accepted in a session and a response as in chat's extra body. The
+    model family's own fields (``ModelInfo.request_fields``, e.g. a talker's temperature) pass as
+    extras: the family's chat schema checks them when a response is built (``engine_request``)."""
+
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+    seed: s.Seed | None = None
 
     temperature: Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)] | None = None
     top_p: s.TopP | None = None

@@ -46,9 +46,11 @@ def is_disconnect(e: BaseException) -> bool:
 
 
 async def engine_request(body: dict, ctx: api.Context) -> dict:
-    """A chat-completions body (a dict) -> the engine request chat completions would send."""
+    """A chat-completions body (a dict) -> the engine request chat completions would send (the body
+    checked by the chat schema with the model family's own fields, as the HTTP route checks it)."""
+    fields = ctx.info.request_fields if ctx.info is not None else {}
     try:
-        chat = schemas.ChatRequest.model_validate_json(json.dumps(body))
+        chat = schemas.with_fields(schemas.ChatRequest, dict(fields)).model_validate_json(json.dumps(body))
     except ValidationError as e:
         raise validation_error(e) from None
     request, _ = await api.chat_request(chat, ctx)

@@ -218,6 +218,7 @@ class Session:
             **({"audio": {"voice": voice, "format": "pcm16"}} if speaks else {}),
             **({"max_tokens": max_tokens} if max_tokens else {}),
             **settings.sampling, **{k: getattr(fields, k) for k in SAMPLING if k in given},
+            **(fields.model_extra or {}),  # the family's own fields
         }  # fmt: skip
         request = await engine_request(body, self.context)
         item = Item(p.new_id("item"), "assistant")

@@ -79,7 +79,7 @@ class Settings:
             td = update.turn_detection if "turn_detection" in given else audio_input.turn_detection
             where = "session.turn_detection" if "turn_detection" in given else "session.audio.input.turn_detection"
             new.turn_detection = _turn_detection(td, new.turn_detection or TurnDetection(self.vad_defaults), where)
-        new.sampling.update({k: getattr(update, k) for k in SAMPLING if k in given})
+        new.sampling.update({k: getattr(update, k) for k in SAMPLING if k in given} | (update.model_extra or {}))
         if "input_audio_transcription" in given:
             new.transcription = update.input_audio_transcription
         elif audio_input and "transcription" in audio_input.model_fields_set:
