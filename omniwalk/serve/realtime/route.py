@@ -50,7 +50,7 @@ class Sessions:
             raise APIError(401, "invalid or missing API key", code="invalid_api_key")
         if served.supervisor.state != "ready":
             raise APIError(503, f"the server is not ready ({served.supervisor.state})", code="engine_unavailable")
-        api.check_model(ws.query_params.get("model"), cfg)
+        api.check_model(ws.query_params.get("model"), served.context())
         if self.num_open >= cfg.realtime_max_sessions:
             raise APIError(429, f"{cfg.realtime_max_sessions} realtime sessions are open; retry later",
                            code="session_limit_reached", headers={"Retry-After": "1"})  # fmt: skip

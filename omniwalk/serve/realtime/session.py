@@ -66,7 +66,7 @@ class Emitter:
 class Session:
     def __init__(self, emit: Emitter, cfg: ServerConfig, context, run_engine, expires_at: int):
         self.emit, self.cfg, self.context, self.run_engine = emit, cfg, context, run_engine
-        self.settings = Settings.defaults(cfg, expires_at)
+        self.settings = Settings.defaults(cfg, context.model_name, expires_at)
         self.conversation = Conversation()
         self.audio = InputAudio(int(cfg.realtime_max_buffer_s * INPUT_RATE))
         self.audio.set_vad(self.settings.turn_detection.vad if self.settings.turn_detection else None)

@@ -52,12 +52,12 @@ class Settings:
     vad_defaults: VADParams = VADParams()  # the server's (turning VAD on starts from these)
 
     @classmethod
-    def defaults(cls, cfg: ServerConfig, expires_at: int) -> Settings:
+    def defaults(cls, cfg: ServerConfig, model: str, expires_at: int) -> Settings:
         vad = VADParams(
             cfg.realtime_vad_threshold, cfg.realtime_vad_prefix_padding_ms, cfg.realtime_vad_silence_ms,
             cfg.realtime_vad_window_ms, cfg.realtime_vad_aggressiveness,
         )  # fmt: skip
-        return cls(p.new_id("sess"), cfg.served_model_name, expires_at, turn_detection=TurnDetection(vad),
+        return cls(p.new_id("sess"), model, expires_at, turn_detection=TurnDetection(vad),
                    vad_defaults=vad)  # fmt: skip
 
     def apply(self, update: p.SessionFields, voices: tuple[str, ...]) -> None:
