@@ -188,6 +188,17 @@ class ServerConfig:
     # answers' transcripts, each until its expires_at
     audio_store_size: int = 1024
     audio_expiry_s: int = 3600
+    # /v1/realtime (WebSocket sessions, omniwalk/serve/realtime/): limits, and the server VAD's defaults
+    # (a session changes threshold, prefix padding and silence with session.update)
+    realtime_max_sessions: int = 64  # open sessions; the next handshake is refused with a 429
+    realtime_max_session_s: float = 1800.0  # then the session gets an "error" event and is closed
+    realtime_max_append_bytes: int = 4 * 2**20  # decoded audio per input_audio_buffer.append (87 s of PCM16)
+    realtime_max_buffer_s: float = 600.0  # audio the input buffer holds until it is committed
+    realtime_vad_threshold: float = 0.5  # fraction of voiced 20 ms frames in the window that is speech
+    realtime_vad_window_ms: int = 300  # the window those votes are counted over (a multiple of 20)
+    realtime_vad_prefix_padding_ms: int = 300  # audio kept before the detected start of speech
+    realtime_vad_silence_ms: int = 500  # quiet this long ends a turn
+    realtime_vad_aggressiveness: int = 3  # WebRTC VAD mode, 0 (least) to 3 (most eager to call a frame silence)
 
     def __post_init__(self):
         positive = ("port", "max_body_bytes", "max_tokens_limit", "max_audio_frames_limit", "default_max_tokens")
@@ -200,3 +211,20 @@ class ServerConfig:
             raise ConfigError(f"log_level must be one of {list(LOG_LEVELS)}, got {self.log_level!r}")
         if self.shutdown_grace_s < 0:
             raise ConfigError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
+        self._check_realtime()
+
+    def _check_realtime(self) -> None:
+        for name in ("realtime_max_sessions", "realtime_max_append_bytes", "realtime_vad_silence_ms"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("realtime_max_session_s", "realtime_max_buffer_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not 0.0 <= self.realtime_vad_threshold <= 1.0:
+            raise ConfigError(f"realtime_vad_threshold must be in [0, 1], got {self.realtime_vad_threshold}")
+        if self.realtime_vad_window_ms < 20 or self.realtime_vad_window_ms % 20:
+            raise ConfigError(f"realtime_vad_window_ms must be a multiple of 20, got {self.realtime_vad_window_ms}")
+        if self.realtime_vad_prefix_padding_ms < 0:
+            raise ConfigError(f"realtime_vad_prefix_padding_ms must be >= 0, got {self.realtime_vad_prefix_padding_ms}")
+        if self.realtime_vad_aggressiveness not in (0, 1, 2, 3):
+            raise ConfigError(f"realtime_vad_aggressiveness must be 0-3, got {self.realtime_vad_aggressiveness}")

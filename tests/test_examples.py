@@ -25,5 +25,7 @@ def test_examples_against_a_live_server(tmp_path):
         assert "speech: answer.wav" in out and soundfile.info(tmp_path / "answer.wav").samplerate == 24000
         out = run([sys.executable, str(EXAMPLES / "stream_speech.py"), "--base-url", f"{base}/v1"], tmp_path)
         assert "chunks" in out and soundfile.info(tmp_path / "stream.wav").duration > 0
+        out = run([sys.executable, str(EXAMPLES / "realtime_talk.py"), "--base-url", f"{base}/v1"], tmp_path)
+        assert "speech: answer.wav" in out and soundfile.info(tmp_path / "answer.wav").duration > 0
         out = run(["bash", str(EXAMPLES / "curl_chat.sh"), base], tmp_path)
         assert '"chat.completion"' in out and soundfile.info(tmp_path / "speech.wav").samplerate == 24000

@@ -10,9 +10,11 @@ import triton_cpu
 from single_request import ContiguousKVCache
 
 from omniwalk.layers import moe
-from omniwalk.layers.fused_moe import expert_gemv, route_topk
+from omniwalk.layers.fused_moe import expert_down, expert_gate_up, expert_gemv
 from omniwalk.layers.moe import SparseMoE, reference_experts, route
+from omniwalk.layers.moe_routing import route_folded, route_topk
 from omniwalk.layers.norm import RMSNorm
+from omniwalk.layers.paged_decode import paged_decode_reference, paged_decode_triton
 from omniwalk.layers.qk_norm_rope import qk_norm_rope_reference, qk_norm_rope_triton
 from omniwalk.layers.rotary import mrope_cos_sin, rotary_tables
 from omniwalk.layers.silu_mul import silu_mul_reference, silu_mul_triton
@@ -87,6 +89,26 @@ def test_route_topk(renormalize, shared):
     if shared:
         assert ids[:, 4:].tolist() == [[20, 21]] * 6
         torch.testing.assert_close(weights[:, 4:], torch.sigmoid(logits[:, 20:]).expand(6, 2), **TOL)
+    tied = torch.tensor([[0.0, 2.0, 3.0, 2.0, 3.0, 1.0]])  # equal logits: the lower id first (like argmax)
+    assert route_topk(tied, 3, True)[1].tolist() == [[2, 4, 1]]
+
+
+@pytest.mark.parametrize("renormalize, shared", [(True, 0), (False, 0), (True, 3)])
+def test_route_folded_equals_route_on_the_router_logits(renormalize, shared):
+    g = torch.Generator().manual_seed(10)
+    x = torch.randn(5, 72, generator=g)  # (72 columns, 20 (+1) rows: off the kernel's blocks)
+    router = torch.randn(20 + (1 if shared else 0), 72, generator=g) / 72**0.5
+    counters = torch.zeros(8, dtype=torch.int32)
+    for _ in range(2):  # the counters are left at zero for the next call
+        weights, ids = route_folded(x, router, counters, 4, renormalize, shared, blocks=(4, 1))
+        assert counters.tolist() == [0] * 8
+    logits = torch.nn.functional.linear(x, router)
+    ref_w, ref_ids = route(logits[:, :20], 4, renormalize)
+    assert torch.equal(ids[:, :4].long(), ref_ids)
+    torch.testing.assert_close(weights[:, :4], ref_w, **TOL)
+    if shared:
+        assert ids[:, 4:].tolist() == [[20, 21, 22]] * 5
+        torch.testing.assert_close(weights[:, 4:], torch.sigmoid(logits[:, 20:]).expand(5, 3), **TOL)
 
 
 def test_expert_gemv():
@@ -96,9 +118,34 @@ def test_expert_gemv():
     gate_up = torch.randn(experts, 2 * inter, h, generator=g) / h**0.5
     down = torch.randn(experts, h, inter, generator=g) / inter**0.5
     weights, ids = route(torch.randn(n, experts, generator=g), 2, True)
-    parts = expert_gemv(x, gate_up, down, weights, ids.int())
+    ref = reference_experts(x, gate_up, down, weights, ids)
+    parts = expert_gemv(x, gate_up, down, weights, ids.int())  # (a whole row per step)
     assert parts.shape == (n, 2, h)
-    torch.testing.assert_close(parts.sum(1), reference_experts(x, gate_up, down, weights, ids), **TOL)
+    torch.testing.assert_close(parts.sum(1), ref, **TOL)
+    ids = ids.int()
+    parts = expert_down(expert_gate_up(x, gate_up, ids, (16, 32, 1)), down, weights, ids, (16, 16, 1))  # loops
+    torch.testing.assert_close(parts.sum(1), ref, **TOL)
+
+
+@pytest.mark.parametrize("programs", [0, 8, 128])  # rows not split; split in 2; up to the splits' cap
+def test_paged_decode(programs):
+    g = torch.Generator().manual_seed(11)
+    page, d, num_pages, heads, kv_heads = 4, 16, 60, 4, 2
+    keys = torch.randn((num_pages + 1) * page, kv_heads, d, generator=g)
+    values = torch.randn(keys.shape, generator=g)
+    lens = [1, 3, 4, 5, 17, 40, 0]  # 0: a padding row
+    table = torch.zeros(len(lens), 12, dtype=torch.int32)
+    pages = torch.randperm(num_pages, generator=g).tolist()
+    for row, n in enumerate(lens):
+        table[row, : -(-n // page)] = torch.tensor(pages[: -(-n // page)], dtype=torch.int32)
+        pages = pages[-(-n // page) :]
+    lens = torch.tensor(lens, dtype=torch.int32)
+    q = torch.randn(len(lens), heads, d, generator=g)
+    semaphores = torch.zeros(64, dtype=torch.int32) if programs else None
+    ours = paged_decode_triton(q, keys, values, table, lens, page, semaphores, blocks=(8, 1), programs=programs)
+    torch.testing.assert_close(ours, paged_decode_reference(q, keys, values, table, lens, page), **TOL)
+    assert not programs or semaphores.abs().sum() == 0  # left zero for the next call
+    assert torch.equal(ours[-1], torch.zeros_like(ours[-1]))
 
 
 @pytest.mark.parametrize("max_gemv_pairs", [64, 0])  # expert GEMVs, or the grouped GEMM beyond them

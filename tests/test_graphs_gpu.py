@@ -6,20 +6,21 @@ import torch
 
 from omniwalk.engine.kv_pages import KVStorage, PagePool, PageTable
 from omniwalk.engine.paged_attention import DecodeKV
-from omniwalk.layers.paged_decode import paged_decode_reference, paged_decode_triton
+from omniwalk.layers.paged_decode import DECODE_BLOCKS, num_splits, paged_decode_reference, paged_decode_triton
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(32, 4), (16, 2), (16, 8), (4, 4)])
-def test_triton_paged_decode_matches_reference(heads, kv_heads):
+@pytest.mark.parametrize("lens", [[1, 15, 16, 17, 64, 65, 300, 1000, 0], [207], [17, 130, 512, 2000]])
+@pytest.mark.parametrize("split", [False, True])  # rows split over programs (semaphores given) or not
+def test_triton_paged_decode_matches_reference(heads, kv_heads, lens, split):
     torch.manual_seed(0)
     page, d, num_pages = 16, 128, 400
     keys = torch.randn((num_pages + 1) * page, kv_heads, d, device="cuda", dtype=torch.bfloat16)
     values = torch.randn_like(keys)
-    lens = [1, 15, 16, 17, 64, 65, 300, 1000, 0]  # 0: a padding row
     perm = torch.randperm(num_pages).tolist()
-    table = torch.zeros(len(lens), 70, dtype=torch.int32)
+    table = torch.zeros(len(lens), 130, dtype=torch.int32)
     used = 0
     for row, n in enumerate(lens):
         k = -(-n // page)
@@ -27,12 +28,20 @@ def test_triton_paged_decode_matches_reference(heads, kv_heads):
         used += k
     table, lens_t = table.cuda(), torch.tensor(lens, dtype=torch.int32, device="cuda")
     q = torch.randn(len(lens), heads, d, device="cuda", dtype=torch.bfloat16)
-    ours = paged_decode_triton(q, keys, values, table, lens_t, page)
+    semaphores = torch.zeros(128, dtype=torch.int32, device="cuda") if split else None
+    ours = paged_decode_triton(q, keys, values, table, lens_t, page, semaphores)
     ref = paged_decode_reference(q, keys, values, table, lens_t, page)
     err = (ours.float() - ref.float()).abs().max().item()
-    print(f"GPU-PARITY paged decode triton vs reference heads={heads}/{kv_heads}: max abs {err:.2e}")
+    splits = num_splits(len(lens) * kv_heads, table.shape[1] * page, DECODE_BLOCKS[0]) if split else 1
+    print(
+        f"GPU-PARITY paged decode triton vs reference heads={heads}/{kv_heads} rows={len(lens)} "
+        f"max_len={max(lens)} splits={splits}: max abs {err:.2e}"
+    )
     assert err < 2e-2
-    assert torch.equal(ours[-1], torch.zeros_like(ours[-1]))  # the padding row reads nothing
+    if split:
+        assert torch.equal(semaphores, torch.zeros_like(semaphores))  # left zero for the next call
+    if lens[-1] == 0:
+        assert torch.equal(ours[-1], torch.zeros_like(ours[-1]))  # the padding row reads nothing
 
 
 def _omni(graphs: int, **options):

@@ -5,21 +5,32 @@ Triton (its standard library is built in interpreter mode only then; the package
 lazily, inside its kernel builders). ``interpreted`` is a fixture body that rebuilds the cached
 kernels around a test. NOTE: Triton 3.6's interpreter turns a scalar into a 1-element array,
 which numpy >= 2.4 refuses to convert with int() (``range`` over a loaded bound, e.g. the paged
-decode loop): patched here.
+decode loop): patched here. bfloat16 needs two more patches: ``tl.dot`` multiplied bf16 operands
+as their uint16 storage (now widened to fp32 first: exact, the accumulation stays fp32 as on the
+GPU), and fp32 -> bf16 casts truncated (now rounded to nearest even, as the GPU rounds).
 """
 
 from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 
-from omniwalk.layers import fused_moe, norm, paged_decode, qk_norm_rope, silu_mul
+from omniwalk.layers import fused_moe, moe_routing, norm, paged_decode, qk_norm_rope, silu_mul, skinny_gemm
 
 ON_CPU = not torch.cuda.is_available()
 if ON_CPU:
     os.environ["TRITON_INTERPRET"] = "1"
-BUILDERS = (norm._kernel, qk_norm_rope._kernel, silu_mul._kernel, fused_moe._kernels, paged_decode._kernel)
+BUILDERS = (
+    norm._kernel,
+    qk_norm_rope._kernel,
+    silu_mul._kernel,
+    fused_moe._kernels,
+    moe_routing._kernel,
+    paged_decode._kernel,
+    skinny_gemm._kernel,
+)
 
 
 def interpreted(monkeypatch):
@@ -32,8 +43,34 @@ def interpreted(monkeypatch):
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
     monkeypatch.setattr(interpreter, "_patch_lang_tensor", patch)
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", _dot_widening_bf16)
+    cast = interpreter.InterpreterBuilder.cast_impl
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "cast_impl", lambda *a: _cast_rounding_bf16(cast, *a))
     for build in BUILDERS:
         build.cache_clear()
     yield
     for build in BUILDERS:
         build.cache_clear()
+
+
+def _dot_widening_bf16(self, a, b, d, input_precision, max_num_imprecise_acc):
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    def operand(x):
+        if x.dtype.scalar != tl.bfloat16:
+            return x.data
+        return (x.data.astype(np.uint32) << 16).view(np.float32)  # bf16 = the top half of an fp32
+
+    out = np.matmul(operand(a), operand(b), dtype=d.data.dtype) + d.data
+    return interpreter.TensorHandle(out, d.dtype.scalar)
+
+
+def _cast_rounding_bf16(cast, self, src, dst_type):
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    if src.dtype.scalar != tl.float32 or dst_type.scalar != tl.bfloat16:
+        return cast(self, src, dst_type)
+    rounded = torch.from_numpy(np.ascontiguousarray(src.data)).to(torch.bfloat16).view(torch.int16)
+    return interpreter.TensorHandle(rounded.numpy().view(np.uint16), tl.bfloat16)

@@ -84,9 +84,7 @@ def _charts(out: Path, cells: dict) -> list[Path]:
     files = []
     paths = sorted({p for p, _ in cells})
     for stem, key, label in CHARTS:
-        drawn = {
-            path: sorted((b, s[key]) for (p, b), s in cells.items() if p == path and key in s) for path in paths
-        }
+        drawn = {path: sorted((b, s[key]) for (p, b), s in cells.items() if p == path and key in s) for path in paths}
         drawn = {path: pts for path, pts in drawn.items() if pts and (key != "audio_s_per_s" or any(v for _, v in pts))}
         if not drawn:  # e.g. the audio chart of a text-only run (a log axis over nothing cannot be drawn)
             continue

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import gc
 import sys
 import time
 from collections.abc import Callable
@@ -50,8 +51,18 @@ def record_graph(fn: Callable[..., dict], static: dict, pool, device) -> tuple[t
             fn(**static)
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        out = fn(**static)
+    # No Python garbage collection inside the capture: a collected cycle holding another CUDA graph
+    # (e.g. an earlier model's, in the same process) would destroy it mid-capture, which CUDA refuses
+    # ("operation not permitted when stream is capturing") and the capture is lost. torch.cuda.graph
+    # collects once before it starts capturing.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, pool=pool):
+            out = fn(**static)
+    finally:
+        if collecting:
+            gc.enable()
     return graph, out
 
 

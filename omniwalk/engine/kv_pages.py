@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from omniwalk.layers.paged_decode import DECODE_PROGRAMS
+
 
 class PagePool:
     """Free-list allocator over ``num_pages`` pages of ``page_size`` tokens."""
@@ -78,7 +80,8 @@ class KVStorage:
     """Key and value pages of every layer of one model: [(num_pages + 1) * page_size, kv_heads, head_dim].
 
     The extra last page belongs to no request: padding rows of a fixed-size (CUDA graph) batch
-    write their keys to its first slot, ``scratch_slot``.
+    write their keys to its first slot, ``scratch_slot``. ``semaphores``: the paged decode kernel's
+    counters for rows split over programs (zero between calls; this model's layers run one at a time).
     """
 
     def __init__(self, pool: PagePool, num_layers: int, num_kv_heads: int, head_dim: int, dtype, device):
@@ -87,6 +90,7 @@ class KVStorage:
         self.scratch_slot = pool.num_pages * pool.page_size
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.semaphores = torch.zeros(DECODE_PROGRAMS, dtype=torch.int32, device=device)
 
     @staticmethod
     def bytes_per_page(page_size: int, num_layers: int, num_kv_heads: int, head_dim: int, dtype) -> int:

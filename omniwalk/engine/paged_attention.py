@@ -60,7 +60,8 @@ class DecodeKV:
 
     def attend_stored(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         keys, values = self.storage.keys[layer], self.storage.values[layer]
-        return self.kernel(q.contiguous(), keys, values, self.table, self.lens, self.storage.pool.page_size)
+        page_size = self.storage.pool.page_size
+        return self.kernel(q.contiguous(), keys, values, self.table, self.lens, page_size, self.storage.semaphores)
 
     def advance(self, num_new: int) -> None:
         pass

@@ -11,11 +11,13 @@ computes ``y[n] = sum_j w[n, j] * down_e(silu(gate_e(x[n])) * up_e(x[n]))`` with
 Backends (``SparseMoE.backend``):
 
     reference  loop over the experts that received tokens (CPU, the test oracle)
-    fused      CUDA: routing in one kernel (``fused_moe.route_topk``); then, while the (token,
-               expert) pairs are few (decode: at most ``MAX_GEMV_PAIRS``), expert GEMVs that read
-               each selected expert once and return per-pair partials (``fused_moe.expert_gemv``,
-               summed by the decoder's next add + RMSNorm); beyond that a grouped GEMM over
-               expert-sorted pairs (``grouped_experts``), where tensor-core tiles are full enough.
+    fused      CUDA, routing in one kernel (``moe_routing``). While the (token, expert) pairs are
+               few (decode: at most ``MAX_GEMV_PAIRS``) the router GEMV is folded into it
+               (``route_folded``) and expert GEMVs read each selected expert once and return
+               per-pair partials (``fused_moe.expert_gemv``, summed by the decoder's next add +
+               RMSNorm); beyond that the router is a GEMM (``route_topk`` on its logits) and the
+               experts a grouped GEMM over expert-sorted pairs (``grouped_experts``), where
+               tensor-core tiles are full enough.
                A shared expert is folded in as extra experts (``SparseMoE.fold_shared_expert``).
 """
 
@@ -25,8 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omniwalk.layers.fused_moe import expert_gemv, route_topk
-from omniwalk.layers.silu_mul import silu_mul_triton
+from omniwalk.layers.fused_moe import expert_gemv
+from omniwalk.layers.moe_routing import route_folded, route_topk
+from omniwalk.layers.skinny_gemm import SkinnyLinear
 
 MOE_BACKENDS = ("reference", "fused")
 # fused backend: expert GEMVs up to this many (token, expert) pairs per call, a grouped GEMM beyond.
@@ -89,24 +92,29 @@ def grouped_experts(
 class GatedMLP(nn.Module):
     """``down(silu(gate(x)) * up(x))``: the dense MLP and the MoE's shared expert.
 
-    ``merge_projections`` (CUDA fast path, after loading) replaces gate and up by one
-    ``gate_up_proj`` (rows: gate then up): one GEMM and one fused silu·mul kernel.
+    ``merge_projections`` (CUDA fast path, after loading) replaces gate and up by one gated
+    ``gate_up_proj`` (rows: gate then up; silu·mul in the GEMM's epilogue) and the projections by
+    ``SkinnyLinear``s (decode-sized inputs through the skinny GEMM). With ``partial_output`` (a
+    decoder layer's MLP, whose output the next ``RMSNorm.add`` takes) the output may then be fp32
+    partial sums [N, S, H] (``skinny_gemm``).
     """
 
-    def __init__(self, hidden_size: int, intermediate_size: int):
+    def __init__(self, hidden_size: int, intermediate_size: int, partial_output: bool = False):
         super().__init__()
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
-        self.gate_up_proj: nn.Linear | None = None
+        self.gate_up_proj: SkinnyLinear | None = None
+        self.partial_output = partial_output
 
     def merge_projections(self) -> None:
-        self.gate_up_proj = merged_linear(self.gate_proj, self.up_proj)
+        self.gate_up_proj = SkinnyLinear.merge(self.gate_proj, self.up_proj, gated=True)
+        self.down_proj = SkinnyLinear.merge(self.down_proj, partials=self.partial_output)
         del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is not None:
-            return self.down_proj(silu_mul_triton(self.gate_up_proj(x)))
+            return self.down_proj(self.gate_up_proj(x))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -154,6 +162,8 @@ class SparseMoE(nn.Module):
         self.experts = FusedExperts(num_experts, hidden_size, intermediate_size)
         self.shared_expert = GatedMLP(hidden_size, shared_intermediate_size) if shared_intermediate_size else None
         self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False) if shared_intermediate_size else None
+        # route_folded's per-token counters (this layer's own: layers never run concurrently with themselves)
+        self.register_buffer("route_counters", torch.zeros(MAX_GEMV_PAIRS, dtype=torch.int32), persistent=False)
 
     @torch.no_grad()
     def fold_shared_expert(self) -> None:
@@ -178,9 +188,11 @@ class SparseMoE(nn.Module):
         """x: [N, H] -> [N, H] (or [N, P, H] partials, see the class docstring)."""
         gate_up, down = self.experts.gate_up_proj, self.experts.down_proj
         if self.backend == "fused":
-            weights, ids = route_topk(self.gate(x), self.top_k, self.renormalize, self.num_shared)
-            if ids.numel() <= MAX_GEMV_PAIRS:
+            route_args = (self.top_k, self.renormalize, self.num_shared)
+            if x.shape[0] * (self.top_k + self.num_shared) <= MAX_GEMV_PAIRS:
+                weights, ids = route_folded(x, self.gate.weight, self.route_counters, *route_args)
                 return expert_gemv(x, gate_up, down, weights, ids)
+            weights, ids = route_topk(self.gate(x), *route_args)
             return grouped_experts(x, gate_up, down, weights, ids)
         weights, ids = route(self.gate(x), self.top_k, self.renormalize)
         out = reference_experts(x, gate_up, down, weights, ids)

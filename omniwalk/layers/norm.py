@@ -20,6 +20,8 @@ import functools
 import torch
 from torch import nn
 
+from omniwalk.layers import pdl
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
@@ -65,16 +67,21 @@ def set_norm_backend(module: nn.Module, backend: str) -> None:
 def _kernel():
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     @triton.jit
     def add_rms_norm(
         h_ptr, d_ptr, w_ptr, h_out_ptr, out_ptr, dim, eps, stride_dn, stride_dk,
-        PARTS: tl.constexpr, BLOCK: tl.constexpr,
+        PARTS: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < dim
         dtype = out_ptr.dtype.element_ty
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0)  # (a weight: read before the PDL wait)
+        if USE_PDL:
+            gdc_wait()
+            gdc_launch_dependents()
         x = tl.load(h_ptr + row * dim + cols, mask=mask, other=0.0).to(tl.float32)
         if PARTS > 0:  # the residual add: parts summed in fp32, rounded like the sub-block's output
             acc = tl.zeros((BLOCK,), tl.float32)
@@ -84,7 +91,6 @@ def _kernel():
             tl.store(h_out_ptr + row * dim + cols, x, mask=mask)
             x = x.to(tl.float32)
         y = (x * tl.math.rsqrt(tl.sum(x * x, 0) / dim + eps)).to(dtype)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0)
         tl.store(out_ptr + row * dim + cols, (w.to(tl.float32) * y.to(tl.float32)).to(dtype), mask=mask)
 
     return add_rms_norm
@@ -109,6 +115,6 @@ def add_rms_norm_triton(
     if flat.shape[0]:
         _kernel()[(flat.shape[0],)](
             flat, d, weight, h_out, out, dim, eps, d.stride(0), d.stride(1) if d.dim() == 3 else 0,
-            PARTS=parts, BLOCK=1 << (dim - 1).bit_length(),
+            PARTS=parts, BLOCK=1 << (dim - 1).bit_length(), **pdl.launch(h.device),
         )  # fmt: skip
     return (h if delta is None else h_out.view(h.shape)), out.view(h.shape)

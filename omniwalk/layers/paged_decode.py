@@ -7,9 +7,16 @@
     -> out   [B, heads, d]
 
 Backends: ``reference`` gathers each request's keys and calls the same causal attention as the
-contiguous cache (the oracle; reads ``lens`` on the host); ``triton`` is one kernel over
-(request, kv head) programs with an online softmax over blocks of pages, reading lengths and
-pages on the device: no host synchronisation, fixed shapes, so it can be captured in a CUDA graph.
+contiguous cache (the oracle; reads ``lens`` on the host; ``semaphores`` unused); ``triton`` is
+one kernel over (request, kv head, split) programs with an online softmax over blocks of keys,
+reading lengths and pages on the device: no host synchronisation, fixed shapes, so it can be
+captured in a CUDA graph.
+
+Splits: a small batch has few (request, kv head) rows, so each row's keys are cut into up to
+``splits`` spans of whole blocks (fixed per call by the batch size, the split count a row
+actually uses by its length: a row of one block stays one program and writes its output
+directly). Split programs write partials (max, sum, weighted values; fp32) and the last of a
+row's programs to finish (an atomic counter per row, left at zero) merges them: no second kernel.
 """
 
 from __future__ import annotations
@@ -18,10 +25,11 @@ import functools
 
 import torch
 
+from omniwalk.layers import pdl
 from omniwalk.layers.kv_attention import causal_attention
 
 
-def paged_decode_reference(q, keys, values, table, lens, page_size: int) -> torch.Tensor:
+def paged_decode_reference(q, keys, values, table, lens, page_size: int, semaphores=None) -> torch.Tensor:
     out = torch.zeros_like(q)
     for row, n in enumerate(lens.tolist()):
         if n == 0:
@@ -37,59 +45,127 @@ def paged_decode_reference(q, keys, values, table, lens, page_size: int) -> torc
 def _kernel():
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     @triton.jit
     def paged_decode(
-        q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr,
+        q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, part_ptr, sem_ptr,
         stride_qb, stride_qh, stride_ks, stride_kh, stride_tb, stride_ob, stride_oh,
         scale,
-        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, BLOCK: tl.constexpr,
+        KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+        BLOCK: tl.constexpr, SPLITS: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
-        b, kvh = tl.program_id(0), tl.program_id(1)
+        b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        if USE_PDL:
+            gdc_wait()
+            gdc_launch_dependents()
         n = tl.load(lens_ptr + b)
-        g = tl.arange(0, GROUP_PAD)
-        d = tl.arange(0, D)
-        heads = kvh * GROUP + g
-        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=g[:, None] < GROUP, other=0.0)
-        m = tl.full((GROUP_PAD,), float("-inf"), tl.float32)
-        total = tl.zeros((GROUP_PAD,), tl.float32)
-        acc = tl.zeros((GROUP_PAD, D), tl.float32)
-        for start in range(0, n, BLOCK):
-            pos = start + tl.arange(0, BLOCK)
-            valid = pos < n
-            page = tl.load(table_ptr + b * stride_tb + pos // PAGE, mask=valid, other=0)
-            slot = (page.to(tl.int64) * PAGE + pos % PAGE) * stride_ks + kvh * stride_kh
-            k = tl.load(k_ptr + slot[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-            v = tl.load(v_ptr + slot[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k)) * scale
-            s = tl.where(valid[None, :], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, 1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m - m_new)
-            total = total * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m = m_new
-        out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
-        tl.store(
-            out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
-            out.to(out_ptr.dtype.element_ty),
-            mask=g[:, None] < GROUP,
-        )
+        # split s takes keys [s * span, (s + 1) * span) in whole blocks, so a short row uses fewer splits
+        span = tl.cdiv(tl.cdiv(n, SPLITS), BLOCK) * BLOCK
+        used = tl.maximum(tl.cdiv(n, tl.maximum(span, 1)), 1)  # (a padding row, n = 0: split 0 writes zeros)
+        if split < used:
+            g, d = tl.arange(0, GROUP_PAD), tl.arange(0, D)
+            heads = kvh * GROUP + g
+            q_rows = q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :]
+            q = tl.load(q_rows, mask=g[:, None] < GROUP, other=0.0)
+            m = tl.full((GROUP_PAD,), float("-inf"), tl.float32)
+            total = tl.zeros((GROUP_PAD,), tl.float32)
+            acc = tl.zeros((GROUP_PAD, D), tl.float32)
+            begin = split * span
+            end = tl.minimum(n, begin + span)
+            pages = table_ptr + b * stride_tb
+            pos = begin + tl.arange(0, BLOCK)
+            page = tl.load(pages + pos // PAGE, mask=pos < end, other=0)
+            for start in range(begin, end, BLOCK):
+                pos = start + tl.arange(0, BLOCK)
+                valid = pos < end
+                slot = (page.to(tl.int64) * PAGE + pos % PAGE) * stride_ks + kvh * stride_kh
+                k = tl.load(k_ptr + slot[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+                v = tl.load(v_ptr + slot[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+                # the next block's pages, read while this block's keys are on their way
+                page = tl.load(pages + (pos + BLOCK) // PAGE, mask=pos + BLOCK < end, other=0)
+                s = tl.dot(q, tl.trans(k)) * scale
+                s = tl.where(valid[None, :], s, float("-inf"))
+                m_new = tl.maximum(m, tl.max(s, 1))
+                p = tl.exp(s - m_new[:, None])
+                alpha = tl.exp(m - m_new)
+                total = total * alpha + tl.sum(p, 1)
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+                m = m_new
+            out_rows = out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :]
+            if used == 1:
+                out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
+                tl.store(out_rows, out.to(out_ptr.dtype.element_ty), mask=g[:, None] < GROUP)
+            else:  # partials (m, total, acc) per split; the row's last split to finish merges them
+                row = b * KV_HEADS + kvh
+                parts = part_ptr + (row * SPLITS * GROUP_PAD + g) * (D + 2)  # split s: + s * GROUP_PAD * (D + 2)
+                mine = parts + split * GROUP_PAD * (D + 2)
+                tl.store(mine, m)
+                tl.store(mine + 1, total)
+                tl.store(mine[:, None] + 2 + d[None, :], acc)
+                tl.debug_barrier()  # every thread's partials are written before the release below
+                if tl.atomic_add(sem_ptr + row, 1, sem="acq_rel", scope="gpu") == used - 1:
+                    m = tl.full((GROUP_PAD,), float("-inf"), tl.float32)
+                    total = tl.zeros((GROUP_PAD,), tl.float32)
+                    acc = tl.zeros((GROUP_PAD, D), tl.float32)
+                    for i in tl.static_range(SPLITS):
+                        part = parts + i * GROUP_PAD * (D + 2)
+                        m_i = tl.load(part, mask=used > i, other=float("-inf"), cache_modifier=".cg")
+                        total_i = tl.load(part + 1, mask=used > i, other=0.0, cache_modifier=".cg")
+                        acc_i = tl.load(part[:, None] + 2 + d[None, :], mask=used > i, other=0.0, cache_modifier=".cg")
+                        m_new = tl.maximum(m, m_i)  # (finite: split 0 always has keys)
+                        alpha, beta = tl.exp(m - m_new), tl.exp(m_i - m_new)
+                        total = total * alpha + total_i * beta
+                        acc = acc * alpha[:, None] + acc_i * beta[:, None]
+                        m = m_new
+                    tl.store(out_rows, (acc / total[:, None]).to(out_ptr.dtype.element_ty), mask=g[:, None] < GROUP)
+                    tl.store(sem_ptr + row, 0)
 
     return paged_decode
 
 
-def paged_decode_triton(q, keys, values, table, lens, page_size: int) -> torch.Tensor:
+# (keys per block, warps) of a program; rows (request, kv head) split into up to MAX_SPLITS programs
+# each while the batch has fewer than DECODE_PROGRAMS / 2 rows; rows of at most 32 keys (the code
+# predictor's) use blocks of 32. H200, benchmarks/paged_decode.py (k2 call 1), µs per call incl.
+# the graph's gap, thinker B=1 at 130 / 207 / 512 / 2048 keys: 5.3 / 5.4 / 6.2 / 9.4 (not split:
+# 5.8 / 6.8 / 11.1 / 37.6); 17 keys, one block of 32: 3.1 (of 64: 3.8).
+DECODE_BLOCKS = (64, 4)
+DECODE_PROGRAMS = 128
+MAX_SPLITS = 8
+
+
+def num_splits(rows: int, max_keys: int, block: int, programs: int = DECODE_PROGRAMS) -> int:
+    """Programs per (request, kv head) row: enough to fill ``programs``, at most one per block of keys."""
+    return max(1, min(MAX_SPLITS, programs // rows, -(-max_keys // block)))
+
+
+def paged_decode_triton(
+    q, keys, values, table, lens, page_size: int, semaphores: torch.Tensor | None = None,
+    blocks: tuple[int, int] = DECODE_BLOCKS, programs: int = DECODE_PROGRAMS,
+) -> torch.Tensor:  # fmt: skip
+    """``semaphores``: int32 zeros [>= programs // 2], left zero, one set per concurrently running
+    caller (``KVStorage.semaphores``): rows are then split over programs; None: one program per row."""
     batch, heads, d = q.shape
     kv_heads = keys.shape[1]
     group = heads // kv_heads
+    group_pad = max(16, 1 << (group - 1).bit_length())
     out = torch.empty_like(q)
-    block = max(64, page_size)
-    _kernel()[(batch, kv_heads)](
-        q, keys, values, table, lens, out,
+    block, warps = blocks
+    max_keys = table.shape[1] * page_size
+    block = min(block, max(32, 1 << (max_keys - 1).bit_length()))
+    rows = batch * kv_heads
+    splits = 1 if semaphores is None else num_splits(rows, max_keys, block, programs)
+    parts = out
+    if splits > 1:
+        if rows > semaphores.numel():
+            raise ValueError(f"paged decode: {rows} rows split but {semaphores.numel()} semaphores")
+        parts = torch.empty(rows * splits * group_pad * (d + 2), dtype=torch.float32, device=q.device)
+    _kernel()[(batch, kv_heads, splits)](
+        q, keys, values, table, lens, out, parts, semaphores if splits > 1 else lens,
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), table.stride(0), out.stride(0), out.stride(1),
         d**-0.5,
-        GROUP=group, GROUP_PAD=max(16, 1 << (group - 1).bit_length()), D=d, PAGE=page_size, BLOCK=block,
+        KV_HEADS=kv_heads, GROUP=group, GROUP_PAD=group_pad, D=d, PAGE=page_size, BLOCK=block, SPLITS=splits,
+        num_warps=warps, **pdl.launch(q.device),
     )  # fmt: skip
     return out
 

@@ -20,6 +20,7 @@ import functools
 
 import torch
 
+from omniwalk.layers import pdl
 from omniwalk.layers.rotary import apply_rotary
 
 KVOut = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # keys, values [slots, kv_heads, d], slots [n]
@@ -48,14 +49,19 @@ def qk_norm_rope_reference(qkv, q_weight, k_weight, eps, cos, sin, heads, kv_hea
 def _kernel():
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     @triton.jit
     def qk_norm_rope(
         qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, slots_ptr,
         stride_qkv, stride_cos, stride_kn, stride_kh, eps,
         HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr, HAS_SLOTS: tl.constexpr,
+        USE_PDL: tl.constexpr,
     ):  # fmt: skip
         n, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
+        if USE_PDL:
+            gdc_wait()
+            gdc_launch_dependents()
         d = tl.arange(0, D)
         partner = (d + D // 2) % D  # rotate_half reads the other half
         src = qkv_ptr + n * stride_qkv + head * D
@@ -101,7 +107,7 @@ def qk_norm_rope_triton(qkv, q_weight, k_weight, eps, cos, sin, heads, kv_heads,
         _kernel()[(n, heads + 2 * kv_heads)](
             qkv, q_weight, k_weight, cos, sin, q, keys, values, slots,
             qkv.stride(0), cos_stride, keys.stride(0), keys.stride(1), eps,
-            HEADS=heads, KV_HEADS=kv_heads, D=d, HAS_SLOTS=kv_out is not None,
+            HEADS=heads, KV_HEADS=kv_heads, D=d, HAS_SLOTS=kv_out is not None, **pdl.launch(qkv.device),
         )  # fmt: skip
     return q, k, v
 

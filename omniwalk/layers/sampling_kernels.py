@@ -34,6 +34,8 @@ import importlib.util
 
 import torch
 
+from omniwalk.layers import pdl
+
 SMALL_VOCAB_MAX = 4096  # rows up to this many ids are one program each
 TOP_CANDIDATES = 64  # top_k up to this takes the partial sort (talker and code predictor: 50)
 LARGE_BLOCK = 2048  # ids per program for larger vocabularies
@@ -63,6 +65,7 @@ def draw(logits: torch.Tensor, p, step_offset: int = 0, processed: bool = False)
         k.draw_rows[(num_rows,)](
             logits, logits.stride(0), *args, out, vocab, flags, step_offset,
             BLOCK=block, CANDIDATES=min(TOP_CANDIDATES, block), num_warps=16 if block >= 2048 else 4,
+            **pdl.launch(logits.device),
         )  # fmt: skip
         return out
     num_blocks = -(-vocab // LARGE_BLOCK)
@@ -70,10 +73,10 @@ def draw(logits: torch.Tensor, p, step_offset: int = 0, processed: bool = False)
     best_at = torch.empty(num_rows, num_blocks, dtype=torch.int32, device=logits.device)
     k.draw_blocks[(num_rows, num_blocks)](
         logits, logits.stride(0), *args, best, best_at, vocab, flags, step_offset,
-        PROCESS=not processed, PICK=True, BLOCK=LARGE_BLOCK, num_warps=4,
+        PROCESS=not processed, PICK=True, BLOCK=LARGE_BLOCK, num_warps=4, **pdl.launch(logits.device),
     )  # fmt: skip
     pad = 1 << (num_blocks - 1).bit_length()
-    k.pick_blocks[(num_rows,)](best, best_at, out, num_blocks, BLOCKS_PAD=pad, num_warps=1)
+    k.pick_blocks[(num_rows,)](best, best_at, out, num_blocks, BLOCKS_PAD=pad, num_warps=1, **pdl.launch(logits.device))
     return out
 
 
@@ -88,7 +91,7 @@ def process(logits: torch.Tensor, p) -> torch.Tensor:
     args, flags = _param_args(p, logits.device, skip_front=False)
     _kernels().draw_blocks[(num_rows, -(-vocab // LARGE_BLOCK))](
         logits, logits.stride(0), *args, scores, scores, vocab, flags, 0,
-        PROCESS=True, PICK=False, BLOCK=LARGE_BLOCK, num_warps=4,
+        PROCESS=True, PICK=False, BLOCK=LARGE_BLOCK, num_warps=4, **pdl.launch(logits.device),
     )  # fmt: skip
     return scores
 

@@ -4,6 +4,7 @@ they compute). Imported on first use only: it needs triton.
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -91,9 +92,12 @@ def top_k_top_p(x, row, cols, vocab, top_k_ptr, top_p_ptr, BLOCK: tl.constexpr, 
 def draw_rows(
     logits_ptr, logits_stride, temperature_ptr, penalty_ptr, seen_ptr, seen_stride, banned_ptr, banned_stride,
     top_k_ptr, top_p_ptr, sampled_ptr, seeds_ptr, steps_ptr, out_ptr, vocab, flags, step_offset,
-    BLOCK: tl.constexpr, CANDIDATES: tl.constexpr,
+    BLOCK: tl.constexpr, CANDIDATES: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
+    if USE_PDL:  # (omniwalk.layers.pdl)
+        gdc_wait()
+        gdc_launch_dependents()
     cols = tl.arange(0, BLOCK)
     valid = cols < vocab
     x = tl.load(logits_ptr + row * logits_stride + cols, mask=valid, other=float("-inf")).to(tl.float32)
@@ -110,10 +114,13 @@ def draw_rows(
 def draw_blocks(
     logits_ptr, logits_stride, temperature_ptr, penalty_ptr, seen_ptr, seen_stride, banned_ptr, banned_stride,
     top_k_ptr, top_p_ptr, sampled_ptr, seeds_ptr, steps_ptr, best_ptr, best_at_ptr, vocab, flags, step_offset,
-    PROCESS: tl.constexpr, PICK: tl.constexpr, BLOCK: tl.constexpr,
+    PROCESS: tl.constexpr, PICK: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
     """PICK: each block's best (perturbed) score and its first index; else the processed scores."""
     row, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    if USE_PDL:  # (omniwalk.layers.pdl)
+        gdc_wait()
+        gdc_launch_dependents()
     cols = block * BLOCK + tl.arange(0, BLOCK)
     valid = cols < vocab
     x = tl.load(logits_ptr + row * logits_stride + cols, mask=valid, other=float("-inf")).to(tl.float32)
@@ -131,9 +138,12 @@ def draw_blocks(
 
 
 @triton.jit
-def pick_blocks(best_ptr, best_at_ptr, out_ptr, num_blocks, BLOCKS_PAD: tl.constexpr):
+def pick_blocks(best_ptr, best_at_ptr, out_ptr, num_blocks, BLOCKS_PAD: tl.constexpr, USE_PDL: tl.constexpr):
     """Per row: the first block holding the maximum (so the first index overall wins ties)."""
     row = tl.program_id(0).to(tl.int64)
+    if USE_PDL:  # (omniwalk.layers.pdl)
+        gdc_wait()
+        gdc_launch_dependents()
     i = tl.arange(0, BLOCKS_PAD)
     valid = i < num_blocks
     best = tl.load(best_ptr + row * num_blocks + i, mask=valid, other=float("-inf"))

@@ -8,6 +8,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from omniwalk.layers import pdl
+
 
 def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
     gate, up = gate_up.chunk(2, dim=-1)
@@ -18,10 +20,14 @@ def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
 def _kernel():
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     @triton.jit
-    def silu_mul(x_ptr, out_ptr, stride_x, INTER: tl.constexpr, BLOCK: tl.constexpr):
+    def silu_mul(x_ptr, out_ptr, stride_x, INTER: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
         row, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
+        if USE_PDL:
+            gdc_wait()
+            gdc_launch_dependents()
         cols = block * BLOCK + tl.arange(0, BLOCK)
         ok = cols < INTER
         dtype = out_ptr.dtype.element_ty
@@ -41,5 +47,7 @@ def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
     out = flat.new_empty(flat.shape[0], inter)
     block = min(1024, 1 << (inter - 1).bit_length())
     if flat.shape[0]:
-        _kernel()[(flat.shape[0], -(-inter // block))](flat, out, flat.stride(0), INTER=inter, BLOCK=block)
+        _kernel()[(flat.shape[0], -(-inter // block))](
+            flat, out, flat.stride(0), INTER=inter, BLOCK=block, **pdl.launch(flat.device)
+        )
     return out.view(*gate_up.shape[:-1], inter)

@@ -2,13 +2,13 @@
 
 Routes: POST /v1/chat/completions, POST /v1/audio/speech, GET /v1/models, GET /v1/models/{id},
 GET /health (200 ready; 503 starting / failed / engine_dead / draining, with the reason),
-GET /metrics (Prometheus). Every error has OpenAI's body ``{"error": {"message", "type",
-"param", "code"}}`` (``errors.py``): 400 invalid body (``param`` names the field), 401 bad key,
-404 unknown route or model, 405 wrong method, 413 body too large, 429 engine or media queue
-full (Retry-After), 500 a request that failed in the engine or an unexpected fault (with the
-request id, logged with its traceback), 503 engine starting or gone. Order of checks: route,
-auth, readiness, body size, JSON + schema, semantics, media decoding, engine. A client that
-hangs up (streaming or not) aborts its request.
+GET /metrics (Prometheus), the WebSocket GET /v1/realtime (``realtime/``), the talk page at /.
+Every error has OpenAI's body ``{"error": {"message", "type", "param", "code"}}`` (``errors.py``):
+400 invalid body (``param`` names the field), 401 bad key, 404 unknown route or model, 405 wrong
+method, 413 body too large, 429 engine or media queue full (Retry-After), 500 a request that
+failed in the engine or an unexpected fault (with the request id, logged with its traceback),
+503 engine starting or gone. Order of checks: route, auth, readiness, body size, JSON + schema,
+semantics, media decoding, engine. A client that hangs up (streaming or not) aborts its request.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ from omniwalk.serve.errors import APIError, validation_error
 from omniwalk.serve.guard import Guard
 from omniwalk.serve.media_pool import MediaPool
 from omniwalk.serve.metrics import Metrics
+from omniwalk.serve.page import add_page_routes
+from omniwalk.serve.realtime.route import add_realtime_route
 from omniwalk.serve.run import EngineRun
 from omniwalk.serve.speech import speech_request
 from omniwalk.serve.supervisor import Supervisor
@@ -104,6 +106,8 @@ def create_app(client: EngineClient, cfg: ServerConfig, limits: MediaLimits, sup
     _install_error_handlers(app)
     _info_routes(app, served)
     _generation_routes(app, served)
+    add_realtime_route(app, served)
+    add_page_routes(app)
     return Guard(app, cfg.max_body_bytes, metrics)
 
 

@@ -6,6 +6,7 @@ Counters are counters (``*_total``), levels are gauges:
                                                    405, 413, 429, 400, 500) included; "499" = the
                                                    client hung up before the response ended
     omniwalk_requests_total{status}                generation requests by finish reason / failure
+    omniwalk_realtime_sessions                     open /v1/realtime WebSocket sessions
     omniwalk_media_queue_depth                     media items submitted to the pool, not yet done
     omniwalk_media_decode_seconds{kind}            one item's decode + preprocessing in a worker
     omniwalk_engine{stage, quantity}               engine levels (KV pages, running, waiting, ...)
@@ -67,6 +68,7 @@ class Metrics:
         self.media_seconds = Histogram(
             "omniwalk_media_decode_seconds", "Media decode + preprocessing time", ["kind"], buckets=_LATENCY, registry=r
         )
+        self.realtime_sessions = Gauge("omniwalk_realtime_sessions", "Open /v1/realtime sessions", registry=r)
         self._engine = _EngineCollector()
         r.register(self._engine)
 

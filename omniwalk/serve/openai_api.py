@@ -62,6 +62,11 @@ class Context:
     def model_name(self) -> str:
         return self.cfg.served_model_name or (self.info.name if self.info else "")
 
+    @property
+    def voices(self) -> tuple[str, ...]:
+        """The model's voices (lower case; none while it starts or when it does not speak)."""
+        return tuple(self.info.voices) if self.info else ()
+
 
 def check_model(model: str | None, ctx: Context) -> str:
     if model is not None and model != ctx.model_name:

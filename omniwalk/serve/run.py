@@ -56,6 +56,10 @@ class EngineRun:
             self.metrics.in_flight.dec()
         await self.events.aclose()
 
+    async def next_event(self) -> Delta | Finished:
+        """The event after ``first_event`` (and so on, up to Finished); engine failures as APIError."""
+        return await self._next()
+
     async def _next(self) -> Delta | Finished:
         try:
             event = await self.events.__anext__()

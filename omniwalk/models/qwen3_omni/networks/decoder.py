@@ -11,8 +11,10 @@ partials), so the decoder's final norm takes the last layer's MLP output.
 
 CUDA fast path (``use_kernels``, after the weights are loaded): q/k/v merged into one
 ``qkv_proj`` GEMM, then one kernel for the q/k RMSNorm + rotary, writing the new keys/values
-straight into a decode step's KV store (``KVCache.kv_slots``); gate/up merged likewise
-(``GatedMLP.merge_projections``).
+straight into a decode step's KV store (``KVCache.kv_slots``); gate/up merged likewise, silu·mul
+in the GEMM (``GatedMLP.merge_projections``). The projections become ``SkinnyLinear``s: decode-sized
+inputs through one weight-streaming kernel, whose o_proj/down_proj output may be split-K partial
+sums that the next ``RMSNorm.add`` sums.
 
 Tensors are per request and unbatched: hidden [tokens, hidden]. Keys and values live in a
 ``KVCache`` object passed into ``forward``: the engine's paged ones, or a contiguous per-request
@@ -29,11 +31,12 @@ import torch
 from torch import nn
 
 from omniwalk.layers.kv_attention import causal_attention
-from omniwalk.layers.moe import GatedMLP, SparseMoE, merged_linear
+from omniwalk.layers.moe import GatedMLP, SparseMoE
 from omniwalk.layers.norm import RMSNorm, residual_add, set_norm_backend
 from omniwalk.layers.paged_decode import paged_decode_triton
 from omniwalk.layers.qk_norm_rope import KVOut, qk_norm_rope_triton
 from omniwalk.layers.rotary import apply_rotary, mrope_cos_sin, rope_cos_sin, rotary_tables
+from omniwalk.layers.skinny_gemm import SkinnyLinear
 from omniwalk.models.qwen3_omni.checkpoint.config import DecoderConfig
 
 
@@ -121,10 +124,11 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * d, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.qkv_proj: nn.Linear | None = None  # the fast path's merged projection
+        self.qkv_proj: SkinnyLinear | None = None  # the fast path's merged projection
 
     def merge_projections(self) -> None:
-        self.qkv_proj = merged_linear(self.q_proj, self.k_proj, self.v_proj)
+        self.qkv_proj = SkinnyLinear.merge(self.q_proj, self.k_proj, self.v_proj)
+        self.o_proj = SkinnyLinear.merge(self.o_proj, partials=True)  # (the layer's RMSNorm.add sums them)
         del self.q_proj, self.k_proj, self.v_proj
 
     def forward(self, x, cos, sin, cache: KVCache, layer: int) -> torch.Tensor:
@@ -165,7 +169,7 @@ class DecoderLayer(nn.Module):
                 moe_backend,
             )
         else:
-            self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+            self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, partial_output=True)
 
     def forward(self, h, delta, cos, sin, cache: KVCache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Residual stream ``h`` + the previous layer's pending ``delta`` -> (h, this layer's MLP output)."""

@@ -1,0 +1,151 @@
+"""MoE routing on the device in one kernel: softmax (fp32) over the E routed experts, top-k,
+optional renormalisation; with a shared expert folded in (``num_shared`` > 0) the router has one
+more row, its gate, and slots top_k .. P-1 name experts E .. E+num_shared-1 with weight
+sigmoid(gate). Output: weights [N, P] (activation dtype), ids [N, P] int32, P = top_k + num_shared,
+slots in descending probability (ties: the lower id first, like ``torch.argmax``).
+
+    route_topk    logits [N, E (+1)] -> weights, ids; one program per token (many tokens: the
+                  router is a GEMM, e.g. a prompt)
+    route_folded  x [N, H] and the router [E (+1), H] -> weights, ids: the router GEMV folded in.
+                  Programs (token, block of router rows) each write their block of logits to a
+                  scratch row; the last of a token's programs to finish (an atomic counter per
+                  token, left at zero for the next call) ranks them. One kernel where the
+                  GEMM + routing took two, and no cuBLAS call in the decode step.
+
+Rounding follows the reference (``moe.route(F.linear(x, router))``): logits are accumulated in
+fp32 and rounded to the activations' dtype (the router Linear's output), then softmax in fp32.
+
+The top-k is a rank per expert (how many experts are ahead of it), one [E, E] comparison.
+H200, micro.py kernel busy µs (k2 calls 1 and 2), rank vs k rounds of argmax: folded, thinker B=1
+5.9 vs 8.4; given logits, thinker B=32 5.4 vs 4.0. NOTE: the folded kernel's difference is not the
+top-k's own cost: the rank's [E, E] tile needs 168 registers, and with them ptxas issues all the
+router loads of a program at once; at argmax's 40 registers it interleaves them with the FMAs, a
+DRAM round trip per wave (sm_90a SASS). A barrier between loads and arithmetic does not stop it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from omniwalk.layers import pdl
+
+# route_folded: (router rows per program, warps). H200: see benchmarks/fused_moe.py
+ROUTER_BLOCKS = (4, 4)
+
+
+@functools.cache
+def _kernel():
+    import triton
+    import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    @triton.jit
+    def route(
+        x_ptr, router_ptr, logits_ptr, counter_ptr, weights_ptr, ids_ptr, stride_x, stride_r, stride_l,
+        H: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr, K: tl.constexpr, SHARED: tl.constexpr,
+        RENORM: tl.constexpr, FOLDED: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
+        USE_PDL: tl.constexpr,
+    ):  # fmt: skip
+        n, last = tl.program_id(0).to(tl.int64), tl.num_programs(1) - 1
+        if FOLDED:  # this program's block of router rows -> logits (fp32 scratch); the shared gate is row E
+            rows = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
+            row_ok = rows < E + (1 if SHARED > 0 else 0)
+            acc = tl.zeros((BLOCK_E,), tl.float32)
+            # each step's router tile is loaded one step ahead: the first before the PDL wait
+            w = tl.load(router_ptr + rows[:, None] * stride_r + tl.arange(0, BLOCK_H)[None, :],
+                        mask=row_ok[:, None] & (tl.arange(0, BLOCK_H) < H)[None, :], other=0.0)  # fmt: skip
+            if USE_PDL:
+                gdc_wait()
+                gdc_launch_dependents()
+            for start in range(0, H, BLOCK_H):
+                cols = start + tl.arange(0, BLOCK_H)
+                x = tl.load(x_ptr + n * stride_x + cols, mask=cols < H, other=0.0).to(tl.float32)
+                acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
+                ok = row_ok[:, None] & (cols + BLOCK_H < H)[None, :]
+                w = tl.load(router_ptr + rows[:, None] * stride_r + BLOCK_H + cols[None, :], mask=ok, other=0.0)
+            block_logits = acc.to(x_ptr.dtype.element_ty).to(tl.float32)  # the router Linear's output dtype
+            tl.store(logits_ptr + n * stride_l + rows, block_logits, mask=row_ok)
+            tl.debug_barrier()  # every thread's logits are written before the release below
+            done = tl.atomic_add(counter_ptr + n, 1, sem="acq_rel", scope="gpu")
+        else:  # one program per token, its logits given
+            if USE_PDL:
+                gdc_wait()
+                gdc_launch_dependents()
+            done = last
+        if done == last:  # (folded: the token's last program to finish; its logits are all written)
+            e = tl.arange(0, E_PAD)
+            logit = tl.load(logits_ptr + n * stride_l + e, mask=e < E, other=float("-inf"), cache_modifier=".cg")
+            logit = logit.to(tl.float32)
+            prob = tl.exp(logit - tl.max(logit, 0))
+            prob = prob / tl.sum(prob, 0)
+            # rank[i] = experts ahead of i: a larger probability, or an equal one and a lower id
+            ahead = (prob[None, :] > prob[:, None]) | ((prob[None, :] == prob[:, None]) & (e[None, :] < e[:, None]))
+            rank = tl.sum(ahead.to(tl.int32), 1)
+            picked = rank < K
+            if RENORM:
+                prob = prob / tl.sum(tl.where(picked, prob, 0.0), 0)
+            dtype = weights_ptr.dtype.element_ty
+            tl.store(weights_ptr + n * (K + SHARED) + rank, prob.to(dtype), mask=picked)
+            tl.store(ids_ptr + n * (K + SHARED) + rank, e, mask=picked)
+            if SHARED > 0:
+                gate = tl.load(logits_ptr + n * stride_l + E, cache_modifier=".cg").to(tl.float32)
+                weight = (1.0 / (1.0 + tl.exp(-gate))).to(dtype)
+                for s in tl.static_range(SHARED):
+                    tl.store(weights_ptr + n * (K + SHARED) + K + s, weight)
+                    tl.store(ids_ptr + n * (K + SHARED) + K + s, E + s)
+            if FOLDED:
+                tl.store(counter_ptr + n, 0)
+
+    return route
+
+
+def route_topk(
+    logits: torch.Tensor, top_k: int, renormalize: bool, num_shared: int = 0, dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [N, E + (1 if num_shared else 0)] -> (weights [N, top_k + num_shared] in ``dtype``
+    (default: the logits'), expert ids [N, top_k + num_shared] int32)."""
+    n = logits.shape[0]
+    num_experts = logits.shape[1] - (1 if num_shared else 0)
+    weights, ids = _outputs(n, top_k + num_shared, dtype or logits.dtype, logits.device)
+    if n:
+        _kernel()[(n, 1)](
+            logits, logits, logits, ids, weights, ids, 0, 0, logits.stride(0),
+            H=1, E=num_experts, E_PAD=_pow2(num_experts), K=top_k, SHARED=num_shared, RENORM=renormalize,
+            FOLDED=False, BLOCK_E=1, BLOCK_H=1, **pdl.launch(logits.device),
+        )  # fmt: skip
+    return weights, ids
+
+
+def route_folded(
+    x: torch.Tensor, router: torch.Tensor, counters: torch.Tensor, top_k: int, renormalize: bool,
+    num_shared: int = 0, blocks: tuple[int, int] = ROUTER_BLOCKS,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """x [N, H], router [E + (1 if num_shared else 0), H] -> the same as
+    ``route_topk(F.linear(x, router), ...)``. counters: int32 [>= N], zero, and zero again after
+    (one set per caller that may run concurrently with another, e.g. per MoE layer)."""
+    n, hidden = x.shape
+    if n > counters.numel():
+        raise ValueError(f"route_folded: {n} tokens but {counters.numel()} counters")
+    num_experts = router.shape[0] - (1 if num_shared else 0)
+    weights, ids = _outputs(n, top_k + num_shared, x.dtype, x.device)
+    if n:
+        rows, warps = blocks
+        e_pad = _pow2(num_experts)
+        scratch = torch.empty(n, e_pad + 1, dtype=torch.float32, device=x.device)
+        x = x.contiguous()
+        _kernel()[(n, -(-router.shape[0] // rows))](
+            x, router, scratch, counters, weights, ids, x.stride(0), router.stride(0), scratch.stride(0),
+            H=hidden, E=num_experts, E_PAD=e_pad, K=top_k, SHARED=num_shared, RENORM=renormalize,
+            FOLDED=True, BLOCK_E=rows, BLOCK_H=min(_pow2(hidden), 4096), num_warps=warps, **pdl.launch(x.device),
+        )  # fmt: skip
+    return weights, ids
+
+
+def _outputs(n: int, slots: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty(n, slots, dtype=dtype, device=device), torch.empty(n, slots, dtype=torch.int32, device=device)
+
+
+def _pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()

@@ -1,0 +1,244 @@
+"""Skinny GEMMs for decode: ``y[M, N] = x[M, K] @ W[N, K]^T`` with few rows (M <= ``MAX_ROWS``),
+where the time is the weight read: one kernel that streams each weight byte once.
+
+A program owns ``BLOCK_N`` weight rows (output columns) and a range of K; it computes all M rows
+of x against them (``tl.dot`` of the weight tile [BLOCK_N, BLOCK_K] with x^T [BLOCK_K, BLOCK_M],
+BLOCK_M = M padded to 16; at M = 1 an fp32 multiply-add over [BLOCK_N, BLOCK_K] reduced once at
+the end). Epilogues:
+
+    plain     y in x's dtype, rounded once from the fp32 sum (as cuBLAS rounds its fp32 accumulator)
+    gated     W is a merged gate/up weight [2I, K] (gate rows first): y = silu(gate) * up [M, I],
+              rounded like ``silu_mul``'s reference (gate and up rounded to the dtype as a GEMM's
+              outputs are, silu rounded, then the product): replaces a GEMM + a silu·mul kernel
+    partials  split-K without a reduce kernel: S programs per column block each write an fp32
+              partial sum, [M, S, N]; the consumer sums them (``RMSNorm.add`` takes [N, S, H] deltas,
+              summed in fp32 and rounded once: the rounding of the unsplit product)
+
+``SkinnyLinear`` is the module the CUDA fast path puts in place of a merged nn.Linear (after the
+weights are loaded, ``decoder.use_kernels``): the kernel up to ``MAX_ROWS`` rows, ``F.linear``
+above (prefill), where cuBLAS's tensor-core tiles are full.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omniwalk.layers import pdl
+from omniwalk.layers.silu_mul import silu_mul_triton
+
+MAX_ROWS = 32  # rows per call through the kernel (where ``TUNED`` does not name cuBLAS); cuBLAS beyond
+
+
+class Blocks(NamedTuple):
+    """One launch configuration. ``split``: programs along K per column block (> 1 only where the
+    caller takes partial sums); ``rows``: x's rows padded to (0: ``padded_rows``)."""
+
+    n: int  # weight rows per program
+    k: int  # K step per loop iteration
+    split: int
+    warps: int
+    stages: int
+    rows: int = 0
+
+
+# (padded rows, N, K, gated, may split) -> Blocks, or None where cuBLAS (+ silu·mul when gated) is
+# faster; N is I for a gated product; other shapes get ``default_blocks``. Measured on the H200:
+# benchmarks/skinny_gemm.py, run k1/call2 of 2026-12-01 (per key the least total µs over its rows
+# 1 / 2, 8, 16 / 32, in CUDA graphs, weights from HBM). µs per call at M = 1, cuBLAS -> this table:
+# thinker qkv 7.7 (cuBLAS kept; the kernel's best 8.3), thinker o 8.6 -> 6.5, talker qkv 4.8 -> 3.9,
+# talker/cp o 12.6 -> 3.5, cp qkv 5.2 -> 4.4, cp gate_up + silu·mul 7.4 -> 5.9, cp down 6.5 -> 3.9.
+TUNED: dict[tuple[int, int, int, bool, bool], Blocks | None] = {
+    # thinker qkv
+    (1, 5120, 2048, False, False): None,
+    (16, 5120, 2048, False, False): Blocks(64, 128, 1, 4, 6),
+    (32, 5120, 2048, False, False): Blocks(64, 128, 1, 4, 6),
+    # thinker o
+    (1, 2048, 4096, False, True): Blocks(64, 256, 4, 4, 3, rows=16),
+    (16, 2048, 4096, False, True): Blocks(64, 128, 4, 4, 6),
+    (32, 2048, 4096, False, True): Blocks(64, 128, 4, 4, 6),
+    # talker qkv
+    (1, 2560, 1024, False, False): Blocks(8, 1024, 1, 4, 1),
+    (16, 2560, 1024, False, False): Blocks(64, 128, 1, 4, 6),
+    (32, 2560, 1024, False, False): Blocks(64, 128, 1, 4, 6),
+    # talker o, cp o
+    (1, 1024, 2048, False, True): Blocks(4, 4096, 1, 8, 1),
+    (16, 1024, 2048, False, True): Blocks(64, 128, 4, 4, 6),
+    (32, 1024, 2048, False, True): Blocks(64, 128, 4, 4, 6),
+    # cp qkv
+    (1, 4096, 1024, False, False): Blocks(8, 1024, 1, 4, 1),
+    (16, 4096, 1024, False, False): Blocks(64, 128, 1, 4, 6),
+    (32, 4096, 1024, False, False): Blocks(64, 128, 1, 4, 6),
+    # cp gate_up (I = 3072)
+    (1, 3072, 1024, True, False): Blocks(8, 1024, 1, 4, 1),
+    (16, 3072, 1024, True, False): Blocks(64, 128, 1, 4, 6),
+    (32, 3072, 1024, True, False): Blocks(32, 128, 1, 4, 6),
+    # cp down
+    (1, 1024, 3072, False, True): Blocks(4, 4096, 1, 8, 1),
+    (16, 1024, 3072, False, True): Blocks(64, 128, 4, 4, 6),
+    (32, 1024, 3072, False, True): Blocks(64, 128, 4, 4, 6),
+}
+
+
+def padded_rows(m: int) -> int:
+    """1 (a GEMV: no tensor-core dot), else M padded to a power of two >= 16 (``tl.dot``'s minimum)."""
+    return 1 if m == 1 else max(16, 1 << (m - 1).bit_length())
+
+
+@functools.cache
+def _kernel():
+    import triton
+    import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    @triton.jit(do_not_specialize=["M"])  # (M only masks rows: one compile for every M of a padding)
+    def skinny_gemm(
+        x_ptr, w_ptr, out_ptr, M, N, K, k_chunk, stride_xm, stride_wn, stride_om, stride_os, up_offset,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr,
+        PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
+    ):  # fmt: skip
+        block, split = tl.program_id(0), tl.program_id(1)
+        cols = block * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns = weight rows
+        col_ok = cols < N
+        rows = tl.arange(0, BLOCK_M)
+        row_ok = rows < M
+        k_start = split * k_chunk
+        k_end = tl.minimum(k_start + k_chunk, K)
+        gate_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wn
+        up_rows = gate_rows + up_offset  # (GATED only: the up half starts I rows further)
+        if BLOCK_M == 1:  # a GEMV: products in [BLOCK_N, BLOCK_K] lanes, one reduction at the end
+            lanes = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+            lanes_up = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+            # each step's weight tile is loaded one step ahead: the first before the PDL wait
+            ks = k_start + tl.arange(0, BLOCK_K)
+            ok = col_ok[:, None] & (ks < k_end)[None, :]
+            w = tl.load(gate_rows + ks[None, :], mask=ok, other=0.0)
+            w_up = w
+            if GATED:
+                w_up = tl.load(up_rows + ks[None, :], mask=ok, other=0.0)
+            if USE_PDL:
+                gdc_wait()
+                gdc_launch_dependents()
+            for k0 in range(k_start, k_end, BLOCK_K):
+                ks = k0 + tl.arange(0, BLOCK_K)
+                x = tl.load(x_ptr + ks, mask=ks < k_end, other=0.0).to(tl.float32)[None, :]
+                lanes += w.to(tl.float32) * x
+                if GATED:
+                    lanes_up += w_up.to(tl.float32) * x
+                ok = col_ok[:, None] & (ks + BLOCK_K < k_end)[None, :]
+                w = tl.load(gate_rows + BLOCK_K + ks[None, :], mask=ok, other=0.0)
+                if GATED:
+                    w_up = tl.load(up_rows + BLOCK_K + ks[None, :], mask=ok, other=0.0)
+            acc = tl.sum(lanes, 1)[:, None]
+            acc_up = tl.sum(lanes_up, 1)[:, None]
+        else:
+            if USE_PDL:  # (tl.dot's loads are pipelined by the compiler: no weight tile before the wait)
+                gdc_wait()
+                gdc_launch_dependents()
+            acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+            acc_up = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+            for k0 in range(k_start, k_end, BLOCK_K):
+                ks = k0 + tl.arange(0, BLOCK_K)
+                k_ok = ks < k_end
+                xt = tl.load(
+                    x_ptr + rows[None, :] * stride_xm + ks[:, None], mask=row_ok[None, :] & k_ok[:, None], other=0.0
+                )  # x^T [BLOCK_K, BLOCK_M]
+                ok = col_ok[:, None] & k_ok[None, :]
+                acc = tl.dot(tl.load(gate_rows + ks[None, :], mask=ok, other=0.0), xt, acc, input_precision=PRECISION)
+                if GATED:
+                    w_up = tl.load(up_rows + ks[None, :], mask=ok, other=0.0)
+                    acc_up = tl.dot(w_up, xt, acc_up, input_precision=PRECISION)
+        dtype = out_ptr.dtype.element_ty
+        if GATED:
+            gate = acc.to(dtype).to(tl.float32)
+            silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+            acc = silu * acc_up.to(dtype).to(tl.float32)
+        out = out_ptr + split * stride_os + rows[None, :] * stride_om + cols[:, None]
+        tl.store(out, acc.to(dtype), mask=col_ok[:, None] & row_ok[None, :])
+
+    return skinny_gemm
+
+
+def pick_blocks(m: int, n: int, k: int, gated: bool, may_split: bool) -> Blocks | None:
+    """The launch configuration of an M x N x K product (N: output columns; I for a gated one):
+    ``TUNED``'s (None where cuBLAS measured faster), else ``default_blocks``."""
+    key = (padded_rows(m), n, k, gated, may_split)
+    return TUNED[key] if key in TUNED else default_blocks(m, n, k, may_split)
+
+
+def default_blocks(m: int, n: int, k: int, may_split: bool) -> Blocks:
+    """Shapes not in ``TUNED``: about one program per SM (132 on the H200) from 16- or 32-column
+    blocks, split along K where the columns are too few."""
+    block_n = 32 if n >= 32 * 128 else 16
+    split = 2 if may_split and -(-n // block_n) < 96 and k >= 2048 else 1
+    return Blocks(block_n, 256 if m > 1 else 512, split, 4, 4)
+
+
+def skinny_gemm(
+    x: torch.Tensor, weight: torch.Tensor, *, gated: bool = False, partials: bool = False, blocks: Blocks | None = None
+) -> torch.Tensor:
+    """x [M, K], weight [N, K] -> x @ weight^T [M, N] in x's dtype, or with ``gated`` silu(gate) * up
+    [M, N / 2]. With ``partials`` (and a split > 1) fp32 partial sums [M, S, N] (see the module
+    docstring); ``partials`` never splits a gated product."""
+    m, k = x.shape
+    n = weight.shape[0] // 2 if gated else weight.shape[0]
+    may_split = partials and not gated
+    blocks = blocks or pick_blocks(m, n, k, gated, may_split) or default_blocks(m, n, k, may_split)
+    split = 1 if gated else blocks.split
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if weight.stride(-1) != 1:
+        raise ValueError("skinny_gemm wants a weight with contiguous rows")
+    if split > 1:
+        if not partials:
+            raise ValueError("a split product returns partial sums: pass partials=True")
+        out = x.new_empty(m, split, n, dtype=torch.float32)
+    else:
+        out = x.new_empty(m, n)
+    block_m = blocks.rows or padded_rows(m)
+    k_chunk = -(-k // (split * blocks.k)) * blocks.k  # each split: a whole number of K steps
+    if m:
+        _kernel()[(-(-n // blocks.n), split)](
+            x, weight, out, m, n, k, k_chunk, x.stride(0), weight.stride(0), out.stride(0),
+            out.stride(1) if split > 1 else 0, n * weight.stride(0),
+            BLOCK_M=block_m, BLOCK_N=blocks.n, BLOCK_K=blocks.k, GATED=gated,
+            PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # (fp32 as F.linear's; 16-bit ignores it)
+            num_warps=blocks.warps, num_stages=blocks.stages, **pdl.launch(x.device),
+        )  # fmt: skip
+    return out
+
+
+class SkinnyLinear(nn.Module):
+    """A bias-free Linear (``weight`` [N, K], the checkpoint's layout) for the decode fast path:
+    up to ``MAX_ROWS`` rows through ``skinny_gemm``, more through ``F.linear``.
+
+    ``gated``: ``weight`` is a merged gate/up projection and the output is silu(gate) * up.
+    ``partials``: the output may be fp32 partial sums [M, S, N] (the module's consumer sums them,
+    e.g. the decoder's next ``RMSNorm.add``); only for 2-D inputs.
+    """
+
+    def __init__(self, weight: torch.Tensor, gated: bool = False, partials: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.gated, self.partials = gated, partials
+
+    @classmethod
+    def merge(cls, *parts: nn.Linear, gated: bool = False, partials: bool = False) -> SkinnyLinear:
+        """One SkinnyLinear whose output rows are ``parts``' outputs, in order."""
+        return cls(torch.cat([p.weight.data for p in parts]), gated, partials)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        (n, k), m = self.weight.shape, flat.shape[0]
+        partials = self.partials and x.dim() == 2
+        n = n // 2 if self.gated else n
+        blocks = pick_blocks(m, n, k, self.gated, partials and not self.gated) if m <= MAX_ROWS else None
+        if blocks is None:
+            y = F.linear(x, self.weight)
+            return silu_mul_triton(y) if self.gated else y
+        y = skinny_gemm(flat, self.weight, gated=self.gated, partials=partials, blocks=blocks)
+        return y if y.dim() == 3 else y.view(*x.shape[:-1], y.shape[-1])

@@ -1,0 +1,12 @@
+"""The OpenAI Realtime API over a WebSocket (``GET /v1/realtime``): talk to the model.
+
+route.py         the WebSocket: handshake checks, session limits and lifetime
+session.py       one session: client events in order -> handlers -> server events
+protocol.py      client events (strict models, GA + beta spellings), server event names per dialect
+settings.py      what session.update sets (instructions, voice, modalities, turn detection, ...)
+conversation.py  items, and the chat messages a turn's prompt is built from
+input_audio.py   the input audio buffer, cut into turns by the VAD
+vad.py           server VAD (WebRTC VAD over 20 ms frames, a vote over a window)
+response.py      one response: a chat-completions engine request streamed as response events
+transcription.py the served model transcribes committed user audio (when the session asks)
+"""

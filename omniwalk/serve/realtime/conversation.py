@@ -1,0 +1,153 @@
+"""A session's conversation: its items, their JSON, and the chat messages the next turn's prompt
+is built from.
+
+Items are messages (user, assistant, system). A user item holds text and/or audio (PCM16 24 kHz,
+kept whole: the model hears it again at every later turn); an assistant item holds its text (or
+its audio's transcript) and the length of the audio it spoke. As in chat completions, earlier
+answers reach the prompt as their text. A truncated answer (barge-in, ``conversation.item.truncate``)
+keeps the part of its transcript that was heard: the share of its words equal to the share of
+its audio played (the model streams no word timings; an estimate, said so in the README).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import wave
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from omniwalk.serve.errors import bad_request
+from omniwalk.serve.realtime import protocol as p
+from omniwalk.serve.realtime.vad import INPUT_RATE
+
+ASSISTANT_TYPES = {"text": ("output_text", "text"), "audio": ("output_audio", "audio")}  # kind -> (GA, beta)
+
+
+@dataclass
+class Part:
+    kind: str  # "text" | "audio"
+    text: str = ""  # text, or the audio's transcript (a user's: when transcription is on)
+    audio: np.ndarray | None = None  # a user's audio (int16 at 24 kHz)
+    audio_ms: int = 0  # an assistant's audio: milliseconds spoken (truncated: played)
+
+
+@dataclass
+class Item:
+    id: str
+    role: str  # "user" | "assistant" | "system"
+    parts: list[Part] = field(default_factory=list)
+    status: str = "completed"  # | "in_progress" | "incomplete"
+
+    def to_json(self, is_beta: bool) -> dict:
+        content = []
+        for part in self.parts:
+            if self.role != "assistant":
+                kind = "input_text" if part.kind == "text" else "input_audio"
+                content.append({"type": kind, "text": part.text} if part.kind == "text" else
+                               {"type": kind, "transcript": part.text or None})  # fmt: skip
+            else:
+                kind = ASSISTANT_TYPES[part.kind][int(is_beta)]
+                content.append({"type": kind, "text" if part.kind == "text" else "transcript": part.text})
+        return {"id": self.id, "object": "realtime.item", "type": "message", "role": self.role,
+                "status": self.status, "content": content}  # fmt: skip
+
+    def chat_message(self) -> dict | None:
+        """This item as a chat-completions message (None: nothing to say)."""
+        if self.role != "user":
+            text = "".join(part.text for part in self.parts)
+            return {"role": self.role, "content": text} if text or self.role == "system" else None
+        content = []
+        for part in self.parts:
+            if part.kind == "text":
+                content.append({"type": "text", "text": part.text})
+            else:
+                data = base64.b64encode(wav_bytes(part.audio)).decode()
+                content.append({"type": "input_audio", "input_audio": {"data": data, "format": "wav"}})
+        return {"role": "user", "content": content}
+
+
+def wav_bytes(samples: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(INPUT_RATE)
+        w.writeframes(samples.astype("<i2").tobytes())
+    return buf.getvalue()
+
+
+def pcm16(data: str, param: str, max_bytes: int) -> np.ndarray:
+    """Base64 PCM16 (little-endian, mono, 24 kHz) -> int16 samples; 400 APIError naming ``param``."""
+    if len(data) > (max_bytes + 2) // 3 * 4:
+        raise bad_request(f"{param} holds more than {max_bytes} bytes of audio; send it in smaller parts", param,
+                          "audio_too_large")  # fmt: skip
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise bad_request(f"{param} is not valid base64", param) from None
+    if len(raw) % 2:
+        raise bad_request(f"{param}: PCM16 audio has an even number of bytes, got {len(raw)}", param)
+    return np.frombuffer(raw, "<i2").astype(np.int16)
+
+
+def item_from_client(item: p.Item, where: str, max_bytes: int) -> Item:
+    """A ``conversation.item.create`` item -> an Item (refusing parts its role cannot have)."""
+    allowed = {"user": ("input_text", "input_audio"), "system": ("input_text",),
+               "assistant": ("output_text", "text", "output_audio", "audio")}[item.role]  # fmt: skip
+    parts = []
+    for i, c in enumerate(item.content):
+        param = f"{where}.content[{i}]"
+        if c.type not in allowed:
+            raise bad_request(f"a {item.role} item cannot hold {c.type!r}; use {list(allowed)}", f"{param}.type")
+        if c.type == "input_audio":
+            if c.audio is None:
+                raise bad_request("input_audio content needs its audio", f"{param}.audio", "missing_required_parameter")
+            parts.append(Part("audio", audio=pcm16(c.audio, f"{param}.audio", max_bytes)))
+        elif c.type in ("output_audio", "audio"):
+            parts.append(Part("audio", text=c.transcript or ""))
+        elif c.text is None:
+            raise bad_request(f"{c.type} content needs its text", f"{param}.text", "missing_required_parameter")
+        else:
+            parts.append(Part("text", text=c.text))
+    return Item(item.id or p.new_id("item"), item.role, parts, "completed" if item.role != "assistant" else
+                item.status or "completed")  # fmt: skip
+
+
+class Conversation:
+    def __init__(self):
+        self.items: list[Item] = []
+
+    def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
+        """Insert ``item`` after ``previous_item_id`` (default: at the end); returns its predecessor's id."""
+        if any(i.id == item.id for i in self.items):
+            raise bad_request(f"an item with id {item.id!r} already exists", "item.id")
+        index = len(self.items) if previous_item_id is None else self.index(previous_item_id, "previous_item_id") + 1
+        self.items.insert(index, item)
+        return self.items[index - 1].id if index else None
+
+    def index(self, item_id: str, param: str = "item_id") -> int:
+        for i, item in enumerate(self.items):
+            if item.id == item_id:
+                return i
+        raise bad_request(f"no item with id {item_id!r} in the conversation", param, "item_not_found")
+
+    def delete(self, item_id: str) -> None:
+        del self.items[self.index(item_id)]
+
+    def truncate(self, item_id: str, content_index: int, audio_end_ms: int) -> None:
+        item = self.items[self.index(item_id)]
+        if item.role != "assistant" or content_index >= len(item.parts) or item.parts[content_index].kind != "audio":
+            raise bad_request("only an assistant item's audio content can be truncated", "content_index")
+        part = item.parts[content_index]
+        if audio_end_ms > part.audio_ms:
+            raise bad_request(f"audio_end_ms {audio_end_ms} is past the audio's end ({part.audio_ms} ms)",
+                              "audio_end_ms")  # fmt: skip
+        words = part.text.split(" ")
+        kept = round(len(words) * audio_end_ms / part.audio_ms) if part.audio_ms else 0
+        part.text, part.audio_ms = " ".join(words[:kept]), audio_end_ms
+
+    def chat_messages(self) -> list[dict]:
+        return [m for m in (item.chat_message() for item in self.items) if m is not None]

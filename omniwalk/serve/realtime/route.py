@@ -1,0 +1,126 @@
+"""``GET /v1/realtime``: the WebSocket that carries a Realtime session.
+
+The handshake is checked before it is accepted, in the HTTP API's order, and refused with an
+HTTP response carrying OpenAI's error body: 401 a missing or wrong API key (``Authorization:
+Bearer``, or, for browsers, which cannot set headers, the subprotocol
+``openai-insecure-api-key.<key>``), 503 the engine is not ready, 404 an unknown ``?model=``, 429
+``realtime_max_sessions`` open already. An accepted session lasts at most
+``realtime_max_session_s`` (an ``error`` event with code ``session_expired``, then the close).
+A client that goes away ends its session: a response in progress is aborted in the engine.
+Sessions are counted in ``omniwalk_realtime_sessions`` and, when they end, in
+``omniwalk_http_responses_total{route="/v1/realtime",status="101"}`` and the access log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+import uuid
+
+from fastapi import FastAPI, WebSocket
+
+from omniwalk.serve import openai_api as api
+from omniwalk.serve.errors import APIError
+from omniwalk.serve.realtime import protocol as p
+from omniwalk.serve.realtime.response import is_disconnect
+from omniwalk.serve.realtime.session import Emitter, Session
+from omniwalk.serve.run import EngineRun
+
+ROUTE = "/v1/realtime"
+KEY_PROTOCOL = "openai-insecure-api-key."
+access_log = logging.getLogger("omniwalk.access")
+error_log = logging.getLogger("omniwalk.error")
+
+
+class Sessions:
+    """The open sessions' count (the limit) and their accounting."""
+
+    def __init__(self, served):
+        self.served, self.num_open = served, 0
+
+    def check(self, ws: WebSocket) -> None:
+        """Raise the APIError that refuses this handshake, if any."""
+        served, cfg = self.served, self.served.cfg
+        offered = _subprotocols(ws)
+        key = next((s[len(KEY_PROTOCOL) :] for s in offered if s.startswith(KEY_PROTOCOL)), None)
+        given = f"Bearer {key}".encode() if key is not None else ws.headers.get("authorization", "").encode()
+        if cfg.api_key and not hmac.compare_digest(given, f"Bearer {cfg.api_key}".encode()):
+            raise APIError(401, "invalid or missing API key", code="invalid_api_key")
+        if served.supervisor.state != "ready":
+            raise APIError(503, f"the server is not ready ({served.supervisor.state})", code="engine_unavailable")
+        api.check_model(ws.query_params.get("model"), served.context())
+        if self.num_open >= cfg.realtime_max_sessions:
+            raise APIError(429, f"{cfg.realtime_max_sessions} realtime sessions are open; retry later",
+                           code="session_limit_reached", headers={"Retry-After": "1"})  # fmt: skip
+
+    def count(self, status: int, rid: str, ws: WebSocket, start: float) -> None:
+        self.served.metrics.responses.labels(ROUTE, str(status)).inc()
+        client = ws.client.host if ws.client else "-"
+        access_log.info('%s %s "WEBSOCKET %s" %s %.0fms', rid, client, ROUTE, status, (time.monotonic() - start) * 1000)
+
+
+def add_realtime_route(app: FastAPI, served) -> None:
+    sessions = Sessions(served)
+
+    @app.websocket(ROUTE)
+    async def realtime(ws: WebSocket):
+        rid, start = f"req_{uuid.uuid4().hex[:24]}", time.monotonic()
+        try:
+            sessions.check(ws)
+        except APIError as e:
+            await _refuse(ws, e)
+            sessions.count(e.status, rid, ws, start)
+            return
+        sessions.num_open += 1
+        served.metrics.realtime_sessions.inc()
+        try:
+            await _serve(ws, served)
+        finally:
+            sessions.num_open -= 1
+            served.metrics.realtime_sessions.dec()
+            sessions.count(101, rid, ws, start)
+
+
+async def _serve(ws: WebSocket, served) -> None:
+    offered = _subprotocols(ws)
+    await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
+    is_beta = "realtime=v1" in ws.headers.get("openai-beta", "") or "openai-beta.realtime-v1" in offered
+    cfg = served.cfg
+    expires_at = int(time.time() + cfg.realtime_max_session_s)
+    run_engine = lambda request: EngineRun(served.client, request, served.metrics)  # noqa: E731
+    session = Session(Emitter(ws.send_text, is_beta), cfg, served.context(), run_engine, expires_at)
+    try:
+        await session.start()
+        async with asyncio.timeout(cfg.realtime_max_session_s):
+            while True:
+                message = await ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    return
+                await session.handle(message["text"] if message.get("text") is not None else message.get("bytes"))
+    except TimeoutError:
+        await session.close()
+        expired = APIError(400, f"the session reached its limit of {cfg.realtime_max_session_s:.0f} s",
+                           code="session_expired")  # fmt: skip
+        await session.emit.send(p.error_event(expired))
+        await ws.close(1000)
+    except Exception as e:
+        if not is_disconnect(e):
+            raise
+        # the client went away (sending to it failed)
+    finally:
+        await session.close()
+
+
+async def _refuse(ws: WebSocket, e: APIError) -> None:
+    from fastapi.responses import JSONResponse
+
+    try:
+        await ws.send_denial_response(JSONResponse(e.body(), status_code=e.status, headers=e.headers))
+    except RuntimeError:  # a server without the denial extension: a plain refusal (403)
+        await ws.close(1008)
+
+
+def _subprotocols(ws: WebSocket) -> list[str]:
+    return [s.strip() for s in ws.scope.get("subprotocols", ())]

@@ -1,0 +1,227 @@
+"""One Realtime session: client events in (one at a time, in order), server events out.
+
+    session.update               -> session.updated
+    input_audio_buffer.append    -> (server VAD) input_audio_buffer.speech_started / speech_stopped,
+                                    then as a commit; speech starting while a response plays
+                                    cancels it first (barge-in: response.done "cancelled",
+                                    reason "turn_detected") when interrupt_response is on
+    input_audio_buffer.commit    -> input_audio_buffer.committed, conversation.item.added (+ .done)
+                                    (after a VAD stop: then a response, when create_response is on;
+                                    with transcription on, its events beside: ``transcription.py``)
+    input_audio_buffer.clear     -> input_audio_buffer.cleared
+    conversation.item.create     -> conversation.item.added (+ .done)
+    conversation.item.truncate   -> conversation.item.truncated
+    conversation.item.delete     -> conversation.item.deleted
+    response.create / .cancel    -> the response's events (``response.py``)
+
+A bad event gets an ``error`` event naming the field (and the client's ``event_id``); the
+session goes on. Events are handled one at a time, so what a handler emits (a barge-in's
+``response.done`` included) is sent before anything a later client event causes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from omniwalk.config import ServerConfig
+from omniwalk.serve.errors import APIError, bad_request
+from omniwalk.serve.realtime import protocol as p
+from omniwalk.serve.realtime.conversation import Conversation, Item, Part, item_from_client, pcm16
+from omniwalk.serve.realtime.input_audio import InputAudio, samples_to_ms
+from omniwalk.serve.realtime.response import Response, engine_request, is_disconnect
+from omniwalk.serve.realtime.settings import (
+    SAMPLING,
+    Settings,
+    check_response_refused,
+    output_max_tokens,
+    output_speaks,
+    output_voice,
+)
+from omniwalk.serve.realtime.transcription import transcribe
+from omniwalk.serve.realtime.vad import INPUT_RATE
+
+error_log = logging.getLogger("omniwalk.error")
+MIN_COMMIT_MS = 100  # a shorter buffer is not committed (OpenAI's rule too)
+
+
+class Emitter:
+    """Sends server events in the client's dialect, one frame at a time."""
+
+    def __init__(self, send_text, is_beta: bool):
+        self.send_text, self.is_beta = send_text, is_beta
+        self.lock = asyncio.Lock()
+
+    async def __call__(self, kind: str, **fields) -> None:
+        event = p.server_event(kind, self.is_beta, **fields)
+        if event is not None:
+            await self.send(event)
+
+    async def send(self, event: dict) -> None:
+        async with self.lock:
+            await self.send_text(json.dumps(event))
+
+
+class Session:
+    def __init__(self, emit: Emitter, cfg: ServerConfig, context, run_engine, expires_at: int):
+        self.emit, self.cfg, self.context, self.run_engine = emit, cfg, context, run_engine
+        self.settings = Settings.defaults(cfg, context.model_name, expires_at)
+        self.conversation = Conversation()
+        self.audio = InputAudio(int(cfg.realtime_max_buffer_s * INPUT_RATE))
+        self.audio.set_vad(self.settings.turn_detection.vad if self.settings.turn_detection else None)
+        self.speech_item_id: str | None = None  # the user item VAD is hearing
+        self.response: Response | None = None
+        self.transcriptions: set[asyncio.Task] = set()
+
+    @property
+    def is_responding(self) -> bool:
+        return self.response is not None and not self.response.task.done()
+
+    async def start(self) -> None:
+        await self.emit("session.created", session=self.settings.to_json(self.emit.is_beta))
+
+    async def handle(self, frame: str | bytes) -> None:
+        event = None
+        try:
+            event = p.parse(frame)
+            await getattr(self, "on_" + event.type.replace(".", "_"))(event)
+        except APIError as e:
+            if event is not None:
+                e.event_id = event.event_id
+            await self.emit.send(p.error_event(e))
+        except Exception as e:  # noqa: BLE001 - a fault of ours: logged, the session goes on
+            error_log.error("unexpected error in a realtime session (%s)", self.settings.id, exc_info=e)
+            internal = APIError(500, f"internal server error (session {self.settings.id})", code="internal_error")
+            await self.emit.send(p.error_event(internal))
+
+    async def close(self) -> None:
+        for task in self.transcriptions:
+            task.cancel()
+        if self.response is not None:
+            await self.response.cancel(None)
+
+    # ---- session and input audio ----
+
+    async def on_session_update(self, event: p.SessionUpdate) -> None:
+        before = self.settings.turn_detection
+        self.settings.apply(event.session, self.context.voices)
+        after = self.settings.turn_detection
+        if (before and before.vad) != (after and after.vad):
+            self.audio.set_vad(after.vad if after else None)
+            self.speech_item_id = None
+        await self.emit("session.updated", session=self.settings.to_json(self.emit.is_beta))
+
+    async def on_input_audio_buffer_append(self, event: p.BufferAppend) -> None:
+        samples = pcm16(event.audio, "audio", self.cfg.realtime_max_append_bytes)
+        try:
+            speech = self.audio.append(samples)
+        except ValueError as e:
+            raise bad_request(str(e), "audio", "input_audio_buffer_full") from None
+        td = self.settings.turn_detection
+        for s in speech:
+            if s.kind == "start":
+                self.speech_item_id = p.new_id("item")
+                await self.emit("input_audio_buffer.speech_started", audio_start_ms=samples_to_ms(s.sample),
+                                item_id=self.speech_item_id)  # fmt: skip
+                if self.is_responding and td.interrupt_response:
+                    await self.response.cancel("turn_detected")  # barge-in
+                continue
+            item_id, self.speech_item_id = self.speech_item_id or p.new_id("item"), None
+            await self.emit("input_audio_buffer.speech_stopped", audio_end_ms=samples_to_ms(s.sample), item_id=item_id)
+            await self._commit(s.audio, item_id)
+            if td.create_response and not self.is_responding:
+                await self._respond(p.ResponseFields())
+
+    async def on_input_audio_buffer_commit(self, event: p.BufferCommit) -> None:
+        held_ms = samples_to_ms(self.audio.num_buffered)
+        if held_ms < MIN_COMMIT_MS:
+            raise bad_request(f"the input audio buffer holds {held_ms} ms; a commit needs at least {MIN_COMMIT_MS} ms",
+                              None, "input_audio_buffer_commit_empty")  # fmt: skip
+        item_id, self.speech_item_id = self.speech_item_id or p.new_id("item"), None
+        await self._commit(self.audio.take(), item_id)
+
+    async def on_input_audio_buffer_clear(self, event: p.BufferClear) -> None:
+        self.audio.clear()
+        self.speech_item_id = None
+        await self.emit("input_audio_buffer.cleared")
+
+    async def _commit(self, audio, item_id: str) -> None:
+        item = Item(item_id, "user", [Part("audio", audio=audio)])
+        previous = self.conversation.add(item)
+        await self.emit("input_audio_buffer.committed", previous_item_id=previous, item_id=item_id)
+        await self._item_added(item, previous)
+        if self.settings.transcription is not None:
+            task = asyncio.create_task(transcribe(self.emit, self.run_engine, self.context, item))
+            self.transcriptions.add(task)
+            task.add_done_callback(self._transcribed)
+
+    def _transcribed(self, task: asyncio.Task) -> None:
+        self.transcriptions.discard(task)
+        error = None if task.cancelled() else task.exception()
+        if error is not None and not is_disconnect(error):
+            error_log.error("a transcription failed (session %s)", self.settings.id, exc_info=error)
+
+    async def _item_added(self, item: Item, previous: str | None) -> None:
+        await self.emit("conversation.item.added", previous_item_id=previous, item=item.to_json(self.emit.is_beta))
+        await self.emit("conversation.item.done", previous_item_id=previous, item=item.to_json(self.emit.is_beta))
+
+    # ---- conversation ----
+
+    async def on_conversation_item_create(self, event: p.ItemCreate) -> None:
+        item = item_from_client(event.item, "item", self.cfg.realtime_max_append_bytes)
+        await self._item_added(item, self.conversation.add(item, event.previous_item_id))
+
+    async def on_conversation_item_truncate(self, event: p.ItemTruncate) -> None:
+        self._check_not_responding(event.item_id)
+        self.conversation.truncate(event.item_id, event.content_index, event.audio_end_ms)
+        await self.emit("conversation.item.truncated", item_id=event.item_id, content_index=event.content_index,
+                        audio_end_ms=event.audio_end_ms)  # fmt: skip
+
+    async def on_conversation_item_delete(self, event: p.ItemDelete) -> None:
+        self._check_not_responding(event.item_id)
+        self.conversation.delete(event.item_id)
+        await self.emit("conversation.item.deleted", item_id=event.item_id)
+
+    def _check_not_responding(self, item_id: str) -> None:
+        if self.is_responding and self.response.item.id == item_id:
+            raise bad_request("the item is being generated; cancel its response first", "item_id")
+
+    # ---- responses ----
+
+    async def on_response_create(self, event: p.ResponseCreate) -> None:
+        if self.is_responding:
+            raise bad_request(f"response {self.response.id} is in progress; cancel it or wait for response.done",
+                              None, "conversation_already_has_active_response")  # fmt: skip
+        await self._respond(event.response or p.ResponseFields())
+
+    async def on_response_cancel(self, event: p.ResponseCancel) -> None:
+        if not self.is_responding or event.response_id not in (None, self.response.id):
+            raise bad_request("there is no response in progress to cancel", "response_id", "response_cancel_not_active")
+        await self.response.cancel("client_cancelled")
+
+    async def _respond(self, fields: p.ResponseFields) -> None:
+        settings, given = self.settings, fields.model_fields_set
+        check_response_refused(fields, "response")
+        speaks = output_speaks(fields, "response")
+        speaks = settings.speaks if speaks is None else speaks
+        voice = output_voice(fields, self.context.voices, "response") or settings.voice
+        max_tokens = output_max_tokens(fields)
+        max_tokens = settings.max_output_tokens if max_tokens is ... else max_tokens
+        instructions = fields.instructions if "instructions" in given else settings.instructions
+        messages = [{"role": "system", "content": instructions}] if instructions else []
+        messages += self.conversation.chat_messages()
+        if not any(m["role"] == "user" for m in messages):
+            raise bad_request("the conversation has no user item to respond to", None, "conversation_empty")
+        body = {
+            "messages": messages, "modalities": ["text", "audio"] if speaks else ["text"],
+            **({"audio": {"voice": voice, "format": "pcm16"}} if speaks else {}),
+            **({"max_tokens": max_tokens} if max_tokens else {}),
+            **settings.sampling, **{k: getattr(fields, k) for k in SAMPLING if k in given},
+            **(fields.model_extra or {}),  # the family's own fields
+        }  # fmt: skip
+        request = await engine_request(body, self.context)
+        item = Item(p.new_id("item"), "assistant")
+        previous = self.conversation.add(item)
+        self.response = Response(self.emit, self.run_engine, request, item, previous, speaks, fields.metadata)
+        self.response.start()
