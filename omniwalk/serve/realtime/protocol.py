@@ -70,7 +70,7 @@ class AudioConfig(s.Strict):
 
 class Sampling(s.Strict):
     """omniwalk's sampling fields, accepted in a session and a response as in chat's extra body. The
-    model family's own fields (``ModelInfo.request_fields``, e.g. a talker's temperature) pass as
+    model family's own fields (``ModelInfo.request_fields``, e.g. a speech sampler's temperature) pass as
     extras: the family's chat schema checks them when a response is built (``engine_request``)."""
 
     model_config = ConfigDict(strict=True, extra="allow", frozen=True)
