@@ -184,9 +184,9 @@ def parse_bool(text: str) -> bool:
 
 
 def _choices() -> dict[str, tuple[str, ...]]:
-    from omniwalk.config import BACKENDS, DTYPES, LOG_LEVELS
+    from omniwalk.config import DTYPES, LOG_LEVELS, backend_choices
 
-    return {"dtype": DTYPES, "log_level": LOG_LEVELS, **{name: (*pair, "auto") for name, pair in BACKENDS.items()}}
+    return {"dtype": DTYPES, "log_level": LOG_LEVELS, **backend_choices()}
 
 
 def _add_dataclass_flags(parser: argparse.ArgumentParser, cls, skip=()) -> None:

@@ -20,12 +20,30 @@ from typing import Any
 from omniwalk.errors import ConfigError
 from omniwalk.media.limits import MediaLimits
 
-# per backend field: (reference, fast)
+
+@dataclass(frozen=True)
+class Backend:
+    """A kernel choice and what it needs to run (``resolve_auto`` picks the fast one where it can)."""
+
+    name: str
+    cuda: bool = False  # runs on CUDA only
+    half: bool = False  # needs a 16-bit dtype
+    package: str | None = None  # needs this package installed
+
+    def runs(self, model: ModelConfig) -> bool:
+        return (
+            (model.on_cuda or not self.cuda)
+            and (model.dtype != "float32" or not self.half)
+            and (self.package is None or importlib.util.find_spec(self.package) is not None)
+        )
+
+
+# per backend field: the reference (runs everywhere; the tests' oracle), then the fast one
 BACKENDS = {
-    "moe_backend": ("reference", "fused"),
-    "attention_backend": ("reference", "torch_varlen"),
-    "decode_attention": ("reference", "triton"),
-    "norm_backend": ("reference", "triton"),
+    "moe_backend": (Backend("reference"), Backend("fused", cuda=True, package="triton")),
+    "attention_backend": (Backend("reference"), Backend("torch_varlen", cuda=True, half=True)),
+    "decode_attention": (Backend("reference"), Backend("triton", cuda=True, package="triton")),
+    "norm_backend": (Backend("reference"), Backend("triton", cuda=True, package="triton")),
 }
 # (torch is imported where a dtype or device is used, so that `omniwalk --help` does not load it)
 DTYPES = ("float32", "bfloat16", "float16")
@@ -55,9 +73,9 @@ class ModelConfig:
     def __post_init__(self):
         import torch
 
-        for name, choices in BACKENDS.items():
-            if getattr(self, name) not in (*choices, "auto"):
-                raise ConfigError(f"{name} must be one of {[*choices, 'auto']}, got {getattr(self, name)!r}")
+        for name, choices in backend_choices().items():
+            if getattr(self, name) not in choices:
+                raise ConfigError(f"{name} must be one of {list(choices)}, got {getattr(self, name)!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -131,16 +149,14 @@ class OmniConfig:
 
 
 def resolve_auto(config: OmniConfig) -> OmniConfig:
-    """``config`` with every choice left to the device made: "auto" backends (the fast one where it
-    runs: CUDA, and for the varlen attention a 16-bit dtype, and for Triton kernels an installed
-    triton), the device-sized token budget, and graph limits (0 off CUDA; packed graphs also need
-    the varlen attention, the reference one reads segment bounds on the host)."""
+    """``config`` with every choice left to the device made: "auto" backends (the fast one where
+    it runs, ``Backend.runs``), the device-sized token budget, and graph limits (0 off CUDA;
+    packed graphs also need the varlen attention, the reference one reads segment bounds on the host)."""
     model, engine = config.model, config.engine
     backends = {}
     for name, (reference, fast) in BACKENDS.items():
-        usable = model.on_cuda and (name != "attention_backend" or model.dtype != "float32")
-        usable = usable and (fast != "triton" or importlib.util.find_spec("triton") is not None)
-        backends[name] = getattr(model, name) if getattr(model, name) != "auto" else fast if usable else reference
+        auto = fast.name if fast.runs(model) else reference.name
+        backends[name] = auto if getattr(model, name) == "auto" else getattr(model, name)
     graphs = engine.cuda_graph_max_batch if model.on_cuda else 0
     packed = graphs and backends["attention_backend"] != "reference"
     engine = replace(
@@ -151,6 +167,10 @@ def resolve_auto(config: OmniConfig) -> OmniConfig:
         prefill_graph_max_tokens=engine.prefill_graph_max_tokens if packed else 0,
     )
     return replace(config, model=replace(model, **backends), engine=engine)
+
+
+def backend_choices() -> dict[str, tuple[str, ...]]:
+    return {name: (*(b.name for b in choices), "auto") for name, choices in BACKENDS.items()}
 
 
 def batch_tokens_for(model: ModelConfig) -> int:
