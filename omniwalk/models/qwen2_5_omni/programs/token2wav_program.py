@@ -16,6 +16,13 @@ in one BigVGAN call. Work units are mel frames of the rows (the stage's budget c
 
 A request's rows and its noise depend on its codes and seed only, never on its batch-mates, so a
 request's audio is the same alone or in any batch, to float rounding (the tests measure it).
+
+Wiring: ``BatchStage("token2wav", Token2WavProgram(model, spk_dict, device), BatchStageConfig(
+max_batch_units=<mel frames per batched solve>, max_batch_requests=...))``; the talker side appends
+to ``codes`` and sets ``finished`` (a request that ends with no codes finishes with no audio). The
+first audio needs C + F frames of codes (``token2wav_stream.py``: 48 codes, 0.96 s of speech, for
+the 7B config) and the solve of their window: (num_steps - 1) stage steps.
+TODO: CUDA graphs for the batched RK step (per padded length and batch bucket) and the vocoder.
 """
 
 from __future__ import annotations
