@@ -439,3 +439,16 @@ def test_release_frees_a_request_mid_stream():
         stage.finish()
     assert req.id not in program.rows and not req.events
     assert _audio(other).shape[0] == len(other_codes) * 2 * _samples_per_frame("tiny")
+
+
+def test_loads_what_save_pretrained_writes(tmp_path):
+    """HF's safetensors (the full model nests these names under ``token2wav.``) load completely."""
+    from omniwalk.models.qwen3_omni.checkpoint.weights import load_weights
+
+    hf_token2wav("uneven").save_pretrained(tmp_path)
+    ours = Token2Wav(Token2WavConfig.from_hf(CONFIGS["uneven"])).eval()
+    load_weights(ours, tmp_path)
+    codes = _codes("uneven", 8, seed=1)
+    noise = initial_noise(2, 24, 20)
+    speaker = ours.speaker_rows(*_speaker("uneven", 0))
+    assert torch.equal(ours(codes, speaker, noise, 3), ours_for("uneven")(codes, speaker, noise, 3))

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omniwalk.device import to_device
 from omniwalk.errors import ConfigError
 from omniwalk.layers.rotary import apply_rotary, rope_cos_sin, rotary_tables
 from omniwalk.models.json_fields import Section
@@ -203,7 +204,7 @@ def block_masks(cfg: DiTConfig, lengths: list[int], total: int, device) -> dict[
     """
     block = torch.arange(total, device=device) // cfg.block_size
     diff = block[None, :] - block[:, None]  # [query, key]
-    valid = torch.arange(total, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]  # [N, key]
+    valid = torch.arange(total, device=device)[None, :] < to_device(lengths, device)[:, None]  # [N, key]
     eye = torch.eye(total, dtype=torch.bool, device=device)
     masks = {}
     for layer in range(cfg.num_hidden_layers):

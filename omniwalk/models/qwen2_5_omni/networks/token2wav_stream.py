@@ -130,6 +130,8 @@ class StreamState:
     def kept_mel(self, windows: list[tuple[Window, torch.Tensor]]) -> torch.Tensor:
         """The final mel after solved windows (in order; each with its whole mel [frames, mel_dim])
         are added: [frames from ``mel_offset``, mel_dim]. Changes nothing (``add`` does)."""
+        if not windows:
+            return self.mel
         kept, expected = [self.mel], self.num_final
         for window, mel in windows:
             if window.keep_start != expected:

@@ -168,8 +168,9 @@ class Token2WavProgram(BatchProgram):
     def _new_row(self, req: EngineRequest, window: Window) -> _Row:
         st, cfg = self.state_of(req), self.model.cfg
         r = cfg.dit.repeats
-        codes = to_device(st.codes[window.start // r : window.end // r], self.device, torch.long)
-        self.model.check_codes(codes)
+        codes = torch.tensor(st.codes[window.start // r : window.end // r], dtype=torch.long)
+        self.model.check_codes(codes)  # (on the host: no device sync)
+        codes = to_device(codes, self.device)
         noise = to_device(st.stream.noise.get(window.start, window.end), self.device)
         return _Row(req, window, noise, self.model.dit.condition_rows(self._speaker(st.voice), codes), self._times(st))
 
