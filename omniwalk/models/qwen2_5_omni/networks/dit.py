@@ -12,7 +12,7 @@ Attention is block-local: frame i (block b(i) = i // block_size) sees frame j if
 ``-back <= b(j) - b(i) <= ahead``, where ``back`` is 1 in the ``look_backward_layers`` and 0
 elsewhere, ``ahead`` likewise. One forward therefore has a receptive field of
 ``len(look_backward_layers)`` blocks back and ``len(look_ahead_layers)`` ahead (the streaming
-windows in ``token2wav.py`` are built from these counts).
+windows in ``token2wav_stream.py`` are built from these counts).
 
 Classifier-free guidance runs each row twice: with its conditions, and unconditioned (codec
 index 0 everywhere, the ECAPA of an all-zero reference mel, a zero speaker vector). Those rows
