@@ -227,7 +227,7 @@ class ThinkerProgram(KVProgram):
                 a, b = int(st.placeholders_before[kind][start]), int(st.placeholders_before[kind][end])
                 if b > a:
                     parts[kind].append(st.media.rows[kind][a:b])
-                    if kind in deep:
+                    if kind in st.media.deepstack:
                         deep[kind].append(st.media.deepstack[kind][:, a:b])
         counts = {k: sum(p.shape[0] for p in v) for k, v in parts.items()}
         if not any(counts.values()):
