@@ -102,3 +102,17 @@ def test_speaker_file_errors(tmp_path):
     torch.save({"Chelsie": {"bos_token": 1}}, tmp_path / "spk_dict.pt")
     with pytest.raises(CheckpointError, match="needs bos_token, cond and ref_mel"):
         read_speakers(tmp_path)
+
+
+def test_cli_make_tiny_and_inspect(tmp_path, capsys):
+    from qwen2_5_oracle import PACKAGE_TINY
+
+    from omniwalk.cli import main
+
+    assert main(["make-tiny", str(tmp_path / "c"), "--config", str(PACKAGE_TINY)]) == 0
+    assert (tmp_path / "c" / "spk_dict.pt").exists() and (tmp_path / "c" / "model.safetensors").exists()
+    capsys.readouterr()
+    assert main(["inspect", str(tmp_path / "c")]) == 0
+    shown = capsys.readouterr().out
+    params = sum(t.numel() for t in load_file(str(tmp_path / "c" / "model.safetensors")).values())
+    assert "qkv_bias=True" in shown and f"{params:,}" in shown

@@ -92,7 +92,7 @@ def test_abort_a_third_leaves_the_rest_unchanged_and_frees_everything():
 def test_kv_pressure_preempts_and_still_completes_correctly():
     cfg = omni().family.cfg.text
     per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
-    o = Omni(model=checkpoint("tiny"), thinker_kv_bytes=600 * per_token, page_size=8)
+    o = Omni(model=checkpoint("tiny"), thinker_kv_bytes=600 * per_token, page_size=8, max_batch_tokens=64)
     outs = run_staggered(o, workload(), every=1)
     assert o.engine.stages["thinker"].num_preemptions > 0
     for i, request in enumerate(workload()):
