@@ -1,6 +1,7 @@
 """The walk runtime on Qwen2.5-Omni (tiny, CPU): a concurrent staggered workload equals each
-request alone on every input path; aborts, KV pressure and an injected failure leave the others
-exact and free everything; seeded sampling is the same alone and batched."""
+request alone on every input path, text out and codec ids out (the talker walk; every fourth
+request); aborts, KV pressure and an injected failure leave the others exact and free everything;
+seeded sampling is the same alone and batched."""
 
 import random
 from functools import cache
@@ -11,14 +12,42 @@ from test_engine_omni import assert_idle, run_staggered
 from test_qwen2_5_omni_thinker import checkpoint
 
 from omniwalk import Omni
+from omniwalk.engine.request import EngineRequest
 
 PATHS = ("t2t", "s2t", "i2t", "v2t", "si2t", "av2t")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
+class SpeechOmni:
+    """``Omni`` with the talker walk open: audio out is not served until token2wav joins the walk,
+    so speech requests go to the family and the engine directly (what ``Omni.add`` does after its
+    modality check)."""
+
+    def __init__(self, o: Omni):
+        self.o, self.engine, self.family = o, o.engine, o.family
+
+    def add(self, request: dict) -> EngineRequest:
+        walk, state = self.family.new_request(request)
+        req = EngineRequest(request["request_id"], walk, state)
+        self.engine.add(req)
+        return req
+
+    def output(self, req):
+        return self.o.output(req)
+
+    def abort(self, request_id: str) -> bool:
+        return self.o.abort(request_id)
+
+    def generate(self, request: dict):
+        req = self.add(request)
+        while not req.status.is_done:
+            self.engine.step()
+        return self.output(req)
+
+
 @cache
-def omni(**options) -> Omni:
-    return Omni(model=checkpoint("tiny"), **options)
+def omni(**options) -> SpeechOmni:
+    return SpeechOmni(Omni(model=checkpoint("tiny"), **options))
 
 
 def make_request(i: int, sampled: bool = False) -> dict:
@@ -33,7 +62,7 @@ def make_request(i: int, sampled: bool = False) -> dict:
     if "v" in inputs:
         video = {"type": "video", "video": rng.integers(0, 256, (4, 56, 84, 3), dtype=np.uint8), "fps": 2.0}
         content.append({**video, "audio": wave} if "a" in inputs else video)
-    return {
+    request = {
         "request_id": f"r{i}",
         "messages": [{"role": "user", "content": content}],
         "max_tokens": 3 + (7 * i) % 11,
@@ -42,6 +71,11 @@ def make_request(i: int, sampled: bool = False) -> dict:
         "seed": i,
         "use_audio_in_video": "a" in inputs,
     }
+    if i % 4 == 3:  # speech: codec ids out
+        codes = 4 + (5 * i) % 17
+        request.update(modalities=["text", "audio"], voice=("Chelsie", "ethan")[i % 2], max_audio_frames=codes)
+        request.update(min_audio_frames=codes, talker_temperature=0.9 if sampled else 0.0)
+    return request
 
 
 def workload(n: int = 18, **kw) -> list[dict]:
@@ -55,15 +89,21 @@ def alone(i: int, sampled: bool = False):
 
 def assert_same(out, ref):
     assert (out.token_ids, out.text, out.finish_reason) == (ref.token_ids, ref.text, ref.finish_reason)
+    assert out.codes == ref.codes and (ref.codes is None or len(ref.codes) > 3)
 
 
 def test_concurrent_staggered_equals_alone_on_every_path():
     o = omni()
     widest = []
-    outs = run_staggered(o, workload(), on_step=lambda o, s, r: widest.append(len(o.engine.stages["thinker"].running)))
+
+    def watch(o, step, reqs):
+        widest.append([len(o.engine.stages[name].running) for name in ("thinker", "talker")])
+
+    outs = run_staggered(o, workload(), on_step=watch)
     for i, request in enumerate(workload()):
         assert_same(outs[request["request_id"]], alone(i))
-    assert max(widest) > 2  # requests really ran together
+    thinker, talker = (max(column) for column in zip(*widest, strict=True))
+    assert thinker >= 3 and talker >= 2  # requests really ran together
     assert_idle(o)
 
 
@@ -92,11 +132,25 @@ def test_abort_a_third_leaves_the_rest_unchanged_and_frees_everything():
 def test_kv_pressure_preempts_and_still_completes_correctly():
     cfg = omni().family.cfg.text
     per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
-    o = Omni(model=checkpoint("tiny"), thinker_kv_bytes=600 * per_token, page_size=8, max_batch_tokens=64)
+    o = SpeechOmni(Omni(model=checkpoint("tiny"), thinker_kv_bytes=600 * per_token, page_size=8, max_batch_tokens=64))
     outs = run_staggered(o, workload(), every=1)
     assert o.engine.stages["thinker"].num_preemptions > 0
     for i, request in enumerate(workload()):
         assert_same(outs[request["request_id"]], alone(i))
+    assert_idle(o)
+
+
+def test_talker_kv_pressure_preempts_and_resumes_exactly():
+    """Speech requests with talker KV for 600 tokens: the talker preempts and recomputes its inputs;
+    a recomputed input must not draw its code again (codes equal to running alone)."""
+    cfg = omni().family.cfg.talker.text
+    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
+    o = SpeechOmni(Omni(model=checkpoint("tiny"), talker_kv_bytes=600 * per_token, page_size=8, max_batch_tokens=64))
+    speech = [i for i in range(18) if i % 4 == 3]
+    outs = run_staggered(o, [make_request(i) for i in speech], every=1)
+    assert o.engine.stages["talker"].num_preemptions > 0
+    for i in speech:
+        assert_same(outs[f"r{i}"], alone(i))
     assert_idle(o)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -11,7 +12,7 @@ from omniwalk.engine.request import EngineRequest
 from omniwalk.errors import CheckpointError, InvalidRequestError
 from omniwalk.models.family import ModelFamily, ModelInfo, RequestOutput
 from omniwalk.models.qwen2_5_omni.checkpoint.config import Qwen25OmniConfig
-from omniwalk.models.qwen2_5_omni.checkpoint.loader import THINKER_COMPONENTS, load_components, num_parameters
+from omniwalk.models.qwen2_5_omni.checkpoint.loader import components, load_components, num_parameters
 from omniwalk.models.qwen2_5_omni.checkpoint.tiny import make_tiny_checkpoint
 from omniwalk.models.qwen2_5_omni.processing.chat import DEFAULT_SYSTEM_PROMPT, ChatProcessor
 from omniwalk.models.qwen2_5_omni.processing.media_inputs import measure
@@ -23,6 +24,17 @@ from omniwalk.tokenizer import Tokenizer
 
 SPEAKERS_FILE = "spk_dict.pt"
 PROMPT_FIELDS = {"use_audio_in_video": "flag", "use_default_system_prompt": "flag"}
+# speech sampling: request field -> (SamplingParams field of the talker's draws, default: HF's generate)
+SPEECH_FIELDS = {
+    "talker_temperature": ("temperature", 0.9), "talker_top_k": ("top_k", 40), "talker_top_p": ("top_p", 0.8),
+    "talker_repetition_penalty": ("repetition_penalty", 1.05), "max_audio_frames": ("max_tokens", 4096),
+    "min_audio_frames": ("min_tokens", 0),
+}  # fmt: skip
+
+
+@dataclass
+class Qwen25OmniOutput(RequestOutput):
+    codes: list[int] | None = None  # the talker's codec ids (speech), the stop code excluded
 
 
 def read_speakers(ckpt_dir: str | Path) -> dict[str, dict]:
@@ -52,7 +64,7 @@ class Qwen25OmniFamily(ModelFamily):
         self.speakers = read_speakers(mc.model) if cfg.enable_audio_output else {}
         self.parts = load_components(
             mc.model,
-            THINKER_COMPONENTS,
+            components(cfg),
             cfg,
             dtype=mc.torch_dtype,
             device=mc.device,
@@ -85,13 +97,31 @@ class Qwen25OmniFamily(ModelFamily):
                 f"the prompt has {prompt.num_prompt_tokens} tokens; the context length is {self.max_model_len}"
             )
         aiv = bool(request.get("use_audio_in_video", False))
+        speech, bos = self._speech(request) if "audio" in (request.get("modalities") or ()) else (None, 0)
         detok = self.tokenizer.detokenizer()
-        return new_state(prompt, params, min(params.max_tokens, room), detok, self.cfg, use_audio_in_video=aiv)
+        max_tokens = min(params.max_tokens, room)
+        return new_state(
+            prompt, params, max_tokens, detok, self.cfg, use_audio_in_video=aiv, speech=speech, speaker_bos=bos
+        )
 
-    def output(self, req: EngineRequest) -> RequestOutput:
-        th = req.state.thinker
+    def _speech(self, request: dict) -> tuple[SamplingParams, int]:
+        """The talker's sampling parameters and the speaker's text bos (voices match case-insensitively)."""
+        if not self.speakers:
+            raise InvalidRequestError("this model has no audio output")
+        voice = str(request.get("voice") or next(iter(self.speakers))).lower()
+        if voice not in self.speakers:
+            raise InvalidRequestError(f"unknown voice {request.get('voice')!r}; voices: {sorted(self.speakers)}")
+        given = {f: request[key] for key, (f, _) in SPEECH_FIELDS.items() if request.get(key) is not None}
+        defaults = {f: default for f, default in SPEECH_FIELDS.values()}
+        speech = SamplingParams(**{**defaults, **given, "seed": request.get("seed")})
+        return speech, int(self.speakers[voice]["bos_token"])
+
+    def output(self, req: EngineRequest) -> Qwen25OmniOutput:
+        th, talker = req.state.thinker, req.state.talker
         picks = th.picks if th.params.logprobs else None
-        return RequestOutput(req.id, th.prompt.token_ids, th.generated, th.text, th.finish_reason, picks)
+        out = Qwen25OmniOutput(req.id, th.prompt.token_ids, th.generated, th.text, th.finish_reason, picks)
+        out.codes = list(talker.codes) if talker is not None else None
+        return out
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)

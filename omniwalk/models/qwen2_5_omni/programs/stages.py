@@ -21,11 +21,12 @@ from omniwalk.engine.prefill_graphs import PrefillPlan
 from omniwalk.models.qwen2_5_omni.checkpoint.config import Qwen25OmniConfig
 from omniwalk.models.qwen2_5_omni.options import Qwen25OmniOptions
 from omniwalk.models.qwen2_5_omni.programs.encoder_programs import AudioEncoderProgram, VisionEncoderProgram
+from omniwalk.models.qwen2_5_omni.programs.talker_program import TalkerProgram, TalkerState
+from omniwalk.models.qwen2_5_omni.programs.thinker_program import ReplyThinkerProgram
 from omniwalk.models.qwen3_omni.checkpoint.config import DecoderConfig
 from omniwalk.models.qwen3_omni.processing.chat import Prompt
 from omniwalk.models.qwen3_omni.processing.positions import AUDIO
 from omniwalk.models.qwen3_omni.programs.request_state import MediaState, OmniRequestState, ThinkerState
-from omniwalk.models.qwen3_omni.programs.thinker_program import ThinkerProgram
 from omniwalk.sampling import SamplerState, SamplingParams
 from omniwalk.tokenizer import IncrementalDetokenizer
 
@@ -44,20 +45,29 @@ def build_stages(parts: dict, cfg: Qwen25OmniConfig, config: OmniConfig) -> list
     graphs = min(engine.cuda_graph_max_batch, engine.max_running)
     encoder_batch = BatchStageConfig(opts.encoder_batch_units, engine.max_running)
     plan = PrefillPlan(min(engine.prefill_graph_max_tokens, engine.max_batch_tokens), prefill)
-    thinker = ThinkerProgram(parts["thinker"], device, decode, graphs, plan, deepstack_levels=0)
-    return [
-        BatchStage("audio_encoder", AudioEncoderProgram(parts["audio_encoder"], device, dtype), encoder_batch, device),
-        BatchStage(
-            "vision_encoder", VisionEncoderProgram(parts["vision_encoder"], device, dtype), encoder_batch, device
-        ),
+    thinker = ReplyThinkerProgram(parts["thinker"], device, decode, graphs, plan, deepstack_levels=0)
+    audio = AudioEncoderProgram(parts["audio_encoder"], device, dtype)
+    vision = VisionEncoderProgram(parts["vision_encoder"], device, dtype)
+    thinker_kv = kv_storage(cfg.text, opts.thinker_kv_bytes, engine.page_size, dtype, device)
+    stages = [
+        BatchStage("audio_encoder", audio, encoder_batch, device),
+        BatchStage("vision_encoder", vision, encoder_batch, device),
         KVStage(
             "thinker",
             thinker,
-            kv_storage(cfg.text, opts.thinker_kv_bytes, engine.page_size, dtype, device),
+            thinker_kv,
             KVStageConfig(engine.max_batch_tokens, engine.max_running, decode, prefill),
             device,
         ),
     ]
+    if "talker" in parts:
+        budget = opts.talker_max_batch_tokens or engine.max_batch_tokens
+        talker = TalkerProgram(parts["talker"], parts["thinker"], cfg.talker, device)
+        storage = kv_storage(cfg.talker.text, opts.talker_kv_bytes, engine.page_size, dtype, device)
+        stages.append(
+            KVStage("talker", talker, storage, KVStageConfig(budget, engine.max_running, decode, prefill), device)
+        )
+    return stages
 
 
 def new_state(
@@ -68,6 +78,8 @@ def new_state(
     cfg: Qwen25OmniConfig,
     *,
     use_audio_in_video: bool = False,
+    speech: SamplingParams | None = None,
+    speaker_bos: int = 0,
 ) -> tuple[tuple[str, ...], OmniRequestState]:
     """A processed request -> (its walk, its state)."""
     items = prompt.items
@@ -77,4 +89,10 @@ def new_state(
     thinker = ThinkerState(prompt, params, sampler, detok, max_tokens, list(prompt.token_ids))
     state = OmniRequestState(MediaState(waves, vision), thinker, use_audio_in_video=use_audio_in_video)
     walk = (("audio_encoder",) if waves else ()) + (("vision_encoder",) if vision else ()) + ("thinker",)
+    if speech is not None:  # codec ids out (TODO: + "token2wav")
+        t = cfg.talker
+        codec_prompt = [t.codec_mask] * prompt.num_prompt_tokens + [t.codec_pad, t.codec_bos]
+        sampler = SamplerState(speech, (t.codec_pad, t.codec_eos), codec_prompt)
+        state.talker = TalkerState(sampler, speaker_bos, speech.max_tokens)
+        walk += ("talker",)
     return walk, state
