@@ -36,6 +36,7 @@ from omniwalk.engine.paged_attention import PagedBatch
 from omniwalk.engine.request import Chunk, EngineRequest
 from omniwalk.models.qwen2_5_omni.checkpoint.config import TalkerConfig
 from omniwalk.models.qwen2_5_omni.networks.talker import Talker
+from omniwalk.models.qwen3_omni.processing.positions import batch_spans
 from omniwalk.sampling import SamplerState, sample_async
 
 
@@ -112,21 +113,21 @@ class TalkerProgram(KVProgram):
 
     @torch.inference_mode()
     def run(self, batch: list[Chunk], kv: PagedBatch) -> Callable[[], None] | None:
-        rows, positions, ends, offset = [], [], [], 0
+        rows, spans, ends, offset = [], [], [], 0
         for req, start, n in batch:
             st, th = req.state.talker, req.state.thinker
             num_prompt = th.prompt.num_prompt_tokens
             prompt = st.prompt_rows[start : min(start + n, num_prompt)]
             later = st.inputs[max(start - num_prompt, 0) : start + n - num_prompt]
             rows += [prompt, torch.stack(later)] if later else [prompt]
-            positions.append(th.prompt.rope.span(start, n))
+            spans.append((th.prompt.rope, start, n))
             # input i >= P + 1 draws code i - P - 1, unless it was drawn before (a recompute)
             last = start + n - 1
             if last >= num_prompt + 1 and last - num_prompt - 1 == len(st.draws):
                 ends.append((req, offset + n - 1))
             offset += n
         x = self.talker.thinker_to_talker_proj(torch.cat(rows))
-        hidden = self.talker.model(x, to_device(torch.cat(positions, 1), self.device), kv)
+        hidden = self.talker.model(x, to_device(batch_spans(spans), self.device), kv)
         if not ends:
             return None
         logits = self.talker.codec_head(hidden[to_device([i for _, i in ends], self.device, torch.long)]).float()
