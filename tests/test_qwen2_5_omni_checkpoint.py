@@ -116,3 +116,13 @@ def test_cli_make_tiny_and_inspect(tmp_path, capsys):
     shown = capsys.readouterr().out
     params = sum(t.numel() for t in load_file(str(tmp_path / "c" / "model.safetensors")).values())
     assert "qkv_bias=True" in shown and f"{params:,}" in shown
+
+
+def test_published_spelling_reads_the_same():
+    """The published config.json spells rope as ``rope_scaling`` + ``rope_theta``."""
+    raw = config_dict("uneven")
+    for section in (raw["thinker_config"]["text_config"], raw["talker_config"]):
+        params = section.pop("rope_parameters")
+        section["rope_theta"] = params.pop("rope_theta")
+        section["rope_scaling"] = {**params, "type": "default"}
+    assert Qwen25OmniConfig.from_hf(raw) == Qwen25OmniConfig.from_hf(config_dict("uneven"))
