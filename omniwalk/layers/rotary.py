@@ -9,8 +9,11 @@ Multimodal RoPE (MRoPE) gives every token three positions (T, H, W). Each of the
     axis:  T H W T H W ...               T T T T      (H at i%3==1 while i < 3*s_h,
                                                        W at i%3==2 while i < 3*s_w, else T)
 
-with ``mrope_section = (s_t, s_h, s_w)`` counting each axis's slots. NOTE: HF transformers 5.24
-uses this layout whatever the config's ``interleaved`` flag says, and so do we.
+with ``mrope_section = (s_t, s_h, s_w)`` counting each axis's slots. Qwen2/2.5's sectioned layout
+(``interleaved=False``) gives each axis one contiguous run of slots instead:
+
+    slot:  0 ... s_t-1 | s_t ... s_t+s_h-1 | ... head_dim/2-1
+    axis:  T ...  T    | H   ...  H        | W ...  W
 """
 
 from functools import cache
@@ -49,8 +52,10 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[
     return emb.cos(), emb.sin()
 
 
-def mrope_axes(mrope_section: tuple[int, ...]) -> torch.Tensor:
+def mrope_axes(mrope_section: tuple[int, ...], interleaved: bool = True) -> torch.Tensor:
     """Which position row (0=T, 1=H, 2=W) each of the ``sum(mrope_section)`` slots reads."""
+    if not interleaved:
+        return torch.repeat_interleave(torch.arange(3), torch.tensor(mrope_section))
     num_slots = sum(mrope_section)
     axes = torch.zeros(num_slots, dtype=torch.long)
     for axis in (1, 2):
@@ -59,16 +64,16 @@ def mrope_axes(mrope_section: tuple[int, ...]) -> torch.Tensor:
 
 
 @cache
-def _axes_on(mrope_section: tuple[int, ...], device: torch.device) -> torch.Tensor:
+def _axes_on(mrope_section: tuple[int, ...], interleaved: bool, device: torch.device) -> torch.Tensor:
     """``mrope_axes`` on ``device``, copied there once (no per-step host transfer)."""
-    return mrope_axes(mrope_section).to(device)
+    return mrope_axes(mrope_section, interleaved).to(device)
 
 
 def mrope_cos_sin(
-    positions: torch.Tensor, head_dim: int, theta: float, mrope_section: tuple[int, ...]
+    positions: torch.Tensor, head_dim: int, theta: float, mrope_section: tuple[int, ...], interleaved: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Interleaved MRoPE: positions [3, tokens] (T, H, W rows) -> cos, sin [tokens, head_dim] in fp32."""
-    axes = _axes_on(tuple(mrope_section), positions.device)
+    """MRoPE: positions [3, tokens] (T, H, W rows) -> cos, sin [tokens, head_dim] in fp32."""
+    axes = _axes_on(tuple(mrope_section), interleaved, positions.device)
     slot_positions = positions.float()[axes].T  # [tokens, head_dim/2]: each slot's own row
     freqs = slot_positions * inv_frequencies(head_dim, theta, positions.device)[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)

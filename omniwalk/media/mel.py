@@ -14,6 +14,10 @@ Two batching semantics (``pad_together``):
 - True (an HF processor call with several clips): clips are zero-padded to the longest first,
   so a shorter clip's last frames see zeros instead of its reflection, its range max covers the
   padded frames too, and it has ``ceil(l / 160)`` valid frames (the longest keeps ``L // 160``).
+
+``zero_tail`` (serving, each clip alone): the clip as an extractor that pads every clip with zeros
+to a fixed length sees it (the Qwen2.5-Omni processor pads to 300 s): its last frames see zeros,
+its range max covers the frames that overlap the clip, and it has ``ceil(L / 160)`` valid frames.
 """
 
 from __future__ import annotations
@@ -62,9 +66,12 @@ def mel_filter_bank(num_mels: int = NUM_MEL_BINS, n_fft: int = N_FFT, sample_rat
     return filters * (2.0 / (edges_hz[2:] - edges_hz[:-2]))[None, :]
 
 
-def num_mel_frames(num_samples: int) -> int:
-    """Valid mel frames of a clip featurised alone."""
-    return num_samples // HOP_LENGTH
+ZERO_TAIL = 2 * N_FFT  # zeros after a ``zero_tail`` clip: every frame that overlaps it sees them, none reflects
+
+
+def num_mel_frames(num_samples: int, zero_tail: bool = False) -> int:
+    """Valid mel frames of a clip featurised alone (``log_mel``'s ``zero_tail``: followed by zeros)."""
+    return -(-num_samples // HOP_LENGTH) if zero_tail else num_samples // HOP_LENGTH
 
 
 def _framed_batch(waves: Sequence[torch.Tensor], pad_together: bool) -> torch.Tensor:
@@ -80,15 +87,22 @@ def _framed_batch(waves: Sequence[torch.Tensor], pad_together: bool) -> torch.Te
     return torch.stack([F.pad(p, (0, longest + 2 * half - p.shape[0])) for p in padded])
 
 
-def log_mel(waves: Sequence[torch.Tensor], *, pad_together: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def log_mel(
+    waves: Sequence[torch.Tensor], *, pad_together: bool = False, zero_tail: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-mel features of mono 16 kHz float32 clips (each [L_i], L_i > 200 samples).
 
-    Returns ``features`` [B, 128, L_max // 160] float32 and ``num_frames`` [B] int64 (valid
-    frames per clip, on the same device). Frames past ``num_frames`` are padding.
+    Returns ``features`` [B, 128, T] float32 and ``num_frames`` [B] int64 (valid frames per clip,
+    on the same device). Frames past ``num_frames`` are padding.
     """
     if not waves:
         raise ValueError("log_mel needs at least one clip")
+    if pad_together and zero_tail:
+        raise ValueError("zero_tail featurises each clip alone; pad_together pads them together")
     device = waves[0].device
+    num_valid = [num_mel_frames(w.shape[0], zero_tail) for w in waves]
+    if zero_tail:
+        waves = [F.pad(w, (0, ZERO_TAIL)) for w in waves]
     lengths = to_device([w.shape[0] for w in waves], device, torch.long)
     signal = _framed_batch([w.float() for w in waves], pad_together)
     window = torch.hann_window(N_FFT, device=device)
@@ -105,4 +119,4 @@ def log_mel(waves: Sequence[torch.Tensor], *, pad_together: bool = False) -> tup
         valid = torch.arange(num_total, device=device)[None, None, :] < num_frames[:, None, None]
         peak = log.masked_fill(~valid, float("-inf")).amax(dim=(1, 2), keepdim=True)
     log = torch.maximum(log, peak - 8.0)
-    return (log + 4.0) / 4.0, num_frames
+    return (log + 4.0) / 4.0, to_device(num_valid, device, torch.long) if zero_tail else num_frames

@@ -20,7 +20,11 @@ from omniwalk.errors import ConfigError
 from omniwalk.models.family import ModelFamily
 from omniwalk.models.json_fields import read_config
 
-BUILTIN = {"Qwen3OmniMoeForConditionalGeneration": "omniwalk.models.qwen3_omni"}
+BUILTIN = {
+    "Qwen3OmniMoeForConditionalGeneration": "omniwalk.models.qwen3_omni",
+    "Qwen2_5OmniForConditionalGeneration": "omniwalk.models.qwen2_5_omni",
+    "Qwen2_5OmniModel": "omniwalk.models.qwen2_5_omni",  # the name early Qwen2.5-Omni configs carry
+}
 DEFAULT_ARCHITECTURE = "Qwen3OmniMoeForConditionalGeneration"  # the embedded tiny model's family
 GROUP = "omniwalk.families"
 

@@ -24,7 +24,8 @@ from omniwalk.models.json_fields import read_config
 
 @dataclass(frozen=True)
 class RopeConfig:
-    """Rotary embedding: ``mrope_section`` (T, H, W slot counts) is None for plain 1-D rope."""
+    """Rotary embedding: ``mrope_section`` (T, H, W slot counts) is None for plain 1-D rope;
+    ``interleaved``: Qwen3's T/H/W slot layout, else Qwen2.5's sectioned one (``layers/rotary.py``)."""
 
     theta: float
     mrope_section: tuple[int, ...] | None = None
@@ -52,8 +53,8 @@ def _read_rope(s: _Section, default_theta: float, head_dim: int, multimodal: boo
             f"{merged.name('mrope_section')} = {list(section)} must have 3 entries summing to "
             f"head_dim/2 = {head_dim // 2}"
         )
-    interleaved = bool(merged.data.get("interleaved", merged.data.get("mrope_interleaved", True)))
-    return RopeConfig(theta=theta, mrope_section=section, interleaved=interleaved)
+    # NOTE: Qwen3-Omni's MRoPE is interleaved whatever the config's ``interleaved`` flag says (HF 5.24 too)
+    return RopeConfig(theta=theta, mrope_section=section, interleaved=True)
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,8 @@ class DecoderConfig:
 
     ``num_experts == 0`` means dense MLPs of ``intermediate_size``; otherwise every layer is a
     MoE of ``num_experts`` experts of ``moe_intermediate_size``, plus a sigmoid-gated shared
-    expert when ``shared_expert_intermediate_size > 0``.
+    expert when ``shared_expert_intermediate_size > 0``. Attention: Qwen3's per-head q/k RMSNorm
+    and bias-free projections by default; Qwen2's biased q/k/v without q/k norm otherwise.
     """
 
     vocab_size: int
@@ -80,6 +82,8 @@ class DecoderConfig:
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
     norm_topk_prob: bool = True
+    qkv_bias: bool = False  # q_proj, k_proj, v_proj carry biases (Qwen2)
+    qk_norm: bool = True  # per-head RMSNorm on q and k before rope (Qwen3)
 
     @property
     def is_moe(self) -> bool:

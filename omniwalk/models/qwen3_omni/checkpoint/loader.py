@@ -122,6 +122,8 @@ def randomize(module: nn.Module, seed: int) -> None:
     """Random weights made on the parameters' device (no host copies, so a 35B model takes
     seconds): matrices ~ N(0, 1/fan_in), vectors around 1 (norm weights) or 0 (biases, scales)."""
     for i, (name, p) in enumerate(module.named_parameters()):
+        if p.numel() == 0:  # (e.g. an empty conv of HF's token2wav at tiny sizes)
+            continue
         g = torch.Generator(device=p.device).manual_seed(seed * 100_003 + i)
         if p.dim() == 1:
             base = 1.0 if name.endswith("weight") and ("norm" in name or "ln_" in name) else 0.0

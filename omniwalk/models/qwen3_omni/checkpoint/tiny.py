@@ -75,7 +75,7 @@ def make_tiny_checkpoint(
     raw.setdefault("architectures", ["Qwen3OmniMoeForConditionalGeneration"])
     (out / "config.json").write_text(json.dumps(raw, indent=2))
     if with_weights:
-        write_weights(out, cfg, seed, dtype, max_shard_bytes)
+        write_weights(out, checkpoint_layout(cfg), seed, dtype, max_shard_bytes)
     write_tokenizer_files(out, cfg)
     return out
 
@@ -102,9 +102,9 @@ def random_tensor(name: str, shape: tuple[int, ...], g: torch.Generator) -> torc
     return gain * noise / math.sqrt(fan_in)
 
 
-def write_weights(out: Path, cfg: Qwen3OmniConfig, seed: int, dtype: torch.dtype, max_shard_bytes: int) -> None:
+def write_weights(out: Path, layout: dict, seed: int, dtype: torch.dtype, max_shard_bytes: int) -> None:
+    """Random tensors for ``layout`` (name -> shape), one safetensors file or shards + an index."""
     g = torch.Generator().manual_seed(seed)
-    layout = checkpoint_layout(cfg)
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for name in sorted(layout):

@@ -109,11 +109,12 @@ def _filler(i: int) -> str:
             return "Ġzz" + letters
 
 
-def build_tokenizer(tokens: TokenIds) -> Tokenizer:
-    """A byte-level BPE tokenizer whose special and role tokens sit at ``tokens``' ids."""
+def build_tokenizer(tokens: TokenIds, names: dict[str, str] = SPECIAL_NAMES) -> Tokenizer:
+    """A byte-level BPE tokenizer whose special and role tokens sit at ``tokens``' ids; ``names``:
+    each special ``TokenIds`` field's string (a model family's own spelling)."""
     trained_vocab, merges = _trained_bpe()
     fixed = {"system": tokens.system, "user": tokens.user, "assistant": tokens.assistant}
-    specials = {name: getattr(tokens, field) for field, name in SPECIAL_NAMES.items()}
+    specials = {name: getattr(tokens, field) for field, name in names.items()}
     first_special = min(specials.values())
     specials.setdefault(ENDOFTEXT, first_special - 1)
     first_special = min(specials.values())

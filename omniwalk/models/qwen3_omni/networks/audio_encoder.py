@@ -60,11 +60,11 @@ def sinusoid_positions(length: int, channels: int, max_timescale: float = 10000.
 
 
 class AudioAttention(nn.Module):
-    def __init__(self, cfg: AudioEncoderConfig):
+    def __init__(self, cfg: AudioEncoderConfig, key_bias: bool = True):
         super().__init__()
         d = cfg.d_model
         self.num_heads, self.head_dim = cfg.encoder_attention_heads, cfg.head_dim
-        self.q_proj, self.k_proj, self.v_proj = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.q_proj, self.k_proj, self.v_proj = nn.Linear(d, d), nn.Linear(d, d, bias=key_bias), nn.Linear(d, d)
         self.out_proj = nn.Linear(d, d)
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, backend: str) -> torch.Tensor:
@@ -77,9 +77,11 @@ class AudioAttention(nn.Module):
 
 
 class AudioEncoderLayer(nn.Module):
-    def __init__(self, cfg: AudioEncoderConfig):
+    """Pre-LN: attention (``key_bias``: k_proj has a bias; Qwen2.5-Omni's has none), GELU MLP."""
+
+    def __init__(self, cfg: AudioEncoderConfig, key_bias: bool = True):
         super().__init__()
-        self.self_attn = AudioAttention(cfg)
+        self.self_attn = AudioAttention(cfg, key_bias)
         self.self_attn_layer_norm = nn.LayerNorm(cfg.d_model)
         self.fc1 = nn.Linear(cfg.d_model, cfg.encoder_ffn_dim)
         self.fc2 = nn.Linear(cfg.encoder_ffn_dim, cfg.d_model)

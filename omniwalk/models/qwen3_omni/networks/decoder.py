@@ -1,8 +1,10 @@
 """The causal decoder shared by the thinker LM, the talker LM and the code predictor.
 
 One layer (pre-norm): ``h += o_proj(Attn(input_layernorm(h)))``, ``h += MLP(post_attention_layernorm(h))``.
-Attention: per-head RMSNorm on q and k *before* rope, GQA, causal, scale head_dim^-0.5, no bias.
-Rope is interleaved MRoPE when ``DecoderConfig.rope.mrope_section`` is set, else 1-D.
+Attention: per-head RMSNorm on q and k *before* rope, GQA, causal, scale head_dim^-0.5, no bias
+(Qwen3); or biased q/k/v projections without the q/k norm (``DecoderConfig.qkv_bias`` /
+``qk_norm``: Qwen2.5, also the second family's decoders). Rope is MRoPE (interleaved or
+sectioned, ``rope.interleaved``) when ``DecoderConfig.rope.mrope_section`` is set, else 1-D.
 MLP is a ``SparseMoE`` (optionally with a shared expert) or a dense ``GatedMLP``.
 
 The residual stream is carried as ``(h, delta)``: a sub-block's output ``delta`` is added by the
@@ -118,13 +120,19 @@ class Attention(nn.Module):
         super().__init__()
         d = cfg.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
-        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * d, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * d, bias=False)
+        bias = cfg.qkv_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * d, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * d, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * d, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * d, cfg.hidden_size, bias=False)
-        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
         self.qkv_proj: SkinnyLinear | None = None  # the fast path's merged projection
+
+    @property
+    def can_fuse(self) -> bool:
+        """The fused path (bias-free merged GEMM, q/k norm + rope kernel) fits this attention."""
+        return isinstance(self.q_norm, RMSNorm) and self.q_proj.bias is None
 
     def merge_projections(self) -> None:
         self.qkv_proj = SkinnyLinear.merge(self.q_proj, self.k_proj, self.v_proj)
@@ -192,7 +200,9 @@ def use_kernels(module: nn.Module, norm_backend: str) -> None:
         if isinstance(m, SparseMoE) and m.backend == "fused":
             m.fold_shared_expert()
         elif isinstance(m, (Attention, GatedMLP)) and norm_backend == "triton":
-            m.merge_projections()
+            # TODO: a rope-only kernel with biased projections for attention without q/k norm (Qwen2.5)
+            if not isinstance(m, Attention) or m.can_fuse:
+                m.merge_projections()
 
 
 class Decoder(nn.Module):
@@ -211,7 +221,7 @@ class Decoder(nn.Module):
             return rope_cos_sin(positions, d, rope.theta)
         if positions.dim() == 1:
             positions = positions.expand(3, -1)
-        return mrope_cos_sin(positions, d, rope.theta, rope.mrope_section)
+        return mrope_cos_sin(positions, d, rope.theta, rope.mrope_section, rope.interleaved)
 
     def forward(
         self,

@@ -52,9 +52,14 @@ class ThinkerModel(Decoder):
 
 
 class Thinker(nn.Module):
-    def __init__(self, cfg: DecoderConfig, tokens: TokenIds, accept_hidden_layer: int, moe_backend="reference"):
+    """``deepstack``: vision placeholders take DeepStack rows too (Qwen3-Omni; Qwen2.5-Omni has none)."""
+
+    def __init__(
+        self, cfg: DecoderConfig, tokens: TokenIds, accept_hidden_layer: int, moe_backend="reference", deepstack=True
+    ):
         super().__init__()
         self.cfg, self.tokens, self.accept_hidden_layer = cfg, tokens, accept_hidden_layer
+        self.has_deepstack = deepstack
         self.model = ThinkerModel(cfg, moe_backend)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
@@ -81,7 +86,7 @@ class Thinker(nn.Module):
                 )
             if count:
                 x = x.masked_scatter(mask[:, None], rows.to(x.dtype))
-        return x, _deepstack_additions(masks, found, media, x)
+        return x, _deepstack_additions(masks, found, media, x) if self.has_deepstack else None
 
     def forward(
         self,

@@ -138,7 +138,7 @@ def _axis_taps(size: int, side: int, device) -> tuple[torch.Tensor, torch.Tensor
     return idx.clamp(max=side - 1), weights
 
 
-def _block_order(grid: torch.Tensor, merge: int) -> torch.Tensor:
+def block_order(grid: torch.Tensor, merge: int) -> torch.Tensor:
     """[h, w, ...] in raster order -> [h * w, ...] in merge-block order."""
     h, w = grid.shape[:2]
     blocks = grid.reshape(h // merge, merge, w // merge, merge, *grid.shape[2:]).transpose(1, 2)
@@ -203,17 +203,20 @@ class VisionEncoder(nn.Module):
             idx = (hi[:, None, :, None] * self.side + wi[None, :, None, :]).reshape(h, w, 4)
             weight = (hw[:, None, :, None] * ww[None, :, None, :]).reshape(h, w, 4)
             grid = (table[idx] * weight[..., None].to(table.dtype)).sum(2)  # [h, w, hidden]
-            out.append(_block_order(grid, self.cfg.spatial_merge_size).repeat(t, 1))
+            out.append(block_order(grid, self.cfg.spatial_merge_size).repeat(t, 1))
         return torch.cat(out)
 
     def _rotary(self, grids: Sequence[Grid], device) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [P, head_dim] of the 2-D rotary: angles (row * inv, col * inv), duplicated."""
-        rows, cols = [], []
-        for t, h, w in grids:
-            r, c = torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing="ij")
-            rows.append(_block_order(r, self.cfg.spatial_merge_size).repeat(t))
-            cols.append(_block_order(c, self.cfg.spatial_merge_size).repeat(t))
-        inv = self.inv_freq.to(device)
-        angles = torch.cat([torch.cat(rows)[:, None] * inv, torch.cat(cols)[:, None] * inv], dim=-1)
-        emb = torch.cat([angles, angles], dim=-1)
-        return emb.cos(), emb.sin()
+        return rotary_2d(grids, self.cfg.spatial_merge_size, self.inv_freq.to(device))
+
+
+def rotary_2d(grids: Sequence[Grid], merge: int, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [P, head_dim] (patch order) of the 2-D rotary: angles (row * inv, col * inv), duplicated."""
+    rows, cols, device = [], [], inv_freq.device
+    for t, h, w in grids:
+        r, c = torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing="ij")
+        rows.append(block_order(r, merge).repeat(t))
+        cols.append(block_order(c, merge).repeat(t))
+    angles = torch.cat([torch.cat(rows)[:, None] * inv_freq, torch.cat(cols)[:, None] * inv_freq], dim=-1)
+    emb = torch.cat([angles, angles], dim=-1)
+    return emb.cos(), emb.sin()

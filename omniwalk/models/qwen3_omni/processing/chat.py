@@ -186,8 +186,11 @@ def expand_placeholders(
     merge_size: int,
     use_audio_in_video: bool,
     position_id_per_seconds: float,
+    audio_video_order=None,
 ) -> tuple[list[int], list[MediaSpan]]:
-    """Replace each single placeholder id by its run; ``items`` are in content order."""
+    """Replace each single placeholder id by its run; ``items`` are in content order.
+    ``audio_video_order(grid, seconds_per_grid, num_audio, position_id_per_seconds)``: an
+    audio-in-video span's token order (True = video) (default: Qwen3-Omni's ``interleave_audio_video``)."""
     pads = {tokens.audio_pad: AUDIO, tokens.image_pad: IMAGE, tokens.video_pad: VIDEO}
     found = [pads[t] for t in ids if t in pads]
     if found != [item.kind for item in items]:
@@ -202,7 +205,9 @@ def expand_placeholders(
             continue
         item = next(queue)
         _check_sentinels(ids, i, item.kind, tokens)
-        span, run = _expand(item, len(out) - 1, tokens, merge_size, use_audio_in_video, position_id_per_seconds)
+        span, run = _expand(
+            item, len(out) - 1, tokens, merge_size, use_audio_in_video, position_id_per_seconds, audio_video_order
+        )
         spans.append(span)
         out += run
     return out, spans
@@ -214,7 +219,12 @@ def _check_sentinels(ids: list[int], i: int, kind: str, t: TokenIds) -> None:
         raise InvalidRequestError(f"the chat template must wrap each {kind} placeholder in its start/end tokens")
 
 
-def _expand(item: MediaItem, start: int, t: TokenIds, merge: int, use_audio_in_video: bool, pos_per_s: float):
+def _qwen3_order(grid, seconds_per_grid: float, num_audio: int, pos_per_s: float) -> list[bool]:
+    return interleave_audio_video(video_times(grid, seconds_per_grid, pos_per_s), num_audio)
+
+
+def _expand(item: MediaItem, start: int, t: TokenIds, merge: int, use_audio_in_video: bool, pos_per_s: float,
+            audio_video_order=None):  # fmt: skip
     """-> (span, ids replacing the single placeholder)."""
     gt, gh, gw = item.grid_thw
     grid = (gt, gh // merge, gw // merge)
@@ -226,7 +236,7 @@ def _expand(item: MediaItem, start: int, t: TokenIds, merge: int, use_audio_in_v
         span = MediaSpan(VIDEO, start, grid=grid, seconds_per_grid=item.seconds_per_grid)
         return span, [t.video_pad] * span.num_video
     span = MediaSpan(AUDIO_IN_VIDEO, start, item.num_audio_tokens, grid, item.seconds_per_grid)
-    order = interleave_audio_video(video_times(grid, item.seconds_per_grid, pos_per_s), item.num_audio_tokens)
+    order = (audio_video_order or _qwen3_order)(grid, item.seconds_per_grid, item.num_audio_tokens, pos_per_s)
     return span, [t.audio_start, *(t.video_pad if v else t.audio_pad for v in order), t.audio_end]
 
 

@@ -111,7 +111,7 @@ def interleave_audio_video(times: torch.Tensor, num_audio: int) -> list[bool]:
     return order
 
 
-def _vision_block(grid, times: torch.Tensor, start: float) -> torch.Tensor:
+def vision_block(grid, times: torch.Tensor, start: float) -> torch.Tensor:
     _, h, w = grid
     rows = torch.arange(h).repeat_interleave(w).repeat(grid[0]).float()
     cols = torch.arange(w).repeat(h * grid[0]).float()
@@ -121,43 +121,47 @@ def _vision_block(grid, times: torch.Tensor, start: float) -> torch.Tensor:
 def _span_blocks(span: MediaSpan, p: float, pos_per_s: float) -> list[torch.Tensor]:
     """Position blocks [3, k] of one span; the last block decides where the next segment starts."""
     if span.kind == AUDIO:
-        return [_run(p, 1), _run(p + 1, span.num_audio), _run(p + 1 + span.num_audio, 1)]
+        return [run(p, 1), run(p + 1, span.num_audio), run(p + 1 + span.num_audio, 1)]
     if span.kind in (IMAGE, VIDEO):
         spg = span.seconds_per_grid if span.kind == VIDEO else 1.0
-        body = _vision_block(span.grid, video_times(span.grid, spg, pos_per_s), p + 1)
-        return [_run(p, 1), body, _run(body.max() + 1, 1)]
+        body = vision_block(span.grid, video_times(span.grid, spg, pos_per_s), p + 1)
+        return [run(p, 1), body, run(body.max() + 1, 1)]
     times = video_times(span.grid, span.seconds_per_grid, pos_per_s)
-    video, audio = _vision_block(span.grid, times, p + 2), _run(p + 2, span.num_audio)
+    video, audio = vision_block(span.grid, times, p + 2), run(p + 2, span.num_audio)
     order = torch.tensor(interleave_audio_video(times, span.num_audio), dtype=torch.bool)
     merged = torch.empty(3, len(order))
     merged[:, order], merged[:, ~order] = video, audio
     # HF appends the remainder of the kind that outlasts the other as one final block; it is
     # exactly the trailing same-kind run, and the end sentinels continue from *its* max.
-    last = merged[:, len(order) - _trailing_run(order) :]
-    return [_run(p, 2), merged, _run(last.max() + 1, 2)]
+    last = merged[:, len(order) - _trailingrun(order) :]
+    return [run(p, 2), merged, run(last.max() + 1, 2)]
 
 
-def _trailing_run(order: torch.Tensor) -> int:
+def _trailingrun(order: torch.Tensor) -> int:
     flips = (order[1:] != order[:-1]).nonzero()
     return len(order) - (int(flips[-1]) + 1 if len(flips) else 0)
 
 
-def _run(start: float, n: int) -> torch.Tensor:
+def run(start: float, n: int) -> torch.Tensor:
     return (torch.arange(n, dtype=torch.float32) + float(start)).expand(3, n)
 
 
-def mrope_positions(num_tokens: int, spans: list[MediaSpan], position_id_per_seconds: float) -> RopePositions:
-    """Positions of a ``num_tokens`` prompt whose media placeholder runs are ``spans``."""
+def mrope_positions(
+    num_tokens: int, spans: list[MediaSpan], position_id_per_seconds: float, span_blocks=None
+) -> RopePositions:
+    """Positions of a ``num_tokens`` prompt whose media placeholder runs are ``spans``;
+    ``span_blocks(span, p, position_id_per_seconds)``: a span's position blocks (default: Qwen3-Omni's)."""
+    span_blocks = span_blocks or _span_blocks
     blocks, cursor = [], 0
     for span in sorted(spans, key=lambda s: s.start):
         if span.start < cursor or span.start + span.length > num_tokens:
             raise ValueError(f"media span {span} overlaps another span or the prompt end")
         if span.start > cursor:
-            blocks.append(_run(_next(blocks), span.start - cursor))
-        blocks += _span_blocks(span, _next(blocks), position_id_per_seconds)
+            blocks.append(run(_next(blocks), span.start - cursor))
+        blocks += span_blocks(span, _next(blocks), position_id_per_seconds)
         cursor = span.start + span.length
     if cursor < num_tokens:
-        blocks.append(_run(_next(blocks), num_tokens - cursor))
+        blocks.append(run(_next(blocks), num_tokens - cursor))
     positions = torch.cat(blocks, dim=1) if blocks else torch.zeros(3, 0)
     delta = float(positions.max()) + 1 - num_tokens if num_tokens else 0.0
     return RopePositions(positions, delta)

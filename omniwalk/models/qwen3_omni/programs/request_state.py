@@ -50,8 +50,9 @@ class MediaState:
             outs = [o for item, o in zip(self.vision, self.vision_out, strict=True) if item.kind == kind]
             if outs:
                 media.rows[kind] = torch.cat([main for main, _ in outs])
-                levels = zip(*[deep for _, deep in outs], strict=True)
-                media.deepstack[kind] = torch.stack([torch.cat(level) for level in levels])
+                levels = list(zip(*[deep for _, deep in outs], strict=True))
+                if levels:  # (an encoder without DeepStack taps has none)
+                    media.deepstack[kind] = torch.stack([torch.cat(level) for level in levels])
         return media
 
 

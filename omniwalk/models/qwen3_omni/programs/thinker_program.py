@@ -137,8 +137,7 @@ class ThinkerProgram(KVProgram):
         out = self._layers(x, positions.T, deepstack, kv)
         offset, ready, ends = 0, [], []
         for row, (req, start, n) in enumerate(batch):
-            if req.state.talker is not None:
-                self._keep_prompt_rows(req.state.thinker, start, n, x, out["accept_hidden"], offset)
+            self.keep_rows(req, start, n, x, out, offset)
             if start + n == req.state.thinker.num_tokens:  # the chunk reached the end: sample
                 ready.append(row)
                 ends.append(offset + n - 1)
@@ -228,13 +227,20 @@ class ThinkerProgram(KVProgram):
                 a, b = int(st.placeholders_before[kind][start]), int(st.placeholders_before[kind][end])
                 if b > a:
                     parts[kind].append(st.media.rows[kind][a:b])
-                    if kind in deep:
+                    if kind in st.media.deepstack:
                         deep[kind].append(st.media.deepstack[kind][:, a:b])
         counts = {k: sum(p.shape[0] for p in v) for k, v in parts.items()}
         if not any(counts.values()):
             return None, counts
         rows = {k: torch.cat(v) for k, v in parts.items() if v}
         return MediaEmbeddings(rows, {k: torch.cat(v, dim=1) for k, v in deep.items() if v}), counts
+
+    def keep_rows(self, req: EngineRequest, start: int, n: int, x, out: dict, offset: int) -> None:
+        """Keep what a downstream stage reads of this chunk (rows ``offset`` .. + n of the step's
+        embeddings ``x`` and decoder outputs ``out``): for Qwen3-Omni's talker, the prompt's
+        embeddings and accept-layer states."""
+        if req.state.talker is not None:
+            self._keep_prompt_rows(req.state.thinker, start, n, x, out["accept_hidden"], offset)
 
     @staticmethod
     def _keep_prompt_rows(st: ThinkerState, start: int, n: int, x, accept_hidden, offset: int) -> None:

@@ -1,0 +1,103 @@
+"""Qwen2.5-Omni components of a checkpoint, built on the meta device's shapes and loaded in place.
+
+Each component owns checkpoint prefixes (``load_weights`` names any missing or stray tensor under
+them); together with the token2wav networks' ``token2wav.`` prefix they take every tensor of the
+checkpoint (checked when all components are loaded).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from omniwalk.errors import CheckpointError
+from omniwalk.models.qwen2_5_omni.checkpoint.config import Qwen25OmniConfig
+from omniwalk.models.qwen2_5_omni.networks.audio_encoder import AudioEncoder
+from omniwalk.models.qwen2_5_omni.networks.talker import Talker
+from omniwalk.models.qwen2_5_omni.networks.vision_encoder import VisionEncoder
+from omniwalk.models.qwen3_omni.checkpoint.loader import Backends, randomize
+from omniwalk.models.qwen3_omni.checkpoint.weights import checkpoint_files, load_weights
+from omniwalk.models.qwen3_omni.networks.decoder import use_kernels
+from omniwalk.models.qwen3_omni.networks.thinker import Thinker
+
+# component -> checkpoint prefixes of its submodules ("" = the component itself)
+PREFIXES = {
+    "audio_encoder": {"": "thinker.audio_tower."},
+    "vision_encoder": {"": "thinker.visual."},
+    "thinker": {"model": "thinker.model.", "lm_head": "thinker.lm_head."},
+    "talker": {"": "talker."},
+}
+TOKEN2WAV_PREFIX = "token2wav."  # the DiT + BigVGAN (networks/token2wav.py) load their own tensors
+REFERENCE = Backends()  # the CPU reference backends
+THINKER_COMPONENTS = ("audio_encoder", "vision_encoder", "thinker")
+
+
+def components(cfg: Qwen25OmniConfig) -> tuple[str, ...]:
+    return THINKER_COMPONENTS + (("talker",) if cfg.enable_audio_output else ())
+
+
+def build_component(name: str, cfg: Qwen25OmniConfig, backends: Backends = REFERENCE) -> nn.Module:
+    if name == "audio_encoder":
+        return AudioEncoder(cfg.audio, backends.attention)
+    if name == "vision_encoder":
+        return VisionEncoder(cfg.vision, backends.attention)
+    if name == "thinker":
+        # the talker reads the thinker's last hidden states (after the final norm): no layer tap
+        return Thinker(cfg.text, cfg.tokens, cfg.text.num_hidden_layers, deepstack=False)
+    if name == "talker" and cfg.talker is not None:
+        return Talker(cfg.talker)
+    raise ValueError(f"unknown component {name!r}; known: {components(cfg)}")
+
+
+def checkpoint_layout(cfg: Qwen25OmniConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor of our components in a checkpoint for ``cfg``: name -> shape (token2wav's aside)."""
+    names = {}
+    for component in components(cfg):
+        with torch.device("meta"):
+            module = build_component(component, cfg)
+        for sub, prefix in PREFIXES[component].items():
+            for name, p in (module.get_submodule(sub) if sub else module).named_parameters():
+                names[prefix + name] = tuple(p.shape)
+    return names
+
+
+def num_parameters(cfg: Qwen25OmniConfig) -> int:
+    return sum(math.prod(shape) for shape in checkpoint_layout(cfg).values())
+
+
+def load_components(
+    ckpt_dir,
+    names: tuple[str, ...],
+    cfg: Qwen25OmniConfig,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device="cpu",
+    backends: Backends = REFERENCE,
+    random_seed: int | None = None,
+) -> dict[str, nn.Module]:
+    """Build the named components directly on ``device`` in ``dtype`` and fill them from ``ckpt_dir``
+    (or with random weights from ``random_seed``)."""
+    out = {}
+    for name in names:
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            with torch.device(device), torch.no_grad():
+                module = build_component(name, cfg, backends)
+        finally:
+            torch.set_default_dtype(previous)
+        if random_seed is not None:
+            randomize(module, random_seed)
+        else:
+            for sub, prefix in PREFIXES[name].items():
+                load_weights(module.get_submodule(sub) if sub else module, ckpt_dir, prefix)
+        use_kernels(module, backends.norm)
+        out[name] = module.eval()
+    if set(names) == set(components(cfg)) and random_seed is None:
+        taken = (*(p for prefixes in PREFIXES.values() for p in prefixes.values()), TOKEN2WAV_PREFIX)
+        stray = sorted(n for n in checkpoint_files(ckpt_dir) if not n.startswith(taken))
+        if stray:
+            raise CheckpointError(f"{ckpt_dir}: {len(stray)} tensor(s) no component takes: {stray[:8]}")
+    return out

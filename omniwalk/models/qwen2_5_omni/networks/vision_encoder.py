@@ -1,0 +1,168 @@
+"""Qwen2.5-Omni vision encoder (``thinker.visual``, Qwen2.5-VL's), many images and videos packed.
+
+    pixel_values [P, C*t*p*p] (items concatenated; patches in merge-block order per frame group)
+      -> patch_embed: a Linear over flattened patches (the checkpoint's bias-free Conv3d)
+      -> reordered window by window (below); 2-D rotary (row, col) tables reordered alike
+      -> blocks: RMSNorm, attention (q/k/v with bias, rotary in fp32), RMSNorm, SwiGLU MLP;
+         attention is bidirectional inside one window (window blocks) or one frame group of one
+         item (the blocks at ``fullatt_block_indexes``): two varlen patterns over the same order
+      -> merger: RMSNorm per patch, 2x2 patches -> one token, MLP; back to patch order [P / 4, out]
+
+Windows: each frame group's merged grid (h/2 x w/2 tokens) is cut into squares of
+``window_tokens`` tokens a side (ragged at the right and bottom edges), in raster order, tokens
+raster-ordered inside; a window's segment is its tokens' patches. A frame group stays contiguous
+in this order, so the full-attention segments are the frame groups, as in patch order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omniwalk.device import to_device
+from omniwalk.layers.attention import cu_seqlens, varlen_attention
+from omniwalk.layers.norm import RMSNorm
+from omniwalk.layers.rotary import apply_rotary, rotary_tables
+from omniwalk.models.qwen2_5_omni.checkpoint.config import VisionEncoderConfig
+from omniwalk.models.qwen3_omni.networks.vision_encoder import Grid, VisionOutput, rotary_2d
+
+
+class PatchProjection(nn.Module):
+    """Holds the checkpoint's Conv3d weight [hidden, C, t, p, p] but applies it as one Linear."""
+
+    def __init__(self, cfg: VisionEncoderConfig):
+        super().__init__()
+        p, tp = cfg.patch_size, cfg.temporal_patch_size
+        self.weight = nn.Parameter(torch.empty(cfg.hidden_size, cfg.in_channels, tp, p, p))
+
+    def forward(self, patches: torch.Tensor) -> torch.Tensor:
+        return F.linear(patches.to(self.weight.dtype), self.weight.view(self.weight.shape[0], -1))
+
+
+class PatchEmbed(nn.Module):
+    def __init__(self, cfg: VisionEncoderConfig):
+        super().__init__()
+        self.proj = PatchProjection(cfg)
+
+    def forward(self, patches: torch.Tensor) -> torch.Tensor:
+        return self.proj(patches)
+
+
+class VisionAttention(nn.Module):
+    def __init__(self, cfg: VisionEncoderConfig):
+        super().__init__()
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        d = cfg.hidden_size
+        self.q, self.k, self.v, self.proj = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x, cos, sin, cu_seqlens, max_seqlen, backend):
+        n = x.shape[0]
+        q, k, v = (proj(x).view(n, self.num_heads, self.head_dim) for proj in (self.q, self.k, self.v))
+        q, k = (apply_rotary(t.float(), cos, sin).to(x.dtype) for t in (q, k))  # fp32, as HF does
+        out = varlen_attention(
+            q, k, v, cu_seqlens, max_seqlen, causal=False, scale=self.head_dim**-0.5, backend=backend
+        )
+        return self.proj(out.reshape(n, -1))
+
+
+class VisionMLP(nn.Module):
+    def __init__(self, cfg: VisionEncoderConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class VisionBlock(nn.Module):
+    def __init__(self, cfg: VisionEncoderConfig):
+        super().__init__()
+        self.norm1, self.norm2 = RMSNorm(cfg.hidden_size), RMSNorm(cfg.hidden_size)
+        self.attn = VisionAttention(cfg)
+        self.mlp = VisionMLP(cfg)
+
+    def forward(self, x, cos, sin, cu_seqlens, max_seqlen, backend):
+        x = x + self.attn(self.norm1(x), cos, sin, cu_seqlens, max_seqlen, backend)
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchMerger(nn.Module):
+    def __init__(self, cfg: VisionEncoderConfig):
+        super().__init__()
+        self.grouped = cfg.hidden_size * cfg.spatial_merge_size**2
+        self.ln_q = RMSNorm(cfg.hidden_size)
+        self.mlp = nn.Sequential(
+            nn.Linear(self.grouped, self.grouped), nn.GELU(), nn.Linear(self.grouped, cfg.out_hidden_size)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.ln_q(x).reshape(-1, self.grouped))
+
+
+@dataclass
+class WindowLayout:
+    """A packed call's window order: ``tokens`` [P / 4] merged-token index of each position in
+    window order; segment lengths (in patches) of the windows and of the frame groups."""
+
+    tokens: torch.Tensor
+    windows: list[int]
+    frames: list[int]
+
+
+def window_layout(grids: Sequence[Grid], merge: int, side: int) -> WindowLayout:
+    """See the module docstring; ``side`` = merged tokens per window side."""
+    order, windows, frames, offset = [], [], [], 0
+    for t, h, w in grids:
+        lh, lw = h // merge, w // merge
+        grid = torch.arange(t * lh * lw).view(t, lh, lw) + offset
+        for frame in grid:
+            frames.append(lh * lw * merge**2)
+            for r in range(0, lh, side):
+                for c in range(0, lw, side):
+                    block = frame[r : r + side, c : c + side].reshape(-1)
+                    order.append(block)
+                    windows.append(block.numel() * merge**2)
+        offset += t * lh * lw
+    return WindowLayout(torch.cat(order), windows, frames)
+
+
+class VisionEncoder(nn.Module):
+    """Encodes packed images/videos; see the module docstring for the pipeline."""
+
+    def __init__(self, cfg: VisionEncoderConfig, attention_backend: str = "reference"):
+        super().__init__()
+        self.cfg, self.attention_backend = cfg, attention_backend
+        self.patch_embed = PatchEmbed(cfg)
+        self.blocks = nn.ModuleList(VisionBlock(cfg) for _ in range(cfg.depth))
+        self.merger = PatchMerger(cfg)
+        quarter = cfg.head_dim // 4  # head_dim/2 rotary angles: half for rows, half for columns
+        inv = 1.0 / cfg.rope_theta ** (torch.arange(0, 2 * quarter, 2, dtype=torch.float32) / (2 * quarter))
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def tokens_per_item(self, grids: Sequence[Grid]) -> list[int]:
+        return [t * h * w // self.cfg.spatial_merge_size**2 for t, h, w in grids]
+
+    def forward(self, pixel_values: torch.Tensor, grids: Sequence[Grid]) -> VisionOutput:
+        grids = [tuple(int(v) for v in g) for g in grids]
+        merge = self.cfg.spatial_merge_size
+        layout = window_layout(grids, merge, self.cfg.window_tokens)
+        tokens = to_device(layout.tokens, pixel_values.device)
+        patches = (tokens[:, None] * merge**2 + torch.arange(merge**2, device=tokens.device)).reshape(-1)
+        x = self.patch_embed(pixel_values)[patches]
+        cos, sin = rotary_tables(*rotary_2d(grids, merge, self.inv_freq.to(x.device)), torch.float32)
+        segments = {
+            "window": (cu_seqlens(layout.windows, x.device), max(layout.windows)),
+            "full": (cu_seqlens(layout.frames, x.device), max(layout.frames)),
+        }
+        cos, sin = cos[patches], sin[patches]
+        for i, block in enumerate(self.blocks):
+            cu, longest = segments["full" if i in self.cfg.fullatt_block_indexes else "window"]
+            x = block(x, cos, sin, cu, longest, self.attention_backend)
+        merged = torch.empty_like(out := self.merger(x)).index_copy_(0, tokens, out)  # back to patch order
+        return VisionOutput(merged, [], self.tokens_per_item(grids))

@@ -1,0 +1,22 @@
+"""Qwen2.5-Omni's section of the config: its per-stage budgets (``Omni`` keywords, ``omniwalk serve``
+flags). Fields named as Qwen3-Omni's share their flags (same meaning, same defaults)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from omniwalk.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Qwen25OmniOptions:
+    thinker_kv_bytes: int = 256 * 2**20  # KV pool of the thinker (all layers, keys + values)
+    talker_kv_bytes: int = 64 * 2**20
+    talker_max_batch_tokens: int = 0  # the talker's token budget per step; 0 = the engine's max_batch_tokens
+    encoder_batch_units: int = 65536  # mel frames (audio) / patches (vision) per encoder call
+
+    def __post_init__(self):
+        for f in fields(self):
+            least = 0 if f.name == "talker_max_batch_tokens" else 1
+            if getattr(self, f.name) < least:
+                raise ConfigError(f"{f.name} must be >= {least}, got {getattr(self, f.name)}")

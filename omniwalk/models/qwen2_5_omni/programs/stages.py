@@ -1,0 +1,98 @@
+"""Qwen2.5-Omni as a graph for the walk runtime: its stages, and each request's walk through them.
+
+    audio_encoder ─┐
+                   ├─► thinker ─(reply states, streaming)─► talker ─(codec ids)─► token2wav
+    vision_encoder ┘
+
+The encoders are batch stages, the thinker and talker KV stages on the engine as it is; the
+programs, per-request state and thinker program are Qwen3-Omni's where the work is the same
+(``qwen3_omni/programs``). A request visits the encoders its media need, always the thinker, and
+the talker only when it asks for audio. TODO: token2wav (networks/token2wav.py) joins the speech
+walk as a batch stage after the talker; until then a speech request's output is its codec ids.
+"""
+
+from __future__ import annotations
+
+from omniwalk.config import OmniConfig
+from omniwalk.engine.batch_stage import BatchStage, BatchStageConfig
+from omniwalk.engine.kv_pages import KVStorage
+from omniwalk.engine.kv_stage import KVStage, KVStageConfig
+from omniwalk.engine.prefill_graphs import PrefillPlan
+from omniwalk.models.qwen2_5_omni.checkpoint.config import Qwen25OmniConfig
+from omniwalk.models.qwen2_5_omni.options import Qwen25OmniOptions
+from omniwalk.models.qwen2_5_omni.programs.encoder_programs import AudioEncoderProgram, VisionEncoderProgram
+from omniwalk.models.qwen2_5_omni.programs.talker_program import TalkerProgram, TalkerState
+from omniwalk.models.qwen2_5_omni.programs.thinker_program import ReplyThinkerProgram
+from omniwalk.models.qwen3_omni.checkpoint.config import DecoderConfig
+from omniwalk.models.qwen3_omni.processing.chat import Prompt
+from omniwalk.models.qwen3_omni.processing.positions import AUDIO
+from omniwalk.models.qwen3_omni.programs.request_state import MediaState, OmniRequestState, ThinkerState
+from omniwalk.sampling import SamplerState, SamplingParams
+from omniwalk.tokenizer import IncrementalDetokenizer
+
+
+def kv_storage(cfg: DecoderConfig, budget: int, page_size: int, dtype, device) -> KVStorage:
+    return KVStorage.from_budget(
+        budget, page_size, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, dtype, device
+    )
+
+
+def build_stages(parts: dict, cfg: Qwen25OmniConfig, config: OmniConfig) -> list:
+    """The engine stages over loaded components (``checkpoint/loader.py`` names) for a resolved config."""
+    model, engine, opts = config.model, config.engine, config.family or Qwen25OmniOptions()
+    dtype, device = model.torch_dtype, model.device
+    decode, prefill = model.decode_attention, model.attention_backend
+    graphs = min(engine.cuda_graph_max_batch, engine.max_running)
+    encoder_batch = BatchStageConfig(opts.encoder_batch_units, engine.max_running)
+    plan = PrefillPlan(min(engine.prefill_graph_max_tokens, engine.max_batch_tokens), prefill)
+    thinker = ReplyThinkerProgram(parts["thinker"], device, decode, graphs, plan, deepstack_levels=0)
+    audio = AudioEncoderProgram(parts["audio_encoder"], device, dtype)
+    vision = VisionEncoderProgram(parts["vision_encoder"], device, dtype)
+    thinker_kv = kv_storage(cfg.text, opts.thinker_kv_bytes, engine.page_size, dtype, device)
+    stages = [
+        BatchStage("audio_encoder", audio, encoder_batch, device),
+        BatchStage("vision_encoder", vision, encoder_batch, device),
+        KVStage(
+            "thinker",
+            thinker,
+            thinker_kv,
+            KVStageConfig(engine.max_batch_tokens, engine.max_running, decode, prefill),
+            device,
+        ),
+    ]
+    if "talker" in parts:
+        budget = opts.talker_max_batch_tokens or engine.max_batch_tokens
+        talker = TalkerProgram(parts["talker"], parts["thinker"], cfg.talker, device)
+        storage = kv_storage(cfg.talker.text, opts.talker_kv_bytes, engine.page_size, dtype, device)
+        stages.append(
+            KVStage("talker", talker, storage, KVStageConfig(budget, engine.max_running, decode, prefill), device)
+        )
+    return stages
+
+
+def new_state(
+    prompt: Prompt,
+    params: SamplingParams,
+    max_tokens: int,
+    detok: IncrementalDetokenizer,
+    cfg: Qwen25OmniConfig,
+    *,
+    use_audio_in_video: bool = False,
+    speech: SamplingParams | None = None,
+    speaker_bos: int = 0,
+) -> tuple[tuple[str, ...], OmniRequestState]:
+    """A processed request -> (its walk, its state)."""
+    items = prompt.items
+    waves = [i.data["audio"] for i in items if i.kind == AUDIO or (use_audio_in_video and i.num_audio_tokens)]
+    vision = [i for i in items if i.kind != AUDIO]
+    sampler = SamplerState(params, (cfg.tokens.im_end,), prompt.token_ids)
+    thinker = ThinkerState(prompt, params, sampler, detok, max_tokens, list(prompt.token_ids))
+    state = OmniRequestState(MediaState(waves, vision), thinker, use_audio_in_video=use_audio_in_video)
+    walk = (("audio_encoder",) if waves else ()) + (("vision_encoder",) if vision else ()) + ("thinker",)
+    if speech is not None:  # codec ids out (TODO: + "token2wav")
+        t = cfg.talker
+        codec_prompt = [t.codec_mask] * prompt.num_prompt_tokens + [t.codec_pad, t.codec_bos]
+        sampler = SamplerState(speech, (t.codec_pad, t.codec_eos), codec_prompt)
+        state.talker = TalkerState(sampler, speaker_bos, speech.max_tokens)
+        walk += ("talker",)
+    return walk, state

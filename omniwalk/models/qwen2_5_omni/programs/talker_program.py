@@ -1,0 +1,154 @@
+"""Engine program for Qwen2.5-Omni's talker on a KV stage: one codec stream per request.
+
+A speech request's talker inputs, as HF's ``Qwen2_5OmniForConditionalGeneration.generate`` lays
+them out (P = prompt length; S = the reply stream: the thinker's reply rows r(g_0), r(g_1), ...
+for every generated token it fed back except the last, then the text-eos embedding, then the
+text-pad embedding forever):
+
+    index       row (thinker width)                            TMRoPE position
+    0 .. P-1    prompt rows (last hidden + embedding)          the thinker prompt's
+    P           embed(speaker's text bos) + codec(pad)         P + delta
+    P + 1       S[0] + codec(bos)                              P + 1 + delta
+    P + 2 + k   codec(c_k) + S[k + 1]                          P + 2 + k + delta
+
+(the batched path of HF 5.24: the codec pad/bos embeddings and TMRoPE positions are present).
+The code after input i >= P + 1 is drawn from its logits, codec bos suppressed, with repetition
+penalty over [codec mask] * P + [pad, bos] + the codes so far; codec pad and codec eos end the
+stream. S[j] is ready once the thinker committed g_j and g_j is not its last token, or the
+thinker finished (then S is cut to its final length). Codes drawn but not read back feed the next
+input from the device; a stop read one step late drops what the step after it drew.
+
+TODO (the token2wav seam): with ``programs/token2wav_program.py`` in the walk, ``_commit`` also
+appends each committed code to the request's ``Token2WavState.codes`` and sets its ``finished``
+when the talker finishes (codes are read back here already, so the hand-over is host-side).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from omniwalk.device import to_device
+from omniwalk.engine.kv_stage import KVProgram
+from omniwalk.engine.paged_attention import PagedBatch
+from omniwalk.engine.request import Chunk, EngineRequest
+from omniwalk.models.qwen2_5_omni.checkpoint.config import TalkerConfig
+from omniwalk.models.qwen2_5_omni.networks.talker import Talker
+from omniwalk.models.qwen3_omni.processing.positions import batch_spans
+from omniwalk.sampling import SamplerState, sample_async
+
+
+@dataclass
+class TalkerState:
+    sampler: SamplerState  # codec pad / eos stop; penalty history starts with the prompt's codec ids
+    speaker_bos: int  # the speaker's text bos (a thinker id)
+    max_codes: int
+    prompt_rows: torch.Tensor | None = None  # [P, thinker hidden], written as the thinker's prefill runs
+    reply: list[torch.Tensor] = field(default_factory=list)  # r(g_j) [thinker hidden], as the thinker feeds g_j
+    inputs: list[torch.Tensor] = field(default_factory=list)  # talker input rows built so far (prompt rows aside)
+    draws: list[tuple[torch.Tensor, int]] = field(default_factory=list)  # every code drawn: (device ids, row)
+    codes: list[int] = field(default_factory=list)  # codes read back (committed), stop code excluded
+    finished: bool = False
+
+    def keep_prompt(self, start: int, num_prompt: int, rows: torch.Tensor) -> None:
+        if self.prompt_rows is None:
+            self.prompt_rows = rows.new_empty((num_prompt, rows.shape[1]))
+        self.prompt_rows[start : start + rows.shape[0]] = rows
+
+    def keep_reply(self, j: int, row: torch.Tensor) -> None:
+        self.reply[j : j + 1] = [row]  # (a recomputed token writes its row again)
+
+
+class TalkerProgram(KVProgram):
+    def __init__(self, talker: Talker, thinker, cfg: TalkerConfig, device):
+        self.talker, self.thinker, self.cfg, self.device = talker, thinker, cfg, device
+        embed = thinker.model.embed_tokens
+        with torch.inference_mode():
+            ids = to_device([cfg.text_eos, cfg.text_pad], device, torch.long)
+            self.text_eos, self.text_pad = embed(ids).unbind(0)
+            codec = talker.model.embed_tokens(to_device([cfg.codec_pad, cfg.codec_bos], device, torch.long))
+            self.codec_pad, self.codec_bos = codec.unbind(0)
+
+    def _stream(self, req: EngineRequest, j: int) -> torch.Tensor | None:
+        """S[j], or None while it is not known yet."""
+        th, st = req.state.thinker, req.state.talker
+        if th.is_finished:
+            num_reply = th.num_generated - 1
+            return st.reply[j] if j < num_reply else self.text_eos if j == num_reply else self.text_pad
+        return st.reply[j] if j < min(th.num_generated, len(st.reply)) else None
+
+    def _build_inputs(self, req: EngineRequest) -> None:
+        """Append every input row that can be built now (see the module docstring)."""
+        st, embed = req.state.talker, self.thinker.model.embed_tokens
+        if not st.inputs:
+            first = self._stream(req, 0)
+            if first is None or st.prompt_rows is None:
+                return
+            bos = embed(to_device([st.speaker_bos], self.device, torch.long))[0]
+            st.inputs += [bos + self.codec_pad, first + self.codec_bos]
+        while len(st.inputs) - 2 < len(st.draws):
+            k = len(st.inputs) - 2
+            reply = self._stream(req, k + 1)
+            if reply is None:
+                return
+            ids, row = st.draws[k]
+            st.inputs.append(self.talker.model.embed_tokens(ids[row]) + reply)
+
+    def num_ready(self, req: EngineRequest, num_cached: int) -> int:
+        st = req.state.talker
+        if st.finished or len(st.draws) >= st.max_codes:
+            return 0
+        with torch.inference_mode():
+            self._build_inputs(req)
+        num_prompt = req.state.thinker.prompt.num_prompt_tokens
+        return num_prompt + len(st.inputs) - num_cached if st.inputs else 0
+
+    def is_finished(self, req: EngineRequest) -> bool:
+        return req.state.talker.finished
+
+    def on_preempt(self, req: EngineRequest) -> None:
+        """Nothing to undo: inputs are kept, and a recomputed input whose code was drawn draws none."""
+
+    @torch.inference_mode()
+    def run(self, batch: list[Chunk], kv: PagedBatch) -> Callable[[], None] | None:
+        rows, spans, ends, offset = [], [], [], 0
+        for req, start, n in batch:
+            st, th = req.state.talker, req.state.thinker
+            num_prompt = th.prompt.num_prompt_tokens
+            prompt = st.prompt_rows[start : min(start + n, num_prompt)]
+            later = st.inputs[max(start - num_prompt, 0) : start + n - num_prompt]
+            rows += [prompt, torch.stack(later)] if later else [prompt]
+            spans.append((th.prompt.rope, start, n))
+            # input i >= P + 1 draws code i - P - 1, unless it was drawn before (a recompute)
+            last = start + n - 1
+            if last >= num_prompt + 1 and last - num_prompt - 1 == len(st.draws):
+                ends.append((req, offset + n - 1))
+            offset += n
+        x = self.talker.thinker_to_talker_proj(torch.cat(rows))
+        hidden = self.talker.model(x, to_device(batch_spans(spans), self.device), kv)
+        if not ends:
+            return None
+        logits = self.talker.codec_head(hidden[to_device([i for _, i in ends], self.device, torch.long)]).float()
+        logits[:, self.cfg.codec_bos] = float("-inf")  # HF's suppress_tokens
+        picks = sample_async(logits, [req.state.talker.sampler for req, _ in ends])
+        for i, (req, _) in enumerate(ends):
+            req.state.talker.draws.append((picks.ids, i))
+
+        def commit() -> None:
+            for (req, _), pick in zip(ends, picks(), strict=True):
+                req.guarded(self._commit, req, pick.token_id)
+
+        return commit
+
+    @staticmethod
+    def _commit(req: EngineRequest, code: int) -> None:
+        st = req.state.talker
+        if st.finished or req.status.is_done:  # drawn after a stop: dropped
+            return
+        if st.sampler.is_stop_token(code):
+            st.finished = True
+            return
+        st.codes.append(code)
+        st.finished = len(st.codes) >= st.max_codes

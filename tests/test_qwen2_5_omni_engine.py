@@ -1,0 +1,182 @@
+"""The walk runtime on Qwen2.5-Omni (tiny, CPU): a concurrent staggered workload equals each
+request alone on every input path, text out and codec ids out (the talker walk; every fourth
+request); aborts, KV pressure and an injected failure leave the others exact and free everything;
+seeded sampling is the same alone and batched."""
+
+import random
+from functools import cache
+
+import numpy as np
+import pytest
+from test_engine_omni import assert_idle, run_staggered
+from test_qwen2_5_omni_thinker import checkpoint
+
+from omniwalk import Omni
+from omniwalk.engine.request import EngineRequest
+
+PATHS = ("t2t", "s2t", "i2t", "v2t", "si2t", "av2t")
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+class SpeechOmni:
+    """``Omni`` with the talker walk open: audio out is not served until token2wav joins the walk,
+    so speech requests go to the family and the engine directly (what ``Omni.add`` does after its
+    modality check)."""
+
+    def __init__(self, o: Omni):
+        self.o, self.engine, self.family = o, o.engine, o.family
+
+    def add(self, request: dict) -> EngineRequest:
+        walk, state = self.family.new_request(request)
+        req = EngineRequest(request["request_id"], walk, state)
+        self.engine.add(req)
+        return req
+
+    def output(self, req):
+        return self.o.output(req)
+
+    def abort(self, request_id: str) -> bool:
+        return self.o.abort(request_id)
+
+    def generate(self, request: dict):
+        req = self.add(request)
+        while not req.status.is_done:
+            self.engine.step()
+        return self.output(req)
+
+
+@cache
+def omni(**options) -> SpeechOmni:
+    return SpeechOmni(Omni(model=checkpoint("tiny"), **options))
+
+
+def make_request(i: int, sampled: bool = False) -> dict:
+    path, rng = PATHS[i % len(PATHS)], np.random.default_rng(i)
+    inputs = path.split("2")[0]
+    content = [{"type": "text", "text": " ".join(["tell", "me", "about", "the", "world"][: 1 + i % 5])}]
+    wave = (0.1 * rng.standard_normal(int(16000 * (0.5 + i % 3 * 0.7)))).astype(np.float32)
+    if inputs in ("s", "si"):
+        content.append({"type": "audio", "audio": wave})
+    if "i" in inputs:
+        content.append({"type": "image", "image": rng.integers(0, 256, (40 + 10 * (i % 4), 70, 3), dtype=np.uint8)})
+    if "v" in inputs:
+        video = {"type": "video", "video": rng.integers(0, 256, (4, 56, 84, 3), dtype=np.uint8), "fps": 2.0}
+        content.append({**video, "audio": wave} if "a" in inputs else video)
+    request = {
+        "request_id": f"r{i}",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 3 + (7 * i) % 11,
+        "ignore_eos": True,
+        "temperature": 0.8 if sampled else 0.0,
+        "seed": i,
+        "use_audio_in_video": "a" in inputs,
+    }
+    if i % 4 == 3:  # speech: codec ids out
+        codes = 4 + (5 * i) % 17
+        request.update(modalities=["text", "audio"], voice=("Chelsie", "ethan")[i % 2], max_audio_frames=codes)
+        request.update(min_audio_frames=codes, talker_temperature=0.9 if sampled else 0.0)
+    return request
+
+
+def workload(n: int = 18, **kw) -> list[dict]:
+    return [make_request(i, **kw) for i in range(n)]
+
+
+@cache
+def alone(i: int, sampled: bool = False):
+    return omni().generate(make_request(i, sampled=sampled))
+
+
+def assert_same(out, ref):
+    assert (out.token_ids, out.text, out.finish_reason) == (ref.token_ids, ref.text, ref.finish_reason)
+    assert out.codes == ref.codes and (ref.codes is None or len(ref.codes) > 3)
+
+
+def test_concurrent_staggered_equals_alone_on_every_path():
+    o = omni()
+    widest = []
+
+    def watch(o, step, reqs):
+        widest.append([len(o.engine.stages[name].running) for name in ("thinker", "talker")])
+
+    outs = run_staggered(o, workload(), on_step=watch)
+    for i, request in enumerate(workload()):
+        assert_same(outs[request["request_id"]], alone(i))
+    thinker, talker = (max(column) for column in zip(*widest, strict=True))
+    assert thinker >= 3 and talker >= 2  # requests really ran together
+    assert_idle(o)
+
+
+def test_abort_a_third_leaves_the_rest_unchanged_and_frees_everything():
+    o = omni()
+    rng = random.Random(0)
+    abort_at = {f"r{i}": rng.randint(1, 8) for i in rng.sample(range(18), 6)}
+    aborted = set()
+
+    def maybe_abort(o, step, reqs):
+        for rid, at in abort_at.items():
+            if rid in reqs and rid not in aborted and step >= 2 * int(rid[1:]) + at:
+                aborted.add(rid) if o.abort(rid) else None
+
+    outs = run_staggered(o, workload(), on_step=maybe_abort)
+    for i, request in enumerate(workload()):
+        rid = request["request_id"]
+        if rid in aborted:
+            assert outs[rid].finish_reason == "abort"
+        else:
+            assert_same(outs[rid], alone(i))
+    assert len(aborted) >= 4
+    assert_idle(o)
+
+
+def test_kv_pressure_preempts_and_still_completes_correctly():
+    cfg = omni().family.cfg.text
+    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
+    o = SpeechOmni(Omni(model=checkpoint("tiny"), thinker_kv_bytes=600 * per_token, page_size=8, max_batch_tokens=64))
+    outs = run_staggered(o, workload(), every=1)
+    assert o.engine.stages["thinker"].num_preemptions > 0
+    for i, request in enumerate(workload()):
+        assert_same(outs[request["request_id"]], alone(i))
+    assert_idle(o)
+
+
+def test_talker_kv_pressure_preempts_and_resumes_exactly():
+    """Speech requests with talker KV for 600 tokens: the talker preempts and recomputes its inputs;
+    a recomputed input must not draw its code again (codes equal to running alone)."""
+    cfg = omni().family.cfg.talker.text
+    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
+    o = SpeechOmni(Omni(model=checkpoint("tiny"), talker_kv_bytes=600 * per_token, page_size=8, max_batch_tokens=64))
+    speech = [i for i in range(18) if i % 4 == 3]
+    outs = run_staggered(o, [make_request(i) for i in speech], every=1)
+    assert o.engine.stages["talker"].num_preemptions > 0
+    for i in speech:
+        assert_same(outs[f"r{i}"], alone(i))
+    assert_idle(o)
+
+
+def test_injected_failure_fails_only_that_request():
+    o = omni()
+    program = o.engine.stages["thinker"].program
+    original = program._commit
+
+    def flaky(req, pick):
+        if req.id == "r4":
+            raise RuntimeError("injected thinker failure")
+        return original(req, pick)
+
+    program._commit = flaky
+    try:
+        outs = run_staggered(o, workload(9))
+    finally:
+        del program._commit
+    assert outs["r4"].finish_reason == "error" and "injected thinker failure" in outs["r4"].error
+    for i, request in enumerate(workload(9)):
+        if request["request_id"] != "r4":
+            assert_same(outs[request["request_id"]], alone(i))
+    assert_idle(o)
+
+
+def test_seeded_sampling_is_the_same_alone_and_batched():
+    outs = run_staggered(omni(), workload(8, sampled=True), every=1)
+    for i, request in enumerate(workload(8, sampled=True)):
+        assert_same(outs[request["request_id"]], alone(i, sampled=True))
