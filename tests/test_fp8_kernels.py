@@ -1,0 +1,173 @@
+"""The FP8-weight variants of the skinny GEMM and the expert GEMVs against their dequantised
+reference, on the CPU through Triton's interpreter (the GPU twin: ``test_fp8_gpu.py``).
+
+The kernels read e4m3 weights and apply each block's scale inside the sum: to x (the GEMV: x times
+the scale of its K block) or to a K step's partial product (``tl.dot`` and the expert GEMVs). In fp32
+that differs from ``F.linear`` of the dequantised weight only in rounding order: each output is within
+``3 * K * 2**-24 * sum_k |x_k * w_k|`` of it (the order bound of the skinny GEMM tests, plus one
+rounding of each scaled term). ``fp8_x`` also quantises x (per row and K step, to e4m3): the reference
+quantises x the same way, then the bound holds again.
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+import triton_cpu
+
+from omniwalk.layers import moe
+from omniwalk.layers import skinny_gemm as sg
+from omniwalk.layers.fp8 import FP8, Fp8Linear, dequantize, quantize
+from omniwalk.layers.fused_moe import ExpertScales, expert_down, expert_gate_up, expert_gemv
+from omniwalk.layers.moe import GatedMLP, SparseMoE, reference_experts, route
+from omniwalk.layers.silu_mul import silu_mul_reference
+from omniwalk.layers.skinny_gemm import Blocks, SkinnyLinear, skinny_gemm
+from omniwalk.models.qwen3_omni.checkpoint.loader import randomize
+
+pytestmark = pytest.mark.skipif(not triton_cpu.ON_CPU, reason="interpreter tests run on the CPU machine")
+K, N = 200, 72  # (off every block size: masks, partial scale blocks)
+
+
+@pytest.fixture(autouse=True)
+def interpreter(monkeypatch):
+    yield from triton_cpu.interpreted(monkeypatch)
+
+
+def _weight(n: int, k: int, block, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * k**-0.5 * (1 + 3 * torch.rand(n, 1, generator=g))  # (rows of unlike scales)
+    q, scale = quantize(w, block)
+    return q, scale, dequantize(q, scale, block, torch.float32)
+
+
+def _assert_within_bound(ours: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
+    ref = F.linear(x, w)
+    bound = 3 * x.shape[-1] * 2**-24 * F.linear(x.abs(), w.abs())
+    assert ((ours - ref).abs() <= bound + 1e-30).all(), (ours - ref).abs().max()
+
+
+def _x_quantised(x: torch.Tensor, step: int) -> torch.Tensor:
+    """x quantised to e4m3 per row and K step of ``step`` (amax -> 448), dequantised (the oracle of ``fp8_x``)."""
+    blocks = x.view(x.shape[0], -1, step) if x.shape[1] % step == 0 else None
+    if blocks is None:
+        x = F.pad(x, (0, -x.shape[1] % step))
+        blocks = x.view(x.shape[0], -1, step)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    return ((blocks / scale).to(FP8).float() * scale).view(x.shape)
+
+
+@pytest.mark.parametrize("block", [(16, 32), (32, 64), (128, 128)])
+@pytest.mark.parametrize("m", [1, 3, 17])  # the GEMV lanes; tl.dot with rows padded to 16, 32
+@pytest.mark.parametrize("blocks", [Blocks(16, 64, 1, 4, 2), Blocks(32, 128, 1, 4, 2), Blocks(8, 256, 1, 4, 1)])
+def test_fp8_product(block, m, blocks):
+    """Row blocks inside one scale row (scales broadcast) and across scale rows (per-row scales);
+    K steps shorter and longer than a scale block."""
+    q, scale, w = _weight(N, K, block)
+    x = torch.randn(m, K, generator=torch.Generator().manual_seed(m))
+    y = skinny_gemm(x, q, blocks=blocks, scale=scale, scale_block=block)
+    assert y.shape == (m, N) and y.dtype == torch.float32
+    _assert_within_bound(y, x, w)
+
+
+@pytest.mark.parametrize("m", [1, 5])
+@pytest.mark.parametrize("split", [2, 3])
+def test_fp8_split_partials_and_gated(m, split):
+    q, scale, w = _weight(N, K, (16, 32), seed=1)
+    x = torch.randn(m, K, generator=torch.Generator().manual_seed(2))
+    parts = skinny_gemm(x, q, partials=True, blocks=Blocks(16, 32, split, 4, 2), scale=scale, scale_block=(16, 32))
+    assert parts.shape == (m, split, N)
+    _assert_within_bound(parts.sum(1), x, w)
+    gate_up = [Fp8Linear(*_weight(40, K, (8, 32), seed=s)[:2], (8, 32)) for s in (3, 4)]
+    merged = SkinnyLinear.merge(*gate_up, gated=True)
+    act = skinny_gemm(
+        x,
+        merged.weight,
+        gated=True,
+        blocks=Blocks(16, 32, 1, 4, 2),
+        scale=merged.weight_scale_inv,
+        scale_block=merged.block,
+    )
+    ref = silu_mul_reference(F.linear(x, torch.cat([g.dequantized(torch.float32) for g in gate_up])))
+    torch.testing.assert_close(act, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("m", [3, 17])
+def test_fp8_activations(m):
+    """x quantised per row and K step too: equal to the product of the quantised x and the dequantised weight."""
+    q, scale, w = _weight(N, K, (32, 64), seed=5)
+    x = torch.randn(m, K, generator=torch.Generator().manual_seed(6)) * torch.linspace(0.1, 4, m)[:, None]
+    y = skinny_gemm(x, q, blocks=Blocks(16, 64, 1, 4, 2), scale=scale, scale_block=(32, 64), fp8_x=True)
+    _assert_within_bound(y, _x_quantised(x, 64)[:, :K], w)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("rows", [3, sg.MAX_ROWS + 2])
+def test_merged_fp8_projections_equal_the_reference_modules(monkeypatch, rows):
+    """GatedMLP with Fp8Linear projections: merged (gate/up gated in the kernel, down as partials;
+    F.linear of the dequantised weight above MAX_ROWS) against the unmerged reference forward."""
+    monkeypatch.setattr(sg, "pick_blocks", lambda m, n, k, gated, split, *_: Blocks(16, 32, 2 if split else 1, 4, 2))
+    ref = GatedMLP(48, 40)
+    randomize(ref, 3)
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        setattr(ref, name, Fp8Linear.from_linear(getattr(ref, name), (16, 16)))
+    fused = copy.deepcopy(ref)
+    fused.merge_projections()
+    assert fused.gate_up_proj.weight.dtype == FP8
+    x = torch.randn(rows, 48, generator=torch.Generator().manual_seed(7))
+    out = fused(x)
+    torch.testing.assert_close(out.sum(1) if out.dim() == 3 else out, ref(x), rtol=1e-5, atol=1e-5)
+
+
+def _fp8_experts(num_experts: int, h: int, inter: int, block, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    experts = moe.FusedExperts(num_experts, h, inter)
+    experts.gate_up_proj.data = torch.randn(num_experts, 2 * inter, h, generator=g) / h**0.5
+    experts.down_proj.data = torch.randn(num_experts, h, inter, generator=g) / inter**0.5
+    experts.quantize(block)
+    return experts
+
+
+@pytest.mark.parametrize("block", [(16, 32), (8, 16), (128, 128)])
+def test_fp8_expert_gemv(block):
+    n, h, inter, num_experts = 3, 72, 40, 6
+    experts = _fp8_experts(num_experts, h, inter, block, 4)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(n, h, generator=g)
+    weights, ids = route(torch.randn(n, num_experts, generator=g), 2, True)
+    ref = reference_experts(x, *experts.dequantized(torch.float32), weights, ids)
+    scales = experts.scales()
+    assert isinstance(scales, ExpertScales) and scales.gate_up.shape == (
+        num_experts,
+        2,
+        -(-inter // block[0]),
+        -(-h // block[1]),
+    )
+    parts = expert_gemv(x, experts.gate_up_proj, experts.down_proj, weights, ids.int(), scales)
+    torch.testing.assert_close(parts.sum(1), ref, rtol=1e-5, atol=1e-5)
+    ids = ids.int()
+    act = expert_gate_up(x, experts.gate_up_proj, ids, (16, 32, 1), scales=scales)  # K steps of 32: loops
+    parts = expert_down(act, experts.down_proj, weights, ids, (16, 16, 1), scales=scales)
+    torch.testing.assert_close(parts.sum(1), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("max_gemv_pairs", [64, 0])  # expert GEMVs, or the grouped GEMM beyond them
+def test_fp8_moe_with_its_shared_expert_folded_in(monkeypatch, max_gemv_pairs):
+    monkeypatch.setattr(moe, "MAX_GEMV_PAIRS", max_gemv_pairs)
+    ref = SparseMoE(32, 8, 2, 16, True, shared_intermediate_size=48)
+    randomize(ref, 5)
+    ref.experts.quantize((16, 16))
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        setattr(ref.shared_expert, name, Fp8Linear.from_linear(getattr(ref.shared_expert, name), (16, 16)))
+    fused = copy.deepcopy(ref)
+    fused.backend = "fused"
+    fused.fold_shared_expert()
+    assert fused.experts.gate_up_proj.shape[0] == 8 + 3 and fused.experts.gate_up_proj.dtype == FP8
+    x = torch.randn(5, 32, generator=torch.Generator().manual_seed(6))
+    out = fused(x)
+    torch.testing.assert_close(out.sum(1) if out.dim() == 3 else out, ref(x), rtol=1e-5, atol=1e-5)
+    misaligned = copy.deepcopy(ref)
+    misaligned.experts.quantize((32, 16))  # (re-quantised: I = 16 is not a whole 32-row block)
+    with pytest.raises(ValueError, match="whole"):
+        misaligned.fold_shared_expert()
