@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import triton_cpu
+from single_request import ContiguousKVCache
 
 from omniwalk.layers import moe
 from omniwalk.layers import skinny_gemm as sg
@@ -23,7 +24,13 @@ from omniwalk.layers.fused_moe import ExpertScales, expert_down, expert_gate_up,
 from omniwalk.layers.moe import GatedMLP, SparseMoE, reference_experts, route
 from omniwalk.layers.silu_mul import silu_mul_reference
 from omniwalk.layers.skinny_gemm import Blocks, SkinnyLinear, skinny_gemm
+from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.checkpoint.loader import randomize
+from omniwalk.models.qwen3_omni.checkpoint.quantization import quantize_fp8
+from omniwalk.models.qwen3_omni.checkpoint.tiny import TINY_CONFIG, load_config_dict
+from omniwalk.models.qwen3_omni.networks.decoder import use_kernels
+from omniwalk.models.qwen3_omni.networks.talker import Talker
+from omniwalk.models.qwen3_omni.networks.thinker import Thinker
 
 pytestmark = pytest.mark.skipif(not triton_cpu.ON_CPU, reason="interpreter tests run on the CPU machine")
 K, N = 200, 72  # (off every block size: masks, partial scale blocks)
@@ -152,22 +159,69 @@ def test_fp8_expert_gemv(block):
     torch.testing.assert_close(parts.sum(1), ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("max_gemv_pairs", [64, 0])  # expert GEMVs, or the grouped GEMM beyond them
-def test_fp8_moe_with_its_shared_expert_folded_in(monkeypatch, max_gemv_pairs):
-    monkeypatch.setattr(moe, "MAX_GEMV_PAIRS", max_gemv_pairs)
-    ref = SparseMoE(32, 8, 2, 16, True, shared_intermediate_size=48)
-    randomize(ref, 5)
-    ref.experts.quantize((16, 16))
+def _fp8_moe(block) -> SparseMoE:
+    moe_layer = SparseMoE(32, 8, 2, 16, True, shared_intermediate_size=48)
+    randomize(moe_layer, 5)
+    moe_layer.experts.quantize(block)
     for name in ("gate_proj", "up_proj", "down_proj"):
-        setattr(ref.shared_expert, name, Fp8Linear.from_linear(getattr(ref.shared_expert, name), (16, 16)))
+        setattr(moe_layer.shared_expert, name, Fp8Linear.from_linear(getattr(moe_layer.shared_expert, name), block))
+    return moe_layer
+
+
+@pytest.mark.parametrize("max_gemv_pairs", [64, 0])  # expert GEMVs, or the grouped GEMM beyond them
+@pytest.mark.parametrize("block", [(16, 16), (32, 16)])  # I = 16: whole blocks (folded), or not (beside)
+def test_fp8_moe_with_its_shared_expert(monkeypatch, max_gemv_pairs, block):
+    monkeypatch.setattr(moe, "MAX_GEMV_PAIRS", max_gemv_pairs)
+    ref = _fp8_moe(block)
     fused = copy.deepcopy(ref)
     fused.backend = "fused"
     fused.fold_shared_expert()
-    assert fused.experts.gate_up_proj.shape[0] == 8 + 3 and fused.experts.gate_up_proj.dtype == FP8
+    folded = block == (16, 16)
+    assert fused.experts.gate_up_proj.dtype == FP8 and (fused.shared_expert is None) == folded
+    assert fused.experts.gate_up_proj.shape[0] == (8 + 3 if folded else 8)
     x = torch.randn(5, 32, generator=torch.Generator().manual_seed(6))
     out = fused(x)
-    torch.testing.assert_close(out.sum(1) if out.dim() == 3 else out, ref(x), rtol=1e-5, atol=1e-5)
-    misaligned = copy.deepcopy(ref)
-    misaligned.experts.quantize((32, 16))  # (re-quantised: I = 16 is not a whole 32-row block)
-    with pytest.raises(ValueError, match="whole"):
-        misaligned.fold_shared_expert()
+    assert out.shape == (5, 2 + (3 if folded else 1), 32)
+    torch.testing.assert_close(out.sum(1), ref(x), rtol=1e-5, atol=1e-5)
+
+
+def _fp8_pair(cls, *args, block):
+    """(FP8 reference module, the same FP8 weights on the fused path) from the tiny config."""
+    ref = cls(*args, "reference").eval()
+    randomize(ref, 7)
+    quantize_fp8(ref, block)
+    fused = cls(*args, "fused").eval()
+    quantize_fp8(fused, block, empty=True)
+    fused.load_state_dict(ref.state_dict())
+    use_kernels(fused, "triton")
+    return ref, fused
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("block", [(16, 16), (128, 128)])  # talker's shared expert: folded; beside the experts
+def test_fp8_thinker_and_talker_fast_path_equal_reference(block):
+    """The whole decoders with FP8 weights: merged projections, folded (or not) shared expert, expert
+    GEMVs, every FP8 kernel in one forward, against the reference path on the same FP8 weights."""
+    cfg = Qwen3OmniConfig.from_hf(load_config_dict(TINY_CONFIG))
+    ref, fused = _fp8_pair(Thinker, cfg.text, cfg.tokens, cfg.talker.accept_hidden_layer, block=block)
+    assert fused.model.layers[0].self_attn.qkv_proj.weight.dtype == FP8
+    ids = torch.randint(0, 100, (5,), generator=torch.Generator().manual_seed(8))
+    outs = []
+    for model in (ref, fused):
+        kv = ContiguousKVCache.for_config(cfg.text, torch.float32, "cpu")
+        outs.append(
+            (model(ids, torch.arange(5), kv, all_logits=True).logits, model(ids[:1], torch.tensor([5]), kv).logits)
+        )
+    for a, b in zip(*outs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    ref, fused = _fp8_pair(Talker, cfg.talker, block=block)
+    folded = fused.model.layers[0].mlp.shared_expert is None
+    assert folded == (block == (16, 16))
+    x = torch.randn(2, cfg.talker.text.hidden_size, generator=torch.Generator().manual_seed(9))
+    outs = []
+    for model in (ref, fused):
+        kv = ContiguousKVCache.for_config(cfg.talker.text, torch.float32, "cpu")
+        hidden = model.model(x, torch.arange(2), kv)
+        outs.append((hidden, *model.code_predictor(hidden, hidden.flip(0), lambda logits, i: logits.argmax(-1))))
+    torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-4, atol=1e-4)
+    assert torch.equal(outs[1][1], outs[0][1])

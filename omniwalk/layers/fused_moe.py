@@ -37,7 +37,8 @@ def _kernels():
     def expert_gate_up(
         x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, stride_we, stride_wr, stride_se, stride_sh, stride_sr,
         H: tl.constexpr, INTER: tl.constexpr, P: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
-        SCALED: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, USE_PDL: tl.constexpr,
+        SCALED: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, SUB_H: tl.constexpr,
+        USE_PDL: tl.constexpr,
     ):  # fmt: skip
         pair, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
         if USE_PDL:  # (the weights to read depend on the routing ids: nothing to load before the wait)
@@ -52,10 +53,8 @@ def _kernels():
         # SCALED (FP8): gate (up) weight (r, h) has scale_inv s[expert, 0 (1), r // SCALE_N, h // SCALE_K]
         gate_scales = s_ptr + expert * stride_se + (rows // SCALE_N)[:, None] * stride_sr
         up_scales = gate_scales + stride_sh
-        # a step of BLOCK_H columns as [NUM_SUB, SUB_H] sub-blocks, each inside one scale column
-        SUB_H: tl.constexpr = min(BLOCK_H, SCALE_K) if SCALED else BLOCK_H
-        NUM_SUB: tl.constexpr = BLOCK_H // SUB_H
-        steps = tl.arange(0, NUM_SUB)[None, :, None] * SUB_H + tl.arange(0, SUB_H)[None, None, :]
+        # a step of BLOCK_H columns as [BLOCK_H / SUB_H, SUB_H] sub-blocks, each inside one scale column
+        steps = tl.arange(0, BLOCK_H // SUB_H)[None, :, None] * SUB_H + tl.arange(0, SUB_H)[None, None, :]
         acc_gate = tl.zeros((BLOCK_I,), tl.float32)
         acc_up = tl.zeros((BLOCK_I,), tl.float32)
         for start in range(0, H, BLOCK_H):
@@ -63,10 +62,10 @@ def _kernels():
             col_ok = cols < H
             x = tl.load(x_ptr + token * H + cols, mask=col_ok, other=0.0).to(tl.float32)
             ok = row_ok[:, None, None] & col_ok
-            gate = tl.sum(tl.load(gate_rows + cols, mask=ok, other=0.0).to(tl.float32) * x, 2)  # [BLOCK_I, NUM_SUB]
+            gate = tl.sum(tl.load(gate_rows + cols, mask=ok, other=0.0).to(tl.float32) * x, 2)  # [BLOCK_I, sub-blocks]
             up = tl.sum(tl.load(up_rows + cols, mask=ok, other=0.0).to(tl.float32) * x, 2)
             if SCALED:
-                sub = (start + tl.arange(0, NUM_SUB) * SUB_H)[None, :]
+                sub = (start + tl.arange(0, BLOCK_H // SUB_H) * SUB_H)[None, :]
                 sub_ok = row_ok[:, None] & (sub < H)
                 gate *= tl.load(gate_scales + sub // SCALE_K, mask=sub_ok, other=0.0)
                 up *= tl.load(up_scales + sub // SCALE_K, mask=sub_ok, other=0.0)
@@ -82,7 +81,8 @@ def _kernels():
     def expert_down(
         act_ptr, w_ptr, s_ptr, ids_ptr, weights_ptr, out_ptr, stride_we, stride_wr, stride_se, stride_sr,
         H: tl.constexpr, INTER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_I: tl.constexpr,
-        SCALED: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, USE_PDL: tl.constexpr,
+        SCALED: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, SUB_I: tl.constexpr,
+        USE_PDL: tl.constexpr,
     ):  # fmt: skip
         pair, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
         if USE_PDL:
@@ -93,18 +93,16 @@ def _kernels():
         col_ok = cols < H
         rows = (w_ptr + expert * stride_we + cols[:, None] * stride_wr)[:, :, None]
         scales = s_ptr + expert * stride_se + (cols // SCALE_N)[:, None] * stride_sr  # (SCALED, as in gate_up)
-        SUB_I: tl.constexpr = min(BLOCK_I, SCALE_K) if SCALED else BLOCK_I
-        NUM_SUB: tl.constexpr = BLOCK_I // SUB_I
-        steps = tl.arange(0, NUM_SUB)[None, :, None] * SUB_I + tl.arange(0, SUB_I)[None, None, :]
+        steps = tl.arange(0, BLOCK_I // SUB_I)[None, :, None] * SUB_I + tl.arange(0, SUB_I)[None, None, :]
         acc = tl.zeros((BLOCK_N,), tl.float32)
         for start in range(0, INTER, BLOCK_I):
             units = start + steps
             unit_ok = units < INTER
             act = tl.load(act_ptr + pair * INTER + units, mask=unit_ok, other=0.0).to(tl.float32)
             w = tl.load(rows + units, mask=col_ok[:, None, None] & unit_ok, other=0.0)
-            part = tl.sum(w.to(tl.float32) * act, 2)  # [BLOCK_N, NUM_SUB]
+            part = tl.sum(w.to(tl.float32) * act, 2)  # [BLOCK_N, sub-blocks]
             if SCALED:
-                sub = (start + tl.arange(0, NUM_SUB) * SUB_I)[None, :]
+                sub = (start + tl.arange(0, BLOCK_I // SUB_I) * SUB_I)[None, :]
                 part *= tl.load(scales + sub // SCALE_K, mask=col_ok[:, None] & (sub < INTER), other=0.0)
             acc += tl.sum(part, 1)
         dtype = out_ptr.dtype.element_ty
@@ -160,9 +158,10 @@ def expert_gate_up(
         rows, columns, warps = blocks
         s = gate_up if scales is None else scales.gate_up
         strides = (0, 0, 0) if scales is None else (s.stride(0), s.stride(1), s.stride(2))
+        step = min(columns, _pow2(hidden))
         _kernels()[0][(n * p, -(-inter // rows))](
             x, gate_up, s, ids, act, gate_up.stride(0), gate_up.stride(1), *strides,
-            H=hidden, INTER=inter, P=p, BLOCK_I=rows, BLOCK_H=min(columns, _pow2(hidden)), **_scaling(scales),
+            H=hidden, INTER=inter, P=p, BLOCK_I=rows, BLOCK_H=step, **_scaling(scales), SUB_H=_sub(step, scales),
             num_warps=warps, **pdl.launch(x.device),
         )  # fmt: skip
     return act
@@ -180,9 +179,10 @@ def expert_down(
         columns, units, warps = blocks
         s = down if scales is None else scales.down
         strides = (0, 0) if scales is None else (s.stride(0), s.stride(1))
+        step = min(units, _pow2(inter))
         _kernels()[1][(n * p, -(-hidden // columns))](
             act, down, s, ids, weights.contiguous(), out, down.stride(0), down.stride(1), *strides,
-            H=hidden, INTER=inter, BLOCK_N=columns, BLOCK_I=min(units, _pow2(inter)), **_scaling(scales),
+            H=hidden, INTER=inter, BLOCK_N=columns, BLOCK_I=step, **_scaling(scales), SUB_I=_sub(step, scales),
             num_warps=warps, **pdl.launch(act.device),
         )  # fmt: skip
     return out
@@ -192,6 +192,11 @@ def _scaling(scales: ExpertScales | None) -> dict:
     if scales is None:
         return dict(SCALED=False, SCALE_N=1, SCALE_K=1)
     return dict(SCALED=True, SCALE_N=scales.block[0], SCALE_K=scales.block[1])
+
+
+def _sub(step: int, scales: ExpertScales | None) -> int:
+    """A K step's sub-block: within one scale column (FP8), else the whole step."""
+    return step if scales is None else min(step, scales.block[1])
 
 
 def _pow2(n: int) -> int:

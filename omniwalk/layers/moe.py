@@ -213,7 +213,7 @@ class SparseMoE(nn.Module):
     def fold_shared_expert(self) -> None:
         """Fused backend, after loading: the shared expert becomes S = ceil(width / I) extra experts
         (ids E .. E+S-1) and its gate an extra router row (logit column E); see ``fused_moe``."""
-        if self.shared_expert is None:
+        if self.shared_expert is None or not self._can_fold():
             return
         e, inter = self.experts, self.experts.down_proj.shape[2]
         if e.block is None:
@@ -243,13 +243,20 @@ class SparseMoE(nn.Module):
         gate_up = torch.stack([torch.cat(pair) for pair in zip(gate, up, strict=True)])
         return gate_up, torch.stack(F.pad(shared.down_proj.weight, (0, pad)).split(inter, dim=1))
 
+    def _can_fold(self) -> bool:
+        """FP8 experts take the shared expert's units with their scales only where the expert width I
+        and the shared width are whole scale blocks (the published models': 384 and 768 in 128s);
+        otherwise the shared expert runs beside the experts (``forward``)."""
+        block = self.experts.block
+        if block is None:
+            return True
+        widths = (self.experts.down_proj.shape[2], self.shared_expert.down_proj.weight.shape[1])
+        return all(w % b == 0 for w in widths for b in block)
+
     def _shared_units_fp8(self, block: Block):
-        """``_shared_units`` of an FP8 shared expert, each with its scales (the expert width I and
-        the shared width must be whole scale blocks, as in the published models: 384 and 768)."""
+        """``_shared_units`` of an FP8 shared expert, each with its scales (``_can_fold``)."""
         shared, inter = self.shared_expert, self.experts.down_proj.shape[2]
         width, (bn, bk) = shared.down_proj.weight.shape[1], block
-        if inter % bn or inter % bk or width % bn or width % bk:
-            raise ValueError(f"folding an FP8 shared expert needs widths {inter} and {width} in whole {block} blocks")
         pad = -width % inter
 
         def units(linear: Fp8Linear, dim: int, b: int):  # (FP8 has no pad kernel: pad its bytes; 0 = +0.0)
@@ -270,12 +277,17 @@ class SparseMoE(nn.Module):
             route_args = (self.top_k, self.renormalize, self.num_shared)
             if x.shape[0] * (self.top_k + self.num_shared) <= MAX_GEMV_PAIRS:
                 weights, ids = route_folded(x, self.gate.weight, self.route_counters, *route_args)
-                return expert_gemv(x, experts.gate_up_proj, experts.down_proj, weights, ids, experts.scales())
-            weights, ids = route_topk(self.gate(x), *route_args)
-            # TODO: FP8 experts are dequantised whole here (prefill-sized batches); a grouped GEMM reading FP8
-            return grouped_experts(x, *experts.dequantized(x.dtype), weights, ids)
+                out = expert_gemv(x, experts.gate_up_proj, experts.down_proj, weights, ids, experts.scales())
+            else:
+                weights, ids = route_topk(self.gate(x), *route_args)
+                # TODO: FP8 experts are dequantised whole here (prefill-sized batches); a grouped GEMM reading FP8
+                out = grouped_experts(x, *experts.dequantized(x.dtype), weights, ids)
+            if self.shared_expert is not None:  # (not folded: one more partial)
+                out = torch.cat([out, self._shared_output(x)[:, None].to(out.dtype)], 1)
+            return out
         weights, ids = route(self.gate(x), self.top_k, self.renormalize)
         out = reference_experts(x, *experts.dequantized(x.dtype), weights, ids)
-        if self.shared_expert is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return out
+        return out if self.shared_expert is None else out + self._shared_output(x)
+
+    def _shared_output(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)

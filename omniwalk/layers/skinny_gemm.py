@@ -102,7 +102,7 @@ def _kernel():
         up_offset, up_scale_offset,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr,
         SCALED: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, ROWS_SHARE_SCALE: tl.constexpr,
-        FP8_X: tl.constexpr,
+        SUB_K: tl.constexpr, FP8_X: tl.constexpr,
         PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
         block, split = tl.program_id(0), tl.program_id(1)
@@ -124,13 +124,11 @@ def _kernel():
         gate_scales = s_ptr + scale_rows * stride_sn  # [1 or BLOCK_N, 1]
         up_scales = gate_scales + up_scale_offset
         if BLOCK_M == 1:  # a GEMV: products in [BLOCK_N, SUB_K] lanes, one reduction at the end
-            # K steps as [NUM_SUB, SUB_K] sub-blocks, each inside one scale column (FP8: x times its scale)
-            SUB_K: tl.constexpr = min(BLOCK_K, SCALE_K) if SCALED else BLOCK_K
-            NUM_SUB: tl.constexpr = BLOCK_K // SUB_K
-            steps = tl.arange(0, NUM_SUB)[None, :, None] * SUB_K + tl.arange(0, SUB_K)[None, None, :]
+            # K steps as [BLOCK_K / SUB_K, SUB_K] sub-blocks, each inside one scale column (FP8: x times its scale)
+            steps = tl.arange(0, BLOCK_K // SUB_K)[None, :, None] * SUB_K + tl.arange(0, SUB_K)[None, None, :]
             gate3, up3 = gate_rows[:, :, None], up_rows[:, :, None]
-            lanes = tl.zeros((BLOCK_N, NUM_SUB, SUB_K), tl.float32)
-            lanes_up = tl.zeros((BLOCK_N, NUM_SUB, SUB_K), tl.float32)
+            lanes = tl.zeros((BLOCK_N, BLOCK_K // SUB_K, SUB_K), tl.float32)
+            lanes_up = tl.zeros((BLOCK_N, BLOCK_K // SUB_K, SUB_K), tl.float32)
             # each step's weight tile is loaded one step ahead: the first before the PDL wait
             ks = k_start + steps
             ok = col_ok[:, None, None] & (ks < k_end)
@@ -146,7 +144,7 @@ def _kernel():
                 x = tl.load(x_ptr + ks, mask=ks < k_end, other=0.0).to(tl.float32)
                 x_up = x
                 if SCALED:
-                    sub = (k0 + tl.arange(0, NUM_SUB) * SUB_K)[None, :, None]
+                    sub = (k0 + tl.arange(0, BLOCK_K // SUB_K) * SUB_K)[None, :, None]
                     sub_ok = scale_ok[:, :, None] & (sub < k_end)
                     if GATED:
                         x_up = x * tl.load(up_scales[:, :, None] + sub // SCALE_K, mask=sub_ok, other=0.0)
@@ -261,7 +259,8 @@ def skinny_gemm(
             0 if scale is None else scale.stride(0), out.stride(0), out.stride(1) if split > 1 else 0,
             n * weight.stride(0), 0 if scale is None else n // scale_n * scale.stride(0),
             BLOCK_M=block_m, BLOCK_N=blocks.n, BLOCK_K=block_k, GATED=gated, SCALED=scale is not None,
-            SCALE_N=scale_n, SCALE_K=scale_k, ROWS_SHARE_SCALE=scale_n % blocks.n == 0, FP8_X=fp8_x,
+            SCALE_N=scale_n, SCALE_K=scale_k, ROWS_SHARE_SCALE=scale_n % blocks.n == 0,
+            SUB_K=block_k if scale is None else min(block_k, scale_k), FP8_X=fp8_x,
             PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # (fp32 as F.linear's; 16-bit ignores it)
             num_warps=blocks.warps, num_stages=blocks.stages, **pdl.launch(x.device),
         )  # fmt: skip
