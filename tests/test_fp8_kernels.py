@@ -21,6 +21,7 @@ from omniwalk.layers import moe
 from omniwalk.layers import skinny_gemm as sg
 from omniwalk.layers.fp8 import FP8, Fp8Linear, dequantize, quantize
 from omniwalk.layers.fused_moe import ExpertScales, expert_down, expert_gate_up, expert_gemv
+from omniwalk.layers.grouped_fp8 import grouped_fp8_experts
 from omniwalk.layers.moe import GatedMLP, SparseMoE, reference_experts, route
 from omniwalk.layers.silu_mul import silu_mul_reference
 from omniwalk.layers.skinny_gemm import Blocks, SkinnyLinear, skinny_gemm
@@ -156,6 +157,20 @@ def test_fp8_expert_gemv(block):
     ids = ids.int()
     act = expert_gate_up(x, experts.gate_up_proj, ids, (16, 32, 1), scales=scales)  # K steps of 32: loops
     parts = expert_down(act, experts.down_proj, weights, ids, (16, 16, 1), scales=scales)
+    torch.testing.assert_close(parts.sum(1), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tokens", [11, 40])  # pairs per expert few (16-row tiles) or many (64-row tiles)
+def test_fp8_grouped_experts(tokens):
+    """The grouped GEMM over expert-sorted pairs (the fused backend past the GEMVs) on FP8 experts."""
+    num_experts, h, inter = 6, 72, 48
+    experts = _fp8_experts(num_experts, h, inter, (16, 32), 8)
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(tokens, h, generator=g)
+    weights, ids = route(torch.randn(tokens, num_experts, generator=g), 2, True)
+    ref = reference_experts(x, *experts.dequantized(torch.float32), weights, ids)
+    parts = grouped_fp8_experts(x, experts.gate_up_proj, experts.down_proj, experts.scales(), weights, ids.int())
+    assert parts.shape == (tokens, 2, h)
     torch.testing.assert_close(parts.sum(1), ref, rtol=1e-5, atol=1e-5)
 
 

@@ -60,7 +60,11 @@ def quantize(w: torch.Tensor, block: Block = DEFAULT_BLOCK) -> tuple[torch.Tenso
 
 def dequantize(q: torch.Tensor, scale_inv: torch.Tensor, block: Block, dtype: torch.dtype) -> torch.Tensor:
     """q [..., N, K] -> q * scale_inv per element, computed in fp32, returned in ``dtype``."""
-    return (q.float() * expand(scale_inv, block, q.shape)).to(dtype)
+    (n, k), (bn, bk) = q.shape[-2:], block
+    if n % bn or k % bk:
+        return (q.float() * expand(scale_inv, block, q.shape)).to(dtype)
+    blocks = q.float().view(*q.shape[:-2], n // bn, bn, k // bk, bk)  # (whole blocks: scales broadcast)
+    return blocks.mul_(scale_inv[..., :, None, :, None]).to(dtype).view(q.shape)
 
 
 def regrid(scale_inv: torch.Tensor, block: Block, finer: Block, shape: tuple[int, ...]) -> torch.Tensor:

@@ -123,6 +123,9 @@ def _kernels():
 # through the pipeliner's async copies instead (a GEMV as a dot with the tokens padded to 16 rows).
 GATE_UP_BLOCKS = (2, 2048, 4)
 DOWN_BLOCKS = (16, 256, 8)
+# FP8 experts (half the bytes per tile): not tuned on the device yet (benchmarks/fp8.py sweeps them)
+GATE_UP_BLOCKS_FP8 = (2, 2048, 4)
+DOWN_BLOCKS_FP8 = (16, 256, 8)
 
 
 def expert_gemv(
@@ -146,10 +149,11 @@ class ExpertScales(NamedTuple):
 
 
 def expert_gate_up(
-    x: torch.Tensor, gate_up: torch.Tensor, ids: torch.Tensor, blocks: tuple[int, int, int] = GATE_UP_BLOCKS,
+    x: torch.Tensor, gate_up: torch.Tensor, ids: torch.Tensor, blocks: tuple[int, int, int] | None = None,
     scales: ExpertScales | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """-> act [N * P, I]: silu(gate·x) * (up·x) per (token, expert) pair."""
+    blocks = blocks or (GATE_UP_BLOCKS if scales is None else GATE_UP_BLOCKS_FP8)
     n, p = ids.shape
     hidden, inter = x.shape[1], gate_up.shape[1] // 2
     x = x.contiguous()
@@ -169,9 +173,10 @@ def expert_gate_up(
 
 def expert_down(
     act: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-    blocks: tuple[int, int, int] = DOWN_BLOCKS, scales: ExpertScales | None = None,
+    blocks: tuple[int, int, int] | None = None, scales: ExpertScales | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """act [N * P, I] -> [N, P, H]: each pair's expert output times its routing weight."""
+    blocks = blocks or (DOWN_BLOCKS if scales is None else DOWN_BLOCKS_FP8)
     n, p = ids.shape
     hidden, inter = down.shape[1], down.shape[2]
     out = act.new_empty(n, p, hidden)

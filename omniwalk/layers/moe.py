@@ -30,6 +30,7 @@ from torch import nn
 from omniwalk.layers import fp8
 from omniwalk.layers.fp8 import Block, Fp8Linear
 from omniwalk.layers.fused_moe import ExpertScales, expert_gemv
+from omniwalk.layers.grouped_fp8 import grouped_fp8_experts
 from omniwalk.layers.moe_routing import route_folded, route_topk
 from omniwalk.layers.skinny_gemm import SkinnyLinear
 
@@ -280,8 +281,11 @@ class SparseMoE(nn.Module):
                 out = expert_gemv(x, experts.gate_up_proj, experts.down_proj, weights, ids, experts.scales())
             else:
                 weights, ids = route_topk(self.gate(x), *route_args)
-                # TODO: FP8 experts are dequantised whole here (prefill-sized batches); a grouped GEMM reading FP8
-                out = grouped_experts(x, *experts.dequantized(x.dtype), weights, ids)
+                pair = (experts.gate_up_proj, experts.down_proj)
+                if experts.block is None:
+                    out = grouped_experts(x, *pair, weights, ids)
+                else:
+                    out = grouped_fp8_experts(x, *pair, experts.scales(), weights, ids)
             if self.shared_expert is not None:  # (not folded: one more partial)
                 out = torch.cat([out, self._shared_output(x)[:, None].to(out.dtype)], 1)
             return out

@@ -85,6 +85,18 @@ TUNED: dict[tuple[int, int, int, bool, bool], Blocks | None] = {
 }
 
 
+# FP8 weights (the same keys): a tile of e4m3 holds half the bytes of bf16's, so the best tiles differ.
+# H200, benchmarks/fp8.py (fp8 call 1), µs per call at M = 1, bf16 pick -> FP8 (8 KB tiles): thinker qkv
+# 8.2 (cuBLAS) -> 6.6, thinker o 5.8 -> 5.9, talker qkv 2.8 -> 2.4, cp gate_up 5.7 -> 7.0, cp down 2.9 -> 3.7.
+TUNED_FP8: dict[tuple[int, int, int, bool, bool], Blocks] = {
+    (1, 5120, 2048, False, False): Blocks(8, 1024, 1, 4, 1),
+    (1, 2048, 4096, False, True): Blocks(8, 1024, 1, 4, 1),
+    (1, 2560, 1024, False, False): Blocks(8, 1024, 1, 4, 1),
+    (1, 3072, 1024, True, False): Blocks(8, 1024, 1, 4, 1),
+    (1, 1024, 3072, False, True): Blocks(4, 2048, 1, 4, 1),
+}
+
+
 def padded_rows(m: int) -> int:
     """1 (a GEMV: no tensor-core dot), else M padded to a power of two >= 16 (``tl.dot``'s minimum)."""
     return 1 if m == 1 else max(16, 1 << (m - 1).bit_length())
@@ -209,8 +221,10 @@ def _kernel():
 def pick_blocks(m: int, n: int, k: int, gated: bool, may_split: bool, fp8: bool = False) -> Blocks | None:
     """The launch configuration of an M x N x K product (N: output columns; I for a gated one):
     ``TUNED``'s (None where cuBLAS measured faster; never for FP8 weights, which cuBLAS would
-    read dequantised), else ``default_blocks``."""
+    read dequantised; ``TUNED_FP8`` first for them), else ``default_blocks``."""
     key = (padded_rows(m), n, k, gated, may_split)
+    if fp8 and key in TUNED_FP8:
+        return TUNED_FP8[key]
     tuned = TUNED.get(key, default_blocks(m, n, k, may_split))
     return tuned if tuned is not None or not fp8 else default_blocks(m, n, k, may_split)
 
