@@ -6,10 +6,10 @@
 Parts:
 
     kernels   µs per call in CUDA graphs (weights from HBM: C copies, >= 512 MB): the decoders'
-              projections at M = 1 and 32 as bf16 (the fast path's pick: skinny GEMM or cuBLAS), FP8
-              weights with bf16 x (the weight widened in registers) and FP8 x (quantised per row and
-              K step, an FP8 tensor-core dot); a thinker MoE layer (router + routing + experts) at 1
-              and 32 tokens, bf16 vs FP8 GEMVs vs FP8 dequantised + grouped GEMM; a prefill-sized
+              projections at M = 1 and 32 as bf16 (the fast path's pick: skinny GEMM or cuBLAS) and
+              FP8 (the weight widened in registers; at M = 1 also through tl.dot, rows padded to 16);
+              a thinker MoE layer (router + routing + experts) at 1, 8 and 32 tokens, bf16 vs FP8
+              (GEMVs; at 32 tokens the grouped GEMMs, and GEMVs of both for comparison); a prefill-sized
               dense product (M = 2048): bf16 cuBLAS vs FP8 dequantised + cuBLAS vs ``torch._scaled_mm``
               (per-row scales: what cuBLAS FP8 takes here; not our block-wise format, timed only).
     accuracy  the thinker with the same random weights in bf16 and FP8 (quantised at load): a 64-token
@@ -104,13 +104,12 @@ def bench_projections() -> list[dict]:
             row = dict(shape=name, m=m, bf16_us=graph_us(lambda i: bf16[i](x), copies))
             row["fp8_us"] = graph_us(lambda i: fp8[i](x), copies)
 
-            def fp8_call(i, blocks=None, fp8_x=False):
+            def fp8_call(i, blocks=None):
                 f = fp8[i]
                 return skinny_gemm(x, f.weight, gated=f.gated, partials=f.partials, blocks=blocks,
-                                   scale=f.weight_scale_inv, scale_block=f.block, fp8_x=fp8_x)  # fmt: skip
+                                   scale=f.weight_scale_inv, scale_block=f.block)  # fmt: skip
 
             dot = Blocks(64, 128, 1, 4, 6, rows=16 if m == 1 else 0)  # (the table's dot configuration)
-            row["fp8_x_us"] = graph_us(lambda i: fp8_call(i, dot if m == 1 else None, True), copies)
             if m == 1:
                 row["fp8_dot_us"] = graph_us(lambda i: fp8_call(i, dot), copies)
                 row["fp8_gemv_us"] = {str(tuple(b)): graph_us(lambda i, b=b: fp8_call(i, b), copies) for b in FP8_GEMV}
@@ -118,7 +117,7 @@ def bench_projections() -> list[dict]:
             rows_out.append(row)
             print(
                 f"{name:12s} M={m:2d}: bf16 {row['bf16_us']:6.2f} µs ({row['bf16_gb_s']:5.0f} GB/s)  fp8 "
-                f"{row['fp8_us']:6.2f} µs ({row['fp8_gb_s']:5.0f} GB/s)  fp8 x {row['fp8_x_us']:6.2f} µs",
+                f"{row['fp8_us']:6.2f} µs ({row['fp8_gb_s']:5.0f} GB/s)",
                 flush=True,
             )
     return rows_out
@@ -140,17 +139,12 @@ def bench_moe() -> list[dict]:
         x = torch.randn(tokens, 2048, device="cuda").to(BF16)
         row = dict(tokens=tokens, pairs=tokens * 8, bf16_us=graph_us(lambda i: layers[i](x), copies))
         row["fp8_us"] = graph_us(lambda i: fp8_layers[i](x), copies)
-        if tokens == 32:  # FP8 past the GEMVs: the dequantised grouped GEMM
-            saved = moe.MAX_FP8_GEMV_PAIRS
-            moe.MAX_FP8_GEMV_PAIRS = 0
-            try:
-                row["fp8_grouped_us"] = graph_us(lambda i: fp8_layers[i](x), copies)
-            finally:
-                moe.MAX_FP8_GEMV_PAIRS = saved
+        if tokens == 32:  # past the GEMVs (grouped GEMMs above); the GEMVs of both for comparison
             saved = moe.MAX_GEMV_PAIRS
             moe.MAX_GEMV_PAIRS = 256
             try:
                 row["bf16_gemv_us"] = graph_us(lambda i: layers[i](x), copies)
+                row["fp8_gemv_us"] = graph_us(lambda i: fp8_layers[i](x), copies)
             finally:
                 moe.MAX_GEMV_PAIRS = saved
         out.append(row)
@@ -373,11 +367,11 @@ def apply_tuned(path: Path) -> None:
 def report(results: dict) -> str:
     lines = ["# FP8 vs bf16", "", f"{results['machine']['device']}, torch {results['machine']['torch']}"]
     if results.get("projections"):
-        cols = ["shape", "m", "bf16_us", "fp8_us", "fp8_x_us", "fp8_dot_us", "bf16_gb_s", "fp8_gb_s"]
+        cols = ["shape", "m", "bf16_us", "fp8_us", "fp8_dot_us", "bf16_gb_s", "fp8_gb_s"]
         rows = [[r.get(c) for c in cols] for r in results["projections"]]
         lines += ["", "## Projections (µs per call, CUDA graphs)", "", markdown_table(cols, rows)]
     if results.get("moe"):
-        cols = ["tokens", "pairs", "bf16_us", "fp8_us", "fp8_grouped_us", "bf16_gemv_us"]
+        cols = ["tokens", "pairs", "bf16_us", "fp8_us", "bf16_gemv_us", "fp8_gemv_us"]
         rows = [[r.get(c) for c in cols] for r in results["moe"]]
         lines += ["", "## Thinker MoE layer (µs per call)", "", markdown_table(cols, rows)]
     if results.get("prefill"):

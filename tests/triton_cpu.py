@@ -56,11 +56,6 @@ def interpreted(monkeypatch):
     monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", _dot_widening_bf16)
     cast = interpreter.InterpreterBuilder.cast_impl
     monkeypatch.setattr(interpreter.InterpreterBuilder, "cast_impl", lambda *a: _cast_rounding_bf16(cast, *a))
-    fp_to_fp = interpreter.InterpreterBuilder.create_fp_to_fp
-    monkeypatch.setattr(
-        interpreter.InterpreterBuilder, "create_fp_to_fp", lambda self, src, dst, mode: _cast_rounding_bf16(
-            lambda self, src, dst: fp_to_fp(self, src, dst, mode), self, src, dst)
-    )  # fmt: skip
     for build in BUILDERS:
         build.cache_clear()
     yield
@@ -73,8 +68,6 @@ def _dot_widening_bf16(self, a, b, d, input_precision, max_num_imprecise_acc):
     from triton.runtime import interpreter
 
     def operand(x):
-        if x.dtype.scalar == tl.float8e4nv:
-            return torch.from_numpy(np.ascontiguousarray(x.data)).view(torch.float8_e4m3fn).float().numpy()
         if x.dtype.scalar != tl.bfloat16:
             return x.data
         return (x.data.astype(np.uint32) << 16).view(np.float32)  # bf16 = the top half of an fp32
@@ -87,10 +80,7 @@ def _cast_rounding_bf16(cast, self, src, dst_type):
     import triton.language as tl
     from triton.runtime import interpreter
 
-    if src.dtype.scalar != tl.float32 or dst_type.scalar not in (tl.bfloat16, tl.float8e4nv):
+    if src.dtype.scalar != tl.float32 or dst_type.scalar != tl.bfloat16:
         return cast(self, src, dst_type)
-    if dst_type.scalar == tl.float8e4nv:
-        rounded = torch.from_numpy(np.ascontiguousarray(src.data)).to(torch.float8_e4m3fn).view(torch.uint8)
-        return interpreter.TensorHandle(rounded.numpy(), tl.float8e4nv)
     rounded = torch.from_numpy(np.ascontiguousarray(src.data)).to(torch.bfloat16).view(torch.int16)
     return interpreter.TensorHandle(rounded.numpy().view(np.uint16), tl.bfloat16)

@@ -11,6 +11,9 @@ Rounding follows the reference (``moe.reference_experts``): gate/up outputs, sil
 the expert output and its weighted value are each rounded to the activations' dtype; only the
 sum over a token's experts differs (fp32 here, dtype steps in the reference's index_add).
 
+FP8 experts (``ExpertScales``): each K step is cut into sub-blocks inside one scale column; a
+sub-block's partial sum is multiplied by its scale (the e4m3 weights widened to fp32 in registers).
+
 A shared expert of width W folds in as S = ceil(W / I) experts of width I: silu(gate)·up is per
 unit and the down projection sums over units, so its slices' outputs add up to the shared
 expert's (the last slice padded with zero units, which add exactly nothing).
@@ -123,9 +126,11 @@ def _kernels():
 # through the pipeliner's async copies instead (a GEMV as a dot with the tokens padded to 16 rows).
 GATE_UP_BLOCKS = (2, 2048, 4)
 DOWN_BLOCKS = (16, 256, 8)
-# FP8 experts (half the bytes per tile): not tuned on the device yet (benchmarks/fp8.py sweeps them)
-GATE_UP_BLOCKS_FP8 = (2, 2048, 4)
-DOWN_BLOCKS_FP8 = (16, 256, 8)
+# FP8 experts: the bf16 tiles. H200, benchmarks/fp8.py tune (fp8 call 2), a thinker MoE layer at 1 + 8
+# tokens: gate_up (4, 2048, 4) 119 µs vs 123, down (32, 256, 8) 108 vs 119; taken together with other
+# tiles the talker's step was slower (not separated), so not taken. TODO: sweep them on the talker's shapes.
+GATE_UP_BLOCKS_FP8 = GATE_UP_BLOCKS
+DOWN_BLOCKS_FP8 = DOWN_BLOCKS
 
 
 def expert_gemv(

@@ -23,8 +23,10 @@ import torch
 from omniwalk.layers.fused_moe import ExpertScales
 
 # (rows per tile, output columns per program, warps, stages); rows: 16 while experts get few rows
-# (decode), 64 beyond. NOTE: not tuned on the device yet (benchmarks/fp8.py measures this path).
-BLOCKS = {16: (16, 64, 4, 3), 64: (64, 64, 4, 3)}
+# (decode), 64 beyond. H200, benchmarks/fp8.py tune (fp8 call 2), a thinker MoE layer at 32 tokens
+# (256 pairs): (16, 32, 4, 3) 253 µs, (16, 64, 4, 3) 268, (16, 128, 4, 3) 278; FP8 expert GEMVs 350
+# (call 1), bf16 grouped GEMM 443. The 64-row tile is not measured.
+BLOCKS = {16: (16, 32, 4, 3), 64: (64, 64, 4, 3)}
 
 
 @functools.cache

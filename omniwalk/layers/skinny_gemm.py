@@ -14,9 +14,16 @@ the end). Epilogues:
               partial sum, [M, S, N]; the consumer sums them (``RMSNorm.add`` takes [N, S, H] deltas,
               summed in fp32 and rounded once: the rounding of the unsplit product)
 
+FP8 weights (``SCALED``; ``fp8.py``'s block-wise format): the GEMV multiplies x by each K block's
+scale and the e4m3 weight widened to fp32 (a K step is cut into sub-blocks inside one scale column);
+the ``tl.dot`` path widens the weight tile to x's dtype (exact) and scales the tile's partial product
+(its K step inside one scale column). x stays in its dtype: quantising it per row and K step too, for an
+FP8 x FP8 tensor-core dot, measured slower at M = 2-32 on the H200 (fp8 call 1: 9.5-15 µs against
+8.7-13 for the widened weight) and was removed.
+
 ``SkinnyLinear`` is the module the CUDA fast path puts in place of a merged nn.Linear (after the
 weights are loaded, ``decoder.use_kernels``): the kernel up to ``MAX_ROWS`` rows, ``F.linear``
-above (prefill), where cuBLAS's tensor-core tiles are full.
+above (prefill), where cuBLAS's tensor-core tiles are full (FP8: of a dequantised copy).
 """
 
 from __future__ import annotations
@@ -85,15 +92,14 @@ TUNED: dict[tuple[int, int, int, bool, bool], Blocks | None] = {
 }
 
 
-# FP8 weights (the same keys): a tile of e4m3 holds half the bytes of bf16's, so the best tiles differ.
-# H200, benchmarks/fp8.py (fp8 call 1), µs per call at M = 1, bf16 pick -> FP8 (8 KB tiles): thinker qkv
-# 8.2 (cuBLAS) -> 6.6, thinker o 5.8 -> 5.9, talker qkv 2.8 -> 2.4, cp gate_up 5.7 -> 7.0, cp down 2.9 -> 3.7.
+# FP8 weights (the same keys; others use ``TUNED``'s tiles or ``default_blocks``). H200, benchmarks/fp8.py
+# (fp8 calls 1 and 2: tune), µs per call at M = 1: thinker qkv 9.3 with the default tiles -> 6.5 (bf16
+# through cuBLAS: 8.2); thinker o 7.3 with TUNED's dot tiles -> 5.4 (bf16: 5.8). The sweep's other winners
+# (talker and code predictor shapes, 3-40% faster alone) went with a slower talker step (4.3 -> 5.0 ms at
+# B=1, with other changes; not separated), so they are not taken: benchmarks/results/2026-12-02-h200-s25/fp8.
 TUNED_FP8: dict[tuple[int, int, int, bool, bool], Blocks] = {
     (1, 5120, 2048, False, False): Blocks(8, 1024, 1, 4, 1),
-    (1, 2048, 4096, False, True): Blocks(8, 1024, 1, 4, 1),
-    (1, 2560, 1024, False, False): Blocks(8, 1024, 1, 4, 1),
-    (1, 3072, 1024, True, False): Blocks(8, 1024, 1, 4, 1),
-    (1, 1024, 3072, False, True): Blocks(4, 2048, 1, 4, 1),
+    (1, 2048, 4096, False, True): Blocks(16, 1024, 2, 4, 1),
 }
 
 
@@ -114,7 +120,7 @@ def _kernel():
         up_offset, up_scale_offset,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr,
         SCALED: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, ROWS_SHARE_SCALE: tl.constexpr,
-        SUB_K: tl.constexpr, FP8_X: tl.constexpr,
+        SUB_K: tl.constexpr,
         PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
         block, split = tl.program_id(0), tl.program_id(1)
@@ -196,17 +202,10 @@ def _kernel():
                     s_up = s
                     if GATED:
                         s_up = tl.load(up_scales + k0 // SCALE_K, mask=scale_ok, other=0.0)
-                    if FP8_X:  # x quantised per row of the tile (token) too: an FP8 x FP8 tensor-core dot
-                        amax = tl.max(tl.abs(xt.to(tl.float32)), 0)[None, :]
-                        x_scale = tl.where(amax > 0, amax / 448.0, 1.0)
-                        xq = (xt.to(tl.float32) / x_scale).to(tl.float8e4nv)
-                        acc += tl.dot(w, xq) * (s * x_scale)
-                        if GATED:
-                            acc_up += tl.dot(w_up, xq) * (s_up * x_scale)
-                    else:  # the weight widened to x's dtype (exact from e4m3), scaled after the dot
-                        acc += tl.dot(w.to(xt.dtype), xt, input_precision=PRECISION) * s
-                        if GATED:
-                            acc_up += tl.dot(w_up.to(xt.dtype), xt, input_precision=PRECISION) * s_up
+                    # the weight widened to x's dtype (exact from e4m3), scaled after the dot
+                    acc += tl.dot(w.to(xt.dtype), xt, input_precision=PRECISION) * s
+                    if GATED:
+                        acc_up += tl.dot(w_up.to(xt.dtype), xt, input_precision=PRECISION) * s_up
         dtype = out_ptr.dtype.element_ty
         if GATED:
             gate = acc.to(dtype).to(tl.float32)
@@ -239,13 +238,12 @@ def default_blocks(m: int, n: int, k: int, may_split: bool) -> Blocks:
 
 def skinny_gemm(
     x: torch.Tensor, weight: torch.Tensor, *, gated: bool = False, partials: bool = False, blocks: Blocks | None = None,
-    scale: torch.Tensor | None = None, scale_block: Block | None = None, fp8_x: bool = False,
+    scale: torch.Tensor | None = None, scale_block: Block | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """x [M, K], weight [N, K] -> x @ weight^T [M, N] in x's dtype, or with ``gated`` silu(gate) * up
     [M, N / 2]. With ``partials`` (and a split > 1) fp32 partial sums [M, S, N] (see the module
     docstring); ``partials`` never splits a gated product. An FP8 ``weight`` comes with its
-    ``scale`` (``fp8.py``'s scale_inv grid of ``scale_block``); ``fp8_x`` (rows > 1 only)
-    quantises x per row and K step to FP8 too, for an FP8 tensor-core dot."""
+    ``scale`` (``fp8.py``'s scale_inv grid of ``scale_block``)."""
     m, k = x.shape
     n = weight.shape[0] // 2 if gated else weight.shape[0]
     may_split = partials and not gated
@@ -274,7 +272,7 @@ def skinny_gemm(
             n * weight.stride(0), 0 if scale is None else n // scale_n * scale.stride(0),
             BLOCK_M=block_m, BLOCK_N=blocks.n, BLOCK_K=block_k, GATED=gated, SCALED=scale is not None,
             SCALE_N=scale_n, SCALE_K=scale_k, ROWS_SHARE_SCALE=scale_n % blocks.n == 0,
-            SUB_K=block_k if scale is None else min(block_k, scale_k), FP8_X=fp8_x,
+            SUB_K=block_k if scale is None else min(block_k, scale_k),
             PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # (fp32 as F.linear's; 16-bit ignores it)
             num_warps=blocks.warps, num_stages=blocks.stages, **pdl.launch(x.device),
         )  # fmt: skip
