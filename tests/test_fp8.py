@@ -7,11 +7,13 @@ times its block's scale (``torch.kron`` of the scale grid with a block of ones),
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from single_request import ContiguousKVCache
 
 from omniwalk import Omni
 from omniwalk.config import ModelConfig
@@ -226,3 +228,34 @@ def test_fp8_weight_without_its_scales_is_an_error(fp8_ckpt, tmp_path):
     for quantization in ("fp8", "none"):
         with pytest.raises(CheckpointError, match="o_proj.weight_scale_inv"):
             load_components(out, ("thinker",), quantization=quantization)
+
+
+@torch.no_grad()
+def test_uneven_shapes_and_a_small_block(tmp_path):
+    """Odd sizes (hidden 48, experts 20 wide, head dim 12) under a 16 x 32 block: partial blocks at
+    every edge. Each FP8 weight loads as stored; dequantised it equals stored x scale exactly; the
+    FP8 thinker's and talker's outputs equal those of the model holding the dequantised weights."""
+    config = json.loads((Path(__file__).parent / "configs" / "tiny_uneven.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [16, 32]}
+    ckpt = make_tiny_checkpoint(tmp_path / "uneven", config, quantization="fp8")
+    assert json.loads((ckpt / "config.json").read_text())["quantization_config"]["weight_block_size"] == [16, 32]
+    tensors = _tensors(ckpt)
+    names = ("thinker", "talker")
+    quantized, plain = load_components(ckpt, names, quantization="fp8"), load_components(ckpt, names)
+    for name, t in tensors.items():
+        if t.dtype == FP8:
+            assert torch.equal(_plain_weight(plain, name), _dequantized(t, tensors[name + SCALE], (16, 32))), name
+    assert quantized["thinker"].model.layers[0].mlp.experts.block == (16, 32)
+    cfg = Qwen3OmniConfig.from_hf(ckpt)
+    ids = torch.randint(0, 1000, (9,), generator=torch.Generator().manual_seed(3))
+    logits = [
+        m(ids, torch.arange(9), ContiguousKVCache.for_config(cfg.text, torch.float32, "cpu"), all_logits=True).logits
+        for m in (quantized["thinker"], plain["thinker"])
+    ]
+    assert torch.equal(logits[0], logits[1])
+    x = torch.randn(4, cfg.talker.text.hidden_size, generator=torch.Generator().manual_seed(4))
+    hidden = [
+        m.model(x, torch.arange(4), ContiguousKVCache.for_config(cfg.talker.text, torch.float32, "cpu"))
+        for m in (quantized["talker"], plain["talker"])
+    ]
+    assert torch.equal(hidden[0], hidden[1])
