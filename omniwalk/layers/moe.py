@@ -147,11 +147,14 @@ class FusedExperts(nn.Module):
         gate_up, down = self.gate_up_proj.data, self.down_proj.data
         inter = down.shape[2]
         if empty:
-            scales = [
-                gate_up.new_empty(fp8.grid(t.shape, block), dtype=torch.float32) for t in (gate_up[:, :inter], down)
+            gate_up_scales = fp8.grid((gate_up.shape[0], 2, inter, gate_up.shape[2]), block)
+            parts = [
+                (torch.empty_like(gate_up, dtype=fp8.FP8), gate_up.new_empty(gate_up_scales, dtype=torch.float32)),
+                (
+                    torch.empty_like(down, dtype=fp8.FP8),
+                    down.new_empty(fp8.grid(down.shape, block), dtype=torch.float32),
+                ),
             ]
-            parts = [(torch.empty_like(t, dtype=fp8.FP8), s) for t, s in zip((gate_up, down), scales, strict=True)]
-            parts[0] = (parts[0][0], torch.stack([scales[0]] * 2, 1))
         else:
             gate, up = (fp8.quantize(half, block) for half in gate_up.split(inter, 1))
             parts = [(torch.cat([gate[0], up[0]], 1), torch.stack([gate[1], up[1]], 1)), fp8.quantize(down, block)]

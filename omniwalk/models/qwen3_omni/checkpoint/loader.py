@@ -84,7 +84,7 @@ def weights_summary(parts: dict[str, nn.Module], quantization: str) -> dict:
     quantized = [name for name in QUANTIZED_COMPONENTS if name in parts] if quantization == "fp8" else []
     return {
         "quantization": quantization,
-        "quantized": [f"{name}: attention q/k/v/o, experts, shared expert, dense MLPs" for name in quantized],
+        "quantized": [f"{name}: decoder attention q/k/v/o and MLP / expert projections" for name in quantized],
         "gib": gib,
         "total_gib": round(sum(gib.values()), 3),
     }
