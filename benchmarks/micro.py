@@ -505,6 +505,8 @@ def main() -> None:
         "encoders": lambda: bench_encoders(omni, args, m, device, dtype),
     }
     results["config"] = {part: asdict(getattr(omni.config, part)) for part in ("model", "engine", "family")}
+    results["weights"] = omni.family.info.weights  # (quantisation, GiB per component)
+    print(f"weights: {results['weights']}")
     for part in parts:
         print(f"-- {part}")
         results[part] = benches[part]()

@@ -28,6 +28,7 @@ def _make_tiny(args: argparse.Namespace) -> None:
         dtype=getattr(torch, args.dtype),
         max_shard_bytes=int(args.max_shard_mb * 1024**2),
         with_weights=not args.no_weights,
+        quantization=args.quantization,
     )
     files = sorted(p.name for p in out.iterdir())
     print(f"done in {time.perf_counter() - start:.1f}s: {', '.join(files)}")
@@ -184,9 +185,9 @@ def parse_bool(text: str) -> bool:
 
 
 def _choices() -> dict[str, tuple[str, ...]]:
-    from omniwalk.config import DTYPES, LOG_LEVELS, backend_choices
+    from omniwalk.config import DTYPES, LOG_LEVELS, QUANTIZATIONS, backend_choices
 
-    return {"dtype": DTYPES, "log_level": LOG_LEVELS, **backend_choices()}
+    return {"dtype": DTYPES, "log_level": LOG_LEVELS, "quantization": QUANTIZATIONS, **backend_choices()}
 
 
 def _add_dataclass_flags(parser: argparse.ArgumentParser, cls, skip=()) -> None:
@@ -253,6 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--dtype", choices=_DTYPES, default="float32")
     tiny.add_argument("--max-shard-mb", type=float, default=2048.0, help="shard the weights above this size")
     tiny.add_argument("--no-weights", action="store_true", help="config + tokenizer only (for --random-weights)")
+    tiny.add_argument(
+        "--quantization", choices=("none", "fp8"), default="none",
+        help="fp8: the family's quantised weights in the block-wise FP8 format (float8_e4m3fn + *_scale_inv)",
+    )  # fmt: skip
     tiny.set_defaults(func=_make_tiny)
 
     inspect = sub.add_parser("inspect", help="print a checkpoint's normalised config and parameter count")

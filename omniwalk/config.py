@@ -47,6 +47,7 @@ BACKENDS = {
 }
 # (torch is imported where a dtype or device is used, so that `omniwalk --help` does not load it)
 DTYPES = ("float32", "bfloat16", "float16")
+QUANTIZATIONS = ("none", "fp8")
 MIN_GRAPH_TOKENS = 256  # the smallest packed-graph bucket (engine/packed_graphs.py)
 
 
@@ -69,6 +70,9 @@ class ModelConfig:
     # decoder kernels: "reference" | "triton" (CUDA: fused add + RMSNorm, merged q/k/v and gate/up GEMMs,
     # q/k norm + rope + KV store in one kernel)
     norm_backend: str = "auto"
+    # "fp8": decoder projections and experts of the thinker and talker in FP8 (e4m3, 128x128 block
+    # scales; an FP8 checkpoint's as stored, else quantised at load); "none": the model dtype throughout
+    quantization: str = "none"
 
     def __post_init__(self):
         import torch
@@ -76,6 +80,8 @@ class ModelConfig:
         for name, choices in backend_choices().items():
             if getattr(self, name) not in choices:
                 raise ConfigError(f"{name} must be one of {list(choices)}, got {getattr(self, name)!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ConfigError(f"quantization must be one of {list(QUANTIZATIONS)}, got {self.quantization!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.max_model_len is not None and self.max_model_len < 2:

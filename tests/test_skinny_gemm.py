@@ -95,7 +95,7 @@ def test_module_uses_the_kernel_up_to_max_rows_and_cublas_beyond(monkeypatch):
 def test_merged_gated_mlp_with_partial_sums_through_the_fused_norm(monkeypatch, rows):
     """GatedMLP.merge_projections on the fast path: gate/up gated in the kernel, down split into
     partials that the next fused add + RMSNorm sums; equal to the reference MLP + add + norm."""
-    monkeypatch.setattr(sg, "pick_blocks", lambda m, n, k, gated, split: Blocks(16, 32, 3 if split else 1, 4, 2))
+    monkeypatch.setattr(sg, "pick_blocks", lambda m, n, k, gated, split, *_: Blocks(16, 32, 3 if split else 1, 4, 2))
     g = torch.Generator().manual_seed(4)
     ref = GatedMLP(48, 40)
     for p in ref.parameters():

@@ -17,7 +17,16 @@ import os
 import numpy as np
 import torch
 
-from omniwalk.layers import fused_moe, moe_routing, norm, paged_decode, qk_norm_rope, silu_mul, skinny_gemm
+from omniwalk.layers import (
+    fused_moe,
+    grouped_fp8,
+    moe_routing,
+    norm,
+    paged_decode,
+    qk_norm_rope,
+    silu_mul,
+    skinny_gemm,
+)
 
 ON_CPU = not torch.cuda.is_available()
 if ON_CPU:
@@ -27,6 +36,7 @@ BUILDERS = (
     qk_norm_rope._kernel,
     silu_mul._kernel,
     fused_moe._kernels,
+    grouped_fp8._kernel,
     moe_routing._kernel,
     paged_decode._kernel,
     skinny_gemm._kernel,

@@ -11,6 +11,9 @@ Rounding follows the reference (``moe.reference_experts``): gate/up outputs, sil
 the expert output and its weighted value are each rounded to the activations' dtype; only the
 sum over a token's experts differs (fp32 here, dtype steps in the reference's index_add).
 
+FP8 experts (``ExpertScales``): each K step is cut into sub-blocks inside one scale column; a
+sub-block's partial sum is multiplied by its scale (the e4m3 weights widened to fp32 in registers).
+
 A shared expert of width W folds in as S = ceil(W / I) experts of width I: silu(gate)·up is per
 unit and the down projection sums over units, so its slices' outputs add up to the shared
 expert's (the last slice padded with zero units, which add exactly nothing).
@@ -19,6 +22,7 @@ expert's (the last slice padded with zero units, which add exactly nothing).
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -34,8 +38,9 @@ def _kernels():
 
     @triton.jit
     def expert_gate_up(
-        x_ptr, w_ptr, ids_ptr, act_ptr, stride_we, stride_wr,
+        x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, stride_we, stride_wr, stride_se, stride_sh, stride_sr,
         H: tl.constexpr, INTER: tl.constexpr, P: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
+        SCALED: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, SUB_H: tl.constexpr,
         USE_PDL: tl.constexpr,
     ):  # fmt: skip
         pair, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
@@ -46,17 +51,29 @@ def _kernels():
         expert = tl.load(ids_ptr + pair).to(tl.int64)
         rows = block * BLOCK_I + tl.arange(0, BLOCK_I)
         row_ok = rows < INTER
-        gate_rows = w_ptr + expert * stride_we + rows[:, None] * stride_wr
+        gate_rows = (w_ptr + expert * stride_we + rows[:, None] * stride_wr)[:, :, None]
         up_rows = gate_rows + INTER * stride_wr
+        # SCALED (FP8): gate (up) weight (r, h) has scale_inv s[expert, 0 (1), r // SCALE_N, h // SCALE_K]
+        gate_scales = s_ptr + expert * stride_se + (rows // SCALE_N)[:, None] * stride_sr
+        up_scales = gate_scales + stride_sh
+        # a step of BLOCK_H columns as [BLOCK_H / SUB_H, SUB_H] sub-blocks, each inside one scale column
+        steps = tl.arange(0, BLOCK_H // SUB_H)[None, :, None] * SUB_H + tl.arange(0, SUB_H)[None, None, :]
         acc_gate = tl.zeros((BLOCK_I,), tl.float32)
         acc_up = tl.zeros((BLOCK_I,), tl.float32)
         for start in range(0, H, BLOCK_H):
-            cols = start + tl.arange(0, BLOCK_H)
+            cols = start + steps
             col_ok = cols < H
-            x = tl.load(x_ptr + token * H + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-            ok = row_ok[:, None] & col_ok[None, :]
-            acc_gate += tl.sum(tl.load(gate_rows + cols[None, :], mask=ok, other=0.0).to(tl.float32) * x, 1)
-            acc_up += tl.sum(tl.load(up_rows + cols[None, :], mask=ok, other=0.0).to(tl.float32) * x, 1)
+            x = tl.load(x_ptr + token * H + cols, mask=col_ok, other=0.0).to(tl.float32)
+            ok = row_ok[:, None, None] & col_ok
+            gate = tl.sum(tl.load(gate_rows + cols, mask=ok, other=0.0).to(tl.float32) * x, 2)  # [BLOCK_I, sub-blocks]
+            up = tl.sum(tl.load(up_rows + cols, mask=ok, other=0.0).to(tl.float32) * x, 2)
+            if SCALED:
+                sub = (start + tl.arange(0, BLOCK_H // SUB_H) * SUB_H)[None, :]
+                sub_ok = row_ok[:, None] & (sub < H)
+                gate *= tl.load(gate_scales + sub // SCALE_K, mask=sub_ok, other=0.0)
+                up *= tl.load(up_scales + sub // SCALE_K, mask=sub_ok, other=0.0)
+            acc_gate += tl.sum(gate, 1)
+            acc_up += tl.sum(up, 1)
         dtype = act_ptr.dtype.element_ty
         gate = acc_gate.to(dtype).to(tl.float32)
         silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
@@ -65,8 +82,10 @@ def _kernels():
 
     @triton.jit
     def expert_down(
-        act_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr, stride_we, stride_wr,
-        H: tl.constexpr, INTER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_I: tl.constexpr, USE_PDL: tl.constexpr,
+        act_ptr, w_ptr, s_ptr, ids_ptr, weights_ptr, out_ptr, stride_we, stride_wr, stride_se, stride_sr,
+        H: tl.constexpr, INTER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_I: tl.constexpr,
+        SCALED: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, SUB_I: tl.constexpr,
+        USE_PDL: tl.constexpr,
     ):  # fmt: skip
         pair, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
         if USE_PDL:
@@ -75,14 +94,20 @@ def _kernels():
         expert = tl.load(ids_ptr + pair).to(tl.int64)
         cols = block * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < H
-        rows = w_ptr + expert * stride_we + cols[:, None] * stride_wr
+        rows = (w_ptr + expert * stride_we + cols[:, None] * stride_wr)[:, :, None]
+        scales = s_ptr + expert * stride_se + (cols // SCALE_N)[:, None] * stride_sr  # (SCALED, as in gate_up)
+        steps = tl.arange(0, BLOCK_I // SUB_I)[None, :, None] * SUB_I + tl.arange(0, SUB_I)[None, None, :]
         acc = tl.zeros((BLOCK_N,), tl.float32)
         for start in range(0, INTER, BLOCK_I):
-            units = start + tl.arange(0, BLOCK_I)
+            units = start + steps
             unit_ok = units < INTER
             act = tl.load(act_ptr + pair * INTER + units, mask=unit_ok, other=0.0).to(tl.float32)
-            w = tl.load(rows + units[None, :], mask=col_ok[:, None] & unit_ok[None, :], other=0.0)
-            acc += tl.sum(w.to(tl.float32) * act[None, :], 1)
+            w = tl.load(rows + units, mask=col_ok[:, None, None] & unit_ok, other=0.0)
+            part = tl.sum(w.to(tl.float32) * act, 2)  # [BLOCK_N, sub-blocks]
+            if SCALED:
+                sub = (start + tl.arange(0, BLOCK_I // SUB_I) * SUB_I)[None, :]
+                part *= tl.load(scales + sub // SCALE_K, mask=col_ok[:, None] & (sub < INTER), other=0.0)
+            acc += tl.sum(part, 1)
         dtype = out_ptr.dtype.element_ty
         weight = tl.load(weights_ptr + pair).to(tl.float32)
         tl.store(out_ptr + pair * H + cols, (acc.to(dtype).to(tl.float32) * weight).to(dtype), mask=col_ok)
@@ -101,51 +126,87 @@ def _kernels():
 # through the pipeliner's async copies instead (a GEMV as a dot with the tokens padded to 16 rows).
 GATE_UP_BLOCKS = (2, 2048, 4)
 DOWN_BLOCKS = (16, 256, 8)
+# FP8 experts: the bf16 tiles. H200, benchmarks/fp8.py tune (fp8 call 2), a thinker MoE layer at 1 + 8
+# tokens: gate_up (4, 2048, 4) 119 µs vs 123, down (32, 256, 8) 108 vs 119; taken together with other
+# tiles the talker's step was slower (not separated), so not taken. TODO: sweep them on the talker's shapes.
+GATE_UP_BLOCKS_FP8 = GATE_UP_BLOCKS
+DOWN_BLOCKS_FP8 = DOWN_BLOCKS
 
 
 def expert_gemv(
-    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
-) -> torch.Tensor:
+    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+    scales: ExpertScales | None = None,
+) -> torch.Tensor:  # fmt: skip
     """x [N, H], gate_up [E, 2I, H], down [E, H, I], weights/ids [N, P] -> weighted expert outputs
-    [N, P, H] in x's dtype (sum over P = the MoE output)."""
+    [N, P, H] in x's dtype (sum over P = the MoE output). FP8 experts come with their ``scales``."""
     ids = ids.contiguous()
-    return expert_down(expert_gate_up(x, gate_up, ids), down, weights, ids)
+    act = expert_gate_up(x, gate_up, ids, scales=scales)
+    return expert_down(act, down, weights, ids, scales=scales)
+
+
+class ExpertScales(NamedTuple):
+    """The scale_inv grids of FP8 experts (``moe.FusedExperts``): gate_up [E, 2, ceil(I / bn),
+    ceil(H / bk)] (gate, then up), down [E, ceil(H / bn), ceil(I / bk)], block = (bn, bk)."""
+
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    block: tuple[int, int]
 
 
 def expert_gate_up(
-    x: torch.Tensor, gate_up: torch.Tensor, ids: torch.Tensor, blocks: tuple[int, int, int] = GATE_UP_BLOCKS
-) -> torch.Tensor:
+    x: torch.Tensor, gate_up: torch.Tensor, ids: torch.Tensor, blocks: tuple[int, int, int] | None = None,
+    scales: ExpertScales | None = None,
+) -> torch.Tensor:  # fmt: skip
     """-> act [N * P, I]: silu(gate·x) * (up·x) per (token, expert) pair."""
+    blocks = blocks or (GATE_UP_BLOCKS if scales is None else GATE_UP_BLOCKS_FP8)
     n, p = ids.shape
     hidden, inter = x.shape[1], gate_up.shape[1] // 2
     x = x.contiguous()
     act = x.new_empty(n * p, inter)
     if n:
         rows, columns, warps = blocks
+        s = gate_up if scales is None else scales.gate_up
+        strides = (0, 0, 0) if scales is None else (s.stride(0), s.stride(1), s.stride(2))
+        step = min(columns, _pow2(hidden))
         _kernels()[0][(n * p, -(-inter // rows))](
-            x, gate_up, ids, act, gate_up.stride(0), gate_up.stride(1),
-            H=hidden, INTER=inter, P=p, BLOCK_I=rows, BLOCK_H=min(columns, _pow2(hidden)), num_warps=warps,
-            **pdl.launch(x.device),
+            x, gate_up, s, ids, act, gate_up.stride(0), gate_up.stride(1), *strides,
+            H=hidden, INTER=inter, P=p, BLOCK_I=rows, BLOCK_H=step, **_scaling(scales), SUB_H=_sub(step, scales),
+            num_warps=warps, **pdl.launch(x.device),
         )  # fmt: skip
     return act
 
 
 def expert_down(
     act: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-    blocks: tuple[int, int, int] = DOWN_BLOCKS,
+    blocks: tuple[int, int, int] | None = None, scales: ExpertScales | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """act [N * P, I] -> [N, P, H]: each pair's expert output times its routing weight."""
+    blocks = blocks or (DOWN_BLOCKS if scales is None else DOWN_BLOCKS_FP8)
     n, p = ids.shape
     hidden, inter = down.shape[1], down.shape[2]
     out = act.new_empty(n, p, hidden)
     if n:
         columns, units, warps = blocks
+        s = down if scales is None else scales.down
+        strides = (0, 0) if scales is None else (s.stride(0), s.stride(1))
+        step = min(units, _pow2(inter))
         _kernels()[1][(n * p, -(-hidden // columns))](
-            act, down, ids, weights.contiguous(), out, down.stride(0), down.stride(1),
-            H=hidden, INTER=inter, BLOCK_N=columns, BLOCK_I=min(units, _pow2(inter)), num_warps=warps,
-            **pdl.launch(act.device),
+            act, down, s, ids, weights.contiguous(), out, down.stride(0), down.stride(1), *strides,
+            H=hidden, INTER=inter, BLOCK_N=columns, BLOCK_I=step, **_scaling(scales), SUB_I=_sub(step, scales),
+            num_warps=warps, **pdl.launch(act.device),
         )  # fmt: skip
     return out
+
+
+def _scaling(scales: ExpertScales | None) -> dict:
+    if scales is None:
+        return dict(SCALED=False, SCALE_N=1, SCALE_K=1)
+    return dict(SCALED=True, SCALE_N=scales.block[0], SCALE_K=scales.block[1])
+
+
+def _sub(step: int, scales: ExpertScales | None) -> int:
+    """A K step's sub-block: within one scale column (FP8), else the whole step."""
+    return step if scales is None else min(step, scales.block[1])
 
 
 def _pow2(n: int) -> int:

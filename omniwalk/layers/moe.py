@@ -27,7 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omniwalk.layers.fused_moe import expert_gemv
+from omniwalk.layers import fp8
+from omniwalk.layers.fp8 import Block, Fp8Linear
+from omniwalk.layers.fused_moe import ExpertScales, expert_gemv
+from omniwalk.layers.grouped_fp8 import grouped_fp8_experts
 from omniwalk.layers.moe_routing import route_folded, route_topk
 from omniwalk.layers.skinny_gemm import SkinnyLinear
 
@@ -127,12 +130,57 @@ def merged_linear(*parts: nn.Linear) -> nn.Linear:
 
 
 class FusedExperts(nn.Module):
-    """Holds the fused expert weights ([E, 2I, H] and [E, H, I])."""
+    """Holds the fused expert weights ([E, 2I, H] and [E, H, I]); after ``quantize`` FP8 ones with
+    their scale_inv grids (``fp8.py``; gate and up each their own: [E, 2, ceil(I / bn), ceil(H / bk)])."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
         super().__init__()
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+        self.gate_up_proj_scale_inv: nn.Parameter | None = None
+        self.down_proj_scale_inv: nn.Parameter | None = None
+        self.block: Block | None = None  # FP8: the scale grids' block
+
+    @torch.no_grad()
+    def quantize(self, block: Block, empty: bool = False) -> None:
+        """Weights -> FP8 (``empty``: uninitialised FP8 storage, for an FP8 checkpoint to fill)."""
+        gate_up, down = self.gate_up_proj.data, self.down_proj.data
+        inter = down.shape[2]
+        if empty:
+            gate_up_scales = fp8.grid((gate_up.shape[0], 2, inter, gate_up.shape[2]), block)
+            parts = [
+                (torch.empty_like(gate_up, dtype=fp8.FP8), gate_up.new_empty(gate_up_scales, dtype=torch.float32)),
+                (
+                    torch.empty_like(down, dtype=fp8.FP8),
+                    down.new_empty(fp8.grid(down.shape, block), dtype=torch.float32),
+                ),
+            ]
+        else:
+            gate, up = (fp8.quantize(half, block) for half in gate_up.split(inter, 1))
+            parts = [(torch.cat([gate[0], up[0]], 1), torch.stack([gate[1], up[1]], 1)), fp8.quantize(down, block)]
+        self._set(parts, block)
+
+    def _set(self, parts: list[tuple[torch.Tensor, torch.Tensor]], block: Block) -> None:
+        (self.gate_up_proj, self.gate_up_proj_scale_inv), (self.down_proj, self.down_proj_scale_inv) = (
+            (nn.Parameter(t, requires_grad=False) for t in part) for part in parts
+        )
+        self.block = block
+
+    def scales(self) -> ExpertScales | None:
+        if self.block is None:
+            return None
+        return ExpertScales(self.gate_up_proj_scale_inv, self.down_proj_scale_inv, self.block)
+
+    def dequantized(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate_up, down) in ``dtype``: the weights themselves, or FP8 ones dequantised (a copy)."""
+        if self.block is None:
+            return self.gate_up_proj, self.down_proj
+        inter = self.down_proj.shape[2]
+        halves = self.gate_up_proj.split(inter, 1)
+        gate_up = torch.cat(
+            [fp8.dequantize(h, self.gate_up_proj_scale_inv[:, i], self.block, dtype) for i, h in enumerate(halves)], 1
+        )
+        return gate_up, fp8.dequantize(self.down_proj, self.down_proj_scale_inv, self.block, dtype)
 
 
 class SparseMoE(nn.Module):
@@ -169,33 +217,84 @@ class SparseMoE(nn.Module):
     def fold_shared_expert(self) -> None:
         """Fused backend, after loading: the shared expert becomes S = ceil(width / I) extra experts
         (ids E .. E+S-1) and its gate an extra router row (logit column E); see ``fused_moe``."""
-        if self.shared_expert is None:
+        if self.shared_expert is None or not self._can_fold():
             return
-        shared, inter = self.shared_expert, self.experts.down_proj.shape[2]
-        width = shared.down_proj.weight.shape[1]
-        pad = -width % inter  # zero units (zero gate, up and down weights) add exactly nothing
-        gate, up = (F.pad(p.weight, (0, 0, 0, pad)).split(inter) for p in (shared.gate_proj, shared.up_proj))
-        extra_gate_up = torch.stack([torch.cat(pair) for pair in zip(gate, up, strict=True)])
-        extra_down = torch.stack(F.pad(shared.down_proj.weight, (0, pad)).split(inter, dim=1))
-        e = self.experts
-        e.gate_up_proj = nn.Parameter(torch.cat([e.gate_up_proj.data, extra_gate_up]), requires_grad=False)
-        e.down_proj = nn.Parameter(torch.cat([e.down_proj.data, extra_down]), requires_grad=False)
+        e, inter = self.experts, self.experts.down_proj.shape[2]
+        if e.block is None:
+            gate_up, down = (
+                torch.cat([w, extra])
+                for w, extra in zip((e.gate_up_proj.data, e.down_proj.data), self._shared_units(), strict=True)
+            )
+            e.gate_up_proj = nn.Parameter(gate_up, requires_grad=False)
+            e.down_proj = nn.Parameter(down, requires_grad=False)
+        else:
+            (gate_up, gate_up_s), (down, down_s) = self._shared_units_fp8(e.block)
+            e._set([
+                (torch.cat([e.gate_up_proj.data, gate_up]), torch.cat([e.gate_up_proj_scale_inv.data, gate_up_s])),
+                (torch.cat([e.down_proj.data, down]), torch.cat([e.down_proj_scale_inv.data, down_s])),
+            ], e.block)  # fmt: skip
+        self.num_shared = -(-self.shared_expert.down_proj.weight.shape[1] // inter)
         self.gate = merged_linear(self.gate, self.shared_expert_gate)
-        self.num_shared = extra_down.shape[0]
         self.shared_expert = self.shared_expert_gate = None
+
+    def _shared_units(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The shared expert as S experts of width I: gate_up [S, 2I, H], down [S, H, I]."""
+        shared, inter = self.shared_expert, self.experts.down_proj.shape[2]
+        pad = (
+            -shared.down_proj.weight.shape[1] % inter
+        )  # zero units (zero gate, up and down weights) add exactly nothing
+        gate, up = (F.pad(p.weight, (0, 0, 0, pad)).split(inter) for p in (shared.gate_proj, shared.up_proj))
+        gate_up = torch.stack([torch.cat(pair) for pair in zip(gate, up, strict=True)])
+        return gate_up, torch.stack(F.pad(shared.down_proj.weight, (0, pad)).split(inter, dim=1))
+
+    def _can_fold(self) -> bool:
+        """FP8 experts take the shared expert's units with their scales only where the expert width I
+        and the shared width are whole scale blocks (the published models': 384 and 768 in 128s);
+        otherwise the shared expert runs beside the experts (``forward``)."""
+        block = self.experts.block
+        if block is None:
+            return True
+        widths = (self.experts.down_proj.shape[2], self.shared_expert.down_proj.weight.shape[1])
+        return all(w % b == 0 for w in widths for b in block)
+
+    def _shared_units_fp8(self, block: Block):
+        """``_shared_units`` of an FP8 shared expert, each with its scales (``_can_fold``)."""
+        shared, inter = self.shared_expert, self.experts.down_proj.shape[2]
+        width, (bn, bk) = shared.down_proj.weight.shape[1], block
+        pad = -width % inter
+
+        def units(linear: Fp8Linear, dim: int, b: int):  # (FP8 has no pad kernel: pad its bytes; 0 = +0.0)
+            q = F.pad(linear.weight.view(torch.uint8), (0, pad) if dim else (0, 0, 0, pad)).view(fp8.FP8)
+            s = F.pad(linear.weight_scale_inv, (0, pad // b) if dim else (0, 0, 0, pad // b), value=1.0)
+            return q.split(inter, dim), s.split(inter // b, dim)
+
+        (gate, gate_s), (up, up_s) = units(shared.gate_proj, 0, bn), units(shared.up_proj, 0, bn)
+        gate_up = torch.stack([torch.cat(pair) for pair in zip(gate, up, strict=True)])
+        gate_up_s = torch.stack([torch.stack(pair) for pair in zip(gate_s, up_s, strict=True)])
+        down, down_s = units(shared.down_proj, 1, bk)
+        return (gate_up, gate_up_s), (torch.stack(down), torch.stack(down_s))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [N, H] -> [N, H] (or [N, P, H] partials, see the class docstring)."""
-        gate_up, down = self.experts.gate_up_proj, self.experts.down_proj
+        experts = self.experts
         if self.backend == "fused":
             route_args = (self.top_k, self.renormalize, self.num_shared)
             if x.shape[0] * (self.top_k + self.num_shared) <= MAX_GEMV_PAIRS:
                 weights, ids = route_folded(x, self.gate.weight, self.route_counters, *route_args)
-                return expert_gemv(x, gate_up, down, weights, ids)
-            weights, ids = route_topk(self.gate(x), *route_args)
-            return grouped_experts(x, gate_up, down, weights, ids)
+                out = expert_gemv(x, experts.gate_up_proj, experts.down_proj, weights, ids, experts.scales())
+            else:
+                weights, ids = route_topk(self.gate(x), *route_args)
+                pair = (experts.gate_up_proj, experts.down_proj)
+                if experts.block is None:
+                    out = grouped_experts(x, *pair, weights, ids)
+                else:
+                    out = grouped_fp8_experts(x, *pair, experts.scales(), weights, ids)
+            if self.shared_expert is not None:  # (not folded: one more partial)
+                out = torch.cat([out, self._shared_output(x)[:, None].to(out.dtype)], 1)
+            return out
         weights, ids = route(self.gate(x), self.top_k, self.renormalize)
-        out = reference_experts(x, gate_up, down, weights, ids)
-        if self.shared_expert is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return out
+        out = reference_experts(x, *experts.dequantized(x.dtype), weights, ids)
+        return out if self.shared_expert is None else out + self._shared_output(x)
+
+    def _shared_output(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)

@@ -14,9 +14,16 @@ the end). Epilogues:
               partial sum, [M, S, N]; the consumer sums them (``RMSNorm.add`` takes [N, S, H] deltas,
               summed in fp32 and rounded once: the rounding of the unsplit product)
 
+FP8 weights (``SCALED``; ``fp8.py``'s block-wise format): the GEMV multiplies x by each K block's
+scale and the e4m3 weight widened to fp32 (a K step is cut into sub-blocks inside one scale column);
+the ``tl.dot`` path widens the weight tile to x's dtype (exact) and scales the tile's partial product
+(its K step inside one scale column). x stays in its dtype: quantising it per row and K step too, for an
+FP8 x FP8 tensor-core dot, measured slower at M = 2-32 on the H200 (fp8 call 1: 9.5-15 µs against
+8.7-13 for the widened weight) and was removed.
+
 ``SkinnyLinear`` is the module the CUDA fast path puts in place of a merged nn.Linear (after the
 weights are loaded, ``decoder.use_kernels``): the kernel up to ``MAX_ROWS`` rows, ``F.linear``
-above (prefill), where cuBLAS's tensor-core tiles are full.
+above (prefill), where cuBLAS's tensor-core tiles are full (FP8: of a dequantised copy).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omniwalk.layers import pdl
+from omniwalk.layers.fp8 import Block, Fp8Linear, concat_rows, dequantize
 from omniwalk.layers.silu_mul import silu_mul_triton
 
 MAX_ROWS = 32  # rows per call through the kernel (where ``TUNED`` does not name cuBLAS); cuBLAS beyond
@@ -84,6 +92,17 @@ TUNED: dict[tuple[int, int, int, bool, bool], Blocks | None] = {
 }
 
 
+# FP8 weights (the same keys; others use ``TUNED``'s tiles or ``default_blocks``). H200, benchmarks/fp8.py
+# (fp8 calls 1 and 2: tune), µs per call at M = 1: thinker qkv 9.3 with the default tiles -> 6.5 (bf16
+# through cuBLAS: 8.2); thinker o 7.3 with TUNED's dot tiles -> 5.4 (bf16: 5.8). The sweep's other winners
+# (talker and code predictor shapes, 3-40% faster alone) went with a slower talker step (4.3 -> 5.0 ms at
+# B=1, with other changes; not separated), so they are not taken: benchmarks/results/2026-12-02-h200-s25/fp8.
+TUNED_FP8: dict[tuple[int, int, int, bool, bool], Blocks] = {
+    (1, 5120, 2048, False, False): Blocks(8, 1024, 1, 4, 1),
+    (1, 2048, 4096, False, True): Blocks(16, 1024, 2, 4, 1),
+}
+
+
 def padded_rows(m: int) -> int:
     """1 (a GEMV: no tensor-core dot), else M padded to a power of two >= 16 (``tl.dot``'s minimum)."""
     return 1 if m == 1 else max(16, 1 << (m - 1).bit_length())
@@ -97,8 +116,11 @@ def _kernel():
 
     @triton.jit(do_not_specialize=["M"])  # (M only masks rows: one compile for every M of a padding)
     def skinny_gemm(
-        x_ptr, w_ptr, out_ptr, M, N, K, k_chunk, stride_xm, stride_wn, stride_om, stride_os, up_offset,
+        x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_chunk, stride_xm, stride_wn, stride_sn, stride_om, stride_os,
+        up_offset, up_scale_offset,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr,
+        SCALED: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, ROWS_SHARE_SCALE: tl.constexpr,
+        SUB_K: tl.constexpr,
         PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
         block, split = tl.program_id(0), tl.program_id(1)
@@ -110,31 +132,50 @@ def _kernel():
         k_end = tl.minimum(k_start + k_chunk, K)
         gate_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wn
         up_rows = gate_rows + up_offset  # (GATED only: the up half starts I rows further)
-        if BLOCK_M == 1:  # a GEMV: products in [BLOCK_N, BLOCK_K] lanes, one reduction at the end
-            lanes = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-            lanes_up = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+        # SCALED (FP8 weights): scale_inv of weight (n, k) at s_ptr + (n // SCALE_N) * stride_sn + k // SCALE_K
+        if ROWS_SHARE_SCALE:  # (every row of the block in one scale row: one scale row broadcast over them)
+            scale_rows = tl.zeros((1, 1), tl.int64) + block * BLOCK_N // SCALE_N
+            scale_ok = scale_rows >= 0
+        else:
+            scale_rows = (cols // SCALE_N).to(tl.int64)[:, None]
+            scale_ok = col_ok[:, None]
+        gate_scales = s_ptr + scale_rows * stride_sn  # [1 or BLOCK_N, 1]
+        up_scales = gate_scales + up_scale_offset
+        if BLOCK_M == 1:  # a GEMV: products in [BLOCK_N, SUB_K] lanes, one reduction at the end
+            # K steps as [BLOCK_K / SUB_K, SUB_K] sub-blocks, each inside one scale column (FP8: x times its scale)
+            steps = tl.arange(0, BLOCK_K // SUB_K)[None, :, None] * SUB_K + tl.arange(0, SUB_K)[None, None, :]
+            gate3, up3 = gate_rows[:, :, None], up_rows[:, :, None]
+            lanes = tl.zeros((BLOCK_N, BLOCK_K // SUB_K, SUB_K), tl.float32)
+            lanes_up = tl.zeros((BLOCK_N, BLOCK_K // SUB_K, SUB_K), tl.float32)
             # each step's weight tile is loaded one step ahead: the first before the PDL wait
-            ks = k_start + tl.arange(0, BLOCK_K)
-            ok = col_ok[:, None] & (ks < k_end)[None, :]
-            w = tl.load(gate_rows + ks[None, :], mask=ok, other=0.0)
+            ks = k_start + steps
+            ok = col_ok[:, None, None] & (ks < k_end)
+            w = tl.load(gate3 + ks, mask=ok, other=0.0)
             w_up = w
             if GATED:
-                w_up = tl.load(up_rows + ks[None, :], mask=ok, other=0.0)
+                w_up = tl.load(up3 + ks, mask=ok, other=0.0)
             if USE_PDL:
                 gdc_wait()
                 gdc_launch_dependents()
             for k0 in range(k_start, k_end, BLOCK_K):
-                ks = k0 + tl.arange(0, BLOCK_K)
-                x = tl.load(x_ptr + ks, mask=ks < k_end, other=0.0).to(tl.float32)[None, :]
+                ks = k0 + steps
+                x = tl.load(x_ptr + ks, mask=ks < k_end, other=0.0).to(tl.float32)
+                x_up = x
+                if SCALED:
+                    sub = (k0 + tl.arange(0, BLOCK_K // SUB_K) * SUB_K)[None, :, None]
+                    sub_ok = scale_ok[:, :, None] & (sub < k_end)
+                    if GATED:
+                        x_up = x * tl.load(up_scales[:, :, None] + sub // SCALE_K, mask=sub_ok, other=0.0)
+                    x = x * tl.load(gate_scales[:, :, None] + sub // SCALE_K, mask=sub_ok, other=0.0)
                 lanes += w.to(tl.float32) * x
                 if GATED:
-                    lanes_up += w_up.to(tl.float32) * x
-                ok = col_ok[:, None] & (ks + BLOCK_K < k_end)[None, :]
-                w = tl.load(gate_rows + BLOCK_K + ks[None, :], mask=ok, other=0.0)
+                    lanes_up += w_up.to(tl.float32) * x_up
+                ok = col_ok[:, None, None] & (ks + BLOCK_K < k_end)
+                w = tl.load(gate3 + BLOCK_K + ks, mask=ok, other=0.0)
                 if GATED:
-                    w_up = tl.load(up_rows + BLOCK_K + ks[None, :], mask=ok, other=0.0)
-            acc = tl.sum(lanes, 1)[:, None]
-            acc_up = tl.sum(lanes_up, 1)[:, None]
+                    w_up = tl.load(up3 + BLOCK_K + ks, mask=ok, other=0.0)
+            acc = tl.sum(tl.sum(lanes, 2), 1)[:, None]
+            acc_up = tl.sum(tl.sum(lanes_up, 2), 1)[:, None]
         else:
             if USE_PDL:  # (tl.dot's loads are pipelined by the compiler: no weight tile before the wait)
                 gdc_wait()
@@ -148,10 +189,23 @@ def _kernel():
                     x_ptr + rows[None, :] * stride_xm + ks[:, None], mask=row_ok[None, :] & k_ok[:, None], other=0.0
                 )  # x^T [BLOCK_K, BLOCK_M]
                 ok = col_ok[:, None] & k_ok[None, :]
-                acc = tl.dot(tl.load(gate_rows + ks[None, :], mask=ok, other=0.0), xt, acc, input_precision=PRECISION)
+                w = tl.load(gate_rows + ks[None, :], mask=ok, other=0.0)
+                w_up = w
                 if GATED:
                     w_up = tl.load(up_rows + ks[None, :], mask=ok, other=0.0)
-                    acc_up = tl.dot(w_up, xt, acc_up, input_precision=PRECISION)
+                if not SCALED:
+                    acc = tl.dot(w, xt, acc, input_precision=PRECISION)
+                    if GATED:
+                        acc_up = tl.dot(w_up, xt, acc_up, input_precision=PRECISION)
+                else:  # (BLOCK_K divides SCALE_K: the tile is inside one scale column)
+                    s = tl.load(gate_scales + k0 // SCALE_K, mask=scale_ok, other=0.0)
+                    s_up = s
+                    if GATED:
+                        s_up = tl.load(up_scales + k0 // SCALE_K, mask=scale_ok, other=0.0)
+                    # the weight widened to x's dtype (exact from e4m3), scaled after the dot
+                    acc += tl.dot(w.to(xt.dtype), xt, input_precision=PRECISION) * s
+                    if GATED:
+                        acc_up += tl.dot(w_up.to(xt.dtype), xt, input_precision=PRECISION) * s_up
         dtype = out_ptr.dtype.element_ty
         if GATED:
             gate = acc.to(dtype).to(tl.float32)
@@ -163,11 +217,15 @@ def _kernel():
     return skinny_gemm
 
 
-def pick_blocks(m: int, n: int, k: int, gated: bool, may_split: bool) -> Blocks | None:
+def pick_blocks(m: int, n: int, k: int, gated: bool, may_split: bool, fp8: bool = False) -> Blocks | None:
     """The launch configuration of an M x N x K product (N: output columns; I for a gated one):
-    ``TUNED``'s (None where cuBLAS measured faster), else ``default_blocks``."""
+    ``TUNED``'s (None where cuBLAS measured faster; never for FP8 weights, which cuBLAS would
+    read dequantised; ``TUNED_FP8`` first for them), else ``default_blocks``."""
     key = (padded_rows(m), n, k, gated, may_split)
-    return TUNED[key] if key in TUNED else default_blocks(m, n, k, may_split)
+    if fp8 and key in TUNED_FP8:
+        return TUNED_FP8[key]
+    tuned = TUNED.get(key, default_blocks(m, n, k, may_split))
+    return tuned if tuned is not None or not fp8 else default_blocks(m, n, k, may_split)
 
 
 def default_blocks(m: int, n: int, k: int, may_split: bool) -> Blocks:
@@ -179,15 +237,17 @@ def default_blocks(m: int, n: int, k: int, may_split: bool) -> Blocks:
 
 
 def skinny_gemm(
-    x: torch.Tensor, weight: torch.Tensor, *, gated: bool = False, partials: bool = False, blocks: Blocks | None = None
-) -> torch.Tensor:
+    x: torch.Tensor, weight: torch.Tensor, *, gated: bool = False, partials: bool = False, blocks: Blocks | None = None,
+    scale: torch.Tensor | None = None, scale_block: Block | None = None,
+) -> torch.Tensor:  # fmt: skip
     """x [M, K], weight [N, K] -> x @ weight^T [M, N] in x's dtype, or with ``gated`` silu(gate) * up
     [M, N / 2]. With ``partials`` (and a split > 1) fp32 partial sums [M, S, N] (see the module
-    docstring); ``partials`` never splits a gated product."""
+    docstring); ``partials`` never splits a gated product. An FP8 ``weight`` comes with its
+    ``scale`` (``fp8.py``'s scale_inv grid of ``scale_block``)."""
     m, k = x.shape
     n = weight.shape[0] // 2 if gated else weight.shape[0]
     may_split = partials and not gated
-    blocks = blocks or pick_blocks(m, n, k, gated, may_split) or default_blocks(m, n, k, may_split)
+    blocks = blocks or pick_blocks(m, n, k, gated, may_split, scale is not None) or default_blocks(m, n, k, may_split)
     split = 1 if gated else blocks.split
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -200,12 +260,19 @@ def skinny_gemm(
     else:
         out = x.new_empty(m, n)
     block_m = blocks.rows or padded_rows(m)
-    k_chunk = -(-k // (split * blocks.k)) * blocks.k  # each split: a whole number of K steps
+    block_k = (
+        blocks.k if scale is None or block_m == 1 else min(blocks.k, scale_block[1])
+    )  # (a dot's K step: one scale)
+    k_chunk = -(-k // (split * block_k)) * block_k  # each split: a whole number of K steps
+    scale_n, scale_k = scale_block or (1, 1)
     if m:
         _kernel()[(-(-n // blocks.n), split)](
-            x, weight, out, m, n, k, k_chunk, x.stride(0), weight.stride(0), out.stride(0),
-            out.stride(1) if split > 1 else 0, n * weight.stride(0),
-            BLOCK_M=block_m, BLOCK_N=blocks.n, BLOCK_K=blocks.k, GATED=gated,
+            x, weight, weight if scale is None else scale, out, m, n, k, k_chunk, x.stride(0), weight.stride(0),
+            0 if scale is None else scale.stride(0), out.stride(0), out.stride(1) if split > 1 else 0,
+            n * weight.stride(0), 0 if scale is None else n // scale_n * scale.stride(0),
+            BLOCK_M=block_m, BLOCK_N=blocks.n, BLOCK_K=block_k, GATED=gated, SCALED=scale is not None,
+            SCALE_N=scale_n, SCALE_K=scale_k, ROWS_SHARE_SCALE=scale_n % blocks.n == 0,
+            SUB_K=block_k if scale is None else min(block_k, scale_k),
             PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # (fp32 as F.linear's; 16-bit ignores it)
             num_warps=blocks.warps, num_stages=blocks.stages, **pdl.launch(x.device),
         )  # fmt: skip
@@ -219,16 +286,25 @@ class SkinnyLinear(nn.Module):
     ``gated``: ``weight`` is a merged gate/up projection and the output is silu(gate) * up.
     ``partials``: the output may be fp32 partial sums [M, S, N] (the module's consumer sums them,
     e.g. the decoder's next ``RMSNorm.add``); only for 2-D inputs.
+    ``scale``/``block``: ``weight`` is FP8 with this scale_inv grid (``fp8.py``); the kernel reads
+    it as stored, ``F.linear`` (more rows) a dequantised copy.
     """
 
-    def __init__(self, weight: torch.Tensor, gated: bool = False, partials: bool = False):
+    def __init__(
+        self, weight: torch.Tensor, gated: bool = False, partials: bool = False,
+        scale: torch.Tensor | None = None, block: Block | None = None,
+    ):  # fmt: skip
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
-        self.gated, self.partials = gated, partials
+        self.weight_scale_inv = None if scale is None else nn.Parameter(scale, requires_grad=False)
+        self.gated, self.partials, self.block = gated, partials, block
 
     @classmethod
-    def merge(cls, *parts: nn.Linear, gated: bool = False, partials: bool = False) -> SkinnyLinear:
+    def merge(cls, *parts: nn.Linear | Fp8Linear, gated: bool = False, partials: bool = False) -> SkinnyLinear:
         """One SkinnyLinear whose output rows are ``parts``' outputs, in order."""
+        if isinstance(parts[0], Fp8Linear):
+            q, scale, block = concat_rows([(p.weight.data, p.weight_scale_inv.data) for p in parts], parts[0].block)
+            return cls(q, gated, partials, scale, block)
         return cls(torch.cat([p.weight.data for p in parts]), gated, partials)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -236,9 +312,15 @@ class SkinnyLinear(nn.Module):
         (n, k), m = self.weight.shape, flat.shape[0]
         partials = self.partials and x.dim() == 2
         n = n // 2 if self.gated else n
-        blocks = pick_blocks(m, n, k, self.gated, partials and not self.gated) if m <= MAX_ROWS else None
+        fp8 = self.weight_scale_inv is not None
+        may_split = partials and not self.gated
+        blocks = pick_blocks(m, n, k, self.gated, may_split, fp8) if m <= MAX_ROWS else None
         if blocks is None:
-            y = F.linear(x, self.weight)
+            w = dequantize(self.weight, self.weight_scale_inv, self.block, x.dtype) if fp8 else self.weight
+            y = F.linear(x, w)
             return silu_mul_triton(y) if self.gated else y
-        y = skinny_gemm(flat, self.weight, gated=self.gated, partials=partials, blocks=blocks)
+        y = skinny_gemm(
+            flat, self.weight, gated=self.gated, partials=partials, blocks=blocks, scale=self.weight_scale_inv,
+            scale_block=self.block,
+        )  # fmt: skip
         return y if y.dim() == 3 else y.view(*x.shape[:-1], y.shape[-1])

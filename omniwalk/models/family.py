@@ -54,6 +54,8 @@ class ModelInfo:
     # request fields beyond the OpenAI ones: name -> kind (``serve/schemas.py`` FIELD_KINDS)
     request_fields: dict[str, str] = field(default_factory=dict)
     speech_fields: tuple[str, ...] = ()  # those of them ``/v1/audio/speech`` takes too
+    # the loaded weights, as /v1/models and the start-up log show them (e.g. quantization, GiB per component)
+    weights: dict[str, Any] = field(default_factory=dict)
 
 
 class ModelFamily(ABC):

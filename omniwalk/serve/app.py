@@ -159,7 +159,11 @@ def _generation_routes(app: FastAPI, served: Served) -> None:
 
 
 def _model_entry(served: Served) -> dict:
-    return {"id": served.context().model_name, "object": "model", "created": 0, "owned_by": "omniwalk"}
+    ctx = served.context()
+    entry = {"id": ctx.model_name, "object": "model", "created": 0, "owned_by": "omniwalk"}
+    if ctx.info is not None and ctx.info.weights:  # (an extension: quantisation and weight memory)
+        entry["weights"] = ctx.info.weights
+    return entry
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -12,7 +12,13 @@ from omniwalk.engine.request import EngineRequest
 from omniwalk.errors import InvalidRequestError
 from omniwalk.models.family import ModelFamily, ModelInfo, RequestOutput
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.checkpoint.loader import Backends, checkpoint_layout, load_components, num_parameters
+from omniwalk.models.qwen3_omni.checkpoint.loader import (
+    Backends,
+    checkpoint_layout,
+    load_components,
+    num_parameters,
+    weights_summary,
+)
 from omniwalk.models.qwen3_omni.checkpoint.tiny import make_tiny_checkpoint
 from omniwalk.models.qwen3_omni.networks.talker import TalkerSamplingParams
 from omniwalk.models.qwen3_omni.processing.chat import DEFAULT_SYSTEM_PROMPT, ChatProcessor, Prompt
@@ -55,6 +61,7 @@ class Qwen3OmniFamily(ModelFamily):
             backends=Backends(mc.attention_backend, mc.moe_backend, mc.norm_backend),
             cfg=cfg,
             random_seed=0 if mc.random_weights else None,
+            quantization=mc.quantization,
         )
         self.max_model_len = mc.max_model_len or cfg.text.max_position_embeddings
         self.info = ModelInfo(
@@ -64,6 +71,7 @@ class Qwen3OmniFamily(ModelFamily):
             sample_rate=SAMPLE_RATE if speaks else 0,
             request_fields={**(SPEECH_FIELDS if speaks else {}), **PROMPT_FIELDS},
             speech_fields=tuple(SPEECH_FIELDS) if speaks else (),
+            weights=weights_summary(self.parts, mc.quantization),
         )
 
     def build_stages(self) -> list:

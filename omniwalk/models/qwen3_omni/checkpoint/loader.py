@@ -14,7 +14,14 @@ import torch
 from torch import nn
 
 from omniwalk.errors import CheckpointError
+from omniwalk.layers.fp8 import DEFAULT_BLOCK, FP8
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.checkpoint.quantization import (
+    QUANTIZATIONS,
+    QUANTIZED_COMPONENTS,
+    checkpoint_block,
+    quantize_fp8,
+)
 from omniwalk.models.qwen3_omni.checkpoint.weights import checkpoint_files, load_weights, to_checkpoint_names
 from omniwalk.models.qwen3_omni.networks.audio_encoder import AudioEncoder
 from omniwalk.models.qwen3_omni.networks.code2wav import Code2Wav
@@ -54,6 +61,35 @@ def checkpoint_layout(cfg: Qwen3OmniConfig) -> dict[str, tuple[int, ...]]:
     return names
 
 
+def fp8_names(cfg: Qwen3OmniConfig) -> list[str]:
+    """The checkpoint weights that ``quantization`` "fp8" quantises (each has a ``*_scale_inv``)."""
+    names = []
+    for component in QUANTIZED_COMPONENTS:
+        with torch.device("meta"):
+            module = build_component(component, cfg)
+            quantize_fp8(module, empty=True)
+        for sub, prefix in PREFIXES[component].items():
+            for name, p in (module.get_submodule(sub) if sub else module).named_parameters():
+                if p.dtype == FP8:
+                    names += [prefix + n for n, _, _ in to_checkpoint_names(name, p.shape)]
+    return names
+
+
+def weights_summary(parts: dict[str, nn.Module], quantization: str) -> dict:
+    """What ``/v1/models`` and the start-up log say about the weights: the quantisation, what it
+    covers, and GiB of parameters per component (FP8 weights with their scales)."""
+    gib = {
+        name: round(sum(p.numel() * p.element_size() for p in m.parameters()) / 2**30, 3) for name, m in parts.items()
+    }
+    quantized = [name for name in QUANTIZED_COMPONENTS if name in parts] if quantization == "fp8" else []
+    return {
+        "quantization": quantization,
+        "quantized": [f"{name}: decoder attention q/k/v/o and MLP / expert projections" for name in quantized],
+        "gib": gib,
+        "total_gib": round(sum(gib.values()), 3),
+    }
+
+
 def num_parameters(cfg: Qwen3OmniConfig) -> int:
     return sum(math.prod(shape) for shape in checkpoint_layout(cfg).values())
 
@@ -81,22 +117,33 @@ def load_components(
     backends: Backends = Backends(),
     cfg: Qwen3OmniConfig | None = None,
     random_seed: int | None = None,
+    quantization: str = "none",
 ) -> dict[str, nn.Module]:
     """Build the named components from ``ckpt_dir`` directly on ``device`` in ``dtype``.
 
     Modules are built on the target device with ``dtype`` as the default dtype, so parameters
     are allocated once, in place, and ``load_weights`` copies each checkpoint tensor into them;
     buffers computed in ``__init__`` (rotary tables, sinusoids) get real values there.
+    ``quantization`` "fp8": the weights ``quantization.py`` names are FP8, taken as stored from an
+    FP8 checkpoint or quantised one at a time as they are read (random weights: once made).
     """
     cfg = cfg or Qwen3OmniConfig.from_hf(ckpt_dir)
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
+    block = (None if random_seed is not None else checkpoint_block(ckpt_dir)) or DEFAULT_BLOCK
     out = {}
     for name in names:
         module = _build_on(device, dtype, name, cfg, backends)
+        quantized = quantization == "fp8" and name in QUANTIZED_COMPONENTS
         if random_seed is not None:
             randomize(module, random_seed)
+            if quantized:
+                quantize_fp8(module, block)
         else:
+            if quantized:
+                quantize_fp8(module, block, empty=True)
             for sub, prefix in PREFIXES[name].items():
-                load_weights(module.get_submodule(sub) if sub else module, ckpt_dir, prefix)
+                load_weights(module.get_submodule(sub) if sub else module, ckpt_dir, prefix, block)
         use_kernels(module, backends.norm)  # (merges and folds loaded weights on the fast path)
         out[name] = module.eval()
     if set(names) == set(ALL_COMPONENTS) and random_seed is None:

@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
+from omniwalk.layers.fp8 import DEFAULT_BLOCK, Block, quantize
 from omniwalk.models.qwen3_omni import PRESETS
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.checkpoint.loader import checkpoint_layout
+from omniwalk.models.qwen3_omni.checkpoint.loader import checkpoint_layout, fp8_names
+from omniwalk.models.qwen3_omni.checkpoint.quantization import checkpoint_block, quantization_config
 from omniwalk.models.qwen3_omni.checkpoint.tiny_tokenizer import ENDOFTEXT, SPECIAL_NAMES, build_tokenizer
+from omniwalk.models.qwen3_omni.checkpoint.weights import SCALE
 
 TINY_CONFIG = Path(__file__).with_name("tiny_config.json")
 DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
@@ -61,13 +65,22 @@ def make_tiny_checkpoint(
     dtype: torch.dtype = torch.float32,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     with_weights: bool = True,
+    quantization: str = "none",
 ) -> Path:
     """Write a checkpoint for ``config`` (default: the packaged tiny config) into ``out_dir``.
 
     Without weights it is a skeleton (config, tokenizer, templates) for ``random_weights`` runs:
     a full-size benchmark builds its random weights on the GPU instead of reading 70 GB.
+    ``quantization`` "fp8": the weights ``quantization.py`` quantises are written in the block-wise
+    FP8 format (the same random values, quantised; ``quantization_config`` in config.json).
     """
     raw = load_config_dict(config)
+    if quantization == "fp8":
+        raw["quantization_config"] = quantization_config(
+            tuple(raw.get("quantization_config", {}).get("weight_block_size") or DEFAULT_BLOCK)
+        )
+    elif quantization != "none":
+        raise ValueError(f"quantization must be 'none' or 'fp8', got {quantization!r}")
     cfg = Qwen3OmniConfig.from_hf(raw)  # validates before anything is written
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -75,7 +88,9 @@ def make_tiny_checkpoint(
     raw.setdefault("architectures", ["Qwen3OmniMoeForConditionalGeneration"])
     (out / "config.json").write_text(json.dumps(raw, indent=2))
     if with_weights:
-        write_weights(out, checkpoint_layout(cfg), seed, dtype, max_shard_bytes)
+        fp8 = quantization == "fp8"
+        quantized = (fp8_names(cfg), checkpoint_block(out)) if fp8 else ((), None)
+        write_weights(out, checkpoint_layout(cfg), seed, dtype, max_shard_bytes, *quantized)
     write_tokenizer_files(out, cfg)
     return out
 
@@ -102,18 +117,34 @@ def random_tensor(name: str, shape: tuple[int, ...], g: torch.Generator) -> torc
     return gain * noise / math.sqrt(fan_in)
 
 
-def write_weights(out: Path, layout: dict, seed: int, dtype: torch.dtype, max_shard_bytes: int) -> None:
-    """Random tensors for ``layout`` (name -> shape), one safetensors file or shards + an index."""
+def write_weights(
+    out: Path,
+    layout: dict,
+    seed: int,
+    dtype: torch.dtype,
+    max_shard_bytes: int,
+    quantized: Iterable[str] = (),
+    fp8_block: Block | None = None,
+) -> None:
+    """Random tensors for ``layout`` (name -> shape) in ``dtype``, one safetensors file or shards +
+    an index; the ``quantized`` names as FP8 in ``fp8_block`` blocks + their scales (the random
+    values in fp32, quantised)."""
     g = torch.Generator().manual_seed(seed)
+    quantized = set(quantized) if fp8_block else set()
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for name in sorted(layout):
-        tensor = random_tensor(name, layout[name], g).to(dtype)
-        nbytes = tensor.numel() * tensor.element_size()
+        tensor = random_tensor(name, layout[name], g)
+        if name in quantized:
+            q, scale = quantize(tensor, fp8_block)
+            tensors = {name: q, name + SCALE: scale}
+        else:
+            tensors = {name: tensor.to(dtype)}
+        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
         if shards[-1] and size + nbytes > max_shard_bytes:
             shards.append({})
             size = 0
-        shards[-1][name] = tensor
+        shards[-1].update(tensors)
         size += nbytes
     meta = {"format": "pt"}
     if len(shards) == 1:

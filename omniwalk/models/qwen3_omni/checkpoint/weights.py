@@ -18,6 +18,8 @@ model is never materialised on the CPU in fp32.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import re
 from collections.abc import Iterator
@@ -28,10 +30,13 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from omniwalk.errors import CheckpointError
+from omniwalk.layers import fp8
+from omniwalk.layers.fp8 import DEFAULT_BLOCK, Block
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
-_FUSED = re.compile(r"^(?P<stem>.*\.experts)\.(?P<kind>gate_up_proj|down_proj)$")
+_FUSED = re.compile(r"^(?P<stem>.*\.experts)\.(?P<kind>gate_up_proj|down_proj)(?P<scale>_scale_inv)?$")
+SCALE = "_scale_inv"  # an FP8 weight's scales: "<name>.weight" -> "<name>.weight_scale_inv"
 
 
 def checkpoint_files(ckpt_dir: str | Path) -> dict[str, Path]:
@@ -69,15 +74,21 @@ def to_checkpoint_names(name: str, shape: torch.Size) -> Iterator[tuple[str, tup
     if not m:
         yield name, tuple(shape), (None, None)
         return
+    stem, suffix = m["stem"], "weight" + (m["scale"] or "")
+    if m["scale"] and m["kind"] == "gate_up_proj":  # FP8 scales [E, 2 (gate, up), rows, cols]
+        num_experts, _, rows, cols = shape
+        for e in range(num_experts):
+            yield f"{stem}.{e}.gate_proj.{suffix}", (rows, cols), (e, 0)
+            yield f"{stem}.{e}.up_proj.{suffix}", (rows, cols), (e, 1)
+        return
     num_experts, rows, cols = shape
-    stem = m["stem"]
     for e in range(num_experts):
         if m["kind"] == "down_proj":
-            yield f"{stem}.{e}.down_proj.weight", (rows, cols), (e, slice(0, rows))
+            yield f"{stem}.{e}.down_proj.{suffix}", (rows, cols), (e, slice(0, rows))
         else:
             half = rows // 2
-            yield f"{stem}.{e}.gate_proj.weight", (half, cols), (e, slice(0, half))
-            yield f"{stem}.{e}.up_proj.weight", (half, cols), (e, slice(half, rows))
+            yield f"{stem}.{e}.gate_proj.{suffix}", (half, cols), (e, slice(0, half))
+            yield f"{stem}.{e}.up_proj.{suffix}", (half, cols), (e, slice(half, rows))
 
 
 def _expected(module: nn.Module, prefix: str) -> dict[str, tuple[str, tuple[int, ...], tuple]]:
@@ -89,34 +100,79 @@ def _expected(module: nn.Module, prefix: str) -> dict[str, tuple[str, tuple[int,
     return out
 
 
-def load_weights(module: nn.Module, ckpt_dir: str | Path, prefix: str = "") -> None:
+def load_weights(module: nn.Module, ckpt_dir: str | Path, prefix: str = "", block: Block = DEFAULT_BLOCK) -> None:
     """Fill every parameter of ``module`` in place (its device and dtype) from the checkpoint
     tensors named ``prefix + name``. Missing or mis-shaped tensors are errors naming the key(s)
-    and file; so are checkpoint tensors under ``prefix`` that no parameter takes."""
+    and file; so are checkpoint tensors under ``prefix`` that no parameter takes.
+
+    FP8 (``quantization.py``): a weight FP8 in ``module`` but not in the checkpoint is quantised
+    as it is read (its scales made with ``block``); one FP8 in the checkpoint but not in
+    ``module`` is dequantised (its scales read with its weight, in the checkpoint's ``block``)."""
     files = checkpoint_files(ckpt_dir)
     expected = _expected(module, prefix)
-    missing = sorted(set(expected) - set(files))
+    made = {n for n in expected if n.endswith(SCALE) and n not in files}  # (quantised here, if the weight is not FP8)
+    read = {n for n in files if n.endswith(SCALE) and n not in expected and n.removesuffix(SCALE) in expected}
+    missing = sorted(set(expected) - set(files) - made)
     if missing:
         raise CheckpointError(f"{ckpt_dir}: missing {len(missing)} tensor(s): {_names(missing)}")
-    unexpected = sorted(n for n in set(files) - set(expected) if n.startswith(prefix))
+    unexpected = sorted(n for n in set(files) - set(expected) - read if n.startswith(prefix))
     if unexpected:
         raise CheckpointError(f"{ckpt_dir}: unexpected {len(unexpected)} tensor(s): {_names(unexpected)}")
     params = dict(module.named_parameters())
     by_file: dict[Path, list[str]] = {}
     for ckpt_name in expected:
-        by_file.setdefault(files[ckpt_name], []).append(ckpt_name)
-    for path, names in by_file.items():
-        with _open(path) as f:
+        if not ckpt_name.endswith(SCALE):  # (scales are read with their weights)
+            by_file.setdefault(files[ckpt_name], []).append(ckpt_name)
+    with contextlib.ExitStack() as stack:
+        handles: dict[Path, object] = {}
+
+        def get(name: str) -> torch.Tensor:
+            path = files.get(name)
+            if path is None:
+                raise CheckpointError(f"{ckpt_dir}: {name.removesuffix(SCALE)} is FP8 but {name} is missing")
+            if path not in handles:
+                handles[path] = stack.enter_context(_open(path))
+            try:
+                return handles[path].get_tensor(name)
+            except (SafetensorError, OSError, ValueError) as e:
+                raise CheckpointError(f"{path}: cannot read {name} (truncated file?): {e}") from None
+
+        def target(name: str) -> torch.Tensor:
+            ours, _, (expert, rows) = expected[name]
+            return params[ours] if expert is None else params[ours][expert, rows]
+
+        for path, names in by_file.items():
             for ckpt_name in names:
-                ours, shape, (expert, rows) = expected[ckpt_name]
-                try:
-                    tensor = f.get_tensor(ckpt_name)
-                except (SafetensorError, OSError, ValueError) as e:
-                    raise CheckpointError(f"{path}: cannot read {ckpt_name} (truncated file?): {e}") from None
+                tensor, shape = get(ckpt_name), expected[ckpt_name][1]
                 if tuple(tensor.shape) != shape:
                     raise CheckpointError(f"{path}: {ckpt_name} has shape {tuple(tensor.shape)}, expected {shape}")
-                with torch.no_grad():
-                    (params[ours] if expert is None else params[ours][expert, rows]).copy_(tensor)
+                scale = ckpt_name + SCALE if ckpt_name.endswith(".weight") else None
+                param_scale = target(scale) if scale in expected else None
+                _fill(target(ckpt_name), tensor, param_scale, functools.partial(get, scale), block)
+
+
+@torch.no_grad()
+def _fill(
+    param: torch.Tensor, tensor: torch.Tensor, param_scale: torch.Tensor | None, read_scale, block: Block
+) -> None:
+    """Copy a checkpoint tensor into a parameter (a view), converting between FP8 and not."""
+    if tensor.dtype == fp8.FP8 and param.dtype == fp8.FP8:
+        param.copy_(tensor)
+        scale = read_scale()
+        if tuple(scale.shape) != tuple(param_scale.shape):
+            raise CheckpointError(f"FP8 scales of shape {tuple(scale.shape)}, expected {tuple(param_scale.shape)}")
+        param_scale.copy_(scale)
+    elif param.dtype == fp8.FP8:
+        q, scale = fp8.quantize(tensor.to(param.device), block)
+        param.copy_(q)
+        param_scale.copy_(scale)
+    elif tensor.dtype == fp8.FP8:
+        scale = read_scale()
+        if tuple(scale.shape) != fp8.grid(tensor.shape, block):
+            raise CheckpointError(f"FP8 scales of shape {tuple(scale.shape)}, expected {fp8.grid(tensor.shape, block)}")
+        param.copy_(fp8.dequantize(tensor, scale, block, param.dtype))
+    else:
+        param.copy_(tensor)
 
 
 def _names(names: list[str], limit: int = 8) -> str:

@@ -1,0 +1,431 @@
+"""FP8 weights (``--quantization fp8``) against bf16: kernel times and the thinker's accuracy.
+
+    PYTHONPATH=. python benchmarks/fp8.py SKELETON_DIR --out DIR [--parts kernels,accuracy]
+    PYTHONPATH=. python benchmarks/fp8.py /tmp/tiny --device cpu --out DIR --parts accuracy  # (a CPU check)
+
+Parts:
+
+    kernels   µs per call in CUDA graphs (weights from HBM: C copies, >= 512 MB): the decoders'
+              projections at M = 1 and 32 as bf16 (the fast path's pick: skinny GEMM or cuBLAS) and
+              FP8 (the weight widened in registers; at M = 1 also through tl.dot, rows padded to 16);
+              a thinker MoE layer (router + routing + experts) at 1, 8 and 32 tokens, bf16 vs FP8
+              (GEMVs; at 32 tokens the grouped GEMMs, and GEMVs of both for comparison); a prefill-sized
+              dense product (M = 2048): bf16 cuBLAS vs FP8 dequantised + cuBLAS vs ``torch._scaled_mm``
+              (per-row scales: what cuBLAS FP8 takes here; not our block-wise format, timed only).
+    accuracy  the thinker with the same random weights in bf16 and FP8 (quantised at load): a 64-token
+              greedy run of bf16 per prompt; FP8 fed the same tokens (teacher forcing): cosine of the
+              logits per step, share of steps with the same argmax; FP8's own greedy run: share of ids
+              equal to bf16's. Decode steps run the decode kernels (one token per forward).
+
+    tune      FP8 launch configurations: the skinny GEMM per projection at M = 1 and 32, the expert
+              GEMVs (gate_up, down) at 1 and 8 tokens, the grouped GEMM's 16-row tile at 32 tokens;
+              writes tuned.json (the fastest of each), the tables to put in the source.
+
+Timings of whole steps are micro.py's (``--option quantization=fp8``). Writes fp8.json and fp8.md.
+``--apply tuned.json SCRIPT ARGS...`` runs SCRIPT (e.g. micro.py) in this process with those tables
+in place, to measure them before they are written into the source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import functools
+import gc
+import json
+import runpy
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, when not installed
+from harness import machine, markdown_table, prompt_text, replay_us, write_report  # noqa: E402
+
+from omniwalk.layers import fused_moe, grouped_fp8, moe  # noqa: E402
+from omniwalk.layers import skinny_gemm as sg  # noqa: E402
+from omniwalk.layers.fp8 import DEFAULT_BLOCK, Fp8Linear, dequantize, quantize  # noqa: E402
+from omniwalk.layers.moe import SparseMoE  # noqa: E402
+from omniwalk.layers.skinny_gemm import Blocks, SkinnyLinear, skinny_gemm  # noqa: E402
+from omniwalk.models.qwen3_omni.checkpoint.loader import Backends, load_components, randomize  # noqa: E402
+from omniwalk.models.qwen3_omni.networks.decoder import RowsKVCache  # noqa: E402
+from omniwalk.tokenizer import Tokenizer  # noqa: E402
+
+BF16 = torch.bfloat16
+POOL_BYTES = 512 << 20
+# name: (K, parts' rows, kind), merged as the fast path merges them
+SHAPES = {
+    "thinker qkv": (2048, (4096, 512, 512), "plain"),
+    "thinker o": (4096, (2048,), "partials"),
+    "talker qkv": (1024, (2048, 256, 256), "plain"),
+    "cp gate_up": (1024, (3072, 3072), "gated"),
+    "cp down": (3072, (1024,), "partials"),
+}
+# FP8 at M = 1: the pick (the bf16 table's blocks) and a few GEMV shapes around it, for tuning
+FP8_GEMV = [Blocks(8, 1024, 1, 4, 1), Blocks(16, 1024, 1, 8, 1), Blocks(4, 2048, 1, 4, 1), Blocks(32, 512, 1, 4, 1)]
+
+
+def graph_us(fn, calls: int) -> float:
+    fn(0)  # (loads / compiles the variant)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(i)
+    us = replay_us(graph, 5) / calls
+    del graph
+    return us
+
+
+def _linears(k: int, rows: tuple[int, ...], kind: str, copies: int) -> tuple[list[SkinnyLinear], list[SkinnyLinear]]:
+    """``copies`` merged projections in bf16 and the same ones in FP8."""
+    bf16, fp8 = [], []
+    for _ in range(copies):
+        parts = [torch.nn.Linear(k, n, bias=False, device="cuda", dtype=BF16) for n in rows]
+        for p in parts:
+            torch.nn.init.normal_(p.weight, 0.0, k**-0.5)
+        merge = dict(gated=kind == "gated", partials=kind == "partials")
+        bf16.append(SkinnyLinear.merge(*parts, **merge))
+        fp8.append(SkinnyLinear.merge(*(Fp8Linear.from_linear(p) for p in parts), **merge))
+    return bf16, fp8
+
+
+@torch.inference_mode()
+def bench_projections() -> list[dict]:
+    rows_out = []
+    for name, (k, rows, kind) in SHAPES.items():
+        n = sum(rows)
+        copies = max(4, min(128, POOL_BYTES // (n * k * 2)))
+        bf16, fp8 = _linears(k, rows, kind, copies)
+        gb_bf16, gb_fp8 = n * k * 2 / 1e9, n * k / 1e9
+        for m in (1, 32):
+            x = torch.randn(m, k, device="cuda").to(BF16)
+            row = dict(shape=name, m=m, bf16_us=graph_us(lambda i: bf16[i](x), copies))
+            row["fp8_us"] = graph_us(lambda i: fp8[i](x), copies)
+
+            def fp8_call(i, blocks=None):
+                f = fp8[i]
+                return skinny_gemm(x, f.weight, gated=f.gated, partials=f.partials, blocks=blocks,
+                                   scale=f.weight_scale_inv, scale_block=f.block)  # fmt: skip
+
+            dot = Blocks(64, 128, 1, 4, 6, rows=16 if m == 1 else 0)  # (the table's dot configuration)
+            if m == 1:
+                row["fp8_dot_us"] = graph_us(lambda i: fp8_call(i, dot), copies)
+                row["fp8_gemv_us"] = {str(tuple(b)): graph_us(lambda i, b=b: fp8_call(i, b), copies) for b in FP8_GEMV}
+            row |= dict(bf16_gb_s=gb_bf16 / row["bf16_us"] * 1e6, fp8_gb_s=gb_fp8 / row["fp8_us"] * 1e6)
+            rows_out.append(row)
+            print(
+                f"{name:12s} M={m:2d}: bf16 {row['bf16_us']:6.2f} µs ({row['bf16_gb_s']:5.0f} GB/s)  fp8 "
+                f"{row['fp8_us']:6.2f} µs ({row['fp8_gb_s']:5.0f} GB/s)",
+                flush=True,
+            )
+    return rows_out
+
+
+@torch.inference_mode()
+def bench_moe() -> list[dict]:
+    """A thinker MoE layer (2048 hidden, 128 experts, top 8, 768 wide), copies past L2."""
+    copies, out = 6, []
+    layers, fp8_layers = [], []
+    for i in range(copies):
+        with torch.device("cuda"):
+            layer = SparseMoE(2048, 128, 8, 768, True, backend="fused").to(BF16)
+        randomize(layer, i)
+        layers.append(layer)
+        fp8_layers.append(copy.deepcopy(layer))
+        fp8_layers[-1].experts.quantize(DEFAULT_BLOCK)
+    for tokens in (1, 8, 32):
+        x = torch.randn(tokens, 2048, device="cuda").to(BF16)
+        row = dict(tokens=tokens, pairs=tokens * 8, bf16_us=graph_us(lambda i: layers[i](x), copies))
+        row["fp8_us"] = graph_us(lambda i: fp8_layers[i](x), copies)
+        if tokens == 32:  # past the GEMVs (grouped GEMMs above); the GEMVs of both for comparison
+            saved = moe.MAX_GEMV_PAIRS
+            moe.MAX_GEMV_PAIRS = 256
+            try:
+                row["bf16_gemv_us"] = graph_us(lambda i: layers[i](x), copies)
+                row["fp8_gemv_us"] = graph_us(lambda i: fp8_layers[i](x), copies)
+            finally:
+                moe.MAX_GEMV_PAIRS = saved
+        out.append(row)
+        print(f"thinker MoE layer, {tokens:2d} tokens: {row}", flush=True)
+    return out
+
+
+@torch.inference_mode()
+def bench_prefill() -> list[dict]:
+    out = []
+    for name, (k, rows, _) in SHAPES.items():
+        n, m = sum(rows), 2048
+        w = (torch.randn(n, k, device="cuda") * k**-0.5).to(BF16)
+        q, scale = quantize(w, DEFAULT_BLOCK)
+        x = torch.randn(m, k, device="cuda").to(BF16)
+        row = dict(shape=name, m=m, bf16_us=graph_us(lambda i: F.linear(x, w), 4))
+        row["fp8_dequant_us"] = graph_us(lambda i: F.linear(x, dequantize(q, scale, DEFAULT_BLOCK, BF16)), 4)
+        try:  # per-row weight scales and per-token x scales (not the block-wise format)
+            w_rows = w.float().abs().amax(1, keepdim=True) / 448
+            wq, xq = (w / w_rows).to(torch.float8_e4m3fn), (x / 1.0).to(torch.float8_e4m3fn)
+            x_rows = torch.ones(m, 1, device="cuda")
+            row["scaled_mm_rowwise_us"] = graph_us(
+                lambda i: torch._scaled_mm(xq, wq.t(), scale_a=x_rows, scale_b=w_rows.t(), out_dtype=BF16), 4
+            )
+        except Exception as e:  # noqa: BLE001 - recorded, not fatal
+            row["scaled_mm_rowwise_us"] = f"{type(e).__name__}: {str(e)[:80]}"
+        out.append(row)
+        print(f"prefill {name} M={m}: {row}", flush=True)
+    return out
+
+
+@torch.inference_mode()
+def greedy_logits(thinker, ids: torch.Tensor, steps: int, forced: torch.Tensor | None, backend: str):
+    """Prompt ``ids`` then ``steps`` one-token decode forwards -> (logits [steps, vocab] fp32, the ids
+    fed back: ``forced`` (teacher forcing) or each step's argmax)."""
+    cfg, p = thinker.cfg, thinker.lm_head.weight
+    cache = RowsKVCache(1, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, p.dtype, p.device,
+                        ids.numel() + steps + 1, backend)  # fmt: skip
+    logits = thinker(ids, torch.arange(ids.numel(), device=p.device), cache).logits[-1:]
+    out, fed = [], []
+    for t in range(steps):
+        out.append(logits[0].float())
+        token = forced[t : t + 1] if forced is not None else logits[0].argmax().view(1)
+        fed.append(token)
+        logits = thinker(token, torch.tensor([ids.numel() + t], device=p.device), cache).logits
+    return torch.stack(out), torch.cat(fed)
+
+
+def build_thinker(skeleton: str, device: str, dtype, quantization: str):
+    fast = torch.device(device).type == "cuda"
+    backends = Backends(moe="fused", norm="triton") if fast else Backends()
+    start = time.perf_counter()
+    part = load_components(skeleton, ("thinker",), dtype=dtype, device=device, backends=backends, random_seed=0,
+                           quantization=quantization)["thinker"]  # fmt: skip
+    gib = sum(p.numel() * p.element_size() for p in part.parameters()) / 2**30
+    print(f"thinker {quantization}: built in {time.perf_counter() - start:.1f} s, {gib:.2f} GiB of weights", flush=True)
+    return part, gib, backends.norm
+
+
+def bench_accuracy(args) -> dict:
+    dtype = BF16 if torch.device(args.device).type == "cuda" else torch.float32
+    tokenizer = Tokenizer.from_dir(args.model)
+    prompts = [torch.tensor(tokenizer.encode(prompt_text(i, 24)), device=args.device) for i in range(args.prompts)]
+    thinker, gib_bf16, backend = build_thinker(args.model, args.device, dtype, "none")
+    runs = [greedy_logits(thinker, ids, args.steps, None, backend) for ids in prompts]
+    del thinker
+    gc.collect()
+    if torch.device(args.device).type == "cuda":
+        torch.cuda.empty_cache()
+    thinker, gib_fp8, backend = build_thinker(args.model, args.device, dtype, "fp8")
+    rows = []
+    for i, (ids, (ref_logits, ref_ids)) in enumerate(zip(prompts, runs, strict=True)):
+        forced_logits, _ = greedy_logits(thinker, ids, args.steps, ref_ids, backend)
+        _, own_ids = greedy_logits(thinker, ids, args.steps, None, backend)
+        cos = F.cosine_similarity(forced_logits, ref_logits, dim=-1)
+        same = (own_ids == ref_ids).float()
+        first_diff = int((own_ids != ref_ids).nonzero()[0]) if bool((own_ids != ref_ids).any()) else args.steps
+        rows.append(dict(
+            prompt=i, prompt_tokens=ids.numel(), cosine_mean=cos.mean().item(), cosine_min=cos.min().item(),
+            argmax_agree=(forced_logits.argmax(-1) == ref_logits.argmax(-1)).float().mean().item(),
+            greedy_ids_equal=same.mean().item(), first_difference=first_diff,
+        ))  # fmt: skip
+        print(f"accuracy prompt {i}: {rows[-1]}", flush=True)
+    return dict(steps=args.steps, weight_gib_bf16=gib_bf16, weight_gib_fp8=gib_fp8, prompts=rows)
+
+
+TUNE_GEMV = [Blocks(8, 1024, 1, 4, 1), Blocks(8, 2048, 1, 4, 1), Blocks(16, 1024, 1, 4, 1), Blocks(16, 2048, 1, 8, 1)]
+TUNE_GEMV += [Blocks(4, 4096, 1, 4, 1), Blocks(8, 4096, 1, 8, 1), Blocks(4, 2048, 1, 4, 1)]
+TUNE_DOT = [Blocks(64, 128, 1, 4, 6), Blocks(32, 128, 1, 4, 6), Blocks(128, 128, 1, 8, 4), Blocks(32, 128, 1, 4, 8)]
+TUNE_GATE_UP = [(2, 2048, 4), (4, 2048, 4), (4, 2048, 8), (8, 2048, 8), (2, 1024, 4), (4, 1024, 4)]
+TUNE_DOWN = [(16, 256, 8), (16, 512, 8), (32, 256, 8), (8, 512, 4), (16, 1024, 8), (32, 512, 8)]
+TUNE_GROUPED = [(16, 64, 4, 3), (16, 128, 4, 3), (16, 64, 4, 4), (16, 32, 4, 3), (16, 128, 8, 3)]
+
+
+def _tune_candidates(m: int, kind: str) -> list[Blocks]:
+    base = TUNE_GEMV if m == 1 else TUNE_DOT
+    return [b._replace(split=s) for b in base for s in ((1, 2, 4) if kind == "partials" else (1,))]
+
+
+def _warm_skinny(items) -> int:
+    """Compile (a worker process): one call per (shape, M, configuration)."""
+    done = 0
+    for k, rows, kind, m, blocks in items:
+        try:
+            _, fp8 = _linears(k, rows, kind, 1)
+            f = fp8[0]
+            x = torch.randn(m, k, device="cuda").to(BF16)
+            skinny_gemm(x, f.weight, gated=f.gated, partials=f.partials, blocks=blocks, scale=f.weight_scale_inv,
+                        scale_block=f.block)  # fmt: skip
+            done += 1
+        except Exception as e:  # noqa: BLE001 - (e.g. out of shared memory: skipped when timed too)
+            print(f"{blocks} M={m}: {type(e).__name__}", flush=True)
+    torch.cuda.synchronize()
+    return done
+
+
+@torch.inference_mode()
+def tune_fp8(workers: int = 12) -> dict:
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    items = [
+        (k, rows, kind, m, b) for k, rows, kind in SHAPES.values() for m in (1, 32) for b in _tune_candidates(m, kind)
+    ]
+    try:
+        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+            print(
+                f"compiled {sum(pool.map(_warm_skinny, [items[i::workers] for i in range(workers)]))} variants",
+                flush=True,
+            )
+    except Exception as e:  # noqa: BLE001 - (then each compiles on first use)
+        print(f"parallel compile failed: {e!r}", flush=True)
+    tuned, figures = {"skinny": []}, []
+    for name, (k, rows, kind) in SHAPES.items():
+        n = sum(rows)
+        copies = max(4, min(128, POOL_BYTES // (n * k)))
+        _, fp8 = _linears(k, rows, kind, copies)
+        for m in (1, 32):
+            x = torch.randn(m, k, device="cuda").to(BF16)
+            times = {}
+            for b in _tune_candidates(m, kind):
+                f0 = fp8[0]
+                try:
+                    times[b] = graph_us(lambda i, b=b: skinny_gemm(
+                        x, fp8[i].weight, gated=f0.gated, partials=f0.partials, blocks=b,
+                        scale=fp8[i].weight_scale_inv, scale_block=f0.block), copies)  # fmt: skip
+                except Exception:  # noqa: BLE001, S112 - (does not fit the SM)
+                    continue
+            best = min(times, key=times.get)
+            n_key = n // 2 if kind == "gated" else n
+            tuned["skinny"].append([[sg.padded_rows(m), n_key, k, kind == "gated", kind == "partials"], list(best)])
+            figures.append(
+                dict(shape=name, m=m, best=list(best), us=times[best], all={str(tuple(b)): t for b, t in times.items()})
+            )
+            print(f"tune {name} M={m}: {tuple(best)} {times[best]:.2f} µs", flush=True)
+    tuned |= _tune_moe(figures)
+    return dict(tuned=tuned, figures=figures)
+
+
+def _tune_moe(figures: list) -> dict:
+    copies, layers = 6, []
+    for i in range(copies):
+        with torch.device("cuda"):
+            layer = SparseMoE(2048, 128, 8, 768, True, backend="fused").to(BF16)
+        randomize(layer, i)
+        layer.experts.quantize(DEFAULT_BLOCK)
+        layers.append(layer)
+    out = {}
+    for what, variants, default in (
+        ("gate_up", TUNE_GATE_UP, "GATE_UP_BLOCKS_FP8"),
+        ("down", TUNE_DOWN, "DOWN_BLOCKS_FP8"),
+    ):
+        saved, total = getattr(fused_moe, default), {}
+        for blocks in variants:
+            setattr(fused_moe, default, blocks)
+            try:
+                total[blocks] = sum(graph_us(lambda i: layers[i](x), copies) for x in _moe_inputs((1, 8)))
+            except Exception:  # noqa: BLE001, S112
+                continue
+            finally:
+                setattr(fused_moe, default, saved)
+        out[what] = list(min(total, key=total.get))
+        figures.append(dict(shape=f"thinker MoE {what} (1 + 8 tokens)", all={str(b): t for b, t in total.items()}))
+        print(f"tune MoE {what}: {out[what]} {total}", flush=True)
+        setattr(fused_moe, default, tuple(out[what]))
+    saved, total = grouped_fp8.BLOCKS[16], {}
+    for blocks in TUNE_GROUPED:
+        grouped_fp8.BLOCKS[16] = blocks
+        try:
+            total[blocks] = graph_us(lambda i: layers[i](_moe_inputs((32,))[0]), copies)
+        except Exception:  # noqa: BLE001, S112
+            continue
+        finally:
+            grouped_fp8.BLOCKS[16] = saved
+    out["grouped16"] = list(min(total, key=total.get))
+    figures.append(dict(shape="thinker MoE grouped (32 tokens)", all={str(b): t for b, t in total.items()}))
+    print(f"tune MoE grouped: {out['grouped16']} {total}", flush=True)
+    return out
+
+
+@functools.cache
+def _moe_inputs(tokens: tuple[int, ...]) -> list[torch.Tensor]:
+    return [
+        torch.randn(t, 2048, device="cuda", generator=torch.Generator("cuda").manual_seed(t)).to(BF16) for t in tokens
+    ]
+
+
+def apply_tuned(path: Path) -> None:
+    """Put a tuned.json's tables in place (this process)."""
+    tuned = json.loads(path.read_text())["tuned"]
+    for key, blocks in tuned["skinny"]:
+        sg.TUNED_FP8[tuple(key)] = Blocks(*blocks)
+    fused_moe.GATE_UP_BLOCKS_FP8 = tuple(tuned["gate_up"])
+    fused_moe.DOWN_BLOCKS_FP8 = tuple(tuned["down"])
+    grouped_fp8.BLOCKS[16] = tuple(tuned["grouped16"])
+    print(f"applied {path}: {len(tuned['skinny'])} skinny entries, MoE {tuned['gate_up']} {tuned['down']} "
+          f"{tuned['grouped16']}", flush=True)  # fmt: skip
+
+
+def report(results: dict) -> str:
+    lines = ["# FP8 vs bf16", "", f"{results['machine']['device']}, torch {results['machine']['torch']}"]
+    if results.get("projections"):
+        cols = ["shape", "m", "bf16_us", "fp8_us", "fp8_dot_us", "bf16_gb_s", "fp8_gb_s"]
+        rows = [[r.get(c) for c in cols] for r in results["projections"]]
+        lines += ["", "## Projections (µs per call, CUDA graphs)", "", markdown_table(cols, rows)]
+    if results.get("moe"):
+        cols = ["tokens", "pairs", "bf16_us", "fp8_us", "bf16_gemv_us", "fp8_gemv_us"]
+        rows = [[r.get(c) for c in cols] for r in results["moe"]]
+        lines += ["", "## Thinker MoE layer (µs per call)", "", markdown_table(cols, rows)]
+    if results.get("prefill"):
+        cols = ["shape", "m", "bf16_us", "fp8_dequant_us", "scaled_mm_rowwise_us"]
+        rows = [[r.get(c) for c in cols] for r in results["prefill"]]
+        lines += ["", "## Prefill-sized products (µs per call)", "", markdown_table(cols, rows)]
+    if results.get("tune"):
+        rows = [[f["shape"], f["m"], tuple(f["best"]), f["us"]] for f in results["tune"]["figures"] if "best" in f]
+        lines += ["", "## FP8 launch configurations (fastest; all in fp8.json)", ""]
+        lines.append(markdown_table(["shape", "m", "blocks", "us"], rows))
+        lines += [f"MoE: {k} {v}" for k, v in results["tune"]["tuned"].items() if k != "skinny"]
+    if results.get("accuracy"):
+        acc = results["accuracy"]
+        lines += ["", f"## Thinker accuracy ({acc['steps']} greedy steps; weights {acc['weight_gib_bf16']:.2f} GiB "
+                  f"bf16, {acc['weight_gib_fp8']:.2f} GiB FP8)", ""]  # fmt: skip
+        cols = list(acc["prompts"][0])
+        lines.append(markdown_table(cols, [[r[c] for c in cols] for r in acc["prompts"]]))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--apply"]:  # --apply tuned.json SCRIPT ARGS...
+        apply_tuned(Path(sys.argv[2]))
+        sys.argv = sys.argv[3:]
+        sys.path.insert(0, str(Path(sys.argv[0]).resolve().parent))
+        runpy.run_path(sys.argv[0], run_name="__main__")
+        return
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("model", help="checkpoint or weightless skeleton directory")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--parts", default="accuracy,kernels")
+    p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--prompts", type=int, default=3)
+    args = p.parse_args()
+    results = {"machine": machine(args.device), "args": {k: str(v) for k, v in vars(args).items()}}
+    parts = args.parts.split(",")
+    if "accuracy" in parts:
+        print("-- accuracy", flush=True)
+        results["accuracy"] = bench_accuracy(args)
+        write_report(args.out, "fp8", results, report(results))
+    if "tune" in parts:
+        print("-- tune", flush=True)
+        args.out.mkdir(parents=True, exist_ok=True)
+        results["tune"] = tune_fp8()
+        (args.out / "tuned.json").write_text(json.dumps(results["tune"], indent=1))
+    if "kernels" in parts:
+        for name, bench in (("projections", bench_projections), ("moe", bench_moe), ("prefill", bench_prefill)):
+            print(f"-- {name}", flush=True)
+            results[name] = bench()
+            write_report(args.out, "fp8", results, report(results))
+            torch.cuda.empty_cache()
+    print(report(results))
+
+
+if __name__ == "__main__":
+    main()
