@@ -73,8 +73,8 @@ def test_hang_ups_abort_and_engine_death_fails_requests_and_exits_non_zero():
                 raise AssertionError("a request of 8000 tokens finished within 1 s")
             except httpx.ReadTimeout:
                 pass
-        metrics = await _metric(base, 'omniwalk_engine{quantity="requests",stage="engine"} 0.0')
-        assert 'omniwalk_engine{quantity="requests",stage="engine"} 0.0' in metrics
+        metrics = await _metric(base, 'omniwalk_engine{quantity="requests",replica="0",stage="engine"} 0.0')
+        assert 'omniwalk_engine{quantity="requests",replica="0",stage="engine"} 0.0' in metrics
         assert 'route="/v1/chat/completions",status="499"} 1.0' in metrics
         # the engine process dies with requests in flight: each fails with 503 at once
         async with httpx.AsyncClient(timeout=60) as h:
