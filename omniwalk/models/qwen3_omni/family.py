@@ -9,7 +9,7 @@ import torch
 
 from omniwalk.config import OmniConfig
 from omniwalk.engine.request import EngineRequest
-from omniwalk.errors import ConfigError, InvalidRequestError
+from omniwalk.errors import InvalidRequestError
 from omniwalk.models.family import ModelFamily, ModelInfo, RequestOutput
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.checkpoint.loader import Backends, checkpoint_layout, load_components, num_parameters
@@ -51,11 +51,7 @@ class Qwen3OmniFamily(ModelFamily):
         system = DEFAULT_SYSTEM_PROMPT if mc.default_system_prompt is None else mc.default_system_prompt
         self.processor = ChatProcessor(cfg, self.tokenizer, system)
         speaks = cfg.enable_audio_output
-        self.rank = ranks.rank()
-        if mc.tensor_parallel != ranks.world():
-            raise ConfigError(
-                f"tensor_parallel is {mc.tensor_parallel} but {ranks.world()} rank(s) run (omniwalk/parallel)"
-            )
+        self.rank, self.world = ranks.rank_of(mc.tensor_parallel), mc.tensor_parallel
         # tensor-parallel ranks > 0 follow rank 0's thinker only (``parallel/lockstep.py``): no talker, no vocoder
         self.stages = STAGES if speaks and self.rank == 0 else STAGES[:3]
         placed = parse_placement(mc.placement, mc.device)
@@ -92,11 +88,11 @@ class Qwen3OmniFamily(ModelFamily):
         tensor-parallel thinker."""
         if component != "thinker":
             return
-        if "talker" in self.stages and (self.devices["talker"] != self.devices["thinker"] or ranks.world() > 1):
+        if "talker" in self.stages and (self.devices["talker"] != self.devices["thinker"] or self.world > 1):
             table = module.model.embed_tokens.weight.detach().to(self.devices["talker"])
             self.text_embedding = torch.nn.Embedding.from_pretrained(table, freeze=True)
-        if ranks.world() > 1:
-            shard_decoder(module, ranks.rank(), ranks.world())
+        if self.world > 1:
+            shard_decoder(module, self.rank, self.world)
 
     def build_stages(self) -> list:
         return build_stages(self.parts, self.cfg, self.config, self.devices)
