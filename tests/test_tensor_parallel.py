@@ -131,3 +131,22 @@ def test_server_with_two_ranks_answers_as_one():
 def test_tensor_parallel_must_divide_and_be_positive():
     with pytest.raises(ConfigError, match="tensor_parallel must be >= 1"):
         Omni(model=checkpoint("tiny"), tensor_parallel=0)
+
+
+def test_a_follower_takes_the_leaders_steps_and_stops_when_its_state_differs(monkeypatch):
+    """The lockstep protocol without processes: a one-rank engine fed rank 0's step messages."""
+    from omniwalk.parallel import lockstep
+
+    leader, follower_omni = Omni(model=checkpoint("tiny")), Omni(model=checkpoint("tiny"))
+    request = {**greedy(6), "request_id": "a", "seed": 1}
+    leader.add(request)
+    leader.step()
+    after_one = lockstep.fingerprint(leader.engine, ("thinker",))
+    messages = iter([lockstep.Step([("add", request)], 0), lockstep.Step([], after_one), lockstep.Step([], 12345)])
+    monkeypatch.setattr(lockstep, "_broadcast", lambda obj: next(messages))
+    monkeypatch.setattr(lockstep, "_common_stages", lambda names: ("thinker",))
+    follower = lockstep.Follower(follower_omni)
+    with pytest.raises(lockstep.LockstepError, match="diverged from rank 0"):
+        follower.run()
+    prompt = leader.engine.requests["a"].state.thinker.prompt.num_prompt_tokens
+    assert follower_omni.engine.stages["thinker"].tables["a"].num_cached == prompt + 1  # its two steps: prompt, a token
