@@ -7,7 +7,13 @@ from prompt_cases import Builder, thinker_cases
 
 from omniwalk.layers.rotary import mrope_cos_sin
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.processing.positions import interleave_audio_video, mrope_positions, video_times
+from omniwalk.models.qwen3_omni.processing.positions import (
+    RopePositions,
+    batch_spans,
+    interleave_audio_video,
+    mrope_positions,
+    video_times,
+)
 
 CFG = Qwen3OmniConfig.from_hf(hf_model("tiny").config.to_dict())
 CASES = thinker_cases(CFG.tokens)
@@ -91,3 +97,22 @@ def test_rotary_tables_give_the_textbook_rotation_bit_for_bit(dtype, shape):
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     expected = x * cos.unsqueeze(-2).to(dtype) + rotated * sin.unsqueeze(-2).to(dtype)
     assert torch.equal(apply_rotary(x, *rotary_tables(cos, sin, dtype)), expected)
+
+
+@pytest.mark.parametrize(
+    "spans",
+    [
+        [(0, 10, 1), (1, 7, 1)],  # decode rows only
+        [(0, 4, 6), (1, 5, 1), (0, 12, 1)],  # a prefill chunk crossing the prompt's end, then decodes
+        [(0, 0, 12)],  # a whole prompt and beyond
+        [(1, 3, 4), (0, 2, 3)],  # prompt rows only
+    ],
+)
+def test_batch_spans_equal_the_spans_one_by_one(spans):
+    ropes = [
+        RopePositions(torch.arange(30.0).reshape(3, 10), 3.0),
+        RopePositions(2 * torch.arange(15.0).reshape(3, 5), -1.0),
+    ]
+    items = [(ropes[r], start, n) for r, start, n in spans]
+    got = batch_spans(items)
+    assert torch.equal(got, torch.cat([rope.span(start, n) for rope, start, n in items], 1)) and got.is_contiguous()

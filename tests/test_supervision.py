@@ -51,12 +51,14 @@ def _engine_pid(server_pid: int) -> int:
     raise AssertionError(f"no engine process among {pids}")
 
 
-async def _metric(base: str, needle: str, timeout: float = 30) -> str:
+async def _metric(base: str, *needles: str, timeout: float = 30) -> str:
+    """/metrics once all ``needles`` show (or at the timeout): the HTTP counter of a hung-up request is
+    written when its handler ends, which may be after the engine has dropped the request."""
     deadline = time.monotonic() + timeout
     async with httpx.AsyncClient() as h:
         while True:
             text = (await h.get(f"{base}/metrics")).text
-            if needle in text or time.monotonic() > deadline:
+            if all(n in text for n in needles) or time.monotonic() > deadline:
                 return text
             await asyncio.sleep(0.3)
 
@@ -73,7 +75,9 @@ def test_hang_ups_abort_and_engine_death_fails_requests_and_exits_non_zero():
                 raise AssertionError("a request of 8000 tokens finished within 1 s")
             except httpx.ReadTimeout:
                 pass
-        metrics = await _metric(base, 'omniwalk_engine{quantity="requests",replica="0",stage="engine"} 0.0')
+        idle = 'omniwalk_engine{quantity="requests",replica="0",stage="engine"} 0.0'
+        hung_up = 'completions",status="499"}'
+        metrics = await _metric(base, idle, hung_up)
         assert 'omniwalk_engine{quantity="requests",replica="0",stage="engine"} 0.0' in metrics
         assert 'route="/v1/chat/completions",status="499"} 1.0' in metrics
         # the engine process dies with requests in flight: each fails with 503 at once

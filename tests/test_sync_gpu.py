@@ -1,15 +1,17 @@
 """The step loop reads from the device only where it must (GPU machine only).
 
 Steady state of a mixed text + speech workload (thinker decode, talker + code-predictor steps,
-vocoder chunks) runs under ``torch.cuda.set_sync_debug_mode("warn")``; every synchronising call
-is counted. Allowed per step: one read of sampled ids per KV stage that sampled (thinker,
-talker) and one copy of each finished audio chunk to the host (the output itself).
+vocoder chunks), with a request carrying audio arriving in the middle (audio encoder, thinker
+prefill), runs under ``torch.cuda.set_sync_debug_mode("warn")``; every synchronising call is
+counted. Allowed per step: one read of sampled ids per KV stage that sampled (thinker, talker) and
+one copy of each finished audio chunk to the host (the output itself).
 """
 
 import traceback
 import warnings
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 
@@ -38,8 +40,13 @@ def test_steady_state_steps_read_back_only_sampled_ids_and_audio():
     ]
     for _ in range(12):  # prefills, talker prefixes, first vocoder chunks
         o.engine.step()
+    clip = (0.1 * np.random.default_rng(0).standard_normal(24000)).astype(np.float32)
+    content = [{"type": "audio", "audio": clip}, {"type": "text", "text": "and?"}]
+    heard = {"messages": [{"role": "user", "content": content}]}
     steps, allowed, syncs = 20, 0, []
-    for _ in range(steps):
+    for i in range(steps):
+        if i == 5:  # an arrival with audio: the audio encoder and a prefill chunk inside the counted steps
+            reqs.append(o.add({**heard, "max_tokens": 8, "ignore_eos": True}))
         frames_before = sum(len(r.state.talker.frames) for r in reqs if r.state.talker)
         chunks_before = sum(len(r.state.vocoder.chunks) for r in reqs if r.state.vocoder)
         tokens_before = sum(r.state.thinker.num_generated for r in reqs)

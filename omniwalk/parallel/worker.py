@@ -69,7 +69,7 @@ def join_group(rank: int, world: int, init_method: str, options: dict) -> None:
     device = torch.device(rank_options(options, rank).get("device", "cpu"))
     cuda = device.type == "cuda"
     if cuda:  # (NCCL binds a communicator to each device its collectives' tensors are on, lazily)
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(device.index or 0)  # ("cuda" without an index is cuda:0, as in placement.py)
     dist.init_process_group(
         "nccl" if cuda else "gloo", init_method=init_method, rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT
     )

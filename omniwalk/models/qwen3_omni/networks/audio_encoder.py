@@ -129,7 +129,8 @@ class AudioEncoder(nn.Module):
         return self.encode(x, cu_seqlens(lengths, x.device), max(lengths))
 
     def embed(self, features: torch.Tensor, num_frames: Sequence[int]) -> torch.Tensor:
-        """The conv frontend: features -> packed tokens [Σ tokens, d_model] (reads a mask back: not graphable)."""
+        """The conv frontend: features -> packed tokens [Σ tokens, d_model] (no host reads: the valid rows'
+        index is built on the host from the lengths; shapes vary with the clips, so not graphed)."""
         chunks, chunk_lens, pad_lens = self._chunk(features, num_frames)
         x = chunks[:, None].to(self.conv2d1.weight.dtype)  # [C, 1, mel, chunk_frames]
         # conv_chunksize bounds the conv activations' memory only
@@ -138,8 +139,11 @@ class AudioEncoder(nn.Module):
         num_chunks, ch, mel, steps = x.shape
         x = self.conv_out(x.permute(0, 3, 1, 2).reshape(num_chunks, steps, ch * mel))
         x = x + self.positions[:steps].to(x.dtype)
-        valid = torch.arange(steps, device=x.device) < audio_output_lengths(chunk_lens, self.cfg.n_window)[:, None]
-        return x[valid]  # [N, d], chunk-major then time: clip order is preserved
+        kept = [
+            c * steps + t for c, n in enumerate(chunk_lens) for t in range(audio_output_lengths(n, self.cfg.n_window))
+        ]
+        # chunk-major then time: clip order is preserved
+        return x.reshape(num_chunks * steps, -1).index_select(0, to_device(kept, x.device, torch.long))
 
     def encode(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
         """The layers and the head over packed tokens [N, d_model] -> [N, output_dim]; no host
@@ -160,7 +164,8 @@ class AudioEncoder(nn.Module):
         return x
 
     def _chunk(self, features: torch.Tensor, num_frames: Sequence[int]):
-        """Every clip's valid frames cut into chunks: [C, mel, chunk_frames], lengths [C], padded lengths [C]."""
+        """Every clip's valid frames cut into chunks: [C, mel, chunk_frames], lengths (a host list), padded
+        lengths [C]."""
         size = self.chunk_frames
         pieces, lens, pads = [], [], []
         for b, n in enumerate(num_frames):
@@ -172,4 +177,4 @@ class AudioEncoder(nn.Module):
             pads += [size if n >= size else n] * len(starts)
         chunks = torch.stack([F.pad(p, (0, size - p.shape[-1])) for p in pieces])
         device = features.device
-        return chunks, to_device(lens, device, torch.long), to_device(pads, device, torch.long)
+        return chunks, lens, to_device(pads, device, torch.long)

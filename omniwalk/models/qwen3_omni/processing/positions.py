@@ -71,6 +71,24 @@ class RopePositions:
         return torch.cat([head, tail.expand(3, -1)], dim=1)
 
 
+def batch_spans(spans: list[tuple[RopePositions, int, int]]) -> torch.Tensor:
+    """Positions [3, Σ num] of several requests' (positions, start, num) spans, in order. Decode rows
+    (past the prompt: all three sections equal ``index + delta``) are gathered as numbers and made a
+    tensor once per run of them: a decode step of B rows costs one small tensor, not B ``span``s."""
+    parts, run = [], []
+    for rope, start, num in spans:
+        if start >= rope.positions.shape[1]:
+            run += [start + i + rope.delta for i in range(num)]
+            continue
+        if run:
+            parts.append(torch.tensor(run, dtype=torch.float32).expand(3, -1))
+            run = []
+        parts.append(rope.span(start, num))
+    if run:
+        parts.append(torch.tensor(run, dtype=torch.float32).expand(3, -1))
+    return torch.cat(parts, dim=1) if parts else torch.zeros(3, 0)
+
+
 def video_times(grid: tuple[int, int, int], seconds_per_grid: float, position_id_per_seconds: float) -> torch.Tensor:
     """Temporal position offset of each merged video token [t*h*w] (float32, like HF)."""
     t, h, w = grid

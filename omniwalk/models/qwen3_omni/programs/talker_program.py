@@ -32,6 +32,7 @@ from omniwalk.engine.prefill_graphs import NO_PREFILL_GRAPHS, PrefillGraphs, Pre
 from omniwalk.engine.request import Chunk, EngineRequest
 from omniwalk.models.qwen3_omni.checkpoint.config import TokenIds
 from omniwalk.models.qwen3_omni.networks.talker import Talker
+from omniwalk.models.qwen3_omni.processing.positions import batch_spans
 from omniwalk.models.qwen3_omni.processing.talker_prompt import talker_prefix
 from omniwalk.sampling import BatchParams, advance, draw
 
@@ -125,7 +126,7 @@ class TalkerProgram(KVProgram):
         wants = [start + n > req.state.talker.num_inputs for req, start, n in batch]  # a new row ends the chunk
         built = iter(self._new_rows([req for (req, _, _), want in zip(batch, wants, strict=True) if want]))
         new_rows = [next(built) if want else None for want in wants]
-        positions = torch.cat([req.state.talker.positions.span(start, n) for req, start, n in batch], 1)
+        positions = batch_spans([(req.state.talker.positions, start, n) for req, start, n in batch])
         if all(self._frame_rows(batch)) and self.frame_graph is not None:
             if self.frame_graph.fits(len(batch)):
                 x = torch.stack(

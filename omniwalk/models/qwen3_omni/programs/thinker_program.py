@@ -32,6 +32,7 @@ from omniwalk.engine.prefill_graphs import NO_PREFILL_GRAPHS, PrefillGraphs, Pre
 from omniwalk.engine.request import Chunk, EngineRequest
 from omniwalk.modality import MEDIA, Modality
 from omniwalk.models.qwen3_omni.networks.thinker import MediaEmbeddings, Thinker
+from omniwalk.models.qwen3_omni.processing.positions import batch_spans
 from omniwalk.models.qwen3_omni.programs.request_state import ThinkerState
 from omniwalk.sampling import TokenLogprob, sample_async
 
@@ -123,7 +124,7 @@ class ThinkerProgram(KVProgram):
     def run(self, batch: list[Chunk], kv: PagedBatch) -> Callable[[], None] | None:
         states = [req.state.thinker for req, _, _ in batch]
         ids = self._input_ids(batch)
-        positions = torch.cat([st.prompt.rope.span(s, n) for st, (_, s, n) in zip(states, batch, strict=True)], 1)
+        positions = batch_spans([(st.prompt.rope, s, n) for st, (_, s, n) in zip(states, batch, strict=True)])
         if all(self._decode_rows(batch)) and self.decode_graph is not None:
             if self.decode_graph.fits(len(batch)):
                 inputs = {"ids": ids, "positions": to_device(positions.T, self.device)}
