@@ -97,11 +97,12 @@ def _run_server(server, limits, options: dict, model, sock) -> int:
     import uvicorn
 
     from omniwalk.serve.app import create_app
-    from omniwalk.serve.engine_client import EngineClient
+    from omniwalk.serve.replicas import Replicas
     from omniwalk.serve.supervisor import Server, Supervisor
 
-    client = EngineClient(**options)
-    print(f"engine process started (pid {client.process.pid}); loading weights from {model}", flush=True)
+    client = Replicas(options, server.data_parallel)
+    started = "engine process started (pid" if len(client.pids) == 1 else "engine processes started (pids"
+    print(f"{started} {', '.join(map(str, client.pids))}); loading weights from {model}", flush=True)
     url = f"http://{server.host}:{server.port}/v1"
     supervisor = Supervisor(client, server.shutdown_grace_s, url, server.served_model_name)
     app = create_app(client, server, limits, supervisor)

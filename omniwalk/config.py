@@ -73,9 +73,15 @@ class ModelConfig:
     # "fp8": decoder projections and experts of the thinker and talker in FP8 (e4m3, 128x128 block
     # scales; an FP8 checkpoint's as stored, else quantised at load); "none": the model dtype throughout
     quantization: str = "none"
+    # More than one GPU (omniwalk/parallel/): stages on devices of their own ("thinker=cuda:0,talker=cuda:1";
+    # stages not named run on ``device``), and the thinker's weights split over this many ranks (one process each)
+    placement: str = ""
+    tensor_parallel: int = 1
 
     def __post_init__(self):
         import torch
+
+        from omniwalk.parallel.placement import parse_placement
 
         for name, choices in backend_choices().items():
             if getattr(self, name) not in choices:
@@ -90,6 +96,17 @@ class ModelConfig:
             torch.device(self.device)
         except RuntimeError:
             raise ConfigError(f"device {self.device!r} is not a torch device") from None
+        parse_placement(self.placement, self.device)
+        if self.tensor_parallel < 1:
+            raise ConfigError(f"tensor_parallel must be >= 1, got {self.tensor_parallel}")
+        if self.tensor_parallel > 1 and self.quantization != "none":
+            raise ConfigError("quantization with tensor_parallel > 1 is not supported yet (FP8 blocks are not sharded)")
+
+    def device_of(self, stage: str) -> str:
+        """The device ``stage`` runs on (``placement``, else ``device``)."""
+        from omniwalk.parallel.placement import parse_placement
+
+        return parse_placement(self.placement, self.device).get(stage, self.device)
 
     @property
     def torch_dtype(self):
@@ -208,6 +225,9 @@ class ServerConfig:
     log_level: str = field(default="warning", metadata={"choices": LOG_LEVELS})
     # SIGTERM: requests in flight may finish for this long; then they are aborted and the server exits
     shutdown_grace_s: float = 30.0
+    # engine processes behind this server (replicas of the whole model, each on GPUs of its own: replica r's
+    # devices are the placement's shifted past the replicas before it); requests go to the least loaded
+    data_parallel: int = 1
     media_workers: int = 2  # threads decoding media bytes in the HTTP process (the codecs release the GIL)
     max_media_queue: int = 64  # media items waiting for a worker; beyond that: 429
     # assistant audio a later request may reference by id ({"audio": {"id"}}): the newest this many
@@ -228,7 +248,8 @@ class ServerConfig:
 
     def __post_init__(self):
         positive = ("port", "max_body_bytes", "max_tokens_limit", "max_audio_frames_limit", "default_max_tokens")
-        for name in (*positive, "media_workers", "max_media_queue", "audio_store_size", "audio_expiry_s"):
+        positive += ("data_parallel", "media_workers", "max_media_queue", "audio_store_size", "audio_expiry_s")
+        for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.port > 65535:

@@ -27,6 +27,8 @@ from omniwalk.errors import InvalidRequestError
 from omniwalk.models.family import RequestOutput
 from omniwalk.models.locate import locate
 from omniwalk.models.registry import family_module
+from omniwalk.parallel import ranks
+from omniwalk.parallel.worker import start_ranks
 
 
 class Omni:
@@ -36,16 +38,28 @@ class Omni:
         model = str(locate(str(model), options.get("random_weights", False), options.get("hf_cache")))
         family = family_module(model)
         self.config = OmniConfig.from_kwargs(getattr(family, "Options", None), model=model, **options)
-        self.family = family.Family(self.config)
-        self.engine = Engine(self.family.build_stages(), EngineLimits(self.config.engine.max_requests))
-        self.engine.capture_graphs()
+        # tensor parallelism: rank 0 (this process, unless it is a worker) starts the other ranks
+        split = self.config.model.tensor_parallel > 1
+        self.leader = start_ranks({**options, "model": model}) if split and not ranks.is_split() else None
+        try:
+            self.family = family.Family(self.config)
+            # (a follower rank never refuses a request rank 0 admitted)
+            is_follower = ranks.rank_of(self.config.model.tensor_parallel) > 0
+            limit = 2**31 if is_follower else self.config.engine.max_requests
+            self.engine = Engine(self.family.build_stages(), EngineLimits(limit))
+            self.engine.capture_graphs()
+            if self.leader is not None:
+                self.leader.joined(self.engine.stages)
+        except BaseException:
+            self.close()  # (the other ranks, if this one started them)
+            raise
         self._ids = itertools.count()
 
     def generate(self, requests: dict | list[dict]) -> RequestOutput | list[RequestOutput]:
         single = isinstance(requests, dict)
         reqs = [self.add(r) for r in ([requests] if single else requests)]
         while any(not r.status.is_done for r in reqs):
-            self.engine.step()
+            self.step()
         outputs = [self.output(r) for r in reqs]
         return outputs[0] if single else outputs
 
@@ -60,10 +74,22 @@ class Omni:
                         raise event.data
                     return
                 yield event
-            self.engine.step()
+            self.step()
+
+    def step(self) -> bool:
+        """One engine step (on every tensor-parallel rank); whether any stage launched work."""
+        return self.engine.step() if self.leader is None else self.leader.run_step(self.engine)
 
     def abort(self, request_id: str) -> bool:
+        if self.leader is not None:
+            self.leader.aborted(request_id)
         return self.engine.abort(request_id)
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks (nothing to do with one)."""
+        if self.leader is not None:
+            self.leader.close()
+            self.leader = None
 
     def add(self, request: dict) -> EngineRequest:
         """Validate and process a request and hand it to the engine (raises on bad input)."""
@@ -74,9 +100,14 @@ class Omni:
             raise InvalidRequestError(f"modalities must be ['text'] or ['text', 'audio'], got {modalities!r}")
         if "audio" in modalities and "audio" not in self.family.info.output_modalities:
             raise InvalidRequestError("this model has no audio output")
+        rid = str(request.get("request_id") or f"req-{next(self._ids)}")
+        if self.leader is not None:
+            request = self.leader.admit(request, rid)
         walk, state = self.family.new_request(request)
-        req = EngineRequest(str(request.get("request_id") or f"req-{next(self._ids)}"), walk, state)
+        req = EngineRequest(rid, walk, state)
         self.engine.add(req)
+        if self.leader is not None:
+            self.leader.added(request)
         return req
 
     def output(self, req: EngineRequest) -> RequestOutput:

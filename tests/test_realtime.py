@@ -125,9 +125,9 @@ def wait_idle(base_url: str) -> str:
     deadline = time.monotonic() + 30
     while True:
         text = metrics(base_url)
-        idle = 'omniwalk_engine{quantity="kv_pages_used",stage="thinker"} 0.0' in text
-        idle &= 'omniwalk_engine{quantity="kv_pages_used",stage="talker"} 0.0' in text
-        idle &= 'omniwalk_engine{quantity="requests",stage="engine"} 0.0' in text
+        idle = 'omniwalk_engine{quantity="kv_pages_used",replica="0",stage="thinker"} 0.0' in text
+        idle &= 'omniwalk_engine{quantity="kv_pages_used",replica="0",stage="talker"} 0.0' in text
+        idle &= 'omniwalk_engine{quantity="requests",replica="0",stage="engine"} 0.0' in text
         idle &= "omniwalk_realtime_sessions 0.0" in text
         if idle or time.monotonic() > deadline:
             assert idle, text

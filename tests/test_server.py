@@ -268,9 +268,9 @@ def test_concurrent_streams_with_disconnects(base_url, client):
     deadline = time.monotonic() + 30
     while True:  # aborted requests leave the engine within a step; stats arrive asynchronously
         metrics = urllib.request.urlopen(f"{base_url}/metrics").read().decode()
-        idle = 'omniwalk_engine{quantity="kv_pages_used",stage="thinker"} 0.0' in metrics
-        idle &= 'omniwalk_engine{quantity="kv_pages_used",stage="talker"} 0.0' in metrics
-        idle &= 'omniwalk_engine{quantity="requests",stage="engine"} 0.0' in metrics
+        idle = 'omniwalk_engine{quantity="kv_pages_used",replica="0",stage="thinker"} 0.0' in metrics
+        idle &= 'omniwalk_engine{quantity="kv_pages_used",replica="0",stage="talker"} 0.0' in metrics
+        idle &= 'omniwalk_engine{quantity="requests",replica="0",stage="engine"} 0.0' in metrics
         if idle or time.monotonic() > deadline:
             break
         time.sleep(0.5)

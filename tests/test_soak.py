@@ -131,9 +131,9 @@ async def soak(base: str, num_requests: int, concurrency: int, seed: int = 0) ->
 async def idle_metrics(base: str, timeout: float = 60) -> dict[str, float]:
     """The engine's and the server's levels once everything has drained (or the timeout)."""
     wanted = {
-        'omniwalk_engine{quantity="requests",stage="engine"}': 0.0,
-        'omniwalk_engine{quantity="kv_pages_used",stage="thinker"}': 0.0,
-        'omniwalk_engine{quantity="kv_pages_used",stage="talker"}': 0.0,
+        'omniwalk_engine{quantity="requests",replica="0",stage="engine"}': 0.0,
+        'omniwalk_engine{quantity="kv_pages_used",replica="0",stage="thinker"}': 0.0,
+        'omniwalk_engine{quantity="kv_pages_used",replica="0",stage="talker"}': 0.0,
         "omniwalk_requests_in_flight": 0.0,
         "omniwalk_media_queue_depth": 0.0,
     }

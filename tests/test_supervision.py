@@ -75,9 +75,10 @@ def test_hang_ups_abort_and_engine_death_fails_requests_and_exits_non_zero():
                 raise AssertionError("a request of 8000 tokens finished within 1 s")
             except httpx.ReadTimeout:
                 pass
-        idle, hung_up = 'omniwalk_engine{quantity="requests",stage="engine"} 0.0', 'completions",status="499"}'
+        idle = 'omniwalk_engine{quantity="requests",replica="0",stage="engine"} 0.0'
+        hung_up = 'completions",status="499"}'
         metrics = await _metric(base, idle, hung_up)
-        assert 'omniwalk_engine{quantity="requests",stage="engine"} 0.0' in metrics
+        assert 'omniwalk_engine{quantity="requests",replica="0",stage="engine"} 0.0' in metrics
         assert 'route="/v1/chat/completions",status="499"} 1.0' in metrics
         # the engine process dies with requests in flight: each fails with 503 at once
         async with httpx.AsyncClient(timeout=60) as h:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from omniwalk.engine.inflight import InFlight
+from omniwalk.engine.lanes import Lane
 from omniwalk.engine.request import EngineRequest, Status
 from omniwalk.errors import OmniwalkError
 
@@ -40,6 +41,7 @@ class Stage(Protocol):
     def finish(self) -> None: ...
 
     inflight: InFlight  # launched work not yet completed (engine/inflight.py)
+    lane: Lane  # where its work launches (its device; engine/lanes.py)
 
     def stats(self) -> dict: ...
 
@@ -111,7 +113,8 @@ class Engine:
         stages replaying at once on streams of their own; today they share one stream, see
         ``engine/lanes.py``, and one pool would do: its memory saving is not measured)."""
         for stage in self.stages.values():
-            stage.capture_graphs(None)
+            with stage.lane.launching():  # (each stage's graphs on its own device)
+                stage.capture_graphs(None)
 
     def stats(self) -> dict[str, dict]:
         """Per stage: occupancy and the last batch size; plus the engine's request count."""

@@ -27,8 +27,10 @@ class Lane:
         self.num_waits = 0  # distinct events waited for (the data edges crossed), for tests
 
     def launching(self):
-        """Context in which the stage's kernels are launched (the current stream, see the NOTE)."""
-        return contextlib.nullcontext()
+        """Context in which the stage's kernels are launched: its device's current stream (see the
+        NOTE), with its device made current (Triton kernels, events and CUDA graph captures use the
+        current device: a stage placed on another GPU than the one before it must not launch there)."""
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
     def record(self):
         """A stamp after everything launched on this lane so far: passed, on one stream."""

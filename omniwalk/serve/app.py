@@ -1,8 +1,9 @@
 """The OpenAI-compatible HTTP server (FastAPI) in front of the engine process.
 
 Routes: POST /v1/chat/completions, POST /v1/audio/speech, GET /v1/models, GET /v1/models/{id},
-GET /health (200 ready; 503 starting / failed / engine_dead / draining, with the reason),
-GET /metrics (Prometheus), the WebSocket GET /v1/realtime (``realtime/``), the talk page at /.
+GET /health (200 ready, or degraded: a data-parallel replica is dead; 503 starting / failed /
+engine_dead / draining, with the reason; each replica's status), GET /metrics (Prometheus),
+the WebSocket GET /v1/realtime (``realtime/``), the talk page at /.
 Every error has OpenAI's body ``{"error": {"message", "type", "param", "code"}}`` (``errors.py``):
 400 invalid body (``param`` names the field), 401 bad key, 404 unknown route or model, 405 wrong
 method, 413 body too large, 429 engine or media queue full (Retry-After), 500 a request that
@@ -31,13 +32,13 @@ from omniwalk.serve import openai_api as api
 from omniwalk.serve import schemas
 from omniwalk.serve.audio_format import encode_audio, mime_type
 from omniwalk.serve.audio_store import AudioStore
-from omniwalk.serve.engine_client import EngineClient
 from omniwalk.serve.errors import APIError, validation_error
 from omniwalk.serve.guard import Guard
 from omniwalk.serve.media_pool import MediaPool
 from omniwalk.serve.metrics import Metrics
 from omniwalk.serve.page import add_page_routes
 from omniwalk.serve.realtime.route import add_realtime_route
+from omniwalk.serve.replicas import Replicas
 from omniwalk.serve.run import EngineRun
 from omniwalk.serve.speech import speech_request
 from omniwalk.serve.supervisor import Supervisor
@@ -49,7 +50,7 @@ error_log = logging.getLogger("omniwalk.error")
 class Served:
     """What the routes share: the engine, the server's config and its per-process parts."""
 
-    client: EngineClient
+    client: Replicas  # the engine processes (one per data-parallel replica)
     cfg: ServerConfig
     supervisor: Supervisor
     metrics: Metrics
@@ -78,7 +79,7 @@ class Served:
             raise validation_error(e) from None
 
 
-def create_app(client: EngineClient, cfg: ServerConfig, limits: MediaLimits, supervisor: Supervisor):
+def create_app(client: Replicas, cfg: ServerConfig, limits: MediaLimits, supervisor: Supervisor):
     """The ASGI app. The engine client is started in the lifespan, in the background (``/health``
     says "starting" until the model is loaded)."""
     metrics = Metrics()

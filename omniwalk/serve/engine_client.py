@@ -144,6 +144,11 @@ class EngineClient:
         await self._push.send(pack(Abort(request_id)))
 
     @property
+    def num_unfinished(self) -> int:
+        """Requests submitted and not finished (what routing among replicas balances)."""
+        return len(self._queues)
+
+    @property
     def is_alive(self) -> bool:
         return self.process.is_alive()
 

@@ -53,7 +53,8 @@ def serve_engine(options: dict, inbox_addr: str, outbox_addr: str) -> None:
         traceback.print_exc()
         outbox.send(pack(Fatal(f"{type(e).__name__}: {e}")))
         ctx.destroy(linger=1000)
-        sys.exit(1)
+        sys.exit(1)  # (tensor-parallel workers are daemon processes: they go with this one)
+    omni.close()
     ctx.destroy(linger=1000)
 
 
@@ -72,7 +73,7 @@ class _EngineLoop:
                 timeout = 0
             busy = self.omni.engine.has_unfinished()
             if busy:
-                self.omni.engine.step()
+                self.omni.step()
             self._flush()
             self._send_stats(busy)
 

@@ -9,8 +9,9 @@ Counters are counters (``*_total``), levels are gauges:
     omniwalk_realtime_sessions                     open /v1/realtime WebSocket sessions
     omniwalk_media_queue_depth                     media items submitted to the pool, not yet done
     omniwalk_media_decode_seconds{kind}            one item's decode + preprocessing in a worker
-    omniwalk_engine{stage, quantity}               engine levels (KV pages, running, waiting, ...)
-    omniwalk_engine_events_total{stage, quantity}  engine counts (preemptions, graph replays, ...)
+    omniwalk_engine{replica, stage, quantity}      engine levels (KV pages, running, waiting, ...); per
+                                                   replica also stage="replica": up (1/0), unfinished
+    omniwalk_engine_events_total{replica, stage, quantity}  engine counts (preemptions, graph replays, ...)
 """
 
 from __future__ import annotations
@@ -25,20 +26,21 @@ ENGINE_COUNTS = ("preemptions", "graph_replays", "eager_decode_steps", "eager_ca
 
 
 class _EngineCollector:
-    """The engine's latest stats report, read at scrape time."""
+    """The engines' latest stats reports (per data-parallel replica), read at scrape time."""
 
     def __init__(self):
-        self.stats: dict = {}
+        self.stats: dict = {}  # replica -> stage -> quantity -> value
 
     def collect(self):
-        labels = ["stage", "quantity"]
+        labels = ["replica", "stage", "quantity"]
         levels = GaugeMetricFamily("omniwalk_engine", "Engine state, by stage and quantity", labels=labels)
         counts = CounterMetricFamily(
             "omniwalk_engine_events", "Engine event counts, by stage and quantity", labels=labels
         )
-        for stage, values in self.stats.items():
-            for quantity, value in values.items():
-                (counts if quantity in ENGINE_COUNTS else levels).add_metric([stage, quantity], value)
+        for replica, stages in self.stats.items():
+            for stage, values in stages.items():
+                for quantity, value in values.items():
+                    (counts if quantity in ENGINE_COUNTS else levels).add_metric([replica, stage, quantity], value)
         yield levels
         yield counts
 

@@ -15,9 +15,10 @@ import uuid
 
 from omniwalk.serve import openai_api as api
 from omniwalk.serve.audio_store import AudioStore
-from omniwalk.serve.engine_client import EngineClient, EngineRequestError, EngineUnavailableError
+from omniwalk.serve.engine_client import EngineRequestError, EngineUnavailableError
 from omniwalk.serve.errors import APIError
 from omniwalk.serve.metrics import Metrics
+from omniwalk.serve.replicas import Replicas
 from omniwalk.serve.wire import Delta, Finished
 
 
@@ -32,7 +33,7 @@ def engine_error(e: Exception, request_id: str) -> APIError:
 
 
 class EngineRun:
-    def __init__(self, client: EngineClient, request: dict, metrics: Metrics):
+    def __init__(self, client: Replicas, request: dict, metrics: Metrics):
         self.sample_rate = client.info.sample_rate
         self.events = client.generate(request)
         self.id, self.metrics = request["request_id"], metrics

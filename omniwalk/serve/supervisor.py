@@ -7,7 +7,9 @@
 - An engine that fails to start: its error is printed and the server exits with status 1.
 - An engine process that exits later: requests in flight fail at once with 503, ``/health``
   answers 503 with the reason, and the server exits with status 1 so that a supervisor
-  (systemd ``Restart=on-failure``, Kubernetes, ...) starts a fresh one.
+  (systemd ``Restart=on-failure``, Kubernetes, ...) starts a fresh one. With data-parallel
+  replicas (``replicas.py``) that is when the last one exits; before, a dead replica's requests
+  fail with 503 and ``/health`` says "degraded" (200) while the others serve.
 - SIGTERM or Ctrl-C: the listening socket closes, requests in flight may finish for
   ``shutdown_grace_s``; the ones still running then are failed (503 / an SSE error event) and
   aborted in the engine, and the server exits with status 0. A second signal exits at once.
@@ -22,11 +24,11 @@ import sys
 
 import uvicorn
 
-from omniwalk.serve.engine_client import EngineClient
+from omniwalk.serve.replicas import Replicas
 
 
 class Supervisor:
-    def __init__(self, client: EngineClient, grace_s: float, url: str = "", model: str | None = None):
+    def __init__(self, client: Replicas, grace_s: float, url: str = "", model: str | None = None):
         self.client, self.grace_s, self.url, self.model = client, grace_s, url, model
         self.state, self.reason, self.exit_code = "starting", None, 0
         self.server: uvicorn.Server | None = None
@@ -58,9 +60,14 @@ class Supervisor:
             self._drain = loop.call_later(self.grace_s, self.client.fail_all, "the server is shutting down")
 
     def health(self) -> tuple[int, dict]:
-        body = {"status": self.state}
+        """200 while serving ("degraded": a data-parallel replica is dead, the others serve), else 503;
+        with each replica's own status."""
+        replicas = self.client.health()
+        degraded = self.state == "ready" and any(r["status"] != "ready" for r in replicas)
+        body = {"status": "degraded" if degraded else self.state}
         if self.reason:
             body["reason"] = self.reason
+        body["replicas"] = replicas
         return (200 if self.state == "ready" else 503), body
 
 

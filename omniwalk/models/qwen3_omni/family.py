@@ -24,7 +24,10 @@ from omniwalk.models.qwen3_omni.networks.talker import TalkerSamplingParams
 from omniwalk.models.qwen3_omni.processing.chat import DEFAULT_SYSTEM_PROMPT, ChatProcessor, Prompt
 from omniwalk.models.qwen3_omni.processing.media_inputs import measure
 from omniwalk.models.qwen3_omni.processing.talker_prompt import resolve_speaker
-from omniwalk.models.qwen3_omni.programs.stages import build_stages, new_state
+from omniwalk.models.qwen3_omni.programs.stages import STAGES, build_stages, new_state
+from omniwalk.parallel import ranks
+from omniwalk.parallel.layers import shard_decoder
+from omniwalk.parallel.placement import check_devices_exist, check_stages, parse_placement
 from omniwalk.sampling import SamplingParams
 from omniwalk.tokenizer import Tokenizer
 
@@ -37,6 +40,8 @@ SPEECH_FIELDS = {
     "max_audio_frames": "count",
 }  # fmt: skip
 PROMPT_FIELDS = {"use_audio_in_video": "flag", "use_default_system_prompt": "flag"}
+COMPONENTS = {"audio_encoder": "audio_encoder", "vision_encoder": "vision_encoder", "thinker": "thinker",
+              "talker": "talker", "vocoder": "code2wav"}  # stage -> its checkpoint component  # fmt: skip
 
 
 @dataclass
@@ -52,17 +57,28 @@ class Qwen3OmniFamily(ModelFamily):
         system = DEFAULT_SYSTEM_PROMPT if mc.default_system_prompt is None else mc.default_system_prompt
         self.processor = ChatProcessor(cfg, self.tokenizer, system)
         speaks = cfg.enable_audio_output
-        names = ("thinker", "audio_encoder", "vision_encoder") + (("talker", "code2wav") if speaks else ())
+        self.rank, self.world = ranks.rank_of(mc.tensor_parallel), mc.tensor_parallel
+        # tensor-parallel ranks > 0 follow rank 0's thinker only (``parallel/lockstep.py``): no talker, no vocoder
+        self.stages = STAGES if speaks and self.rank == 0 else STAGES[:3]
+        placed = parse_placement(mc.placement, mc.device)
+        check_stages(placed, STAGES if speaks else STAGES[:3])
+        self.devices = {stage: placed.get(stage, mc.device) for stage in self.stages}
+        check_devices_exist(self.devices.values())
+        self.text_embedding = None  # the thinker's input embedding table on the talker's device
         self.parts = load_components(
             mc.model,
-            names,
+            tuple(COMPONENTS[stage] for stage in self.stages),
             dtype=mc.torch_dtype,
-            device=mc.device,
+            device={COMPONENTS[stage]: device for stage, device in self.devices.items()},
             backends=Backends(mc.attention_backend, mc.moe_backend, mc.norm_backend),
             cfg=cfg,
             random_seed=0 if mc.random_weights else None,
             quantization=mc.quantization,
+            transform=self._place_thinker,
         )
+        if "talker" in self.stages:
+            shared = self.text_embedding is None
+            self.parts["text_embedding"] = self.parts["thinker"].model.embed_tokens if shared else self.text_embedding
         self.max_model_len = mc.max_model_len or cfg.text.max_position_embeddings
         self.info = ModelInfo(
             name="qwen3-omni",
@@ -74,8 +90,20 @@ class Qwen3OmniFamily(ModelFamily):
             weights=weights_summary(self.parts, mc.quantization),
         )
 
+    def _place_thinker(self, component: str, module) -> None:
+        """After the thinker's weights are loaded: the talker's copy of its input embeddings (when the
+        talker runs elsewhere, or the thinker's table is split over ranks), then its shard of a
+        tensor-parallel thinker."""
+        if component != "thinker":
+            return
+        if "talker" in self.stages and (self.devices["talker"] != self.devices["thinker"] or self.world > 1):
+            table = module.model.embed_tokens.weight.detach().to(self.devices["talker"])
+            self.text_embedding = torch.nn.Embedding.from_pretrained(table, freeze=True)
+        if self.world > 1:
+            shard_decoder(module, self.rank, self.world)
+
     def build_stages(self) -> list:
-        return build_stages(self.parts, self.cfg, self.config)
+        return build_stages(self.parts, self.cfg, self.config, self.devices)
 
     def prompt(self, request: dict) -> Prompt:
         """Request -> thinker prompt: ids, media spans, measured media items, MRoPE positions."""
@@ -86,7 +114,7 @@ class Qwen3OmniFamily(ModelFamily):
         return self.processor.build(ids, items, bool(request.get("use_audio_in_video", False)))
 
     def new_request(self, request: dict):
-        speak = "audio" in (request.get("modalities") or ())
+        speak = "audio" in (request.get("modalities") or ()) and "talker" in self.stages
         params = SamplingParams.from_request(request)
         speech = TalkerSamplingParams.from_request(request) if speak else None
         speaker = resolve_speaker(self.cfg.talker.speaker_ids, request.get("voice")) if speak else None

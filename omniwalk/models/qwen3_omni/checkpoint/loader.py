@@ -8,6 +8,7 @@ does not need (e.g. the talker and vocoder for a text-only server) are simply no
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -113,13 +114,16 @@ def load_components(
     names: tuple[str, ...] = ALL_COMPONENTS,
     *,
     dtype: torch.dtype = torch.float32,
-    device="cpu",
+    device: str | Mapping[str, str] = "cpu",
     backends: Backends = Backends(),
     cfg: Qwen3OmniConfig | None = None,
     random_seed: int | None = None,
     quantization: str = "none",
+    transform: Callable[[str, nn.Module], None] | None = None,
 ) -> dict[str, nn.Module]:
-    """Build the named components from ``ckpt_dir`` directly on ``device`` in ``dtype``.
+    """Build the named components from ``ckpt_dir`` directly on ``device`` (one, or one per component
+    name) in ``dtype``. ``transform(name, module)`` runs on each loaded component before the fast
+    path merges its projections (tensor parallelism splits the weights there: ``omniwalk/parallel``).
 
     Modules are built on the target device with ``dtype`` as the default dtype, so parameters
     are allocated once, in place, and ``load_weights`` copies each checkpoint tensor into them;
@@ -133,7 +137,7 @@ def load_components(
     block = (None if random_seed is not None else checkpoint_block(ckpt_dir)) or DEFAULT_BLOCK
     out = {}
     for name in names:
-        module = _build_on(device, dtype, name, cfg, backends)
+        module = _build_on(device[name] if isinstance(device, Mapping) else device, dtype, name, cfg, backends)
         quantized = quantization == "fp8" and name in QUANTIZED_COMPONENTS
         if random_seed is not None:
             randomize(module, random_seed)
@@ -144,6 +148,8 @@ def load_components(
                 quantize_fp8(module, block, empty=True)
             for sub, prefix in PREFIXES[name].items():
                 load_weights(module.get_submodule(sub) if sub else module, ckpt_dir, prefix, block)
+        if transform is not None:
+            transform(name, module)
         use_kernels(module, backends.norm)  # (merges and folds loaded weights on the fast path)
         out[name] = module.eval()
     if set(names) == set(ALL_COMPONENTS) and random_seed is None:

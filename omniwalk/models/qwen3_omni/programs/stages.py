@@ -34,8 +34,11 @@ from omniwalk.models.qwen3_omni.programs.request_state import (
 from omniwalk.models.qwen3_omni.programs.talker_program import TalkerProgram
 from omniwalk.models.qwen3_omni.programs.thinker_program import ThinkerProgram
 from omniwalk.models.qwen3_omni.programs.vocoder_program import VocoderProgram
+from omniwalk.parallel.layers import local_heads
 from omniwalk.sampling import SamplerState, SamplingParams
 from omniwalk.tokenizer import IncrementalDetokenizer
+
+STAGES = ("audio_encoder", "vision_encoder", "thinker", "talker", "vocoder")
 
 
 def _kv_storage(cfg: DecoderConfig, budget: int, page_size: int, dtype, device) -> KVStorage:
@@ -44,41 +47,46 @@ def _kv_storage(cfg: DecoderConfig, budget: int, page_size: int, dtype, device) 
     )
 
 
-def build_stages(parts: dict, cfg: Qwen3OmniConfig, config: OmniConfig) -> list:
+def build_stages(parts: dict, cfg: Qwen3OmniConfig, config: OmniConfig, devices: dict[str, str]) -> list:
     """The engine stages over loaded components (``checkpoint/loader.py`` names) for a resolved
-    config (``config.resolve_auto``); talker and vocoder stages exist only when those components
-    were loaded. CUDA graphs are captured by ``Engine.capture_graphs`` once the stages exist."""
+    config (``config.resolve_auto``), each on its device (``devices``: stage -> device); talker and
+    vocoder stages exist only when those components were loaded (and ``parts["text_embedding"]``,
+    the thinker's input embeddings on the talker's device). A tensor-parallel thinker keeps its
+    rank's share of the KV heads. CUDA graphs are captured by ``Engine.capture_graphs`` once the
+    stages exist."""
     model, engine, opts = config.model, config.engine, config.family or Qwen3OmniOptions()
-    dtype, device = model.torch_dtype, model.device
+    dtype = model.torch_dtype
     decode, prefill = model.decode_attention, model.attention_backend
     graphs = min(engine.cuda_graph_max_batch, engine.max_running)  # no decode batch is larger than max_running
     encoder_batch = BatchStageConfig(opts.encoder_batch_units, engine.max_running)
     encoder_graphs = engine.encoder_graph_max_tokens
-    audio = AudioEncoderProgram(parts["audio_encoder"], device, dtype, encoder_graphs)
-    vision = VisionEncoderProgram(parts["vision_encoder"], device, dtype, encoder_graphs)
+    audio = AudioEncoderProgram(parts["audio_encoder"], devices["audio_encoder"], dtype, encoder_graphs)
+    vision = VisionEncoderProgram(parts["vision_encoder"], devices["vision_encoder"], dtype, encoder_graphs)
     plan, deepstack = _prefill(engine, engine.max_batch_tokens, prefill), len(cfg.vision.deepstack_visual_indexes)
+    device, page = devices["thinker"], engine.page_size
     thinker = ThinkerProgram(parts["thinker"], device, decode, graphs, plan, deepstack)
     stages = [
-        BatchStage("audio_encoder", audio, encoder_batch, device),
-        BatchStage("vision_encoder", vision, encoder_batch, device),
+        BatchStage("audio_encoder", audio, encoder_batch, devices["audio_encoder"]),
+        BatchStage("vision_encoder", vision, encoder_batch, devices["vision_encoder"]),
         KVStage(
             "thinker",
             thinker,
-            _kv_storage(cfg.text, opts.thinker_kv_bytes, engine.page_size, dtype, device),
+            _kv_storage(local_heads(cfg.text, model.tensor_parallel), opts.thinker_kv_bytes, page, dtype, device),
             KVStageConfig(engine.max_batch_tokens, engine.max_running, decode, prefill),
             device,
         ),
     ]
     if "talker" in parts:
         budget = opts.talker_max_batch_tokens or engine.max_batch_tokens
-        talker = TalkerProgram(parts["talker"], parts["thinker"], cfg.position_id_per_seconds, device, decode, graphs,
-                               _prefill(engine, budget, prefill))  # fmt: skip
+        device, voice = devices["talker"], devices["vocoder"]
+        talker = TalkerProgram(parts["talker"], parts["text_embedding"], cfg.tokens, cfg.position_id_per_seconds,
+                               device, decode, graphs, _prefill(engine, budget, prefill))  # fmt: skip
         storage = _kv_storage(cfg.talker.text, opts.talker_kv_bytes, engine.page_size, dtype, device)
         stream = VocoderStreamConfig(opts.vocoder_chunk_frames, opts.vocoder_first_chunk_frames)
-        vocoder = VocoderProgram(parts["code2wav"], stream, device, engine.max_running, opts.vocoder_max_batch, graphs)
+        vocoder = VocoderProgram(parts["code2wav"], stream, voice, engine.max_running, opts.vocoder_max_batch, graphs)
         stages += [
             KVStage("talker", talker, storage, KVStageConfig(budget, engine.max_running, decode, prefill), device),
-            BatchStage("vocoder", vocoder, BatchStageConfig(2**31, engine.max_running), device),
+            BatchStage("vocoder", vocoder, BatchStageConfig(2**31, engine.max_running), voice),
         ]
     return stages
 

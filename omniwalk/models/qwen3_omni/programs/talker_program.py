@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import fields
 
 import torch
+from torch import nn
 
 from omniwalk.device import HostCopy, to_device
 from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets, rows_in_graph
@@ -29,8 +30,8 @@ from omniwalk.engine.kv_stage import KVProgram
 from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
 from omniwalk.engine.prefill_graphs import NO_PREFILL_GRAPHS, PrefillGraphs, PrefillPlan
 from omniwalk.engine.request import Chunk, EngineRequest
+from omniwalk.models.qwen3_omni.checkpoint.config import TokenIds
 from omniwalk.models.qwen3_omni.networks.talker import Talker
-from omniwalk.models.qwen3_omni.networks.thinker import Thinker
 from omniwalk.models.qwen3_omni.processing.positions import batch_spans
 from omniwalk.models.qwen3_omni.processing.talker_prompt import talker_prefix
 from omniwalk.sampling import BatchParams, advance, draw
@@ -65,23 +66,26 @@ class TalkerProgram(KVProgram):
     def __init__(
         self,
         talker: Talker,
-        thinker: Thinker,
+        text_embedding: nn.Embedding,
+        tokens: TokenIds,
         position_id_per_seconds: float,
         device,
         decode_attention: str = "reference",
         graph_max_batch: int = 0,
         prefill: PrefillPlan = NO_PREFILL_GRAPHS,
     ):
-        self.talker, self.thinker, self.device = talker, thinker, device
+        # the thinker's input embeddings on this stage's device (the thinker may run on another GPU, or
+        # hold a tensor-parallel shard of the table)
+        self.talker, self.text_embedding, self.tokens, self.device = talker, text_embedding, tokens, device
         self.position_id_per_seconds = position_id_per_seconds
         self.decode_attention, self.graph_max_batch, self.prefill = decode_attention, graph_max_batch, prefill
         self.frame_graph: GraphedStep | None = None
         self.prefill_graphs: PrefillGraphs | None = None
         self.num_eager_decode_steps = 0
-        t = thinker.tokens
+        t = tokens
         self.im_end = t.im_end
         with torch.inference_mode():
-            special = thinker.model.embed_tokens(torch.tensor([t.tts_bos, t.tts_eos, t.tts_pad], device=device))
+            special = text_embedding(torch.tensor([t.tts_bos, t.tts_eos, t.tts_pad], device=device))
             self.special = special  # thinker input embeddings of (tts_bos, tts_eos, tts_pad)
             _, eos, pad = talker.text_projection(special.to(talker.codec_head.weight)).unbind(0)
         self.text_rows = {EOS: eos, PAD: pad}
@@ -157,13 +161,14 @@ class TalkerProgram(KVProgram):
 
     def _build_prefix(self, req: EngineRequest) -> None:
         th, ts = req.state.thinker, req.state.talker
-        first = self.thinker.model.embed_tokens(to_device(th.generated[:1], self.device, torch.long))[0]
+        first = self.text_embedding(to_device(th.generated[:1], self.device, torch.long))[0]
         ts.prefix, ts.positions = talker_prefix(
             self.talker,
-            self.thinker.tokens,
+            self.tokens,
             prompt_ids=th.prompt.token_ids,
-            embeddings=th.prompt_embeddings,
-            accept_hidden=th.prompt_accept_hidden,
+            # the hand-off from the thinker's device: a device-to-device copy, queued on this stage's side
+            embeddings=th.prompt_embeddings.to(self.device, non_blocking=True),
+            accept_hidden=th.prompt_accept_hidden.to(self.device, non_blocking=True),
             first_answer=first,
             special_embeddings=self.special,
             spans=th.prompt.spans,
@@ -180,7 +185,7 @@ class TalkerProgram(KVProgram):
         entries = [self._text(req) for req in reqs]
         ids = [e for e in entries if not isinstance(e, str)]
         if ids:
-            embedding = self.thinker.model.embed_tokens(to_device(ids, self.device, torch.long))
+            embedding = self.text_embedding(to_device(ids, self.device, torch.long))
             projected = iter(self.talker.text_projection(embedding.to(self.talker.codec_head.weight)).unbind(0))
         text = torch.stack([self.text_rows[e] if isinstance(e, str) else next(projected) for e in entries])
         return list((torch.stack([req.state.talker.pending for req in reqs]) + text).unbind(0))

@@ -219,7 +219,7 @@ class ThinkerProgram(KVProgram):
             if start >= st.prompt.num_prompt_tokens:
                 continue
             if st.media is None:  # (here, on the stage's stream: after the encoders' rows, see lanes.py)
-                st.media = req.state.media.embeddings()
+                st.media = _moved(req.state.media.embeddings(), self.device)
             if st.media is None:
                 continue
             end = min(start + n, st.prompt.num_prompt_tokens)
@@ -276,6 +276,17 @@ class ThinkerProgram(KVProgram):
             req.emit("text", final[len(st.text) :])
             st.text = final
         st.finish_reason = reason
+
+
+def _moved(media: MediaEmbeddings | None, device) -> MediaEmbeddings | None:
+    """Encoder rows on the thinker's device: the hand-off from an encoder placed on another GPU is a
+    device-to-device copy queued here, on the consuming stage's side (no copy on the same device)."""
+    if media is None:
+        return None
+    move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
+    return MediaEmbeddings(
+        {k: move(v) for k, v in media.rows.items()}, {k: move(v) for k, v in media.deepstack.items()}
+    )
 
 
 def _forced_picks(st: ThinkerState) -> list[TokenLogprob] | None:
