@@ -81,8 +81,10 @@ def main() -> None:
                 runs = [asyncio.run(timed(pool, batch)) for _ in range(args.rounds)]
                 wall, lag = min(r[0] for r in runs), min(r[1] for r in runs)
                 lag_text = "blocks the loop throughout" if pool is None else f"worst loop lag {lag:.0f} ms"
-                print(f"{label:6s} {name:10s} {len(batch)} items: {wall:.2f} s ({len(batch) / wall:.1f} items/s), "
-                      f"{lag_text}")
+                print(
+                    f"{label:6s} {name:10s} {len(batch)} items: {wall:.2f} s ({len(batch) / wall:.1f} items/s), "
+                    f"{lag_text}"
+                )
 
 
 if __name__ == "__main__":
