@@ -28,7 +28,7 @@ def _make_tiny(args: argparse.Namespace) -> None:
         dtype=getattr(torch, args.dtype),
         max_shard_bytes=int(args.max_shard_mb * 1024**2),
         with_weights=not args.no_weights,
-        quantization=args.quantization,
+        **({"quantization": args.quantization} if args.quantization != "none" else {}),  # (families without FP8)
     )
     files = sorted(p.name for p in out.iterdir())
     print(f"done in {time.perf_counter() - start:.1f}s: {', '.join(files)}")

@@ -9,7 +9,7 @@ import torch
 
 from omniwalk.config import OmniConfig
 from omniwalk.engine.request import EngineRequest
-from omniwalk.errors import CheckpointError, InvalidRequestError
+from omniwalk.errors import CheckpointError, ConfigError, InvalidRequestError
 from omniwalk.models.family import ModelFamily, ModelInfo, RequestOutput
 from omniwalk.models.qwen2_5_omni.checkpoint.config import Qwen25OmniConfig
 from omniwalk.models.qwen2_5_omni.checkpoint.loader import components, load_components, num_parameters
@@ -57,6 +57,10 @@ def read_speakers(ckpt_dir: str | Path) -> dict[str, dict]:
 class Qwen25OmniFamily(ModelFamily):
     def __init__(self, config: OmniConfig):
         self.config, mc = config, config.model
+        unsupported = {"quantization": "none", "placement": "", "tensor_parallel": 1}
+        for name, default in unsupported.items():
+            if getattr(mc, name) != default:
+                raise ConfigError(f"{name}={getattr(mc, name)!r} is not supported for Qwen2.5-Omni yet")
         self.cfg = cfg = Qwen25OmniConfig.from_hf(mc.model)
         self.tokenizer = Tokenizer.from_dir(mc.model)
         system = DEFAULT_SYSTEM_PROMPT if mc.default_system_prompt is None else mc.default_system_prompt
@@ -127,7 +131,9 @@ class Qwen25OmniFamily(ModelFamily):
         return self.tokenizer.decode(ids)
 
     @classmethod
-    def make_tiny(cls, out_dir: Path, config=None, seed: int = 0, **options) -> Path:
+    def make_tiny(cls, out_dir: Path, config=None, seed: int = 0, quantization: str = "none", **options) -> Path:
+        if quantization != "none":
+            raise ConfigError(f"Qwen2.5-Omni checkpoints have no {quantization!r} format here; make it without one")
         return make_tiny_checkpoint(out_dir, config, seed, **options)
 
     @classmethod
