@@ -141,7 +141,7 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_waveform_matches_hf(name, speaker):
     """Same seeded noise, same ODE steps: cosine >= 0.9999 (measured: bitwise equal, max |diff| 0)."""
     codes = _codes(name, 29, seed=speaker + 3)
-    for seed, steps in ((7, 10), (8, 4)):
+    for seed, steps in ((7, 6), (8, 3)):  # (the default 10: test_default_steps_are_hf_defaults)
         ref = hf_wave(name, codes, speaker, seed, steps)
         out = our_wave(name, codes, speaker, seed, steps)
         assert out.shape == ref.shape == (29 * CONFIGS[name]["dit_config"]["repeats"] * _samples_per_frame(name),)
@@ -431,6 +431,7 @@ def test_release_frees_a_request_mid_stream():
         stage.add(r)
     stage.step()
     assert program.rows[req.id] and program.rows[other.id]
+    assert program.stats() == {"rows": len(program.rows[req.id]) + len(program.rows[other.id]), "rk_steps": 1}
     req.status = Status.ABORTED  # what the engine's abort does
     stage.remove(req)
     assert req.id not in program.rows and req.id not in program.starting

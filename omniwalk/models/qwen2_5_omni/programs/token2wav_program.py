@@ -96,6 +96,7 @@ class Token2WavProgram(BatchProgram):
         self.times: dict[int, torch.Tensor] = {}  # num_steps -> time grid
         self.rows: dict[str, list[_Row]] = defaultdict(list)  # request id -> its rows, in window order
         self.starting: dict[str, list[Window]] = {}  # windows ``take`` chose, made rows by ``run``
+        self.num_rk_steps = 0  # batched RK steps run (each advances every row of its batch)
 
     # --- scheduling ----------------------------------------------------------------------------
 
@@ -127,6 +128,9 @@ class Token2WavProgram(BatchProgram):
         st = self.state_of(req)
         return st.finished and st.stream is not None and st.num_emitted == st.stream.num_total
 
+    def stats(self) -> dict:
+        return {"rows": sum(len(rows) for rows in self.rows.values()), "rk_steps": self.num_rk_steps}
+
     def release(self, req: EngineRequest) -> None:
         self.rows.pop(req.id, None)
         self.starting.pop(req.id, None)
@@ -148,6 +152,7 @@ class Token2WavProgram(BatchProgram):
         # --- commit (nothing below raises) ---
         for row in flat:
             row.x, row.step = new_x[id(row)], row.step + 1
+        self.num_rk_steps += bool(flat)
         for req, _ in batch:
             self.starting.pop(req.id, None)
             self.rows[req.id] = [row for row in rows[req.id] if not row.is_solved]
