@@ -85,6 +85,7 @@ def test_voices_are_case_insensitive_and_unknown_ones_are_named():
     from omniwalk.errors import InvalidRequestError
 
     family = omni().family
+    assert family.info.voices == ("chelsie", "ethan")  # spk_dict.pt's speakers, lower case
     assert family.new_request(speech_request("text", "ETHAN"))[1].talker.sampler.params.max_tokens == CODES
     with pytest.raises(InvalidRequestError, match="unknown voice 'nobody'.*chelsie"):
         family.new_request(speech_request("text", "nobody"))

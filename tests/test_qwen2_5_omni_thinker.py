@@ -135,3 +135,16 @@ def test_tmrope_positions_equal_hf_get_rope_index(case):
     )  # fmt: skip
     assert torch.equal(prompt.rope.positions, positions[:, 0].float())
     assert prompt.rope.delta == float(delta)
+
+
+def test_audio_longer_than_the_processors_300_s_is_cut_as_hf_cuts_it():
+    from transformers import WhisperFeatureExtractor
+
+    from omniwalk.models.qwen2_5_omni.processing.media_inputs import measure
+    from omniwalk.models.qwen3_omni.processing.chat import MediaPart
+
+    long = np.zeros(301 * 16000 + 5, dtype=np.float32)
+    item = measure(MediaPart("audio", {"type": "audio", "audio": long}))
+    extractor = WhisperFeatureExtractor(feature_size=128, chunk_length=300, n_samples=4_800_000, nb_max_frames=30000)
+    frames = extractor([long], sampling_rate=16000, padding="max_length", return_attention_mask=True)["attention_mask"]
+    assert len(item.data["audio"]) == 300 * 16000 and item.num_audio_tokens == ((frames.sum() - 1) // 2 - 1) // 2 + 1

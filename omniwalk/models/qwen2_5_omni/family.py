@@ -76,8 +76,12 @@ class Qwen25OmniFamily(ModelFamily):
             random_seed=0 if mc.random_weights else None,
         )
         self.max_model_len = mc.max_model_len or cfg.text.max_position_embeddings
-        # TODO: audio out once the talker stage and token2wav join the walk (voices are read already)
-        self.info = ModelInfo(name="qwen2.5-omni", output_modalities=("text",), request_fields=PROMPT_FIELDS)
+        # TODO: "audio" out, the speech fields and the sample rate once token2wav joins the walk (the talker
+        # stage runs already: codec ids, ``output().codes``)
+        voices = tuple(sorted(self.speakers))
+        self.info = ModelInfo(
+            name="qwen2.5-omni", output_modalities=("text",), voices=voices, request_fields=PROMPT_FIELDS
+        )
 
     def build_stages(self) -> list:
         return build_stages(self.parts, self.cfg, self.config)

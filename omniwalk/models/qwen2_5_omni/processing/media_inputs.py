@@ -1,7 +1,8 @@
 """Request media parts -> measured ``MediaItem``s, as the Qwen2.5-Omni processor measures them.
 
 The flow is Qwen3-Omni's (``qwen3_omni/processing/media_inputs.py``) with this model's numbers:
-audio featurised as the processor pads it (zeros after the clip: ``ceil(len / 160)`` mel frames),
+audio featurised as the processor pads it (zeros after the clip: ``ceil(len / 160)`` mel frames)
+and cut to the processor's 300 s, as it cuts longer clips (``MAX_AUDIO_SAMPLES``),
 14-pixel patches (a merged token covers 28 x 28 pixels) normalised with CLIP's mean and std,
 video frames within [128, 768] merged tokens' worth of pixels.
 """
@@ -33,6 +34,7 @@ from omniwalk.models.qwen3_omni.processing.positions import AUDIO, IMAGE
 
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 IMAGE_PATCHES = PatchSpec(patch_size=14, mean=CLIP_MEAN, std=CLIP_STD)
+MAX_AUDIO_SAMPLES = 300 * 16000  # the feature extractor's n_samples (preprocessor_config.json)
 VIDEO_PATCHES = PatchSpec(
     patch_size=14, min_pixels=128 * 28 * 28, max_pixels=768 * 28 * 28, mean=CLIP_MEAN, std=CLIP_STD
 )
@@ -43,7 +45,7 @@ def measure(part: MediaPart, limits: MediaLimits = DEFAULT_LIMITS) -> MediaItem:
     vision encoder (uint8: ``image`` [h, w, 3], video ``frames`` [T, 3, h, w])."""
     p = part.part
     if part.kind == AUDIO:
-        wave = decode_audio(_payload(p, "audio", "input_audio", "audio_url", limits), limits)
+        wave = decode_audio(_payload(p, "audio", "input_audio", "audio_url", limits), limits)[:MAX_AUDIO_SAMPLES]
         return MediaItem(AUDIO, num_audio_tokens(wave), data={"audio": wave})
     if part.kind == IMAGE:
         image = _payload(p, "image", None, "image_url", limits)
@@ -51,6 +53,7 @@ def measure(part: MediaPart, limits: MediaLimits = DEFAULT_LIMITS) -> MediaItem:
         return MediaItem(IMAGE, grid_thw=patch_grid(1, *image.shape[:2], IMAGE_PATCHES), data={"image": image})
     video = decode_video(_payload(p, "video", None, "video_url", limits), limits, fps=p.get("fps"))
     track = video.audio if p.get("audio") is None else decode_audio(np.asarray(p["audio"]), limits)
+    track = None if track is None else track[:MAX_AUDIO_SAMPLES]
     frames = resize_video(torch.from_numpy(video.frames), VIDEO_PATCHES)
     grid = patch_grid(len(frames), *frames.shape[2:], VIDEO_PATCHES)
     tokens = 0 if track is None else num_audio_tokens(track)
