@@ -34,7 +34,9 @@ from omniwalk.parallel.placement import rank_options
 # How long a collective may wait. The control broadcast waits for rank 0's next step, which an idle
 # server may not take for hours: so, long (a dead peer is noticed at once through its closed socket).
 COLLECTIVE_TIMEOUT = timedelta(days=365)
-NCCL_ENV = {"NCCL_NVLS_ENABLE": "0"}  # NVLink multicast off (hung and misreported memory on H200 hosts)
+# NVLink multicast stays off (in NCCL, and in PyTorch's symmetric memory and NVSHMEM, which may use it too):
+# the GPU hosts we run on forbid it, since a program using it can take a host's shared GPUs out of service
+NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 def start_ranks(options: dict) -> Leader:
