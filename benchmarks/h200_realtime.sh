@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/h200_realtime.sh [--no-install] [--sessions 1,16] [--turns 5] [--out DIR]
 #
-# Device tool: carry [".whl"]; writes DIR/realtime_latency.json, DIR/realtime.log, DIR/server.log (tail).
+# Device tool: carry [".whl", ".whl_hf"] (the openai client needs httpx2 from .whl_hf); writes DIR/realtime_latency.json, DIR/realtime.log, DIR/server.log (tail).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . benchmarks/h200_common.sh
