@@ -132,7 +132,7 @@ class Attention(nn.Module):
     @property
     def can_fuse(self) -> bool:
         """The fused path (bias-free merged GEMM, q/k norm + rope kernel) fits this attention."""
-        return isinstance(self.q_norm, RMSNorm) and self.q_proj.bias is None
+        return isinstance(self.q_norm, RMSNorm) and getattr(self.q_proj, "bias", None) is None  # (Fp8Linear: none)
 
     def merge_projections(self) -> None:
         self.qkv_proj = SkinnyLinear.merge(self.q_proj, self.k_proj, self.v_proj)
