@@ -9,6 +9,7 @@
 #   bash benchmarks/h200_multi_gpu.sh placement      # thinker on GPU 0 | talker + vocoder on GPU 1
 #   bash benchmarks/h200_multi_gpu.sh dp2            # 2 data-parallel replicas, one per GPU
 #   bash benchmarks/h200_multi_gpu.sh tp2            # thinker split over 2 ranks (NCCL), the rest on GPU 0
+#   ... MODE --no-install                            # the wheels are installed already (PYTHONPATH set)
 #
 # Device tool: kind nvidia-h200-x2, carry [".whl"] (add ".whl_hf" for `tests`), timeout 600; results under
 # $OUT/<mode>/ (results.{md,json}, sweep.log with the server's /metrics, server.log).
@@ -20,7 +21,7 @@ OUT=${OUT:-./h200-multi-gpu-out}
 case "$MODE" in
   tests)
     . benchmarks/h200_common.sh
-    install_wheels || exit 1
+    [ "${1:-}" = --no-install ] || install_wheels || exit 1
     mkdir -p "$OUT/tests"
     python3 -m pytest -q tests/test_placement_gpu.py tests/test_tensor_parallel_gpu.py 2>&1 | tee "$OUT/tests/tests.log"
     exit "${PIPESTATUS[0]}"
