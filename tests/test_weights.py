@@ -164,3 +164,15 @@ def test_missing_shard_and_missing_weights(tmp_path):
         f.unlink()
     with pytest.raises(CheckpointError, match="no model.safetensors"):
         load_weights(_module(ckpt), empty)
+
+
+def test_weights_summary_counts_a_shared_tensor_once():
+    from torch import nn
+
+    from omniwalk.models.qwen3_omni.checkpoint.loader import weights_summary
+
+    table = nn.Embedding(2**14, 2**12)  # 64 Mi parameters in fp32: 0.25 GiB
+    parts = {"thinker": nn.Sequential(table, nn.Linear(2**12, 2**12, bias=False)), "text_embedding": table}
+    summary = weights_summary(parts, "none")
+    assert summary["gib"] == {"thinker": 0.312, "text_embedding": 0.0}
+    assert summary["total_gib"] == 0.312

@@ -78,10 +78,14 @@ def fp8_names(cfg: Qwen3OmniConfig) -> list[str]:
 
 def weights_summary(parts: dict[str, nn.Module], quantization: str) -> dict:
     """What ``/v1/models`` and the start-up log say about the weights: the quantisation, what it
-    covers, and GiB of parameters per component (FP8 weights with their scales)."""
-    gib = {
-        name: round(sum(p.numel() * p.element_size() for p in m.parameters()) / 2**30, 3) for name, m in parts.items()
-    }
+    covers, and GiB of parameters per component (FP8 weights with their scales). A tensor two parts
+    share (the talker's text embedding is the thinker's when they sit on one device) counts once,
+    in the first part that holds it."""
+    seen, gib = set(), {}
+    for name, m in parts.items():
+        fresh = [p for p in m.parameters() if p.data_ptr() not in seen]
+        seen.update(p.data_ptr() for p in fresh)
+        gib[name] = round(sum(p.numel() * p.element_size() for p in fresh) / 2**30, 3)
     quantized = [name for name in QUANTIZED_COMPONENTS if name in parts] if quantization == "fp8" else []
     return {
         "quantization": quantization,
