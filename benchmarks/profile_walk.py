@@ -77,18 +77,29 @@ class ClosedLoop:
         self.omni, self.batch = omni, batch
         self.bodies = [request_body(PRESETS[path], "omni", seed) for seed in range(2 * batch)]
         self.seed, self.finished, self.running, self.add_seconds = 0, 0, [], 0.0
+        self.added: dict[str, tuple[float, int]] = {}  # request id -> (time, engine step) of its add
+        self.ttft: list[tuple[float, int]] = []  # (seconds, engine steps) from add to its first text
+        self.steps = 0
         self.top_up()
 
     def top_up(self) -> None:
         start = time.perf_counter()
         while len(self.running) < self.batch:
             body = {**self.bodies[self.seed % len(self.bodies)], "request_id": f"walk-{self.seed}"}
-            self.running.append(self.omni.add(body))
+            req = self.omni.add(body)
+            self.running.append(req)
+            self.added[req.id] = (time.perf_counter(), self.steps)
             self.seed += 1
         self.add_seconds += time.perf_counter() - start
 
     def step(self) -> None:
         self.omni.engine.step()
+        self.steps += 1
+        now = time.perf_counter()
+        for req in self.running:  # engine TTFT: the first step after which the request has text out
+            if req.id in self.added and any(e.kind == "text" for e in req.events):
+                at, step = self.added.pop(req.id)
+                self.ttft.append((now - at, self.steps - step))
         for req in [r for r in self.running if r.status.is_done]:
             if req.error is not None:
                 raise RuntimeError(f"request {req.id} failed: {req.error!r}") from req.error
@@ -112,6 +123,7 @@ def free_window(loop: ClosedLoop, steps: int, device) -> dict:
         stage.step = host_timed(host, name, stage.step)
     synchronize(device)
     start, finished, adding = time.perf_counter(), loop.finished, loop.add_seconds
+    ttft_from = len(loop.ttft)
     try:
         for _ in range(steps):
             loop.step()
@@ -122,9 +134,16 @@ def free_window(loop: ClosedLoop, steps: int, device) -> dict:
         for stage in stages.values():
             del stage.step
     seconds = time.perf_counter() - start
+    ttft = sorted(loop.ttft[ttft_from:])
     return {
         "ms_per_step": seconds / steps * 1e3,
         "finished_per_s": (loop.finished - finished) / seconds,
+        "ttft": {  # in process: from Omni.add to the first step whose end finds text out
+            "count": len(ttft),
+            "p50_s": ttft[len(ttft) // 2][0] if ttft else None,
+            "p90_s": ttft[int(len(ttft) * 0.9)][0] if ttft else None,
+            "p50_steps": sorted(s for _, s in ttft)[len(ttft) // 2] if ttft else None,
+        },
         "add_ms_per_step": (loop.add_seconds - adding) / steps * 1e3,
         "launch_ms": {name: t / steps * 1e3 for name, t in host.items()},
         "mean_batch": {name: statistics.mean(b) for name, b in batches.items()},
@@ -272,6 +291,10 @@ def report(rows: list[dict]) -> str:
             f"finished per s; {prof['kernels_per_step']:.0f} kernels per step taking "
             f"{prof['kernel_ms_per_step']:.2f} ms of GPU time; adding requests "
             f"(processing their inputs) {free['add_ms_per_step']:.2f} ms per step",
+            f"- engine TTFT (in process, add -> first text; {ttft_text(free['ttft'])})",
+            f"- GPU busy against the free-running step: {busy['busy_ms_per_step'] / free['ms_per_step']:.0%} "
+            f"(the profiled window's busy ms per step over the free window's ms per step; the profiler's host "
+            f"overhead stretches its own window)",
             f"- GPU busy (profiled free-running, {busy['ms_per_step']:.2f} ms per step): some kernel ran in "
             f"{busy['busy_share']:.0%} of the wall time ({busy['busy_ms_per_step']:.2f} ms per step); kernels "
             f"overlapping on streams: {busy['overlap']:.2f}x (summed kernel time / busy time)",
@@ -301,6 +324,13 @@ def report(rows: list[dict]) -> str:
         top = [[k["name"], k["kind"], f"{k['kernels']:.1f}", f"{k['us']:.0f}"] for k in prof["top_kernels"]]
         lines += [markdown_table(["kernel", "kind", "per step", "µs per step"], top), ""]
     return "\n".join(lines) + "\n"
+
+
+def ttft_text(t: dict) -> str:
+    if not t["count"]:
+        return "no request reached its first token in the window"
+    p50, p90 = t["p50_s"] * 1e3, t["p90_s"] * 1e3
+    return f"{t['count']} requests: p50 {p50:.0f} ms / {t['p50_steps']} steps, p90 {p90:.0f} ms"
 
 
 def main() -> None:

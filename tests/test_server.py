@@ -5,6 +5,7 @@ import base64
 import io
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -278,6 +279,10 @@ def test_concurrent_streams_with_disconnects(base_url, client):
     assert "omniwalk_requests_in_flight 0.0" in metrics
     assert 'omniwalk_requests_total{status="length"}' in metrics
     assert 'omniwalk_http_responses_total{route="/v1/chat/completions",status="499"} 4.0' in metrics
+    # every request with output observed once per phase of its time to first output, as many as its TTFT
+    firsts = re.search(r"^omniwalk_time_to_first_token_seconds_count (\S+)$", metrics, re.M).group(1)
+    for phase in ("inbox", "add", "engine", "outbox"):
+        assert f'omniwalk_first_output_phase_seconds_count{{phase="{phase}"}} {firsts}' in metrics, phase
 
 
 def test_an_engine_failure_is_a_500_for_that_request_only():

@@ -19,6 +19,7 @@ import asyncio
 import multiprocessing
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -123,7 +124,7 @@ class EngineClient:
         queue = self._queues[rid] = asyncio.Queue()
         done = False
         try:
-            await self._push.send(pack(Add(request)))
+            await self._push.send(pack(Add(request, time.monotonic())))
             while True:
                 message = await queue.get()
                 if message is None:

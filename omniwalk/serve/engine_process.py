@@ -62,6 +62,8 @@ class _EngineLoop:
     def __init__(self, omni, inbox: zmq.Socket, outbox: zmq.Socket):
         self.omni, self.inbox, self.outbox = omni, inbox, outbox
         self.active: dict[str, EngineRequest] = {}
+        # id -> (sent, received, added) until its first output
+        self.arrivals: dict[str, tuple[float, float, float]] = {}
         self.last_stats, self.was_busy = 0.0, True  # report the idle state once at start
 
     def run(self) -> None:
@@ -91,13 +93,14 @@ class _EngineLoop:
         if isinstance(msg, Abort):
             self.omni.abort(msg.id)
         elif isinstance(msg, Add):
-            request = msg.request
+            request, received = msg.request, time.monotonic()
             try:
                 req = self.omni.add(request)
             except Exception as e:  # noqa: BLE001 - a bad request fails alone
                 self._send_error(request.get("request_id"), e)
             else:
                 self.active[req.id] = req
+                self.arrivals[req.id] = (msg.sent_at or received, received, time.monotonic())
         return True
 
     def _flush(self) -> None:
@@ -105,14 +108,26 @@ class _EngineLoop:
             while req.events:
                 event = req.events.popleft()
                 if event.kind in ("text", "audio"):
-                    self.outbox.send(pack(Delta(rid, event.kind, event.data)))
+                    self.outbox.send(pack(Delta(rid, event.kind, event.data, self._timing(rid))))
                 elif event.kind == "error":
                     self._send_error(rid, event.data)
-                    del self.active[rid]
+                    self._forget(rid)
                 elif event.kind == "finished":
                     self.outbox.send(pack(Finished(rid, self._output(req))))
-                    del self.active[rid]
+                    self._forget(rid)
                     break
+
+    def _timing(self, rid: str) -> dict | None:
+        """For a request's first output: its time in the inbox (the engine finishing a step), in
+        ``Omni.add`` and from there to this output."""
+        if (arrival := self.arrivals.pop(rid, None)) is None:
+            return None
+        (sent, received, added), now = arrival, time.monotonic()
+        return {"inbox": received - sent, "add": added - received, "engine": now - added, "flushed_at": now}
+
+    def _forget(self, rid: str) -> None:
+        del self.active[rid]
+        self.arrivals.pop(rid, None)
 
     def _output(self, req: EngineRequest) -> dict:
         """The request's output, with its logprob tokens as text."""

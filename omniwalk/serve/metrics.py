@@ -62,6 +62,14 @@ class Metrics:
         self.itl = Histogram(
             "omniwalk_inter_token_latency_seconds", "Gap between text deltas", buckets=_LATENCY, registry=r
         )
+        self.phases = Histogram(
+            "omniwalk_first_output_phase_seconds",
+            "Time to a request's first output by phase: inbox (to the engine process, which ends its step "
+            "first), add (processing its inputs), engine (admitted to first output), outbox (back to HTTP)",
+            ["phase"],
+            buckets=_LATENCY,
+            registry=r,
+        )
         self.e2e = Histogram("omniwalk_e2e_seconds", "Request latency", buckets=_LATENCY, registry=r)
         self.rtf = Histogram(
             "omniwalk_real_time_factor", "Latency / audio duration", buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5), registry=r

@@ -70,6 +70,8 @@ class EngineRun:
             await self.close()
             raise engine_error(e, self.id) from None
         now = time.monotonic()
+        if isinstance(event, Delta) and event.timing:
+            self._observe_phases(event.timing, now)
         if isinstance(event, Finished):
             self._finish(event.output, now)
         elif event.kind == "text":
@@ -83,6 +85,12 @@ class EngineRun:
             self.first_audio = now
             self.metrics.ttfa.observe(now - self.start)
         return event
+
+    def _observe_phases(self, timing: dict, now: float) -> None:
+        """Where the time to the first output went, by phase (``omniwalk_first_output_phase_seconds``)."""
+        for phase in ("inbox", "add", "engine"):
+            self.metrics.phases.labels(phase).observe(max(0.0, timing[phase]))
+        self.metrics.phases.labels("outbox").observe(max(0.0, now - timing["flushed_at"]))
 
     def _finish(self, output: dict, now: float) -> None:
         self.open = False

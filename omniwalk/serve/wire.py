@@ -1,8 +1,8 @@
 """The messages between the HTTP process and the engine process, and their msgpack framing.
 
-    HTTP -> engine   Add(request) | Abort(id) | Shutdown()
+    HTTP -> engine   Add(request, sent_at) | Abort(id) | Shutdown()
     engine -> HTTP   Ready(info) once the model is loaded (Fatal(error) if it fails to), then per
-                     request Delta(id, "text" | "audio", data)..., and Finished(id, output) or
+                     request Delta(id, "text" | "audio", data, timing on the first)..., and Finished(id, output) or
                      Failed(id, error, error_type, bad_request); Stats(data) now and then; Fatal(error)
                      before the process exits on a fault outside any request
 
@@ -26,6 +26,7 @@ _ARRAY = "__ndarray__"
 @dataclass
 class Add:
     request: dict
+    sent_at: float = 0.0  # time.monotonic() when sent (one clock for both processes on one host)
 
 
 @dataclass
@@ -48,6 +49,9 @@ class Delta:
     id: str
     kind: str  # "text" (a str) or "audio" (float32 PCM at the model's sample rate)
     data: Any
+    # on a request's first Delta only: where its time to first output went, in seconds
+    # ({"inbox", "add", "engine"}), and "flushed_at" (time.monotonic() when the engine sent it)
+    timing: dict | None = None
 
 
 @dataclass
