@@ -2,6 +2,11 @@
 
     PYTHONPATH=. python benchmarks/profile_walk.py SKELETON --cells s2s@1,s2s@32,i2t@1,i2t@32 --out DIR
     PYTHONPATH=. python benchmarks/profile_walk.py /tmp/tiny --device cpu --cells s2s@2 --steps 6 --out DIR
+    PYTHONPATH=. python benchmarks/profile_walk.py SKELETON --windows free --steps 300 --out DIR \
+        --cells "i2t@32,i2t@32:thinker.max_batch_tokens=4096,i2t@32:vision_encoder.max_batch_units=8192"
+
+A cell ``PATH@B:STAGE.FIELD=VALUE,...`` (``;`` between several fields) runs with that field of the
+stage's scheduling config replaced for the cell (the same model and graphs: a what-if on budgets).
 
 Each cell keeps B requests of the path's fixed work (``omniwalk.bench.workload`` presets: the
 sweep's inputs and lengths) in flight: when one finishes, the next is added. After a warm-up of
@@ -9,7 +14,8 @@ B finished requests, three windows of engine steps (``--steps``, the profiled on
 
     free      the engine as it runs, no synchronisation added: wall ms per engine step, how
               often each stage had work (its batch size per step), the host time of each stage's
-              step() (launches and bookkeeping, not waiting) and of adding requests
+              step() (launches and bookkeeping, not waiting) and of adding requests, and the engine's
+              TTFT (add -> the first step after which the request has text out)
     clocked   every stage's step() + finish() synchronised and timed (micro.py's StageClock):
               ms per engine step by stage (the GPU work of a stage, plus its host time)
     profiled  the clocked window again under the torch profiler: each kernel (graph replays
@@ -28,6 +34,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import cProfile
+import dataclasses
 import io
 import json
 import pstats
@@ -260,32 +267,62 @@ def annotated(name: str, method):
     return run
 
 
-def profile_cell(omni: Omni, path: str, batch: int, args, device) -> dict:
+def profile_cell(omni: Omni, cell: str, args, device) -> dict:
+    path, batch, changes = parse_cell(cell)
+    saved = {name: omni.engine.stages[name].config for name in changes}
+    for name, fields in changes.items():
+        omni.engine.stages[name].config = dataclasses.replace(saved[name], **fields)
     loop = ClosedLoop(omni, path, batch)
-    while loop.finished < batch * args.warmup_waves:  # into steady state: every phase of a request present
-        loop.step()
     try:
-        row = {"path": path, "batch": batch, "steps": args.steps, "profile_steps": args.profile_steps}
+        while loop.finished < batch * args.warmup_waves:  # into steady state: every phase of a request present
+            loop.step()
+        row = {"cell": cell, "path": path, "batch": batch, "steps": args.steps, "profile_steps": args.profile_steps}
         row["free"] = free_window(loop, args.steps, device)
         if args.python:
             row["python"] = python_window(loop, args.steps, device)
-        row["busy"] = busy_window(loop, args.steps, device)
-        row["clocked"] = clocked_window(loop, args.steps, device)
-        row["profiled"] = profiled_window(loop, args.profile_steps, device)
+        if args.windows == "all":
+            row["busy"] = busy_window(loop, args.steps, device)
+            row["clocked"] = clocked_window(loop, args.steps, device)
+            row["profiled"] = profiled_window(loop, args.profile_steps, device)
         return row
     finally:
         loop.close()
         while omni.engine.has_unfinished():
             omni.engine.step()
+        for name, config in saved.items():
+            omni.engine.stages[name].config = config
+
+
+def parse_cell(cell: str) -> tuple[str, int, dict[str, dict[str, int]]]:
+    """``PATH@B[:STAGE.FIELD=VALUE;...]`` -> (path, B, {stage: {field: value}})."""
+    head, _, tail = cell.partition(":")
+    path, batch = head.split("@")
+    changes: dict[str, dict[str, int]] = defaultdict(dict)
+    for item in filter(None, tail.split(";")):
+        key, value = item.split("=")
+        stage, field = key.split(".")
+        changes[stage][field] = int(value)
+    return path, int(batch), dict(changes)
 
 
 def report(rows: list[dict]) -> str:
     lines = ["# Where the walk's time goes (profile_walk.py)", ""]
     for row in rows:
-        free, clocked, prof, busy = row["free"], row["clocked"], row["profiled"], row["busy"]
+        free = row["free"]
+        title = f"## {row['cell']} ({row['steps']} engine steps free"
+        if "profiled" not in row:
+            lines += [
+                title + ")",
+                "",
+                f"- free-running: {free['ms_per_step']:.2f} ms per engine step, {free['finished_per_s']:.2f} requests "
+                f"finished per s; mean batch {', '.join(f'{k} {v:.1f}' for k, v in free['mean_batch'].items() if v)}",
+                f"- engine TTFT (in process, add -> first text; {ttft_text(free['ttft'])})",
+                "",
+            ]
+            continue
+        clocked, prof, busy = row["clocked"], row["profiled"], row["busy"]
         lines += [
-            f"## {row['path']} at B={row['batch']} ({row['steps']} engine steps free and clocked, "
-            f"{row['profile_steps']} profiled)",
+            title + f" and clocked, {row['profile_steps']} profiled)",
             "",
             f"- free-running: {free['ms_per_step']:.2f} ms per engine step, {free['finished_per_s']:.2f} requests "
             f"finished per s; {prof['kernels_per_step']:.0f} kernels per step taking "
@@ -341,24 +378,26 @@ def main() -> None:
     parser.add_argument("--profile-steps", type=int, default=20, help="engine steps in the profiled window")
     parser.add_argument("--warmup-waves", type=int, default=1, help="finished requests before timing, x B")
     parser.add_argument("--python", action="store_true", help="also a cProfile window: python.txt")
+    parser.add_argument("--windows", choices=("all", "free"), default="all", help="free: the free window only")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", required=True)
     add_option_argument(parser, "Omni")
     args = parser.parse_args()
     device = torch.device(args.device)
     base = FULL_OPTIONS if device.type == "cuda" else CPU_OPTIONS
-    cells = [(c.split("@")[0], int(c.split("@")[1])) for c in args.cells.split(",")]
-    omni = Omni(model=args.model, **{**base, "max_running": max(64, *(b for _, b in cells)), **dict(args.option)})
+    cells = args.cells.split(",")
+    most = max(parse_cell(c)[1] for c in cells)
+    omni = Omni(model=args.model, **{**base, "max_running": max(64, most), **dict(args.option)})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for path, batch in cells:
+    for cell in cells:
         start = time.perf_counter()
-        rows.append(profile_cell(omni, path, batch, args, device))
-        print(f"{path} B={batch}: profiled in {time.perf_counter() - start:.0f}s", flush=True)
+        rows.append(profile_cell(omni, cell, args, device))
+        print(f"{cell}: profiled in {time.perf_counter() - start:.0f}s", flush=True)
         (out / "profile.json").write_text(json.dumps([{k: v for k, v in r.items() if k != "python"} for r in rows]))
         if args.python:
-            text = "".join(f"===== {r['path']} at B={r['batch']}\n{r['python']}\n" for r in rows)
+            text = "".join(f"===== {r['cell']}\n{r['python']}\n" for r in rows)
             (out / "python.txt").write_text(text)
         (out / "profile.md").write_text(report(rows))
     print(report(rows))
