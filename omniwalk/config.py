@@ -198,12 +198,12 @@ def backend_choices() -> dict[str, tuple[str, ...]]:
 
 def batch_tokens_for(model: ModelConfig) -> int:
     """The default per-step token budget of a KV stage. On the CPU 512 keeps a step short. On an
-    H200 a 30B-A3B MoE decoder step costs 9.3 / 12.8 / 15.0 ms at 1 / 32 / 64 tokens (docs/perf.md,
-    run 4): more tokens per step are nearly free until the GEMMs fill the GPU, so a burst of
-    arrivals should be admitted in a few large steps, not many small ones. 2048 holds about 5
-    image prompts (640x480: ~350 tokens) or 20 audio prompts (4 s: ~100) of the bench beside 64
-    decodes. TODO: measure 1024 / 2048 / 4096 (i2t and s2t at B=32: TTFT p50 against ITL)."""
-    return 2048 if model.on_cuda else 512
+    H200, full size, i2t at B=32 (a burst of image prompts of ~330 tokens each; docs/perf.md,
+    session 26) the engine's TTFT p50 was 403 / 184 / 116 ms at 4096 / 2048 / 1024 tokens for the
+    same throughput at 2048 and 1024: a long step delays every request in it and every arrival
+    behind it, so a burst is admitted in steps of about three image prompts or ten 4 s audio
+    prompts beside the decodes."""
+    return 1024 if model.on_cuda else 512
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")

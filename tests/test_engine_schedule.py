@@ -10,7 +10,7 @@ from omniwalk.errors import ConfigError
 
 def test_token_budget_is_sized_to_the_device_once():
     cpu, cuda = OmniConfig.from_kwargs(model="m"), OmniConfig.from_kwargs(model="m", device="cuda")
-    assert (cpu.engine.max_batch_tokens, cuda.engine.max_batch_tokens) == (512, 2048)
+    assert (cpu.engine.max_batch_tokens, cuda.engine.max_batch_tokens) == (512, 1024)
     given = OmniConfig.from_kwargs(model="m", device="cuda", max_batch_tokens=100)
     assert given.engine.max_batch_tokens == 100
     assert EngineConfig().max_batch_tokens == 0  # unresolved until a device is known

@@ -58,7 +58,8 @@ def build_stages(parts: dict, cfg: Qwen3OmniConfig, config: OmniConfig, devices:
     dtype = model.torch_dtype
     decode, prefill = model.decode_attention, model.attention_backend
     graphs = min(engine.cuda_graph_max_batch, engine.max_running)  # no decode batch is larger than max_running
-    encoder_batch = BatchStageConfig(opts.encoder_batch_units, engine.max_running)
+    audio_batch = BatchStageConfig(opts.audio_encoder_batch_units, engine.max_running)
+    vision_batch = BatchStageConfig(opts.vision_encoder_batch_units, engine.max_running)
     encoder_graphs = engine.encoder_graph_max_tokens
     audio = AudioEncoderProgram(parts["audio_encoder"], devices["audio_encoder"], dtype, encoder_graphs)
     vision = VisionEncoderProgram(parts["vision_encoder"], devices["vision_encoder"], dtype, encoder_graphs)
@@ -66,8 +67,8 @@ def build_stages(parts: dict, cfg: Qwen3OmniConfig, config: OmniConfig, devices:
     device, page = devices["thinker"], engine.page_size
     thinker = ThinkerProgram(parts["thinker"], device, decode, graphs, plan, deepstack)
     stages = [
-        BatchStage("audio_encoder", audio, encoder_batch, devices["audio_encoder"]),
-        BatchStage("vision_encoder", vision, encoder_batch, devices["vision_encoder"]),
+        BatchStage("audio_encoder", audio, audio_batch, devices["audio_encoder"]),
+        BatchStage("vision_encoder", vision, vision_batch, devices["vision_encoder"]),
         KVStage(
             "thinker",
             thinker,
