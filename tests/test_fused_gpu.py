@@ -15,7 +15,6 @@ from omniwalk.layers import moe
 from omniwalk.layers.moe import SparseMoE, route
 from omniwalk.layers.moe_routing import route_folded, route_topk
 from omniwalk.layers.norm import RMSNorm, residual_add
-from omniwalk.layers.paged_decode import NormRope, paged_decode_reference, paged_decode_triton
 from omniwalk.layers.qk_norm_rope import qk_norm_rope_reference, qk_norm_rope_triton
 from omniwalk.layers.rotary import mrope_cos_sin, rotary_tables
 from omniwalk.layers.silu_mul import silu_mul_reference, silu_mul_triton
@@ -72,44 +71,6 @@ def test_qk_norm_rope_into_paged_store(n):
     assert torch.equal(q, q_ref)
     assert torch.equal(stores[1][0], stores[0][0])
     assert torch.equal(stores[1][1], stores[0][1])  # v is copied
-
-
-@pytest.mark.parametrize("heads, kv_heads", [(32, 4), (16, 2), (16, 8)])  # thinker, talker, code predictor
-@pytest.mark.parametrize("split", [False, True])
-def test_decode_attention_from_the_qkv_rows(heads, kv_heads, split):
-    """q/k norm + rope + KV store + decode attention in one kernel against ``qk_norm_rope_reference``
-    and the reference attention: the stored keys and values bitwise, the output within the split
-    decode test's bound (online softmax vs SDPA)."""
-    g = torch.Generator(device="cuda").manual_seed(5)
-    page, d, num_pages = 16, 128, 64
-    keys = torch.randn((num_pages + 1) * page, kv_heads, d, generator=g, device="cuda").to(BF16)
-    values = torch.randn(keys.shape, generator=g, device="cuda").to(BF16)
-    lens = [1, 17, 130, 300, 0]  # 0: a padding row (its new key goes to the scratch page)
-    table = torch.zeros(len(lens), 24, dtype=torch.int32)
-    slots, pages = [], torch.randperm(num_pages).tolist()
-    for row, n in enumerate(lens):
-        used = -(-n // page)
-        table[row, :used] = torch.tensor(pages[:used], dtype=torch.int32)
-        slots.append(pages[(n - 1) // page] * page + (n - 1) % page if n else num_pages * page)
-        pages = pages[used:]
-    table, lens_t = table.cuda(), torch.tensor(lens, dtype=torch.int32, device="cuda")
-    slots = torch.tensor(slots, device="cuda")
-    qkv = torch.randn(len(lens), (heads + 2 * kv_heads) * d, generator=g, device="cuda").to(BF16)
-    q_w, k_w = (1 + 0.1 * torch.randn(2, d, generator=g, device="cuda")).to(BF16)
-    positions = torch.randint(0, 4000, (3, len(lens)), generator=g, device="cuda")
-    rope = NormRope(
-        q_w, k_w, 1e-6, *rotary_tables(*mrope_cos_sin(positions, d, 1e6, (24, 20, 20)), BF16), heads, kv_heads
-    )
-    stores = [(keys.clone(), values.clone()) for _ in "ab"]
-    semaphores = torch.zeros(128, dtype=torch.int32, device="cuda") if split else None
-    ours = paged_decode_triton(qkv, *stores[0], table, lens_t, page, semaphores, rope, slots)
-    ref = paged_decode_reference(qkv, *stores[1], table, lens_t, page, rope=rope, slots=slots)
-    err = (ours.float() - ref.float()).abs().max().item()
-    print(f"GPU-FUSED qkv -> decode attention heads={heads}/{kv_heads} split={split}: max abs {err:.2e}")
-    assert torch.equal(stores[0][0], stores[1][0]) and torch.equal(stores[0][1], stores[1][1])
-    assert not torch.equal(stores[0][0], keys)  # (the new keys were written)
-    assert err < 2e-2
-    assert torch.equal(ours[-1], torch.zeros_like(ours[-1]))  # the padding row reads nothing
 
 
 def test_silu_mul():

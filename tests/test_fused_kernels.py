@@ -14,7 +14,7 @@ from omniwalk.layers.fused_moe import expert_down, expert_gate_up, expert_gemv
 from omniwalk.layers.moe import SparseMoE, reference_experts, route
 from omniwalk.layers.moe_routing import route_folded, route_topk
 from omniwalk.layers.norm import RMSNorm, residual_add
-from omniwalk.layers.paged_decode import NormRope, paged_decode_reference, paged_decode_triton
+from omniwalk.layers.paged_decode import paged_decode_reference, paged_decode_triton
 from omniwalk.layers.qk_norm_rope import qk_norm_rope_reference, qk_norm_rope_triton
 from omniwalk.layers.rotary import mrope_cos_sin, rotary_tables
 from omniwalk.layers.silu_mul import silu_mul_reference, silu_mul_triton
@@ -171,39 +171,6 @@ def test_paged_decode(programs):
     torch.testing.assert_close(ours, paged_decode_reference(q, keys, values, table, lens, page), **TOL)
     assert not programs or semaphores.abs().sum() == 0  # left zero for the next call
     assert torch.equal(ours[-1], torch.zeros_like(ours[-1]))
-
-
-@pytest.mark.parametrize("programs", [0, 8])
-def test_paged_decode_from_the_qkv_rows(programs):
-    """With ``rope`` the kernel starts from the merged projection: q/k RMSNorm + rotary, the new key
-    and value into their slots, then the attention: equal to qk_norm_rope + the decode attention."""
-    g = torch.Generator().manual_seed(13)
-    page, d, num_pages, heads, kv_heads = 4, 16, 60, 4, 2
-    keys = torch.randn((num_pages + 1) * page, kv_heads, d, generator=g)
-    values = torch.randn(keys.shape, generator=g)
-    lens = [1, 3, 4, 5, 17, 40, 0]  # 0: a padding row (its new key goes to the scratch page)
-    table = torch.zeros(len(lens), 12, dtype=torch.int32)
-    slots, pages = [], torch.randperm(num_pages, generator=g).tolist()
-    for row, n in enumerate(lens):
-        used = -(-n // page)
-        table[row, :used] = torch.tensor(pages[:used], dtype=torch.int32)
-        slots.append(pages[(n - 1) // page] * page + (n - 1) % page if n else num_pages * page)
-        pages = pages[used:]
-    lens, slots = torch.tensor(lens, dtype=torch.int32), torch.tensor(slots)
-    qkv = torch.randn(len(lens), (heads + 2 * kv_heads) * d, generator=g) * 2
-    q_w, k_w = torch.rand(d, generator=g) + 0.5, torch.rand(d, generator=g) + 0.5
-    positions = torch.stack([lens.long() - 1, lens.long() + 3, lens.long() * 2]).clamp(min=0)
-    cos, sin = rotary_tables(*mrope_cos_sin(positions, d, 1e6, (2, 3, 3)), torch.float32)
-    rope = NormRope(q_w, k_w, 1e-6, cos, sin, heads, kv_heads)
-    stores = [(keys.clone(), values.clone()) for _ in "ab"]
-    semaphores = torch.zeros(64, dtype=torch.int32) if programs else None
-    ours = paged_decode_triton(qkv, *stores[0], table, lens, page, semaphores, rope, slots, (8, 1), programs)
-    ref = paged_decode_reference(qkv, *stores[1], table, lens, page, rope=rope, slots=slots)
-    torch.testing.assert_close(ours, ref, **TOL)
-    for a, b in zip(*stores, strict=True):
-        torch.testing.assert_close(a, b, **TOL)
-    assert not torch.equal(stores[0][0], keys)  # (the new keys were written)
-    assert not programs or semaphores.abs().sum() == 0
 
 
 @pytest.mark.parametrize("max_gemv_pairs", [64, 0])  # expert GEMVs, or the grouped GEMM beyond them

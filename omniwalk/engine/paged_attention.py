@@ -27,7 +27,7 @@ from omniwalk.device import to_device
 from omniwalk.engine.kv_pages import KVStorage, PageTable
 from omniwalk.layers.attention import cu_seqlens, varlen_attention
 from omniwalk.layers.kv_attention import causal_attention
-from omniwalk.layers.paged_decode import DECODE_BACKENDS, NormRope
+from omniwalk.layers.paged_decode import DECODE_BACKENDS
 
 
 @dataclass
@@ -58,12 +58,10 @@ class DecodeKV:
         """Where the new keys go (a fused kernel may write them there itself, then ``attend_stored``)."""
         return self.storage.keys[layer], self.storage.values[layer], self.slots
 
-    def attend_stored(self, layer: int, q: torch.Tensor, rope: NormRope | None = None) -> torch.Tensor:
-        """``q`` [B, heads, d] with the new keys/values stored, or with ``rope`` the merged projection's
-        rows, which the kernel normalises, rotates and stores first (``paged_decode``)."""
+    def attend_stored(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         keys, values = self.storage.keys[layer], self.storage.values[layer]
-        page_size, semaphores = self.storage.pool.page_size, self.storage.semaphores
-        return self.kernel(q.contiguous(), keys, values, self.table, self.lens, page_size, semaphores, rope, self.slots)
+        page_size = self.storage.pool.page_size
+        return self.kernel(q.contiguous(), keys, values, self.table, self.lens, page_size, self.storage.semaphores)
 
     def advance(self, num_new: int) -> None:
         pass
@@ -147,8 +145,8 @@ class PagedBatch:
         """A pure decode step's store (see ``DecodeKV``); None for prompt chunks."""
         return None if self.decode is None else self.decode.kv_slots(layer, num_new)
 
-    def attend_stored(self, layer: int, q: torch.Tensor, rope: NormRope | None = None) -> torch.Tensor:
-        return self.decode.attend_stored(layer, q, rope)
+    def attend_stored(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        return self.decode.attend_stored(layer, q)
 
     def advance(self, num_new: int) -> None:
         """After the decoder's last layer: every request's cache now holds its new tokens."""

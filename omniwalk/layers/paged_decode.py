@@ -12,14 +12,6 @@ one kernel over (request, kv head, split) programs with an online softmax over b
 reading lengths and pages on the device: no host synchronisation, fixed shapes, so it can be
 captured in a CUDA graph.
 
-With ``rope`` (a ``NormRope``: the Qwen3 decoder's fast path) ``q`` is the merged projection's
-output [B, (heads + 2 kv_heads) * d] and the kernel starts where ``qk_norm_rope`` would: each
-program normalises and rotates its heads' queries (and, in a spare last row of its query tile, the
-new key), and the program holding a row's new key (its last split) first writes that key and its
-value into ``slots`` [B], then attends: one kernel from the projection to the attention output,
-where the q/k kernel and the attention took two. Rounding as ``qk_norm_rope`` (compiled without FP
-contraction), so the stored keys are bitwise those of ``qk_norm_rope_reference``.
-
 Splits: a small batch has few (request, kv head) rows, so each row's keys are cut into up to
 ``splits`` spans of whole blocks (fixed per call by the batch size, the split count a row
 actually uses by its length: a row of one block stays one program and writes its output
@@ -30,33 +22,14 @@ row's programs to finish (an atomic counter per row, left at zero) merges them: 
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import torch
 
 from omniwalk.layers import pdl
 from omniwalk.layers.kv_attention import causal_attention
-from omniwalk.layers.qk_norm_rope import qk_norm_rope_reference
 
 
-class NormRope(NamedTuple):
-    """What turns a merged q/k/v projection's rows into the attention's inputs (``qk_norm_rope``'s
-    arguments after ``qkv``): the q/k RMSNorm weights and eps, the rotary tables, the head counts."""
-
-    q_weight: torch.Tensor
-    k_weight: torch.Tensor
-    eps: float
-    cos: torch.Tensor
-    sin: torch.Tensor
-    heads: int
-    kv_heads: int
-
-
-def paged_decode_reference(
-    q, keys, values, table, lens, page_size: int, semaphores=None, rope: NormRope | None = None, slots=None
-) -> torch.Tensor:
-    if rope is not None:  # q is the qkv rows: the new keys/values into their slots first
-        q = qk_norm_rope_reference(q, *rope, (keys, values, slots))[0]
+def paged_decode_reference(q, keys, values, table, lens, page_size: int, semaphores=None) -> torch.Tensor:
     out = torch.zeros_like(q)
     for row, n in enumerate(lens.tolist()):
         if n == 0:
@@ -77,11 +50,10 @@ def _kernel():
     @triton.jit
     def paged_decode(
         q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, part_ptr, sem_ptr,
-        qw_ptr, kw_ptr, cos_ptr, sin_ptr, slots_ptr, stride_cos, eps,
         stride_qb, stride_qh, stride_ks, stride_kh, stride_tb, stride_ob, stride_oh,
         scale,
-        HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
-        PAGE: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr, NORM_ROPE: tl.constexpr, USE_PDL: tl.constexpr,
+        KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+        BLOCK: tl.constexpr, SPLITS: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
         b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         if USE_PDL:
@@ -94,33 +66,8 @@ def _kernel():
         if split < used:
             g, d = tl.arange(0, GROUP_PAD), tl.arange(0, D)
             heads = kvh * GROUP + g
-            q_rows = q_ptr + b * stride_qb + heads[:, None] * stride_qh
-            if NORM_ROPE:  # q_ptr: the qkv rows. The tile's last row (a spare: GROUP_PAD > GROUP) takes the new key
-                is_k = (g == GROUP_PAD - 1)[:, None]
-                src = tl.where(is_k, q_ptr + b * stride_qb + (HEADS + kvh) * stride_qh, q_rows)
-                ok = (g[:, None] < GROUP) | is_k
-                partner = (d + D // 2) % D  # rotate_half reads the other half
-                dtype = out_ptr.dtype.element_ty
-                x = tl.load(src + d[None, :], mask=ok, other=0.0).to(tl.float32)
-                x_partner = tl.load(src + partner[None, :], mask=ok, other=0.0).to(tl.float32)
-                w = tl.where(is_k, tl.load(kw_ptr + d)[None, :], tl.load(qw_ptr + d)[None, :]).to(tl.float32)
-                w_partner = tl.where(is_k, tl.load(kw_ptr + partner)[None, :], tl.load(qw_ptr + partner)[None, :])
-                r = tl.math.rsqrt(tl.sum(x * x, 1) / D + eps)[:, None]  # (as qk_norm_rope rounds, step by step)
-                y = (w * (x * r).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
-                y_partner = (w_partner.to(tl.float32) * (x_partner * r).to(dtype).to(tl.float32)).to(dtype)
-                c = tl.load(cos_ptr + b * stride_cos + d)[None, :].to(tl.float32)
-                sn = tl.load(sin_ptr + b * stride_cos + d)[None, :].to(tl.float32)
-                rotated = (y_partner.to(tl.float32) * sn).to(dtype).to(tl.float32)
-                q = ((y * c).to(dtype).to(tl.float32) + rotated).to(dtype)
-                if split == used - 1:  # the new key is in this program's span: store it (and its value) first
-                    new_k = tl.sum(tl.where(is_k, q.to(tl.float32), 0.0), 0).to(dtype)  # (its row, exactly)
-                    new_v = tl.load(q_ptr + b * stride_qb + (HEADS + KV_HEADS + kvh) * stride_qh + d)
-                    dst = tl.load(slots_ptr + b).to(tl.int64) * stride_ks + kvh * stride_kh + d
-                    tl.store(k_ptr + dst, new_k)
-                    tl.store(v_ptr + dst, new_v)
-                    tl.debug_barrier()  # (the block's own stores are visible to its loads below)
-            else:
-                q = tl.load(q_rows + d[None, :], mask=g[:, None] < GROUP, other=0.0)
+            q_rows = q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :]
+            q = tl.load(q_rows, mask=g[:, None] < GROUP, other=0.0)
             m = tl.full((GROUP_PAD,), float("-inf"), tl.float32)
             total = tl.zeros((GROUP_PAD,), tl.float32)
             acc = tl.zeros((GROUP_PAD, D), tl.float32)
@@ -194,28 +141,15 @@ def num_splits(rows: int, max_keys: int, block: int, programs: int = DECODE_PROG
 
 def paged_decode_triton(
     q, keys, values, table, lens, page_size: int, semaphores: torch.Tensor | None = None,
-    rope: NormRope | None = None, slots: torch.Tensor | None = None,
     blocks: tuple[int, int] = DECODE_BLOCKS, programs: int = DECODE_PROGRAMS,
 ) -> torch.Tensor:  # fmt: skip
     """``semaphores``: int32 zeros [>= programs // 2], left zero, one set per concurrently running
-    caller (``KVStorage.semaphores``): rows are then split over programs; None: one program per row.
-    ``rope``: q is the qkv rows and the new keys/values go to ``slots`` (the module docstring)."""
-    kv_heads, d = keys.shape[1], keys.shape[2]
-    heads = q.shape[1] if rope is None else rope.heads
-    batch = q.shape[0]
+    caller (``KVStorage.semaphores``): rows are then split over programs; None: one program per row."""
+    batch, heads, d = q.shape
+    kv_heads = keys.shape[1]
     group = heads // kv_heads
-    group_pad = max(16, 1 << (group - (rope is None)).bit_length())  # (rope: a spare row for the new key)
-    if rope is None:
-        out = torch.empty_like(q)
-        norm_args = (q, q, q, q, q, 0, 0.0)  # (unused)
-        q_strides = (q.stride(0), q.stride(1))
-    else:
-        if q.stride(-1) != 1 or keys.stride() != values.stride():
-            raise ValueError("paged decode with rope wants contiguous qkv rows and keys/values of one layout")
-        out = q.new_empty(batch, heads, d)
-        cos, sin = rope.cos, rope.sin
-        norm_args = (rope.q_weight, rope.k_weight, cos, sin, slots, cos.stride(0) if cos.shape[0] > 1 else 0, rope.eps)
-        q_strides = (q.stride(0), d)
+    group_pad = max(16, 1 << (group - 1).bit_length())
+    out = torch.empty_like(q)
     block, warps = blocks
     max_keys = table.shape[1] * page_size
     block = min(block, max(32, 1 << (max_keys - 1).bit_length()))
@@ -227,12 +161,11 @@ def paged_decode_triton(
             raise ValueError(f"paged decode: {rows} rows split but {semaphores.numel()} semaphores")
         parts = torch.empty(rows * splits * group_pad * (d + 2), dtype=torch.float32, device=q.device)
     _kernel()[(batch, kv_heads, splits)](
-        q, keys, values, table, lens, out, parts, semaphores if splits > 1 else lens, *norm_args,
-        *q_strides, keys.stride(0), keys.stride(1), table.stride(0), out.stride(0), out.stride(1),
+        q, keys, values, table, lens, out, parts, semaphores if splits > 1 else lens,
+        q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), table.stride(0), out.stride(0), out.stride(1),
         d**-0.5,
-        HEADS=heads, KV_HEADS=kv_heads, GROUP=group, GROUP_PAD=group_pad, D=d, PAGE=page_size, BLOCK=block,
-        SPLITS=splits, NORM_ROPE=rope is not None, num_warps=warps, enable_fp_fusion=rope is None,
-        **pdl.launch(q.device),
+        KV_HEADS=kv_heads, GROUP=group, GROUP_PAD=group_pad, D=d, PAGE=page_size, BLOCK=block, SPLITS=splits,
+        num_warps=warps, **pdl.launch(q.device),
     )  # fmt: skip
     return out
 

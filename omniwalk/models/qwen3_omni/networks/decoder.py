@@ -12,9 +12,8 @@ next norm (``RMSNorm.add``: one kernel on the fast path, which also sums the fus
 partials), so the decoder's final norm takes the last layer's MLP output.
 
 CUDA fast path (``use_kernels``, after the weights are loaded): q/k/v merged into one
-``qkv_proj`` GEMM, then one kernel for the q/k RMSNorm + rotary (prefill), or in a decode step
-one kernel for the norm + rotary, the new keys/values into the KV store (``KVCache.kv_slots``)
-and the attention (``KVCache.attend_stored``); gate/up merged likewise, silu·mul
+``qkv_proj`` GEMM, then one kernel for the q/k RMSNorm + rotary, writing the new keys/values
+straight into a decode step's KV store (``KVCache.kv_slots``); gate/up merged likewise, silu·mul
 in the GEMM (``GatedMLP.merge_projections``). The projections become ``SkinnyLinear``s: decode-sized
 inputs through one weight-streaming kernel, whose o_proj/down_proj output may be split-K partial
 sums that the next ``RMSNorm.add`` sums.
@@ -36,7 +35,7 @@ from torch import nn
 from omniwalk.layers.kv_attention import causal_attention
 from omniwalk.layers.moe import GatedMLP, SparseMoE
 from omniwalk.layers.norm import RMSNorm, residual_add, set_norm_backend
-from omniwalk.layers.paged_decode import NormRope, paged_decode_triton
+from omniwalk.layers.paged_decode import paged_decode_triton
 from omniwalk.layers.qk_norm_rope import KVOut, qk_norm_rope_triton
 from omniwalk.layers.rotary import apply_rotary, mrope_cos_sin, rope_cos_sin, rotary_tables
 from omniwalk.layers.skinny_gemm import SkinnyLinear
@@ -62,10 +61,7 @@ class KVCache(Protocol):
         straight into the store (then ``attend_stored`` attends), else None (use ``attend``)."""
         ...
 
-    def attend_stored(self, layer: int, qkv: torch.Tensor, rope: NormRope) -> torch.Tensor:
-        """From a merged projection's rows: store the new keys/values (normed, rotated) where
-        ``kv_slots`` says and attend, in one kernel (``paged_decode``)."""
-        ...
+    def attend_stored(self, layer: int, q: torch.Tensor) -> torch.Tensor: ...
 
 
 class RowsKVCache:
@@ -111,10 +107,9 @@ class RowsKVCache:
             return None
         return self.keys[layer], self.values[layer], self._slots[self.num_tokens]
 
-    def attend_stored(self, layer: int, qkv: torch.Tensor, rope: NormRope) -> torch.Tensor:
-        lens, slots = self._lens[self.num_tokens], self._slots[self.num_tokens]
-        keys, values = self.keys[layer], self.values[layer]
-        return paged_decode_triton(qkv, keys, values, self._table, lens, self.capacity, rope=rope, slots=slots)
+    def attend_stored(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        lens = self._lens[self.num_tokens]
+        return paged_decode_triton(q, self.keys[layer], self.values[layer], self._table, lens, self.capacity)
 
     def advance(self, num_new: int) -> None:
         self.num_tokens += num_new // self.rows
@@ -156,14 +151,13 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
     def _fused(self, x, cos, sin, cache: KVCache, layer: int) -> torch.Tensor:
-        """One GEMM, then (decode) one kernel for the q/k norm + rope, the KV store and the attention,
-        or one norm + rope kernel and the cache's attention."""
-        qkv = self.qkv_proj(x)
-        q_norm, k_norm = self.q_norm.weight, self.k_norm.weight
-        rope = NormRope(q_norm, k_norm, self.q_norm.eps, cos, sin, self.num_heads, self.num_kv_heads)
-        if cache.kv_slots(layer, x.shape[0]) is not None:
-            return cache.attend_stored(layer, qkv, rope)
-        return cache.attend(layer, *qk_norm_rope_triton(qkv, *rope))
+        """One GEMM, one norm + rope (+ KV store) kernel, the attention."""
+        target = cache.kv_slots(layer, x.shape[0])
+        q, k, v = qk_norm_rope_triton(
+            self.qkv_proj(x), self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin,
+            self.num_heads, self.num_kv_heads, target,
+        )  # fmt: skip
+        return cache.attend(layer, q, k, v) if target is None else cache.attend_stored(layer, q)
 
 
 class DecoderLayer(nn.Module):
