@@ -28,6 +28,7 @@ from omniwalk.layers import pdl
 from omniwalk.layers.rotary import apply_rotary
 
 KVOut = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # keys, values [slots, kv_heads, d], slots [n]
+COMPILE_OPTIONS = {"enable_fp_fusion": False}  # the kernel's compile options (the module docstring says why)
 
 
 def _head_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -111,7 +112,7 @@ def qk_norm_rope_triton(qkv, q_weight, k_weight, eps, cos, sin, heads, kv_heads,
         _kernel()[(n, heads + 2 * kv_heads)](
             qkv, q_weight, k_weight, cos, sin, q, keys, values, slots,
             qkv.stride(0), cos_stride, keys.stride(0), keys.stride(1), eps,
-            HEADS=heads, KV_HEADS=kv_heads, D=d, HAS_SLOTS=kv_out is not None, enable_fp_fusion=False,
+            HEADS=heads, KV_HEADS=kv_heads, D=d, HAS_SLOTS=kv_out is not None, **COMPILE_OPTIONS,
             **pdl.launch(qkv.device),
         )  # fmt: skip
     return q, k, v
