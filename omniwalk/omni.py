@@ -18,6 +18,7 @@ ends with ``finish_reason == "error"`` and its ``error``, and no other request i
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterator
 
 from omniwalk.config import OmniConfig
@@ -42,12 +43,16 @@ class Omni:
         split = self.config.model.tensor_parallel > 1
         self.leader = start_ranks({**options, "model": model}) if split and not ranks.is_split() else None
         try:
+            start = time.perf_counter()
             self.family = family.Family(self.config)
             # (a follower rank never refuses a request rank 0 admitted)
             is_follower = ranks.rank_of(self.config.model.tensor_parallel) > 0
             limit = 2**31 if is_follower else self.config.engine.max_requests
             self.engine = Engine(self.family.build_stages(), EngineLimits(limit))
-            self.engine.capture_graphs()
+            # start-up phases, seconds: the model (weights, KV pools), then each stage's CUDA graphs
+            # (their first warm-up compiles the stage's Triton kernels: most of a cold start)
+            self.startup = {"model": time.perf_counter() - start}
+            self.startup |= {f"graphs {name}": s for name, s in self.engine.capture_graphs().items()}
             if self.leader is not None:
                 self.leader.joined(self.engine.stages)
         except BaseException:

@@ -14,7 +14,7 @@ import torch
 from omniwalk.layers import moe
 from omniwalk.layers.moe import SparseMoE, route
 from omniwalk.layers.moe_routing import route_folded, route_topk
-from omniwalk.layers.norm import RMSNorm
+from omniwalk.layers.norm import RMSNorm, residual_add
 from omniwalk.layers.qk_norm_rope import qk_norm_rope_reference, qk_norm_rope_triton
 from omniwalk.layers.rotary import mrope_cos_sin, rotary_tables
 from omniwalk.layers.silu_mul import silu_mul_reference, silu_mul_triton
@@ -66,8 +66,10 @@ def test_qk_norm_rope_into_paged_store(n):
         f(qkv, q_w, k_w, 1e-6, ones, zeros, heads, kv_heads)[0] for f in (qk_norm_rope_reference, qk_norm_rope_triton)
     ]
     print(f"GPU-FUSED q/k norm alone n={n}: differ q {_differ(*norm_only):.4%}")
-    torch.testing.assert_close(q, q_ref, rtol=8e-3, atol=8e-3)
-    torch.testing.assert_close(stores[1][0], stores[0][0], rtol=8e-3, atol=8e-3)
+    # bitwise: the kernel rounds where the reference rounds and compiles without FP contraction
+    # (with it, ~20% of q/k elements were a bf16 step off: the rotary product fused into the add)
+    assert torch.equal(q, q_ref)
+    assert torch.equal(stores[1][0], stores[0][0])
     assert torch.equal(stores[1][1], stores[0][1])  # v is copied
 
 
@@ -128,9 +130,12 @@ def test_fused_moe_matches_reference(name, hidden, experts, top_k, inter, shared
     fused.fold_shared_expert()
     x = torch.randn(tokens, hidden, device="cuda").to(BF16)
     out = fused(x)
-    out = out.float().sum(1).to(BF16) if out.dim() == 3 else out
+    out = residual_add(torch.zeros_like(x), out)  # (the pairs summed as the decoder's next add + norm sums them)
     expected = ref(x)
     err = ((out.float() - expected.float()).abs().max() / expected.float().abs().max()).item()
     path = "GEMV" if tokens * (top_k + fused.num_shared) <= moe.MAX_GEMV_PAIRS else "grouped"
-    print(f"GPU-FUSED MoE {name} tokens={tokens} ({path}): max error {err:.2e} of the output's max")
+    print(
+        f"GPU-FUSED MoE {name} tokens={tokens} ({path}): max error {err:.2e} of the output's max, "
+        f"elements that differ {_differ(out, expected):.4%}"
+    )
     assert err < 1e-2

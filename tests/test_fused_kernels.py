@@ -13,7 +13,7 @@ from omniwalk.layers import moe
 from omniwalk.layers.fused_moe import expert_down, expert_gate_up, expert_gemv
 from omniwalk.layers.moe import SparseMoE, reference_experts, route
 from omniwalk.layers.moe_routing import route_folded, route_topk
-from omniwalk.layers.norm import RMSNorm
+from omniwalk.layers.norm import RMSNorm, residual_add
 from omniwalk.layers.paged_decode import paged_decode_reference, paged_decode_triton
 from omniwalk.layers.qk_norm_rope import qk_norm_rope_reference, qk_norm_rope_triton
 from omniwalk.layers.rotary import mrope_cos_sin, rotary_tables
@@ -46,6 +46,25 @@ def test_add_rms_norm(parts):
     ours = norm.add(h, delta)
     for a, b in zip(ours, ref, strict=True):
         torch.testing.assert_close(a, b, **TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_expert_parts_add_in_order_with_each_sum_rounded(dtype):
+    """Parts in h's dtype (the fused MoE's expert outputs, ascending expert id) sum as HF's MoE does:
+    ``index_add_`` into zeros, expert by expert, each sum rounded; the kernel equals that bitwise."""
+    g = torch.Generator().manual_seed(12)
+    h = torch.randn(5, 48, generator=g).to(dtype)
+    delta = (torch.randn(5, 8, 48, generator=g) * torch.logspace(-3, 1, 8)[:, None]).to(dtype)
+    hf = torch.zeros_like(h)
+    for k in range(8):
+        hf.index_add_(0, torch.arange(5), delta[:, k])
+    assert torch.equal(residual_add(h, delta), h + hf)
+    assert not torch.equal(h + hf, h + delta.float().sum(1).to(dtype))  # (the order and steps matter here)
+    norm = RMSNorm(48, 1e-6).to(dtype)
+    ref = norm.add(h, delta)
+    norm.backend = "triton"
+    for a, b in zip(norm.add(h, delta), ref, strict=True):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("into_store", [False, True])
@@ -83,14 +102,20 @@ def test_route_topk(renormalize, shared):
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(6, 20 + (1 if shared else 0), generator=g)
     weights, ids = route_topk(logits, 4, renormalize, shared)
-    ref_w, ref_ids = route(logits[:, :20], 4, renormalize)
+    ref_w, ref_ids = _by_expert(*route(logits[:, :20], 4, renormalize))
     assert torch.equal(ids[:, :4].long(), ref_ids)
     torch.testing.assert_close(weights[:, :4], ref_w, **TOL)
     if shared:
         assert ids[:, 4:].tolist() == [[20, 21]] * 6
         torch.testing.assert_close(weights[:, 4:], torch.sigmoid(logits[:, 20:]).expand(6, 2), **TOL)
-    tied = torch.tensor([[0.0, 2.0, 3.0, 2.0, 3.0, 1.0]])  # equal logits: the lower id first (like argmax)
-    assert route_topk(tied, 3, True)[1].tolist() == [[2, 4, 1]]
+    tied = torch.tensor([[0.0, 2.0, 3.0, 2.0, 3.0, 1.0]])  # equal logits at the k-th: the lower id (like topk)
+    assert route_topk(tied, 3, True)[1].tolist() == [[1, 2, 4]]
+
+
+def _by_expert(weights: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``route``'s (weights, ids) with each token's slots in ascending expert id (the kernels' order)."""
+    ids, order = ids.sort(-1)
+    return weights.gather(-1, order), ids
 
 
 @pytest.mark.parametrize("renormalize, shared", [(True, 0), (False, 0), (True, 3)])
@@ -103,7 +128,7 @@ def test_route_folded_equals_route_on_the_router_logits(renormalize, shared):
         weights, ids = route_folded(x, router, counters, 4, renormalize, shared, blocks=(4, 1))
         assert counters.tolist() == [0] * 8
     logits = torch.nn.functional.linear(x, router)
-    ref_w, ref_ids = route(logits[:, :20], 4, renormalize)
+    ref_w, ref_ids = _by_expert(*route(logits[:, :20], 4, renormalize))
     assert torch.equal(ids[:, :4].long(), ref_ids)
     torch.testing.assert_close(weights[:, :4], ref_w, **TOL)
     if shared:

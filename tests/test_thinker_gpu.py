@@ -126,12 +126,8 @@ def test_full_size_thinker_layers_bf16_match_hf(kernels):
         f"same-route min {cosine[same_route].min():.6f} same-route share {same_route.float().mean():.3f}"
     )
     assert cosine[same_route].min() >= 0.999, cosine[same_route].min()
-    if kernels == "fused":
-        # The fused kernels round differently from HF (fp32 expert sums, merged projections), which
-        # flips near-tied routes against HF's own rounding (same-route share 0.800, all-logits cosine
-        # 0.99862 on the H200, 2026-12-01) while landing closer to the fp32 truth than HF's bf16
-        # (0.998825 vs 0.998603): the bar is accuracy, not HF's rounding.
-        assert truth_ours >= truth_hf - 1e-4, (truth_ours, truth_hf)
-        return
+    # Both paths round as HF does where it matters for routes (the fused one: q/k norm + rope bitwise, the
+    # MoE's expert outputs added in HF's order and steps); issue 15's bar is the all-logits cosine.
+    assert overall >= 0.9996, overall
     assert same_route.float().mean() >= 0.85, same_route.float().mean()
     assert cosine.mean() >= 0.999, cosine.mean()

@@ -9,6 +9,7 @@ removes it from every stage, freeing its KV pages and stage state at once.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -108,13 +109,18 @@ class Engine:
                 del self.requests[req.id]
                 req.emit("finished")
 
-    def capture_graphs(self) -> None:
+    def capture_graphs(self) -> dict[str, float]:
         """Let every stage that has them capture its CUDA graphs, one memory pool per stage (made for
         stages replaying at once on streams of their own; today they share one stream, see
-        ``engine/lanes.py``, and one pool would do: its memory saving is not measured)."""
-        for stage in self.stages.values():
+        ``engine/lanes.py``, and one pool would do: its memory saving is not measured).
+        -> seconds per stage (Triton's compiles in the first warm-ups included)."""
+        seconds = {}
+        for name, stage in self.stages.items():
+            start = time.perf_counter()
             with stage.lane.launching():  # (each stage's graphs on its own device)
                 stage.capture_graphs(None)
+            seconds[name] = time.perf_counter() - start
+        return seconds
 
     def stats(self) -> dict[str, dict]:
         """Per stage: occupancy and the last batch size; plus the engine's request count."""

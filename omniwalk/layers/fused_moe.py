@@ -8,8 +8,9 @@ weights once.
                    next fused add + RMSNorm, ``norm.RMSNorm.add``)
 
 Rounding follows the reference (``moe.reference_experts``): gate/up outputs, silu, the product,
-the expert output and its weighted value are each rounded to the activations' dtype; only the
-sum over a token's experts differs (fp32 here, dtype steps in the reference's index_add).
+the expert output and its weighted value are each rounded to the activations' dtype; the sum over
+a token's experts is the consumer's, in the reference's order and steps (pairs in ascending expert
+id, each sum rounded: ``norm.residual_add``).
 
 FP8 experts (``ExpertScales``): each K step is cut into sub-blocks inside one scale column; a
 sub-block's partial sum is multiplied by its scale (the e4m3 weights widened to fp32 in registers).

@@ -74,7 +74,7 @@ def grouped_experts(
     The N*k pairs are sorted by expert; per-expert row counts become the cumulative ``offs`` of
     ``torch._grouped_mm`` (one launch per projection, whatever the number of experts hit), and
     the weighted rows go back to pair order: -> [N, k, H] partials, summed by the consumer like
-    ``fused_moe.expert_gemv``'s (in fp32, so both paths give a token the same sum). No host
+    ``fused_moe.expert_gemv``'s (in the pairs' order, ascending expert id, as HF adds them). No host
     synchronisation.
     """
     num_tokens, top_k = ids.shape

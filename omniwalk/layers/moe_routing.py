@@ -1,8 +1,11 @@
 """MoE routing on the device in one kernel: softmax (fp32) over the E routed experts, top-k,
 optional renormalisation; with a shared expert folded in (``num_shared`` > 0) the router has one
 more row, its gate, and slots top_k .. P-1 name experts E .. E+num_shared-1 with weight
-sigmoid(gate). Output: weights [N, P] (activation dtype), ids [N, P] int32, P = top_k + num_shared,
-slots in descending probability (ties: the lower id first, like ``torch.argmax``).
+sigmoid(gate). Output: weights [N, P] (activation dtype), ids [N, P] int32, P = top_k + num_shared;
+the top-k set as ``torch.topk`` picks it (ties at the k-th: the lower id), its slots in ascending
+expert id (then the shared slots, ids E ..): the order in which HF adds the experts' outputs
+(``index_add_`` per expert, ascending), which the consumer of the per-pair outputs repeats
+(``norm.residual_add``), so a token's MoE output rounds as HF's does.
 
     route_topk    logits [N, E (+1)] -> weights, ids; one program per token (many tokens: the
                   router is a GEMM, e.g. a prompt)
@@ -82,13 +85,13 @@ def _kernel():
             prob = prob / tl.sum(prob, 0)
             # rank[i] = experts ahead of i: a larger probability, or an equal one and a lower id
             ahead = (prob[None, :] > prob[:, None]) | ((prob[None, :] == prob[:, None]) & (e[None, :] < e[:, None]))
-            rank = tl.sum(ahead.to(tl.int32), 1)
-            picked = rank < K
+            picked = tl.sum(ahead.to(tl.int32), 1) < K
             if RENORM:
                 prob = prob / tl.sum(tl.where(picked, prob, 0.0), 0)
             dtype = weights_ptr.dtype.element_ty
-            tl.store(weights_ptr + n * (K + SHARED) + rank, prob.to(dtype), mask=picked)
-            tl.store(ids_ptr + n * (K + SHARED) + rank, e, mask=picked)
+            slot = tl.cumsum(picked.to(tl.int32), 0) - 1  # ascending expert id among the picked
+            tl.store(weights_ptr + n * (K + SHARED) + slot, prob.to(dtype), mask=picked)
+            tl.store(ids_ptr + n * (K + SHARED) + slot, e, mask=picked)
             if SHARED > 0:
                 gate = tl.load(logits_ptr + n * stride_l + E, cache_modifier=".cg").to(tl.float32)
                 weight = (1.0 / (1.0 + tl.exp(-gate))).to(dtype)

@@ -3,9 +3,14 @@ residual add that precedes every decoder norm.
 
 ``RMSNorm.add(h, delta)`` returns ``(h + delta, norm(h + delta))``: the decoder's residual stream
 and the next sub-block's input in one call. ``delta`` is a sub-block's output: None (nothing to
-add), [N, H] in h's dtype, or [N, K, H] partial sums (the fused MoE's weighted expert outputs,
-fp32) that are summed in fp32 and rounded to h's dtype before the add, as the reference rounds the
-MoE's output before its residual add.
+add), [N, H] in h's dtype, or [N, K, H] parts whose sum is the output, rounded to h's dtype before
+the add (as the reference rounds a sub-block's output before its residual add):
+
+    fp32 parts      a split-K GEMM's partial sums (``skinny_gemm``): summed in fp32, rounded once
+                    (the rounding of the unsplit product)
+    parts in h's    the fused MoE's weighted expert outputs, in ascending expert id
+    dtype           (``moe_routing``): added in order, each sum rounded to the dtype, as HF's MoE
+                    adds them (``index_add_`` into zeros, expert by expert)
 
 Backends (``RMSNorm.backend``, set from config when a model is built): ``reference`` is the
 PyTorch expression (eight elementwise kernels, the oracle); ``triton`` is one kernel per call for
@@ -45,10 +50,17 @@ class RMSNorm(nn.Module):
 
 
 def residual_add(h: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
-    """h + delta, delta as in ``RMSNorm.add`` (partials summed in fp32, rounded to h's dtype)."""
+    """h + delta, delta as in ``RMSNorm.add`` (the module docstring: how parts are summed)."""
     if delta is None:
         return h
-    return h + (delta if delta.dim() == h.dim() else delta.float().sum(-2).to(h.dtype))
+    if delta.dim() == h.dim():
+        return h + delta
+    if delta.dtype != h.dtype:
+        return h + delta.float().sum(-2).to(h.dtype)
+    total = delta[..., 0, :]
+    for k in range(1, delta.shape[-2]):
+        total = total + delta[..., k, :]
+    return h + total
 
 
 NORM_BACKENDS = ("reference", "triton")
@@ -72,7 +84,7 @@ def _kernel():
     @triton.jit
     def add_rms_norm(
         h_ptr, d_ptr, w_ptr, h_out_ptr, out_ptr, dim, eps, stride_dn, stride_dk,
-        PARTS: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
+        PARTS: tl.constexpr, ROUND_EACH: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
@@ -87,6 +99,8 @@ def _kernel():
             acc = tl.zeros((BLOCK,), tl.float32)
             for k in tl.static_range(PARTS):
                 acc += tl.load(d_ptr + row * stride_dn + k * stride_dk + cols, mask=mask, other=0.0).to(tl.float32)
+                if ROUND_EACH:  # (parts in the dtype: each sum rounded, in order)
+                    acc = acc.to(dtype).to(tl.float32)
             x = (x + acc.to(dtype).to(tl.float32)).to(dtype)
             tl.store(h_out_ptr + row * dim + cols, x, mask=mask)
             x = x.to(tl.float32)
@@ -115,6 +129,6 @@ def add_rms_norm_triton(
     if flat.shape[0]:
         _kernel()[(flat.shape[0],)](
             flat, d, weight, h_out, out, dim, eps, d.stride(0), d.stride(1) if d.dim() == 3 else 0,
-            PARTS=parts, BLOCK=1 << (dim - 1).bit_length(), **pdl.launch(h.device),
+            PARTS=parts, ROUND_EACH=d.dtype == h.dtype, BLOCK=1 << (dim - 1).bit_length(), **pdl.launch(h.device),
         )  # fmt: skip
     return (h if delta is None else h_out.view(h.shape)), out.view(h.shape)

@@ -11,7 +11,11 @@ kv_heads, d], e.g. a layer's paged storage), so a decode step needs no separate 
 
 ``qk_norm_rope_reference`` is the PyTorch composition (the oracle); ``qk_norm_rope_triton`` is one
 kernel over (token, head) programs with the reference's rounding steps (norm as ``RMSNorm``; each
-rotary product and their sum rounded to the activations' dtype), so on the GPU it can be bitwise.
+rotary product and their sum rounded to the activations' dtype), so on the GPU it is bitwise.
+It compiles without floating-point contraction (``enable_fp_fusion=False``): with it, LLVM narrowed
+the bf16 round trips to bf16 arithmetic and fused ``x * cos`` into the add (``fma.rn.bf16``, sm_90
+PTX), skipping that product's rounding: ~20% of q/k elements a bf16 step off the reference (H200,
+session 24-25 GPU tests), one source of the fused thinker's route flips against HF.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from omniwalk.layers import pdl
 from omniwalk.layers.rotary import apply_rotary
 
 KVOut = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # keys, values [slots, kv_heads, d], slots [n]
+COMPILE_OPTIONS = {"enable_fp_fusion": False}  # the kernel's compile options (the module docstring says why)
 
 
 def _head_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -107,7 +112,8 @@ def qk_norm_rope_triton(qkv, q_weight, k_weight, eps, cos, sin, heads, kv_heads,
         _kernel()[(n, heads + 2 * kv_heads)](
             qkv, q_weight, k_weight, cos, sin, q, keys, values, slots,
             qkv.stride(0), cos_stride, keys.stride(0), keys.stride(1), eps,
-            HEADS=heads, KV_HEADS=kv_heads, D=d, HAS_SLOTS=kv_out is not None, **pdl.launch(qkv.device),
+            HEADS=heads, KV_HEADS=kv_heads, D=d, HAS_SLOTS=kv_out is not None, **COMPILE_OPTIONS,
+            **pdl.launch(qkv.device),
         )  # fmt: skip
     return q, k, v
 

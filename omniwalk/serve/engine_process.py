@@ -38,7 +38,8 @@ def serve_engine(options: dict, inbox_addr: str, outbox_addr: str) -> None:
 
         start = time.monotonic()
         omni = Omni(**options)
-        print(f"engine: weights loaded and KV pools allocated in {time.monotonic() - start:.1f}s", flush=True)
+        phases = ", ".join(f"{name} {s:.1f}s" for name, s in omni.startup.items())
+        print(f"engine: started in {time.monotonic() - start:.1f}s ({phases})", flush=True)
         if omni.family.info.weights:
             print(f"engine: weights {omni.family.info.weights}", flush=True)
     except Exception as e:  # noqa: BLE001 - reported to the client, which raises it

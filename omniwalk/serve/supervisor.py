@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import signal
 import sys
+import time
 
 import uvicorn
 
@@ -31,13 +32,15 @@ class Supervisor:
     def __init__(self, client: Replicas, grace_s: float, url: str = "", model: str | None = None):
         self.client, self.grace_s, self.url, self.model = client, grace_s, url, model
         self.state, self.reason, self.exit_code = "starting", None, 0
+        self.started = time.monotonic()  # (the engine processes were started just before)
         self.server: uvicorn.Server | None = None
         self._drain: asyncio.TimerHandle | None = None
 
     def ready(self) -> None:
         self.state = "ready"
         self.client.watch(self.engine_exited)
-        print(f"ready: {self.url} (model {self.model or self.client.info.name!r})", flush=True)
+        model = self.model or self.client.info.name
+        print(f"ready: {self.url} (model {model!r}) after {time.monotonic() - self.started:.1f}s", flush=True)
 
     def failed_to_start(self, error: BaseException) -> None:
         self._fail("failed", f"the engine failed to start: {error}")
