@@ -3,8 +3,8 @@ blocks, and same-size random perturbations, on a deep random-weight thinker (CPU
 
     PYTHONPATH=. python benchmarks/fp8_accuracy.py --out DIR [--layers 48 --hidden 512 --experts 32]
 
-The thinker is the full-size config (``qwen3-omni-30b-a3b``) narrowed (hidden, experts, their width,
-vocabulary; depth, heads' layout, top-k as configured) with ``randomize``'s weights, in fp32. A
+The thinker is the full-size config (``qwen3-omni-30b-a3b``) narrowed (hidden, heads, experts, their
+width, vocabulary; depth, head size, top-k as configured) with ``randomize``'s weights, in fp32. A
 variant replaces some weights W by their FP8 round trip ``dequantize(quantize(W, block))`` (exactly
 what the FP8 reference path multiplies by, ``Fp8Linear.forward``) or by a perturbed copy; the
 variant is fed the base model's own greedy ids (teacher forcing, ``fp8.py``'s accuracy) and each
@@ -47,6 +47,7 @@ def build(args) -> Thinker:
     cfg = Qwen3OmniConfig.from_hf(PRESETS["qwen3-omni-30b-a3b"])
     text = dataclasses.replace(
         cfg.text, hidden_size=args.hidden, num_hidden_layers=args.layers, num_experts=args.experts,
+        num_attention_heads=args.heads, num_key_value_heads=max(1, args.heads // 8),
         moe_intermediate_size=args.inter, intermediate_size=args.inter, vocab_size=args.vocab,
     )  # fmt: skip
     thinker = Thinker(text, cfg.tokens, 1)
@@ -98,8 +99,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--layers", type=int, default=48)
     parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--experts", type=int, default=32)
-    parser.add_argument("--inter", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=8, help="query heads (key/value heads: 1 in 8, as configured)")
+    parser.add_argument("--experts", type=int, default=16)
+    parser.add_argument("--inter", type=int, default=128)
     parser.add_argument("--vocab", type=int, default=32768)
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--prompts", type=int, default=2)
@@ -147,7 +149,8 @@ def main() -> None:
         del model
     args.out.mkdir(parents=True, exist_ok=True)
     config = {
-        k: getattr(args, k) for k in ("layers", "hidden", "experts", "inter", "vocab", "steps", "prompts", "seed")
+        k: getattr(args, k)
+        for k in ("layers", "hidden", "heads", "experts", "inter", "vocab", "steps", "prompts", "seed")
     }
     (args.out / "fp8_accuracy.json").write_text(json.dumps(dict(config=config, rows=rows), indent=1))
     keys = list(rows[0])
