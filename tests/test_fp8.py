@@ -19,7 +19,6 @@ from omniwalk import Omni
 from omniwalk.config import ModelConfig
 from omniwalk.errors import CheckpointError, ConfigError
 from omniwalk.layers import fp8
-from omniwalk.layers import skinny_gemm as sg
 from omniwalk.layers.fp8 import FP8, Fp8Linear, concat_rows, dequantize, quantize
 from omniwalk.models.qwen3_omni.checkpoint import weights as weights_module
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
@@ -260,14 +259,3 @@ def test_uneven_shapes_and_a_small_block(tmp_path):
         for m in (quantized["talker"], plain["talker"])
     ]
     assert torch.equal(hidden[0], hidden[1])
-
-
-def test_fp8_gemv_tiles_hold_64_weights_a_thread():
-    """The FP8 M = 1 picks (``TUNED_FP8``, else ``TUNED``'s, else ``default_blocks``) keep the fp32 tile the
-    GEMV carries within 64 weights a thread (more spilled registers in the sm_90a build)."""
-    shapes = [(2048, 5120, "plain"), (4096, 2048, "partials"), (1024, 2560, "plain"), (2048, 1024, "partials")]
-    shapes += [(1024, 4096, "plain"), (1024, 6144, "gated"), (3072, 1024, "partials"), (96, 200, "plain")]
-    for k, rows, kind in shapes:  # (K, merged rows, kind): the decoders' M = 1 projections and an odd one
-        n = rows // 2 if kind == "gated" else rows
-        b = sg.pick_blocks(1, n, k, kind == "gated", kind == "partials", fp8=True)
-        assert b.n * b.k * (2 if kind == "gated" else 1) <= 64 * 32 * b.warps, (k, rows, b)

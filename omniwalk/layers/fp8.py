@@ -23,6 +23,8 @@ f16 -> f32 widening, the FMA, the loop's share of x). The inline PTX widens the 
 4 weights from the 32-bit register they were loaded in (Triton's ``pack=4``: the word as loaded), two
 paired converts and four f16 -> f32: 1.5 instructions per weight, the loop then carries fp32 (3.97
 per weight in all; bf16's GEMV 4.02, for twice the bytes). ``benchmarks/fp8_sass.py`` counts them.
+Measured on the H200 (fp8w's call) the GEMVs ran about as fast as with the byte moves: they are bound
+by the bytes in flight per thread, not by instructions (``skinny_gemm.TUNED_FP8``).
 Triton's interpreter (the CPU) runs no PTX: there the kernels take Triton's cast (``asm_widening``).
 """
 

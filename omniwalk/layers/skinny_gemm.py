@@ -17,7 +17,9 @@ the end). Epilogues:
 FP8 weights (``SCALED``; ``fp8.py``'s block-wise format): the GEMV multiplies x by each K block's
 scale and the e4m3 weight widened to fp32 (a K step is cut into sub-blocks inside one scale column;
 the tile is widened as loaded, one step ahead, with ``fp8.triton_widening``: sm_90a SASS of the thinker
-qkv GEMV, 3.97 instructions per weight in the loop against 6.2 when the loop carried the bytes);
+qkv GEMV, 3.97 instructions per weight in the loop against 6.2 when the loop carried the bytes; measured
+on the H200 no faster for it: the FP8 GEMV streams ~1.2-1.6 TB/s, bound by the bytes each thread has in
+flight (half bf16's for as many weights), not by instructions);
 the ``tl.dot`` path widens the weight tile to x's dtype (exact) and scales the tile's partial product
 (its K step inside one scale column). x stays in its dtype: quantising it per row and K step too, for an
 FP8 x FP8 tensor-core dot, measured slower at M = 2-32 on the H200 (fp8 call 1: 9.5-15 µs against
@@ -95,17 +97,16 @@ TUNED: dict[tuple[int, int, int, bool, bool], Blocks | None] = {
 
 
 # FP8 weights (the same keys; others use ``TUNED``'s tiles or ``default_blocks``). The GEMV widens each
-# weight tile to fp32 as it is loaded (``fp8.triton_widening``) and carries it one step ahead: 4 bytes
-# of registers per weight in flight, twice bf16's, so an FP8 M = 1 tile holds at most 64 weights per
-# thread (more spilled in sm_90a SASS: ``benchmarks/fp8_sass.py``). H200, benchmarks/fp8.py tune (fp8
-# call 2, with the previous byte-carrying widening), µs per call at M = 1: thinker qkv 9.3 with the
-# default tiles -> 6.5 (8, 1024, 1, 4, 1) (bf16 through cuBLAS: 8.2); thinker o 5.4 at (16, 1024, 2, 4, 1),
-# here with 8 warps (64 weights a thread); cp gate_up TUNED's (8, 1024, 1, 4, 1) with 8 warps likewise.
-# The talker and code predictor's other shapes take TUNED's M = 1 tiles (64 weights a thread).
+# weight tile to fp32 as it is loaded (``fp8.triton_widening``) and carries it one step ahead (4 bytes of
+# registers a weight). H200, benchmarks/fp8.py projections (fp8w's call, session 26), µs per call at M = 1
+# against bf16's pick: thinker qkv (16, 512, 1, 4, 1) 6.15 (bf16 cuBLAS 7.70; (8, 1024, 1, 4, 1) 6.73),
+# thinker o (8, 1024, 1, 4, 1) 5.74 (bf16 5.81; (16, 1024, 2, 8, 1) 6.80), cp down (4, 2048, 1, 4, 1) 3.67
+# (bf16 2.90; TUNED's (4, 4096, 1, 8, 1) 4.20); TUNED's tiles measured best for talker qkv (2.19, bf16 2.58)
+# and cp gate_up (6.54, bf16 5.70). Talker o, cp qkv and cp o take TUNED's (not measured in FP8).
 TUNED_FP8: dict[tuple[int, int, int, bool, bool], Blocks] = {
-    (1, 5120, 2048, False, False): Blocks(8, 1024, 1, 4, 1),
-    (1, 2048, 4096, False, True): Blocks(16, 1024, 2, 8, 1),
-    (1, 3072, 1024, True, False): Blocks(8, 1024, 1, 8, 1),
+    (1, 5120, 2048, False, False): Blocks(16, 512, 1, 4, 1),
+    (1, 2048, 4096, False, True): Blocks(8, 1024, 1, 4, 1),
+    (1, 1024, 3072, False, True): Blocks(4, 2048, 1, 4, 1),
 }
 
 
