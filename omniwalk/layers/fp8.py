@@ -14,6 +14,18 @@ of bn the parts' grids do not line up, so ``regrid`` re-expresses scales on a fi
 per element: exact). ``Fp8Linear`` is the module a quantised nn.Linear becomes; its reference
 forward dequantises to the activations' dtype (the CPU path, and the tests' oracle); on CUDA the
 decoders' projections become ``SkinnyLinear``s that read the FP8 weight in the GEMM kernel.
+
+``triton_widening`` is the GEMV's e4m3 -> fp32 conversion (exact). The skinny GEMV loads each weight
+tile one K step ahead; carried across the loop as bytes, the tile is kept one byte per register and
+repacked in pairs for Triton's cast (the hardware's paired convert): ~6.2 SASS instructions per weight
+in the thinker qkv loop (sm_90a: PRMT/LOP3/IMAD byte moves, half a ``cvt.rn.f16x2.e4m3x2``, an
+f16 -> f32 widening, the FMA, the loop's share of x). The inline PTX widens the tile as it arrives,
+4 weights from the 32-bit register they were loaded in (Triton's ``pack=4``: the word as loaded), two
+paired converts and four f16 -> f32: 1.5 instructions per weight, the loop then carries fp32 (3.97
+per weight in all; bf16's GEMV 4.02, for twice the bytes). ``benchmarks/fp8_sass.py`` counts them.
+Measured on the H200 (fp8w's call) the GEMVs ran about as fast as with the byte moves: they are bound
+by the bytes in flight per thread, not by instructions (``skinny_gemm.TUNED_FP8``).
+Triton's interpreter (the CPU) runs no PTX: there the kernels take Triton's cast (``asm_widening``).
 """
 
 from __future__ import annotations
@@ -56,6 +68,41 @@ def quantize(w: torch.Tensor, block: Block = DEFAULT_BLOCK) -> tuple[torch.Tenso
     scale = torch.where(amax > 0, FP8_MAX / amax, torch.ones_like(amax))
     q = (padded * scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8).view(gn * bn, gk * bk)[:n, :k]
     return q.contiguous(), (1.0 / scale).float()
+
+
+def asm_widening(device: torch.device) -> bool:
+    """Whether kernels on ``device`` widen e4m3 with the inline PTX (CUDA; not Triton's interpreter)."""
+    if device.type != "cuda":
+        return False
+    from triton import knobs  # (CUDA installs have Triton)
+
+    return not knobs.runtime.interpret
+
+
+def triton_widening():
+    """A Triton function ``widen(w)``: e4m3 tensor -> fp32 tensor, exactly, through the paired PTX converts
+    (see the module docstring). Kernels call it as ``widen(w) if WIDEN_ASM else w.to(tl.float32)``: the
+    interpreter (``WIDEN_ASM`` false) runs no PTX and cannot see the builder's local ``widen`` either."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def widen(w):
+        return tl.inline_asm_elementwise(
+            """{ .reg .b16 lo, hi; .reg .b32 a, b; .reg .f16 h0, h1, h2, h3;
+            mov.b32 {lo, hi}, $4;
+            cvt.rn.f16x2.e4m3x2 a, lo;
+            cvt.rn.f16x2.e4m3x2 b, hi;
+            mov.b32 {h0, h1}, a;
+            mov.b32 {h2, h3}, b;
+            cvt.f32.f16 $0, h0;
+            cvt.f32.f16 $1, h1;
+            cvt.f32.f16 $2, h2;
+            cvt.f32.f16 $3, h3; }""",
+            "=r,=r,=r,=r,r", [w], dtype=tl.float32, is_pure=True, pack=4,
+        )  # fmt: skip
+
+    return widen
 
 
 def dequantize(q: torch.Tensor, scale_inv: torch.Tensor, block: Block, dtype: torch.dtype) -> torch.Tensor:

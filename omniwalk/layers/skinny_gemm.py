@@ -15,7 +15,11 @@ the end). Epilogues:
               summed in fp32 and rounded once: the rounding of the unsplit product)
 
 FP8 weights (``SCALED``; ``fp8.py``'s block-wise format): the GEMV multiplies x by each K block's
-scale and the e4m3 weight widened to fp32 (a K step is cut into sub-blocks inside one scale column);
+scale and the e4m3 weight widened to fp32 (a K step is cut into sub-blocks inside one scale column;
+the tile is widened as loaded, one step ahead, with ``fp8.triton_widening``: sm_90a SASS of the thinker
+qkv GEMV, 3.97 instructions per weight in the loop against 6.2 when the loop carried the bytes; measured
+on the H200 no faster for it: the FP8 GEMV streams ~1.2-1.6 TB/s, bound by the bytes each thread has in
+flight (half bf16's for as many weights), not by instructions);
 the ``tl.dot`` path widens the weight tile to x's dtype (exact) and scales the tile's partial product
 (its K step inside one scale column). x stays in its dtype: quantising it per row and K step too, for an
 FP8 x FP8 tensor-core dot, measured slower at M = 2-32 on the H200 (fp8 call 1: 9.5-15 µs against
@@ -36,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omniwalk.layers import pdl
-from omniwalk.layers.fp8 import Block, Fp8Linear, concat_rows, dequantize
+from omniwalk.layers.fp8 import Block, Fp8Linear, asm_widening, concat_rows, dequantize, triton_widening
 from omniwalk.layers.silu_mul import silu_mul_triton
 
 MAX_ROWS = 32  # rows per call through the kernel (where ``TUNED`` does not name cuBLAS); cuBLAS beyond
@@ -92,14 +96,17 @@ TUNED: dict[tuple[int, int, int, bool, bool], Blocks | None] = {
 }
 
 
-# FP8 weights (the same keys; others use ``TUNED``'s tiles or ``default_blocks``). H200, benchmarks/fp8.py
-# (fp8 calls 1 and 2: tune), µs per call at M = 1: thinker qkv 9.3 with the default tiles -> 6.5 (bf16
-# through cuBLAS: 8.2); thinker o 7.3 with TUNED's dot tiles -> 5.4 (bf16: 5.8). The sweep's other winners
-# (talker and code predictor shapes, 3-40% faster alone) went with a slower talker step (4.3 -> 5.0 ms at
-# B=1, with other changes; not separated), so they are not taken: benchmarks/results/2026-12-02-h200-s25/fp8.
+# FP8 weights (the same keys; others use ``TUNED``'s tiles or ``default_blocks``). The GEMV widens each
+# weight tile to fp32 as it is loaded (``fp8.triton_widening``) and carries it one step ahead (4 bytes of
+# registers a weight). H200, benchmarks/fp8.py projections (fp8w's call, session 26), µs per call at M = 1
+# against bf16's pick: thinker qkv (16, 512, 1, 4, 1) 6.15 (bf16 cuBLAS 7.70; (8, 1024, 1, 4, 1) 6.73),
+# thinker o (8, 1024, 1, 4, 1) 5.74 (bf16 5.81; (16, 1024, 2, 8, 1) 6.80), cp down (4, 2048, 1, 4, 1) 3.67
+# (bf16 2.90; TUNED's (4, 4096, 1, 8, 1) 4.20); TUNED's tiles measured best for talker qkv (2.19, bf16 2.58)
+# and cp gate_up (6.54, bf16 5.70). Talker o, cp qkv and cp o take TUNED's (not measured in FP8).
 TUNED_FP8: dict[tuple[int, int, int, bool, bool], Blocks] = {
-    (1, 5120, 2048, False, False): Blocks(8, 1024, 1, 4, 1),
-    (1, 2048, 4096, False, True): Blocks(16, 1024, 2, 4, 1),
+    (1, 5120, 2048, False, False): Blocks(16, 512, 1, 4, 1),
+    (1, 2048, 4096, False, True): Blocks(8, 1024, 1, 4, 1),
+    (1, 1024, 3072, False, True): Blocks(4, 2048, 1, 4, 1),
 }
 
 
@@ -114,13 +121,15 @@ def _kernel():
     import triton.language as tl
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+    widen = triton_widening()
+
     @triton.jit(do_not_specialize=["M"])  # (M only masks rows: one compile for every M of a padding)
     def skinny_gemm(
         x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_chunk, stride_xm, stride_wn, stride_sn, stride_om, stride_os,
         up_offset, up_scale_offset,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr,
         SCALED: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, ROWS_SHARE_SCALE: tl.constexpr,
-        SUB_K: tl.constexpr,
+        SUB_K: tl.constexpr, WIDEN_ASM: tl.constexpr,
         PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
         block, split = tl.program_id(0), tl.program_id(1)
@@ -148,12 +157,17 @@ def _kernel():
             lanes = tl.zeros((BLOCK_N, BLOCK_K // SUB_K, SUB_K), tl.float32)
             lanes_up = tl.zeros((BLOCK_N, BLOCK_K // SUB_K, SUB_K), tl.float32)
             # each step's weight tile is loaded one step ahead: the first before the PDL wait
+            # (FP8: widened to fp32 as loaded, so the loop carries fp32, not bytes: see ``fp8.triton_widening``)
             ks = k_start + steps
             ok = col_ok[:, None, None] & (ks < k_end)
             w = tl.load(gate3 + ks, mask=ok, other=0.0)
+            if SCALED:
+                w = widen(w) if WIDEN_ASM else w.to(tl.float32)
             w_up = w
             if GATED:
                 w_up = tl.load(up3 + ks, mask=ok, other=0.0)
+                if SCALED:
+                    w_up = widen(w_up) if WIDEN_ASM else w_up.to(tl.float32)
             if USE_PDL:
                 gdc_wait()
                 gdc_launch_dependents()
@@ -172,8 +186,12 @@ def _kernel():
                     lanes_up += w_up.to(tl.float32) * x_up
                 ok = col_ok[:, None, None] & (ks + BLOCK_K < k_end)
                 w = tl.load(gate3 + BLOCK_K + ks, mask=ok, other=0.0)
+                if SCALED:
+                    w = widen(w) if WIDEN_ASM else w.to(tl.float32)
                 if GATED:
                     w_up = tl.load(up3 + BLOCK_K + ks, mask=ok, other=0.0)
+                    if SCALED:
+                        w_up = widen(w_up) if WIDEN_ASM else w_up.to(tl.float32)
             acc = tl.sum(tl.sum(lanes, 2), 1)[:, None]
             acc_up = tl.sum(tl.sum(lanes_up, 2), 1)[:, None]
         else:
@@ -224,16 +242,16 @@ def pick_blocks(m: int, n: int, k: int, gated: bool, may_split: bool, fp8: bool 
     key = (padded_rows(m), n, k, gated, may_split)
     if fp8 and key in TUNED_FP8:
         return TUNED_FP8[key]
-    tuned = TUNED.get(key, default_blocks(m, n, k, may_split))
-    return tuned if tuned is not None or not fp8 else default_blocks(m, n, k, may_split)
+    tuned = TUNED.get(key, default_blocks(m, n, k, may_split, fp8))
+    return tuned if tuned is not None or not fp8 else default_blocks(m, n, k, may_split, fp8)
 
 
-def default_blocks(m: int, n: int, k: int, may_split: bool) -> Blocks:
+def default_blocks(m: int, n: int, k: int, may_split: bool, fp8: bool = False) -> Blocks:
     """Shapes not in ``TUNED``: about one program per SM (132 on the H200) from 16- or 32-column
-    blocks, split along K where the columns are too few."""
+    blocks, split along K where the columns are too few (an FP8 GEMV: half the K step, see ``TUNED_FP8``)."""
     block_n = 32 if n >= 32 * 128 else 16
     split = 2 if may_split and -(-n // block_n) < 96 and k >= 2048 else 1
-    return Blocks(block_n, 256 if m > 1 else 512, split, 4, 4)
+    return Blocks(block_n, 256 if m > 1 or fp8 else 512, split, 4, 4)
 
 
 def skinny_gemm(
@@ -247,7 +265,8 @@ def skinny_gemm(
     m, k = x.shape
     n = weight.shape[0] // 2 if gated else weight.shape[0]
     may_split = partials and not gated
-    blocks = blocks or pick_blocks(m, n, k, gated, may_split, scale is not None) or default_blocks(m, n, k, may_split)
+    fp8 = scale is not None
+    blocks = blocks or pick_blocks(m, n, k, gated, may_split, fp8) or default_blocks(m, n, k, may_split, fp8)
     split = 1 if gated else blocks.split
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -272,7 +291,7 @@ def skinny_gemm(
             n * weight.stride(0), 0 if scale is None else n // scale_n * scale.stride(0),
             BLOCK_M=block_m, BLOCK_N=blocks.n, BLOCK_K=block_k, GATED=gated, SCALED=scale is not None,
             SCALE_N=scale_n, SCALE_K=scale_k, ROWS_SHARE_SCALE=scale_n % blocks.n == 0,
-            SUB_K=block_k if scale is None else min(block_k, scale_k),
+            SUB_K=block_k if scale is None else min(block_k, scale_k), WIDEN_ASM=asm_widening(x.device),
             PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # (fp32 as F.linear's; 16-bit ignores it)
             num_warps=blocks.warps, num_stages=blocks.stages, **pdl.launch(x.device),
         )  # fmt: skip
