@@ -18,6 +18,7 @@ from single_request import ContiguousKVCache
 
 from omniwalk.layers import moe
 from omniwalk.layers import skinny_gemm as sg
+from omniwalk.layers.decoder import use_kernels
 from omniwalk.layers.fp8 import FP8, Fp8Linear, dequantize, quantize
 from omniwalk.layers.fused_moe import ExpertScales, expert_down, expert_gate_up, expert_gemv
 from omniwalk.layers.grouped_fp8 import grouped_fp8_experts
@@ -28,7 +29,6 @@ from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.checkpoint.loader import randomize
 from omniwalk.models.qwen3_omni.checkpoint.quantization import quantize_fp8
 from omniwalk.models.qwen3_omni.checkpoint.tiny import TINY_CONFIG, load_config_dict
-from omniwalk.models.qwen3_omni.networks.decoder import use_kernels
 from omniwalk.models.qwen3_omni.networks.talker import Talker
 from omniwalk.models.qwen3_omni.networks.thinker import Thinker
 

@@ -10,6 +10,7 @@ import triton_cpu
 from single_request import ContiguousKVCache
 
 from omniwalk.layers import moe
+from omniwalk.layers.decoder import use_kernels
 from omniwalk.layers.fused_moe import expert_down, expert_gate_up, expert_gemv
 from omniwalk.layers.moe import SparseMoE, reference_experts, route
 from omniwalk.layers.moe_routing import route_folded, route_topk
@@ -21,7 +22,6 @@ from omniwalk.layers.silu_mul import silu_mul_reference, silu_mul_triton
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.checkpoint.loader import randomize
 from omniwalk.models.qwen3_omni.checkpoint.tiny import TINY_CONFIG, load_config_dict
-from omniwalk.models.qwen3_omni.networks.decoder import use_kernels
 from omniwalk.models.qwen3_omni.networks.talker import Talker
 from omniwalk.models.qwen3_omni.networks.thinker import Thinker
 
