@@ -18,12 +18,12 @@ from omniwalk.engine.batch_stage import BatchStage, BatchStageConfig
 from omniwalk.engine.kv_pages import KVStorage
 from omniwalk.engine.kv_stage import KVStage, KVStageConfig
 from omniwalk.engine.prefill_graphs import PrefillPlan
+from omniwalk.layers.decoder import DecoderConfig
 from omniwalk.models.qwen2_5_omni.checkpoint.config import Qwen25OmniConfig
 from omniwalk.models.qwen2_5_omni.options import Qwen25OmniOptions
 from omniwalk.models.qwen2_5_omni.programs.encoder_programs import AudioEncoderProgram, VisionEncoderProgram
 from omniwalk.models.qwen2_5_omni.programs.talker_program import TalkerProgram, TalkerState
 from omniwalk.models.qwen2_5_omni.programs.thinker_program import ReplyThinkerProgram
-from omniwalk.models.qwen3_omni.checkpoint.config import DecoderConfig
 from omniwalk.models.qwen3_omni.processing.chat import Prompt
 from omniwalk.models.qwen3_omni.processing.positions import AUDIO
 from omniwalk.models.qwen3_omni.programs.request_state import MediaState, OmniRequestState, ThinkerState

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from omniwalk.models.qwen3_omni.checkpoint.config import TokenIds
+from omniwalk.models.common.checkpoint.config import TokenIds
 
 # Qwen2/3 pre-tokenizer split pattern (contractions, letters, single digits, punctuation, spaces).
 SPLIT_PATTERN = (

@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from omniwalk.errors import InvalidRequestError
-from omniwalk.layers.decoder import Decoder, KVCache
+from omniwalk.layers.decoder import Decoder, DecoderConfig, KVCache
 from omniwalk.modality import MEDIA, Modality
-from omniwalk.models.qwen3_omni.checkpoint.config import DecoderConfig, TokenIds
+from omniwalk.models.common.checkpoint.config import TokenIds
 
 
 @dataclass

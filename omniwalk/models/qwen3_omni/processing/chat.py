@@ -26,7 +26,8 @@ from functools import cache
 from typing import Any
 
 from omniwalk.errors import CheckpointError, InvalidRequestError
-from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig, TokenIds
+from omniwalk.models.common.checkpoint.config import TokenIds
+from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.processing.positions import (
     AUDIO,
     AUDIO_IN_VIDEO,

@@ -31,7 +31,8 @@ import torch
 
 from omniwalk.device import to_device
 from omniwalk.errors import InvalidRequestError
-from omniwalk.models.qwen3_omni.checkpoint.config import CodecIds, TokenIds
+from omniwalk.models.common.checkpoint.config import TokenIds
+from omniwalk.models.qwen3_omni.checkpoint.config import CodecIds
 from omniwalk.models.qwen3_omni.networks.talker import Talker
 from omniwalk.models.qwen3_omni.processing.positions import MediaSpan, RopePositions, mrope_positions
 

@@ -16,7 +16,8 @@ from omniwalk.engine.batch_stage import BatchStage, BatchStageConfig
 from omniwalk.engine.kv_pages import KVStorage
 from omniwalk.engine.kv_stage import KVStage, KVStageConfig
 from omniwalk.engine.prefill_graphs import PrefillPlan
-from omniwalk.models.qwen3_omni.checkpoint.config import DecoderConfig, Qwen3OmniConfig
+from omniwalk.layers.decoder import DecoderConfig
+from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.networks.code2wav_stream import VocoderStreamConfig
 from omniwalk.models.qwen3_omni.networks.talker import TalkerSamplingParams
 from omniwalk.models.qwen3_omni.options import Qwen3OmniOptions
