@@ -14,13 +14,13 @@ from torch import nn
 
 from omniwalk.errors import CheckpointError
 from omniwalk.layers.decoder import use_kernels
+from omniwalk.models.common.networks.thinker import Thinker
 from omniwalk.models.qwen2_5_omni.checkpoint.config import Qwen25OmniConfig
 from omniwalk.models.qwen2_5_omni.networks.audio_encoder import AudioEncoder
 from omniwalk.models.qwen2_5_omni.networks.talker import Talker
 from omniwalk.models.qwen2_5_omni.networks.vision_encoder import VisionEncoder
 from omniwalk.models.qwen3_omni.checkpoint.loader import Backends, randomize
 from omniwalk.models.qwen3_omni.checkpoint.weights import checkpoint_files, load_weights
-from omniwalk.models.qwen3_omni.networks.thinker import Thinker
 
 # component -> checkpoint prefixes of its submodules ("" = the component itself)
 PREFIXES = {

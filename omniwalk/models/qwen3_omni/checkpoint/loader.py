@@ -17,6 +17,7 @@ from torch import nn
 from omniwalk.errors import CheckpointError
 from omniwalk.layers.decoder import use_kernels
 from omniwalk.layers.fp8 import DEFAULT_BLOCK, FP8
+from omniwalk.models.common.networks.thinker import Thinker
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.checkpoint.quantization import (
     QUANTIZATIONS,
@@ -28,7 +29,6 @@ from omniwalk.models.qwen3_omni.checkpoint.weights import checkpoint_files, load
 from omniwalk.models.qwen3_omni.networks.audio_encoder import AudioEncoder
 from omniwalk.models.qwen3_omni.networks.code2wav import Code2Wav
 from omniwalk.models.qwen3_omni.networks.talker import Talker
-from omniwalk.models.qwen3_omni.networks.thinker import Thinker
 from omniwalk.models.qwen3_omni.networks.vision_encoder import VisionEncoder
 
 # component -> checkpoint prefixes of its submodules ("" = the component itself)

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from omniwalk.models.common.networks.thinker import MediaEmbeddings
 from omniwalk.models.qwen3_omni.networks.talker import TalkerSamplingParams
-from omniwalk.models.qwen3_omni.networks.thinker import MediaEmbeddings
 from omniwalk.models.qwen3_omni.processing.chat import Prompt
 from omniwalk.models.qwen3_omni.processing.positions import AUDIO, IMAGE, VIDEO, RopePositions
 from omniwalk.sampling import SamplerState, SamplingParams, TokenLogprob

@@ -31,7 +31,7 @@ from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
 from omniwalk.engine.prefill_graphs import NO_PREFILL_GRAPHS, PrefillGraphs, PrefillPlan
 from omniwalk.engine.request import Chunk, EngineRequest
 from omniwalk.modality import MEDIA, Modality
-from omniwalk.models.qwen3_omni.networks.thinker import MediaEmbeddings, Thinker
+from omniwalk.models.common.networks.thinker import MediaEmbeddings, Thinker
 from omniwalk.models.qwen3_omni.processing.positions import batch_spans
 from omniwalk.models.qwen3_omni.programs.request_state import ThinkerState
 from omniwalk.sampling import TokenLogprob, sample_async
