@@ -50,7 +50,8 @@ from omniwalk.layers.decoder import RowsKVCache  # noqa: E402
 from omniwalk.layers.fp8 import DEFAULT_BLOCK, Fp8Linear, dequantize, quantize  # noqa: E402
 from omniwalk.layers.moe import SparseMoE  # noqa: E402
 from omniwalk.layers.skinny_gemm import Blocks, SkinnyLinear, skinny_gemm  # noqa: E402
-from omniwalk.models.qwen3_omni.checkpoint.loader import Backends, load_components, randomize  # noqa: E402
+from omniwalk.models.common.checkpoint.loader import Backends, randomize  # noqa: E402
+from omniwalk.models.qwen3_omni.checkpoint.loader import load_components
 from omniwalk.tokenizer import Tokenizer  # noqa: E402
 
 BF16 = torch.bfloat16

@@ -249,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("out_dir", type=Path)
     tiny.add_argument(
         "--config",
-        help="a config.json or a preset name (e.g. qwen3-omni-30b-a3b); default: the default family's tiny one",
+        help="a config.json or a model family's preset name; default: the default family's tiny one",
     )
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--dtype", choices=_DTYPES, default="float32")

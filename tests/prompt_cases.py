@@ -20,7 +20,7 @@ from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import (
 )
 
 from omniwalk.models.common.checkpoint.config import TokenIds
-from omniwalk.models.qwen3_omni.processing.positions import AUDIO, AUDIO_IN_VIDEO, IMAGE, VIDEO, MediaSpan
+from omniwalk.models.common.processing.positions import AUDIO, AUDIO_IN_VIDEO, IMAGE, VIDEO, MediaSpan
 
 MERGE = 2
 PATCH_DIM = 3 * 2 * 16 * 16

@@ -25,9 +25,9 @@ from omniwalk.layers.grouped_fp8 import grouped_fp8_experts
 from omniwalk.layers.moe import GatedMLP, SparseMoE, reference_experts, route
 from omniwalk.layers.silu_mul import silu_mul_reference
 from omniwalk.layers.skinny_gemm import Blocks, SkinnyLinear, skinny_gemm
+from omniwalk.models.common.checkpoint.loader import randomize
 from omniwalk.models.common.networks.thinker import Thinker
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.checkpoint.loader import randomize
 from omniwalk.models.qwen3_omni.checkpoint.quantization import quantize_fp8
 from omniwalk.models.qwen3_omni.checkpoint.tiny import TINY_CONFIG, load_config_dict
 from omniwalk.models.qwen3_omni.networks.talker import Talker

@@ -19,9 +19,9 @@ from omniwalk.layers.paged_decode import paged_decode_reference, paged_decode_tr
 from omniwalk.layers.qk_norm_rope import qk_norm_rope_reference, qk_norm_rope_triton
 from omniwalk.layers.rotary import mrope_cos_sin, rotary_tables
 from omniwalk.layers.silu_mul import silu_mul_reference, silu_mul_triton
+from omniwalk.models.common.checkpoint.loader import randomize
 from omniwalk.models.common.networks.thinker import Thinker
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.checkpoint.loader import randomize
 from omniwalk.models.qwen3_omni.checkpoint.tiny import TINY_CONFIG, load_config_dict
 from omniwalk.models.qwen3_omni.networks.talker import Talker
 

@@ -45,7 +45,7 @@ class PatchSpec:
 
 
 IMAGE_PATCHES = PatchSpec()
-# The Qwen3-Omni processor overrides the video processor's size bounds.
+# The default family's video bounds (its HF processor overrides the video processor's).
 VIDEO_PATCHES = PatchSpec(min_pixels=128 * 32 * 32, max_pixels=768 * 32 * 32)
 MAX_ASPECT_RATIO = 200
 

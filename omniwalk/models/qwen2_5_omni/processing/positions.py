@@ -1,6 +1,6 @@
 """TMRoPE positions of a Qwen2.5-Omni prompt, equal to HF's ``get_rope_index`` (Qwen2.5-Omni).
 
-The layout is Qwen3-Omni's (``qwen3_omni/processing/positions.py``: text runs, audio and image
+The layout is the shared one (``models/common/processing/positions.py``: text runs, audio and image
 spans, ``RopePositions``) except for video time and audio in video:
 
     video           T = p+1 + int(t * seconds_per_grid * position_id_per_seconds) (truncated)
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from omniwalk.models.qwen3_omni.processing.positions import (
+from omniwalk.models.common.processing.positions import (
     AUDIO_IN_VIDEO,
     VIDEO,
     MediaSpan,

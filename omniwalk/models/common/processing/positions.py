@@ -150,7 +150,7 @@ def mrope_positions(
     num_tokens: int, spans: list[MediaSpan], position_id_per_seconds: float, span_blocks=None
 ) -> RopePositions:
     """Positions of a ``num_tokens`` prompt whose media placeholder runs are ``spans``;
-    ``span_blocks(span, p, position_id_per_seconds)``: a span's position blocks (default: Qwen3-Omni's)."""
+    ``span_blocks(span, p, position_id_per_seconds)``: a span's position blocks (default: the rules above)."""
     span_blocks = span_blocks or _span_blocks
     blocks, cursor = [], 0
     for span in sorted(spans, key=lambda s: s.start):
