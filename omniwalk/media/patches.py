@@ -1,4 +1,4 @@
-"""Images and video frames -> flattened patches for the vision encoder (Qwen2-VL processor math).
+"""Images and video frames -> flattened patches for the vision encoder (HF's ``Qwen2VLImageProcessor`` math).
 
     pixel_values [num_patches, C * temporal_patch * patch * patch]   float32, normalised
     grid_thw     (grid_t, grid_h, grid_w)                            num_patches = t * h * w
