@@ -47,11 +47,12 @@ from harness import machine, markdown_table, prompt_text, replay_us, write_repor
 
 from omniwalk.layers import fused_moe, grouped_fp8, moe  # noqa: E402
 from omniwalk.layers import skinny_gemm as sg  # noqa: E402
+from omniwalk.layers.decoder import RowsKVCache  # noqa: E402
 from omniwalk.layers.fp8 import DEFAULT_BLOCK, Fp8Linear, dequantize, quantize  # noqa: E402
 from omniwalk.layers.moe import SparseMoE  # noqa: E402
 from omniwalk.layers.skinny_gemm import Blocks, SkinnyLinear, skinny_gemm  # noqa: E402
-from omniwalk.models.qwen3_omni.checkpoint.loader import Backends, load_components, randomize  # noqa: E402
-from omniwalk.models.qwen3_omni.networks.decoder import RowsKVCache  # noqa: E402
+from omniwalk.models.common.checkpoint.loader import Backends, randomize  # noqa: E402
+from omniwalk.models.qwen3_omni.checkpoint.loader import load_components
 from omniwalk.tokenizer import Tokenizer  # noqa: E402
 
 BF16 = torch.bfloat16

@@ -44,13 +44,10 @@ from harness import (  # noqa: E402
 
 from omniwalk.bench.workload import speech_like  # noqa: E402
 from omniwalk.media.mel import log_mel  # noqa: E402
+from omniwalk.models.common.checkpoint.loader import randomize  # noqa: E402
+from omniwalk.models.common.processing.chat import ChatProcessor, Prompt  # noqa: E402
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig  # noqa: E402
-from omniwalk.models.qwen3_omni.checkpoint.loader import randomize  # noqa: E402
-from omniwalk.models.qwen3_omni.processing.chat import (  # noqa: E402
-    DEFAULT_SYSTEM_PROMPT,  # noqa: E402
-    ChatProcessor,
-    Prompt,
-)
+from omniwalk.models.qwen3_omni.family import DEFAULT_SYSTEM_PROMPT  # noqa: E402
 from omniwalk.models.qwen3_omni.processing.media_inputs import measure  # noqa: E402
 from omniwalk.tokenizer import Tokenizer  # noqa: E402
 

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from omniwalk.models.qwen3_omni.checkpoint.config import DecoderConfig, TalkerConfig
+from omniwalk.layers.decoder import DecoderConfig
+from omniwalk.models.qwen3_omni.checkpoint.config import TalkerConfig
 
 
 @dataclass(frozen=True)

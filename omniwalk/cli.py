@@ -127,6 +127,7 @@ def _bench(args: argparse.Namespace) -> None:
     from omniwalk.bench.loadgen import BenchConfig, run_cell
     from omniwalk.bench.report import summarize, write
     from omniwalk.bench.workload import PRESETS
+    from omniwalk.models.registry import bench_anchors
 
     split = lambda text: tuple(x.strip() for x in text.split(",") if x.strip())  # noqa: E731
     base_url, model = args.base_url.rstrip("/"), args.model_name
@@ -159,7 +160,7 @@ def _bench(args: argparse.Namespace) -> None:
                 f"{s['errors']} errors",
                 flush=True,
             )
-    files = write(args.out, cells, raw)
+    files = write(args.out, cells, raw, bench_anchors(model))
     print((args.out / "results.md").read_text())
     print("wrote " + ", ".join(str(f) for f in files))
 
@@ -249,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("out_dir", type=Path)
     tiny.add_argument(
         "--config",
-        help="a config.json or a preset name (e.g. qwen3-omni-30b-a3b); default: the default family's tiny one",
+        help="a config.json or a model family's preset name; default: the default family's tiny one",
     )
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--dtype", choices=_DTYPES, default="float32")

@@ -9,7 +9,7 @@ other request runs normally.
 
 import sys
 
-from omniwalk.models.qwen3_omni.programs.thinker_program import ThinkerProgram
+from omniwalk.models.common.programs.thinker_program import ThinkerProgram
 from omniwalk.serve import openai_api
 
 FAULT_MAX_TOKENS = 13

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from omniwalk.models.qwen3_omni.checkpoint.loader import randomize
+from omniwalk.models.common.checkpoint.loader import randomize
 
 TEST_ROOT = tempfile.mkdtemp(prefix="omniwalk-tests-")  # the checkpoints tests write, removed at exit
 atexit.register(shutil.rmtree, TEST_ROOT, True)

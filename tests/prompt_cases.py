@@ -19,8 +19,8 @@ from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import (
     _get_feat_extract_output_lengths,
 )
 
-from omniwalk.models.qwen3_omni.checkpoint.config import TokenIds
-from omniwalk.models.qwen3_omni.processing.positions import AUDIO, AUDIO_IN_VIDEO, IMAGE, VIDEO, MediaSpan
+from omniwalk.models.common.checkpoint.config import TokenIds
+from omniwalk.models.common.processing.positions import AUDIO, AUDIO_IN_VIDEO, IMAGE, VIDEO, MediaSpan
 
 MERGE = 2
 PATCH_DIM = 3 * 2 * 16 * 16

@@ -6,10 +6,10 @@ our modules: the oracle that the layout the package derives from its modules is 
 
 from __future__ import annotations
 
+from omniwalk.layers.decoder import DecoderConfig
 from omniwalk.models.qwen3_omni.checkpoint.config import (
     AudioEncoderConfig,
     Code2WavConfig,
-    DecoderConfig,
     Qwen3OmniConfig,
     TalkerConfig,
     VisionEncoderConfig,

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from hf_oracle import CONFIG_DIR, TEST_ROOT
 
-from omniwalk.models.qwen3_omni.checkpoint.loader import randomize
+from omniwalk.models.common.checkpoint.loader import randomize
 
 PACKAGE_TINY = Path(__file__).parents[1] / "omniwalk" / "models" / "qwen2_5_omni" / "checkpoint" / "tiny_config.json"
 # Two shapes: the package's tiny one and one with uneven sizes (6 heads of 12, 3 layers, vision

@@ -14,13 +14,14 @@ from dataclasses import dataclass
 import torch
 
 from omniwalk.errors import InvalidRequestError
+from omniwalk.layers.decoder import DecoderConfig
 from omniwalk.layers.kv_attention import causal_attention
 from omniwalk.media.patches import VIDEO_PATCHES, PatchSpec, resize_video, resized_video_patches
-from omniwalk.models.qwen3_omni.checkpoint.config import DecoderConfig, TokenIds
+from omniwalk.models.common.checkpoint.config import TokenIds
+from omniwalk.models.common.processing.positions import MediaSpan, RopePositions
 from omniwalk.models.qwen3_omni.networks.code2wav import Code2Wav
 from omniwalk.models.qwen3_omni.networks.code2wav_stream import VocoderStreamConfig
 from omniwalk.models.qwen3_omni.networks.talker import Talker, TalkerSamplingParams
-from omniwalk.models.qwen3_omni.processing.positions import MediaSpan, RopePositions
 from omniwalk.models.qwen3_omni.processing.talker_prompt import talker_prefix
 from omniwalk.sampling import SamplerState, SamplingParams, TokenLogprob, process, sample, sample_on_device
 

@@ -6,8 +6,8 @@ import torch
 from hf_oracle import config_dict, hf_checkpoint, hf_model
 
 from omniwalk.media.mel import log_mel
+from omniwalk.models.common.checkpoint.weights import load_weights
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.checkpoint.weights import load_weights
 from omniwalk.models.qwen3_omni.networks.audio_encoder import AudioEncoder, audio_output_lengths
 
 

@@ -47,5 +47,13 @@ def test_charts_of_a_text_only_run_leave_out_the_audio_chart(tmp_path):
     from omniwalk.bench.report import _charts
 
     cells = {("s2t", b): {"req_per_s": 2.0 * b, "audio_s_per_s": 0.0, "ttft_text_p50": 0.1} for b in (1, 32)}
-    names = {f.name for f in _charts(tmp_path, cells)}
+    names = {f.name for f in _charts(tmp_path, cells, {})}
     assert "req_per_s.png" in names and "audio_s_per_s.png" not in names
+
+
+def test_anchors_come_from_the_served_models_family():
+    from omniwalk.models.registry import bench_anchors
+
+    anchors = bench_anchors("qwen3-omni")
+    assert set(anchors) == {"M*", "vLLM-Omni"} and anchors["M*"]["s2t"][1]["req_per_s"] == 4.83
+    assert bench_anchors("no-such-model") == {}

@@ -6,8 +6,8 @@ from functools import cache
 import pytest
 import torch
 
+from omniwalk.models.common.checkpoint.weights import load_weights
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.checkpoint.weights import load_weights
 from omniwalk.models.qwen3_omni.networks.code2wav import Code2Wav
 from omniwalk.models.qwen3_omni.networks.code2wav_stream import VocoderStreamConfig
 from tests.hf_oracle import config_dict, hf_checkpoint, hf_model

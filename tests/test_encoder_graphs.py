@@ -7,8 +7,8 @@ from hf_oracle import config_dict
 
 from omniwalk.engine.batch_stage import BatchStage, BatchStageConfig
 from omniwalk.engine.packed_graphs import Bucket, layout_buckets, pad_layout, padded_lengths, pick_bucket
+from omniwalk.models.common.checkpoint.loader import randomize
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.checkpoint.loader import randomize
 from omniwalk.models.qwen3_omni.networks.audio_encoder import AudioEncoder, attention_windows, audio_output_lengths
 from omniwalk.models.qwen3_omni.networks.vision_encoder import VisionEncoder
 from omniwalk.models.qwen3_omni.programs.encoder_programs import (

@@ -20,12 +20,12 @@ from omniwalk.config import ModelConfig
 from omniwalk.errors import CheckpointError, ConfigError
 from omniwalk.layers import fp8
 from omniwalk.layers.fp8 import FP8, Fp8Linear, concat_rows, dequantize, quantize
-from omniwalk.models.qwen3_omni.checkpoint import weights as weights_module
+from omniwalk.models.common.checkpoint import weights as weights_module
+from omniwalk.models.common.checkpoint.weights import SCALE, checkpoint_files
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.checkpoint.loader import fp8_names, load_components
 from omniwalk.models.qwen3_omni.checkpoint.quantization import NOT_CONVERTED
 from omniwalk.models.qwen3_omni.checkpoint.tiny import make_tiny_checkpoint
-from omniwalk.models.qwen3_omni.checkpoint.weights import SCALE, checkpoint_files
 
 BLOCKS = [(128, 128), (16, 32), (8, 8)]
 

@@ -25,7 +25,7 @@ from omniwalk.layers.fp8 import FP8, Fp8Linear, asm_widening, dequantize, quanti
 from omniwalk.layers.moe import SparseMoE
 from omniwalk.layers.silu_mul import silu_mul_reference
 from omniwalk.layers.skinny_gemm import Blocks, SkinnyLinear, skinny_gemm
-from omniwalk.models.qwen3_omni.checkpoint.loader import randomize
+from omniwalk.models.common.checkpoint.loader import randomize
 
 pytestmark = pytest.mark.gpu
 BF16 = torch.bfloat16

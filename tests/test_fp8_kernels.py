@@ -18,19 +18,19 @@ from single_request import ContiguousKVCache
 
 from omniwalk.layers import moe
 from omniwalk.layers import skinny_gemm as sg
+from omniwalk.layers.decoder import use_kernels
 from omniwalk.layers.fp8 import FP8, Fp8Linear, dequantize, quantize
 from omniwalk.layers.fused_moe import ExpertScales, expert_down, expert_gate_up, expert_gemv
 from omniwalk.layers.grouped_fp8 import grouped_fp8_experts
 from omniwalk.layers.moe import GatedMLP, SparseMoE, reference_experts, route
 from omniwalk.layers.silu_mul import silu_mul_reference
 from omniwalk.layers.skinny_gemm import Blocks, SkinnyLinear, skinny_gemm
+from omniwalk.models.common.checkpoint.loader import randomize
+from omniwalk.models.common.networks.thinker import Thinker
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.checkpoint.loader import randomize
 from omniwalk.models.qwen3_omni.checkpoint.quantization import quantize_fp8
 from omniwalk.models.qwen3_omni.checkpoint.tiny import TINY_CONFIG, load_config_dict
-from omniwalk.models.qwen3_omni.networks.decoder import use_kernels
 from omniwalk.models.qwen3_omni.networks.talker import Talker
-from omniwalk.models.qwen3_omni.networks.thinker import Thinker
 
 pytestmark = pytest.mark.skipif(not triton_cpu.ON_CPU, reason="interpreter tests run on the CPU machine")
 K, N = 200, 72  # (off every block size: masks, partial scale blocks)

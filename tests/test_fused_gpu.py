@@ -18,7 +18,7 @@ from omniwalk.layers.norm import RMSNorm, residual_add
 from omniwalk.layers.qk_norm_rope import qk_norm_rope_reference, qk_norm_rope_triton
 from omniwalk.layers.rotary import mrope_cos_sin, rotary_tables
 from omniwalk.layers.silu_mul import silu_mul_reference, silu_mul_triton
-from omniwalk.models.qwen3_omni.checkpoint.loader import randomize
+from omniwalk.models.common.checkpoint.loader import randomize
 
 pytestmark = pytest.mark.gpu
 BF16 = torch.bfloat16

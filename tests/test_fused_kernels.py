@@ -10,6 +10,7 @@ import triton_cpu
 from single_request import ContiguousKVCache
 
 from omniwalk.layers import moe
+from omniwalk.layers.decoder import use_kernels
 from omniwalk.layers.fused_moe import expert_down, expert_gate_up, expert_gemv
 from omniwalk.layers.moe import SparseMoE, reference_experts, route
 from omniwalk.layers.moe_routing import route_folded, route_topk
@@ -18,12 +19,11 @@ from omniwalk.layers.paged_decode import paged_decode_reference, paged_decode_tr
 from omniwalk.layers.qk_norm_rope import qk_norm_rope_reference, qk_norm_rope_triton
 from omniwalk.layers.rotary import mrope_cos_sin, rotary_tables
 from omniwalk.layers.silu_mul import silu_mul_reference, silu_mul_triton
+from omniwalk.models.common.checkpoint.loader import randomize
+from omniwalk.models.common.networks.thinker import Thinker
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.checkpoint.loader import randomize
 from omniwalk.models.qwen3_omni.checkpoint.tiny import TINY_CONFIG, load_config_dict
-from omniwalk.models.qwen3_omni.networks.decoder import use_kernels
 from omniwalk.models.qwen3_omni.networks.talker import Talker
-from omniwalk.models.qwen3_omni.networks.thinker import Thinker
 
 pytestmark = pytest.mark.skipif(not triton_cpu.ON_CPU, reason="interpreter tests run on the CPU machine")
 TOL = dict(rtol=1e-5, atol=1e-5)

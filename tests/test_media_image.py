@@ -128,7 +128,7 @@ def test_limit_errors_say_why():
 
 def _items():
     from omniwalk.media.patches import resize_video
-    from omniwalk.models.qwen3_omni.processing.chat import MediaItem
+    from omniwalk.models.common.processing.chat import MediaItem
 
     rng = np.random.default_rng(0)
     image = torch.from_numpy(resize_image(rng.integers(0, 256, (100, 150, 3), dtype=np.uint8)))
@@ -139,7 +139,7 @@ def _items():
 def test_measured_items_give_the_processor_pixels(processor):
     """An image part measured for a request (resized uint8 kept) turns into HF's pixel values in
     the encoder stage; a 3-frame video item pads its last temporal patch."""
-    from omniwalk.models.qwen3_omni.processing.chat import MediaPart
+    from omniwalk.models.common.processing.chat import MediaPart
     from omniwalk.models.qwen3_omni.processing.media_inputs import measure, vision_pixels
 
     image = gradient_image(100, 150)

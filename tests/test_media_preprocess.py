@@ -9,7 +9,7 @@ import torch
 from media_samples import encode_audio, encode_image, encode_video, gradient_image, tone
 
 from omniwalk.media.preprocess import preprocess
-from omniwalk.models.qwen3_omni.processing.chat import MediaPart
+from omniwalk.models.common.processing.chat import MediaPart
 from omniwalk.models.qwen3_omni.processing.media_inputs import measure
 
 N_WINDOW = 50

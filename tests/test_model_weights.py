@@ -8,10 +8,10 @@ from published_layout import checkpoint_layout as published_layout
 from safetensors.torch import load_file
 
 from omniwalk.errors import CheckpointError
+from omniwalk.models.common.checkpoint.weights import to_checkpoint_names
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.checkpoint.loader import PREFIXES, checkpoint_layout, load_components
 from omniwalk.models.qwen3_omni.checkpoint.tiny import PRESETS, make_tiny_checkpoint
-from omniwalk.models.qwen3_omni.checkpoint.weights import to_checkpoint_names
 
 
 @pytest.mark.parametrize("name", ["tiny", "uneven"])

@@ -6,14 +6,14 @@ from hf_oracle import hf_model
 from prompt_cases import Builder, thinker_cases
 
 from omniwalk.layers.rotary import mrope_cos_sin
-from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.processing.positions import (
+from omniwalk.models.common.processing.positions import (
     RopePositions,
     batch_spans,
     interleave_audio_video,
     mrope_positions,
     video_times,
 )
+from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 
 CFG = Qwen3OmniConfig.from_hf(hf_model("tiny").config.to_dict())
 CASES = thinker_cases(CFG.tokens)

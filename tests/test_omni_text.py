@@ -10,7 +10,7 @@ from hf_oracle import TEST_ROOT, config_dict
 from omniwalk import Omni
 from omniwalk.errors import ConfigError, InvalidRequestError
 from omniwalk.models.qwen3_omni.checkpoint.tiny import make_tiny_checkpoint
-from omniwalk.models.qwen3_omni.processing.chat import DEFAULT_SYSTEM_PROMPT
+from omniwalk.models.qwen3_omni.family import DEFAULT_SYSTEM_PROMPT
 
 MESSAGES = [
     {"role": "user", "content": "hello world"},

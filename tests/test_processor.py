@@ -17,9 +17,10 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import _get_feat_extract_output_lengths
 
 from omniwalk.errors import InvalidRequestError
+from omniwalk.models.common.processing.chat import ChatProcessor, MediaItem
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.checkpoint.tiny import make_tiny_checkpoint
-from omniwalk.models.qwen3_omni.processing.chat import DEFAULT_SYSTEM_PROMPT, ChatProcessor, MediaItem
+from omniwalk.models.qwen3_omni.family import DEFAULT_SYSTEM_PROMPT
 from omniwalk.tokenizer import Tokenizer
 
 HF_TOKEN_NAMES = {
@@ -200,7 +201,7 @@ def test_template_without_sentinels_is_rejected():
 
 
 def test_chat_template_exceptions_are_typed():
-    from omniwalk.models.qwen3_omni.processing.chat import render_chat
+    from omniwalk.models.common.processing.chat import render_chat
 
     with pytest.raises(InvalidRequestError, match="chat template: no"):
         render_chat("{{ raise_exception('no') }}", [])

@@ -140,8 +140,8 @@ def test_tmrope_positions_equal_hf_get_rope_index(case):
 def test_audio_longer_than_the_processors_300_s_is_cut_as_hf_cuts_it():
     from transformers import WhisperFeatureExtractor
 
+    from omniwalk.models.common.processing.chat import MediaPart
     from omniwalk.models.qwen2_5_omni.processing.media_inputs import measure
-    from omniwalk.models.qwen3_omni.processing.chat import MediaPart
 
     long = np.zeros(301 * 16000 + 5, dtype=np.float32)
     item = measure(MediaPart("audio", {"type": "audio", "audio": long}))

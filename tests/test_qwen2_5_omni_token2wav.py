@@ -444,7 +444,7 @@ def test_release_frees_a_request_mid_stream():
 
 def test_loads_what_save_pretrained_writes(tmp_path):
     """HF's safetensors (the full model nests these names under ``token2wav.``) load completely."""
-    from omniwalk.models.qwen3_omni.checkpoint.weights import load_weights
+    from omniwalk.models.common.checkpoint.weights import load_weights
 
     hf_token2wav("uneven").save_pretrained(tmp_path)
     ours = Token2Wav(Token2WavConfig.from_hf(CONFIGS["uneven"])).eval()

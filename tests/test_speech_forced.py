@@ -3,7 +3,7 @@
 
 from test_omni_text import omni
 
-from omniwalk.models.qwen3_omni.programs.thinker_program import ThinkerProgram
+from omniwalk.models.common.programs.thinker_program import ThinkerProgram
 
 TEXT = "the quick brown fox jumps over the lazy dog and runs far away"  # 12 words
 SPEECH = {"talker_temperature": 0.0, "code_predictor_temperature": 0.0, "min_audio_frames": 6, "max_audio_frames": 6}

@@ -17,10 +17,10 @@ from gpu_pairs import cosine, randomize_, real_config_dict, report
 from single_request import ContiguousKVCache, VocoderStream
 from test_code2wav import make_audio_like_
 
+from omniwalk.layers.decoder import use_kernels
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.networks.code2wav import Code2Wav
 from omniwalk.models.qwen3_omni.networks.code2wav_stream import VocoderStreamConfig
-from omniwalk.models.qwen3_omni.networks.decoder import use_kernels
 from omniwalk.models.qwen3_omni.networks.talker import Talker
 
 BF16 = torch.bfloat16

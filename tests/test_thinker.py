@@ -16,10 +16,10 @@ from single_request import ContiguousKVCache, Sampler
 
 from omniwalk.errors import InvalidRequestError
 from omniwalk.modality import Modality
+from omniwalk.models.common.networks.thinker import MediaEmbeddings, Thinker
+from omniwalk.models.common.processing.positions import mrope_positions
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.checkpoint.loader import load_components
-from omniwalk.models.qwen3_omni.networks.thinker import MediaEmbeddings, Thinker
-from omniwalk.models.qwen3_omni.processing.positions import mrope_positions
 from omniwalk.sampling import SamplingParams
 
 NEW_TOKENS = 64

@@ -17,12 +17,12 @@ import torch
 import torch.nn.functional as F
 from single_request import ContiguousKVCache
 
+from omniwalk.layers.decoder import use_kernels
 from omniwalk.modality import Modality
+from omniwalk.models.common.networks.thinker import MediaEmbeddings, Thinker
+from omniwalk.models.common.processing.positions import IMAGE, MediaSpan, mrope_positions
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.checkpoint.tiny import PRESETS
-from omniwalk.models.qwen3_omni.networks.decoder import use_kernels
-from omniwalk.models.qwen3_omni.networks.thinker import MediaEmbeddings, Thinker
-from omniwalk.models.qwen3_omni.processing.positions import IMAGE, MediaSpan, mrope_positions
 
 REAL_CONFIG = PRESETS["qwen3-omni-30b-a3b"]
 NUM_LAYERS = 3

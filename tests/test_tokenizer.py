@@ -5,8 +5,7 @@ import random
 import pytest
 
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.checkpoint.tiny import make_tiny_checkpoint
-from omniwalk.models.qwen3_omni.checkpoint.tiny_tokenizer import SPECIAL_NAMES
+from omniwalk.models.qwen3_omni.checkpoint.tiny import SPECIAL_NAMES, make_tiny_checkpoint
 from omniwalk.tokenizer import REPLACEMENT, Tokenizer
 
 SAMPLES = ["hello world", "héllo 你好 🎉 naïve café", "  two  spaces\n\nnew lines\t tab", "123 + 4.5 = x?", ""]

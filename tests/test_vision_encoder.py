@@ -9,8 +9,8 @@ from single_request import video_patches
 from test_audio_encoder import assert_parity
 
 from omniwalk.media.patches import image_patches, resize_image
+from omniwalk.models.common.checkpoint.weights import load_weights
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
-from omniwalk.models.qwen3_omni.checkpoint.weights import load_weights
 from omniwalk.models.qwen3_omni.networks.vision_encoder import VisionEncoder
 
 

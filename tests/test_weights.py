@@ -16,10 +16,10 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from omniwalk.errors import CheckpointError
+from omniwalk.models.common.checkpoint.weights import load_weights
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.checkpoint.loader import checkpoint_layout
 from omniwalk.models.qwen3_omni.checkpoint.tiny import make_tiny_checkpoint
-from omniwalk.models.qwen3_omni.checkpoint.weights import load_weights
 
 _EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 

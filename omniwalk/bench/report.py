@@ -1,5 +1,6 @@
 """Benchmark statistics, the markdown table and the charts (metric vs concurrency per path, with the
-published anchors of M* and vLLM-Omni beside ours: ``anchors.py``)."""
+published anchors of other systems beside ours: the served model's family ships them,
+``models/registry.py`` ``bench_anchors``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 
-from omniwalk.bench.anchors import MARKERS, anchor_points
 from omniwalk.bench.loadgen import RequestRecord
 
 CHARTS = (  # (file stem, summary key, axis label)
@@ -66,22 +66,23 @@ def _fmt(s: dict, key: str, digits: int, scale: float = 1.0) -> str:
     return f"{s[key] * scale:.{digits}f}" if key in s else "-"
 
 
-def write(out: Path, cells: dict[tuple[str, int], dict], raw: dict[tuple[str, int], list[RequestRecord]]) -> list[Path]:
-    """results.json (summaries + raw per-request records), results.md, and a PNG per metric."""
+def write(out: Path, cells: dict, raw: dict[tuple[str, int], list[RequestRecord]], anchors: dict | None = None):
+    """results.json (summaries + raw per-request records), results.md, and a PNG per metric with
+    ``anchors`` (system -> path -> concurrency -> summary key -> value) drawn beside ours."""
     out.mkdir(parents=True, exist_ok=True)
     data = {f"{p}@{b}": {"summary": s, "requests": [asdict(r) for r in raw[(p, b)]]} for (p, b), s in cells.items()}
     (out / "results.json").write_text(json.dumps(data, indent=1))
     (out / "results.md").write_text(markdown(cells) + "\n")
-    return [out / "results.json", out / "results.md", *_charts(out, cells)]
+    return [out / "results.json", out / "results.md", *_charts(out, cells, anchors or {})]
 
 
-def _charts(out: Path, cells: dict) -> list[Path]:
+def _charts(out: Path, cells: dict, anchors: dict) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    files = []
+    files, markers = [], dict(zip(anchors, "x^sDv", strict=False))
     paths = sorted({p for p, _ in cells})
     for stem, key, label in CHARTS:
         drawn = {path: sorted((b, s[key]) for (p, b), s in cells.items() if p == path and key in s) for path in paths}
@@ -91,11 +92,12 @@ def _charts(out: Path, cells: dict) -> list[Path]:
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
         for path, points in drawn.items():
             (line,) = ax.plot(*zip(*points, strict=True), marker="o", label=path)
-            for system, marker in MARKERS.items():  # the published anchors, in the path's colour
-                anchors = anchor_points(system, path, key)
-                if anchors:
-                    ax.scatter(*zip(*anchors, strict=True), marker=marker, color=line.get_color(), s=40)
-        for system, marker in MARKERS.items():  # legend entries for the anchors' markers
+            for system, marker in markers.items():  # the published anchors, in the path's colour
+                cells_of = anchors[system].get(path, {})
+                points = sorted((b, values[key]) for b, values in cells_of.items() if key in values)
+                if points:
+                    ax.scatter(*zip(*points, strict=True), marker=marker, color=line.get_color(), s=40)
+        for system, marker in markers.items():  # legend entries for the anchors' markers
             ax.scatter([], [], marker=marker, color="gray", label=f"{system} (2xH200, real weights)")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrency")

@@ -3,7 +3,7 @@
 Work is fixed so systems are compared on equal work: the model ignores EOS and generates
 exactly ``text_tokens``; speech paths generate exactly ``audio_frames`` codec frames (12.5 per
 second). The presets' sizes (4 s clips, 640x480 images, 16-160 tokens) are the matched work of
-the published Qwen3-Omni serving comparisons (``bench/anchors.py``).
+the published serving comparisons whose figures a family ships as anchors (``registry.bench_anchors``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The attention input of a Qwen3 decoder layer from its merged q/k/v projection, in one step:
+"""The attention input of a decoder layer with q/k RMSNorm from its merged q/k/v projection, in one step:
 
     qkv [n, (heads + 2 kv_heads) * d]  ->  q = rope(q_norm(q)),  k = rope(k_norm(k)),  v
 

@@ -3,13 +3,13 @@
 ``cos``/``sin`` have shape [tokens, head_dim] in fp32; positions may be float (video MRoPE).
 
 Multimodal RoPE (MRoPE) gives every token three positions (T, H, W). Each of the
-``head_dim / 2`` frequency slots reads one of the three rows; Qwen3's interleaved layout is
+``head_dim / 2`` frequency slots reads one of the three rows; the interleaved layout is
 
     slot:  0 1 2 3 4 5 ...   3*s_h-1 ...  head_dim/2-1
     axis:  T H W T H W ...               T T T T      (H at i%3==1 while i < 3*s_h,
                                                        W at i%3==2 while i < 3*s_w, else T)
 
-with ``mrope_section = (s_t, s_h, s_w)`` counting each axis's slots. Qwen2/2.5's sectioned layout
+with ``mrope_section = (s_t, s_h, s_w)`` counting each axis's slots. The sectioned layout
 (``interleaved=False``) gives each axis one contiguous run of slots instead:
 
     slot:  0 ... s_t-1 | s_t ... s_t+s_h-1 | ... head_dim/2-1

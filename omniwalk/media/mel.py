@@ -1,6 +1,6 @@
 """Whisper-style log-mel features in torch, on whatever device the waveforms live on.
 
-Matches ``WhisperFeatureExtractor`` as the Qwen3-Omni processor calls it (128 mels, 16 kHz,
+Matches HF's ``WhisperFeatureExtractor`` as the omni processors call it (128 mels, 16 kHz,
 n_fft 400, hop 160, ``padding=True``, ``truncation=False``, no dither):
 
     frames   stft(center, reflect) has 1 + L // 160 frames; the last is dropped -> L // 160
@@ -16,7 +16,7 @@ Two batching semantics (``pad_together``):
   padded frames too, and it has ``ceil(l / 160)`` valid frames (the longest keeps ``L // 160``).
 
 ``zero_tail`` (serving, each clip alone): the clip as an extractor that pads every clip with zeros
-to a fixed length sees it (the Qwen2.5-Omni processor pads to 300 s): its last frames see zeros,
+to a fixed length (e.g. 300 s) sees it: its last frames see zeros,
 its range max covers the frames that overlap the clip, and it has ``ceil(L / 160)`` valid frames.
 """
 

@@ -1,4 +1,4 @@
-"""Images and video frames -> flattened patches for the vision encoder (Qwen2-VL processor math).
+"""Images and video frames -> flattened patches for the vision encoder (HF's ``Qwen2VLImageProcessor`` math).
 
     pixel_values [num_patches, C * temporal_patch * patch * patch]   float32, normalised
     grid_thw     (grid_t, grid_h, grid_w)                            num_patches = t * h * w
@@ -45,7 +45,7 @@ class PatchSpec:
 
 
 IMAGE_PATCHES = PatchSpec()
-# The Qwen3-Omni processor overrides the video processor's size bounds.
+# The default family's video bounds (its HF processor overrides the video processor's).
 VIDEO_PATCHES = PatchSpec(min_pixels=128 * 32 * 32, max_pixels=768 * 32 * 32)
 MAX_ASPECT_RATIO = 200
 

@@ -1,4 +1,4 @@
-"""Bicubic resizing to the vision encoder's grid, as the two HF processors Qwen3-Omni uses do it.
+"""Bicubic resizing to the vision encoder's grid, as HF's image and video processors do it.
 
 - Images: Pillow ``Image.resize(BICUBIC)`` on the uint8 image, on the CPU in the decode step
   (``Qwen2VLImageProcessorPil`` does exactly this, so the result is bit-exact).

@@ -2,11 +2,13 @@
 
 A family is a module (a package's ``__init__``) that defines ``Family`` (its ``ModelFamily``,
 which may be imported lazily) and optionally ``Options`` (a frozen dataclass: its config section,
-whose fields become ``Omni`` keywords and ``omniwalk serve`` flags) and ``PRESETS`` (name ->
-config.json path). Entries are module names, imported on first use; ``Options`` and ``PRESETS``
-must be importable without torch (``omniwalk --help``). A family outside this repository plugs in
-as an installed package with an entry point in the ``omniwalk.families`` group (name: the
-architecture, value: its module), so adding one edits nothing here.
+whose fields become ``Omni`` keywords and ``omniwalk serve`` flags), ``PRESETS`` (name ->
+config.json path) and ``ANCHORS`` (served model name -> published figures of other systems,
+drawn in ``omniwalk bench`` charts). Entries are module names, imported on first use;
+``Options``, ``PRESETS`` and ``ANCHORS`` must be importable without torch (``omniwalk --help``).
+A family outside this repository plugs in as an installed package with an entry point in the
+``omniwalk.families`` group (name: the architecture, value: its module), so adding one edits
+nothing here.
 """
 
 from __future__ import annotations
@@ -67,6 +69,12 @@ def family_for_config(config: str | Path) -> ModuleType:
 def family_with_preset(name: str) -> ModuleType | None:
     modules = [importlib.import_module(m) for m in dict.fromkeys(families().values())]
     return next((m for m in modules if name in getattr(m, "PRESETS", {})), None)
+
+
+def bench_anchors(model: str) -> dict:
+    """The anchor figures a family ships for the served model name ``model`` (none: {})."""
+    modules = [importlib.import_module(name) for name in dict.fromkeys(families().values())]
+    return next((m.ANCHORS[model] for m in modules if model in getattr(m, "ANCHORS", {})), {})
 
 
 def all_options() -> list[type]:

@@ -11,7 +11,7 @@ Why this and not rank 0 broadcasting each forward's inputs: the schedule (admiss
 preemption, KV pages, CUDA graph buckets) is a pure function of the requests and the step count,
 so the same engine code on every rank makes the same choices, with one small host message per
 step and no second code path through the programs. A follower builds only the stages the split
-model needs (the Qwen3-Omni family: encoders and thinker, its requests text-only), so its
+model needs (the family's choice, e.g. encoders and thinker with text-only requests), so its
 requests finish earlier; it never refuses one (rank 0 admitted it). What keeps ranks equal:
 every rank gets the same requests in the same order before the same step, an unseeded request
 gets its seed from rank 0, and the logits are gathered whole on every rank, so every rank draws

@@ -19,14 +19,13 @@ content part.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from omniwalk.errors import InvalidRequestError
 from omniwalk.media.fetch import fetch_remote, is_remote, read_local
 from omniwalk.media.limits import MediaLimits
+from omniwalk.media.payload import b64decode
 from omniwalk.media.preprocess import preprocess
 from omniwalk.serve.errors import APIError, bad_request
 from omniwalk.serve.metrics import Metrics
@@ -61,7 +60,7 @@ class MediaPool:
         """In a worker thread: the bytes, then the arrays."""
         start = time.perf_counter()
         if payload is None:
-            payload = _b64(source, where) if is_base64 else self._inline_or_local(source, where)
+            payload = b64decode(source, where) if is_base64 else self._inline_or_local(source, where)
         part = preprocess(kind, payload, self.limits)
         self.metrics.media_seconds.labels(kind).observe(time.perf_counter() - start)
         return part
@@ -71,15 +70,8 @@ class MediaPool:
             header, _, data = url.partition(",")
             if not header.endswith(";base64"):
                 raise InvalidRequestError(f"{where}: data: URLs must carry base64 content")
-            return _b64(data, where)
+            return b64decode(data, where)
         return read_local(url, where, self.limits)
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
-
-
-def _b64(data: str, where: str) -> bytes:
-    try:
-        return base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError):
-        raise InvalidRequestError(f"{where}: content is not valid base64") from None

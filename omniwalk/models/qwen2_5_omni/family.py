@@ -10,6 +10,8 @@ import torch
 from omniwalk.config import OmniConfig
 from omniwalk.engine.request import EngineRequest
 from omniwalk.errors import CheckpointError, ConfigError, InvalidRequestError
+from omniwalk.models.common.checkpoint.loader import Backends
+from omniwalk.models.common.processing.chat import Prompt
 from omniwalk.models.family import ModelFamily, ModelInfo, RequestOutput
 from omniwalk.models.qwen2_5_omni.checkpoint.config import Qwen25OmniConfig
 from omniwalk.models.qwen2_5_omni.checkpoint.loader import components, load_components, num_parameters
@@ -17,8 +19,6 @@ from omniwalk.models.qwen2_5_omni.checkpoint.tiny import make_tiny_checkpoint
 from omniwalk.models.qwen2_5_omni.processing.chat import DEFAULT_SYSTEM_PROMPT, ChatProcessor
 from omniwalk.models.qwen2_5_omni.processing.media_inputs import measure
 from omniwalk.models.qwen2_5_omni.programs.stages import build_stages, new_state
-from omniwalk.models.qwen3_omni.checkpoint.loader import Backends
-from omniwalk.models.qwen3_omni.processing.chat import Prompt
 from omniwalk.sampling import SamplingParams
 from omniwalk.tokenizer import Tokenizer
 

@@ -3,6 +3,7 @@
 
 from pathlib import Path
 
+from omniwalk.models.qwen3_omni.anchors import ANCHORS
 from omniwalk.models.qwen3_omni.options import Qwen3OmniOptions as Options
 
 # Named configs shipped inside the package, so ``make-tiny --config qwen3-omni-30b-a3b``, ``serve --model
@@ -15,7 +16,7 @@ PRESETS = {
     "qwen3-omni-30b-a3b-thinking": _DIR / "qwen3-omni-30b-a3b-thinking.json",
 }
 
-__all__ = ["Family", "Options", "PRESETS"]
+__all__ = ["ANCHORS", "Family", "Options", "PRESETS"]
 
 
 def __getattr__(name: str):

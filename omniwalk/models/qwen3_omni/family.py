@@ -10,10 +10,11 @@ import torch
 from omniwalk.config import OmniConfig
 from omniwalk.engine.request import EngineRequest
 from omniwalk.errors import InvalidRequestError
+from omniwalk.models.common.checkpoint.loader import Backends
+from omniwalk.models.common.processing.chat import ChatProcessor, Prompt
 from omniwalk.models.family import ModelFamily, ModelInfo, RequestOutput
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.checkpoint.loader import (
-    Backends,
     checkpoint_layout,
     load_components,
     num_parameters,
@@ -21,7 +22,6 @@ from omniwalk.models.qwen3_omni.checkpoint.loader import (
 )
 from omniwalk.models.qwen3_omni.checkpoint.tiny import make_tiny_checkpoint
 from omniwalk.models.qwen3_omni.networks.talker import TalkerSamplingParams
-from omniwalk.models.qwen3_omni.processing.chat import DEFAULT_SYSTEM_PROMPT, ChatProcessor, Prompt
 from omniwalk.models.qwen3_omni.processing.media_inputs import measure
 from omniwalk.models.qwen3_omni.processing.talker_prompt import resolve_speaker
 from omniwalk.models.qwen3_omni.programs.stages import STAGES, build_stages, new_state
@@ -32,6 +32,11 @@ from omniwalk.sampling import SamplingParams
 from omniwalk.tokenizer import Tokenizer
 
 SAMPLE_RATE = 24000  # Code2Wav's output, Hz
+# the system turn of a request without one (as HF's Qwen3-Omni examples give it; a config field overrides it)
+DEFAULT_SYSTEM_PROMPT = (
+    "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving auditory and "
+    "visual inputs, as well as generating text and speech."
+)
 # speech sampling (``TalkerSamplingParams``) and prompt options; kinds as in serve/schemas.py
 SPEECH_FIELDS = {
     "talker_temperature": "temperature", "talker_top_k": "top_k", "talker_top_p": "top_p",

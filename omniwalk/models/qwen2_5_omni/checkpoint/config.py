@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from omniwalk.errors import ConfigError
+from omniwalk.layers.decoder import DecoderConfig
+from omniwalk.models.common.checkpoint.config import TokenIds, read_decoder
 from omniwalk.models.json_fields import Section, read_config
-from omniwalk.models.qwen3_omni.checkpoint.config import DecoderConfig, RopeConfig, TokenIds
 
 # Qwen2 vocabulary ids with no config.json key of their own (the role words of the chat layout)
 SYSTEM_TOKEN, ASSISTANT_TOKEN = 8948, 77091
@@ -107,47 +108,9 @@ class Qwen25OmniConfig:
         return _read_model(Section(read_config(source), ""))
 
 
-def _read_rope(s: Section, head_dim: int) -> RopeConfig:
-    """``rope_parameters`` (transformers >= 5) or ``rope_scaling`` + ``rope_theta`` (published)."""
-    key = "rope_parameters" if s.data.get("rope_parameters") else "rope_scaling"
-    rope = Section(s.data.get(key) or {}, s.name(key))
-    kind = rope.data.get("rope_type", rope.data.get("type", "default"))
-    if kind not in ("default", "mrope"):
-        raise ConfigError(f"{rope.name('rope_type')}: unsupported rope type {kind!r}")
-    section = rope.ints("mrope_section")
-    if len(section) != 3 or sum(section) != head_dim // 2:
-        raise ConfigError(
-            f"{rope.name('mrope_section')} = {list(section)} must have 3 entries summing to {head_dim // 2}"
-        )
-    theta = rope.float("rope_theta", s.float("rope_theta", 1e6))
-    return RopeConfig(theta=theta, mrope_section=section, interleaved=False)
-
-
 def _read_decoder(s: Section) -> DecoderConfig:
-    """A dense Qwen2.5 decoder (the thinker's ``text_config`` or the talker)."""
-    if s.bool("use_sliding_window", False):
-        raise ConfigError(f"{s.name('use_sliding_window')}: sliding-window layers are not supported")
-    if s.get("hidden_act", "silu", str) != "silu":
-        raise ConfigError(f"{s.name('hidden_act')}: only 'silu' is supported")
-    heads, hidden = s.int("num_attention_heads"), s.int("hidden_size")
-    head_dim = s.int("head_dim", hidden // heads)
-    kv_heads = s.int("num_key_value_heads", heads)
-    if heads % kv_heads:
-        raise ConfigError(f"{s.name('num_attention_heads')} ({heads}) must be a multiple of num_key_value_heads")
-    return DecoderConfig(
-        vocab_size=s.int("vocab_size"),
-        hidden_size=hidden,
-        intermediate_size=s.int("intermediate_size"),
-        num_hidden_layers=s.int("num_hidden_layers"),
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        rms_norm_eps=s.float("rms_norm_eps", 1e-6),
-        max_position_embeddings=s.int("max_position_embeddings", 32768),
-        rope=_read_rope(s, head_dim),
-        qkv_bias=True,
-        qk_norm=False,
-    )
+    """A dense Qwen2.5 decoder (the thinker's ``text_config`` or the talker): sectioned MRoPE."""
+    return read_decoder(s, theta=1e6, multimodal=True, interleaved=False, attention_bias=True)
 
 
 def _read_audio(s: Section) -> AudioEncoderConfig:

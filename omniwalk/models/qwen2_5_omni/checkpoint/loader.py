@@ -12,15 +12,14 @@ import math
 import torch
 from torch import nn
 
-from omniwalk.errors import CheckpointError
+from omniwalk.layers.decoder import use_kernels
+from omniwalk.models.common.checkpoint.loader import REFERENCE, Backends, build_on, check_all_taken, randomize
+from omniwalk.models.common.checkpoint.weights import load_weights
+from omniwalk.models.common.networks.thinker import Thinker
 from omniwalk.models.qwen2_5_omni.checkpoint.config import Qwen25OmniConfig
 from omniwalk.models.qwen2_5_omni.networks.audio_encoder import AudioEncoder
 from omniwalk.models.qwen2_5_omni.networks.talker import Talker
 from omniwalk.models.qwen2_5_omni.networks.vision_encoder import VisionEncoder
-from omniwalk.models.qwen3_omni.checkpoint.loader import Backends, randomize
-from omniwalk.models.qwen3_omni.checkpoint.weights import checkpoint_files, load_weights
-from omniwalk.models.qwen3_omni.networks.decoder import use_kernels
-from omniwalk.models.qwen3_omni.networks.thinker import Thinker
 
 # component -> checkpoint prefixes of its submodules ("" = the component itself)
 PREFIXES = {
@@ -30,7 +29,6 @@ PREFIXES = {
     "talker": {"": "talker."},
 }
 TOKEN2WAV_PREFIX = "token2wav."  # the DiT + BigVGAN (networks/token2wav.py) load their own tensors
-REFERENCE = Backends()  # the CPU reference backends
 THINKER_COMPONENTS = ("audio_encoder", "vision_encoder", "thinker")
 
 
@@ -81,13 +79,7 @@ def load_components(
     (or with random weights from ``random_seed``)."""
     out = {}
     for name in names:
-        previous = torch.get_default_dtype()
-        torch.set_default_dtype(dtype)
-        try:
-            with torch.device(device), torch.no_grad():
-                module = build_component(name, cfg, backends)
-        finally:
-            torch.set_default_dtype(previous)
+        module = build_on(device, dtype, lambda: build_component(name, cfg, backends))  # noqa: B023 (called at once)
         if random_seed is not None:
             randomize(module, random_seed)
         else:
@@ -96,8 +88,5 @@ def load_components(
         use_kernels(module, backends.norm)
         out[name] = module.eval()
     if set(names) == set(components(cfg)) and random_seed is None:
-        taken = (*(p for prefixes in PREFIXES.values() for p in prefixes.values()), TOKEN2WAV_PREFIX)
-        stray = sorted(n for n in checkpoint_files(ckpt_dir) if not n.startswith(taken))
-        if stray:
-            raise CheckpointError(f"{ckpt_dir}: {len(stray)} tensor(s) no component takes: {stray[:8]}")
+        check_all_taken(ckpt_dir, (*(p for prefixes in PREFIXES.values() for p in prefixes.values()), TOKEN2WAV_PREFIX))
     return out

@@ -10,20 +10,21 @@ TODO: the token2wav tensors (``token2wav.*``) join the weights when networks/tok
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
 import torch
 
+from omniwalk.models.common.checkpoint import tiny
+from omniwalk.models.common.checkpoint.tiny import DEFAULT_MAX_SHARD_BYTES, write_weights
 from omniwalk.models.qwen2_5_omni import PRESETS
 from omniwalk.models.qwen2_5_omni.checkpoint.config import Qwen25OmniConfig
 from omniwalk.models.qwen2_5_omni.checkpoint.loader import checkpoint_layout
 from omniwalk.models.qwen2_5_omni.processing.media_inputs import CLIP_MEAN, CLIP_STD
-from omniwalk.models.qwen3_omni.checkpoint.tiny import CHAT_TEMPLATE as QWEN3_TEMPLATE
-from omniwalk.models.qwen3_omni.checkpoint.tiny import DEFAULT_MAX_SHARD_BYTES, write_weights
-from omniwalk.models.qwen3_omni.checkpoint.tiny_tokenizer import ENDOFTEXT, build_tokenizer
 
 TINY_CONFIG = Path(__file__).with_name("tiny_config.json")
+load_config_dict = functools.partial(tiny.load_config_dict, presets=PRESETS, tiny_config=TINY_CONFIG)
 SPECIAL_NAMES = {
     "im_start": "<|im_start|>",
     "im_end": "<|im_end|>",
@@ -38,23 +39,8 @@ SPECIAL_NAMES = {
     "tts_bos": "<|tts_bos|>",
     "tts_eos": "<|tts_eos|>",
 }
-# the published chat layout, with this model's placeholder spellings
-CHAT_TEMPLATE = (
-    QWEN3_TEMPLATE.replace("<|audio_start|><|audio_pad|><|audio_end|>", "<|audio_bos|><|AUDIO|><|audio_eos|>")
-    .replace("<|vision_start|><|image_pad|><|vision_end|>", "<|vision_bos|><|IMAGE|><|vision_eos|>")
-    .replace("<|vision_start|><|video_pad|><|vision_end|>", "<|vision_bos|><|VIDEO|><|vision_eos|>")
-)
 SPEAKERS = {"Chelsie": 151870, "Ethan": 151871}  # name -> the talker's text bos (a thinker id), tiny checkpoints
 REF_MEL_FRAMES = 30
-
-
-def load_config_dict(config: str | Path | dict | None) -> dict:
-    """A config.json as a dict: a path, a ``PRESETS`` name, a dict (copied), or None (the tiny one)."""
-    if config is None:
-        config = TINY_CONFIG
-    if isinstance(config, dict):
-        return json.loads(json.dumps(config))
-    return json.loads(PRESETS.get(str(config), Path(config)).read_text())
 
 
 def make_tiny_checkpoint(
@@ -98,46 +84,7 @@ def write_speakers(out: Path, raw: dict, seed: int) -> None:
 
 
 def write_tokenizer_files(out: Path, cfg: Qwen25OmniConfig) -> None:
-    tokenizer = build_tokenizer(cfg.tokens, SPECIAL_NAMES)
-    tokenizer.save(str(out / "tokenizer.json"))
-    tokenizer_config = {
-        "tokenizer_class": "Qwen2Tokenizer",
-        "chat_template": CHAT_TEMPLATE,
-        "eos_token": SPECIAL_NAMES["im_end"],
-        "pad_token": ENDOFTEXT,
-        "bos_token": None,
-        "errors": "replace",
-        "clean_up_tokenization_spaces": False,
-        "split_special_tokens": False,
-        "model_max_length": cfg.text.max_position_embeddings,
-        "padding_side": "left",
-    }
-    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
-    (out / "chat_template.jinja").write_text(CHAT_TEMPLATE)
-    v = cfg.vision
-    preprocessor = {
-        "processor_class": "Qwen2_5OmniProcessor",
-        "feature_extractor_type": "WhisperFeatureExtractor",
-        "feature_size": cfg.audio.num_mel_bins,
-        "sampling_rate": 16000,
-        "hop_length": 160,
-        "n_fft": 400,
-        "chunk_length": 300,
-        "n_samples": 4_800_000,
-        "nb_max_frames": 30000,
-        "dither": 0.0,
-        "padding_value": 0.0,
-        "padding_side": "right",
-        "return_attention_mask": True,
-        "image_processor_type": "Qwen2VLImageProcessor",
-        "patch_size": v.patch_size,
-        "temporal_patch_size": v.temporal_patch_size,
-        "merge_size": v.spatial_merge_size,
-        "min_pixels": 3136,
-        "max_pixels": 12845056,
-        "image_mean": list(CLIP_MEAN),
-        "image_std": list(CLIP_STD),
-    }
-    (out / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
-    generation = {"eos_token_id": cfg.tokens.im_end, "pad_token_id": tokenizer.token_to_id(ENDOFTEXT)}
-    (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
+    processor = "Qwen2_5OmniProcessor", "Qwen2VLImageProcessor"
+    preprocessor = tiny.preprocessor_config(*processor, cfg.audio.num_mel_bins, cfg.vision, CLIP_MEAN, CLIP_STD)
+    max_length = cfg.text.max_position_embeddings
+    tiny.write_tokenizer_files(out, cfg.tokens, SPECIAL_NAMES, max_length, "Qwen2Tokenizer", preprocessor)

@@ -10,7 +10,7 @@
 Token count per clip: ``audio_output_lengths(num_frames)`` = ((L - 1) // 2 + 1 - 2) // 2 + 1.
 Parameter names mirror the checkpoint (``conv1``, ``layers.N.self_attn.q_proj``, ``ln_post``,
 ``proj``, and ``audio_bos_eos_token``, which the checkpoint holds but the forward never reads).
-The layers are Qwen3-Omni's (``AudioEncoderLayer``) with a bias-free k_proj.
+The layers are the shared Whisper-style ones (``layers/audio_encoder_layer.py``) with a bias-free k_proj.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from torch import nn
 
 from omniwalk.device import to_device
 from omniwalk.layers.attention import cu_seqlens
+from omniwalk.layers.audio_encoder_layer import AudioEncoderLayer, sinusoid_positions
 from omniwalk.models.qwen2_5_omni.checkpoint.config import AudioEncoderConfig
-from omniwalk.models.qwen3_omni.networks.audio_encoder import AudioEncoderLayer, sinusoid_positions
 
 
 def _after_conv(length):

@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from omniwalk.layers.decoder import Decoder, KVCache
 from omniwalk.models.qwen2_5_omni.checkpoint.config import TalkerConfig
-from omniwalk.models.qwen3_omni.networks.decoder import Decoder, KVCache
 
 
 class TalkerModel(Decoder):

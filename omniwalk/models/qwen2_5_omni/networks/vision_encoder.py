@@ -24,32 +24,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from omniwalk.device import to_device
-from omniwalk.layers.attention import cu_seqlens, varlen_attention
+from omniwalk.layers.attention import cu_seqlens
 from omniwalk.layers.norm import RMSNorm
-from omniwalk.layers.rotary import apply_rotary, rotary_tables
+from omniwalk.layers.rotary import rotary_tables
+from omniwalk.layers.vision import (
+    Grid,
+    PatchEmbed,
+    VisionBlock,
+    VisionOutput,
+    rotary_2d,
+    rotary_2d_inv_freq,
+    rotary_attention,
+)
 from omniwalk.models.qwen2_5_omni.checkpoint.config import VisionEncoderConfig
-from omniwalk.models.qwen3_omni.networks.vision_encoder import Grid, VisionOutput, rotary_2d
-
-
-class PatchProjection(nn.Module):
-    """Holds the checkpoint's Conv3d weight [hidden, C, t, p, p] but applies it as one Linear."""
-
-    def __init__(self, cfg: VisionEncoderConfig):
-        super().__init__()
-        p, tp = cfg.patch_size, cfg.temporal_patch_size
-        self.weight = nn.Parameter(torch.empty(cfg.hidden_size, cfg.in_channels, tp, p, p))
-
-    def forward(self, patches: torch.Tensor) -> torch.Tensor:
-        return F.linear(patches.to(self.weight.dtype), self.weight.view(self.weight.shape[0], -1))
-
-
-class PatchEmbed(nn.Module):
-    def __init__(self, cfg: VisionEncoderConfig):
-        super().__init__()
-        self.proj = PatchProjection(cfg)
-
-    def forward(self, patches: torch.Tensor) -> torch.Tensor:
-        return self.proj(patches)
 
 
 class VisionAttention(nn.Module):
@@ -62,11 +49,7 @@ class VisionAttention(nn.Module):
     def forward(self, x, cos, sin, cu_seqlens, max_seqlen, backend):
         n = x.shape[0]
         q, k, v = (proj(x).view(n, self.num_heads, self.head_dim) for proj in (self.q, self.k, self.v))
-        q, k = (apply_rotary(t.float(), cos, sin).to(x.dtype) for t in (q, k))  # fp32, as HF does
-        out = varlen_attention(
-            q, k, v, cu_seqlens, max_seqlen, causal=False, scale=self.head_dim**-0.5, backend=backend
-        )
-        return self.proj(out.reshape(n, -1))
+        return self.proj(rotary_attention(q, k, v, cos, sin, cu_seqlens, max_seqlen, backend))
 
 
 class VisionMLP(nn.Module):
@@ -78,18 +61,6 @@ class VisionMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class VisionBlock(nn.Module):
-    def __init__(self, cfg: VisionEncoderConfig):
-        super().__init__()
-        self.norm1, self.norm2 = RMSNorm(cfg.hidden_size), RMSNorm(cfg.hidden_size)
-        self.attn = VisionAttention(cfg)
-        self.mlp = VisionMLP(cfg)
-
-    def forward(self, x, cos, sin, cu_seqlens, max_seqlen, backend):
-        x = x + self.attn(self.norm1(x), cos, sin, cu_seqlens, max_seqlen, backend)
-        return x + self.mlp(self.norm2(x))
 
 
 class PatchMerger(nn.Module):
@@ -138,12 +109,13 @@ class VisionEncoder(nn.Module):
     def __init__(self, cfg: VisionEncoderConfig, attention_backend: str = "reference"):
         super().__init__()
         self.cfg, self.attention_backend = cfg, attention_backend
-        self.patch_embed = PatchEmbed(cfg)
-        self.blocks = nn.ModuleList(VisionBlock(cfg) for _ in range(cfg.depth))
+        self.patch_embed = PatchEmbed(cfg.hidden_size, cfg.in_channels, cfg.temporal_patch_size, cfg.patch_size, False)
+        h = cfg.hidden_size
+        self.blocks = nn.ModuleList(
+            VisionBlock(RMSNorm(h), RMSNorm(h), VisionAttention(cfg), VisionMLP(cfg)) for _ in range(cfg.depth)
+        )
         self.merger = PatchMerger(cfg)
-        quarter = cfg.head_dim // 4  # head_dim/2 rotary angles: half for rows, half for columns
-        inv = 1.0 / cfg.rope_theta ** (torch.arange(0, 2 * quarter, 2, dtype=torch.float32) / (2 * quarter))
-        self.register_buffer("inv_freq", inv, persistent=False)
+        self.register_buffer("inv_freq", rotary_2d_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
 
     def tokens_per_item(self, grids: Sequence[Grid]) -> list[int]:
         return [t * h * w // self.cfg.spatial_merge_size**2 for t, h, w in grids]

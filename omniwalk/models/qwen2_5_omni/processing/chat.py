@@ -1,4 +1,4 @@
-"""Chat messages -> Qwen2.5-Omni thinker prompt: Qwen3-Omni's three steps (``qwen3_omni/processing/
+"""Chat messages -> Qwen2.5-Omni thinker prompt: the shared three steps (``models/common/processing/
 chat.py``: normalise the messages, render the checkpoint's template, expand placeholders) with this
 model's audio-in-video order and TMRoPE positions (``positions.py``)."""
 
@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import functools
 
+from omniwalk.models.common.processing import chat
+from omniwalk.models.common.processing.chat import MediaItem, Prompt, expand_placeholders
 from omniwalk.models.qwen2_5_omni.processing.positions import audio_video_order, tmrope_positions
-from omniwalk.models.qwen3_omni.processing import chat
-from omniwalk.models.qwen3_omni.processing.chat import MediaItem, Prompt, expand_placeholders
 
-DEFAULT_SYSTEM_PROMPT = chat.DEFAULT_SYSTEM_PROMPT  # the same words as Qwen3-Omni's (HF's examples)
+# the system turn of a request without one (as HF's Qwen2.5-Omni examples give it)
+DEFAULT_SYSTEM_PROMPT = (
+    "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving auditory and "
+    "visual inputs, as well as generating text and speech."
+)
 
 
 class ChatProcessor(chat.ChatProcessor):

@@ -1,6 +1,6 @@
 """Request media parts -> measured ``MediaItem``s, as the Qwen2.5-Omni processor measures them.
 
-The flow is Qwen3-Omni's (``qwen3_omni/processing/media_inputs.py``) with this model's numbers:
+The flow is the other family's (decode the part, measure, resize) with this model's numbers:
 audio featurised as the processor pads it (zeros after the clip: ``ceil(len / 160)`` mel frames)
 and cut to the processor's 300 s, as it cuts longer clips (``MAX_AUDIO_SAMPLES``),
 14-pixel patches (a merged token covers 28 x 28 pixels) normalised with CLIP's mean and std,
@@ -26,11 +26,11 @@ from omniwalk.media.patches import (
     resized_video_patches,
     seconds_per_grid,
 )
+from omniwalk.media.payload import part_payload
 from omniwalk.media.video import decode_video
+from omniwalk.models.common.processing.chat import MediaItem, MediaPart
+from omniwalk.models.common.processing.positions import AUDIO, IMAGE
 from omniwalk.models.qwen2_5_omni.networks.audio_encoder import audio_output_lengths
-from omniwalk.models.qwen3_omni.processing.chat import MediaItem, MediaPart
-from omniwalk.models.qwen3_omni.processing.media_inputs import _payload
-from omniwalk.models.qwen3_omni.processing.positions import AUDIO, IMAGE
 
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 IMAGE_PATCHES = PatchSpec(patch_size=14, mean=CLIP_MEAN, std=CLIP_STD)
@@ -45,13 +45,13 @@ def measure(part: MediaPart, limits: MediaLimits = DEFAULT_LIMITS) -> MediaItem:
     vision encoder (uint8: ``image`` [h, w, 3], video ``frames`` [T, 3, h, w])."""
     p = part.part
     if part.kind == AUDIO:
-        wave = decode_audio(_payload(p, "audio", "input_audio", "audio_url", limits), limits)[:MAX_AUDIO_SAMPLES]
+        wave = decode_audio(part_payload(p, "audio", "input_audio", "audio_url", limits), limits)[:MAX_AUDIO_SAMPLES]
         return MediaItem(AUDIO, num_audio_tokens(wave), data={"audio": wave})
     if part.kind == IMAGE:
-        image = _payload(p, "image", None, "image_url", limits)
+        image = part_payload(p, "image", None, "image_url", limits)
         image = torch.from_numpy(resize_image(decode_image(image, limits), IMAGE_PATCHES))
         return MediaItem(IMAGE, grid_thw=patch_grid(1, *image.shape[:2], IMAGE_PATCHES), data={"image": image})
-    video = decode_video(_payload(p, "video", None, "video_url", limits), limits, fps=p.get("fps"))
+    video = decode_video(part_payload(p, "video", None, "video_url", limits), limits, fps=p.get("fps"))
     track = video.audio if p.get("audio") is None else decode_audio(np.asarray(p["audio"]), limits)
     track = None if track is None else track[:MAX_AUDIO_SAMPLES]
     frames = resize_video(torch.from_numpy(video.frames), VIDEO_PATCHES)

@@ -1,9 +1,9 @@
 """TMRoPE positions of a Qwen2.5-Omni prompt, equal to HF's ``get_rope_index`` (Qwen2.5-Omni).
 
-The layout is Qwen3-Omni's (``qwen3_omni/processing/positions.py``: text runs, audio and image
+The layout is the shared one (``models/common/processing/positions.py``: text runs, audio and image
 spans, ``RopePositions``) except for video time and audio in video:
 
-    video           T = p+1 + int(t * seconds_per_grid * position_id_per_seconds) (truncated)
+    video           T = p+1 + int(t * seconds_per_grid * position_id_per_seconds) (truncated: ``video_times``)
     audio in video  <|vision_bos|><|audio_bos|> both at p; audio pads p+1+k; video pads as above
                     from p+1; merged chunk by chunk: chunk j = the video tokens, then the audio
                     tokens, whose time (position - (p+1)) falls in [j, j+1) * chunk_positions
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from omniwalk.models.qwen3_omni.processing.positions import (
+from omniwalk.models.common.processing.positions import (
     AUDIO_IN_VIDEO,
     VIDEO,
     MediaSpan,
@@ -23,15 +23,9 @@ from omniwalk.models.qwen3_omni.processing.positions import (
     _span_blocks,
     mrope_positions,
     run,
+    video_times,
     vision_block,
 )
-
-
-def video_times(grid: tuple[int, int, int], seconds_per_grid: float, position_id_per_seconds: float) -> torch.Tensor:
-    """Temporal position of each merged video token [t*h*w] (whole numbers, truncated like HF)."""
-    t, h, w = grid
-    times = torch.arange(t) * torch.tensor(seconds_per_grid, dtype=torch.float32) * position_id_per_seconds
-    return times.long().float().repeat_interleave(h * w)
 
 
 def chunk_bounds(times: list[float] | torch.Tensor, chunk_positions: int) -> list[tuple[int, int]]:
@@ -48,7 +42,7 @@ def chunk_bounds(times: list[float] | torch.Tensor, chunk_positions: int) -> lis
 def audio_video_order(grid, seconds_per_grid: float, num_audio: int, pos_per_s: float, chunk_seconds: float = 2.0):
     """Token order of an audio-in-video span (True = video): per chunk, its video then its audio tokens."""
     positions = int(pos_per_s * chunk_seconds)
-    video = chunk_bounds(video_times(grid, seconds_per_grid, pos_per_s).tolist(), positions)
+    video = chunk_bounds(video_times(grid, seconds_per_grid, pos_per_s, truncate=True).tolist(), positions)
     audio = chunk_bounds(list(range(num_audio)), positions)
     order = []
     for j in range(max(len(video), len(audio))):
@@ -61,7 +55,7 @@ def span_blocks(span: MediaSpan, p: float, pos_per_s: float, chunk_seconds: floa
     """Position blocks [3, k] of one span (see the module docstring)."""
     if span.kind not in (VIDEO, AUDIO_IN_VIDEO):
         return _span_blocks(span, p, pos_per_s)
-    times = video_times(span.grid, span.seconds_per_grid, pos_per_s)
+    times = video_times(span.grid, span.seconds_per_grid, pos_per_s, truncate=True)
     if span.kind == VIDEO:
         body = vision_block(span.grid, times, p + 1)
         return [run(p, 1), body, run(body.max() + 1, 1)]

@@ -5,8 +5,8 @@
     vision_encoder ┘
 
 The encoders are batch stages, the thinker and talker KV stages on the engine as it is; the
-programs, per-request state and thinker program are Qwen3-Omni's where the work is the same
-(``qwen3_omni/programs``). A request visits the encoders its media need, always the thinker, and
+programs, per-request state and thinker program are the shared ones where the work is the same
+(``models/common/programs``). A request visits the encoders its media need, always the thinker, and
 the talker only when it asks for audio. TODO: token2wav (networks/token2wav.py) joins the speech
 walk as a batch stage after the talker; until then a speech request's output is its codec ids.
 """
@@ -15,26 +15,20 @@ from __future__ import annotations
 
 from omniwalk.config import OmniConfig
 from omniwalk.engine.batch_stage import BatchStage, BatchStageConfig
-from omniwalk.engine.kv_pages import KVStorage
 from omniwalk.engine.kv_stage import KVStage, KVStageConfig
 from omniwalk.engine.prefill_graphs import PrefillPlan
+from omniwalk.models.common.processing.chat import Prompt
+from omniwalk.models.common.processing.positions import AUDIO
+from omniwalk.models.common.programs.encoder_programs import AudioEncoderProgram, VisionEncoderProgram
+from omniwalk.models.common.programs.request_state import MediaState, OmniRequestState, ThinkerState
+from omniwalk.models.common.programs.thinker_program import kv_storage
 from omniwalk.models.qwen2_5_omni.checkpoint.config import Qwen25OmniConfig
 from omniwalk.models.qwen2_5_omni.options import Qwen25OmniOptions
-from omniwalk.models.qwen2_5_omni.programs.encoder_programs import AudioEncoderProgram, VisionEncoderProgram
+from omniwalk.models.qwen2_5_omni.processing.media_inputs import vision_pixels
 from omniwalk.models.qwen2_5_omni.programs.talker_program import TalkerProgram, TalkerState
 from omniwalk.models.qwen2_5_omni.programs.thinker_program import ReplyThinkerProgram
-from omniwalk.models.qwen3_omni.checkpoint.config import DecoderConfig
-from omniwalk.models.qwen3_omni.processing.chat import Prompt
-from omniwalk.models.qwen3_omni.processing.positions import AUDIO
-from omniwalk.models.qwen3_omni.programs.request_state import MediaState, OmniRequestState, ThinkerState
 from omniwalk.sampling import SamplerState, SamplingParams
 from omniwalk.tokenizer import IncrementalDetokenizer
-
-
-def kv_storage(cfg: DecoderConfig, budget: int, page_size: int, dtype, device) -> KVStorage:
-    return KVStorage.from_budget(
-        budget, page_size, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, dtype, device
-    )
 
 
 def build_stages(parts: dict, cfg: Qwen25OmniConfig, config: OmniConfig) -> list:
@@ -46,8 +40,9 @@ def build_stages(parts: dict, cfg: Qwen25OmniConfig, config: OmniConfig) -> list
     encoder_batch = BatchStageConfig(opts.encoder_batch_units, engine.max_running)
     plan = PrefillPlan(min(engine.prefill_graph_max_tokens, engine.max_batch_tokens), prefill)
     thinker = ReplyThinkerProgram(parts["thinker"], device, decode, graphs, plan, deepstack_levels=0)
-    audio = AudioEncoderProgram(parts["audio_encoder"], device, dtype)
-    vision = VisionEncoderProgram(parts["vision_encoder"], device, dtype)
+    # TODO: CUDA graphs of the encoders' layer loops (the vision encoder's window/full pair needs two patterns)
+    audio = AudioEncoderProgram(parts["audio_encoder"], device, dtype, zero_tail=True)
+    vision = VisionEncoderProgram(parts["vision_encoder"], device, dtype, vision_pixels)
     thinker_kv = kv_storage(cfg.text, opts.thinker_kv_bytes, engine.page_size, dtype, device)
     stages = [
         BatchStage("audio_encoder", audio, encoder_batch, device),

@@ -34,9 +34,9 @@ from omniwalk.device import to_device
 from omniwalk.engine.kv_stage import KVProgram
 from omniwalk.engine.paged_attention import PagedBatch
 from omniwalk.engine.request import Chunk, EngineRequest
+from omniwalk.models.common.processing.positions import batch_spans
 from omniwalk.models.qwen2_5_omni.checkpoint.config import TalkerConfig
 from omniwalk.models.qwen2_5_omni.networks.talker import Talker
-from omniwalk.models.qwen3_omni.processing.positions import batch_spans
 from omniwalk.sampling import SamplerState, sample_async
 
 

@@ -1,4 +1,4 @@
-"""The thinker program for Qwen2.5-Omni: Qwen3-Omni's (``qwen3_omni/programs/thinker_program.py``),
+"""The thinker program for Qwen2.5-Omni: the shared one (``models/common/programs/thinker_program.py``),
 keeping for a speech request every fed token's talker row: its last hidden state (after the final
 norm) + its input embedding, zero at media placeholders (HF's ``generate`` zeroes the prompt's
 audio, image and video embeddings before the talker). Prompt rows and reply rows (one per
@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from omniwalk.engine.request import Chunk, EngineRequest
-from omniwalk.models.qwen3_omni.programs.thinker_program import ThinkerProgram
+from omniwalk.models.common.programs.thinker_program import ThinkerProgram
 
 
 class ReplyThinkerProgram(ThinkerProgram):

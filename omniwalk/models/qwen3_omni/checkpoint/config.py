@@ -4,7 +4,8 @@
 ``rope_theta``) and the transformers >= 5 form (``rope_parameters``), reads the undeclared keys
 the real checkpoint relies on (``head_dim``, ``shared_expert_intermediate_size``,
 ``vision_start_token_id``, ...), fills optional keys with the HF class defaults, and checks the
-cross-component invariants. Every error names the offending field by its JSON path.
+cross-component invariants. The MRoPE of its decoders is interleaved whatever the config's
+``interleaved`` flag says (as in HF 5.24). Every error names the offending field by its JSON path.
 
 Model code reads these frozen dataclasses only, never raw dicts; special token ids live in
 ``TokenIds`` / ``CodecIds`` and are never written as literals elsewhere.
@@ -17,122 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from omniwalk.errors import ConfigError
-from omniwalk.models.json_fields import MISSING as _MISSING
+from omniwalk.layers.decoder import DecoderConfig
+from omniwalk.models.common.checkpoint.config import TokenIds, read_decoder, read_rope
 from omniwalk.models.json_fields import Section as _Section
 from omniwalk.models.json_fields import read_config
-
-
-@dataclass(frozen=True)
-class RopeConfig:
-    """Rotary embedding: ``mrope_section`` (T, H, W slot counts) is None for plain 1-D rope;
-    ``interleaved``: Qwen3's T/H/W slot layout, else Qwen2.5's sectioned one (``layers/rotary.py``)."""
-
-    theta: float
-    mrope_section: tuple[int, ...] | None = None
-    interleaved: bool = True
-
-
-def _read_rope(s: _Section, default_theta: float, head_dim: int, multimodal: bool) -> RopeConfig:
-    """Both spellings: ``rope_parameters`` (transformers >= 5) or ``rope_scaling`` + ``rope_theta``."""
-    params = s.data.get("rope_parameters") or {}
-    scaling = s.data.get("rope_scaling") or {}
-    if params and scaling:
-        for key in set(params) & set(scaling):
-            if params[key] != scaling[key] and key not in ("type", "rope_type"):
-                raise ConfigError(f"{s.name('rope_parameters')}.{key} disagrees with rope_scaling.{key}")
-    merged = _Section({**scaling, **params}, s.name("rope_parameters" if params else "rope_scaling"))
-    rope_type = merged.data.get("rope_type", merged.data.get("type", "default"))
-    if rope_type not in ("default", "mrope"):
-        raise ConfigError(f"{merged.name('rope_type')}: unsupported rope type {rope_type!r}")
-    theta = merged.float("rope_theta", s.float("rope_theta", default_theta))
-    section = merged.ints("mrope_section", None) if multimodal else None
-    if multimodal and section is None:
-        raise ConfigError(f"{merged.name('mrope_section')} is required but missing")
-    if section is not None and (len(section) != 3 or sum(section) != head_dim // 2):
-        raise ConfigError(
-            f"{merged.name('mrope_section')} = {list(section)} must have 3 entries summing to "
-            f"head_dim/2 = {head_dim // 2}"
-        )
-    # NOTE: Qwen3-Omni's MRoPE is interleaved whatever the config's ``interleaved`` flag says (HF 5.24 too)
-    return RopeConfig(theta=theta, mrope_section=section, interleaved=True)
-
-
-@dataclass(frozen=True)
-class DecoderConfig:
-    """A causal transformer decoder: the thinker LM, the talker LM or the code predictor.
-
-    ``num_experts == 0`` means dense MLPs of ``intermediate_size``; otherwise every layer is a
-    MoE of ``num_experts`` experts of ``moe_intermediate_size``, plus a sigmoid-gated shared
-    expert when ``shared_expert_intermediate_size > 0``. Attention: Qwen3's per-head q/k RMSNorm
-    and bias-free projections by default; Qwen2's biased q/k/v without q/k norm otherwise.
-    """
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    max_position_embeddings: int
-    rope: RopeConfig
-    num_experts: int = 0
-    num_experts_per_tok: int = 0
-    moe_intermediate_size: int = 0
-    shared_expert_intermediate_size: int = 0
-    norm_topk_prob: bool = True
-    qkv_bias: bool = False  # q_proj, k_proj, v_proj carry biases (Qwen2)
-    qk_norm: bool = True  # per-head RMSNorm on q and k before rope (Qwen3)
-
-    @property
-    def is_moe(self) -> bool:
-        return self.num_experts > 0
-
-
-def _read_decoder(
-    s: _Section, *, moe: bool, multimodal: bool, theta: float, norm_topk_default: bool, shared_required: bool
-) -> DecoderConfig:
-    heads = s.int("num_attention_heads")
-    hidden = s.int("hidden_size")
-    head_dim = s.int("head_dim", hidden // heads)  # NOTE: the real model's 128 is not hidden/heads
-    kv_heads = s.int("num_key_value_heads", heads)
-    if heads % kv_heads:
-        raise ConfigError(
-            f"{s.name('num_attention_heads')} ({heads}) must be a multiple of num_key_value_heads ({kv_heads})"
-        )
-    if head_dim % 2:
-        raise ConfigError(f"{s.name('head_dim')} must be even, got {head_dim}")
-    experts = {}
-    if moe:
-        num_experts = s.int("num_experts", s.data.get("num_local_experts", _MISSING))
-        top_k = s.int("num_experts_per_tok")
-        if top_k > num_experts:
-            raise ConfigError(f"{s.name('num_experts_per_tok')} ({top_k}) exceeds num_experts ({num_experts})")
-        experts = dict(
-            num_experts=num_experts,
-            num_experts_per_tok=top_k,
-            moe_intermediate_size=s.int("moe_intermediate_size"),
-            shared_expert_intermediate_size=s.int(
-                "shared_expert_intermediate_size", _MISSING if shared_required else 0, minimum=0
-            ),
-            norm_topk_prob=s.bool("norm_topk_prob", norm_topk_default),
-        )
-        if s.data.get("mlp_only_layers") or s.int("decoder_sparse_step", 1) != 1:
-            raise ConfigError(f"{s.name('mlp_only_layers')}: dense layers inside a MoE stack are not supported")
-    return DecoderConfig(
-        vocab_size=s.int("vocab_size"),
-        hidden_size=hidden,
-        intermediate_size=s.int("intermediate_size"),
-        num_hidden_layers=s.int("num_hidden_layers"),
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        rms_norm_eps=s.float("rms_norm_eps", 1e-6),
-        max_position_embeddings=s.int("max_position_embeddings", 32768),
-        rope=_read_rope(s, theta, head_dim, multimodal),
-        **experts,
-    )
 
 
 @dataclass(frozen=True)
@@ -208,31 +97,6 @@ def _read_vision(s: _Section) -> VisionEncoderConfig:
 
 
 @dataclass(frozen=True)
-class TokenIds:
-    """Special token ids of the thinker vocabulary (all read from config.json)."""
-
-    im_start: int
-    im_end: int
-    system: int
-    user: int
-    assistant: int
-    audio_pad: int
-    image_pad: int
-    video_pad: int
-    audio_start: int
-    audio_end: int
-    vision_start: int
-    vision_end: int
-    tts_pad: int
-    tts_bos: int
-    tts_eos: int
-
-    @property
-    def media_pads(self) -> tuple[int, int, int]:
-        return (self.audio_pad, self.image_pad, self.video_pad)
-
-
-@dataclass(frozen=True)
 class CodecIds:
     """Special ids of the talker's codec vocabulary."""
 
@@ -291,7 +155,7 @@ def _read_code2wav(s: _Section) -> Code2WavConfig:
     if act != "silu":
         raise ConfigError(f"{s.name('hidden_act')}: only 'silu' is supported, got {act!r}")
     heads = s.int("num_attention_heads")
-    theta = _read_rope(s, 10000.0, 2, multimodal=False).theta
+    theta = read_rope(s, 10000.0, 2, multimodal=False, interleaved=False).theta
     cfg = s.read(Code2WavConfig, num_key_value_heads=s.int("num_key_value_heads", heads), rope_theta=theta)
     if cfg.hidden_size % heads:
         raise ConfigError(f"{s.name('hidden_size')} must be a multiple of num_attention_heads")
@@ -341,10 +205,10 @@ def _read_tokens(top: _Section, thinker: _Section) -> TokenIds:
 
 
 def _read_talker(s: _Section) -> TalkerConfig:
-    text = _read_decoder(
+    text = read_decoder(
         s.section("text_config"), moe=True, multimodal=True, theta=1e6, norm_topk_default=False, shared_required=True
     )
-    cp = _read_decoder(
+    cp = read_decoder(
         s.section("code_predictor_config"),
         moe=False,
         multimodal=False,
@@ -385,7 +249,7 @@ def _read_talker(s: _Section) -> TalkerConfig:
 
 def _read_model(top: _Section) -> Qwen3OmniConfig:
     thinker = top.section("thinker_config")
-    text = _read_decoder(
+    text = read_decoder(
         thinker.section("text_config"),
         moe=True,
         multimodal=True,

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from omniwalk.errors import CheckpointError
+from omniwalk.layers.decoder import use_kernels
 from omniwalk.layers.fp8 import DEFAULT_BLOCK, FP8
+from omniwalk.models.common.checkpoint.loader import REFERENCE, Backends, build_on, check_all_taken, randomize
+from omniwalk.models.common.checkpoint.weights import load_weights, to_checkpoint_names
+from omniwalk.models.common.networks.thinker import Thinker
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.checkpoint.quantization import (
     QUANTIZATIONS,
@@ -23,12 +25,9 @@ from omniwalk.models.qwen3_omni.checkpoint.quantization import (
     checkpoint_block,
     quantize_fp8,
 )
-from omniwalk.models.qwen3_omni.checkpoint.weights import checkpoint_files, load_weights, to_checkpoint_names
 from omniwalk.models.qwen3_omni.networks.audio_encoder import AudioEncoder
 from omniwalk.models.qwen3_omni.networks.code2wav import Code2Wav
-from omniwalk.models.qwen3_omni.networks.decoder import use_kernels
 from omniwalk.models.qwen3_omni.networks.talker import Talker
-from omniwalk.models.qwen3_omni.networks.thinker import Thinker
 from omniwalk.models.qwen3_omni.networks.vision_encoder import VisionEncoder
 
 # component -> checkpoint prefixes of its submodules ("" = the component itself)
@@ -40,13 +39,6 @@ PREFIXES = {
     "code2wav": {"": "code2wav."},
 }
 ALL_COMPONENTS = tuple(PREFIXES)
-
-
-@dataclass(frozen=True)
-class Backends:
-    attention: str = "reference"  # varlen attention for the encoders
-    moe: str = "reference"
-    norm: str = "reference"  # RMSNorm; "triton" = the fused decoder kernels (``decoder.use_kernels``)
 
 
 def checkpoint_layout(cfg: Qwen3OmniConfig) -> dict[str, tuple[int, ...]]:
@@ -99,7 +91,7 @@ def num_parameters(cfg: Qwen3OmniConfig) -> int:
     return sum(math.prod(shape) for shape in checkpoint_layout(cfg).values())
 
 
-def build_component(name: str, cfg: Qwen3OmniConfig, backends: Backends = Backends()) -> nn.Module:
+def build_component(name: str, cfg: Qwen3OmniConfig, backends: Backends = REFERENCE) -> nn.Module:
     if name == "audio_encoder":
         return AudioEncoder(cfg.audio, backends.attention)
     if name == "vision_encoder":
@@ -119,7 +111,7 @@ def load_components(
     *,
     dtype: torch.dtype = torch.float32,
     device: str | Mapping[str, str] = "cpu",
-    backends: Backends = Backends(),
+    backends: Backends = REFERENCE,
     cfg: Qwen3OmniConfig | None = None,
     random_seed: int | None = None,
     quantization: str = "none",
@@ -141,7 +133,8 @@ def load_components(
     block = (None if random_seed is not None else checkpoint_block(ckpt_dir)) or DEFAULT_BLOCK
     out = {}
     for name in names:
-        module = _build_on(device[name] if isinstance(device, Mapping) else device, dtype, name, cfg, backends)
+        on = device[name] if isinstance(device, Mapping) else device
+        module = build_on(on, dtype, lambda: build_component(name, cfg, backends))  # noqa: B023 (called at once)
         quantized = quantization == "fp8" and name in QUANTIZED_COMPONENTS
         if random_seed is not None:
             randomize(module, random_seed)
@@ -157,34 +150,5 @@ def load_components(
         use_kernels(module, backends.norm)  # (merges and folds loaded weights on the fast path)
         out[name] = module.eval()
     if set(names) == set(ALL_COMPONENTS) and random_seed is None:
-        taken = tuple(p for prefixes in PREFIXES.values() for p in prefixes.values())
-        stray = sorted(n for n in checkpoint_files(ckpt_dir) if not n.startswith(taken))
-        if stray:
-            raise CheckpointError(f"{ckpt_dir}: {len(stray)} tensor(s) no component takes: {stray[:8]}")
+        check_all_taken(ckpt_dir, [p for prefixes in PREFIXES.values() for p in prefixes.values()])
     return out
-
-
-def _build_on(device, dtype: torch.dtype, name: str, cfg: Qwen3OmniConfig, backends: Backends) -> nn.Module:
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device), torch.no_grad():
-            return build_component(name, cfg, backends)
-    finally:
-        torch.set_default_dtype(previous)
-
-
-@torch.no_grad()
-def randomize(module: nn.Module, seed: int) -> None:
-    """Random weights made on the parameters' device (no host copies, so a 35B model takes
-    seconds): matrices ~ N(0, 1/fan_in), vectors around 1 (norm weights) or 0 (biases, scales)."""
-    for i, (name, p) in enumerate(module.named_parameters()):
-        if p.numel() == 0:  # (e.g. an empty conv of HF's token2wav at tiny sizes)
-            continue
-        g = torch.Generator(device=p.device).manual_seed(seed * 100_003 + i)
-        if p.dim() == 1:
-            base = 1.0 if name.endswith("weight") and ("norm" in name or "ln_" in name) else 0.0
-            p.normal_(base, 0.1, generator=g)
-        else:
-            fan_in = p.shape[-1] if "experts" in name else p[0].numel()
-            p.normal_(0.0, fan_in**-0.5, generator=g)

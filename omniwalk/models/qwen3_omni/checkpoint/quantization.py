@@ -22,9 +22,9 @@ from torch import nn
 
 from omniwalk.config import QUANTIZATIONS
 from omniwalk.errors import CheckpointError
+from omniwalk.layers.decoder import Attention
 from omniwalk.layers.fp8 import DEFAULT_BLOCK, Block, Fp8Linear
 from omniwalk.layers.moe import FusedExperts, GatedMLP
-from omniwalk.models.qwen3_omni.networks.decoder import Attention
 
 __all__ = ["QUANTIZATIONS", "QUANTIZED_COMPONENTS", "checkpoint_block", "quantization_config", "quantize_fp8"]
 QUANTIZED_COMPONENTS = ("thinker", "talker")

@@ -26,9 +26,9 @@ from torch import nn
 
 from omniwalk.device import to_device
 from omniwalk.errors import InvalidRequestError
+from omniwalk.layers.decoder import Decoder, DecoderConfig, RowsKVCache
 from omniwalk.layers.rotary import rotary_tables
-from omniwalk.models.qwen3_omni.checkpoint.config import DecoderConfig, TalkerConfig
-from omniwalk.models.qwen3_omni.networks.decoder import Decoder, RowsKVCache
+from omniwalk.models.qwen3_omni.checkpoint.config import TalkerConfig
 from omniwalk.sampling import SamplingParams
 
 # (logits [B, vocab], draw index 0..G-2 within the frame) -> ids [B] on the device

@@ -14,56 +14,27 @@ Parameter names mirror the checkpoint (``patch_embed.proj``, ``blocks.N.attn.qkv
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omniwalk.layers.attention import cu_seqlens, varlen_attention
-from omniwalk.layers.rotary import apply_rotary, rotary_tables
+from omniwalk.layers.attention import cu_seqlens
+from omniwalk.layers.rotary import rotary_tables
+from omniwalk.layers.vision import (
+    Grid,
+    PatchEmbed,
+    VisionBlock,
+    VisionOutput,
+    block_order,
+    rotary_2d,
+    rotary_2d_inv_freq,
+    rotary_attention,
+)
 from omniwalk.models.qwen3_omni.checkpoint.config import VisionEncoderConfig
-
-Grid = tuple[int, int, int]  # (t, h, w) in patches; h and w are multiples of the merge size
-
-
-@dataclass
-class VisionOutput:
-    """``embeddings`` [Σ tokens, out] and one tensor of the same shape per DeepStack level."""
-
-    embeddings: torch.Tensor
-    deepstack: list[torch.Tensor]
-    tokens_per_item: list[int]
-
-    def split(self) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
-        """Per input item: (embeddings, [level tensors])."""
-        mains = self.embeddings.split(self.tokens_per_item)
-        levels = [d.split(self.tokens_per_item) for d in self.deepstack]
-        return [(m, [lvl[i] for lvl in levels]) for i, m in enumerate(mains)]
-
-
-class PatchProjection(nn.Module):
-    """Holds the checkpoint's Conv3d weight [hidden, C, t, p, p] but applies it as one Linear."""
-
-    def __init__(self, cfg: VisionEncoderConfig):
-        super().__init__()
-        p, tp = cfg.patch_size, cfg.temporal_patch_size
-        self.weight = nn.Parameter(torch.empty(cfg.hidden_size, cfg.in_channels, tp, p, p))
-        self.bias = nn.Parameter(torch.empty(cfg.hidden_size))
-
-    def forward(self, patches: torch.Tensor) -> torch.Tensor:
-        return F.linear(patches.to(self.weight.dtype), self.weight.view(self.weight.shape[0], -1), self.bias)
-
-
-class PatchEmbed(nn.Module):
-    def __init__(self, cfg: VisionEncoderConfig):
-        super().__init__()
-        self.proj = PatchProjection(cfg)
-
-    def forward(self, patches: torch.Tensor) -> torch.Tensor:
-        return self.proj(patches)
 
 
 class VisionAttention(nn.Module):
@@ -76,12 +47,7 @@ class VisionAttention(nn.Module):
     def forward(self, x, cos, sin, cu_seqlens, max_seqlen, backend):
         n = x.shape[0]
         q, k, v = self.qkv(x).view(n, 3, self.num_heads, self.head_dim).unbind(1)
-        # rotary in fp32, as HF does, whatever the activation dtype
-        q, k = (apply_rotary(t.float(), cos, sin).to(x.dtype) for t in (q, k))
-        out = varlen_attention(
-            q, k, v, cu_seqlens, max_seqlen, causal=False, scale=self.head_dim**-0.5, backend=backend
-        )
-        return self.proj(out.reshape(n, -1))
+        return self.proj(rotary_attention(q, k, v, cos, sin, cu_seqlens, max_seqlen, backend))
 
 
 class VisionMLP(nn.Module):
@@ -92,19 +58,6 @@ class VisionMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_fc2(F.gelu(self.linear_fc1(x), approximate="tanh"))
-
-
-class VisionBlock(nn.Module):
-    def __init__(self, cfg: VisionEncoderConfig):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(cfg.hidden_size, eps=1e-6)
-        self.norm2 = nn.LayerNorm(cfg.hidden_size, eps=1e-6)
-        self.attn = VisionAttention(cfg)
-        self.mlp = VisionMLP(cfg)
-
-    def forward(self, x, cos, sin, cu_seqlens, max_seqlen, backend):
-        x = x + self.attn(self.norm1(x), cos, sin, cu_seqlens, max_seqlen, backend)
-        return x + self.mlp(self.norm2(x))
 
 
 class PatchMerger(nn.Module):
@@ -138,28 +91,22 @@ def _axis_taps(size: int, side: int, device) -> tuple[torch.Tensor, torch.Tensor
     return idx.clamp(max=side - 1), weights
 
 
-def block_order(grid: torch.Tensor, merge: int) -> torch.Tensor:
-    """[h, w, ...] in raster order -> [h * w, ...] in merge-block order."""
-    h, w = grid.shape[:2]
-    blocks = grid.reshape(h // merge, merge, w // merge, merge, *grid.shape[2:]).transpose(1, 2)
-    return blocks.reshape(h * w, *grid.shape[2:])
-
-
 class VisionEncoder(nn.Module):
     """Encodes packed images/videos; see the module docstring for the pipeline."""
 
     def __init__(self, cfg: VisionEncoderConfig, attention_backend: str = "reference"):
         super().__init__()
         self.cfg, self.attention_backend = cfg, attention_backend
-        self.patch_embed = PatchEmbed(cfg)
+        self.patch_embed = PatchEmbed(cfg.hidden_size, cfg.in_channels, cfg.temporal_patch_size, cfg.patch_size)
         self.pos_embed = nn.Embedding(cfg.num_position_embeddings, cfg.hidden_size)
-        self.blocks = nn.ModuleList(VisionBlock(cfg) for _ in range(cfg.depth))
+        norm = functools.partial(nn.LayerNorm, cfg.hidden_size, eps=1e-6)
+        self.blocks = nn.ModuleList(
+            VisionBlock(norm(), norm(), VisionAttention(cfg), VisionMLP(cfg)) for _ in range(cfg.depth)
+        )
         self.merger = PatchMerger(cfg, norm_after_grouping=False)
         self.merger_list = nn.ModuleList(PatchMerger(cfg, True) for _ in cfg.deepstack_visual_indexes)
         self.side = math.isqrt(cfg.num_position_embeddings)
-        quarter = cfg.head_dim // 4  # head_dim/2 rotary angles: half for rows, half for columns
-        inv = 1.0 / cfg.rope_theta ** (torch.arange(0, 2 * quarter, 2, dtype=torch.float32) / (2 * quarter))
-        self.register_buffer("inv_freq", inv, persistent=False)
+        self.register_buffer("inv_freq", rotary_2d_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
 
     def tokens_per_item(self, grids: Sequence[Grid]) -> list[int]:
         return [t * h * w // self.cfg.spatial_merge_size**2 for t, h, w in grids]
@@ -208,15 +155,3 @@ class VisionEncoder(nn.Module):
 
     def _rotary(self, grids: Sequence[Grid], device) -> tuple[torch.Tensor, torch.Tensor]:
         return rotary_2d(grids, self.cfg.spatial_merge_size, self.inv_freq.to(device))
-
-
-def rotary_2d(grids: Sequence[Grid], merge: int, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [P, head_dim] (patch order) of the 2-D rotary: angles (row * inv, col * inv), duplicated."""
-    rows, cols, device = [], [], inv_freq.device
-    for t, h, w in grids:
-        r, c = torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing="ij")
-        rows.append(block_order(r, merge).repeat(t))
-        cols.append(block_order(c, merge).repeat(t))
-    angles = torch.cat([torch.cat(rows)[:, None] * inv_freq, torch.cat(cols)[:, None] * inv_freq], dim=-1)
-    emb = torch.cat([angles, angles], dim=-1)
-    return emb.cos(), emb.sin()

@@ -10,16 +10,11 @@ requests at once.
 
 from __future__ import annotations
 
-import base64
-import binascii
-
 import numpy as np
 import torch
 
 from omniwalk.device import to_device
-from omniwalk.errors import InvalidRequestError
 from omniwalk.media.audio import decode_audio
-from omniwalk.media.fetch import fetch
 from omniwalk.media.image import decode_image
 from omniwalk.media.limits import DEFAULT_LIMITS, MediaLimits
 from omniwalk.media.mel import num_mel_frames
@@ -32,10 +27,11 @@ from omniwalk.media.patches import (
     resized_video_patches,
     seconds_per_grid,
 )
+from omniwalk.media.payload import part_payload
 from omniwalk.media.video import decode_video
+from omniwalk.models.common.processing.chat import MediaItem, MediaPart
+from omniwalk.models.common.processing.positions import AUDIO, IMAGE, VIDEO
 from omniwalk.models.qwen3_omni.networks.audio_encoder import audio_output_lengths
-from omniwalk.models.qwen3_omni.processing.chat import MediaItem, MediaPart
-from omniwalk.models.qwen3_omni.processing.positions import AUDIO, IMAGE, VIDEO
 
 
 def measure(part: MediaPart, n_window: int, limits: MediaLimits = DEFAULT_LIMITS) -> MediaItem:
@@ -43,12 +39,14 @@ def measure(part: MediaPart, n_window: int, limits: MediaLimits = DEFAULT_LIMITS
     vision encoder (uint8: ``image`` [h, w, 3], video ``frames`` [T, 3, h, w])."""
     p = part.part
     if part.kind == AUDIO:
-        wave = decode_audio(_payload(p, "audio", "input_audio", "audio_url", limits), limits)
+        wave = decode_audio(part_payload(p, "audio", "input_audio", "audio_url", limits), limits)
         return MediaItem(AUDIO, _num_audio_tokens(wave, n_window), data={"audio": wave})
     if part.kind == IMAGE:
-        image = torch.from_numpy(resize_image(decode_image(_payload(p, "image", None, "image_url", limits), limits)))
+        image = torch.from_numpy(
+            resize_image(decode_image(part_payload(p, "image", None, "image_url", limits), limits))
+        )
         return MediaItem(IMAGE, grid_thw=patch_grid(1, *image.shape[:2]), data={"image": image})
-    video = decode_video(_payload(p, "video", None, "video_url", limits), limits, fps=p.get("fps"))
+    video = decode_video(part_payload(p, "video", None, "video_url", limits), limits, fps=p.get("fps"))
     track = video.audio if p.get("audio") is None else decode_audio(np.asarray(p["audio"]), limits)
     frames = resize_video(torch.from_numpy(video.frames))
     grid = patch_grid(len(frames), *frames.shape[2:], VIDEO_PATCHES)
@@ -67,27 +65,3 @@ def vision_pixels(item: MediaItem, device) -> torch.Tensor:
 def _num_audio_tokens(wave: np.ndarray, n_window: int) -> int:
     """The encoder's output length for the clip (from its length: no features are computed here)."""
     return int(audio_output_lengths(num_mel_frames(len(wave)), n_window))
-
-
-def _payload(part: dict, array_key: str, base64_key: str | None, url_key: str, limits: MediaLimits):
-    """The part's array, base64 ``input_audio.data`` or ``data:`` URL bytes."""
-    if part.get(array_key) is not None:
-        return np.asarray(part[array_key])
-    if base64_key and isinstance(part.get(base64_key), dict):
-        return _b64(part[base64_key].get("data"), base64_key)
-    url = part.get(url_key)
-    url = url.get("url") if isinstance(url, dict) else url
-    if not isinstance(url, str):
-        raise InvalidRequestError(f"{url_key} must be a URL string or {{'url': ...}}")
-    if url.startswith("data:"):
-        if ";base64," not in url:
-            raise InvalidRequestError(f"{url_key}: data: URLs must carry base64 content")
-        return _b64(url.split(";base64,", 1)[1], url_key)
-    return fetch(url, url_key, limits)
-
-
-def _b64(data, where: str) -> bytes:
-    try:
-        return base64.b64decode(data, validate=True)
-    except (binascii.Error, TypeError, ValueError):
-        raise InvalidRequestError(f"{where}: content is not valid base64") from None

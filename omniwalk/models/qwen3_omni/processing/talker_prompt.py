@@ -31,9 +31,10 @@ import torch
 
 from omniwalk.device import to_device
 from omniwalk.errors import InvalidRequestError
-from omniwalk.models.qwen3_omni.checkpoint.config import CodecIds, TokenIds
+from omniwalk.models.common.checkpoint.config import TokenIds
+from omniwalk.models.common.processing.positions import MediaSpan, RopePositions, mrope_positions
+from omniwalk.models.qwen3_omni.checkpoint.config import CodecIds
 from omniwalk.models.qwen3_omni.networks.talker import Talker
-from omniwalk.models.qwen3_omni.processing.positions import MediaSpan, RopePositions, mrope_positions
 
 NUM_HEADER_TEXT = 3  # <|im_start|> assistant \n
 

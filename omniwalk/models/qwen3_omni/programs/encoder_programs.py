@@ -1,27 +1,19 @@
-"""Engine programs for the audio and vision encoders: pack items of many requests into one call.
-
-Work units are encoder input sizes (mel frames for audio, patches for vision). A request's items
-go into one batch together; an over-budget request runs alone.
-
-With CUDA graphs on, the layer loop (and what follows it) of a call whose layout fits a bucket
-replays a graph over the padded layout (``omniwalk.engine.packed_graphs``); the frontend (audio
-convs, vision patch embedding and rotary tables) stays eager.
+"""Qwen3-Omni's encoder programs: the shared ones (``models/common/programs/encoder_programs.py``)
+with CUDA graphs. With graphs on, the layer loop (and what follows it) of a call whose layout fits
+a bucket replays a graph over the padded layout (``omniwalk.engine.packed_graphs``); the frontend
+(audio convs, vision patch embedding and rotary tables) stays eager.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from omniwalk.device import to_device
-from omniwalk.engine.batch_stage import BatchProgram
 from omniwalk.engine.cuda_graphs import StaticInput
 from omniwalk.engine.packed_graphs import PackedGraphs, layout_buckets
-from omniwalk.engine.request import EngineRequest, Work
-from omniwalk.media.mel import log_mel, num_mel_frames
+from omniwalk.layers.vision import VisionOutput
+from omniwalk.models.common.programs import encoder_programs
 from omniwalk.models.qwen3_omni.networks.audio_encoder import AudioEncoder
-from omniwalk.models.qwen3_omni.networks.vision_encoder import VisionEncoder, VisionOutput
+from omniwalk.models.qwen3_omni.networks.vision_encoder import VisionEncoder
 from omniwalk.models.qwen3_omni.processing.media_inputs import vision_pixels
 
 KNOB = "encoder_graph_max_tokens (0 = encoders run eagerly)"
@@ -30,13 +22,9 @@ KNOB = "encoder_graph_max_tokens (0 = encoders run eagerly)"
 MIN_COMMON_FRAME_PATCHES = 256
 
 
-def _fits(cost: int, budget: int, batch_is_empty: bool) -> int:
-    return cost if cost and (cost <= budget or batch_is_empty) else 0
-
-
-class AudioEncoderProgram(BatchProgram):
+class AudioEncoderProgram(encoder_programs.AudioEncoderProgram):
     def __init__(self, encoder: AudioEncoder, device, dtype: torch.dtype, graph_max_tokens: int = 0):
-        self.encoder, self.device, self.dtype = encoder, device, dtype
+        super().__init__(encoder, device, dtype)
         # segments are attention windows; the shortest common clip is one chunk (1 s)
         buckets = layout_buckets(graph_max_tokens, encoder.window_tokens, encoder.chunk_tokens)
         specs = {"x": StaticInput((encoder.cfg.d_model,), dtype)}
@@ -51,24 +39,6 @@ class AudioEncoderProgram(BatchProgram):
     def stats(self) -> dict:
         return self.graphs.stats()
 
-    @staticmethod
-    def _pending(req: EngineRequest) -> list[int]:
-        return [i for i, out in enumerate(req.state.media.audio_out) if out is None]
-
-    def take(self, req: EngineRequest, budget: int, batch_is_empty: bool) -> int:
-        waves = req.state.media.waves
-        return _fits(sum(num_mel_frames(len(waves[i])) for i in self._pending(req)), budget, batch_is_empty)
-
-    @torch.inference_mode()
-    def run(self, batch: list[Work]) -> None:
-        slots = [(req, i) for req, _ in batch for i in self._pending(req)]
-        waves = [to_device(torch.from_numpy(req.state.media.waves[i]), self.device) for req, i in slots]
-        features, _ = log_mel(waves)  # each clip as if alone (the processor's token counts)
-        frames = [num_mel_frames(len(w)) for w in waves]  # log_mel's valid frames, known on the host
-        out = self.encode(features.to(self.dtype), frames)
-        for (req, i), rows in zip(slots, out.split(self.encoder.output_lengths(frames)), strict=True):
-            req.state.media.audio_out[i] = rows
-
     @torch.inference_mode()
     def encode(self, features: torch.Tensor, frames: list[int]) -> torch.Tensor:
         """The encoder's rows for these clips: replayed from a graph when the layout fits a bucket."""
@@ -79,13 +49,10 @@ class AudioEncoderProgram(BatchProgram):
         x = self.encoder.embed(features, frames)
         return self.graphs.run(bucket, lengths, {"x": x})["out"][: x.shape[0]].clone()
 
-    def is_finished(self, req: EngineRequest) -> bool:
-        return not self._pending(req)
 
-
-class VisionEncoderProgram(BatchProgram):
+class VisionEncoderProgram(encoder_programs.VisionEncoderProgram):
     def __init__(self, encoder: VisionEncoder, device, dtype: torch.dtype, graph_max_tokens: int = 0):
-        self.encoder, self.device, self.dtype = encoder, device, dtype
+        super().__init__(encoder, device, dtype, vision_pixels)
         buckets = layout_buckets(graph_max_tokens, None, MIN_COMMON_FRAME_PATCHES)
         rotary = (1, encoder.cfg.head_dim)
         specs = {
@@ -104,25 +71,6 @@ class VisionEncoderProgram(BatchProgram):
 
     def stats(self) -> dict:
         return self.graphs.stats()
-
-    @staticmethod
-    def _pending(req: EngineRequest) -> list[int]:
-        return [i for i, out in enumerate(req.state.media.vision_out) if out is None]
-
-    def take(self, req: EngineRequest, budget: int, batch_is_empty: bool) -> int:
-        items = req.state.media.vision
-        return _fits(sum(math.prod(items[i].grid_thw) for i in self._pending(req)), budget, batch_is_empty)
-
-    @torch.inference_mode()
-    def run(self, batch: list[Work]) -> None:
-        slots = [(req, req.state.media.vision[i], i) for req, _ in batch for i in self._pending(req)]
-        pixels = torch.cat([vision_pixels(item, self.device) for _, item, _ in slots]).to(self.dtype)
-        out = self.encode(pixels, [item.grid_thw for _, item, _ in slots])
-        for (req, _, i), result in zip(slots, out.split(), strict=True):
-            req.state.media.vision_out[i] = result
-
-    def is_finished(self, req: EngineRequest) -> bool:
-        return not self._pending(req)
 
     @torch.inference_mode()
     def encode(self, pixels: torch.Tensor, grids: list[tuple[int, int, int]]) -> VisionOutput:

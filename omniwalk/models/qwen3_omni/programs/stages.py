@@ -13,38 +13,26 @@ from __future__ import annotations
 
 from omniwalk.config import EngineConfig, OmniConfig
 from omniwalk.engine.batch_stage import BatchStage, BatchStageConfig
-from omniwalk.engine.kv_pages import KVStorage
 from omniwalk.engine.kv_stage import KVStage, KVStageConfig
 from omniwalk.engine.prefill_graphs import PrefillPlan
-from omniwalk.models.qwen3_omni.checkpoint.config import DecoderConfig, Qwen3OmniConfig
+from omniwalk.models.common.processing.chat import Prompt
+from omniwalk.models.common.processing.positions import AUDIO
+from omniwalk.models.common.programs.request_state import MediaState, OmniRequestState, ThinkerState
+from omniwalk.models.common.programs.thinker_program import ThinkerProgram, kv_storage
+from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.networks.code2wav_stream import VocoderStreamConfig
 from omniwalk.models.qwen3_omni.networks.talker import TalkerSamplingParams
 from omniwalk.models.qwen3_omni.options import Qwen3OmniOptions
-from omniwalk.models.qwen3_omni.processing.chat import Prompt
-from omniwalk.models.qwen3_omni.processing.positions import AUDIO
 from omniwalk.models.qwen3_omni.processing.talker_prompt import talker_prefix_length
 from omniwalk.models.qwen3_omni.programs.encoder_programs import AudioEncoderProgram, VisionEncoderProgram
-from omniwalk.models.qwen3_omni.programs.request_state import (
-    MediaState,
-    OmniRequestState,
-    TalkerState,
-    ThinkerState,
-    VocoderState,
-)
+from omniwalk.models.qwen3_omni.programs.request_state import TalkerState, VocoderState
 from omniwalk.models.qwen3_omni.programs.talker_program import TalkerProgram
-from omniwalk.models.qwen3_omni.programs.thinker_program import ThinkerProgram
 from omniwalk.models.qwen3_omni.programs.vocoder_program import VocoderProgram
 from omniwalk.parallel.layers import local_heads
 from omniwalk.sampling import SamplerState, SamplingParams
 from omniwalk.tokenizer import IncrementalDetokenizer
 
 STAGES = ("audio_encoder", "vision_encoder", "thinker", "talker", "vocoder")
-
-
-def _kv_storage(cfg: DecoderConfig, budget: int, page_size: int, dtype, device) -> KVStorage:
-    return KVStorage.from_budget(
-        budget, page_size, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, dtype, device
-    )
 
 
 def build_stages(parts: dict, cfg: Qwen3OmniConfig, config: OmniConfig, devices: dict[str, str]) -> list:
@@ -72,7 +60,7 @@ def build_stages(parts: dict, cfg: Qwen3OmniConfig, config: OmniConfig, devices:
         KVStage(
             "thinker",
             thinker,
-            _kv_storage(local_heads(cfg.text, model.tensor_parallel), opts.thinker_kv_bytes, page, dtype, device),
+            kv_storage(local_heads(cfg.text, model.tensor_parallel), opts.thinker_kv_bytes, page, dtype, device),
             KVStageConfig(engine.max_batch_tokens, engine.max_running, decode, prefill),
             device,
         ),
@@ -82,7 +70,7 @@ def build_stages(parts: dict, cfg: Qwen3OmniConfig, config: OmniConfig, devices:
         device, voice = devices["talker"], devices["vocoder"]
         talker = TalkerProgram(parts["talker"], parts["text_embedding"], cfg.tokens, cfg.position_id_per_seconds,
                                device, decode, graphs, _prefill(engine, budget, prefill))  # fmt: skip
-        storage = _kv_storage(cfg.talker.text, opts.talker_kv_bytes, engine.page_size, dtype, device)
+        storage = kv_storage(cfg.talker.text, opts.talker_kv_bytes, engine.page_size, dtype, device)
         stream = VocoderStreamConfig(opts.vocoder_chunk_frames, opts.vocoder_first_chunk_frames)
         vocoder = VocoderProgram(parts["code2wav"], stream, voice, engine.max_running, opts.vocoder_max_batch, graphs)
         stages += [

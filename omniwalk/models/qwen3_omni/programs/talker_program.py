@@ -30,9 +30,9 @@ from omniwalk.engine.kv_stage import KVProgram
 from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
 from omniwalk.engine.prefill_graphs import NO_PREFILL_GRAPHS, PrefillGraphs, PrefillPlan
 from omniwalk.engine.request import Chunk, EngineRequest
-from omniwalk.models.qwen3_omni.checkpoint.config import TokenIds
+from omniwalk.models.common.checkpoint.config import TokenIds
+from omniwalk.models.common.processing.positions import batch_spans
 from omniwalk.models.qwen3_omni.networks.talker import Talker
-from omniwalk.models.qwen3_omni.processing.positions import batch_spans
 from omniwalk.models.qwen3_omni.processing.talker_prompt import talker_prefix
 from omniwalk.sampling import BatchParams, advance, draw
 

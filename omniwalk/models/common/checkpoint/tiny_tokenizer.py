@@ -1,11 +1,11 @@
-"""A real byte-level BPE tokenizer for tiny checkpoints, laid out like Qwen's.
+"""A real byte-level BPE tokenizer for tiny checkpoints, laid out like the published omni vocabularies.
 
 Built with the ``tokenizers`` library from a small built-in corpus, then re-numbered so that:
 
-- the 256 byte symbols take ids 0..255 in GPT-2 byte order (so "\\n" is 198, as in Qwen);
+- the 256 byte symbols take ids 0..255 in GPT-2 byte order (so "\\n" is 198, as in the published vocabularies);
 - the role words ``system``/``user``/``assistant`` are single tokens at the ids config.json
   names, so ``<|im_start|>assistant\\n`` is exactly three tokens;
-- every special token sits at its configured id (names as in the Qwen vocabulary);
+- every special token sits at its configured id (the family's spellings);
 - the ids up to the first special token are filled with decodable filler words, so any id a
   random model samples decodes to text.
 """
@@ -14,28 +14,13 @@ from __future__ import annotations
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from omniwalk.models.qwen3_omni.checkpoint.config import TokenIds
+from omniwalk.models.common.checkpoint.config import TokenIds
 
-# Qwen2/3 pre-tokenizer split pattern (contractions, letters, single digits, punctuation, spaces).
+# the published tokenizers' pre-tokenizer split pattern (contractions, letters, single digits, punctuation, spaces).
 SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 ENDOFTEXT = "<|endoftext|>"
-# Special-token strings for the ids config.json names (TokenIds field -> string).
-SPECIAL_NAMES = {
-    "im_start": "<|im_start|>",
-    "im_end": "<|im_end|>",
-    "vision_start": "<|vision_start|>",
-    "vision_end": "<|vision_end|>",
-    "image_pad": "<|image_pad|>",
-    "video_pad": "<|video_pad|>",
-    "audio_start": "<|audio_start|>",
-    "audio_end": "<|audio_end|>",
-    "audio_pad": "<|audio_pad|>",
-    "tts_pad": "<tts_pad>",
-    "tts_bos": "<tts_text_bos>",
-    "tts_eos": "<tts_text_eod>",
-}
 ROLE_WORDS = ("system", "user", "assistant")
 _CORPUS_WORDS = """
 the of and to in is you that it he was for on are as with his they at be this have from or one had by
@@ -109,7 +94,7 @@ def _filler(i: int) -> str:
             return "Ġzz" + letters
 
 
-def build_tokenizer(tokens: TokenIds, names: dict[str, str] = SPECIAL_NAMES) -> Tokenizer:
+def build_tokenizer(tokens: TokenIds, names: dict[str, str]) -> Tokenizer:
     """A byte-level BPE tokenizer whose special and role tokens sit at ``tokens``' ids; ``names``:
     each special ``TokenIds`` field's string (a model family's own spelling)."""
     trained_vocab, merges = _trained_bpe()

@@ -1,6 +1,6 @@
 """Chat messages -> thinker prompt: ids with expanded placeholder runs, media spans, MRoPE positions.
 
-Three steps, each equal to what HF's chat template + ``Qwen3OmniMoeProcessor`` do:
+Three steps, each equal to what HF's chat template + the family's HF processor do:
 
 1. ``normalize_messages``: OpenAI-style messages -> messages whose parts are canonical
    (``text`` / ``audio`` / ``image`` / ``video``), plus the media payloads in content order.
@@ -26,8 +26,8 @@ from functools import cache
 from typing import Any
 
 from omniwalk.errors import CheckpointError, InvalidRequestError
-from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig, TokenIds
-from omniwalk.models.qwen3_omni.processing.positions import (
+from omniwalk.models.common.checkpoint.config import TokenIds
+from omniwalk.models.common.processing.positions import (
     AUDIO,
     AUDIO_IN_VIDEO,
     IMAGE,
@@ -41,11 +41,6 @@ from omniwalk.models.qwen3_omni.processing.positions import (
 from omniwalk.tokenizer import Tokenizer
 
 ROLES = ("system", "user", "assistant")
-# the system turn of a request without one (as HF's Qwen3-Omni examples give it; a config field overrides it)
-DEFAULT_SYSTEM_PROMPT = (
-    "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving auditory and "
-    "visual inputs, as well as generating text and speech."
-)
 # content part type -> canonical media kind; "text" stays text
 PART_KINDS = {
     "audio": AUDIO,
@@ -95,9 +90,10 @@ class Prompt:
 
 
 class ChatProcessor:
-    """The three steps bound to one checkpoint's tokenizer, template and token ids."""
+    """The three steps bound to one checkpoint's tokenizer, template and token ids. ``cfg``: a
+    family's config with ``tokens``, ``vision.spatial_merge_size``, ``position_id_per_seconds``."""
 
-    def __init__(self, cfg: Qwen3OmniConfig, tokenizer: Tokenizer, default_system_prompt: str | None):
+    def __init__(self, cfg, tokenizer: Tokenizer, default_system_prompt: str | None):
         if not tokenizer.chat_template:
             raise CheckpointError("the checkpoint has no chat template (tokenizer_config.json chat_template)")
         self.cfg, self.tokenizer, self.default_system_prompt = cfg, tokenizer, default_system_prompt
@@ -190,7 +186,7 @@ def expand_placeholders(
 ) -> tuple[list[int], list[MediaSpan]]:
     """Replace each single placeholder id by its run; ``items`` are in content order.
     ``audio_video_order(grid, seconds_per_grid, num_audio, position_id_per_seconds)``: an
-    audio-in-video span's token order (True = video) (default: Qwen3-Omni's ``interleave_audio_video``)."""
+    audio-in-video span's token order (True = video) (default: ``interleave_audio_video``)."""
     pads = {tokens.audio_pad: AUDIO, tokens.image_pad: IMAGE, tokens.video_pad: VIDEO}
     found = [pads[t] for t in ids if t in pads]
     if found != [item.kind for item in items]:
@@ -219,7 +215,7 @@ def _check_sentinels(ids: list[int], i: int, kind: str, t: TokenIds) -> None:
         raise InvalidRequestError(f"the chat template must wrap each {kind} placeholder in its start/end tokens")
 
 
-def _qwen3_order(grid, seconds_per_grid: float, num_audio: int, pos_per_s: float) -> list[bool]:
+def _time_order(grid, seconds_per_grid: float, num_audio: int, pos_per_s: float) -> list[bool]:
     return interleave_audio_video(video_times(grid, seconds_per_grid, pos_per_s), num_audio)
 
 
@@ -236,7 +232,7 @@ def _expand(item: MediaItem, start: int, t: TokenIds, merge: int, use_audio_in_v
         span = MediaSpan(VIDEO, start, grid=grid, seconds_per_grid=item.seconds_per_grid)
         return span, [t.video_pad] * span.num_video
     span = MediaSpan(AUDIO_IN_VIDEO, start, item.num_audio_tokens, grid, item.seconds_per_grid)
-    order = (audio_video_order or _qwen3_order)(grid, item.seconds_per_grid, item.num_audio_tokens, pos_per_s)
+    order = (audio_video_order or _time_order)(grid, item.seconds_per_grid, item.num_audio_tokens, pos_per_s)
     return span, [t.audio_start, *(t.video_pad if v else t.audio_pad for v in order), t.audio_end]
 
 

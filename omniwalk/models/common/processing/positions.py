@@ -89,11 +89,12 @@ def batch_spans(spans: list[tuple[RopePositions, int, int]]) -> torch.Tensor:
     return torch.cat(parts, dim=1) if parts else torch.zeros(3, 0)
 
 
-def video_times(grid: tuple[int, int, int], seconds_per_grid: float, position_id_per_seconds: float) -> torch.Tensor:
-    """Temporal position offset of each merged video token [t*h*w] (float32, like HF)."""
+def video_times(grid: tuple[int, int, int], seconds_per_grid: float, pos_per_s: float, truncate=False) -> torch.Tensor:
+    """Temporal position offset of each merged video token [t*h*w] (float32, like HF; ``truncate``:
+    whole numbers, cut toward zero)."""
     t, h, w = grid
-    times = torch.arange(t) * torch.tensor(seconds_per_grid, dtype=torch.float32) * position_id_per_seconds
-    return times.float().repeat_interleave(h * w)
+    times = torch.arange(t) * torch.tensor(seconds_per_grid, dtype=torch.float32) * pos_per_s
+    return (times.long() if truncate else times).float().repeat_interleave(h * w)
 
 
 def interleave_audio_video(times: torch.Tensor, num_audio: int) -> list[bool]:
@@ -150,7 +151,7 @@ def mrope_positions(
     num_tokens: int, spans: list[MediaSpan], position_id_per_seconds: float, span_blocks=None
 ) -> RopePositions:
     """Positions of a ``num_tokens`` prompt whose media placeholder runs are ``spans``;
-    ``span_blocks(span, p, position_id_per_seconds)``: a span's position blocks (default: Qwen3-Omni's)."""
+    ``span_blocks(span, p, position_id_per_seconds)``: a span's position blocks (default: the rules above)."""
     span_blocks = span_blocks or _span_blocks
     blocks, cursor = [], 0
     for span in sorted(spans, key=lambda s: s.start):

@@ -1,4 +1,4 @@
-"""The thinker language model: embedding + multimodal scatter, DeepStack, MoE decoder, lm_head.
+"""The thinker language model: embedding + multimodal scatter, DeepStack, decoder (MoE or dense), lm_head.
 
 Module names mirror the checkpoint under ``thinker.`` (``model.embed_tokens``, ``model.layers.N.*``,
 ``model.norm``, ``lm_head``); the audio and vision encoders (``thinker.audio_tower`` /
@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from omniwalk.errors import InvalidRequestError
+from omniwalk.layers.decoder import Decoder, DecoderConfig, KVCache
 from omniwalk.modality import MEDIA, Modality
-from omniwalk.models.qwen3_omni.checkpoint.config import DecoderConfig, TokenIds
-from omniwalk.models.qwen3_omni.networks.decoder import Decoder, KVCache
+from omniwalk.models.common.checkpoint.config import TokenIds
 
 
 @dataclass
@@ -52,7 +52,7 @@ class ThinkerModel(Decoder):
 
 
 class Thinker(nn.Module):
-    """``deepstack``: vision placeholders take DeepStack rows too (Qwen3-Omni; Qwen2.5-Omni has none)."""
+    """``deepstack``: vision placeholders take DeepStack rows too (the vision encoder's extra taps)."""
 
     def __init__(
         self, cfg: DecoderConfig, tokens: TokenIds, accept_hidden_layer: int, moe_backend="reference", deepstack=True

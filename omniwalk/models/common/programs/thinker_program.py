@@ -30,11 +30,19 @@ from omniwalk.engine.kv_stage import KVProgram
 from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
 from omniwalk.engine.prefill_graphs import NO_PREFILL_GRAPHS, PrefillGraphs, PrefillPlan
 from omniwalk.engine.request import Chunk, EngineRequest
+from omniwalk.layers.decoder import DecoderConfig
 from omniwalk.modality import MEDIA, Modality
-from omniwalk.models.qwen3_omni.networks.thinker import MediaEmbeddings, Thinker
-from omniwalk.models.qwen3_omni.processing.positions import batch_spans
-from omniwalk.models.qwen3_omni.programs.request_state import ThinkerState
+from omniwalk.models.common.networks.thinker import MediaEmbeddings, Thinker
+from omniwalk.models.common.processing.positions import batch_spans
+from omniwalk.models.common.programs.request_state import ThinkerState
 from omniwalk.sampling import TokenLogprob, sample_async
+
+
+def kv_storage(cfg: DecoderConfig, budget: int, page_size: int, dtype, device) -> KVStorage:
+    """Paged KV storage for a decoder's layers within ``budget`` bytes."""
+    return KVStorage.from_budget(
+        budget, page_size, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, dtype, device
+    )
 
 
 class ThinkerProgram(KVProgram):
@@ -237,8 +245,8 @@ class ThinkerProgram(KVProgram):
 
     def keep_rows(self, req: EngineRequest, start: int, n: int, x, out: dict, offset: int) -> None:
         """Keep what a downstream stage reads of this chunk (rows ``offset`` .. + n of the step's
-        embeddings ``x`` and decoder outputs ``out``): for Qwen3-Omni's talker, the prompt's
-        embeddings and accept-layer states."""
+        embeddings ``x`` and decoder outputs ``out``): by default (a talker fed the prompt's
+        embeddings and accept-layer states), the prompt's; a family overrides it."""
         if req.state.talker is not None:
             self._keep_prompt_rows(req.state.thinker, start, n, x, out["accept_hidden"], offset)
 

@@ -1,10 +1,10 @@
 """The causal decoder shared by the thinker LM, the talker LM and the code predictor.
 
 One layer (pre-norm): ``h += o_proj(Attn(input_layernorm(h)))``, ``h += MLP(post_attention_layernorm(h))``.
-Attention: per-head RMSNorm on q and k *before* rope, GQA, causal, scale head_dim^-0.5, no bias
-(Qwen3); or biased q/k/v projections without the q/k norm (``DecoderConfig.qkv_bias`` /
-``qk_norm``: Qwen2.5, also the second family's decoders). Rope is MRoPE (interleaved or
-sectioned, ``rope.interleaved``) when ``DecoderConfig.rope.mrope_section`` is set, else 1-D.
+Attention: GQA, causal, scale head_dim^-0.5, either per-head RMSNorm on q and k *before* rope with
+bias-free projections, or biased q/k/v projections without the q/k norm (``DecoderConfig.qkv_bias`` /
+``qk_norm``). Rope is MRoPE (interleaved or sectioned, ``rope.interleaved``) when
+``DecoderConfig.rope.mrope_section`` is set, else 1-D.
 MLP is a ``SparseMoE`` (optionally with a shared expert) or a dense ``GatedMLP``.
 
 The residual stream is carried as ``(h, delta)``: a sub-block's output ``delta`` is added by the
@@ -27,6 +27,7 @@ one in the component tests (``tests/single_request.py``). Module names match the
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -39,7 +40,48 @@ from omniwalk.layers.paged_decode import paged_decode_triton
 from omniwalk.layers.qk_norm_rope import KVOut, qk_norm_rope_triton
 from omniwalk.layers.rotary import apply_rotary, mrope_cos_sin, rope_cos_sin, rotary_tables
 from omniwalk.layers.skinny_gemm import SkinnyLinear
-from omniwalk.models.qwen3_omni.checkpoint.config import DecoderConfig
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding: ``mrope_section`` (T, H, W slot counts) is None for plain 1-D rope;
+    ``interleaved``: the T/H/W slots interleaved, else in three sections (``layers/rotary.py``)."""
+
+    theta: float
+    mrope_section: tuple[int, ...] | None = None
+    interleaved: bool = True
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """A causal transformer decoder (a family's language models: the thinker, a talker ...).
+
+    ``num_experts == 0`` means dense MLPs of ``intermediate_size``; otherwise every layer is a
+    MoE of ``num_experts`` experts of ``moe_intermediate_size``, plus a sigmoid-gated shared
+    expert when ``shared_expert_intermediate_size > 0``.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope: RopeConfig
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    qkv_bias: bool = False  # q_proj, k_proj, v_proj carry biases
+    qk_norm: bool = True  # per-head RMSNorm on q and k before rope
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
 
 class KVCache(Protocol):
@@ -200,7 +242,7 @@ def use_kernels(module: nn.Module, norm_backend: str) -> None:
         if isinstance(m, SparseMoE) and m.backend == "fused":
             m.fold_shared_expert()
         elif isinstance(m, (Attention, GatedMLP)) and norm_backend == "triton":
-            # TODO: a rope-only kernel with biased projections for attention without q/k norm (Qwen2.5)
+            # TODO: a rope-only kernel with biased projections for attention without q/k norm
             if not isinstance(m, Attention) or m.can_fuse:
                 m.merge_projections()
 

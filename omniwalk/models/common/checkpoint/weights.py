@@ -1,7 +1,7 @@
 """Checkpoint names -> our modules.
 
-Our module tree mirrors the published checkpoint's names (``thinker.audio_tower.*``,
-``thinker.model.layers.N.*``, ``talker.code_predictor.*``, ``code2wav.*``) with one exception:
+Our module trees mirror the published checkpoints' names (``thinker.audio_tower.*``,
+``thinker.model.layers.N.*``, ``talker.*`` ...) with one exception:
 MoE experts are stored per expert in the checkpoint but fused in our modules, because grouped
 GEMMs want one tensor per projection:
 

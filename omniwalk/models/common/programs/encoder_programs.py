@@ -1,0 +1,83 @@
+"""Engine programs for the audio and vision encoders: pack items of many requests into one call.
+
+Work units are encoder input sizes (mel frames for audio, patches for vision). A request's items
+go into one batch together; an over-budget request runs alone. ``encode`` runs the encoder; a
+family may override it (e.g. to replay CUDA graphs of the layer loop).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from omniwalk.device import to_device
+from omniwalk.engine.batch_stage import BatchProgram
+from omniwalk.engine.request import EngineRequest, Work
+from omniwalk.media.mel import log_mel, num_mel_frames
+
+
+def fits(cost: int, budget: int, batch_is_empty: bool) -> int:
+    return cost if cost and (cost <= budget or batch_is_empty) else 0
+
+
+class AudioEncoderProgram(BatchProgram):
+    """``zero_tail``: each clip featurised as the family's processor pads it (``media/mel.py``)."""
+
+    def __init__(self, encoder, device, dtype: torch.dtype, zero_tail: bool = False):
+        self.encoder, self.device, self.dtype, self.zero_tail = encoder, device, dtype, zero_tail
+
+    @staticmethod
+    def _pending(req: EngineRequest) -> list[int]:
+        return [i for i, out in enumerate(req.state.media.audio_out) if out is None]
+
+    def take(self, req: EngineRequest, budget: int, batch_is_empty: bool) -> int:
+        waves = req.state.media.waves
+        cost = sum(num_mel_frames(len(waves[i]), zero_tail=self.zero_tail) for i in self._pending(req))
+        return fits(cost, budget, batch_is_empty)
+
+    @torch.inference_mode()
+    def run(self, batch: list[Work]) -> None:
+        slots = [(req, i) for req, _ in batch for i in self._pending(req)]
+        waves = [to_device(torch.from_numpy(req.state.media.waves[i]), self.device) for req, i in slots]
+        features, _ = log_mel(waves, zero_tail=self.zero_tail)  # each clip as if alone (the processor's counts)
+        frames = [num_mel_frames(len(w), zero_tail=self.zero_tail) for w in waves]  # valid frames, on the host
+        out = self.encode(features.to(self.dtype), frames)
+        for (req, i), rows in zip(slots, out.split(self.encoder.output_lengths(frames)), strict=True):
+            req.state.media.audio_out[i] = rows
+
+    def encode(self, features: torch.Tensor, frames: list[int]) -> torch.Tensor:
+        return self.encoder(features, frames)
+
+    def is_finished(self, req: EngineRequest) -> bool:
+        return not self._pending(req)
+
+
+class VisionEncoderProgram(BatchProgram):
+    """``pixels(item, device)``: an image or video item's encoder input (the family's preprocessing)."""
+
+    def __init__(self, encoder, device, dtype: torch.dtype, pixels: Callable):
+        self.encoder, self.device, self.dtype, self.pixels = encoder, device, dtype, pixels
+
+    @staticmethod
+    def _pending(req: EngineRequest) -> list[int]:
+        return [i for i, out in enumerate(req.state.media.vision_out) if out is None]
+
+    def take(self, req: EngineRequest, budget: int, batch_is_empty: bool) -> int:
+        items = req.state.media.vision
+        return fits(sum(math.prod(items[i].grid_thw) for i in self._pending(req)), budget, batch_is_empty)
+
+    @torch.inference_mode()
+    def run(self, batch: list[Work]) -> None:
+        slots = [(req, req.state.media.vision[i], i) for req, _ in batch for i in self._pending(req)]
+        pixels = torch.cat([self.pixels(item, self.device) for _, item, _ in slots]).to(self.dtype)
+        out = self.encode(pixels, [item.grid_thw for _, item, _ in slots])
+        for (req, _, i), result in zip(slots, out.split(), strict=True):
+            req.state.media.vision_out[i] = result
+
+    def encode(self, pixels: torch.Tensor, grids: list[tuple[int, int, int]]):
+        return self.encoder(pixels, grids)
+
+    def is_finished(self, req: EngineRequest) -> bool:
+        return not self._pending(req)

@@ -1,0 +1,111 @@
+"""Per-request state of an omni walk, owned by the model programs (the engine never looks in).
+
+Built once from a processed request (prompt, measured media, sampling parameters). Each stage
+reads what the stages before it produced and writes its own part:
+
+    media       encoder outputs per item            audio / vision encoder programs
+    thinker     seq = prompt + generated ids, ...   thinker program
+    talker      the family's talker state           talker program (speech only)
+    vocoder     the family's vocoder state          vocoder program (speech only)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from omniwalk.models.common.networks.thinker import MediaEmbeddings
+from omniwalk.models.common.processing.chat import Prompt
+from omniwalk.models.common.processing.positions import AUDIO, IMAGE, VIDEO
+from omniwalk.sampling import SamplerState, SamplingParams, TokenLogprob
+from omniwalk.tokenizer import IncrementalDetokenizer
+
+
+@dataclass
+class MediaState:
+    """Encoder inputs and outputs of one request, in prompt order per modality."""
+
+    waves: list[np.ndarray]  # audio clips and (audio-in-video) video audio tracks, in prompt order
+    vision: list  # MediaItem of every image and video, in prompt order
+    audio_out: list[torch.Tensor | None] = field(default_factory=list)
+    vision_out: list[tuple[torch.Tensor, list[torch.Tensor]] | None] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.audio_out = [None] * len(self.waves)
+        self.vision_out = [None] * len(self.vision)
+
+    @property
+    def is_encoded(self) -> bool:
+        return all(o is not None for o in self.audio_out) and all(o is not None for o in self.vision_out)
+
+    def embeddings(self) -> MediaEmbeddings | None:
+        """Assemble the thinker's media rows (placeholder order within each modality)."""
+        if not self.waves and not self.vision:
+            return None
+        media = MediaEmbeddings({AUDIO: torch.cat(self.audio_out)} if self.waves else {})
+        for kind in (IMAGE, VIDEO):
+            outs = [o for item, o in zip(self.vision, self.vision_out, strict=True) if item.kind == kind]
+            if outs:
+                media.rows[kind] = torch.cat([main for main, _ in outs])
+                levels = list(zip(*[deep for _, deep in outs], strict=True))
+                if levels:  # (an encoder without DeepStack taps has none)
+                    media.deepstack[kind] = torch.stack([torch.cat(level) for level in levels])
+        return media
+
+
+@dataclass
+class ThinkerState:
+    prompt: Prompt
+    params: SamplingParams
+    sampler: SamplerState
+    detok: IncrementalDetokenizer
+    max_tokens: int  # params.max_tokens capped by the context length
+    seq: list[int]  # prompt + generated ids read back (committed)
+    # ids sampled after ``seq`` but not read back yet: (device tensor of a draw, row), oldest first.
+    # The KV holds a prefix of seq + inflight; the next step feeds them from the device.
+    inflight: list[tuple[torch.Tensor, int]] = field(default_factory=list)
+    picks: list[TokenLogprob] = field(default_factory=list)
+    text: str = ""  # emitted text (cut before a stop string)
+    finish_reason: str | None = None
+    media: MediaEmbeddings | None = None  # assembled once every encoder is done
+    placeholders_before: dict[str, np.ndarray] | None = None  # kind -> #placeholders in seq[:i]
+    # For the talker: the thinker prompt's decoder input embeddings and accept-layer hidden states.
+    prompt_embeddings: torch.Tensor | None = None
+    prompt_accept_hidden: torch.Tensor | None = None
+    # Token ids committed as the answer instead of the first draw (ending with a stop token), so
+    # the talker voices exactly this text (/v1/audio/speech); None = generate as usual.
+    forced_answer: list[int] | None = None
+
+    @property
+    def num_generated(self) -> int:
+        """Generated ids read back (committed)."""
+        return len(self.seq) - self.prompt.num_prompt_tokens
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt + generated ids, those still on the device included: the sequence the KV follows."""
+        return len(self.seq) + len(self.inflight)
+
+    @property
+    def num_sampled(self) -> int:
+        return self.num_generated + len(self.inflight)
+
+    @property
+    def generated(self) -> list[int]:
+        return self.seq[self.prompt.num_prompt_tokens :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class OmniRequestState:
+    media: MediaState
+    thinker: ThinkerState
+    talker: Any = None  # the family's talker state (speech requests)
+    vocoder: Any = None  # the family's vocoder state (speech requests)
+    use_audio_in_video: bool = False
