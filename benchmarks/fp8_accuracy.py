@@ -32,12 +32,12 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, when not installed
+from omniwalk.layers.decoder import RowsKVCache  # noqa: E402
 from omniwalk.layers.fp8 import dequantize, quantize  # noqa: E402
+from omniwalk.models.common.networks.thinker import Thinker  # noqa: E402
 from omniwalk.models.qwen3_omni import PRESETS  # noqa: E402
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig  # noqa: E402
 from omniwalk.models.qwen3_omni.checkpoint.loader import randomize  # noqa: E402
-from omniwalk.models.qwen3_omni.networks.decoder import RowsKVCache  # noqa: E402
-from omniwalk.models.qwen3_omni.networks.thinker import Thinker  # noqa: E402
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 EXPERTS = ("gate_up_proj", "down_proj")

@@ -25,10 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import test_thinker_gpu  # noqa: E402
 
-from omniwalk.layers import moe  # noqa: E402
+from omniwalk.layers import (
+    decoder,  # noqa: E402
+    moe,  # noqa: E402
+)
 from omniwalk.layers.qk_norm_rope import qk_norm_rope_triton  # noqa: E402
 from omniwalk.layers.skinny_gemm import MAX_ROWS  # noqa: E402
-from omniwalk.models.qwen3_omni.networks import decoder  # noqa: E402
 
 
 def _split_qkv(self, x, cos, sin, cache, layer):
