@@ -215,7 +215,10 @@ def test_api_key_and_body_limit_and_queue_full():
             async with httpx.AsyncClient(timeout=600) as h:  # (1500 steps: slow on a busy 2-core machine)
                 body = {"messages": USER, "max_tokens": 1500, "ignore_eos": True}
                 first = asyncio.create_task(h.post(f"{base}/v1/chat/completions", json=body, headers=ok))
-                await asyncio.sleep(0.5)
+                running = 'omniwalk_engine{quantity="requests",replica="0",stage="engine"} 1.0'
+                while running not in (await h.get(f"{base}/metrics")).text:  # the first is in the engine
+                    assert not first.done(), first.result()
+                    await asyncio.sleep(0.05)
                 second = await h.post(f"{base}/v1/chat/completions", json=body, headers=ok)
                 return (await first), second
 
