@@ -11,11 +11,11 @@ variant is fed the base model's own greedy ids (teacher forcing, ``fp8.py``'s ac
 step's logits are compared with the base model's: cosine (mean, min) and argmax agreement.
 
 Variants: ``fp8`` all decoder projections (attention q/k/v/o + experts: the ``--quantization fp8``
-set), ``fp8 experts``, ``fp8 attention``, ``fp8 1x128`` (scales per row and 128 columns: finer than
-Qwen's 128x128), ``noise`` (W + N(0, (r * |W|)^2)-like noise: each weight times 1 + r·z, r the FP8
-round trip's measured RMS relative error: same size, no rounding structure), ``bf16`` (weights
-rounded to bf16: the same model at bf16's 8 bits, for scale). The relative error of the weights
-(RMS of (W' - W) / RMS of W) is printed with each.
+set), ``fp8 experts``, ``fp8 attention`` (and its halves ``fp8 q k``, ``fp8 v o``), ``fp8 1x128``
+(scales per row and 128 columns: finer than Qwen's 128x128), ``noise`` (each weight times 1 + r·z,
+z ~ N(0, 1), r the FP8 round trip's measured RMS relative error: same size, no rounding structure),
+``bf16`` (weights rounded to bf16: the same model at bf16's 8 bits, for scale). The relative error
+of the weights (RMS of (W' - W) / RMS of W) is printed with each.
 """
 
 from __future__ import annotations
@@ -127,6 +127,8 @@ def main() -> None:
         "fp8": (all_groups, lambda w: fp8_round_trip(w, (128, 128))),
         "fp8 experts": (EXPERTS, lambda w: fp8_round_trip(w, (128, 128))),
         "fp8 attention": (ATTENTION, lambda w: fp8_round_trip(w, (128, 128))),
+        "fp8 q k": (("q_proj", "k_proj"), lambda w: fp8_round_trip(w, (128, 128))),
+        "fp8 v o": (("v_proj", "o_proj"), lambda w: fp8_round_trip(w, (128, 128))),
         "fp8 1x128": (all_groups, lambda w: fp8_round_trip(w, (1, 128))),
         "noise": (all_groups, noise),
         "bf16": (all_groups, lambda w: w.to(torch.bfloat16).float()),
