@@ -8,14 +8,15 @@ width, vocabulary; depth, head size, top-k as configured) with ``randomize``'s w
 variant replaces some weights W by their FP8 round trip ``dequantize(quantize(W, block))`` (exactly
 what the FP8 reference path multiplies by, ``Fp8Linear.forward``) or by a perturbed copy; the
 variant is fed the base model's own greedy ids (teacher forcing, ``fp8.py``'s accuracy) and each
-step's logits are compared with the base model's: cosine (mean, min) and argmax agreement.
+step's logits are compared with the base model's: cosine (mean, min), argmax agreement, and the share
+of routing decisions (token, MoE layer) that picked the same top-k experts as the base model.
 
 Variants: ``fp8`` all decoder projections (attention q/k/v/o + experts: the ``--quantization fp8``
-set), ``fp8 experts``, ``fp8 attention``, ``fp8 1x128`` (scales per row and 128 columns: finer than
-Qwen's 128x128), ``noise`` (W + N(0, (r * |W|)^2)-like noise: each weight times 1 + r·z, r the FP8
-round trip's measured RMS relative error: same size, no rounding structure), ``bf16`` (weights
-rounded to bf16: the same model at bf16's 8 bits, for scale). The relative error of the weights
-(RMS of (W' - W) / RMS of W) is printed with each.
+set), ``fp8 experts``, ``fp8 attention`` (and its halves ``fp8 q k``, ``fp8 v o``), ``fp8 1x128``
+(scales per row and 128 columns: finer than Qwen's 128x128), ``noise`` (each weight times 1 + r·z,
+z ~ N(0, 1), r the FP8 round trip's measured RMS relative error: same size, no rounding structure),
+``bf16`` (weights rounded to bf16: the same model at bf16's 8 bits, for scale). The relative error
+of the weights (RMS of (W' - W) / RMS of W) is printed with each.
 """
 
 from __future__ import annotations
@@ -81,9 +82,16 @@ def variant(base: Thinker, groups: tuple[str, ...], change) -> tuple[Thinker, fl
 
 @torch.no_grad()
 def logits_run(model: Thinker, ids: torch.Tensor, steps: int, forced: torch.Tensor | None):
+    """-> (logits [steps, vocab], the ids fed, each MoE layer call's top-k expert sets [tokens, k] in order)."""
     cfg = model.cfg
     cache = RowsKVCache(1, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, torch.float32, "cpu",
                         ids.numel() + steps + 1)  # fmt: skip
+    routes = []
+    hooks = [
+        layer.mlp.gate.register_forward_hook(lambda m, i, o: routes.append(o.topk(cfg.num_experts_per_tok).indices))
+        for layer in model.model.layers
+        if hasattr(layer.mlp, "gate")
+    ]
     logits = model(ids, torch.arange(ids.numel()), cache).logits[-1:]
     out, fed = [], []
     for t in range(steps):
@@ -91,7 +99,15 @@ def logits_run(model: Thinker, ids: torch.Tensor, steps: int, forced: torch.Tens
         token = forced[t : t + 1] if forced is not None else logits[0].argmax().view(1)
         fed.append(token)
         logits = model(token, torch.tensor([ids.numel() + t]), cache).logits
-    return torch.stack(out), torch.cat(fed)
+    for h in hooks:
+        h.remove()
+    return torch.stack(out), torch.cat(fed), routes
+
+
+def same_routes(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    """Share of (token, MoE layer) routing decisions with the same set of top-k experts."""
+    same = [(x.sort(-1).values == y.sort(-1).values).all(-1) for x, y in zip(a, b, strict=True)]
+    return torch.cat(same).float().mean().item()
 
 
 def main() -> None:
@@ -106,8 +122,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--prompts", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (intra-op threading: 7x slower here)")
     parser.add_argument("--variants", default="fp8,fp8 experts,fp8 attention,fp8 1x128,noise,bf16")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     start = time.perf_counter()
     base = build(args)
@@ -125,6 +143,8 @@ def main() -> None:
         "fp8": (all_groups, lambda w: fp8_round_trip(w, (128, 128))),
         "fp8 experts": (EXPERTS, lambda w: fp8_round_trip(w, (128, 128))),
         "fp8 attention": (ATTENTION, lambda w: fp8_round_trip(w, (128, 128))),
+        "fp8 q k": (("q_proj", "k_proj"), lambda w: fp8_round_trip(w, (128, 128))),
+        "fp8 v o": (("v_proj", "o_proj"), lambda w: fp8_round_trip(w, (128, 128))),
         "fp8 1x128": (all_groups, lambda w: fp8_round_trip(w, (1, 128))),
         "noise": (all_groups, noise),
         "bf16": (all_groups, lambda w: w.to(torch.bfloat16).float()),
@@ -133,17 +153,18 @@ def main() -> None:
     for name in args.variants.split(","):
         groups, change = changes[name]
         model, rel[name] = variant(base, groups, change)
-        cos, agree = [], []
-        for ids, (ref_logits, ref_ids) in zip(prompts, refs, strict=True):
-            got, _ = logits_run(model, ids, args.steps, ref_ids)
+        cos, agree, routed = [], [], []
+        for ids, (ref_logits, ref_ids, ref_routes) in zip(prompts, refs, strict=True):
+            got, _, routes = logits_run(model, ids, args.steps, ref_ids)
             cos.append(F.cosine_similarity(got, ref_logits, dim=-1))
             agree.append((got.argmax(-1) == ref_logits.argmax(-1)).float())
+            routed.append(same_routes(routes, ref_routes))
         cos_all, agree_all = torch.cat(cos), torch.cat(agree)
         first = torch.stack([c[0] for c in cos]).mean().item()
         rows.append(dict(
             variant=name, weight_rel_error=round(rel[name], 5), cosine_mean=round(cos_all.mean().item(), 5),
             cosine_min=round(cos_all.min().item(), 5), cosine_first_step=round(first, 5),
-            argmax_agree=round(agree_all.mean().item(), 3),
+            argmax_agree=round(agree_all.mean().item(), 3), same_routes=round(sum(routed) / len(routed), 4),
         ))  # fmt: skip
         print(rows[-1], f"({time.perf_counter() - start:.0f} s)", flush=True)
         del model

@@ -91,6 +91,22 @@ def test_zero_blocks_keep_unit_scales():
     assert torch.equal(scale, torch.ones(2, 2)) and torch.equal(q.float(), torch.zeros(8, 8))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantize_rounds_once_to_nearest_even(dtype):
+    """A block whose largest magnitude is 448 has scale 1, so ``quantize`` stores each value rounded once
+    from fp32 to e4m3, to nearest, ties to the even code: midpoints of normal and subnormal steps, and of
+    the top binade, land on the even neighbour (the same in a bf16 weight: no other rounding step)."""
+    step = 2.0**-9  # e4m3's subnormal step
+    ties = [1.0625, 1.1875, -1.0625, -1.1875, 1.5 * step, 2.5 * step, -2.5 * step, 248.0, 3.25, 3.75]
+    even = [1.0, 1.25, -1.0, -1.25, 2 * step, 2 * step, -2 * step, 256.0, 3.25, 3.75]
+    w = torch.zeros(4, 16)
+    w[0, : len(ties)] = torch.tensor(ties)
+    w[3, 15] = 448.0
+    q, scale_inv = quantize(w.to(dtype), (4, 16))
+    assert scale_inv.tolist() == [[1.0]]
+    assert q.float()[0, : len(ties)].tolist() == even and q.float()[3, 15].item() == 448.0
+
+
 @pytest.mark.parametrize("rows", [(64, 32, 32), (256, 128, 128), (40, 24)])
 def test_merged_rows_keep_each_parts_values(rows):
     """q/k/v (or gate/up) merged: parts whose rows are not whole blocks are regridded exactly."""

@@ -116,6 +116,7 @@ def test_fp8_skinny_gemm_matches_the_dequantised_product(name, m):
 # M = 1 launch configurations beside the tables' picks: 4/8 warps, one step or a loop over K, split
 # (partial sums), row blocks inside one scale row or across scale rows (a (16, 128) block grid)
 GEMV_TILES = [Blocks(8, 1024, 1, 4, 1), Blocks(16, 1024, 2, 8, 1), Blocks(32, 256, 2, 4, 4), Blocks(64, 128, 1, 4, 1)]
+GEMV_TILES += [Blocks(16, 512, 1, 4, 1), Blocks(4, 2048, 2, 4, 1)]  # (TUNED_FP8's)
 
 
 @pytest.mark.parametrize("block", [BLOCK, (16, 128)])
