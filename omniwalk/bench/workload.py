@@ -1,16 +1,17 @@
 """What a benchmark cell asks for: paths with fixed work per request, and synthetic inputs.
 
 Work is fixed so systems are compared on equal work: the model ignores EOS and generates
-exactly ``text_tokens``; speech paths generate exactly ``audio_frames`` codec frames (12.5 per
-second). The presets' sizes (4 s clips, 640x480 images, 16-160 tokens) are the matched work of
-the published Qwen3-Omni serving comparisons (``bench/anchors.py``).
+exactly ``text_tokens``; speech paths generate exactly ``audio_frames`` codec frames (``PRESETS``:
+Qwen3-Omni's, 12.5 per second; ``presets_for`` counts them in a served model's own codec frames,
+so every family speaks the same seconds). The presets' sizes (4 s clips, 640x480 images, 16-160
+tokens) are the matched work of the published Qwen3-Omni serving comparisons (``bench/anchors.py``).
 """
 
 from __future__ import annotations
 
 import base64
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -36,6 +37,15 @@ PRESETS = {
     "t2t": Workload("t2t", text_tokens=128),
     "t2s": Workload("t2s", text_tokens=40, audio_frames=50),
 }
+
+# codec frames per second of speech out, by served model name prefix (PRESETS count 12.5: Qwen3-Omni's)
+CODEC_FRAMES_PER_SECOND = {"qwen3-omni": 12.5, "qwen2.5-omni": 50.0}
+
+
+def presets_for(model: str) -> dict[str, Workload]:
+    """``PRESETS`` with speech out in ``model``'s codec frames (the same seconds of speech)."""
+    rate = next((r for prefix, r in CODEC_FRAMES_PER_SECOND.items() if model.startswith(prefix)), 12.5)
+    return {name: replace(w, audio_frames=round(w.audio_frames * rate / 12.5)) for name, w in PRESETS.items()}
 
 
 def speech_like(seconds: float, seed: int, rate: int = 16000) -> np.ndarray:

@@ -110,25 +110,9 @@ def write_speakers(out: Path, raw: dict, seed: int) -> None:
 
 @torch.inference_mode()
 def write_token2wav(out: Path, cfg: Qwen25OmniConfig, seed: int) -> None:
-    """Replace the written ``token2wav.*`` tensors (see the module docstring): matrices ~ N(0,
-    1/fan_in), vectors ~ N(0, 0.2^2), codec embeddings ~ N(0, 1) (codes matter as much as the
-    noise), then ``conv_post`` scaled so a decode of random codes (first speaker, 4 ODE steps)
-    peaks at 0.5."""
+    """Replace the written ``token2wav.*`` tensors with ``audible_token2wav``'s (module docstring)."""
     token2wav = Token2Wav(cfg.token2wav).eval()
-    for i, (name, p) in enumerate(token2wav.named_parameters()):
-        g = torch.Generator().manual_seed(seed * 1000 + i)
-        scale = 1.0 if "codec_embed" in name else p[0].numel() ** -0.5 if p.dim() >= 2 else 0.2
-        p.copy_(torch.randn(p.shape, generator=g) * scale)
-    speaker = next(iter(torch.load(out / "spk_dict.pt", weights_only=True).values()))
-    dit, g = cfg.token2wav.dit, torch.Generator().manual_seed(seed + 11)
-    codes = torch.randint(0, dit.num_embeds, (CALIBRATION_CODES,), generator=g)
-    peaks = []
-    conv_post = token2wav.bigvgan.conv_post
-    hook = conv_post.register_forward_hook(lambda module, args, result: peaks.append(result.abs().max().item()))
-    token2wav(codes, token2wav.speaker_rows(speaker["cond"], speaker["ref_mel"]),
-              initial_noise(seed, CALIBRATION_CODES * dit.repeats, dit.mel_dim), 4)  # fmt: skip
-    hook.remove()
-    conv_post.weight.mul_(0.5 / peaks[0])
+    audible_token2wav(token2wav, next(iter(torch.load(out / "spk_dict.pt", weights_only=True).values())), seed)
     state = {TOKEN2WAV + name: t for name, t in token2wav.state_dict().items()}
     files = checkpoint_files(out)
     for path in sorted({files[name] for name in state}):
@@ -136,6 +120,27 @@ def write_token2wav(out: Path, cfg: Qwen25OmniConfig, seed: int) -> None:
         for name in tensors.keys() & state.keys():
             tensors[name] = state[name].to(tensors[name].dtype)
         save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+@torch.inference_mode()
+def audible_token2wav(token2wav: Token2Wav, speaker: dict, seed: int) -> None:
+    """Random weights in place that keep every input audible: matrices ~ N(0, 1/fan_in), vectors ~
+    N(0, 0.2^2), codec embeddings ~ N(0, 1) (codes matter as much as the noise), then ``conv_post``
+    scaled so a decode of random codes (``speaker``, a spk_dict entry; 4 ODE steps) peaks at 0.5."""
+    for i, (name, p) in enumerate(token2wav.named_parameters()):
+        g = torch.Generator().manual_seed(seed * 1000 + i)
+        scale = 1.0 if "codec_embed" in name else p[0].numel() ** -0.5 if p.dim() >= 2 else 0.2
+        p.copy_((torch.randn(p.shape, generator=g) * scale).to(p.device))
+    dit, g = token2wav.cfg.dit, torch.Generator().manual_seed(seed + 11)
+    device = token2wav.bigvgan.conv_post.weight.device
+    codes = torch.randint(0, dit.num_embeds, (CALIBRATION_CODES,), generator=g).to(device)
+    noise = initial_noise(seed, CALIBRATION_CODES * dit.repeats, dit.mel_dim, device)
+    cond, ref_mel = (speaker[k].to(device) for k in ("cond", "ref_mel"))
+    peaks = []
+    hook = token2wav.bigvgan.conv_post.register_forward_hook(lambda m, args, out: peaks.append(out.abs().max().item()))
+    token2wav(codes, token2wav.speaker_rows(cond, ref_mel), noise, 4)
+    hook.remove()
+    token2wav.bigvgan.conv_post.weight.mul_(0.5 / peaks[0])
 
 
 def write_tokenizer_files(out: Path, cfg: Qwen25OmniConfig) -> None:

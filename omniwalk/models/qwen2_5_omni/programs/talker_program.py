@@ -129,7 +129,7 @@ class TalkerProgram(KVProgram):
             st, th = req.state.talker, req.state.thinker
             num_prompt = th.prompt.num_prompt_tokens
             prompt = st.prompt_rows[start : min(start + n, num_prompt)]
-            later = st.inputs[max(start - num_prompt, 0) : start + n - num_prompt]
+            later = st.inputs[max(start - num_prompt, 0) : max(start + n - num_prompt, 0)]  # (none inside the prompt)
             rows += [prompt, torch.stack(later)] if later else [prompt]
             spans.append((th.prompt.rope, start, n))
             # input i >= P + 1 draws code i - P - 1, unless it was drawn before (a recompute)
