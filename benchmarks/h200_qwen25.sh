@@ -17,7 +17,7 @@
 #   --hf-paths LIST      HF's paths at B = 1 ["" = the sweep's paths]; "none" skips HF
 #   --skel DIR           the 7B skeleton [.gpu/qwen25-7b-skel, made with make-tiny --no-weights]
 #   --out DIR            [$OUT, else ./h200-qwen25-out]
-#   --cpu                CPU smoke test: the packaged tiny config, fp32, no wheels
+#   --cpu                CPU smoke test: the packaged tiny Qwen2.5-Omni config, fp32, no wheels
 #   -- SERVE_FLAGS...    passed on to `omniwalk serve` (through h200_sweep.sh)
 #
 # Time (predicted, not measured): wheels ~15 s, server start with random 7B weights and CUDA graphs
@@ -53,7 +53,7 @@ while [ $# -gt 0 ]; do
     --hf-paths) HF_PATHS=$2; shift 2 ;;
     --skel) SKEL=$2; shift 2 ;;
     --out) OUTDIR=$2; shift 2 ;;
-    --cpu) CPU=1; SKEL=/tmp/omniwalk-qwen25-tiny-skel; CONFIG=""; shift ;;
+    --cpu) CPU=1; SKEL=/tmp/omniwalk-qwen25-tiny-skel; CONFIG=omniwalk/models/qwen2_5_omni/checkpoint/tiny_config.json; shift ;;
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 0 ;;
     --) shift; SERVE_EXTRA+=("$@"); break ;;
     *) echo "unknown option $1 (see --help)"; exit 2 ;;
@@ -74,7 +74,7 @@ else
 fi
 if [ ! -f "$SKEL/config.json" ]; then
   cmd=(python3 -m omniwalk.cli make-tiny "$SKEL" --no-weights)
-  [ -n "$CONFIG" ] && cmd+=(--config "$CONFIG")
+  cmd+=(--config "$CONFIG")
   echo "+ ${cmd[*]}"
   "${cmd[@]}" || { log "make-tiny failed"; exit 1; }
 fi
