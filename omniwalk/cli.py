@@ -126,7 +126,7 @@ def _bench(args: argparse.Namespace) -> None:
 
     from omniwalk.bench.loadgen import BenchConfig, run_cell
     from omniwalk.bench.report import summarize, write
-    from omniwalk.bench.workload import PRESETS
+    from omniwalk.bench.workload import presets_for
     from omniwalk.models.registry import bench_anchors
 
     split = lambda text: tuple(x.strip() for x in text.split(",") if x.strip())  # noqa: E731
@@ -146,13 +146,14 @@ def _bench(args: argparse.Namespace) -> None:
         requests_per_concurrency=args.requests_per_concurrency,
         warmup_waves=args.warmup_waves,
     )
-    unknown = [p for p in cfg.paths if p not in PRESETS]
+    presets = presets_for(model)  # (speech out in the served model's codec frames)
+    unknown = [p for p in cfg.paths if p not in presets]
     if unknown:
-        raise SystemExit(f"unknown path(s) {unknown}; known: {', '.join(PRESETS)}")
+        raise SystemExit(f"unknown path(s) {unknown}; known: {', '.join(presets)}")
     cells, raw = {}, {}
     for path in cfg.paths:
         for b in cfg.concurrency:
-            records, wall = asyncio.run(run_cell(cfg, PRESETS[path], b))
+            records, wall = asyncio.run(run_cell(cfg, presets[path], b))
             raw[(path, b)], cells[(path, b)] = records, summarize(records, wall)
             s = cells[(path, b)]
             print(

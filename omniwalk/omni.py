@@ -70,7 +70,7 @@ class Omni:
 
     def stream(self, request: dict) -> Iterator[Event]:
         """Run one request (beside any others in flight) and yield its text and audio events."""
-        req = self.add(request)
+        req = self.add({**request, "stream": True} if isinstance(request, dict) else request)
         while True:
             while req.events:
                 event = req.events.popleft()

@@ -1,53 +1,27 @@
 """The walk runtime on Qwen2.5-Omni (tiny, CPU): a concurrent staggered workload equals each
-request alone on every input path, text out and codec ids out (the talker walk; every fourth
-request); aborts, KV pressure and an injected failure leave the others exact and free everything;
-seeded sampling is the same alone and batched."""
+request alone on every input path, text out and audio out (every fourth request: talker codes and
+token2wav audio, one-shot or streamed in windows); aborts, KV pressure and an injected failure
+leave the others exact and free everything (KV pages, token2wav rows); seeded sampling is the
+same alone and batched."""
 
 import random
 from functools import cache
 
 import numpy as np
 import pytest
+import torch
 from test_engine_omni import assert_idle, run_staggered
 from test_qwen2_5_omni_thinker import checkpoint
 
 from omniwalk import Omni
-from omniwalk.engine.request import EngineRequest
 
 PATHS = ("t2t", "s2t", "i2t", "v2t", "si2t", "av2t")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
-class SpeechOmni:
-    """``Omni`` with the talker walk open: audio out is not served until token2wav joins the walk,
-    so speech requests go to the family and the engine directly (what ``Omni.add`` does after its
-    modality check)."""
-
-    def __init__(self, o: Omni):
-        self.o, self.engine, self.family = o, o.engine, o.family
-
-    def add(self, request: dict) -> EngineRequest:
-        walk, state = self.family.new_request(request)
-        req = EngineRequest(request["request_id"], walk, state)
-        self.engine.add(req)
-        return req
-
-    def output(self, req):
-        return self.o.output(req)
-
-    def abort(self, request_id: str) -> bool:
-        return self.o.abort(request_id)
-
-    def generate(self, request: dict):
-        req = self.add(request)
-        while not req.status.is_done:
-            self.engine.step()
-        return self.output(req)
-
-
 @cache
-def omni(**options) -> SpeechOmni:
-    return SpeechOmni(Omni(model=checkpoint("tiny"), **options))
+def omni(**options) -> Omni:
+    return Omni(model=checkpoint("tiny"), **options)
 
 
 def make_request(i: int, sampled: bool = False) -> dict:
@@ -71,11 +45,20 @@ def make_request(i: int, sampled: bool = False) -> dict:
         "seed": i,
         "use_audio_in_video": "a" in inputs,
     }
-    if i % 4 == 3:  # speech: codec ids out
-        codes = 4 + (5 * i) % 17
+    if i % 4 == 3:  # speech; every other one streamed, with 64 codes more (2 to 4 DiT windows of 72 mel frames)
+        streamed = i % 8 == 7
+        codes = 24 + (29 * i) % 70 + 64 * streamed
         request.update(modalities=["text", "audio"], voice=("Chelsie", "ethan")[i % 2], max_audio_frames=codes)
-        request.update(min_audio_frames=codes, talker_temperature=0.9 if sampled else 0.0)
+        request.update(min_audio_frames=codes, talker_temperature=0.9 if sampled else 0.0, stream=streamed)
+        request.update(token2wav_num_steps=(3, 4, None)[i % 3])  # (None: the default 10)
     return request
+
+
+def assert_free(o: Omni):
+    """Every stage idle, KV pages free, and token2wav holds no rows (windows being solved) for anyone."""
+    assert_idle(o)
+    program = o.engine.stages["token2wav"].program
+    assert not any(program.rows.values()) and not program.starting
 
 
 def workload(n: int = 18, **kw) -> list[dict]:
@@ -88,8 +71,13 @@ def alone(i: int, sampled: bool = False):
 
 
 def assert_same(out, ref):
+    """Ids, text and codes identical; audio to float rounding (token2wav's batched ODE steps pad rows
+    to the longest: measured max |diff| < 1e-6 at RMS ~0.1)."""
     assert (out.token_ids, out.text, out.finish_reason) == (ref.token_ids, ref.text, ref.finish_reason)
     assert out.codes == ref.codes and (ref.codes is None or len(ref.codes) > 3)
+    if ref.codes is not None:
+        assert out.audio.shape == ref.audio.shape == (len(ref.codes) * 2 * 240,) and ref.audio.std() > 0.01
+        assert (out.audio - ref.audio).abs().max() < 1e-5
 
 
 def test_concurrent_staggered_equals_alone_on_every_path():
@@ -98,13 +86,14 @@ def test_concurrent_staggered_equals_alone_on_every_path():
 
     def watch(o, step, reqs):
         widest.append([len(o.engine.stages[name].running) for name in ("thinker", "talker")])
+        widest[-1].append(o.engine.stages["token2wav"].last_batch_size)
 
     outs = run_staggered(o, workload(), on_step=watch)
     for i, request in enumerate(workload()):
         assert_same(outs[request["request_id"]], alone(i))
-    thinker, talker = (max(column) for column in zip(*widest, strict=True))
-    assert thinker >= 3 and talker >= 2  # requests really ran together
-    assert_idle(o)
+    thinker, talker, token2wav = (max(column) for column in zip(*widest, strict=True))
+    assert thinker >= 3 and talker >= 2 and token2wav >= 2  # requests really ran together
+    assert_free(o)
 
 
 def test_abort_a_third_leaves_the_rest_unchanged_and_frees_everything():
@@ -126,18 +115,18 @@ def test_abort_a_third_leaves_the_rest_unchanged_and_frees_everything():
         else:
             assert_same(outs[rid], alone(i))
     assert len(aborted) >= 4
-    assert_idle(o)
+    assert_free(o)
 
 
 def test_kv_pressure_preempts_and_still_completes_correctly():
     cfg = omni().family.cfg.text
     per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
-    o = SpeechOmni(Omni(model=checkpoint("tiny"), thinker_kv_bytes=600 * per_token, page_size=8, max_batch_tokens=64))
+    o = Omni(model=checkpoint("tiny"), thinker_kv_bytes=600 * per_token, page_size=8, max_batch_tokens=64)
     outs = run_staggered(o, workload(), every=1)
     assert o.engine.stages["thinker"].num_preemptions > 0
     for i, request in enumerate(workload()):
         assert_same(outs[request["request_id"]], alone(i))
-    assert_idle(o)
+    assert_free(o)
 
 
 def test_talker_kv_pressure_preempts_and_resumes_exactly():
@@ -145,13 +134,13 @@ def test_talker_kv_pressure_preempts_and_resumes_exactly():
     a recomputed input must not draw its code again (codes equal to running alone)."""
     cfg = omni().family.cfg.talker.text
     per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
-    o = SpeechOmni(Omni(model=checkpoint("tiny"), talker_kv_bytes=600 * per_token, page_size=8, max_batch_tokens=64))
+    o = Omni(model=checkpoint("tiny"), talker_kv_bytes=600 * per_token, page_size=8, max_batch_tokens=64)
     speech = [i for i in range(18) if i % 4 == 3]
     outs = run_staggered(o, [make_request(i) for i in speech], every=1)
     assert o.engine.stages["talker"].num_preemptions > 0
     for i in speech:
         assert_same(outs[f"r{i}"], alone(i))
-    assert_idle(o)
+    assert_free(o)
 
 
 def test_injected_failure_fails_only_that_request():
@@ -173,10 +162,48 @@ def test_injected_failure_fails_only_that_request():
     for i, request in enumerate(workload(9)):
         if request["request_id"] != "r4":
             assert_same(outs[request["request_id"]], alone(i))
-    assert_idle(o)
+    assert_free(o)
 
 
 def test_seeded_sampling_is_the_same_alone_and_batched():
     outs = run_staggered(omni(), workload(8, sampled=True), every=1)
     for i, request in enumerate(workload(8, sampled=True)):
         assert_same(outs[request["request_id"]], alone(i, sampled=True))
+
+
+def test_injected_token2wav_failure_fails_only_that_request():
+    """A token2wav batch that raises is retried request by request: only the failing one fails, the
+    others' audio (solved alone in that step instead of batched) is still exact to rounding."""
+    o = omni()
+    program = o.engine.stages["token2wav"].program
+    original = program._new_row
+
+    def flaky(req, window):
+        if req.id == "r7" and window.start > 0:  # its second window: after audio has started (streamed)
+            raise RuntimeError("injected token2wav failure")
+        return original(req, window)
+
+    program._new_row = flaky
+    try:
+        outs = run_staggered(o, workload(16), every=1)
+    finally:
+        del program._new_row
+    assert outs["r7"].finish_reason == "error" and "injected token2wav failure" in outs["r7"].error
+    for i, request in enumerate(workload(16)):
+        if request["request_id"] != "r7":
+            assert_same(outs[request["request_id"]], alone(i))
+    assert_free(o)
+
+
+def test_streamed_audio_is_windowed_and_near_the_offline_audio():
+    """``Omni.stream`` decodes token2wav window by window as codes arrive (3 chunks here); the
+    offline output is one decode of the whole utterance. The DiT's receptive field spans windows
+    once the ODE chains its steps, so they differ: bounded by waveform cosine >= 0.999 (measured
+    >= 0.9999 with random weights; the window scheme's own bound is in test_qwen2_5_omni_token2wav)."""
+    request = {**make_request(3), "min_audio_frames": 100, "max_audio_frames": 100, "request_id": None}
+    offline = omni().generate(request)
+    events = [e.data for e in omni().stream(request) if e.kind == "audio"]
+    streamed = torch.cat(events)
+    assert len(events) >= 3 and streamed.shape == offline.audio.shape == (100 * 480,)
+    assert torch.nn.functional.cosine_similarity(streamed.double(), offline.audio.double(), dim=0) >= 0.999
+    assert not torch.equal(streamed, offline.audio)  # (windowed: not the one-shot decode)

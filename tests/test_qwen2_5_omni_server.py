@@ -1,11 +1,24 @@
 """Qwen2.5-Omni served as users run it: ``omniwalk serve --model <tiny Qwen2.5-Omni dir>`` in a
-subprocess and the official ``openai`` client; answers equal ``Omni`` in process (greedy)."""
+subprocess and the official ``openai`` client; answers equal ``Omni`` in process (greedy). Audio
+out: the non-streaming answer and ``/v1/audio/speech`` are the offline (one-shot) token2wav
+decode, the streamed one is ``Omni.stream``'s windowed decode (PCM16 of the same samples)."""
 
+import base64
+import io
+
+import numpy as np
 import openai
 import pytest
+import soundfile
+import torch
 from test_omni_media import wav_data_url
 from test_qwen2_5_omni_thinker import AUDIO, IMAGE, checkpoint, omni
 from test_server import launch, png_data_url
+
+from omniwalk.serve.audio_format import pcm16_bytes
+
+SPEECH = {"talker_temperature": 0.0, "min_audio_frames": 30, "max_audio_frames": 30, "seed": 5,
+          "token2wav_num_steps": 3}  # fmt: skip
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -20,8 +33,10 @@ def client():
         proc.wait(timeout=30)
 
 
-def test_models_lists_the_family_name(client):
-    assert [m.id for m in client.models.list().data] == ["qwen2.5-omni"]
+def test_models_lists_the_family_name_voices_and_rate(client):
+    (model,) = client.models.list().data
+    assert model.id == "qwen2.5-omni"
+    assert model.voices == ["chelsie", "ethan"] and model.sample_rate == 24000  # spk_dict.pt's speakers
 
 
 def test_text_and_media_chat_equal_omni_in_process(client):
@@ -47,11 +62,59 @@ def test_streamed_text_equals_the_whole_answer(client):
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole
 
 
-def test_audio_out_is_refused_until_the_talker_serves(client):
-    with pytest.raises(openai.BadRequestError):
+def _speech_request(stream: bool = False) -> dict:
+    messages = [{"role": "user", "content": "tell me a story"}]
+    return {"messages": messages, "max_tokens": 5, "temperature": 0.0, "ignore_eos": True,
+            "modalities": ["text", "audio"], "voice": "Ethan", "stream": stream, **SPEECH}  # fmt: skip
+
+
+def test_chat_audio_out_is_the_offline_decode(client):
+    r = client.chat.completions.create(
+        model="qwen2.5-omni", messages=_speech_request()["messages"], max_tokens=5, temperature=0.0,
+        modalities=["text", "audio"], audio={"voice": "ETHAN", "format": "wav"},
+        extra_body={"ignore_eos": True, **SPEECH},
+    )  # fmt: skip
+    message, ref = r.choices[0].message, omni().generate(_speech_request())
+    samples, rate = soundfile.read(io.BytesIO(base64.b64decode(message.audio.data)), dtype="float32")
+    assert rate == 24000 and len(samples) == len(ref.audio) == 30 * 480
+    assert np.abs(samples - ref.audio.numpy()).max() <= 1.5 / 32767  # (PCM16 of the same samples)
+    assert message.content is None and message.audio.transcript == ref.text
+
+
+def test_streamed_chat_audio_is_the_windowed_decode(client):
+    stream = client.chat.completions.create(
+        model="qwen2.5-omni", messages=_speech_request()["messages"], max_tokens=5, temperature=0.0, stream=True,
+        modalities=["text", "audio"], audio={"voice": "ethan", "format": "pcm16"},
+        extra_body={"ignore_eos": True, **SPEECH},
+    )  # fmt: skip
+    pcm = [
+        base64.b64decode(getattr(choice.delta.audio, "data", None) or "")
+        for chunk in stream
+        for choice in chunk.choices
+        if getattr(choice.delta, "audio", None)
+    ]
+    events = [e.data for e in omni().stream(_speech_request()) if e.kind == "audio"]
+    assert len(events) >= 1 and b"".join(pcm) == pcm16_bytes(torch.cat(events).numpy())
+
+
+def test_audio_speech_endpoint(client):
+    r = client.audio.speech.create(
+        model="qwen2.5-omni", input="good morning", voice="chelsie", response_format="flac", extra_body=SPEECH
+    )
+    samples, rate = soundfile.read(io.BytesIO(r.content))
+    assert rate == 24000 and len(samples) == 30 * 480
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [({"audio": {"voice": "nobody", "format": "wav"}}, "audio.voice"),
+     ({"extra_body": {"token2wav_num_steps": 1}}, None), ({"extra_body": {"token2wav_num_steps": "many"}}, None)],
+)  # fmt: skip
+def test_bad_voice_and_fields_are_400(client, extra, param):
+    kw = {"audio": {"voice": "ethan", "format": "wav"}, **extra}
+    with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(
-            model="qwen2.5-omni",
-            messages=[{"role": "user", "content": "hi"}],
-            modalities=["text", "audio"],
-            audio={"voice": "chelsie", "format": "wav"},
+            model="qwen2.5-omni", messages=[{"role": "user", "content": "hi"}], modalities=["text", "audio"], **kw
         )
+    assert e.value.status_code == 400 and e.value.body["type"] == "invalid_request_error"
+    assert param is None or e.value.body["param"] == param

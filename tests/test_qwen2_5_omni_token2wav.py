@@ -453,3 +453,55 @@ def test_loads_what_save_pretrained_writes(tmp_path):
     noise = initial_noise(2, 24, 20)
     speaker = ours.speaker_rows(*_speaker("uneven", 0))
     assert torch.equal(ours(codes, speaker, noise, 3), ours_for("uneven")(codes, speaker, noise, 3))
+
+
+class ReplayOnCPU:
+    """``GraphedStep``'s contract without CUDA: static buffers per batch bucket, live rows copied in
+    (``fill_static``: padding rows at their pad value, tails of narrower rows keep what the last
+    call left), ``fn`` run over the whole buffers, outputs sliced; the same buffers every call."""
+
+    def __init__(self, name, fn, inputs, buckets, device):
+        self.fn, self.inputs, self.buckets, self.num_replays = fn, inputs, sorted(buckets), 0
+        self.static = {b: {k: torch.full((b, *s.shape), s.pad, dtype=s.dtype) for k, s in inputs.items()}
+                       for b in self.buckets}  # fmt: skip
+
+    def capture(self, pool=None):
+        return pool
+
+    def fits(self, n: int) -> bool:
+        return 0 < n <= self.buckets[-1]
+
+    def run(self, n, inputs):
+        from omniwalk.engine.cuda_graphs import fill_static
+
+        bucket = min(b for b in self.buckets if b >= n)
+        fill_static(self.static[bucket], self.inputs, inputs, n)
+        self.num_replays += 1
+        return {k: v[:n] for k, v in self.fn(**self.static[bucket]).items()}
+
+
+def test_graph_path_pads_rows_and_lengths_exactly(monkeypatch):
+    """The program's graph path (rows padded to a captured window length and batch bucket, BigVGAN at
+    captured span lengths) replayed on the CPU: the audio equals the eager path's to rounding, and
+    both kinds of graph ran (the GPU test compares real CUDA graphs with eager)."""
+    import omniwalk.models.qwen2_5_omni.programs.token2wav_program as module
+
+    eager = _mixed_jobs("tiny", "e")
+    run_stream("tiny", eager)
+    monkeypatch.setattr(module, "GraphedStep", ReplayOnCPU)
+    graphed, programs = _mixed_jobs("tiny", "g"), []
+    original = Token2WavProgram.__init__
+
+    def with_graphs(self, *args, **kwargs):
+        original(self, *args, **kwargs, graph_max_batch=3)
+        self.capture_graphs()
+        programs.append(self)
+
+    monkeypatch.setattr(Token2WavProgram, "__init__", with_graphs)
+    run_stream("tiny", graphed)
+    program = programs[0]
+    assert sum(g.num_replays for g in program.dit_graphs.values()) > 0
+    assert sum(g.num_replays for g in program.vocoder_graphs.values()) > 0
+    assert program.stats()["eager_calls"] > 0  # (spans of other lengths: the ends of utterances)
+    for (req, *_), (ref, *_) in zip(graphed, eager, strict=True):
+        assert (_audio(req) - _audio(ref)).abs().max() < 2e-6

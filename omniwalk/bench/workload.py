@@ -1,16 +1,18 @@
 """What a benchmark cell asks for: paths with fixed work per request, and synthetic inputs.
 
 Work is fixed so systems are compared on equal work: the model ignores EOS and generates
-exactly ``text_tokens``; speech paths generate exactly ``audio_frames`` codec frames (12.5 per
-second). The presets' sizes (4 s clips, 640x480 images, 16-160 tokens) are the matched work of
-the published serving comparisons whose figures a family ships as anchors (``registry.bench_anchors``).
+exactly ``text_tokens``; speech paths generate exactly ``audio_frames`` codec frames (``PRESETS``
+count 12.5 per second; ``presets_for`` counts them in a served model's own codec frames, so every
+family speaks the same seconds). The presets' sizes (4 s clips, 640x480 images, 16-160 tokens) are
+the matched work of the published serving comparisons whose figures a family ships as anchors
+(``registry.bench_anchors``).
 """
 
 from __future__ import annotations
 
 import base64
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -36,6 +38,15 @@ PRESETS = {
     "t2t": Workload("t2t", text_tokens=128),
     "t2s": Workload("t2s", text_tokens=40, audio_frames=50),
 }
+
+
+def presets_for(model: str) -> dict[str, Workload]:
+    """``PRESETS`` with speech out in the served ``model``'s codec frames (the same seconds of speech;
+    the rate is its family's, ``registry.codec_frames_per_second``)."""
+    from omniwalk.models.registry import codec_frames_per_second
+
+    rate = codec_frames_per_second(model)
+    return {name: replace(w, audio_frames=round(w.audio_frames * rate / 12.5)) for name, w in PRESETS.items()}
 
 
 def speech_like(seconds: float, seed: int, rate: int = 16000) -> np.ndarray:

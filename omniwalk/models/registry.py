@@ -77,6 +77,19 @@ def bench_anchors(model: str) -> dict:
     return next((m.ANCHORS[model] for m in modules if model in getattr(m, "ANCHORS", {})), {})
 
 
+def codec_frames_per_second(model: str) -> float:
+    """Codec frames per second of speech out for the served model name ``model``: the first family's
+    ``CODEC_FRAMES_PER_SECOND`` entry whose key prefixes it (12.5, the bench presets' unit, if none)."""
+    modules = [importlib.import_module(name) for name in dict.fromkeys(families().values())]
+    rates = (
+        r
+        for m in modules
+        for prefix, r in getattr(m, "CODEC_FRAMES_PER_SECOND", {}).items()
+        if model.startswith(prefix)
+    )
+    return next(rates, 12.5)
+
+
 def all_options() -> list[type]:
     """Every known family's ``Options`` (the CLI makes flags of their fields)."""
     modules = [importlib.import_module(name) for name in dict.fromkeys(families().values())]

@@ -164,6 +164,8 @@ def _model_entry(served: Served) -> dict:
     entry = {"id": ctx.model_name, "object": "model", "created": 0, "owned_by": "omniwalk"}
     if ctx.info is not None and ctx.info.weights:  # (an extension: quantisation and weight memory)
         entry["weights"] = ctx.info.weights
+    if ctx.info is not None and "audio" in ctx.info.output_modalities:  # (an extension: what audio out offers)
+        entry["voices"], entry["sample_rate"] = list(ctx.info.voices), ctx.info.sample_rate
     return entry
 
 

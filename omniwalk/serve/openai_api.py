@@ -95,7 +95,7 @@ async def chat_request(body: s.ChatRequest, ctx: Context) -> tuple[dict, ChatOpt
     modalities = sorted(set(body.modalities or ["text"]))
     if modalities not in (["text"], ["audio", "text"]):
         raise bad_request("modalities must be ['text'] or ['text', 'audio']", "modalities")
-    request = {"request_id": f"chatcmpl-{uuid.uuid4().hex}", "modalities": modalities}
+    request = {"request_id": f"chatcmpl-{uuid.uuid4().hex}", "modalities": modalities, "stream": bool(body.stream)}
     passed = (*PASSTHROUGH, *ctx.info.request_fields)
     request.update({k: getattr(body, k) for k in passed if getattr(body, k) is not None})
     max_tokens = body.max_completion_tokens or body.max_tokens or ctx.cfg.default_max_tokens

@@ -13,7 +13,10 @@ from omniwalk.models.qwen2_5_omni.options import Qwen25OmniOptions as Options
 _DIR = Path(__file__).parent / "checkpoint" / "presets"
 PRESETS = {"qwen2.5-omni-7b": _DIR / "qwen2.5-omni-7b.json", "qwen2.5-omni-3b": _DIR / "qwen2.5-omni-3b.json"}
 
-__all__ = ["Family", "Options", "PRESETS"]
+# speech out per second, by served model name prefix (``omniwalk bench`` sizes speech paths with it)
+CODEC_FRAMES_PER_SECOND = {"qwen2.5-omni": 50.0}
+
+__all__ = ["CODEC_FRAMES_PER_SECOND", "Family", "Options", "PRESETS"]
 
 
 def __getattr__(name: str):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,9 +17,11 @@ from omniwalk.models.family import ModelFamily, ModelInfo, RequestOutput
 from omniwalk.models.qwen2_5_omni.checkpoint.config import Qwen25OmniConfig
 from omniwalk.models.qwen2_5_omni.checkpoint.loader import components, load_components, num_parameters
 from omniwalk.models.qwen2_5_omni.checkpoint.tiny import make_tiny_checkpoint
+from omniwalk.models.qwen2_5_omni.networks.token2wav import SAMPLE_RATE
 from omniwalk.models.qwen2_5_omni.processing.chat import DEFAULT_SYSTEM_PROMPT, ChatProcessor
 from omniwalk.models.qwen2_5_omni.processing.media_inputs import measure
 from omniwalk.models.qwen2_5_omni.programs.stages import build_stages, new_state
+from omniwalk.models.qwen2_5_omni.programs.token2wav_program import Token2WavState
 from omniwalk.sampling import SamplingParams
 from omniwalk.tokenizer import Tokenizer
 
@@ -30,6 +33,13 @@ SPEECH_FIELDS = {
     "talker_repetition_penalty": ("repetition_penalty", 1.05), "max_audio_frames": ("max_tokens", 4096),
     "min_audio_frames": ("min_tokens", 0),
 }  # fmt: skip
+# request fields of audio out -> their kinds (serve/schemas.py FIELD_KINDS); ``seed`` also seeds token2wav's noise
+AUDIO_FIELDS = {
+    "talker_temperature": "temperature", "talker_top_k": "top_k", "talker_top_p": "top_p",
+    "talker_repetition_penalty": "penalty", "max_audio_frames": "count", "min_audio_frames": "count0",
+    "token2wav_num_steps": "count",
+}  # fmt: skip
+MAX_TOKEN2WAV_STEPS = 64  # ODE time points a request may ask for (the checkpoint's default: 10)
 
 
 @dataclass
@@ -76,15 +86,18 @@ class Qwen25OmniFamily(ModelFamily):
             random_seed=0 if mc.random_weights else None,
         )
         self.max_model_len = mc.max_model_len or cfg.text.max_position_embeddings
-        # TODO: "audio" out, the speech fields and the sample rate once token2wav joins the walk (the talker
-        # stage runs already: codec ids, ``output().codes``)
-        voices = tuple(sorted(self.speakers))
+        speaks = cfg.enable_audio_output
         self.info = ModelInfo(
-            name="qwen2.5-omni", output_modalities=("text",), voices=voices, request_fields=PROMPT_FIELDS
+            name="qwen2.5-omni",
+            output_modalities=("text", "audio") if speaks else ("text",),
+            voices=tuple(sorted(self.speakers)),
+            sample_rate=SAMPLE_RATE if speaks else 0,
+            request_fields={**(AUDIO_FIELDS if speaks else {}), **PROMPT_FIELDS},
+            speech_fields=tuple(AUDIO_FIELDS) if speaks else (),
         )
 
     def build_stages(self) -> list:
-        return build_stages(self.parts, self.cfg, self.config)
+        return build_stages(self.parts, self.cfg, self.config, self.speakers)
 
     def prompt(self, request: dict) -> Prompt:
         """Request -> thinker prompt: ids, media spans, measured media items, TMRoPE positions."""
@@ -95,25 +108,27 @@ class Qwen25OmniFamily(ModelFamily):
         return self.processor.build(ids, items, bool(request.get("use_audio_in_video", False)))
 
     def new_request(self, request: dict):
-        if request.get("forced_answer") is not None:
-            raise InvalidRequestError("forced_answer (speech of a given text) needs audio output, not served yet")
         params = SamplingParams.from_request(request)
+        speaks = "audio" in (request.get("modalities") or ())
+        speech, bos, token2wav = self._speech(request) if speaks else (None, 0, None)
         prompt = self.prompt(request)
         room = self.max_model_len - prompt.num_prompt_tokens
-        if room < 1:
+        answer = self._forced_answer(request.get("forced_answer"), speaks)
+        if room < max(1, len(answer or ())):
             raise InvalidRequestError(
                 f"the prompt has {prompt.num_prompt_tokens} tokens; the context length is {self.max_model_len}"
             )
         aiv = bool(request.get("use_audio_in_video", False))
-        speech, bos = self._speech(request) if "audio" in (request.get("modalities") or ()) else (None, 0)
         detok = self.tokenizer.detokenizer()
-        max_tokens = min(params.max_tokens, room)
-        return new_state(
-            prompt, params, max_tokens, detok, self.cfg, use_audio_in_video=aiv, speech=speech, speaker_bos=bos
-        )
+        max_tokens = len(answer) if answer else min(params.max_tokens, room)
+        walk, state = new_state(prompt, params, max_tokens, detok, self.cfg, use_audio_in_video=aiv,
+                                speech=speech, speaker_bos=bos, token2wav=token2wav)  # fmt: skip
+        state.thinker.forced_answer = answer
+        return walk, state
 
-    def _speech(self, request: dict) -> tuple[SamplingParams, int]:
-        """The talker's sampling parameters and the speaker's text bos (voices match case-insensitively)."""
+    def _speech(self, request: dict) -> tuple[SamplingParams, int, Token2WavState]:
+        """The talker's sampling parameters, the speaker's text bos and token2wav's inputs (voices
+        match case-insensitively; without a ``seed`` the noise has a random one)."""
         if not self.speakers:
             raise InvalidRequestError("this model has no audio output")
         voice = str(request.get("voice") or next(iter(self.speakers))).lower()
@@ -122,13 +137,35 @@ class Qwen25OmniFamily(ModelFamily):
         given = {f: request[key] for key, (f, _) in SPEECH_FIELDS.items() if request.get(key) is not None}
         defaults = {f: default for f, default in SPEECH_FIELDS.values()}
         speech = SamplingParams(**{**defaults, **given, "seed": request.get("seed")})
-        return speech, int(self.speakers[voice]["bos_token"])
+        steps = request.get("token2wav_num_steps")
+        if steps is not None and (type(steps) is not int or not 2 <= steps <= MAX_TOKEN2WAV_STEPS):
+            raise InvalidRequestError(
+                f"token2wav_num_steps must be an integer in [2, {MAX_TOKEN2WAV_STEPS}]: {steps!r}"
+            )
+        seed = request.get("seed")
+        seed = secrets.randbits(63) if seed is None else seed
+        token2wav = Token2WavState(voice, seed, steps, one_shot=not request.get("stream", False))
+        return speech, int(self.speakers[voice]["bos_token"]), token2wav
+
+    def _forced_answer(self, text, speaks: bool) -> list[int] | None:
+        """``forced_answer`` (a text to speak instead of a generated answer: ``/v1/audio/speech``) ->
+        its token ids + the end of the turn."""
+        if text is None:
+            return None
+        if not speaks:
+            raise InvalidRequestError("forced_answer (speech of a given text) needs 'audio' in modalities")
+        if not isinstance(text, str) or not text:
+            raise InvalidRequestError("forced_answer must be a non-empty string")
+        return self.tokenizer.encode(text) + [self.cfg.tokens.im_end]
 
     def output(self, req: EngineRequest) -> Qwen25OmniOutput:
         th, talker = req.state.thinker, req.state.talker
         picks = th.picks if th.params.logprobs else None
         out = Qwen25OmniOutput(req.id, th.prompt.token_ids, th.generated, th.text, th.finish_reason, picks)
-        out.codes = list(talker.codes) if talker is not None else None
+        if talker is not None:
+            chunks = talker.token2wav.chunks
+            out.codes = list(talker.codes)
+            out.audio = torch.cat(chunks) if chunks else torch.zeros(0)
         return out
 
     def decode(self, ids: list[int]) -> str:
@@ -148,5 +185,7 @@ class Qwen25OmniFamily(ModelFamily):
             f"audio:    {cfg.audio}",
             f"vision:   {cfg.vision}",
             f"talker:   {cfg.talker.text if cfg.talker else None}",
-            f"parameters (thinker, encoders, talker): {num_parameters(cfg):,}",
+            f"token2wav: {cfg.token2wav}",
+            f"voices:   {', '.join(sorted(read_speakers(path))) if (Path(path) / SPEAKERS_FILE).exists() else '-'}",
+            f"parameters (thinker, encoders, talker, token2wav): {num_parameters(cfg):,}",
         ])  # fmt: skip

@@ -14,6 +14,8 @@ class Qwen25OmniOptions:
     talker_kv_bytes: int = 64 * 2**20
     talker_max_batch_tokens: int = 0  # the talker's token budget per step; 0 = the engine's max_batch_tokens
     encoder_batch_units: int = 65536  # mel frames (audio) / patches (vision) per encoder call
+    token2wav_batch_frames: int = 16384  # mel frames of DiT rows per batched ODE step (a longer lone row runs alone)
+    token2wav_chunk_blocks: int = 3  # DiT blocks a streamed audio chunk emits (the reference's 3: 0.72 s)
 
     def __post_init__(self):
         for f in fields(self):

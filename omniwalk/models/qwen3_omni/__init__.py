@@ -16,7 +16,10 @@ PRESETS = {
     "qwen3-omni-30b-a3b-thinking": _DIR / "qwen3-omni-30b-a3b-thinking.json",
 }
 
-__all__ = ["ANCHORS", "Family", "Options", "PRESETS"]
+# speech out per second, by served model name prefix (``omniwalk bench`` sizes speech paths with it)
+CODEC_FRAMES_PER_SECOND = {"qwen3-omni": 12.5}
+
+__all__ = ["ANCHORS", "CODEC_FRAMES_PER_SECOND", "Family", "Options", "PRESETS"]
 
 
 def __getattr__(name: str):

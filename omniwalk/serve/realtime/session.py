@@ -214,7 +214,7 @@ class Session:
         if not any(m["role"] == "user" for m in messages):
             raise bad_request("the conversation has no user item to respond to", None, "conversation_empty")
         body = {
-            "messages": messages, "modalities": ["text", "audio"] if speaks else ["text"],
+            "messages": messages, "modalities": ["text", "audio"] if speaks else ["text"], "stream": True,
             **({"audio": {"voice": voice, "format": "pcm16"}} if speaks else {}),
             **({"max_tokens": max_tokens} if max_tokens else {}),
             **settings.sampling, **{k: getattr(fields, k) for k in SAMPLING if k in given},

@@ -7,7 +7,7 @@ transformers 5.24) and checks the cross-component invariants; errors name the fi
 
 The thinker and talker LMs are dense Qwen2.5 decoders (``DecoderConfig`` with biased q/k/v, no
 q/k norm, sectioned MRoPE). ``token2wav_config`` (the DiT + BigVGAN) is read by the token2wav
-networks from the raw dict; here only its presence is checked when audio output is enabled.
+networks' reader (``networks/token2wav.py``) when audio output is enabled.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from omniwalk.errors import ConfigError
 from omniwalk.layers.decoder import DecoderConfig
 from omniwalk.models.common.checkpoint.config import TokenIds, read_decoder
 from omniwalk.models.json_fields import Section, read_config
+from omniwalk.models.qwen2_5_omni.networks.token2wav import Token2WavConfig
 
 # Qwen2 vocabulary ids with no config.json key of their own (the role words of the chat layout)
 SYSTEM_TOKEN, ASSISTANT_TOKEN = 8948, 77091
@@ -97,6 +98,7 @@ class Qwen25OmniConfig:
     tokens: TokenIds
     position_id_per_seconds: float
     seconds_per_chunk: float
+    token2wav: Token2WavConfig | None = None  # None when the checkpoint has no audio output
 
     @property
     def enable_audio_output(self) -> bool:
@@ -192,9 +194,8 @@ def _read_model(top: Section) -> Qwen25OmniConfig:
         tokens=_read_tokens(thinker, talker_section),
         position_id_per_seconds=thinker.float("position_id_per_seconds", 25.0),
         seconds_per_chunk=thinker.float("seconds_per_chunk", 2.0),
+        token2wav=Token2WavConfig.from_hf(top.section("token2wav_config")) if speaks else None,
     )
-    if speaks:
-        top.section("token2wav_config")  # (read by the token2wav networks; required with audio output)
     _check_consistency(cfg)
     return cfg
 

@@ -1,8 +1,9 @@
 """Qwen2.5-Omni components of a checkpoint, built on the meta device's shapes and loaded in place.
 
 Each component owns checkpoint prefixes (``load_weights`` names any missing or stray tensor under
-them); together with the token2wav networks' ``token2wav.`` prefix they take every tensor of the
-checkpoint (checked when all components are loaded).
+them); together they take every tensor of the checkpoint (checked when all components are loaded).
+Token2wav (DiT + BigVGAN) is always fp32, whatever the model's dtype, as HF's ``generate`` runs it
+(``self.token2wav.float()``): it is small beside the LMs and its ODE and vocoder are what is heard.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from omniwalk.models.common.networks.thinker import Thinker
 from omniwalk.models.qwen2_5_omni.checkpoint.config import Qwen25OmniConfig
 from omniwalk.models.qwen2_5_omni.networks.audio_encoder import AudioEncoder
 from omniwalk.models.qwen2_5_omni.networks.talker import Talker
+from omniwalk.models.qwen2_5_omni.networks.token2wav import Token2Wav
 from omniwalk.models.qwen2_5_omni.networks.vision_encoder import VisionEncoder
 
 # component -> checkpoint prefixes of its submodules ("" = the component itself)
@@ -27,13 +29,13 @@ PREFIXES = {
     "vision_encoder": {"": "thinker.visual."},
     "thinker": {"model": "thinker.model.", "lm_head": "thinker.lm_head."},
     "talker": {"": "talker."},
+    "token2wav": {"": "token2wav."},
 }
-TOKEN2WAV_PREFIX = "token2wav."  # the DiT + BigVGAN (networks/token2wav.py) load their own tensors
 THINKER_COMPONENTS = ("audio_encoder", "vision_encoder", "thinker")
 
 
 def components(cfg: Qwen25OmniConfig) -> tuple[str, ...]:
-    return THINKER_COMPONENTS + (("talker",) if cfg.enable_audio_output else ())
+    return THINKER_COMPONENTS + (("talker", "token2wav") if cfg.enable_audio_output else ())
 
 
 def build_component(name: str, cfg: Qwen25OmniConfig, backends: Backends = REFERENCE) -> nn.Module:
@@ -46,11 +48,13 @@ def build_component(name: str, cfg: Qwen25OmniConfig, backends: Backends = REFER
         return Thinker(cfg.text, cfg.tokens, cfg.text.num_hidden_layers, deepstack=False)
     if name == "talker" and cfg.talker is not None:
         return Talker(cfg.talker)
+    if name == "token2wav" and cfg.token2wav is not None:
+        return Token2Wav(cfg.token2wav)
     raise ValueError(f"unknown component {name!r}; known: {components(cfg)}")
 
 
 def checkpoint_layout(cfg: Qwen25OmniConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor of our components in a checkpoint for ``cfg``: name -> shape (token2wav's aside)."""
+    """Every tensor of our components in a checkpoint for ``cfg``: name -> shape."""
     names = {}
     for component in components(cfg):
         with torch.device("meta"):
@@ -79,7 +83,8 @@ def load_components(
     (or with random weights from ``random_seed``)."""
     out = {}
     for name in names:
-        module = build_on(device, dtype, lambda: build_component(name, cfg, backends))  # noqa: B023 (called at once)
+        dtype_of = torch.float32 if name == "token2wav" else dtype  # (token2wav: fp32 always)
+        module = build_on(device, dtype_of, lambda: build_component(name, cfg, backends))  # noqa: B023 (called at once)
         if random_seed is not None:
             randomize(module, random_seed)
         else:
@@ -88,5 +93,5 @@ def load_components(
         use_kernels(module, backends.norm)
         out[name] = module.eval()
     if set(names) == set(components(cfg)) and random_seed is None:
-        check_all_taken(ckpt_dir, (*(p for prefixes in PREFIXES.values() for p in prefixes.values()), TOKEN2WAV_PREFIX))
+        check_all_taken(ckpt_dir, (p for prefixes in PREFIXES.values() for p in prefixes.values()))
     return out

@@ -196,7 +196,7 @@ class DiTBlock(nn.Module):
         return x + gate_mlp * self.ff(_modulate(x, scale_mlp, shift_mlp))
 
 
-def block_masks(cfg: DiTConfig, lengths: list[int], total: int, device) -> dict[tuple[int, int], torch.Tensor]:
+def block_masks(cfg: DiTConfig, lengths: list[int] | torch.Tensor, total: int, device) -> dict[tuple, torch.Tensor]:
     """(back, ahead) -> [N, 1, T, T] bool attention masks for rows of ``lengths`` padded to ``total``.
 
     Padding keys are masked; a padding query sees itself too, so no row is all-masked (its
@@ -204,7 +204,8 @@ def block_masks(cfg: DiTConfig, lengths: list[int], total: int, device) -> dict[
     """
     block = torch.arange(total, device=device) // cfg.block_size
     diff = block[None, :] - block[:, None]  # [query, key]
-    valid = torch.arange(total, device=device)[None, :] < to_device(lengths, device)[:, None]  # [N, key]
+    lengths = lengths if isinstance(lengths, torch.Tensor) else to_device(lengths, device)  # (a tensor: in a graph)
+    valid = torch.arange(total, device=device)[None, :] < lengths[:, None]  # [N, key]
     eye = torch.eye(total, dtype=torch.bool, device=device)
     masks = {}
     for layer in range(cfg.num_hidden_layers):

@@ -16,12 +16,15 @@ All offsets are whole codec tokens (blocks hold whole tokens; ``dit.py`` checks 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from omniwalk.errors import ConfigError
 from omniwalk.models.qwen2_5_omni.networks.token2wav import NoiseStream, Token2WavConfig
+
+ONE_WINDOW = 2**40  # a chunk no utterance reaches: its window comes only at the end and keeps everything
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,11 @@ class StreamPlan:
             vocoder_context=stream.vocoder_context_frames or cfg.bigvgan.receptive_field_frames(),
             repeats=cfg.dit.repeats,
         )
+
+    def whole(self) -> StreamPlan:
+        """The one-shot plan: a single window over the whole utterance once the talker has ended,
+        then one vocoder span (``Token2Wav.forward``'s decode, batched as stream rows are)."""
+        return dataclasses.replace(self, chunk=ONE_WINDOW)
 
     def window(self, k: int, num_frames: int, finished: bool) -> Window | None:
         """Chunk k's window if ``num_frames`` frames of codes allow it (None if not yet, or never).

@@ -14,13 +14,16 @@ text-pad embedding forever):
 (the batched path of HF 5.24: the codec pad/bos embeddings and TMRoPE positions are present).
 The code after input i >= P + 1 is drawn from its logits, codec bos suppressed, with repetition
 penalty over [codec mask] * P + [pad, bos] + the codes so far; codec pad and codec eos end the
-stream. S[j] is ready once the thinker committed g_j and g_j is not its last token, or the
+stream. Codes token2wav cannot speak (ids past its codec table, ``num_codes``) are suppressed
+too: HF's token2wav would fail on one (an index past its embedding); trained weights never draw
+them, random ones do (3% of the 7B talker's vocabulary). S[j] is ready once the thinker
+committed g_j and g_j is not its last token, or the
 thinker finished (then S is cut to its final length). Codes drawn but not read back feed the next
 input from the device; a stop read one step late drops what the step after it drew.
 
-TODO (the token2wav seam): with ``programs/token2wav_program.py`` in the walk, ``_commit`` also
-appends each committed code to the request's ``Token2WavState.codes`` and sets its ``finished``
-when the talker finishes (codes are read back here already, so the hand-over is host-side).
+The hand-over to token2wav is host-side: ``_commit`` appends each code it reads back to the
+request's ``Token2WavState.codes`` (``TalkerState.token2wav``) and sets its ``finished`` when the
+talker finishes.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from omniwalk.engine.request import Chunk, EngineRequest
 from omniwalk.models.common.processing.positions import batch_spans
 from omniwalk.models.qwen2_5_omni.checkpoint.config import TalkerConfig
 from omniwalk.models.qwen2_5_omni.networks.talker import Talker
+from omniwalk.models.qwen2_5_omni.programs.token2wav_program import Token2WavState
 from omniwalk.sampling import SamplerState, sample_async
 
 
@@ -45,6 +49,7 @@ class TalkerState:
     sampler: SamplerState  # codec pad / eos stop; penalty history starts with the prompt's codec ids
     speaker_bos: int  # the speaker's text bos (a thinker id)
     max_codes: int
+    token2wav: Token2WavState  # the codes' consumer (voice, noise seed, ODE steps)
     prompt_rows: torch.Tensor | None = None  # [P, thinker hidden], written as the thinker's prefill runs
     reply: list[torch.Tensor] = field(default_factory=list)  # r(g_j) [thinker hidden], as the thinker feeds g_j
     inputs: list[torch.Tensor] = field(default_factory=list)  # talker input rows built so far (prompt rows aside)
@@ -62,8 +67,12 @@ class TalkerState:
 
 
 class TalkerProgram(KVProgram):
-    def __init__(self, talker: Talker, thinker, cfg: TalkerConfig, device):
+    def __init__(self, talker: Talker, thinker, cfg: TalkerConfig, device, num_codes: int):
+        """``num_codes``: token2wav's codec ids are [0, num_codes)."""
         self.talker, self.thinker, self.cfg, self.device = talker, thinker, cfg, device
+        vocab = talker.codec_head.out_features
+        unspeakable = [i for i in range(num_codes, vocab) if i not in (cfg.codec_pad, cfg.codec_eos)]
+        self.suppressed = to_device([cfg.codec_bos, *unspeakable], device, torch.long)
         embed = thinker.model.embed_tokens
         with torch.inference_mode():
             ids = to_device([cfg.text_eos, cfg.text_pad], device, torch.long)
@@ -76,7 +85,9 @@ class TalkerProgram(KVProgram):
         th, st = req.state.thinker, req.state.talker
         if th.is_finished:
             num_reply = th.num_generated - 1
-            return st.reply[j] if j < num_reply else self.text_eos if j == num_reply else self.text_pad
+            if j < num_reply:  # (a forced answer's rows come after it is committed)
+                return st.reply[j] if j < len(st.reply) else None
+            return self.text_eos if j == num_reply else self.text_pad
         return st.reply[j] if j < min(th.num_generated, len(st.reply)) else None
 
     def _build_inputs(self, req: EngineRequest) -> None:
@@ -118,7 +129,7 @@ class TalkerProgram(KVProgram):
             st, th = req.state.talker, req.state.thinker
             num_prompt = th.prompt.num_prompt_tokens
             prompt = st.prompt_rows[start : min(start + n, num_prompt)]
-            later = st.inputs[max(start - num_prompt, 0) : start + n - num_prompt]
+            later = st.inputs[max(start - num_prompt, 0) : max(start + n - num_prompt, 0)]  # (none inside the prompt)
             rows += [prompt, torch.stack(later)] if later else [prompt]
             spans.append((th.prompt.rope, start, n))
             # input i >= P + 1 draws code i - P - 1, unless it was drawn before (a recompute)
@@ -131,7 +142,7 @@ class TalkerProgram(KVProgram):
         if not ends:
             return None
         logits = self.talker.codec_head(hidden[to_device([i for _, i in ends], self.device, torch.long)]).float()
-        logits[:, self.cfg.codec_bos] = float("-inf")  # HF's suppress_tokens
+        logits[:, self.suppressed] = float("-inf")  # HF's suppress_tokens (codec bos) + unspeakable codes
         picks = sample_async(logits, [req.state.talker.sampler for req, _ in ends])
         for i, (req, _) in enumerate(ends):
             req.state.talker.draws.append((picks.ids, i))
@@ -147,8 +158,7 @@ class TalkerProgram(KVProgram):
         st = req.state.talker
         if st.finished or req.status.is_done:  # drawn after a stop: dropped
             return
-        if st.sampler.is_stop_token(code):
-            st.finished = True
-            return
-        st.codes.append(code)
-        st.finished = len(st.codes) >= st.max_codes
+        if not st.sampler.is_stop_token(code):
+            st.codes.append(code)
+            st.token2wav.codes.append(code)
+        st.finished = st.token2wav.finished = st.sampler.is_stop_token(code) or len(st.codes) >= st.max_codes

@@ -4,7 +4,12 @@ norm) + its input embedding, zero at media placeholders (HF's ``generate`` zeroe
 audio, image and video embeddings before the talker). Prompt rows and reply rows (one per
 generated token the thinker fed back) go to the request's ``TalkerState``; a recomputed chunk
 (after preemption) writes the same rows again. Rows of speech requests run eagerly (the captured
-decode graph returns logits only)."""
+decode graph returns logits only).
+
+A forced answer (``/v1/audio/speech``) is committed whole in place of the first draw, so its
+tokens were never fed: a speech request's thinker is finished only once it has fed every
+generated token but the last (its reply rows; a sampled answer has by then), prefilling them
+without a draw."""
 
 from __future__ import annotations
 
@@ -20,6 +25,16 @@ class ReplyThinkerProgram(ThinkerProgram):
     def _decode_rows(batch: list[Chunk]) -> list[bool]:
         rows = ThinkerProgram._decode_rows(batch)
         return [is_decode and chunk.req.state.talker is None for is_decode, chunk in zip(rows, batch, strict=True)]
+
+    def num_ready(self, req: EngineRequest, num_cached: int) -> int:
+        st = req.state.thinker
+        if req.state.talker is not None and st.is_finished:  # (a chunk ending before the last token draws nothing)
+            return max(0, st.num_tokens - 1 - num_cached)
+        return super().num_ready(req, num_cached)
+
+    def is_finished(self, req: EngineRequest) -> bool:
+        st, talker = req.state.thinker, req.state.talker
+        return st.is_finished and (talker is None or len(talker.reply) >= st.num_generated - 1)
 
     def keep_rows(self, req: EngineRequest, start: int, n: int, x, out: dict, offset: int) -> None:
         talker = req.state.talker

@@ -22,7 +22,12 @@ max_batch_units=<mel frames per batched solve>, max_batch_requests=...))``; the 
 to ``codes`` and sets ``finished`` (a request that ends with no codes finishes with no audio). The
 first audio needs C + F frames of codes (``token2wav_stream.py``: 48 codes, 0.96 s of speech, for
 the 7B config) and the solve of their window: (num_steps - 1) stage steps.
-TODO: CUDA graphs for the batched RK step (per padded length and batch bucket) and the vocoder.
+
+CUDA graphs (``graph_max_batch`` > 0, captured at start-up): the batched RK step per padded length
+(the stream's first window, C + F frames, and its regular one, P + C + F; a batch pads its rows
+to the smaller that holds them, padding never attended) and BigVGAN per span length (the stream's
+regular spans, decoded at their exact length: no padding in time), each per batch bucket. Longer
+rows (one-shot decodes, ``StreamPlan.whole``) and other spans run eagerly, counted in ``stats``.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import torch.nn.functional as F
 
 from omniwalk.device import HostCopy, to_device
 from omniwalk.engine.batch_stage import BatchProgram
+from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets
 from omniwalk.engine.request import EngineRequest, Work
 from omniwalk.errors import InvalidRequestError
 from omniwalk.models.qwen2_5_omni.networks.dit import block_masks
@@ -56,6 +62,7 @@ class Token2WavState:
     voice: str  # a key of the checkpoint's spk_dict, any case
     seed: int  # the noise: ``initial_noise(seed, ...)`` of the whole utterance
     num_steps: int | None = None  # ODE time points; None = the checkpoint's default
+    one_shot: bool = False  # one window over the whole utterance when the talker ends (``StreamPlan.whole``)
     codes: list[int] = field(default_factory=list)  # talker codec ids so far, EOS excluded
     finished: bool = False  # the talker has ended: ``codes`` is complete
     stream: StreamState | None = None
@@ -87,11 +94,18 @@ class Token2WavProgram(BatchProgram):
         device,
         stream: Token2WavStreamConfig | None = None,
         state_of: Callable[[EngineRequest], Token2WavState] = lambda req: req.state.token2wav,
+        graph_max_batch: int = 0,
     ):
-        """``voices``: the checkpoint's ``spk_dict`` (name -> {"cond", "ref_mel", ...})."""
+        """``voices``: the checkpoint's ``spk_dict`` (name -> {"cond", "ref_mel", ...}); CUDA graphs
+        of up to ``graph_max_batch`` rows (0 = none)."""
         self.model, self.device, self.state_of = model, device, state_of
+        self.graph_max_batch = graph_max_batch
+        self.dit_graphs: dict[int, GraphedStep] = {}  # padded frames -> the RK step's graphs
+        self.vocoder_graphs: dict[int, GraphedStep] = {}  # span frames -> BigVGAN's graphs
+        self.num_eager_calls = 0  # DiT steps and vocoder calls that fit no graph while graphs are on
         self.voices = {name.lower(): entry for name, entry in voices.items()}
         self.plan = StreamPlan.build(model.cfg, stream or Token2WavStreamConfig())
+        self.one_shot_plan = self.plan.whole()
         self.speaker_rows: dict[str, torch.Tensor] = {}  # voice -> ``Token2Wav.speaker_rows``, made once
         self.times: dict[int, torch.Tensor] = {}  # num_steps -> time grid
         self.rows: dict[str, list[_Row]] = defaultdict(list)  # request id -> its rows, in window order
@@ -119,7 +133,8 @@ class Token2WavProgram(BatchProgram):
     def _stream(self, st: Token2WavState) -> StreamState:
         if st.stream is None:
             mel_dim = self.model.cfg.dit.mel_dim
-            st.stream = StreamState(self.plan, st.seed, mel_dim, self.device)
+            plan = self.one_shot_plan if st.one_shot else self.plan
+            st.stream = StreamState(plan, st.seed, mel_dim, self.device)
         if st.finished and st.stream.num_total is None:
             st.stream.finish(len(st.codes))
         return st.stream
@@ -129,7 +144,33 @@ class Token2WavProgram(BatchProgram):
         return st.finished and st.stream is not None and st.num_emitted == st.stream.num_total
 
     def stats(self) -> dict:
-        return {"rows": sum(len(rows) for rows in self.rows.values()), "rk_steps": self.num_rk_steps}
+        out = {"rows": sum(len(rows) for rows in self.rows.values()), "rk_steps": self.num_rk_steps}
+        if self.graph_max_batch:
+            graphs = (*self.dit_graphs.values(), *self.vocoder_graphs.values())
+            out.update(graph_replays=sum(g.num_replays for g in graphs), eager_calls=self.num_eager_calls)
+        return out
+
+    def capture_graphs(self, pool=None):
+        """The RK step's graphs per padded length and BigVGAN's per span length (module docstring)."""
+        if not self.graph_max_batch:
+            return pool
+        dit, plan, buckets = self.model.cfg.dit, self.plan, batch_buckets(self.graph_max_batch)
+        width = dit.enc_dim + dit.emb_dim + dit.enc_emb_dim
+        for frames in sorted({plan.chunk + plan.ahead, plan.back + plan.chunk + plan.ahead}):
+            inputs = {
+                "x": StaticInput((frames, dit.mel_dim), torch.float32),
+                "conditions": StaticInput((2, frames, width), torch.float32),
+                "t0": StaticInput((), torch.float32),
+                "t1": StaticInput((), torch.float32),
+                "lengths": StaticInput((), torch.long, 1),
+            }
+            graph = GraphedStep(f"token2wav step {frames}", self._solve_step, inputs, buckets, self.device)
+            pool, self.dit_graphs[frames] = graph.capture(pool), graph
+        for frames in regular_span_lengths(plan):
+            inputs = {"mel": StaticInput((dit.mel_dim, frames), torch.float32)}
+            graph = GraphedStep(f"token2wav vocoder {frames}", self._vocoder, inputs, buckets, self.device)
+            pool, self.vocoder_graphs[frames] = graph.capture(pool), graph
+        return pool
 
     def release(self, req: EngineRequest) -> None:
         self.rows.pop(req.id, None)
@@ -199,18 +240,35 @@ class Token2WavProgram(BatchProgram):
         """One RK step of every row in one batched solve -> each row's new x."""
         lengths = [row.window.num_frames for row in rows]
         total = max(lengths)
-        x = _pad_stack([row.x for row in rows], total)
-        conditions = torch.cat([_pad_stack([row.conditions[half] for row in rows], total) for half in (0, 1)])
-        masks = block_masks(self.model.cfg.dit, lengths * 2, total, self.device)
-        t0 = torch.stack([row.times[row.step] for row in rows])
-        t1 = torch.stack([row.times[row.step + 1] for row in rows])
+        inputs = {
+            "x": _pad_stack([row.x for row in rows], total),
+            "conditions": _pad_stack([row.conditions for row in rows], total),
+            "t0": torch.stack([row.times[row.step] for row in rows]),
+            "t1": torch.stack([row.times[row.step + 1] for row in rows]),
+            "lengths": to_device(lengths, self.device, torch.long),
+        }
+        padded = min((f for f in self.dit_graphs if f >= total), default=None)
+        if padded is not None and self.dit_graphs[padded].fits(len(rows)):
+            out = self.dit_graphs[padded].run(len(rows), inputs)["x"]
+            return [out[i, :n].clone() for i, n in enumerate(lengths)]  # (the graph's buffer is reused)
+        self.num_eager_calls += bool(self.graph_max_batch)
+        out = self._solve_step(**inputs)["x"]
+        return [out[i, :n] for i, n in enumerate(lengths)]
+
+    def _solve_step(self, x, conditions, t0, t1, lengths) -> dict[str, torch.Tensor]:
+        """x [N, T, mel], conditions [N, 2, T, ...] (``DiT.condition_rows`` padded), times [N] and
+        lengths [N] on the device -> {"x": x after one RK step} (no host data: graphable)."""
+        conditions = torch.cat([conditions[:, 0], conditions[:, 1]])  # conditioned rows, then unconditioned
+        masks = block_masks(self.model.cfg.dit, torch.cat([lengths, lengths]), x.shape[1], x.device)
         guidance = self.model.cfg.flow.guidance_scale
 
         def velocity(t, h):
             return self.model.dit.velocity(h, t, conditions, masks, guidance)
 
-        out = rk38_step(velocity, t0, t1, x)
-        return [out[i, :n] for i, n in enumerate(lengths)]
+        return {"x": rk38_step(velocity, t0, t1, x)}
+
+    def _vocoder(self, mel: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"wav": self.model.bigvgan(mel)}
 
     def _stream_update(self, req, rows: list[_Row], solved) -> tuple[torch.Tensor, int, VocoderSpan | None]:
         """(the request's final mel after its rows solved this step, its end, the span it allows)."""
@@ -226,8 +284,13 @@ class Token2WavProgram(BatchProgram):
             groups[span.end - span.start].append((req, self.state_of(req).stream.span_mel(mel, span), span))
         per_frame = self.model.cfg.bigvgan.samples_per_frame
         out = []
-        for group in groups.values():
-            wav = self.model.bigvgan(torch.stack([mel for _, mel, _ in group]))
+        for frames, group in groups.items():
+            mel, graph = torch.stack([mel for _, mel, _ in group]), self.vocoder_graphs.get(frames)
+            if graph is not None and graph.fits(len(group)):
+                wav = graph.run(len(group), {"mel": mel})["wav"].clone()  # (the graph's buffer is reused)
+            else:
+                self.num_eager_calls += bool(self.graph_max_batch)
+                wav = self._vocoder(mel)["wav"]
             for (req, _, span), row in zip(group, wav, strict=True):
                 first = (span.emit_start - span.start) * per_frame
                 out.append(((req, span), row[first : first + (span.emit_end - span.emit_start) * per_frame]))
@@ -235,5 +298,17 @@ class Token2WavProgram(BatchProgram):
 
 
 def _pad_stack(rows: list[torch.Tensor], total: int) -> torch.Tensor:
-    """[frames_i, C] each -> [N, total, C], zero-padded at the end."""
-    return torch.stack([F.pad(row, (0, 0, 0, total - row.shape[0])) for row in rows])
+    """[..., frames_i, C] each -> [N, ..., total, C], zero-padded at the end of the frames."""
+    return torch.stack([F.pad(row, (0, 0, 0, total - row.shape[-2])) for row in rows])
+
+
+def regular_span_lengths(plan: StreamPlan, num_chunks: int = 8) -> list[int]:
+    """The frame counts of the vocoder spans a long stream decodes before its end (the first few
+    differ, then every span is C + 2V)."""
+    lengths, num_vocoded = set(), 0
+    for k in range(1, num_chunks + 1):
+        emit_end = k * plan.chunk - plan.vocoder_context
+        if emit_end > num_vocoded:
+            lengths.add(k * plan.chunk - max(0, num_vocoded - plan.vocoder_context))
+            num_vocoded = emit_end
+    return sorted(lengths)
