@@ -248,7 +248,8 @@ def pick_blocks(m: int, n: int, k: int, gated: bool, may_split: bool, fp8: bool 
 
 def default_blocks(m: int, n: int, k: int, may_split: bool, fp8: bool = False) -> Blocks:
     """Shapes not in ``TUNED``: about one program per SM (132 on the H200) from 16- or 32-column
-    blocks, split along K where the columns are too few (an FP8 GEMV: half the K step, see ``TUNED_FP8``)."""
+    blocks, split along K where the columns are too few (an FP8 GEMV: half the K step, 64 weights a thread,
+    so its fp32 tile stays in registers: 128 spilled in the sm_90a build, ``benchmarks/fp8_sass.py``)."""
     block_n = 32 if n >= 32 * 128 else 16
     split = 2 if may_split and -(-n // block_n) < 96 and k >= 2048 else 1
     return Blocks(block_n, 256 if m > 1 or fp8 else 512, split, 4, 4)
