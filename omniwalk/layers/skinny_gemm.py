@@ -18,7 +18,7 @@ FP8 weights (``SCALED``; ``fp8.py``'s block-wise format): the GEMV multiplies x 
 scale and the e4m3 weight widened to fp32 (a K step is cut into sub-blocks inside one scale column;
 the tile is widened as loaded, one step ahead, with ``fp8.triton_widening``: sm_90a SASS of the thinker
 qkv GEMV, 3.97 instructions per weight in the loop against 6.2 when the loop carried the bytes; measured
-on the H200 no faster for it: the FP8 GEMV streams ~1.2-1.6 TB/s, bound by the bytes each thread has in
+on the H200 no faster for it: the FP8 GEMV streams 0.75-1.6 TB/s, bound by the bytes each thread has in
 flight (half bf16's for as many weights), not by instructions);
 the ``tl.dot`` path widens the weight tile to x's dtype (exact) and scales the tile's partial product
 (its K step inside one scale column). x stays in its dtype: quantising it per row and K step too, for an
