@@ -18,7 +18,7 @@ FP8 weights (``SCALED``; ``fp8.py``'s block-wise format): the GEMV multiplies x 
 scale and the e4m3 weight widened to fp32 (a K step is cut into sub-blocks inside one scale column;
 the tile is widened as loaded, one step ahead, with ``fp8.triton_widening``: sm_90a SASS of the thinker
 qkv GEMV, 3.97 instructions per weight in the loop against 6.2 when the loop carried the bytes; measured
-on the H200 no faster for it: the FP8 GEMV streams ~1.2-1.6 TB/s, bound by the bytes each thread has in
+on the H200 no faster for it: the FP8 GEMV streams 0.75-1.6 TB/s, bound by the bytes each thread has in
 flight (half bf16's for as many weights), not by instructions);
 the ``tl.dot`` path widens the weight tile to x's dtype (exact) and scales the tile's partial product
 (its K step inside one scale column). x stays in its dtype: quantising it per row and K step too, for an
@@ -248,7 +248,8 @@ def pick_blocks(m: int, n: int, k: int, gated: bool, may_split: bool, fp8: bool 
 
 def default_blocks(m: int, n: int, k: int, may_split: bool, fp8: bool = False) -> Blocks:
     """Shapes not in ``TUNED``: about one program per SM (132 on the H200) from 16- or 32-column
-    blocks, split along K where the columns are too few (an FP8 GEMV: half the K step, see ``TUNED_FP8``)."""
+    blocks, split along K where the columns are too few (an FP8 GEMV: half the K step, 64 weights a thread,
+    so its fp32 tile stays in registers: 128 spilled in the sm_90a build, ``benchmarks/fp8_sass.py``)."""
     block_n = 32 if n >= 32 * 128 else 16
     split = 2 if may_split and -(-n // block_n) < 96 and k >= 2048 else 1
     return Blocks(block_n, 256 if m > 1 or fp8 else 512, split, 4, 4)
