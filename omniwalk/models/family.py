@@ -13,8 +13,8 @@ A request is a dict: ``messages`` (OpenAI chat), ``modalities`` (["text"] or ["t
 checked against ``info.output_modalities`` before the family sees it), the ``SamplingParams``
 fields, ``voice``, ``forced_answer`` (a text to speak as the answer: ``/v1/audio/speech``),
 ``stream`` (True when the caller takes the output events as they come: ``Omni.stream``, a streamed
-chat; a family may then decode for latency where the whole output would decode differently, as
-Qwen2.5-Omni's windowed token2wav does) and the family's own ``info.request_fields``.
+chat; a family may then decode for latency where the whole output would decode differently, e.g. a
+vocoder run window by window) and the family's own ``info.request_fields``.
 """
 
 from __future__ import annotations
