@@ -71,16 +71,21 @@ def family_with_preset(name: str) -> ModuleType | None:
     return next((m for m in modules if name in getattr(m, "PRESETS", {})), None)
 
 
+def family_modules() -> list:
+    """Every known family's package module, each once (imported: light, see each ``__init__``)."""
+    return [importlib.import_module(name) for name in dict.fromkeys(families().values())]
+
+
 def bench_anchors(model: str) -> dict:
     """The anchor figures a family ships for the served model name ``model`` (none: {})."""
-    modules = [importlib.import_module(name) for name in dict.fromkeys(families().values())]
+    modules = family_modules()
     return next((m.ANCHORS[model] for m in modules if model in getattr(m, "ANCHORS", {})), {})
 
 
 def codec_frames_per_second(model: str) -> float:
     """Codec frames per second of speech out for the served model name ``model``: the first family's
     ``CODEC_FRAMES_PER_SECOND`` entry whose key prefixes it (12.5, the bench presets' unit, if none)."""
-    modules = [importlib.import_module(name) for name in dict.fromkeys(families().values())]
+    modules = family_modules()
     rates = (
         r
         for m in modules
@@ -92,5 +97,5 @@ def codec_frames_per_second(model: str) -> float:
 
 def all_options() -> list[type]:
     """Every known family's ``Options`` (the CLI makes flags of their fields)."""
-    modules = [importlib.import_module(name) for name in dict.fromkeys(families().values())]
+    modules = family_modules()
     return [m.Options for m in modules if getattr(m, "Options", None) is not None]
