@@ -169,7 +169,8 @@ class BigVGAN(nn.Module):
     @staticmethod
     def normalized_db(mel: torch.Tensor) -> torch.Tensor:
         """Natural-log mel -> dB (floored at -115 dB, minus 20 dB) -> linear map of [-115, 0] dB to [-1, 1]."""
-        floor = torch.exp(torch.tensor(-115 / 20.0 * math.log(10), device=mel.device, dtype=mel.dtype))
+        # HF's floor (exp of a tensor in mel's dtype), computed on the host: graph capture allows no upload.
+        floor = torch.exp(torch.tensor(-115 / 20.0 * math.log(10), dtype=mel.dtype)).item()
         db = 20 * torch.log10(torch.clamp(torch.exp(mel), min=floor)) - 20
         return torch.clamp(2 * ((db - -115) / 115) - 1, -1, 1)
 
