@@ -197,7 +197,7 @@ merged = work / "merged"
 shutil.rmtree(merged, ignore_errors=True)
 merged.mkdir()
 if not charts:
-    report._charts = lambda out, cells: []  # charts only once, at the end (matplotlib is slow to import)
+    report._charts = lambda *_: []  # charts only once, at the end (matplotlib is slow to import)
 report.write(merged, cells, raw)
 shutil.copy(merged / "results.json", out / "results.json")
 (out / "results.md").write_text((merged / "results.md").read_text() + "\n" + note + "\n")
