@@ -242,15 +242,17 @@ def pick_blocks(m: int, n: int, k: int, gated: bool, may_split: bool, fp8: bool 
     key = (padded_rows(m), n, k, gated, may_split)
     if fp8 and key in TUNED_FP8:
         return TUNED_FP8[key]
-    tuned = TUNED.get(key, default_blocks(m, n, k, may_split, fp8))
-    return tuned if tuned is not None or not fp8 else default_blocks(m, n, k, may_split, fp8)
+    tuned = TUNED.get(key, default_blocks(m, n, k, may_split, fp8, gated))
+    return tuned if tuned is not None or not fp8 else default_blocks(m, n, k, may_split, fp8, gated)
 
 
-def default_blocks(m: int, n: int, k: int, may_split: bool, fp8: bool = False) -> Blocks:
+def default_blocks(m: int, n: int, k: int, may_split: bool, fp8: bool = False, gated: bool = False) -> Blocks:
     """Shapes not in ``TUNED``: about one program per SM (132 on the H200) from 16- or 32-column
     blocks, split along K where the columns are too few (an FP8 GEMV: half the K step, 64 weights a thread,
-    so its fp32 tile stays in registers: 128 spilled in the sm_90a build, ``benchmarks/fp8_sass.py``)."""
-    block_n = 32 if n >= 32 * 128 else 16
+    so its fp32 tile stays in registers: 128 spilled in the sm_90a build, ``benchmarks/fp8_sass.py``).
+    A bf16 GEMV thread holds at most 128 weights a step, a gated one's two halves counted: a gated
+    32 x 512 tile (256) spilled 2.7 KB of stack a thread (Qwen2.5-Omni-7B's dense gate_up at B=1)."""
+    block_n = 32 if n >= 32 * 128 and not (gated and m == 1 and not fp8) else 16
     split = 2 if may_split and -(-n // block_n) < 96 and k >= 2048 else 1
     return Blocks(block_n, 256 if m > 1 or fp8 else 512, split, 4, 4)
 
@@ -267,7 +269,7 @@ def skinny_gemm(
     n = weight.shape[0] // 2 if gated else weight.shape[0]
     may_split = partials and not gated
     fp8 = scale is not None
-    blocks = blocks or pick_blocks(m, n, k, gated, may_split, fp8) or default_blocks(m, n, k, may_split, fp8)
+    blocks = blocks or pick_blocks(m, n, k, gated, may_split, fp8) or default_blocks(m, n, k, may_split, fp8, gated)
     split = 1 if gated else blocks.split
     if x.stride(-1) != 1:
         x = x.contiguous()

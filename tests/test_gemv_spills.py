@@ -1,0 +1,53 @@
+"""The skinny GEMV compiled for the H200 (sm_90a) on any machine with Triton: the tiles
+``default_blocks`` picks for decode at B = 1 keep every weight of a step in registers. A gated
+32 x 512 tile (256 weights a thread) spilled 2.7 KB of stack a thread and made Qwen2.5-Omni-7B's
+dense gate/up GEMV, hence its B = 1 decode step, ~10x slower than its weight-read floor on the
+H200 (``benchmarks/results/2026-12-02-h200-s27/lead``). Register use and stack bytes come from
+the cubin's resource usage (the ``cuobjdump`` Triton ships), as ``benchmarks/fp8_sass.py`` reads them."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# (K, N, gated, partials): a dense 7B decoder's projections at M = 1 (N is I for a gated product)
+SHAPES = {"gate_up": (3584, 18944, True, False), "down": (18944, 3584, False, True), "qkv": (3584, 4608, False, False)}
+
+COMPILE = """
+import re, sys
+import torch
+import fp8_sass as fs
+from omniwalk.layers import skinny_gemm as sg
+
+k, n, gated, partials = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1")
+w = torch.zeros(2 * n if gated else n, k, dtype=torch.bfloat16)
+blocks = sg.pick_blocks(1, n, k, gated, partials and not gated)
+rec = fs.Recorder(sg._kernel())
+original, sg._kernel = sg._kernel, lambda: rec
+try:
+    sg.skinny_gemm(torch.zeros(1, k, dtype=torch.bfloat16), w, gated=gated, partials=partials and blocks.split > 1,
+                   blocks=blocks)
+finally:
+    sg._kernel = original
+grid, args, kwargs = rec.calls[0]
+usage = dict(re.findall(r"(REG|STACK):(\\d+)", fs.cuobjdump(fs.compile_call(rec.kernel, args, kwargs), "-res-usage")))
+print(usage["REG"], usage["STACK"])
+"""
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_default_gemv_tiles_do_not_spill_at_batch_one(name):
+    pytest.importorskip("triton")
+    k, n, gated, partials = SHAPES[name]
+    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "benchmarks"), env.get("PYTHONPATH", "")])
+    args = [str(k), str(n), str(int(gated)), str(int(partials))]
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILE, *args], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    registers, stack = map(int, done.stdout.split()[-2:])
+    assert stack == 0, f"{name}: {registers} registers and {stack} bytes of stack a thread"
