@@ -157,7 +157,8 @@ def skinny_rows(asm: bool) -> list[dict]:
             else:
                 w = w.to(torch.bfloat16)
             rec = Recorder(sg._kernel())
-            blocks = sg.pick_blocks(1, n, k, gated, partials and not gated, fp8) or sg.default_blocks(1, n, k, False, fp8, gated)
+            blocks = sg.pick_blocks(1, n, k, gated, partials and not gated, fp8)
+            blocks = blocks or sg.default_blocks(1, n, k, False, fp8, gated)
             original = sg._kernel
             sg._kernel = lambda rec=rec: rec
             try:
