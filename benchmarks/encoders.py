@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,33 +22,11 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 from gpu_pairs import audio_pair, cosine, vision_pair  # noqa: E402
 from hf_oracle import whisper_extractor  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parent))
+from harness import median_ms  # noqa: E402
+
 from omniwalk.media.mel import log_mel  # noqa: E402
 from omniwalk.media.patches import image_patches, resize_image  # noqa: E402
-
-
-def gpu_ms(fn, warmup=3, iters=10) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return float(np.median(times))
-
-
-def cpu_ms(fn, iters=5) -> float:
-    fn()
-    times = []
-    for _ in range(iters):
-        t = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t) * 1e3)
-    return float(np.median(times))
 
 
 def bench_audio(rows: list[dict]) -> None:
@@ -62,11 +39,12 @@ def bench_audio(rows: list[dict]) -> None:
         num_frames = frames.tolist()
         with torch.inference_mode():
             cos = cosine(ours(feats, num_frames), hf(packed, feature_lens=frames).last_hidden_state)
-            ours_ms = gpu_ms(lambda: ours(feats, num_frames))
-            hf_ms = gpu_ms(lambda: hf(packed, feature_lens=frames))
-            mel_ms = gpu_ms(lambda: log_mel(waves))
+            ours_ms = median_ms(lambda: ours(feats, num_frames), "cuda", warmup=3, iters=10)
+            hf_ms = median_ms(lambda: hf(packed, feature_lens=frames), "cuda", warmup=3, iters=10)
+            mel_ms = median_ms(lambda: log_mel(waves), "cuda", warmup=3, iters=10)
         host = [w.cpu().numpy() for w in waves]
-        hf_mel_ms = cpu_ms(lambda: fe(host, sampling_rate=16000, padding=True, truncation=False, return_tensors="pt"))
+        extract = lambda: fe(host, sampling_rate=16000, padding=True, truncation=False, return_tensors="pt")  # noqa: E731
+        hf_mel_ms = median_ms(extract, "cpu", warmup=1, iters=5)
         rows.append(
             dict(
                 item="audio 5 s",
@@ -93,8 +71,8 @@ def bench_vision(rows: list[dict]) -> None:
         pixels, grid_t = torch.cat(patches), torch.tensor(grids, device="cuda")
         with torch.inference_mode():
             cos = cosine(ours(pixels, grids).embeddings, hf(pixels.to(torch.bfloat16), grid_t).pooler_output)
-            ours_ms = gpu_ms(lambda: ours(pixels, grids))
-            hf_ms = gpu_ms(lambda: hf(pixels.to(torch.bfloat16), grid_t))
+            ours_ms = median_ms(lambda: ours(pixels, grids), "cuda", warmup=3, iters=10)
+            hf_ms = median_ms(lambda: hf(pixels.to(torch.bfloat16), grid_t), "cuda", warmup=3, iters=10)
         rows.append(dict(item="image 448x448", batch=n, ours_ms=ours_ms, hf_ms=hf_ms, cosine=cos))
 
 

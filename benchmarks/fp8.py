@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, when not installed
-from harness import machine, markdown_table, prompt_text, replay_us, write_report  # noqa: E402
+from harness import graph_call_us, machine, markdown_table, prompt_text, write_report  # noqa: E402
 
 from omniwalk.layers import fused_moe, grouped_fp8, moe  # noqa: E402
 from omniwalk.layers import skinny_gemm as sg  # noqa: E402
@@ -69,17 +69,6 @@ SHAPES = {
 FP8_GEMV = [Blocks(8, 1024, 1, 4, 1), Blocks(16, 1024, 1, 8, 1), Blocks(4, 2048, 1, 4, 1), Blocks(16, 512, 1, 4, 1)]
 
 
-def graph_us(fn, calls: int) -> float:
-    fn(0)  # (loads / compiles the variant)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn(i)
-    us = replay_us(graph, 5) / calls
-    del graph
-    return us
-
-
 def _linears(k: int, rows: tuple[int, ...], kind: str, copies: int) -> tuple[list[SkinnyLinear], list[SkinnyLinear]]:
     """``copies`` merged projections in bf16 and the same ones in FP8."""
     bf16, fp8 = [], []
@@ -103,8 +92,8 @@ def bench_projections() -> list[dict]:
         gb_bf16, gb_fp8 = n * k * 2 / 1e9, n * k / 1e9
         for m in (1, 32):
             x = torch.randn(m, k, device="cuda").to(BF16)
-            row = dict(shape=name, m=m, bf16_us=graph_us(lambda i: bf16[i](x), copies))
-            row["fp8_us"] = graph_us(lambda i: fp8[i](x), copies)
+            row = dict(shape=name, m=m, bf16_us=graph_call_us(lambda i: bf16[i](x), copies))
+            row["fp8_us"] = graph_call_us(lambda i: fp8[i](x), copies)
 
             def fp8_call(i, blocks=None):
                 f = fp8[i]
@@ -113,8 +102,10 @@ def bench_projections() -> list[dict]:
 
             dot = Blocks(64, 128, 1, 4, 6, rows=16 if m == 1 else 0)  # (the table's dot configuration)
             if m == 1:
-                row["fp8_dot_us"] = graph_us(lambda i: fp8_call(i, dot), copies)
-                row["fp8_gemv_us"] = {str(tuple(b)): graph_us(lambda i, b=b: fp8_call(i, b), copies) for b in FP8_GEMV}
+                row["fp8_dot_us"] = graph_call_us(lambda i: fp8_call(i, dot), copies)
+                row["fp8_gemv_us"] = {
+                    str(tuple(b)): graph_call_us(lambda i, b=b: fp8_call(i, b), copies) for b in FP8_GEMV
+                }
             row |= dict(bf16_gb_s=gb_bf16 / row["bf16_us"] * 1e6, fp8_gb_s=gb_fp8 / row["fp8_us"] * 1e6)
             rows_out.append(row)
             print(
@@ -139,14 +130,14 @@ def bench_moe() -> list[dict]:
         fp8_layers[-1].experts.quantize(DEFAULT_BLOCK)
     for tokens in (1, 8, 32):
         x = torch.randn(tokens, 2048, device="cuda").to(BF16)
-        row = dict(tokens=tokens, pairs=tokens * 8, bf16_us=graph_us(lambda i: layers[i](x), copies))
-        row["fp8_us"] = graph_us(lambda i: fp8_layers[i](x), copies)
+        row = dict(tokens=tokens, pairs=tokens * 8, bf16_us=graph_call_us(lambda i: layers[i](x), copies))
+        row["fp8_us"] = graph_call_us(lambda i: fp8_layers[i](x), copies)
         if tokens == 32:  # past the GEMVs (grouped GEMMs above); the GEMVs of both for comparison
             saved = moe.MAX_GEMV_PAIRS
             moe.MAX_GEMV_PAIRS = 256
             try:
-                row["bf16_gemv_us"] = graph_us(lambda i: layers[i](x), copies)
-                row["fp8_gemv_us"] = graph_us(lambda i: fp8_layers[i](x), copies)
+                row["bf16_gemv_us"] = graph_call_us(lambda i: layers[i](x), copies)
+                row["fp8_gemv_us"] = graph_call_us(lambda i: fp8_layers[i](x), copies)
             finally:
                 moe.MAX_GEMV_PAIRS = saved
         out.append(row)
@@ -162,13 +153,13 @@ def bench_prefill() -> list[dict]:
         w = (torch.randn(n, k, device="cuda") * k**-0.5).to(BF16)
         q, scale = quantize(w, DEFAULT_BLOCK)
         x = torch.randn(m, k, device="cuda").to(BF16)
-        row = dict(shape=name, m=m, bf16_us=graph_us(lambda i: F.linear(x, w), 4))
-        row["fp8_dequant_us"] = graph_us(lambda i: F.linear(x, dequantize(q, scale, DEFAULT_BLOCK, BF16)), 4)
+        row = dict(shape=name, m=m, bf16_us=graph_call_us(lambda i: F.linear(x, w), 4))
+        row["fp8_dequant_us"] = graph_call_us(lambda i: F.linear(x, dequantize(q, scale, DEFAULT_BLOCK, BF16)), 4)
         try:  # per-row weight scales and per-token x scales (not the block-wise format)
             w_rows = w.float().abs().amax(1, keepdim=True) / 448
             wq, xq = (w / w_rows).to(torch.float8_e4m3fn), (x / 1.0).to(torch.float8_e4m3fn)
             x_rows = torch.ones(m, 1, device="cuda")
-            row["scaled_mm_rowwise_us"] = graph_us(
+            row["scaled_mm_rowwise_us"] = graph_call_us(
                 lambda i: torch._scaled_mm(xq, wq.t(), scale_a=x_rows, scale_b=w_rows.t(), out_dtype=BF16), 4
             )
         except Exception as e:  # noqa: BLE001 - recorded, not fatal
@@ -290,7 +281,7 @@ def tune_fp8(workers: int = 12) -> dict:
             for b in _tune_candidates(m, kind):
                 f0 = fp8[0]
                 try:
-                    times[b] = graph_us(lambda i, b=b: skinny_gemm(
+                    times[b] = graph_call_us(lambda i, b=b: skinny_gemm(
                         x, fp8[i].weight, gated=f0.gated, partials=f0.partials, blocks=b,
                         scale=fp8[i].weight_scale_inv, scale_block=f0.block), copies)  # fmt: skip
                 except Exception:  # noqa: BLE001, S112 - (does not fit the SM)
@@ -323,7 +314,7 @@ def _tune_moe(figures: list) -> dict:
         for blocks in variants:
             setattr(fused_moe, default, blocks)
             try:
-                total[blocks] = sum(graph_us(lambda i: layers[i](x), copies) for x in _moe_inputs((1, 8)))
+                total[blocks] = sum(graph_call_us(lambda i: layers[i](x), copies) for x in _moe_inputs((1, 8)))
             except Exception:  # noqa: BLE001, S112
                 continue
             finally:
@@ -336,7 +327,7 @@ def _tune_moe(figures: list) -> dict:
     for blocks in TUNE_GROUPED:
         grouped_fp8.BLOCKS[16] = blocks
         try:
-            total[blocks] = graph_us(lambda i: layers[i](_moe_inputs((32,))[0]), copies)
+            total[blocks] = graph_call_us(lambda i: layers[i](_moe_inputs((32,))[0]), copies)
         except Exception:  # noqa: BLE001, S112
             continue
         finally:

@@ -1,8 +1,12 @@
 # Shared helpers for scripts that run on the device machine (an H200 with a bare image) or on a CPU.
 # Source it from bash (`. benchmarks/h200_common.sh`); it defines functions and sets nothing else
-# except START_EPOCH (when unset).
+# except START_EPOCH and DEADLINE_T0 (when unset).
 #
-#   install_wheels           the carried .whl/*.whl into /tmp/site; PYTHONPATH=/tmp/site:$PWD
+#   install_wheels [WHL..]   the carried .whl/*.whl (.whl_hf/*.whl too) and WHL into /tmp/site;
+#                            PYTHONPATH=/tmp/site:$PWD (from ./.whl, or ../.whl from a .dev_<name>/ copy)
+#   make_skeleton DIR [CFG]  a weightless skeleton in DIR from config CFG (default the packaged tiny one)
+#   deadline_step SECS CMD.. CMD cut at SECS or at what is left of LIMIT s since sourcing, output to LOG
+#                            (the caller sets LIMIT and LOG)
 #   record_env               versions, GPU, commit (or a hash of omniwalk/ without .git)
 #   start_server LOG ARGS..  `python3 -m omniwalk.cli serve ARGS` in the background, its own process group
 #   wait_ready URL SECS LOG  poll URL (/health) until 200; fail on a dead server or a traceback in LOG
@@ -20,17 +24,46 @@ install_wheels() {
   local t0=$SECONDS
   # Carried folders: .whl (server and media wheels) and, for the HF-parity tests, .whl_hf
   # (transformers + huggingface_hub); each call carries what it needs within 64 MiB.
-  local wheels
-  wheels=$(ls .whl/*.whl .whl_hf/*.whl 2>/dev/null)
+  # Run from the checkout's root they are ./.whl; from a copy of the tree in .dev_<name>/, ../.whl.
+  local root=. wheels
+  [ -n "$(ls .whl/*.whl .whl_hf/*.whl 2>/dev/null)" ] || root=..
+  wheels=$(ls $root/.whl/*.whl $root/.whl_hf/*.whl 2>/dev/null)
   if [ -z "$wheels" ]; then
-    log "install_wheels: no .whl/*.whl here (carry .whl)"
+    log "install_wheels: no .whl/*.whl here or in .. (carry .whl)"
     return 1
   fi
+  if [ $# -gt 0 ]; then wheels=$(printf '%s\n' "$wheels" "$@"); fi
   # shellcheck disable=SC2086
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $wheels ||
     return 1
   export PYTHONPATH=/tmp/site:$PWD
   log "installed $(echo "$wheels" | wc -l) wheels into /tmp/site in $((SECONDS - t0))s"
+}
+
+make_skeleton() {
+  # Config + tokenizer only: the weights are built on the device (--random-weights true). Kept when
+  # DIR already holds one.
+  local dir=$1 config=${2:-}
+  [ -f "$dir/config.json" ] && return 0
+  local cmd=(python3 -m omniwalk.cli make-tiny "$dir" --no-weights)
+  [ -n "$config" ] && cmd+=(--config "$config")
+  log "making skeleton $dir from ${config:-the packaged tiny config}"
+  echo "+ ${cmd[*]}"
+  "${cmd[@]}" || { log "make-tiny failed"; return 1; }
+}
+
+: "${DEADLINE_T0:=$SECONDS}"
+deadline_step() {
+  # A part of a device call with a deadline for the whole: at most SECS, and never past LIMIT
+  # seconds after this file was sourced; skipped when 5 s or less are left. Appends to $LOG.
+  local want=$1 t
+  shift
+  t=$((LIMIT - (SECONDS - DEADLINE_T0)))
+  [ "$want" -lt "$t" ] && t=$want
+  if [ "$t" -le 5 ]; then echo "[skip: no time] $*" | tee -a "$LOG"; return 0; fi
+  echo "=== [$((SECONDS - DEADLINE_T0))s] $* (limit ${t}s)" | tee -a "$LOG"
+  timeout "$t" "$@" >>"$LOG" 2>&1
+  echo "=== [$((SECONDS - DEADLINE_T0))s] rc=$?" | tee -a "$LOG"
 }
 
 record_env() {

@@ -6,6 +6,8 @@
 #
 #   bash benchmarks/h200_kernels.sh [--no-moe] [--no-micro] [--no-tests]
 set -uo pipefail
+cd "$(dirname "$0")/.."
+. benchmarks/h200_common.sh
 OUT=${OUT:-./h200-kernels-out}
 MOE=1 MICRO=1 TESTS=1
 for a in "$@"; do
@@ -13,11 +15,11 @@ for a in "$@"; do
 done
 mkdir -p "$OUT"
 # (.whl_extra: cffi for soundfile, httpx2 and its deps for huggingface_hub 2.4, which this device image lacked)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  ../.whl/*.whl ../.whl_hf/*.whl $(ls .whl_extra/*.whl 2>/dev/null) || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+# shellcheck disable=SC2046
+install_wheels $(ls .whl_extra/*.whl 2>/dev/null) || exit 1
+export PYTHONUNBUFFERED=1
 SKEL=.gpu/full-skel
-[ -f "$SKEL/config.json" ] || python3 -m omniwalk.cli make-tiny "$SKEL" --config qwen3-omni-30b-a3b --no-weights >/dev/null
+make_skeleton "$SKEL" qwen3-omni-30b-a3b >/dev/null
 if [ "$MOE" = 1 ]; then
   echo "--- fused_moe.py"
   timeout 120 python3 benchmarks/fused_moe.py --out "$OUT"

@@ -72,12 +72,7 @@ else
   SWEEP_MODE=(--no-install)
   HF_DEVICE=()
 fi
-if [ ! -f "$SKEL/config.json" ]; then
-  cmd=(python3 -m omniwalk.cli make-tiny "$SKEL" --no-weights)
-  cmd+=(--config "$CONFIG")
-  echo "+ ${cmd[*]}"
-  "${cmd[@]}" || { log "make-tiny failed"; exit 1; }
-fi
+make_skeleton "$SKEL" "$CONFIG" || exit 1
 
 log "omniwalk sweep: paths $PATHS, B $CONCURRENCY"
 bash benchmarks/h200_sweep.sh "${SWEEP_MODE[@]}" --skel "$SKEL" --paths "$PATHS" --concurrency "$CONCURRENCY" \

@@ -25,7 +25,7 @@ done
 mkdir -p "$OUT_DIR"
 [ "$INSTALL" = 1 ] && { install_wheels || exit 1; }
 SKEL=.gpu/full-skel
-[ -f "$SKEL/config.json" ] || python3 -m omniwalk.cli make-tiny "$SKEL" --config qwen3-omni-30b-a3b --no-weights
+make_skeleton "$SKEL" qwen3-omni-30b-a3b || exit 1
 LOG=$(mktemp)
 start_server "$LOG" --model "$SKEL" --random-weights true --device cuda --dtype bfloat16 --host 127.0.0.1 \
   --port "$PORT" --thinker-kv-bytes $((16 * 2 ** 30)) --talker-kv-bytes $((4 * 2 ** 30))

@@ -40,8 +40,7 @@ done
 mkdir -p "$OUT/micro" "$OUT/sweep"
 install_wheels || exit 1
 SKEL=.gpu/full-skel
-[ -f "$SKEL/config.json" ] ||
-  python3 -m omniwalk.cli make-tiny "$SKEL" --config qwen3-omni-30b-a3b --no-weights
+make_skeleton "$SKEL" qwen3-omni-30b-a3b || exit 1
 GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
 
 sweep() {  # on GPU $1, guard $2 seconds, into $OUT/$3 (default sweep), then the arguments

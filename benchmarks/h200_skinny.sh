@@ -4,14 +4,15 @@
 # micro-benchmarks with that table in place (``skinny_gemm.py --apply``), then GPU tests ($TESTS).
 # Each part has its own time limit (seconds: BENCH_S, MICRO_S, TESTS_S); everything lands in $OUT.
 set -uo pipefail
+cd "$(dirname "$0")/.."
+. benchmarks/h200_common.sh
 OUT=${OUT:-./h200-skinny-out}
 TESTS=${TESTS:-tests/test_skinny_gemm_gpu.py tests/test_thinker_gpu.py tests/test_speech_gpu.py}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  ../.whl/*.whl ../.whl_hf/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+install_wheels || exit 1
+export PYTHONUNBUFFERED=1
 SKEL=.gpu/full-skel
-python3 -m omniwalk.cli make-tiny "$SKEL" --config qwen3-omni-30b-a3b --no-weights >"$OUT/skel.log" 2>&1 &
+make_skeleton "$SKEL" qwen3-omni-30b-a3b >"$OUT/skel.log" 2>&1 &
 SKEL_PID=$!
 echo "--- skinny_gemm.py $(date +%T)"
 timeout -k 5 "${BENCH_S:-75}" python3 benchmarks/skinny_gemm.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -50

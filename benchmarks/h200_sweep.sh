@@ -210,14 +210,7 @@ print(f"merged {len(cells)} cell(s) into {out}/results.json, results.md" + (f", 
 EOF
 }
 
-# Skeleton: config + tokenizer only; the weights are built on the device (--random-weights true).
-if [ ! -f "$SKEL/config.json" ]; then
-  log "making skeleton $SKEL from ${SKEL_CONFIG:-the packaged tiny config}"
-  cmd=(python3 -m omniwalk.cli make-tiny "$SKEL" --no-weights)
-  [ -n "$SKEL_CONFIG" ] && cmd+=(--config "$SKEL_CONFIG")
-  echo "+ ${cmd[*]}"
-  "${cmd[@]}" || { log "make-tiny failed"; exit 1; }
-fi
+make_skeleton "$SKEL" "$SKEL_CONFIG" || exit 1
 
 SERVE_ARGS=(--model "$SKEL" --random-weights true "${DEVICE_ARGS[@]}" --host 127.0.0.1 --port "$PORT"
   --thinker-kv-bytes "$THINKER_KV" --talker-kv-bytes "$TALKER_KV" "${SERVE_EXTRA[@]}")

@@ -111,6 +111,21 @@ def replay_us(graph, replays: int = 20) -> float:
     return start.elapsed_time(end) * 1e3 / replays
 
 
+def graph_call_us(fn: Callable[[int], object], calls: int, replays: int = 5) -> float:
+    """Mean microseconds per call of ``fn(i)``, i = 0 .. calls - 1 captured in one CUDA graph and
+    replayed ``replays`` times (after one eager ``fn(0)``: it loads or compiles the variant)."""
+    import torch
+
+    fn(0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(i)
+    us = replay_us(graph, replays) / calls
+    del graph
+    return us
+
+
 def timed_seconds(fn: Callable[[], object], device) -> tuple[object, float]:
     """(fn(), synchronised wall seconds) for one long call."""
     synchronize(device)

@@ -16,7 +16,7 @@ B finished requests, three windows of engine steps (``--steps``, the profiled on
               often each stage had work (its batch size per step), the host time of each stage's
               step() (launches and bookkeeping, not waiting) and of adding requests, and the engine's
               TTFT (add -> the first step after which the request has text out)
-    clocked   every stage's step() + finish() synchronised and timed (micro.py's StageClock):
+    clocked   every stage's step() + finish() synchronised and timed (micro_clock.py's StageClock):
               ms per engine step by stage (the GPU work of a stage, plus its host time)
     profiled  the clocked window again under the torch profiler: each kernel (graph replays
               included) is counted to the stage that was running when it started; kernels and GPU
@@ -51,7 +51,8 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, when not installed
 from harness import add_option_argument, markdown_table, synchronize  # noqa: E402
-from micro import CPU_OPTIONS, StageClock  # noqa: E402
+from micro import CPU_OPTIONS  # noqa: E402
+from micro_clock import StageClock  # noqa: E402
 from smoke_full import FULL_OPTIONS  # noqa: E402
 
 from omniwalk import Omni  # noqa: E402

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, when not installed
-from harness import int_list, markdown_table, replay_us, write_report  # noqa: E402
+from harness import graph_call_us, int_list, markdown_table, write_report  # noqa: E402
 
 from omniwalk.sampling import BatchParams, SamplerState, SamplingParams, draw, draw_reference  # noqa: E402
 
@@ -56,16 +56,6 @@ def eager_us(fn) -> float:
     return statistics.median(times)
 
 
-def graph_us(fn, num_draws: int = 16, replays: int = 20) -> float:
-    fn(0)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(num_draws):
-            fn(i)
-    return replay_us(graph, replays) / num_draws
-
-
 def kernels_per_draw(fn) -> int | None:
     from torch.profiler import ProfilerActivity, profile
 
@@ -95,7 +85,7 @@ def measure(name: str, batch: int) -> dict:
     for label, fn in (("before", draw_reference), ("after", draw)):
         row[f"kernels_{label}"] = kernels_per_draw(lambda i, fn=fn: fn(logits, eager, i))
         row[f"eager_us_{label}"] = eager_us(lambda i, fn=fn: fn(logits, eager, i))
-        row[f"graph_us_{label}"] = graph_us(lambda i, fn=fn: fn(logits, full, i))
+        row[f"graph_us_{label}"] = graph_call_us(lambda i, fn=fn: fn(logits, full, i), 16, replays=20)
     print(row, flush=True)
     return row
 

@@ -33,7 +33,7 @@ from omniwalk.layers.silu_mul import silu_mul_triton
 from omniwalk.layers.skinny_gemm import Blocks, padded_rows, skinny_gemm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # (harness.py beside this file)
-from harness import markdown_table, replay_us  # noqa: E402
+from harness import graph_call_us, markdown_table  # noqa: E402
 
 # name: (K, N, kind); partials: the consumer sums split-K parts (o_proj, down_proj); gated: N = 2I
 SHAPES = {
@@ -96,17 +96,6 @@ def warm_in_parallel(rows: list[int], workers: int) -> None:
         print(f"parallel compile failed ({e!r}); compiling as needed", flush=True)
 
 
-def time_us(fn, calls: int) -> float:
-    fn(0)  # (the first call of a variant loads it)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn(i)
-    us = replay_us(graph, 5) / calls
-    del graph
-    return us
-
-
 def within_bound(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, kind: str) -> bool:
     ref = F.linear(x, w)
     if kind == "gated":
@@ -130,14 +119,14 @@ def bench_shape(name: str, rows: list[int]) -> list[dict]:
             y = F.linear(x, pool[i])
             return silu_mul_triton(y) if gated else y
 
-        us = time_us(cublas, calls)
+        us = graph_call_us(cublas, calls)
         out.append(dict(shape=name, m=m, kernel="cublas", us=us, gb_s=gb / us * 1e6))
         for b in candidates(m, kind):
             try:
                 ok = within_bound(skinny_gemm(x, pool[0], gated=gated, partials=partials, blocks=b), x, pool[0], kind)
             except Exception:  # (does not fit the SM: see _warm)
                 continue
-            us = time_us(lambda i, b=b: skinny_gemm(x, pool[i], gated=gated, partials=partials, blocks=b), calls)
+            us = graph_call_us(lambda i, b=b: skinny_gemm(x, pool[i], gated=gated, partials=partials, blocks=b), calls)
             out.append(dict(shape=name, m=m, kernel="skinny", blocks=list(b), ok=ok, us=us, gb_s=gb / us * 1e6))
         best = min((r for r in out if r["m"] == m and r["kernel"] == "skinny" and r["ok"]), key=lambda r: r["us"])
         base = next(r for r in out if r["m"] == m and r["kernel"] == "cublas")

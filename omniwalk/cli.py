@@ -216,10 +216,20 @@ def _add_dataclass_flags(parser: argparse.ArgumentParser, cls, skip=()) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    import dataclasses
-
     parser = argparse.ArgumentParser(prog="omniwalk", description="Serve composite any-to-any multimodal models.")
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_serve(sub)
+    _add_bench(sub)
+    _add_make_tiny(sub)
+    inspect = sub.add_parser("inspect", help="print a checkpoint's normalised config and parameter count")
+    inspect.add_argument("model", type=Path, help="checkpoint directory or config.json")
+    inspect.set_defaults(func=_inspect)
+    return parser
+
+
+def _add_serve(sub) -> None:
+    """``serve``: its flags are the config dataclasses' fields (server, model, engine, media, families)."""
+    import dataclasses
 
     from omniwalk.config import EngineConfig, ModelConfig, ServerConfig
     from omniwalk.media.limits import MediaLimits
@@ -235,6 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
         seen |= {f.name for f in dataclasses.fields(cls)}
     serve.set_defaults(func=_serve)
 
+
+def _add_bench(sub) -> None:
     bench = sub.add_parser("bench", help="closed-loop load test of an OpenAI-compatible omni server")
     bench.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
     bench.add_argument("--model-name", default=None, help="the model name the server expects (default: its first)")
@@ -247,6 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", type=Path, default=Path("bench-results"))
     bench.set_defaults(func=_bench)
 
+
+def _add_make_tiny(sub) -> None:
     tiny = sub.add_parser("make-tiny", help="write a random-weight checkpoint directory")
     tiny.add_argument("out_dir", type=Path)
     tiny.add_argument(
@@ -262,11 +276,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="fp8: the family's quantised weights in the block-wise FP8 format (float8_e4m3fn + *_scale_inv)",
     )  # fmt: skip
     tiny.set_defaults(func=_make_tiny)
-
-    inspect = sub.add_parser("inspect", help="print a checkpoint's normalised config and parameter count")
-    inspect.add_argument("model", type=Path, help="checkpoint directory or config.json")
-    inspect.set_defaults(func=_inspect)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

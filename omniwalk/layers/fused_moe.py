@@ -32,88 +32,10 @@ from omniwalk.layers import pdl
 
 @functools.cache
 def _kernels():
-    # (Triton is imported on first use only: CPU installs lack it)
-    import triton
-    import triton.language as tl
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    """-> (expert_gate_up, expert_down): their module is imported on first use (CPU installs lack Triton)."""
+    from omniwalk.layers import fused_moe_triton
 
-    @triton.jit
-    def expert_gate_up(
-        x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, stride_we, stride_wr, stride_se, stride_sh, stride_sr,
-        H: tl.constexpr, INTER: tl.constexpr, P: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
-        SCALED: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, SUB_H: tl.constexpr,
-        USE_PDL: tl.constexpr,
-    ):  # fmt: skip
-        pair, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
-        if USE_PDL:  # (the weights to read depend on the routing ids: nothing to load before the wait)
-            gdc_wait()
-            gdc_launch_dependents()
-        token = pair // P
-        expert = tl.load(ids_ptr + pair).to(tl.int64)
-        rows = block * BLOCK_I + tl.arange(0, BLOCK_I)
-        row_ok = rows < INTER
-        gate_rows = (w_ptr + expert * stride_we + rows[:, None] * stride_wr)[:, :, None]
-        up_rows = gate_rows + INTER * stride_wr
-        # SCALED (FP8): gate (up) weight (r, h) has scale_inv s[expert, 0 (1), r // SCALE_N, h // SCALE_K]
-        gate_scales = s_ptr + expert * stride_se + (rows // SCALE_N)[:, None] * stride_sr
-        up_scales = gate_scales + stride_sh
-        # a step of BLOCK_H columns as [BLOCK_H / SUB_H, SUB_H] sub-blocks, each inside one scale column
-        steps = tl.arange(0, BLOCK_H // SUB_H)[None, :, None] * SUB_H + tl.arange(0, SUB_H)[None, None, :]
-        acc_gate = tl.zeros((BLOCK_I,), tl.float32)
-        acc_up = tl.zeros((BLOCK_I,), tl.float32)
-        for start in range(0, H, BLOCK_H):
-            cols = start + steps
-            col_ok = cols < H
-            x = tl.load(x_ptr + token * H + cols, mask=col_ok, other=0.0).to(tl.float32)
-            ok = row_ok[:, None, None] & col_ok
-            gate = tl.sum(tl.load(gate_rows + cols, mask=ok, other=0.0).to(tl.float32) * x, 2)  # [BLOCK_I, sub-blocks]
-            up = tl.sum(tl.load(up_rows + cols, mask=ok, other=0.0).to(tl.float32) * x, 2)
-            if SCALED:
-                sub = (start + tl.arange(0, BLOCK_H // SUB_H) * SUB_H)[None, :]
-                sub_ok = row_ok[:, None] & (sub < H)
-                gate *= tl.load(gate_scales + sub // SCALE_K, mask=sub_ok, other=0.0)
-                up *= tl.load(up_scales + sub // SCALE_K, mask=sub_ok, other=0.0)
-            acc_gate += tl.sum(gate, 1)
-            acc_up += tl.sum(up, 1)
-        dtype = act_ptr.dtype.element_ty
-        gate = acc_gate.to(dtype).to(tl.float32)
-        silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-        act = (silu * acc_up.to(dtype).to(tl.float32)).to(dtype)
-        tl.store(act_ptr + pair * INTER + rows, act, mask=row_ok)
-
-    @triton.jit
-    def expert_down(
-        act_ptr, w_ptr, s_ptr, ids_ptr, weights_ptr, out_ptr, stride_we, stride_wr, stride_se, stride_sr,
-        H: tl.constexpr, INTER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_I: tl.constexpr,
-        SCALED: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, SUB_I: tl.constexpr,
-        USE_PDL: tl.constexpr,
-    ):  # fmt: skip
-        pair, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
-        if USE_PDL:
-            gdc_wait()
-            gdc_launch_dependents()
-        expert = tl.load(ids_ptr + pair).to(tl.int64)
-        cols = block * BLOCK_N + tl.arange(0, BLOCK_N)
-        col_ok = cols < H
-        rows = (w_ptr + expert * stride_we + cols[:, None] * stride_wr)[:, :, None]
-        scales = s_ptr + expert * stride_se + (cols // SCALE_N)[:, None] * stride_sr  # (SCALED, as in gate_up)
-        steps = tl.arange(0, BLOCK_I // SUB_I)[None, :, None] * SUB_I + tl.arange(0, SUB_I)[None, None, :]
-        acc = tl.zeros((BLOCK_N,), tl.float32)
-        for start in range(0, INTER, BLOCK_I):
-            units = start + steps
-            unit_ok = units < INTER
-            act = tl.load(act_ptr + pair * INTER + units, mask=unit_ok, other=0.0).to(tl.float32)
-            w = tl.load(rows + units, mask=col_ok[:, None, None] & unit_ok, other=0.0)
-            part = tl.sum(w.to(tl.float32) * act, 2)  # [BLOCK_N, sub-blocks]
-            if SCALED:
-                sub = (start + tl.arange(0, BLOCK_I // SUB_I) * SUB_I)[None, :]
-                part *= tl.load(scales + sub // SCALE_K, mask=col_ok[:, None] & (sub < INTER), other=0.0)
-            acc += tl.sum(part, 1)
-        dtype = out_ptr.dtype.element_ty
-        weight = tl.load(weights_ptr + pair).to(tl.float32)
-        tl.store(out_ptr + pair * H + cols, (acc.to(dtype).to(tl.float32) * weight).to(dtype), mask=col_ok)
-
-    return expert_gate_up, expert_down
+    return fused_moe_triton.expert_gate_up, fused_moe_triton.expert_down
 
 
 # (rows of the intermediate, columns of x per step, warps) of a gate_up program and (output columns,

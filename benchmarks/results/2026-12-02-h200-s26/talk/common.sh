@@ -1,3 +1,4 @@
+# (A record of what session 26 ran; live scripts take install_wheels, make_skeleton, deadline_step from benchmarks/h200_common.sh.)
 # Sourced by talk's call scripts (run from .dev_talk/new with ../.whl, ../.whl_hf carried): a deadline
 # for the whole call (LIMIT seconds) and `step SECONDS CMD...`, which runs CMD with at most SECONDS (and
 # what is left), its output appended to $OUT/log.txt.

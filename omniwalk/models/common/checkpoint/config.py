@@ -59,6 +59,26 @@ def read_rope(s: Section, default_theta: float, head_dim: int, multimodal: bool,
     return RopeConfig(theta=theta, mrope_section=section, interleaved=interleaved)
 
 
+def _read_experts(s: Section, norm_topk_default: bool, shared_required: bool) -> dict:
+    """The MoE fields of a decoder section whose every layer is a MoE -> ``DecoderConfig`` keywords."""
+    num_experts = s.int("num_experts", s.data.get("num_local_experts", MISSING))
+    top_k = s.int("num_experts_per_tok")
+    if top_k > num_experts:
+        raise ConfigError(f"{s.name('num_experts_per_tok')} ({top_k}) exceeds num_experts ({num_experts})")
+    experts = dict(
+        num_experts=num_experts,
+        num_experts_per_tok=top_k,
+        moe_intermediate_size=s.int("moe_intermediate_size"),
+        shared_expert_intermediate_size=s.int(
+            "shared_expert_intermediate_size", MISSING if shared_required else 0, minimum=0
+        ),
+        norm_topk_prob=s.bool("norm_topk_prob", norm_topk_default),
+    )
+    if s.data.get("mlp_only_layers") or s.int("decoder_sparse_step", 1) != 1:
+        raise ConfigError(f"{s.name('mlp_only_layers')}: dense layers inside a MoE stack are not supported")
+    return experts
+
+
 def read_decoder(
     s: Section,
     *,
@@ -86,23 +106,7 @@ def read_decoder(
         )
     if head_dim % 2:
         raise ConfigError(f"{s.name('head_dim')} must be even, got {head_dim}")
-    experts = {}
-    if moe:
-        num_experts = s.int("num_experts", s.data.get("num_local_experts", MISSING))
-        top_k = s.int("num_experts_per_tok")
-        if top_k > num_experts:
-            raise ConfigError(f"{s.name('num_experts_per_tok')} ({top_k}) exceeds num_experts ({num_experts})")
-        experts = dict(
-            num_experts=num_experts,
-            num_experts_per_tok=top_k,
-            moe_intermediate_size=s.int("moe_intermediate_size"),
-            shared_expert_intermediate_size=s.int(
-                "shared_expert_intermediate_size", MISSING if shared_required else 0, minimum=0
-            ),
-            norm_topk_prob=s.bool("norm_topk_prob", norm_topk_default),
-        )
-        if s.data.get("mlp_only_layers") or s.int("decoder_sparse_step", 1) != 1:
-            raise ConfigError(f"{s.name('mlp_only_layers')}: dense layers inside a MoE stack are not supported")
+    experts = _read_experts(s, norm_topk_default, shared_required) if moe else {}
     return DecoderConfig(
         vocab_size=s.int("vocab_size"),
         hidden_size=hidden,

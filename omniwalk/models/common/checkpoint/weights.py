@@ -100,6 +100,19 @@ def _expected(module: nn.Module, prefix: str) -> dict[str, tuple[str, tuple[int,
     return out
 
 
+def _check_names(expected: dict, files: dict, prefix: str, ckpt_dir) -> None:
+    """Every expected tensor in ``files`` (but FP8 scales made here) and none under ``prefix`` left over
+    (but FP8 scales read with their weights), else a ``CheckpointError`` naming them."""
+    made = {n for n in expected if n.endswith(SCALE) and n not in files}  # (quantised here, if the weight is not FP8)
+    read = {n for n in files if n.endswith(SCALE) and n not in expected and n.removesuffix(SCALE) in expected}
+    missing = sorted(set(expected) - set(files) - made)
+    if missing:
+        raise CheckpointError(f"{ckpt_dir}: missing {len(missing)} tensor(s): {_names(missing)}")
+    unexpected = sorted(n for n in set(files) - set(expected) - read if n.startswith(prefix))
+    if unexpected:
+        raise CheckpointError(f"{ckpt_dir}: unexpected {len(unexpected)} tensor(s): {_names(unexpected)}")
+
+
 def load_weights(module: nn.Module, ckpt_dir: str | Path, prefix: str = "", block: Block = DEFAULT_BLOCK) -> None:
     """Fill every parameter of ``module`` in place (its device and dtype) from the checkpoint
     tensors named ``prefix + name``. Missing or mis-shaped tensors are errors naming the key(s)
@@ -110,14 +123,7 @@ def load_weights(module: nn.Module, ckpt_dir: str | Path, prefix: str = "", bloc
     ``module`` is dequantised (its scales read with its weight, in the checkpoint's ``block``)."""
     files = checkpoint_files(ckpt_dir)
     expected = _expected(module, prefix)
-    made = {n for n in expected if n.endswith(SCALE) and n not in files}  # (quantised here, if the weight is not FP8)
-    read = {n for n in files if n.endswith(SCALE) and n not in expected and n.removesuffix(SCALE) in expected}
-    missing = sorted(set(expected) - set(files) - made)
-    if missing:
-        raise CheckpointError(f"{ckpt_dir}: missing {len(missing)} tensor(s): {_names(missing)}")
-    unexpected = sorted(n for n in set(files) - set(expected) - read if n.startswith(prefix))
-    if unexpected:
-        raise CheckpointError(f"{ckpt_dir}: unexpected {len(unexpected)} tensor(s): {_names(unexpected)}")
+    _check_names(expected, files, prefix, ckpt_dir)
     params = dict(module.named_parameters())
     by_file: dict[Path, list[str]] = {}
     for ckpt_name in expected:
