@@ -22,7 +22,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 from media_samples import encode_audio, encode_image, encode_video, gradient_image, tone  # noqa: E402
 
+from omniwalk.media.patches import IMAGE_PATCHES, VIDEO_PATCHES  # noqa: E402
 from omniwalk.media.preprocess import preprocess  # noqa: E402
+
+SPECS = {"image": IMAGE_PATCHES, "video": VIDEO_PATCHES}  # the resizing of the results' runs (the media defaults)
 
 
 def samples() -> list[tuple[str, bytes]]:
@@ -36,7 +39,7 @@ def samples() -> list[tuple[str, bytes]]:
 def _work(item):
     kind, data = item
     start = time.perf_counter()
-    preprocess(kind, data)
+    preprocess(kind, data, spec=SPECS.get(kind))
     return time.perf_counter() - start
 
 

@@ -207,3 +207,27 @@ def test_streamed_audio_is_windowed_and_near_the_offline_audio():
     assert len(events) >= 3 and streamed.shape == offline.audio.shape == (100 * 480,)
     assert torch.nn.functional.cosine_similarity(streamed.double(), offline.audio.double(), dim=0) >= 0.999
     assert not torch.equal(streamed, offline.audio)  # (windowed: not the one-shot decode)
+
+
+@pytest.mark.parametrize(("audio_units", "vision_units"), [(65536, 1), (1, 65536)])
+def test_audio_and_vision_encoders_have_their_own_budgets(audio_units, vision_units):
+    """``audio_encoder_batch_units`` bounds audio encoder calls, ``vision_encoder_batch_units``
+    vision ones (a budget of 1: each call one request, the larger item alone), and either way the
+    answers equal each request alone (at the default budgets)."""
+    o = Omni(model=checkpoint("tiny"), audio_encoder_batch_units=audio_units, vision_encoder_batch_units=vision_units)
+    media = [i for i in range(12) if PATHS[i % len(PATHS)] != "t2t" and i % 4 != 3]  # (media in, text out)
+    reqs = [o.add(make_request(i)) for i in media]  # all waiting at once: each encoder may batch them
+    widest = {"audio_encoder": 0, "vision_encoder": 0}
+    while o.engine.has_unfinished():
+        o.engine.step()
+        for name in widest:
+            widest[name] = max(widest[name], o.engine.stages[name].last_batch_size)
+    inputs = [PATHS[i % len(PATHS)].split("2")[0] for i in media]  # an unbounded encoder takes all of its own at once
+    num_audio, num_vision = sum("s" in x or "a" in x for x in inputs), sum("i" in x or "v" in x for x in inputs)
+    assert (widest["audio_encoder"], widest["vision_encoder"]) == (
+        1 if audio_units == 1 else num_audio,
+        1 if vision_units == 1 else num_vision,
+    )
+    for i, req in zip(media, reqs, strict=True):
+        assert_same(o.output(req), alone(i))
+    assert_free(o)

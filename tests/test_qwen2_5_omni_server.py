@@ -11,12 +11,17 @@ import openai
 import pytest
 import soundfile
 import torch
+from media_samples import encode_video
 from test_omni_media import wav_data_url
 from test_qwen2_5_omni_thinker import AUDIO, IMAGE, checkpoint, omni
 from test_server import launch, png_data_url
 
 from omniwalk.serve.audio_format import pcm16_bytes
 
+# sides no multiple of 28 (this family's merged patch) or 32 (the other family's): resized to 32s by the
+# server and then to 28s by the engine, 37x50 would keep its grid with other pixels and 45x70 gain a column
+# (video: 38x50 frames, even sides for yuv420p, would gain a row and two columns of merged patches)
+ODD_SIZES = [(37, 50), (45, 70)]
 SPEECH = {"talker_temperature": 0.0, "min_audio_frames": 30, "max_audio_frames": 30, "seed": 5,
           "token2wav_num_steps": 3}  # fmt: skip
 
@@ -52,6 +57,36 @@ def test_text_and_media_chat_equal_omni_in_process(client):
         ref = omni().generate({"messages": messages, "max_tokens": 8, "temperature": 0.0, "ignore_eos": True})
         assert r.choices[0].message.content == ref.text and r.choices[0].finish_reason == "length"
         assert r.usage.prompt_tokens == len(ref.prompt_token_ids) and r.usage.completion_tokens == 8
+
+
+def _greedy_media_chat(client, part: dict):
+    """The server's answer and ``Omni``'s (in process, from the same bytes) to one media part + a question."""
+    messages = [{"role": "user", "content": [part, {"type": "text", "text": "what is it"}]}]
+    r = client.chat.completions.create(
+        model="qwen2.5-omni", messages=messages, max_tokens=8, temperature=0.0, logprobs=True,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    ref = omni().generate({"messages": messages, "max_tokens": 8, "temperature": 0.0, "ignore_eos": True,
+                           "logprobs": True})  # fmt: skip
+    return r, ref
+
+
+def _assert_same_answer(r, ref) -> None:
+    assert r.usage.prompt_tokens == len(ref.prompt_token_ids) and r.choices[0].message.content == ref.text
+    assert [t.logprob for t in r.choices[0].logprobs.content] == [p.logprob for p in ref.logprobs]
+
+
+@pytest.mark.parametrize("size", ODD_SIZES)
+def test_image_resized_once_equals_omni_in_process(client, size):
+    image = np.random.default_rng(size[0]).integers(0, 256, (*size, 3), dtype=np.uint8)
+    _assert_same_answer(*_greedy_media_chat(client, {"type": "image_url", "image_url": {"url": png_data_url(image)}}))
+
+
+def test_video_resized_once_equals_omni_in_process(client):
+    pytest.importorskip("av", reason="PyAV encodes the test video")
+    frames = np.random.default_rng(3).integers(0, 256, (4, 38, 50, 3), dtype=np.uint8)
+    url = "data:video/mp4;base64," + base64.b64encode(encode_video(frames, 2)).decode()
+    _assert_same_answer(*_greedy_media_chat(client, {"type": "video_url", "video_url": {"url": url}}))
 
 
 def test_streamed_text_equals_the_whole_answer(client):

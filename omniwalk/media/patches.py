@@ -17,32 +17,13 @@ pixels then travel to the device (8x fewer bytes than the patches), where ``imag
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from omniwalk.media.errors import MediaLimitError
+from omniwalk.media.patch_spec import PatchSpec
 from omniwalk.media.resize import pil_bicubic, torch_bicubic
-
-
-@dataclass(frozen=True)
-class PatchSpec:
-    """Processor settings: patch geometry plus the pixel budget of one (resized) frame."""
-
-    patch_size: int = 16
-    temporal_patch_size: int = 2
-    merge_size: int = 2
-    min_pixels: int = 3136
-    max_pixels: int = 12845056
-    mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
-    std: tuple[float, float, float] = (0.5, 0.5, 0.5)
-
-    @property
-    def factor(self) -> int:
-        """Resized sides are multiples of this (one merged token covers factor x factor pixels)."""
-        return self.patch_size * self.merge_size
-
 
 IMAGE_PATCHES = PatchSpec()
 # The default family's video bounds (its HF processor overrides the video processor's).

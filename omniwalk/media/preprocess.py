@@ -8,8 +8,10 @@ step loop receives arrays only:
     video  bytes -> uint8 [T, h, w, 3] sampled + resized,  {"type": "video", "video", "fps", "audio"}
                     fps = the sampled rate, audio = its track at 16 kHz (or None)
 
-These array parts are what the engine's own preprocessing would have made: re-measuring them
-resizes nothing and keeps every sampled frame (``tests/test_media_preprocess.py``).
+Images and video frames are resized with the served family's ``PatchSpec`` for their kind
+(``ModelInfo.patch_specs``; none: kept at their decoded size). These array parts are what the
+family's own preprocessing would have made: re-measuring them resizes nothing and keeps every
+sampled frame (``tests/test_media_preprocess.py``).
 """
 
 from __future__ import annotations
@@ -19,16 +21,21 @@ import torch
 from omniwalk.media.audio import decode_audio
 from omniwalk.media.image import decode_image
 from omniwalk.media.limits import DEFAULT_LIMITS, MediaLimits
+from omniwalk.media.patch_spec import PatchSpec
 from omniwalk.media.patches import resize_image, resize_video
 from omniwalk.media.video import decode_video
 
 
-def preprocess(kind: str, data: bytes, limits: MediaLimits = DEFAULT_LIMITS) -> dict:
-    """One media item's bytes -> its array content part (raises ``MediaError`` subclasses)."""
+def preprocess(kind: str, data: bytes, limits: MediaLimits = DEFAULT_LIMITS, spec: PatchSpec | None = None) -> dict:
+    """One media item's bytes -> its array content part, an image or video resized by ``spec``
+    (raises ``MediaError`` subclasses)."""
     if kind == "audio":
         return {"type": "audio", "audio": decode_audio(data, limits)}
     if kind == "image":
-        return {"type": "image", "image": resize_image(decode_image(data, limits))}
+        image = decode_image(data, limits)
+        return {"type": "image", "image": image if spec is None else resize_image(image, spec)}
     video = decode_video(data, limits)
-    frames = resize_video(torch.from_numpy(video.frames)).permute(0, 2, 3, 1).contiguous().numpy()
+    frames = video.frames
+    if spec is not None:
+        frames = resize_video(torch.from_numpy(frames), spec).permute(0, 2, 3, 1).contiguous().numpy()
     return {"type": "video", "video": frames, "fps": video.sampled_fps, "audio": video.audio}

@@ -6,7 +6,7 @@ family is one package under ``models/`` and nothing above it changes.
     stages       build_stages() -> the engine's stages over the family's programs
     requests     new_request(request) -> (walk, state), or InvalidRequestError naming the problem
     outputs      the programs emit "text" / "audio" events; output(req) -> RequestOutput at the end
-    serving      info: ModelInfo (served name, output modalities, voices, extra request fields)
+    serving      info: ModelInfo (served name, output modalities, voices, extra request fields, media resizing)
     checkpoints  make_tiny(...) and describe(path) for ``omniwalk make-tiny`` / ``inspect``
 
 A request is a dict: ``messages`` (OpenAI chat), ``modalities`` (["text"] or ["text", "audio"],
@@ -23,6 +23,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from omniwalk.media.patch_spec import PatchSpec
 
 if TYPE_CHECKING:
     import torch
@@ -58,6 +60,17 @@ class ModelInfo:
     speech_fields: tuple[str, ...] = ()  # those of them ``/v1/audio/speech`` takes too
     # the loaded weights, as /v1/models and the start-up log show them (e.g. quantization, GiB per component)
     weights: dict[str, Any] = field(default_factory=dict)
+    # "image" / "video" -> the sizes the family's processor resizes them to: the server's media pool
+    # resizes so, and the engine's own measuring then resizes nothing (a kind not named here is
+    # decoded at its size and resized in the engine)
+    patch_specs: dict[str, PatchSpec] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> ModelInfo:
+        """``dataclasses.asdict(info)`` after the wire, which makes tuples lists."""
+        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
+        specs = {kind: PatchSpec.from_dict(spec) for kind, spec in fields.get("patch_specs", {}).items()}
+        return cls(**{**fields, "patch_specs": specs})
 
 
 class ModelFamily(ABC):

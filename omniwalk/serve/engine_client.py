@@ -78,7 +78,7 @@ class EngineClient:
         message = unpack(await self._pull.recv())
         if not isinstance(message, Ready):
             raise RuntimeError(f"engine failed to start: {message.error}")
-        self.info = ModelInfo(**{k: tuple(v) if isinstance(v, list) else v for k, v in message.info.items()})
+        self.info = ModelInfo.from_dict(message.info)
         self._receiver = asyncio.create_task(self._receive())
 
     def watch(self, on_exit: Callable[[str], None]) -> None:

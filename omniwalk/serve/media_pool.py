@@ -2,7 +2,8 @@
 
 A media part's bytes come from base64, a ``data:`` URL, an allowed local path (read in a worker)
 or an allowed remote URL (fetched on the event loop, asynchronously: a slow URL delays only its
-own request). Decoding and preprocessing (``omniwalk.media.preprocess``) run in a bounded pool
+own request). Decoding and preprocessing (``omniwalk.media.preprocess``: images and video resized
+as the served family's processor resizes them, ``ModelInfo.patch_specs``) run in a bounded pool
 of threads; the engine then receives arrays only, and its step loop never decodes.
 
 Threads, not processes: measured on this 2-core machine (``benchmarks/media_pool.py``, results
@@ -25,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from omniwalk.errors import InvalidRequestError
 from omniwalk.media.fetch import fetch_remote, is_remote, read_local
 from omniwalk.media.limits import MediaLimits
+from omniwalk.media.patch_spec import PatchSpec
 from omniwalk.media.payload import b64decode
 from omniwalk.media.preprocess import preprocess
 from omniwalk.serve.errors import APIError, bad_request
@@ -37,9 +39,11 @@ class MediaPool:
         self.executor = ThreadPoolExecutor(workers, thread_name_prefix="omniwalk-media")
         self.num_queued = 0  # submitted, not done
 
-    async def decode(self, kind: str, source: str, where: str, *, is_base64: bool = False) -> dict:
-        """One content part -> its array part (``preprocess``). ``source`` is base64 data
-        (``is_base64``) or a URL / path; ``where`` names the part in error messages."""
+    async def decode(
+        self, kind: str, source: str, where: str, *, is_base64: bool = False, spec: PatchSpec | None = None
+    ) -> dict:
+        """One content part -> its array part (``preprocess``, resizing by ``spec``). ``source`` is
+        base64 data (``is_base64``) or a URL / path; ``where`` names the part in error messages."""
         if self.num_queued >= self.max_queued:
             raise APIError(429, "the media decoding queue is full; retry shortly", code="media_queue_full",
                            headers={"Retry-After": "1"})  # fmt: skip
@@ -48,7 +52,7 @@ class MediaPool:
         try:
             payload = await fetch_remote(source, where, self.limits) if is_remote(source) else None
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self.executor, self._work, kind, source, payload, where, is_base64)
+            return await loop.run_in_executor(self.executor, self._work, kind, source, payload, where, is_base64, spec)
         except InvalidRequestError as e:  # media errors included
             message = str(e) if str(e).startswith(where) else f"{where}: {e}"
             raise bad_request(message, param=where) from None
@@ -56,12 +60,14 @@ class MediaPool:
             self.num_queued -= 1
             self.metrics.media_queue.dec()
 
-    def _work(self, kind: str, source: str, payload: bytes | None, where: str, is_base64: bool) -> dict:
+    def _work(
+        self, kind: str, source: str, payload: bytes | None, where: str, is_base64: bool, spec: PatchSpec | None
+    ) -> dict:
         """In a worker thread: the bytes, then the arrays."""
         start = time.perf_counter()
         if payload is None:
             payload = b64decode(source, where) if is_base64 else self._inline_or_local(source, where)
-        part = preprocess(kind, payload, self.limits)
+        part = preprocess(kind, payload, self.limits, spec)
         self.metrics.media_seconds.labels(kind).observe(time.perf_counter() - start)
         return part
 

@@ -157,7 +157,7 @@ async def engine_messages(messages: list, ctx: Context) -> list[dict]:
                     parts.append({"type": "text", "text": part.text})
                 else:
                     parts.append(None)
-                    jobs.append((parts, len(parts) - 1, _decode(part, f"{where}.content[{j}]", ctx.pool)))
+                    jobs.append((parts, len(parts) - 1, _decode(part, f"{where}.content[{j}]", ctx)))
             out.append({"role": "user", "content": parts})
     decoded = await asyncio.gather(*(job for _, _, job in jobs))
     for (parts, index, _), part in zip(jobs, decoded, strict=True):
@@ -165,12 +165,14 @@ async def engine_messages(messages: list, ctx: Context) -> list[dict]:
     return out
 
 
-def _decode(part, where: str, pool: MediaPool):
+def _decode(part, where: str, ctx: Context):
+    """A media part -> its array part, from the pool (images and video resized for the served family)."""
     kind = s.MEDIA_PART_KINDS[part.type]
+    spec = ctx.info.patch_specs.get(kind)
     if isinstance(part, s.InputAudioPart):
-        return pool.decode(kind, part.input_audio.data, f"{where}.input_audio.data", is_base64=True)
+        return ctx.pool.decode(kind, part.input_audio.data, f"{where}.input_audio.data", is_base64=True)
     ref = getattr(part, part.type)
-    return pool.decode(kind, ref if isinstance(ref, str) else ref.url, f"{where}.{part.type}")
+    return ctx.pool.decode(kind, ref if isinstance(ref, str) else ref.url, f"{where}.{part.type}", spec=spec)
 
 
 def _text(content: str | list | None) -> str:

@@ -19,7 +19,7 @@ from omniwalk.models.qwen2_5_omni.checkpoint.loader import components, load_comp
 from omniwalk.models.qwen2_5_omni.checkpoint.tiny import make_tiny_checkpoint
 from omniwalk.models.qwen2_5_omni.networks.token2wav import SAMPLE_RATE
 from omniwalk.models.qwen2_5_omni.processing.chat import DEFAULT_SYSTEM_PROMPT, ChatProcessor
-from omniwalk.models.qwen2_5_omni.processing.media_inputs import measure
+from omniwalk.models.qwen2_5_omni.processing.media_inputs import PATCH_SPECS, measure
 from omniwalk.models.qwen2_5_omni.programs.stages import build_stages, new_state
 from omniwalk.models.qwen2_5_omni.programs.token2wav_program import Token2WavState
 from omniwalk.sampling import SamplingParams
@@ -94,6 +94,7 @@ class Qwen25OmniFamily(ModelFamily):
             sample_rate=SAMPLE_RATE if speaks else 0,
             request_fields={**(AUDIO_FIELDS if speaks else {}), **PROMPT_FIELDS},
             speech_fields=tuple(AUDIO_FIELDS) if speaks else (),
+            patch_specs=PATCH_SPECS,
         )
 
     def build_stages(self) -> list:

@@ -10,6 +10,7 @@ import torch
 from omniwalk.config import OmniConfig
 from omniwalk.engine.request import EngineRequest
 from omniwalk.errors import InvalidRequestError
+from omniwalk.media.patches import IMAGE_PATCHES, VIDEO_PATCHES
 from omniwalk.models.common.checkpoint.loader import Backends
 from omniwalk.models.common.processing.chat import ChatProcessor, Prompt
 from omniwalk.models.family import ModelFamily, ModelInfo, RequestOutput
@@ -45,6 +46,7 @@ SPEECH_FIELDS = {
     "max_audio_frames": "count",
 }  # fmt: skip
 PROMPT_FIELDS = {"use_audio_in_video": "flag", "use_default_system_prompt": "flag"}
+PATCH_SPECS = {"image": IMAGE_PATCHES, "video": VIDEO_PATCHES}  # its processor's resizing (the media defaults)
 COMPONENTS = {"audio_encoder": "audio_encoder", "vision_encoder": "vision_encoder", "thinker": "thinker",
               "talker": "talker", "vocoder": "code2wav"}  # stage -> its checkpoint component  # fmt: skip
 
@@ -93,6 +95,7 @@ class Qwen3OmniFamily(ModelFamily):
             request_fields={**(SPEECH_FIELDS if speaks else {}), **PROMPT_FIELDS},
             speech_fields=tuple(SPEECH_FIELDS) if speaks else (),
             weights=weights_summary(self.parts, mc.quantization),
+            patch_specs=PATCH_SPECS,
         )
 
     def _place_thinker(self, component: str, module) -> None:

@@ -17,8 +17,8 @@ from omniwalk.media.audio import decode_audio
 from omniwalk.media.image import decode_image
 from omniwalk.media.limits import DEFAULT_LIMITS, MediaLimits
 from omniwalk.media.mel import num_mel_frames
+from omniwalk.media.patch_spec import PatchSpec
 from omniwalk.media.patches import (
-    PatchSpec,
     image_patches,
     patch_grid,
     resize_image,
@@ -29,7 +29,7 @@ from omniwalk.media.patches import (
 from omniwalk.media.payload import part_payload
 from omniwalk.media.video import decode_video
 from omniwalk.models.common.processing.chat import MediaItem, MediaPart
-from omniwalk.models.common.processing.positions import AUDIO, IMAGE
+from omniwalk.models.common.processing.positions import AUDIO, IMAGE, VIDEO
 from omniwalk.models.qwen2_5_omni.networks.audio_encoder import audio_output_lengths
 
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
@@ -38,6 +38,7 @@ MAX_AUDIO_SAMPLES = 300 * 16000  # the feature extractor's n_samples (preprocess
 VIDEO_PATCHES = PatchSpec(
     patch_size=14, min_pixels=128 * 28 * 28, max_pixels=768 * 28 * 28, mean=CLIP_MEAN, std=CLIP_STD
 )
+PATCH_SPECS = {IMAGE: IMAGE_PATCHES, VIDEO: VIDEO_PATCHES}  # ModelInfo.patch_specs: the server resizes so too
 
 
 def measure(part: MediaPart, limits: MediaLimits = DEFAULT_LIMITS) -> MediaItem:
@@ -58,7 +59,7 @@ def measure(part: MediaPart, limits: MediaLimits = DEFAULT_LIMITS) -> MediaItem:
     grid = patch_grid(len(frames), *frames.shape[2:], VIDEO_PATCHES)
     tokens = 0 if track is None else num_audio_tokens(track)
     spg = seconds_per_grid(video.sampled_fps, VIDEO_PATCHES)
-    return MediaItem("video", tokens, grid, spg, {"frames": frames, "audio": track})
+    return MediaItem(VIDEO, tokens, grid, spg, {"frames": frames, "audio": track})
 
 
 def num_audio_tokens(wave: np.ndarray) -> int:

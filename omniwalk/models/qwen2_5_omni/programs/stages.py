@@ -41,7 +41,8 @@ def build_stages(parts: dict, cfg: Qwen25OmniConfig, config: OmniConfig, voices:
     dtype, device = model.torch_dtype, model.device
     decode, prefill = model.decode_attention, model.attention_backend
     graphs = min(engine.cuda_graph_max_batch, engine.max_running)
-    encoder_batch = BatchStageConfig(opts.encoder_batch_units, engine.max_running)
+    audio_batch = BatchStageConfig(opts.audio_encoder_batch_units, engine.max_running)
+    vision_batch = BatchStageConfig(opts.vision_encoder_batch_units, engine.max_running)
     plan = PrefillPlan(min(engine.prefill_graph_max_tokens, engine.max_batch_tokens), prefill)
     thinker = ReplyThinkerProgram(parts["thinker"], device, decode, graphs, plan, deepstack_levels=0)
     # TODO: CUDA graphs of the encoders' layer loops (the vision encoder's window/full pair needs two patterns)
@@ -49,8 +50,8 @@ def build_stages(parts: dict, cfg: Qwen25OmniConfig, config: OmniConfig, voices:
     vision = VisionEncoderProgram(parts["vision_encoder"], device, dtype, vision_pixels)
     thinker_kv = kv_storage(cfg.text, opts.thinker_kv_bytes, engine.page_size, dtype, device)
     stages = [
-        BatchStage("audio_encoder", audio, encoder_batch, device),
-        BatchStage("vision_encoder", vision, encoder_batch, device),
+        BatchStage("audio_encoder", audio, audio_batch, device),
+        BatchStage("vision_encoder", vision, vision_batch, device),
         KVStage(
             "thinker",
             thinker,
