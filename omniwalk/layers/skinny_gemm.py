@@ -42,9 +42,13 @@ from torch import nn
 
 from omniwalk.layers import pdl
 from omniwalk.layers.fp8 import Block, Fp8Linear, asm_widening, concat_rows, dequantize
+from omniwalk.layers.norm import RMSNorm
 from omniwalk.layers.silu_mul import silu_mul_triton
 
 MAX_ROWS = 32  # rows per call through the kernel (where ``TUNED`` does not name cuBLAS); cuBLAS beyond
+# A folded norm (``SkinnyLinear.normed``) re-reads the row's delta in every program: the dense decoder's one
+# part (its o/down GEMV at one row is unsplit), not the MoE's 8-10 (left to the norm's kernel; not measured)
+MAX_FOLDED_PARTS = 1
 
 
 class Blocks(NamedTuple):
@@ -94,6 +98,11 @@ TUNED: dict[tuple[int, int, int, bool, bool], Blocks | None] = {
     (1, 1024, 3072, False, True): Blocks(4, 4096, 1, 8, 1),
     (16, 1024, 3072, False, True): Blocks(64, 128, 4, 4, 6),
     (32, 1024, 3072, False, True): Blocks(64, 128, 4, 4, 6),
+    # cp lm_head (vocabulary 2048; session 27): at one row the talker/cp qkv tile (a GEMV, the final norm
+    # folded in: ``SkinnyLinear.normed``), measured in the frame step only; cuBLAS kept for more rows
+    (1, 2048, 1024, False, False): Blocks(8, 1024, 1, 4, 1),
+    (16, 2048, 1024, False, False): None,
+    (32, 2048, 1024, False, False): None,
 }
 
 
@@ -282,6 +291,23 @@ class SkinnyLinear(nn.Module):
             q, scale, block = concat_rows([(p.weight.data, p.weight_scale_inv.data) for p in parts], parts[0].block)
             return cls(q, gated, partials, scale, block)
         return cls(torch.cat([p.weight.data for p in parts]), gated, partials)
+
+    def normed(self, norm: RMSNorm, h: torch.Tensor, delta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``norm.add(h, delta)`` into this projection -> (h + delta, the projection of its norm): one
+        kernel where the norm folds into the GEMV (``normed_skinny_gemm``: one row, the norm's fast path,
+        a delta of at most ``MAX_FOLDED_PARTS`` parts), else the norm's kernel and then this one."""
+        rows, k = h.numel() // h.shape[-1], h.shape[-1]
+        n, fp8 = self.weight.shape[0] // 2 if self.gated else self.weight.shape[0], self.weight_scale_inv is not None
+        blocks = pick_blocks(rows, n, k, self.gated, False, fp8) if rows == 1 else None
+        parts = 0 if delta is None else 1 if delta.dim() == h.dim() else delta.shape[-2]
+        if norm.backend != "triton" or blocks is None or blocks.rows > 1 or parts > MAX_FOLDED_PARTS:
+            h, x = norm.add(h, delta)
+            return h, self(x)
+        h_out, y = normed_skinny_gemm(
+            InputNorm(h.reshape(1, k), delta, norm.weight, norm.eps), self.weight, gated=self.gated, blocks=blocks,
+            scale=self.weight_scale_inv, scale_block=self.block,
+        )  # fmt: skip
+        return h_out.view(h.shape), y.view(*h.shape[:-1], y.shape[-1])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
