@@ -11,6 +11,7 @@ from single_request import ContiguousKVCache
 
 from omniwalk.layers import moe, skinny_gemm
 from omniwalk.layers.decoder import use_kernels
+from omniwalk.layers.embed_add import embed_add_reference, embed_add_triton
 from omniwalk.layers.fused_moe import expert_down, expert_gate_up, expert_gemv
 from omniwalk.layers.moe import SparseMoE, reference_experts, route
 from omniwalk.layers.moe_routing import route_folded, route_topk
@@ -251,3 +252,12 @@ def test_fused_kernels_through_the_engine_give_the_same_ids_and_codes():
     ]
     assert outs[1].token_ids == outs[0].token_ids
     assert torch.equal(outs[1].codes, outs[0].codes)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_embed_add(dtype):
+    g = torch.Generator().manual_seed(10)
+    table, total = torch.randn(50, 40, generator=g).to(dtype), torch.randn(3, 40, generator=g).to(dtype)
+    ids = torch.tensor([7, 0, 49])
+    ours, ref = embed_add_triton(table, ids, total), embed_add_reference(table, ids, total)
+    assert all(torch.equal(a, b) for a, b in zip(ours, ref, strict=True))

@@ -27,6 +27,7 @@ from torch import nn
 from omniwalk.device import to_device
 from omniwalk.errors import InvalidRequestError
 from omniwalk.layers.decoder import Decoder, DecoderConfig, RowsKVCache
+from omniwalk.layers.embed_add import embed_add_reference, embed_add_triton
 from omniwalk.layers.rotary import rotary_tables
 from omniwalk.layers.skinny_gemm import SkinnyLinear
 from omniwalk.models.qwen3_omni.checkpoint.config import TalkerConfig
@@ -132,6 +133,7 @@ class CodePredictor(nn.Module):
         """
         b, p = talker_hidden.shape[0], self.lm_head[0].weight
         cfg = self.cfg
+        embed_add = embed_add_triton if self.model.norm.backend == "triton" else embed_add_reference
         cache = RowsKVCache(
             b, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, p.dtype, p.device,
             self.num_code_groups + 1, self.model.norm.backend,  # triton: one-token passes via the decode kernel
@@ -143,8 +145,7 @@ class CodePredictor(nn.Module):
         for group in range(1, self.num_code_groups):
             code = sample(logits, group - 1)
             codes.append(code)
-            embedding = self.model.codec_embedding[group - 1](code)
-            total = total + embedding
+            embedding, total = embed_add(self.model.codec_embedding[group - 1].weight, code, total)
             if group < self.num_code_groups - 1:
                 head = self.lm_head[group]
                 logits = self.model(embedding, None, cache, tables=self._tables(group + 1, p), head=head)
