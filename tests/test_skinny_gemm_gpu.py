@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from omniwalk.layers.norm import RMSNorm, add_rms_norm_triton
 from omniwalk.layers.silu_mul import silu_mul_reference
-from omniwalk.layers.skinny_gemm import InputNorm, normed_skinny_gemm, skinny_gemm
+from omniwalk.layers.skinny_gemm import InputNorm, normed_skinny_gemm, pick_blocks, skinny_gemm
 
 pytestmark = pytest.mark.gpu
 BF16 = torch.bfloat16
@@ -67,8 +67,10 @@ FOLDED = {"talker qkv": (2560, False), "cp qkv": (4096, False), "cp gate_up": (6
 @torch.inference_mode()
 def test_folded_norm_equals_the_norm_kernel_then_the_gemv(name, parts):
     """normed_skinny_gemm at the fast path's tile against the two kernels it replaces (add_rms_norm_triton,
-    skinny_gemm): bitwise (the same rounding steps; the row's statistics reduced over the same block with
-    the same warps); the norm also against the PyTorch reference, and the product within the bound above."""
+    skinny_gemm): h + delta bitwise; the product bitwise where the tile has the norm kernel's 4 warps (the
+    same rounding steps, the row's sum of squares reduced in the same order). With other warps that fp32 sum
+    runs in another order: a normalised element may then round one bf16 step apart (as the norm kernel's
+    may against PyTorch's), moving the product by about that: held to one step of it plus 2e-3."""
     (n, gated), k = FOLDED[name], 1024
     g = torch.Generator(device="cuda").manual_seed(len(name) + (parts or 0))
     h = torch.randn(1, k, generator=g, device="cuda").to(BF16)
@@ -85,7 +87,11 @@ def test_folded_norm_equals_the_norm_kernel_then_the_gemv(name, parts):
         f"GPU-FOLD {name} parts={parts}: vs the two kernels differ h {(h_out != h_two).float().mean().item():.4%} "
         f"y {(y != y_two).float().mean().item():.4%}; norm vs PyTorch differ {(x != ref_x).float().mean().item():.4%}"
     )
-    assert torch.equal(h_out, h_two) and torch.equal(y, y_two)
+    assert torch.equal(h_out, h_two)
+    if pick_blocks(1, n // 2 if gated else n, k, gated, False).warps == 4:
+        assert torch.equal(y, y_two)
+    else:
+        torch.testing.assert_close(y, y_two, rtol=2**-7, atol=2e-3)
     assert torch.equal(h_out, ref_h)
     torch.testing.assert_close(x, ref_x, rtol=8e-3, atol=8e-3)  # (one bf16 step where fp32 sums reorder)
     if not gated:

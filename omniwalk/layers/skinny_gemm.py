@@ -69,6 +69,10 @@ class Blocks(NamedTuple):
 # 1 / 2, 8, 16 / 32, in CUDA graphs, weights from HBM). µs per call at M = 1, cuBLAS -> this table:
 # thinker qkv 7.7 (cuBLAS kept; the kernel's best 8.3), thinker o 8.6 -> 6.5, talker qkv 4.8 -> 3.9,
 # talker/cp o 12.6 -> 3.5, cp qkv 5.2 -> 4.4, cp gate_up + silu·mul 7.4 -> 5.9, cp down 6.5 -> 3.9.
+# Session 27: at one row the code predictor's qkv, gate/up and heads always take a folded norm
+# (``SkinnyLinear.normed``: every program recomputes the row's statistics); at (16, 1024, 1, 8, 1), half
+# the programs of (8, 1024, 1, 4, 1) with the same 64 weights a thread, the talker frame step at B=1 took
+# 3.28 ms against 3.53 (micro.py, one run each in one call: cpfold call 2's what-if cell).
 TUNED: dict[tuple[int, int, int, bool, bool], Blocks | None] = {
     # thinker qkv
     (1, 5120, 2048, False, False): None,
@@ -87,20 +91,20 @@ TUNED: dict[tuple[int, int, int, bool, bool], Blocks | None] = {
     (16, 1024, 2048, False, True): Blocks(64, 128, 4, 4, 6),
     (32, 1024, 2048, False, True): Blocks(64, 128, 4, 4, 6),
     # cp qkv
-    (1, 4096, 1024, False, False): Blocks(8, 1024, 1, 4, 1),
+    (1, 4096, 1024, False, False): Blocks(16, 1024, 1, 8, 1),
     (16, 4096, 1024, False, False): Blocks(64, 128, 1, 4, 6),
     (32, 4096, 1024, False, False): Blocks(64, 128, 1, 4, 6),
     # cp gate_up (I = 3072)
-    (1, 3072, 1024, True, False): Blocks(8, 1024, 1, 4, 1),
+    (1, 3072, 1024, True, False): Blocks(16, 1024, 1, 8, 1),
     (16, 3072, 1024, True, False): Blocks(64, 128, 1, 4, 6),
     (32, 3072, 1024, True, False): Blocks(32, 128, 1, 4, 6),
     # cp down
     (1, 1024, 3072, False, True): Blocks(4, 4096, 1, 8, 1),
     (16, 1024, 3072, False, True): Blocks(64, 128, 4, 4, 6),
     (32, 1024, 3072, False, True): Blocks(64, 128, 4, 4, 6),
-    # cp lm_head (vocabulary 2048; session 27): at one row the talker/cp qkv tile (a GEMV, the final norm
-    # folded in: ``SkinnyLinear.normed``), measured in the frame step only; cuBLAS kept for more rows
-    (1, 2048, 1024, False, False): Blocks(8, 1024, 1, 4, 1),
+    # cp lm_head (vocabulary 2048; session 27): at one row a GEMV with the final norm folded in, the tile
+    # of the folded cp qkv (measured in the frame step only); cuBLAS kept for more rows (not measured here)
+    (1, 2048, 1024, False, False): Blocks(16, 1024, 1, 8, 1),
     (16, 2048, 1024, False, False): None,
     (32, 2048, 1024, False, False): None,
 }

@@ -21,4 +21,5 @@ else:
     raise SystemExit(f"unknown cell {cell}")
 print(f"what-if {cell}: MAX_FOLDED_PARTS={sg.MAX_FOLDED_PARTS}, cp qkv {sg.pick_blocks(1, 4096, 1024, False, False)}")
 sys.argv[0] = "benchmarks/micro.py"
+sys.path.insert(0, "benchmarks")  # (micro.py imports its siblings)
 runpy.run_path("benchmarks/micro.py", run_name="__main__")
