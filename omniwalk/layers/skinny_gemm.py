@@ -14,6 +14,12 @@ the end). Epilogues:
               partial sum, [M, S, N]; the consumer sums them (``RMSNorm.add`` takes [N, S, H] deltas,
               summed in fp32 and rounded once: the rounding of the unsplit product)
 
+A prologue (one row, the GEMV): ``normed_skinny_gemm`` takes the decoder's residual h and a delta
+instead of x and computes x = RMSNorm(h + delta) itself, with ``norm.add_rms_norm``'s rounding steps:
+each program reads the whole row for its 1 / rms (a GEMV reads it anyway), then normalises its K range
+as it goes; the first program stores h + delta. ``SkinnyLinear.normed`` uses it where it fits (the code
+predictor's one-token passes: its 11 norms a pass), replacing the norm's kernel.
+
 FP8 weights (``SCALED``; ``fp8.py``'s block-wise format): the GEMV multiplies x by each K block's
 scale and the e4m3 weight widened to fp32 (a K step is cut into sub-blocks inside one scale column;
 the tile is widened as loaded, one step ahead, with ``fp8.triton_widening``: sm_90a SASS of the thinker
