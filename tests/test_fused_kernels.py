@@ -9,8 +9,9 @@ import torch
 import triton_cpu
 from single_request import ContiguousKVCache
 
-from omniwalk.layers import moe
+from omniwalk.layers import moe, skinny_gemm
 from omniwalk.layers.decoder import use_kernels
+from omniwalk.layers.embed_add import embed_add_reference, embed_add_triton
 from omniwalk.layers.fused_moe import expert_down, expert_gate_up, expert_gemv
 from omniwalk.layers.moe import SparseMoE, reference_experts, route
 from omniwalk.layers.moe_routing import route_folded, route_topk
@@ -214,16 +215,23 @@ def test_fused_thinker_equals_reference_with_talker_states():
 
 
 @torch.no_grad()
-def test_fused_talker_and_code_predictor_equal_reference():
+@pytest.mark.parametrize("rows", [3, 1])  # 1: the code predictor's norms folded into its GEMVs (and heads)
+def test_fused_talker_and_code_predictor_equal_reference(monkeypatch, rows):
     cfg = Qwen3OmniConfig.from_hf(load_config_dict(TINY_CONFIG))
     ref, fused = _pair(Talker, cfg.talker)
-    x = torch.randn(3, cfg.talker.text.hidden_size, generator=torch.Generator().manual_seed(9))
+    folds = []
+    fold = skinny_gemm.normed_skinny_gemm
+    monkeypatch.setattr(skinny_gemm, "normed_skinny_gemm", lambda *a, **k: folds.append(1) or fold(*a, **k))
+    x = torch.randn(rows, cfg.talker.text.hidden_size, generator=torch.Generator().manual_seed(9))
     outs = []
     for model in (ref, fused):
         kv = ContiguousKVCache.for_config(cfg.talker.text, torch.float32, "cpu")
-        hidden = model.model(x, torch.arange(3), kv)
+        hidden = model.model(x, torch.arange(rows), kv)
         codes, total = model.code_predictor(hidden, hidden.flip(0), lambda logits, i: logits.argmax(-1))
         outs.append((hidden, codes, total))
+    groups, layers = cfg.talker.num_code_groups, cfg.talker.code_predictor.num_hidden_layers
+    # one row: the talker's first norm (no delta) and, in each one-token pass, every layer's two and the final one
+    assert len(folds) == (1 + (groups - 2) * (2 * layers + 1) if rows == 1 else 0)
     torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-4, atol=1e-4)
     assert torch.equal(outs[1][1], outs[0][1])
     torch.testing.assert_close(outs[1][2], outs[0][2], rtol=1e-4, atol=1e-4)
@@ -244,3 +252,12 @@ def test_fused_kernels_through_the_engine_give_the_same_ids_and_codes():
     ]
     assert outs[1].token_ids == outs[0].token_ids
     assert torch.equal(outs[1].codes, outs[0].codes)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_embed_add(dtype):
+    g = torch.Generator().manual_seed(10)
+    table, total = torch.randn(50, 40, generator=g).to(dtype), torch.randn(3, 40, generator=g).to(dtype)
+    ids = torch.tensor([7, 0, 49])
+    ours, ref = embed_add_triton(table, ids, total), embed_add_reference(table, ids, total)
+    assert all(torch.equal(a, b) for a, b in zip(ours, ref, strict=True))

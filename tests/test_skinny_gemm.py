@@ -14,9 +14,9 @@ import triton_cpu
 
 from omniwalk.layers import skinny_gemm as sg
 from omniwalk.layers.moe import GatedMLP
-from omniwalk.layers.norm import RMSNorm
+from omniwalk.layers.norm import RMSNorm, add_rms_norm_triton
 from omniwalk.layers.silu_mul import silu_mul_reference
-from omniwalk.layers.skinny_gemm import Blocks, SkinnyLinear, skinny_gemm
+from omniwalk.layers.skinny_gemm import Blocks, InputNorm, SkinnyLinear, skinny_gemm
 
 pytestmark = pytest.mark.skipif(not triton_cpu.ON_CPU, reason="interpreter tests run on the CPU machine")
 K, N = 200, 72  # (off every block size: masks on K and N)
@@ -111,3 +111,64 @@ def test_merged_gated_mlp_with_partial_sums_through_the_fused_norm(monkeypatch, 
     norm.backend = "triton"
     for a, b in zip(norm.add(h, delta), expected, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def _norm_operands(parts, seed: int = 5):
+    """h [1, K], a delta (None; a part in h's dtype [1, K]; fp32 split-K partials [1, S, K]), an RMSNorm."""
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(1, K, generator=g).to(torch.bfloat16)
+    delta = None if parts is None else torch.randn(1, *([parts] if parts else []), K, generator=g)
+    delta = delta.to(torch.bfloat16) if parts == 0 else delta
+    norm = RMSNorm(K).to(torch.bfloat16)
+    norm.weight.data = (1 + 0.1 * torch.randn(K, generator=g)).to(torch.bfloat16)
+    return h, delta, norm
+
+
+@pytest.mark.parametrize("parts", [None, 0, 3])  # None: a plain norm; 0: a delta [1, K]; 3: fp32 partials
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("blocks", BLOCKS)  # (K steps of 64 and 128 over K = 200: the row re-read per step)
+def test_folded_norm_equals_the_norm_kernel_then_the_product(parts, gated, blocks):
+    """normed_skinny_gemm = add_rms_norm_triton, then skinny_gemm on its output, bitwise (the same rounding
+    steps, the row's statistics over the same block); and within the product's bound of the reference."""
+    h, delta, norm = _norm_operands(parts)
+    _, w = _operands(1, torch.bfloat16, n=2 * N if gated else N, seed=6)
+    h_out, y = sg.normed_skinny_gemm(InputNorm(h, delta, norm.weight, norm.eps), w, gated=gated, blocks=blocks)
+    expected_h, x = add_rms_norm_triton(h, delta, norm.weight, norm.eps)
+    assert torch.equal(h_out, expected_h) and torch.equal(y, skinny_gemm(x, w, gated=gated, blocks=blocks))
+    assert (h_out is h) == (delta is None)
+    ref_h, ref_x = norm.add(h, delta)  # (the reference backend: PyTorch)
+    assert torch.equal(h_out, ref_h) and torch.equal(x, ref_x)
+    if not gated:
+        _assert_within_order_bound(y, ref_x, w)
+
+
+def test_folded_norm_wants_one_unpadded_row():
+    h, delta, norm = _norm_operands(0)
+    _, w = _operands(1, torch.bfloat16)
+    fold = InputNorm(h.expand(2, K), delta, norm.weight, norm.eps)
+    with pytest.raises(ValueError, match="one row"):
+        sg.normed_skinny_gemm(fold, w, blocks=BLOCKS[0])
+    with pytest.raises(ValueError, match="one row"):
+        sg.normed_skinny_gemm(fold._replace(h=h), w, blocks=Blocks(16, 64, 1, 4, 2, rows=16))
+
+
+@pytest.mark.parametrize(
+    "rows, parts, backend, folds",
+    [(1, None, "triton", True), (1, 0, "triton", True), (1, 0, "reference", False), (2, 0, "triton", False),
+     (1, 8, "triton", False)],  # (8 parts in h's dtype: the MoE's, left to the norm kernel)
+)  # fmt: skip
+def test_module_folds_the_norm_at_one_row(monkeypatch, rows, parts, backend, folds):
+    h, delta, norm = _norm_operands(parts, seed=7)
+    if parts == 8:
+        delta = delta.to(torch.bfloat16)
+    h, delta = h.expand(rows, K).contiguous(), None if delta is None else delta.expand(rows, *delta.shape[1:])
+    linear = SkinnyLinear(_operands(1, torch.bfloat16, seed=8)[1])
+    calls = []
+    fold = sg.normed_skinny_gemm
+    monkeypatch.setattr(sg, "normed_skinny_gemm", lambda *a, **k: calls.append(1) or fold(*a, **k))
+    norm.backend = backend
+    h_out, y = linear.normed(norm, h, delta)
+    assert bool(calls) == folds
+    norm.backend = "reference"
+    expected_h, x = norm.add(h, delta)
+    assert torch.equal(h_out, expected_h) and torch.equal(y, linear(x))

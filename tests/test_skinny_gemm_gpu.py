@@ -11,8 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from omniwalk.layers.norm import RMSNorm, add_rms_norm_triton
 from omniwalk.layers.silu_mul import silu_mul_reference
-from omniwalk.layers.skinny_gemm import skinny_gemm
+from omniwalk.layers.skinny_gemm import InputNorm, normed_skinny_gemm, pick_blocks, skinny_gemm
 
 pytestmark = pytest.mark.gpu
 BF16 = torch.bfloat16
@@ -55,3 +56,45 @@ def test_skinny_gemm_matches_cublas(name, m):
         f"max error {(err / bound).max().item():.2f} of the bound"
     )
     assert (err <= bound).all()
+
+
+# the GEMVs a norm folds into (``SkinnyLinear.normed``): name -> (N, gated); K = 1024 (hidden)
+FOLDED = {"talker qkv": (2560, False), "cp qkv": (4096, False), "cp gate_up": (6144, True), "cp lm_head": (2048, False)}
+
+
+@pytest.mark.parametrize("parts", [None, 0, 4])  # None: a plain norm; 0: a bf16 delta [1, K]; 4: fp32 partials
+@pytest.mark.parametrize("name", list(FOLDED))
+@torch.inference_mode()
+def test_folded_norm_equals_the_norm_kernel_then_the_gemv(name, parts):
+    """normed_skinny_gemm at the fast path's tile against the two kernels it replaces (add_rms_norm_triton,
+    skinny_gemm): h + delta bitwise; the product bitwise where the tile has the norm kernel's 4 warps (the
+    same rounding steps, the row's sum of squares reduced in the same order). With other warps that fp32 sum
+    runs in another order: a normalised element may then round one bf16 step apart (as the norm kernel's
+    may against PyTorch's), moving the product by about that: held to one step of it plus 2e-3."""
+    (n, gated), k = FOLDED[name], 1024
+    g = torch.Generator(device="cuda").manual_seed(len(name) + (parts or 0))
+    h = torch.randn(1, k, generator=g, device="cuda").to(BF16)
+    delta = None if parts is None else torch.randn(1, *([parts] if parts else []), k, generator=g, device="cuda")
+    delta = delta.to(BF16) if parts == 0 else delta
+    norm = RMSNorm(k).to("cuda", BF16)
+    torch.nn.init.normal_(norm.weight, 1.0, 0.1)
+    w = (torch.randn(n, k, generator=g, device="cuda") * k**-0.5).to(BF16)
+    h_out, y = normed_skinny_gemm(InputNorm(h, delta, norm.weight, norm.eps), w, gated=gated)
+    h_two, x = add_rms_norm_triton(h, delta, norm.weight, norm.eps)
+    y_two = skinny_gemm(x, w, gated=gated)
+    ref_h, ref_x = norm.add(h, delta)
+    print(
+        f"GPU-FOLD {name} parts={parts}: vs the two kernels differ h {(h_out != h_two).float().mean().item():.4%} "
+        f"y {(y != y_two).float().mean().item():.4%}; norm vs PyTorch differ {(x != ref_x).float().mean().item():.4%}"
+    )
+    assert torch.equal(h_out, h_two)
+    if pick_blocks(1, n // 2 if gated else n, k, gated, False).warps == 4:
+        assert torch.equal(y, y_two)
+    else:
+        torch.testing.assert_close(y, y_two, rtol=2**-7, atol=2e-3)
+    assert torch.equal(h_out, ref_h)
+    torch.testing.assert_close(x, ref_x, rtol=8e-3, atol=8e-3)  # (one bf16 step where fp32 sums reorder)
+    if not gated:
+        ref = F.linear(x, w)
+        bound = ref.float().abs() * 2**-7 + 2 * k * 2**-24 * F.linear(x.float().abs(), w.float().abs())
+        assert ((y.float() - ref.float()).abs() <= bound).all()

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from omniwalk.layers import (
+    embed_add,
     fused_moe,
     grouped_fp8,
     moe_routing,
@@ -32,6 +33,7 @@ ON_CPU = not torch.cuda.is_available()
 if ON_CPU:
     os.environ["TRITON_INTERPRET"] = "1"
 BUILDERS = (
+    embed_add._kernel,
     norm._kernel,
     qk_norm_rope._kernel,
     silu_mul._kernel,

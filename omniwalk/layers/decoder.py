@@ -9,7 +9,8 @@ MLP is a ``SparseMoE`` (optionally with a shared expert) or a dense ``GatedMLP``
 
 The residual stream is carried as ``(h, delta)``: a sub-block's output ``delta`` is added by the
 next norm (``RMSNorm.add``: one kernel on the fast path, which also sums the fused MoE's per-pair
-partials), so the decoder's final norm takes the last layer's MLP output.
+partials), so the decoder's final norm takes the last layer's MLP output. At one row that norm runs
+inside the next skinny GEMV where it can (``SkinnyLinear.normed``: the code predictor's decode passes).
 
 CUDA fast path (``use_kernels``, after the weights are loaded): q/k/v merged into one
 ``qkv_proj`` GEMM, then one kernel for the q/k RMSNorm + rotary, writing the new keys/values
@@ -184,22 +185,32 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, cache: KVCache, layer: int) -> torch.Tensor:
         n = x.shape[0]
         if self.qkv_proj is not None:
-            out = self._fused(x, cos, sin, cache, layer)
-        else:
-            q = apply_rotary(self.q_norm(self.q_proj(x).view(n, self.num_heads, self.head_dim)), cos, sin)
-            k = apply_rotary(self.k_norm(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)), cos, sin)
-            v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
-            out = cache.attend(layer, q, k, v)  # [n, heads, d]
+            return self.o_proj(self._fused(self.qkv_proj(x), cos, sin, cache, layer))
+        q = apply_rotary(self.q_norm(self.q_proj(x).view(n, self.num_heads, self.head_dim)), cos, sin)
+        k = apply_rotary(self.k_norm(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)), cos, sin)
+        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        out = cache.attend(layer, q, k, v)  # [n, heads, d]
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
-    def _fused(self, x, cos, sin, cache: KVCache, layer: int) -> torch.Tensor:
-        """One GEMM, one norm + rope (+ KV store) kernel, the attention."""
-        target = cache.kv_slots(layer, x.shape[0])
+    def after_norm(self, norm: RMSNorm, h, delta, cos, sin, cache: KVCache, layer: int):
+        """``norm.add(h, delta)`` into this attention -> (h + delta, the attention's output); on the fast
+        path the norm runs inside the qkv GEMV where it can (``SkinnyLinear.normed``)."""
+        if self.qkv_proj is None:
+            h, x = norm.add(h, delta)
+            return h, self(x, cos, sin, cache, layer)
+        h, qkv = self.qkv_proj.normed(norm, h, delta)
+        return h, self.o_proj(self._fused(qkv, cos, sin, cache, layer))
+
+    def _fused(self, qkv, cos, sin, cache: KVCache, layer: int) -> torch.Tensor:
+        """The merged projection's output -> one norm + rope (+ KV store) kernel, the attention [n, heads * d]."""
+        n = qkv.shape[0]
+        target = cache.kv_slots(layer, n)
         q, k, v = qk_norm_rope_triton(
-            self.qkv_proj(x), self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin,
-            self.num_heads, self.num_kv_heads, target,
+            qkv, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin, self.num_heads,
+            self.num_kv_heads, target,
         )  # fmt: skip
-        return cache.attend(layer, q, k, v) if target is None else cache.attend_stored(layer, q)
+        out = cache.attend(layer, q, k, v) if target is None else cache.attend_stored(layer, q)
+        return out.reshape(n, self.num_heads * self.head_dim)
 
 
 class DecoderLayer(nn.Module):
@@ -223,9 +234,8 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h, delta, cos, sin, cache: KVCache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Residual stream ``h`` + the previous layer's pending ``delta`` -> (h, this layer's MLP output)."""
-        h, x = self.input_layernorm.add(h, delta)
-        h, x = self.post_attention_layernorm.add(h, self.self_attn(x, cos, sin, cache, layer))
-        return h, self.mlp(x)
+        h, attention = self.self_attn.after_norm(self.input_layernorm, h, delta, cos, sin, cache, layer)
+        return self.mlp.after_norm(self.post_attention_layernorm, h, attention)
 
 
 # Called after layer i (a key of the dict) with its output; returns the hidden state to continue with.
@@ -234,14 +244,14 @@ LayerHooks = dict[int, Callable[[torch.Tensor], torch.Tensor]]
 
 def use_kernels(module: nn.Module, norm_backend: str) -> None:
     """After the weights are loaded: every RMSNorm under ``module`` uses ``norm_backend``; fused
-    MoE layers fold their shared expert in; with ``triton`` (the CUDA fast path) every attention
-    and gated MLP merges its projections (then runs the fused q/k norm + rope + KV store and the
-    fused silu·mul)."""
+    MoE layers fold their shared expert in; with ``triton`` (the CUDA fast path) every module with
+    ``merge_projections`` merges them: attention (then the fused q/k norm + rope + KV store), gated
+    MLPs (the fused silu·mul), a model's heads (e.g. the code predictor's: skinny GEMVs)."""
     set_norm_backend(module, norm_backend)
     for m in list(module.modules()):
         if isinstance(m, SparseMoE) and m.backend == "fused":
             m.fold_shared_expert()
-        elif isinstance(m, (Attention, GatedMLP)) and norm_backend == "triton":
+        elif norm_backend == "triton" and callable(getattr(m, "merge_projections", None)):
             # TODO: a rope-only kernel with biased projections for attention without q/k norm
             if not isinstance(m, Attention) or m.can_fuse:
                 m.merge_projections()
@@ -272,8 +282,10 @@ class Decoder(nn.Module):
         cache: KVCache,
         hooks: LayerHooks | None = None,
         tables: tuple[torch.Tensor, torch.Tensor] | None = None,
+        head: nn.Module | None = None,
     ) -> torch.Tensor:
-        """x: [n, hidden] new tokens; positions: their rope positions -> final-normed hidden [n, hidden].
+        """x: [n, hidden] new tokens; positions: their rope positions -> final-normed hidden [n, hidden],
+        or ``head`` of it (a ``SkinnyLinear`` head folds the final norm in: ``SkinnyLinear.normed``).
         ``tables``: their ``rotary_tables`` made beforehand (then ``positions`` is not used)."""
         cos, sin = tables if tables is not None else rotary_tables(*self.rotary(positions), x.dtype)
         h, delta = x, None
@@ -282,4 +294,7 @@ class Decoder(nn.Module):
             if hooks and i in hooks:
                 h, delta = hooks[i](residual_add(h, delta)), None
         cache.advance(x.shape[0])
-        return self.norm.add(h, delta)[1]
+        if isinstance(head, SkinnyLinear):
+            return head.normed(self.norm, h, delta)[1]
+        out = self.norm.add(h, delta)[1]
+        return out if head is None else head(out)

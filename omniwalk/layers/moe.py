@@ -32,6 +32,7 @@ from omniwalk.layers.fp8 import Block, Fp8Linear
 from omniwalk.layers.fused_moe import ExpertScales, expert_gemv
 from omniwalk.layers.grouped_fp8 import grouped_fp8_experts
 from omniwalk.layers.moe_routing import route_folded, route_topk
+from omniwalk.layers.norm import RMSNorm
 from omniwalk.layers.skinny_gemm import SkinnyLinear
 
 MOE_BACKENDS = ("reference", "fused")
@@ -119,6 +120,15 @@ class GatedMLP(nn.Module):
         if self.gate_up_proj is not None:
             return self.down_proj(self.gate_up_proj(x))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    def after_norm(self, norm: RMSNorm, h: torch.Tensor, delta: torch.Tensor | None):
+        """``norm.add(h, delta)`` into this MLP -> (h + delta, the MLP's output); merged, the norm runs
+        inside the gate/up GEMV where it can (``SkinnyLinear.normed``)."""
+        if self.gate_up_proj is None:
+            h, x = norm.add(h, delta)
+            return h, self(x)
+        h, act = self.gate_up_proj.normed(norm, h, delta)
+        return h, self.down_proj(act)
 
 
 def merged_linear(*parts: nn.Linear) -> nn.Linear:
@@ -273,6 +283,12 @@ class SparseMoE(nn.Module):
         gate_up_s = torch.stack([torch.stack(pair) for pair in zip(gate_s, up_s, strict=True)])
         down, down_s = units(shared.down_proj, 1, bk)
         return (gate_up, gate_up_s), (torch.stack(down), torch.stack(down_s))
+
+    def after_norm(self, norm: RMSNorm, h: torch.Tensor, delta: torch.Tensor | None):
+        """``norm.add(h, delta)`` into this MoE -> (h + delta, the MoE's output); the norm stays a kernel
+        of its own (``GatedMLP.after_norm``'s fold is a GEMV's)."""
+        h, x = norm.add(h, delta)
+        return h, self(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [N, H] -> [N, H] (or [N, P, H] partials, see the class docstring)."""

@@ -14,6 +14,12 @@ the end). Epilogues:
               partial sum, [M, S, N]; the consumer sums them (``RMSNorm.add`` takes [N, S, H] deltas,
               summed in fp32 and rounded once: the rounding of the unsplit product)
 
+A prologue (one row, the GEMV): ``normed_skinny_gemm`` takes the decoder's residual h and a delta
+instead of x and computes x = RMSNorm(h + delta) itself, with ``norm.add_rms_norm``'s rounding steps:
+each program reads the whole row for its 1 / rms (a GEMV reads it anyway), then normalises its K range
+as it goes; the first program stores h + delta. ``SkinnyLinear.normed`` uses it where it fits (the code
+predictor's one-token passes: its 11 norms a pass), replacing the norm's kernel.
+
 FP8 weights (``SCALED``; ``fp8.py``'s block-wise format): the GEMV multiplies x by each K block's
 scale and the e4m3 weight widened to fp32 (a K step is cut into sub-blocks inside one scale column;
 the tile is widened as loaded, one step ahead, with ``fp8.triton_widening``: sm_90a SASS of the thinker
@@ -33,6 +39,7 @@ above (prefill), where cuBLAS's tensor-core tiles are full (FP8: of a dequantise
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import NamedTuple
 
 import torch
@@ -40,10 +47,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from omniwalk.layers import pdl
-from omniwalk.layers.fp8 import Block, Fp8Linear, asm_widening, concat_rows, dequantize, triton_widening
+from omniwalk.layers.fp8 import Block, Fp8Linear, asm_widening, concat_rows, dequantize
+from omniwalk.layers.norm import RMSNorm
 from omniwalk.layers.silu_mul import silu_mul_triton
 
 MAX_ROWS = 32  # rows per call through the kernel (where ``TUNED`` does not name cuBLAS); cuBLAS beyond
+# A folded norm (``SkinnyLinear.normed``) re-reads the row's delta in every program: the dense decoder's one
+# part (its o/down GEMV at one row is unsplit), not the MoE's 8-10 (left to the norm's kernel; not measured)
+MAX_FOLDED_PARTS = 1
 
 
 class Blocks(NamedTuple):
@@ -64,6 +75,10 @@ class Blocks(NamedTuple):
 # 1 / 2, 8, 16 / 32, in CUDA graphs, weights from HBM). µs per call at M = 1, cuBLAS -> this table:
 # thinker qkv 7.7 (cuBLAS kept; the kernel's best 8.3), thinker o 8.6 -> 6.5, talker qkv 4.8 -> 3.9,
 # talker/cp o 12.6 -> 3.5, cp qkv 5.2 -> 4.4, cp gate_up + silu·mul 7.4 -> 5.9, cp down 6.5 -> 3.9.
+# Session 27: at one row the code predictor's qkv, gate/up and heads always take a folded norm
+# (``SkinnyLinear.normed``: every program recomputes the row's statistics); at (16, 1024, 1, 8, 1), half
+# the programs of (8, 1024, 1, 4, 1) with the same 64 weights a thread, the talker frame step at B=1 took
+# 3.28 ms against 3.53 (micro.py, one run each in one call: cpfold call 2's what-if cell).
 TUNED: dict[tuple[int, int, int, bool, bool], Blocks | None] = {
     # thinker qkv
     (1, 5120, 2048, False, False): None,
@@ -82,17 +97,22 @@ TUNED: dict[tuple[int, int, int, bool, bool], Blocks | None] = {
     (16, 1024, 2048, False, True): Blocks(64, 128, 4, 4, 6),
     (32, 1024, 2048, False, True): Blocks(64, 128, 4, 4, 6),
     # cp qkv
-    (1, 4096, 1024, False, False): Blocks(8, 1024, 1, 4, 1),
+    (1, 4096, 1024, False, False): Blocks(16, 1024, 1, 8, 1),
     (16, 4096, 1024, False, False): Blocks(64, 128, 1, 4, 6),
     (32, 4096, 1024, False, False): Blocks(64, 128, 1, 4, 6),
     # cp gate_up (I = 3072)
-    (1, 3072, 1024, True, False): Blocks(8, 1024, 1, 4, 1),
+    (1, 3072, 1024, True, False): Blocks(16, 1024, 1, 8, 1),
     (16, 3072, 1024, True, False): Blocks(64, 128, 1, 4, 6),
     (32, 3072, 1024, True, False): Blocks(32, 128, 1, 4, 6),
     # cp down
     (1, 1024, 3072, False, True): Blocks(4, 4096, 1, 8, 1),
     (16, 1024, 3072, False, True): Blocks(64, 128, 4, 4, 6),
     (32, 1024, 3072, False, True): Blocks(64, 128, 4, 4, 6),
+    # cp lm_head (vocabulary 2048; session 27): at one row a GEMV with the final norm folded in, the tile
+    # of the folded cp qkv (measured in the frame step only); cuBLAS kept for more rows (not measured here)
+    (1, 2048, 1024, False, False): Blocks(16, 1024, 1, 8, 1),
+    (16, 2048, 1024, False, False): None,
+    (32, 2048, 1024, False, False): None,
 }
 
 
@@ -117,122 +137,8 @@ def padded_rows(m: int) -> int:
 
 @functools.cache
 def _kernel():
-    import triton
-    import triton.language as tl
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-
-    widen = triton_widening()
-
-    @triton.jit(do_not_specialize=["M"])  # (M only masks rows: one compile for every M of a padding)
-    def skinny_gemm(
-        x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_chunk, stride_xm, stride_wn, stride_sn, stride_om, stride_os,
-        up_offset, up_scale_offset,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr,
-        SCALED: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, ROWS_SHARE_SCALE: tl.constexpr,
-        SUB_K: tl.constexpr, WIDEN_ASM: tl.constexpr,
-        PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
-    ):  # fmt: skip
-        block, split = tl.program_id(0), tl.program_id(1)
-        cols = block * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns = weight rows
-        col_ok = cols < N
-        rows = tl.arange(0, BLOCK_M)
-        row_ok = rows < M
-        k_start = split * k_chunk
-        k_end = tl.minimum(k_start + k_chunk, K)
-        gate_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wn
-        up_rows = gate_rows + up_offset  # (GATED only: the up half starts I rows further)
-        # SCALED (FP8 weights): scale_inv of weight (n, k) at s_ptr + (n // SCALE_N) * stride_sn + k // SCALE_K
-        if ROWS_SHARE_SCALE:  # (every row of the block in one scale row: one scale row broadcast over them)
-            scale_rows = tl.zeros((1, 1), tl.int64) + block * BLOCK_N // SCALE_N
-            scale_ok = scale_rows >= 0
-        else:
-            scale_rows = (cols // SCALE_N).to(tl.int64)[:, None]
-            scale_ok = col_ok[:, None]
-        gate_scales = s_ptr + scale_rows * stride_sn  # [1 or BLOCK_N, 1]
-        up_scales = gate_scales + up_scale_offset
-        if BLOCK_M == 1:  # a GEMV: products in [BLOCK_N, SUB_K] lanes, one reduction at the end
-            # K steps as [BLOCK_K / SUB_K, SUB_K] sub-blocks, each inside one scale column (FP8: x times its scale)
-            steps = tl.arange(0, BLOCK_K // SUB_K)[None, :, None] * SUB_K + tl.arange(0, SUB_K)[None, None, :]
-            gate3, up3 = gate_rows[:, :, None], up_rows[:, :, None]
-            lanes = tl.zeros((BLOCK_N, BLOCK_K // SUB_K, SUB_K), tl.float32)
-            lanes_up = tl.zeros((BLOCK_N, BLOCK_K // SUB_K, SUB_K), tl.float32)
-            # each step's weight tile is loaded one step ahead: the first before the PDL wait
-            # (FP8: widened to fp32 as loaded, so the loop carries fp32, not bytes: see ``fp8.triton_widening``)
-            ks = k_start + steps
-            ok = col_ok[:, None, None] & (ks < k_end)
-            w = tl.load(gate3 + ks, mask=ok, other=0.0)
-            if SCALED:
-                w = widen(w) if WIDEN_ASM else w.to(tl.float32)
-            w_up = w
-            if GATED:
-                w_up = tl.load(up3 + ks, mask=ok, other=0.0)
-                if SCALED:
-                    w_up = widen(w_up) if WIDEN_ASM else w_up.to(tl.float32)
-            if USE_PDL:
-                gdc_wait()
-                gdc_launch_dependents()
-            for k0 in range(k_start, k_end, BLOCK_K):
-                ks = k0 + steps
-                x = tl.load(x_ptr + ks, mask=ks < k_end, other=0.0).to(tl.float32)
-                x_up = x
-                if SCALED:
-                    sub = (k0 + tl.arange(0, BLOCK_K // SUB_K) * SUB_K)[None, :, None]
-                    sub_ok = scale_ok[:, :, None] & (sub < k_end)
-                    if GATED:
-                        x_up = x * tl.load(up_scales[:, :, None] + sub // SCALE_K, mask=sub_ok, other=0.0)
-                    x = x * tl.load(gate_scales[:, :, None] + sub // SCALE_K, mask=sub_ok, other=0.0)
-                lanes += w.to(tl.float32) * x
-                if GATED:
-                    lanes_up += w_up.to(tl.float32) * x_up
-                ok = col_ok[:, None, None] & (ks + BLOCK_K < k_end)
-                w = tl.load(gate3 + BLOCK_K + ks, mask=ok, other=0.0)
-                if SCALED:
-                    w = widen(w) if WIDEN_ASM else w.to(tl.float32)
-                if GATED:
-                    w_up = tl.load(up3 + BLOCK_K + ks, mask=ok, other=0.0)
-                    if SCALED:
-                        w_up = widen(w_up) if WIDEN_ASM else w_up.to(tl.float32)
-            acc = tl.sum(tl.sum(lanes, 2), 1)[:, None]
-            acc_up = tl.sum(tl.sum(lanes_up, 2), 1)[:, None]
-        else:
-            if USE_PDL:  # (tl.dot's loads are pipelined by the compiler: no weight tile before the wait)
-                gdc_wait()
-                gdc_launch_dependents()
-            acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-            acc_up = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-            for k0 in range(k_start, k_end, BLOCK_K):
-                ks = k0 + tl.arange(0, BLOCK_K)
-                k_ok = ks < k_end
-                xt = tl.load(
-                    x_ptr + rows[None, :] * stride_xm + ks[:, None], mask=row_ok[None, :] & k_ok[:, None], other=0.0
-                )  # x^T [BLOCK_K, BLOCK_M]
-                ok = col_ok[:, None] & k_ok[None, :]
-                w = tl.load(gate_rows + ks[None, :], mask=ok, other=0.0)
-                w_up = w
-                if GATED:
-                    w_up = tl.load(up_rows + ks[None, :], mask=ok, other=0.0)
-                if not SCALED:
-                    acc = tl.dot(w, xt, acc, input_precision=PRECISION)
-                    if GATED:
-                        acc_up = tl.dot(w_up, xt, acc_up, input_precision=PRECISION)
-                else:  # (BLOCK_K divides SCALE_K: the tile is inside one scale column)
-                    s = tl.load(gate_scales + k0 // SCALE_K, mask=scale_ok, other=0.0)
-                    s_up = s
-                    if GATED:
-                        s_up = tl.load(up_scales + k0 // SCALE_K, mask=scale_ok, other=0.0)
-                    # the weight widened to x's dtype (exact from e4m3), scaled after the dot
-                    acc += tl.dot(w.to(xt.dtype), xt, input_precision=PRECISION) * s
-                    if GATED:
-                        acc_up += tl.dot(w_up.to(xt.dtype), xt, input_precision=PRECISION) * s_up
-        dtype = out_ptr.dtype.element_ty
-        if GATED:
-            gate = acc.to(dtype).to(tl.float32)
-            silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-            acc = silu * acc_up.to(dtype).to(tl.float32)
-        out = out_ptr + split * stride_os + rows[None, :] * stride_om + cols[:, None]
-        tl.store(out, acc.to(dtype), mask=col_ok[:, None] & row_ok[None, :])
-
-    return skinny_gemm
+    """The Triton kernel (``skinny_gemm_triton``: its code, imported on first use)."""
+    return importlib.import_module("omniwalk.layers.skinny_gemm_triton").skinny_gemm
 
 
 def pick_blocks(m: int, n: int, k: int, gated: bool, may_split: bool, fp8: bool = False) -> Blocks | None:
@@ -257,6 +163,17 @@ def default_blocks(m: int, n: int, k: int, may_split: bool, fp8: bool = False, g
     return Blocks(block_n, 256 if m > 1 or fp8 else 512, split, 4, 4)
 
 
+class InputNorm(NamedTuple):
+    """An RMSNorm folded into a GEMV's prologue (one row): the product's x is RMSNorm(h + delta) with
+    ``norm.RMSNorm.add``'s rounding steps, computed by every program from the row (which a GEMV reads
+    whole anyway), and h + delta is stored once, by the first program."""
+
+    h: torch.Tensor  # [1, K] the residual stream
+    delta: torch.Tensor | None  # None, [1, K] or [1, S, K] parts, as ``norm.RMSNorm.add`` takes them
+    weight: torch.Tensor  # [K] the norm's, in h's dtype
+    eps: float
+
+
 def skinny_gemm(
     x: torch.Tensor, weight: torch.Tensor, *, gated: bool = False, partials: bool = False, blocks: Blocks | None = None,
     scale: torch.Tensor | None = None, scale_block: Block | None = None,
@@ -265,40 +182,98 @@ def skinny_gemm(
     [M, N / 2]. With ``partials`` (and a split > 1) fp32 partial sums [M, S, N] (see the module
     docstring); ``partials`` never splits a gated product. An FP8 ``weight`` comes with its
     ``scale`` (``fp8.py``'s scale_inv grid of ``scale_block``)."""
-    m, k = x.shape
-    n = weight.shape[0] // 2 if gated else weight.shape[0]
-    may_split = partials and not gated
-    fp8 = scale is not None
-    blocks = blocks or pick_blocks(m, n, k, gated, may_split, fp8) or default_blocks(m, n, k, may_split, fp8, gated)
-    split = 1 if gated else blocks.split
-    if x.stride(-1) != 1:
-        x = x.contiguous()
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    blocks, split = _configuration(x.shape[0], x.shape[1], weight, gated, partials, blocks, scale is not None)
+    m, n = x.shape[0], _columns(weight, gated)
+    out = x.new_empty(m, split, n, dtype=torch.float32) if split > 1 else x.new_empty(m, n)
+    if m:
+        _launch(x, weight, out, blocks, split, gated, scale, scale_block)
+    return out
+
+
+def normed_skinny_gemm(
+    norm: InputNorm, weight: torch.Tensor, *, gated: bool = False, blocks: Blocks | None = None,
+    scale: torch.Tensor | None = None, scale_block: Block | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``norm.RMSNorm.add`` folded into the GEMV that takes its output: -> (h + delta [1, K], the product
+    of RMSNorm(h + delta) as ``skinny_gemm``'s [1, N]), one kernel. One row only, through the GEMV lanes
+    (a configuration with ``rows`` > 1 is refused); never split."""
+    h = norm.h if norm.h.stride(-1) == 1 else norm.h.contiguous()
+    blocks, split = _configuration(h.shape[0], h.shape[1], weight, gated, False, blocks, scale is not None)
+    if h.shape[0] != 1 or blocks.rows > 1:
+        raise ValueError(f"a folded norm is a GEMV's prologue: one row, unpadded (got {h.shape[0]}, {blocks})")
+    out = h.new_empty(1, _columns(weight, gated))
+    h_out = h if norm.delta is None else torch.empty_like(h)
+    _launch(h, weight, out, blocks, split, gated, scale, scale_block, norm._replace(h=h), h_out)
+    return h_out, out
+
+
+def _columns(weight: torch.Tensor, gated: bool) -> int:
+    return weight.shape[0] // 2 if gated else weight.shape[0]
+
+
+def _configuration(
+    m: int, k: int, weight: torch.Tensor, gated: bool, partials: bool, blocks: Blocks | None, fp8: bool
+) -> tuple[Blocks, int]:
+    """The launch configuration (``blocks``, else the pick for the shape) and its split along K."""
     if weight.stride(-1) != 1:
         raise ValueError("skinny_gemm wants a weight with contiguous rows")
-    if split > 1:
-        if not partials:
-            raise ValueError("a split product returns partial sums: pass partials=True")
-        out = x.new_empty(m, split, n, dtype=torch.float32)
-    else:
-        out = x.new_empty(m, n)
+    n, may_split = _columns(weight, gated), partials and not gated
+    blocks = blocks or pick_blocks(m, n, k, gated, may_split, fp8) or default_blocks(m, n, k, may_split, fp8, gated)
+    split = 1 if gated else blocks.split
+    if split > 1 and not partials:
+        raise ValueError("a split product returns partial sums: pass partials=True")
+    return blocks, split
+
+
+def _launch(
+    x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, blocks: Blocks, split: int, gated: bool,
+    scale: torch.Tensor | None, scale_block: Block | None, norm: InputNorm | None = None,
+    h_out: torch.Tensor | None = None,
+) -> None:  # fmt: skip
+    """The kernel over x [M, K] (with ``norm``: its h) into ``out``."""
+    (m, k), n = x.shape, out.shape[-1]
     block_m = blocks.rows or padded_rows(m)
-    block_k = (
-        blocks.k if scale is None or block_m == 1 else min(blocks.k, scale_block[1])
-    )  # (a dot's K step: one scale)
+    block_k = blocks.k if scale is None or block_m == 1 else min(blocks.k, scale_block[1])  # (a dot's step: one scale)
     k_chunk = -(-k // (split * block_k)) * block_k  # each split: a whole number of K steps
     scale_n, scale_k = scale_block or (1, 1)
-    if m:
-        _kernel()[(-(-n // blocks.n), split)](
-            x, weight, weight if scale is None else scale, out, m, n, k, k_chunk, x.stride(0), weight.stride(0),
-            0 if scale is None else scale.stride(0), out.stride(0), out.stride(1) if split > 1 else 0,
-            n * weight.stride(0), 0 if scale is None else n // scale_n * scale.stride(0),
-            BLOCK_M=block_m, BLOCK_N=blocks.n, BLOCK_K=block_k, GATED=gated, SCALED=scale is not None,
-            SCALE_N=scale_n, SCALE_K=scale_k, ROWS_SHARE_SCALE=scale_n % blocks.n == 0,
-            SUB_K=block_k if scale is None else min(block_k, scale_k), WIDEN_ASM=asm_widening(x.device),
-            PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # (fp32 as F.linear's; 16-bit ignores it)
-            num_warps=blocks.warps, num_stages=blocks.stages, **pdl.launch(x.device),
-        )  # fmt: skip
-    return out
+    _kernel()[(-(-n // blocks.n), split)](
+        x, weight, weight if scale is None else scale, out, m, n, k, k_chunk, x.stride(0), weight.stride(0),
+        0 if scale is None else scale.stride(0), out.stride(0), out.stride(1) if split > 1 else 0,
+        n * weight.stride(0), 0 if scale is None else n // scale_n * scale.stride(0), *_prologue(norm, x, h_out),
+        BLOCK_M=block_m, BLOCK_N=blocks.n, BLOCK_K=block_k, GATED=gated, SCALED=scale is not None,
+        SCALE_N=scale_n, SCALE_K=scale_k, ROWS_SHARE_SCALE=scale_n % blocks.n == 0,
+        SUB_K=block_k if scale is None else min(block_k, scale_k), WIDEN_ASM=asm_widening(x.device),
+        **_prologue_constants(norm, k),
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # (fp32 as F.linear's; 16-bit ignores it)
+        num_warps=blocks.warps, num_stages=blocks.stages, **pdl.launch(x.device),
+    )  # fmt: skip
+
+
+def _prologue(norm: InputNorm | None, x: torch.Tensor, h_out: torch.Tensor | None) -> tuple:
+    """The kernel's folded-norm operands (h, delta parts [1, S, K], norm weight, h_out, eps, parts' stride);
+    x for each pointer without a norm (never read)."""
+    if norm is None:
+        return x, x, x, x, 0.0, 0
+    d = _parts(norm)
+    return norm.h, norm.h if d is None else d, norm.weight, h_out, norm.eps, 0 if d is None else d.stride(1)
+
+
+def _prologue_constants(norm: InputNorm | None, k: int) -> dict:
+    d = None if norm is None else _parts(norm)
+    return {
+        "NORM": norm is not None,
+        "PARTS": 0 if d is None else d.shape[1],
+        "ROUND_EACH": d is not None and d.dtype == norm.h.dtype,
+        "K_ROW": 1 if norm is None else 1 << (k - 1).bit_length(),  # (the norm kernel's block)
+    }
+
+
+def _parts(norm: InputNorm) -> torch.Tensor | None:
+    if norm.delta is None:
+        return None
+    d = norm.delta.reshape(1, -1, norm.h.shape[-1])
+    return d if d.stride(-1) == 1 else d.contiguous()
 
 
 class SkinnyLinear(nn.Module):
@@ -328,6 +303,23 @@ class SkinnyLinear(nn.Module):
             q, scale, block = concat_rows([(p.weight.data, p.weight_scale_inv.data) for p in parts], parts[0].block)
             return cls(q, gated, partials, scale, block)
         return cls(torch.cat([p.weight.data for p in parts]), gated, partials)
+
+    def normed(self, norm: RMSNorm, h: torch.Tensor, delta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``norm.add(h, delta)`` into this projection -> (h + delta, the projection of its norm): one
+        kernel where the norm folds into the GEMV (``normed_skinny_gemm``: one row, the norm's fast path,
+        a delta of at most ``MAX_FOLDED_PARTS`` parts), else the norm's kernel and then this one."""
+        rows, k = h.numel() // h.shape[-1], h.shape[-1]
+        n, fp8 = self.weight.shape[0] // 2 if self.gated else self.weight.shape[0], self.weight_scale_inv is not None
+        blocks = pick_blocks(rows, n, k, self.gated, False, fp8) if rows == 1 else None
+        parts = 0 if delta is None else 1 if delta.dim() == h.dim() else delta.shape[-2]
+        if norm.backend != "triton" or blocks is None or blocks.rows > 1 or parts > MAX_FOLDED_PARTS:
+            h, x = norm.add(h, delta)
+            return h, self(x)
+        h_out, y = normed_skinny_gemm(
+            InputNorm(h.reshape(1, k), delta, norm.weight, norm.eps), self.weight, gated=self.gated, blocks=blocks,
+            scale=self.weight_scale_inv, scale_block=self.block,
+        )  # fmt: skip
+        return h_out.view(h.shape), y.view(*h.shape[:-1], y.shape[-1])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])

@@ -27,7 +27,9 @@ from torch import nn
 from omniwalk.device import to_device
 from omniwalk.errors import InvalidRequestError
 from omniwalk.layers.decoder import Decoder, DecoderConfig, RowsKVCache
+from omniwalk.layers.embed_add import embed_add_reference, embed_add_triton
 from omniwalk.layers.rotary import rotary_tables
+from omniwalk.layers.skinny_gemm import SkinnyLinear
 from omniwalk.models.qwen3_omni.checkpoint.config import TalkerConfig
 from omniwalk.sampling import SamplingParams
 
@@ -131,21 +133,28 @@ class CodePredictor(nn.Module):
         """
         b, p = talker_hidden.shape[0], self.lm_head[0].weight
         cfg = self.cfg
+        embed_add = embed_add_triton if self.model.norm.backend == "triton" else embed_add_reference
         cache = RowsKVCache(
             b, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, p.dtype, p.device,
             self.num_code_groups + 1, self.model.norm.backend,  # triton: one-token passes via the decode kernel
         )  # fmt: skip
         x = torch.stack([talker_hidden, code0_embedding], dim=1).reshape(2 * b, -1)  # row-major [B * 2]
         h = self.model(x, torch.arange(2, device=p.device).repeat(b), cache).view(b, 2, -1)[:, -1]
+        logits = self.lm_head[0](h)
         codes, total = [], torch.zeros_like(talker_hidden)
         for group in range(1, self.num_code_groups):
-            code = sample(self.lm_head[group - 1](h), group - 1)
+            code = sample(logits, group - 1)
             codes.append(code)
-            embedding = self.model.codec_embedding[group - 1](code)
-            total = total + embedding
+            embedding, total = embed_add(self.model.codec_embedding[group - 1].weight, code, total)
             if group < self.num_code_groups - 1:
-                h = self.model(embedding, None, cache, tables=self._tables(group + 1, p))
+                head = self.lm_head[group]
+                logits = self.model(embedding, None, cache, tables=self._tables(group + 1, p), head=head)
         return torch.stack(codes, dim=1), total
+
+    def merge_projections(self) -> None:
+        """CUDA fast path (``decoder.use_kernels``, after loading): the heads become skinny GEMVs, which
+        take the decoder's final norm into their prologue at one row (``SkinnyLinear.normed``)."""
+        self.lm_head = nn.ModuleList(SkinnyLinear.merge(head) for head in self.lm_head)
 
     def _tables(self, position: int, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotary tables of one position [1, 1, head_dim] (broadcast over the rows), made once."""
