@@ -9,8 +9,10 @@ stop found when a token is read back ends the request; the token the next step s
 is dropped (and its KV slot goes with the request's pages), so outputs equal a synchronous loop.
 Media rows for a chunk are the encoder rows of the placeholders inside it.
 
-A step in which every request decodes one generated token (no prompt rows, so no media and no
-talker states) replays a CUDA graph of the whole forward when one was captured for its batch size.
+A step in which every request decodes one generated token (no prompt rows, so no media) replays a
+CUDA graph of the whole forward when one was captured for its batch size; besides the logits it
+returns the per-row tensors the program declares in ``graph_outputs`` (what its ``keep_rows`` reads
+of a decode row), and ``keep_rows`` sees its rows as it sees eager ones.
 Other steps (prompt chunks) embed eagerly (media rows scattered in), then replay a graph of the
 decoder layers for their padded layout (``engine/prefill_graphs.py``) when one fits.
 """
@@ -46,6 +48,11 @@ def kv_storage(cfg: DecoderConfig, budget: int, page_size: int, dtype, device) -
 
 
 class ThinkerProgram(KVProgram):
+    # What ``keep_rows`` reads of a decode row, returned per row by the decode graph: "x" (the input
+    # embeddings) and "hidden" (the final-normed hidden states). None by default: the talker reads
+    # only prompt rows, which never run in the decode graph.
+    graph_outputs: tuple[str, ...] = ()
+
     def __init__(
         self,
         thinker: Thinker,
@@ -79,7 +86,9 @@ class ThinkerProgram(KVProgram):
 
         def decode(ids, positions, slots, table, lens):
             kv = DecodeKV(storage, slots, table, lens, self.decode_attention)
-            return {"logits": self.thinker(ids, positions.T, kv, all_logits=True).logits}
+            x, _ = self.thinker.embed(ids)  # (no media in decode rows)
+            out = {"x": x, "hidden": self.thinker.model(x, positions.T, kv)}
+            return {"logits": self.thinker.lm_head(out["hidden"]), **{k: out[k] for k in self.graph_outputs}}
 
         inputs = {
             "ids": StaticInput((), torch.long),
@@ -95,7 +104,7 @@ class ThinkerProgram(KVProgram):
     @staticmethod
     def _decode_rows(batch: list[Chunk]) -> list[bool]:
         """Rows that decode their one next generated token (the captured graph's work: no prompt
-        rows, so no media and no talker states)."""
+        rows, so no media)."""
         return [
             n == 1 and req.state.thinker.prompt.num_prompt_tokens <= start == req.state.thinker.num_tokens - 1
             for req, start, n in batch
@@ -136,9 +145,11 @@ class ThinkerProgram(KVProgram):
         if all(self._decode_rows(batch)) and self.decode_graph is not None:
             if self.decode_graph.fits(len(batch)):
                 inputs = {"ids": ids, "positions": to_device(positions.T, self.device)}
-                logits = self.decode_graph.run(len(batch), {**inputs, **kv.decode_inputs()})["logits"]
+                out = self.decode_graph.run(len(batch), {**inputs, **kv.decode_inputs()})
                 kv.advance(len(batch))  # (the graph's DecodeKV keeps no host bookkeeping)
-                return self._sample(batch, list(range(len(batch))), logits)
+                for row, (req, start, n) in enumerate(batch):
+                    self.keep_rows(req, start, n, out.get("x"), out, row)  # (reads outputs before the next replay)
+                return self._sample(batch, list(range(len(batch))), out["logits"])
             self.num_eager_decode_steps += 1
         media, counts = self._media(batch)
         x, deepstack = self.thinker.embed(ids, media, counts)
@@ -246,15 +257,14 @@ class ThinkerProgram(KVProgram):
     def keep_rows(self, req: EngineRequest, start: int, n: int, x, out: dict, offset: int) -> None:
         """Keep what a downstream stage reads of this chunk (rows ``offset`` .. + n of the step's
         embeddings ``x`` and decoder outputs ``out``): by default (a talker fed the prompt's
-        embeddings and accept-layer states), the prompt's; a family overrides it."""
-        if req.state.talker is not None:
+        embeddings and accept-layer states), the prompt's; a family overrides it. Decode graph rows
+        come here too, ``out`` holding ``graph_outputs``."""
+        if req.state.talker is not None and start < req.state.thinker.prompt.num_prompt_tokens:
             self._keep_prompt_rows(req.state.thinker, start, n, x, out["accept_hidden"], offset)
 
     @staticmethod
     def _keep_prompt_rows(st: ThinkerState, start: int, n: int, x, accept_hidden, offset: int) -> None:
         num_prompt = st.prompt.num_prompt_tokens
-        if start >= num_prompt:
-            return
         if st.prompt_embeddings is None:
             st.prompt_embeddings = x.new_empty((num_prompt, x.shape[1]))
             st.prompt_accept_hidden = accept_hidden.new_empty((num_prompt, x.shape[1]))

@@ -62,7 +62,11 @@ def build_stages(parts: dict, cfg: Qwen25OmniConfig, config: OmniConfig, voices:
     ]
     if "talker" in parts:
         budget = opts.talker_max_batch_tokens or engine.max_batch_tokens
-        talker = TalkerProgram(parts["talker"], parts["thinker"], cfg.talker, device, cfg.token2wav.dit.num_embeds + 1)
+        num_codes = cfg.token2wav.dit.num_embeds + 1
+        talker_plan = PrefillPlan(min(engine.prefill_graph_max_tokens, budget), prefill)
+        talker = TalkerProgram(
+            parts["talker"], parts["thinker"], cfg.talker, device, num_codes, decode, graphs, talker_plan
+        )
         storage = kv_storage(cfg.talker.text, opts.talker_kv_bytes, engine.page_size, dtype, device)
         stream = Token2WavStreamConfig(opts.token2wav_chunk_blocks)
         token2wav = Token2WavProgram(

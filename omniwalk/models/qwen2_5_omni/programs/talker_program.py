@@ -21,6 +21,12 @@ committed g_j and g_j is not its last token, or the
 thinker finished (then S is cut to its final length). Codes drawn but not read back feed the next
 input from the device; a stop read one step late drops what the step after it drew.
 
+A step in which every request runs one input and draws its code (steady speech) replays a CUDA
+graph of the projection, the talker decode and the codec head (suppressed codes masked) when one was
+captured for its batch size; the draw itself stays eager (``sample_async``, as in other steps: the
+repetition penalty's seen masks live per request). Other steps replay a graph of the decoder layers
+for their padded layout when one fits (``engine/prefill_graphs.py``).
+
 The hand-over to token2wav is host-side: ``_commit`` appends each code it reads back to the
 request's ``Token2WavState.codes`` (``TalkerState.token2wav``) and sets its ``finished`` when the
 talker finishes.
@@ -34,8 +40,11 @@ from dataclasses import dataclass, field
 import torch
 
 from omniwalk.device import to_device
+from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets, rows_in_graph
+from omniwalk.engine.kv_pages import KVStorage
 from omniwalk.engine.kv_stage import KVProgram
-from omniwalk.engine.paged_attention import PagedBatch
+from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
+from omniwalk.engine.prefill_graphs import NO_PREFILL_GRAPHS, PrefillGraphs, PrefillPlan
 from omniwalk.engine.request import Chunk, EngineRequest
 from omniwalk.models.common.processing.positions import batch_spans
 from omniwalk.models.qwen2_5_omni.checkpoint.config import TalkerConfig
@@ -67,12 +76,27 @@ class TalkerState:
 
 
 class TalkerProgram(KVProgram):
-    def __init__(self, talker: Talker, thinker, cfg: TalkerConfig, device, num_codes: int):
+    def __init__(
+        self,
+        talker: Talker,
+        thinker,
+        cfg: TalkerConfig,
+        device,
+        num_codes: int,
+        decode_attention: str = "reference",
+        graph_max_batch: int = 0,
+        prefill: PrefillPlan = NO_PREFILL_GRAPHS,
+    ):
         """``num_codes``: token2wav's codec ids are [0, num_codes)."""
         self.talker, self.thinker, self.cfg, self.device = talker, thinker, cfg, device
+        self.decode_attention, self.graph_max_batch, self.prefill = decode_attention, graph_max_batch, prefill
+        self.decode_graph: GraphedStep | None = None
+        self.prefill_graphs: PrefillGraphs | None = None
+        self.num_eager_decode_steps = 0  # decode steps too large for every captured graph
         vocab = talker.codec_head.out_features
         unspeakable = [i for i in range(num_codes, vocab) if i not in (cfg.codec_pad, cfg.codec_eos)]
-        self.suppressed = to_device([cfg.codec_bos, *unspeakable], device, torch.long)
+        self.suppressed = torch.zeros(vocab, dtype=torch.bool, device=device)
+        self.suppressed[to_device([cfg.codec_bos, *unspeakable], device, torch.long)] = True
         embed = thinker.model.embed_tokens
         with torch.inference_mode():
             ids = to_device([cfg.text_eos, cfg.text_pad], device, torch.long)
@@ -124,34 +148,117 @@ class TalkerProgram(KVProgram):
 
     @torch.inference_mode()
     def run(self, batch: list[Chunk], kv: PagedBatch) -> Callable[[], None] | None:
-        rows, spans, ends, offset = [], [], [], 0
-        for req, start, n in batch:
-            st, th = req.state.talker, req.state.thinker
-            num_prompt = th.prompt.num_prompt_tokens
-            prompt = st.prompt_rows[start : min(start + n, num_prompt)]
-            later = st.inputs[max(start - num_prompt, 0) : max(start + n - num_prompt, 0)]  # (none inside the prompt)
-            rows += [prompt, torch.stack(later)] if later else [prompt]
-            spans.append((th.prompt.rope, start, n))
-            # input i >= P + 1 draws code i - P - 1, unless it was drawn before (a recompute)
-            last = start + n - 1
-            if last >= num_prompt + 1 and last - num_prompt - 1 == len(st.draws):
-                ends.append((req, offset + n - 1))
+        positions = batch_spans([(req.state.thinker.prompt.rope, start, n) for req, start, n in batch])
+        if all(self._decode_rows(batch)) and self.decode_graph is not None:
+            if self.decode_graph.fits(len(batch)):
+                x = torch.stack(
+                    [r.state.talker.inputs[s - r.state.thinker.prompt.num_prompt_tokens] for r, s, _ in batch]
+                )
+                inputs = {"x": x, "positions": to_device(positions.T, self.device), **kv.decode_inputs()}
+                logits = self.decode_graph.run(len(batch), inputs)["logits"]
+                kv.advance(len(batch))  # (the graph's DecodeKV keeps no host bookkeeping)
+                return self._sample([req for req, _, _ in batch], logits)
+            self.num_eager_decode_steps += 1
+        rows, ends, offset = [], [], 0
+        for (req, start, n), draws in zip(batch, self._draw_rows(batch), strict=True):
+            rows.append(self._rows(req, start, n))
             offset += n
-        x = self.talker.thinker_to_talker_proj(torch.cat(rows))
-        hidden = self.talker.model(x, to_device(batch_spans(spans), self.device), kv)
+            if draws:
+                ends.append((req, offset - 1))
+        hidden = self._layers(self.talker.thinker_to_talker_proj(torch.cat(rows)), positions.T, kv)
         if not ends:
             return None
-        logits = self.talker.codec_head(hidden[to_device([i for _, i in ends], self.device, torch.long)]).float()
-        logits[:, self.suppressed] = float("-inf")  # HF's suppress_tokens (codec bos) + unspeakable codes
-        picks = sample_async(logits, [req.state.talker.sampler for req, _ in ends])
-        for i, (req, _) in enumerate(ends):
+        last = hidden[to_device([i for _, i in ends], self.device, torch.long)]
+        return self._sample([req for req, _ in ends], self._logits(last))
+
+    @staticmethod
+    def _rows(req: EngineRequest, start: int, n: int) -> torch.Tensor:
+        """The chunk's input rows [n, thinker hidden] (before the projection)."""
+        st, num_prompt = req.state.talker, req.state.thinker.prompt.num_prompt_tokens
+        prompt = st.prompt_rows[start : min(start + n, num_prompt)]
+        later = st.inputs[max(start - num_prompt, 0) : max(start + n - num_prompt, 0)]  # (none inside the prompt)
+        if not later:
+            return prompt
+        return torch.cat([prompt, torch.stack(later)]) if len(prompt) else torch.stack(later)
+
+    @staticmethod
+    def _draw_rows(batch: list[Chunk]) -> list[bool]:
+        """Chunks whose last input draws a code: input i >= P + 1 draws code i - P - 1, unless it
+        was drawn before (a recompute)."""
+        rows = []
+        for req, start, n in batch:
+            last, num_prompt = start + n - 1, req.state.thinker.prompt.num_prompt_tokens
+            rows.append(last >= num_prompt + 1 and last - num_prompt - 1 == len(req.state.talker.draws))
+        return rows
+
+    @classmethod
+    def _decode_rows(cls, batch: list[Chunk]) -> list[bool]:
+        """Rows that run one input and draw its code (the captured graph's work)."""
+        return [n == 1 and draws for (_, _, n), draws in zip(batch, cls._draw_rows(batch), strict=True)]
+
+    def graph_rows(self, batch: list[Chunk]) -> list[bool]:
+        return rows_in_graph(self.decode_graph, self._decode_rows(batch))
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Talker hidden states [B, hidden] -> fp32 codec logits, HF's suppress_tokens (codec bos)
+        and the unspeakable codes at -inf."""
+        return self.talker.codec_head(hidden).float().masked_fill(self.suppressed, float("-inf"))
+
+    def _sample(self, reqs: list[EngineRequest], logits: torch.Tensor) -> Callable[[], None]:
+        """Draw each request's next code; the returned function reads them back and commits them."""
+        picks = sample_async(logits, [req.state.talker.sampler for req in reqs])
+        for i, req in enumerate(reqs):
             req.state.talker.draws.append((picks.ids, i))
 
         def commit() -> None:
-            for (req, _), pick in zip(ends, picks(), strict=True):
+            for req, pick in zip(reqs, picks(), strict=True):
                 req.guarded(self._commit, req, pick.token_id)
 
         return commit
+
+    def _layers(self, x: torch.Tensor, positions: torch.Tensor, kv: PagedBatch) -> torch.Tensor:
+        """The talker LM over projected rows x [n, hidden] at positions [n, 3] -> hidden [n, hidden]:
+        replayed from a prefill graph when the step's layout fits a bucket, else eager."""
+        bucket = self.prefill_graphs.pick(kv) if self.prefill_graphs is not None else None
+        if bucket is None:
+            return self._model(kv, x, to_device(positions, self.device))["hidden"]
+        out = self.prefill_graphs.run(bucket, kv, {"x": x, "positions": to_device(positions, self.device)})
+        kv.advance(x.shape[0])  # (the graph's PrefillKV keeps no host bookkeeping)
+        return out["hidden"][: x.shape[0]]
+
+    def _model(self, kv, x: torch.Tensor, positions: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"hidden": self.talker.model(x, positions.T, kv)}
+
+    def capture_graphs(self, storage: KVStorage, pool=None):
+        """Capture the prefill layers per layout bucket, and the decode step (projection, talker
+        decode, codec head) per batch bucket up to ``graph_max_batch``."""
+        dtype = self.talker.codec_head.weight.dtype
+        specs = {"x": StaticInput((self.cfg.text.hidden_size,), dtype), "positions": StaticInput((3,), torch.float32)}
+        self.prefill_graphs = self.prefill.graphs("talker", self._model, specs, storage, self.device)
+        pool = self.prefill_graphs.capture(pool)
+        if self.graph_max_batch == 0:
+            return pool
+
+        def decode(x, positions, slots, table, lens):
+            kv = DecodeKV(storage, slots, table, lens, self.decode_attention)
+            hidden = self.talker.model(self.talker.thinker_to_talker_proj(x), positions.T, kv)
+            return {"logits": self._logits(hidden)}
+
+        inputs = {
+            "x": StaticInput((self.cfg.embedding_size,), dtype),
+            "positions": StaticInput((3,), torch.float32),
+            "slots": StaticInput((), torch.long, storage.scratch_slot),
+            "table": StaticInput((storage.pool.num_pages,), torch.int32),
+            "lens": StaticInput((), torch.int32),
+        }
+        buckets = batch_buckets(self.graph_max_batch)
+        self.decode_graph = GraphedStep("talker decode", decode, inputs, buckets, self.device)
+        return self.decode_graph.capture(pool)
+
+    def stats(self) -> dict:
+        graph, prefill = self.decode_graph, self.prefill_graphs.stats() if self.prefill_graphs else {}
+        replays = graph.num_replays if graph else 0
+        return {"graph_replays": replays, "eager_decode_steps": self.num_eager_decode_steps, **prefill}
 
     @staticmethod
     def _commit(req: EngineRequest, code: int) -> None:

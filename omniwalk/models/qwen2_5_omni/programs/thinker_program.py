@@ -3,8 +3,9 @@ keeping for a speech request every fed token's talker row: its last hidden state
 norm) + its input embedding, zero at media placeholders (HF's ``generate`` zeroes the prompt's
 audio, image and video embeddings before the talker). Prompt rows and reply rows (one per
 generated token the thinker fed back) go to the request's ``TalkerState``; a recomputed chunk
-(after preemption) writes the same rows again. Rows of speech requests run eagerly (the captured
-decode graph returns logits only).
+(after preemption) writes the same rows again. Speech requests' decode rows replay the captured
+decode graph like any other: it returns their last hidden states and input embeddings too
+(``graph_outputs``), and ``keep_rows`` keeps them from there.
 
 A forced answer (``/v1/audio/speech``) is committed whole in place of the first draw, so its
 tokens were never fed: a speech request's thinker is finished only once it has fed every
@@ -16,15 +17,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from omniwalk.engine.request import Chunk, EngineRequest
+from omniwalk.engine.request import EngineRequest
 from omniwalk.models.common.programs.thinker_program import ThinkerProgram
 
 
 class ReplyThinkerProgram(ThinkerProgram):
-    @staticmethod
-    def _decode_rows(batch: list[Chunk]) -> list[bool]:
-        rows = ThinkerProgram._decode_rows(batch)
-        return [is_decode and chunk.req.state.talker is None for is_decode, chunk in zip(rows, batch, strict=True)]
+    graph_outputs = ("hidden", "x")  # a reply row: last hidden state + input embedding
 
     def num_ready(self, req: EngineRequest, num_cached: int) -> int:
         st = req.state.thinker
