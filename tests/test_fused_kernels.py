@@ -18,7 +18,7 @@ from omniwalk.layers.moe_routing import route_folded, route_topk
 from omniwalk.layers.norm import RMSNorm, residual_add
 from omniwalk.layers.paged_decode import paged_decode_reference, paged_decode_triton
 from omniwalk.layers.qk_norm_rope import qk_norm_rope_reference, qk_norm_rope_triton
-from omniwalk.layers.rotary import mrope_cos_sin, rotary_tables
+from omniwalk.layers.rotary import apply_rotary, mrope_cos_sin, rotary_tables
 from omniwalk.layers.silu_mul import silu_mul_reference, silu_mul_triton
 from omniwalk.models.common.checkpoint.loader import randomize
 from omniwalk.models.common.networks.thinker import Thinker
@@ -69,11 +69,14 @@ def test_expert_parts_add_in_order_with_each_sum_rounded(dtype):
 
 
 @pytest.mark.parametrize("into_store", [False, True])
-def test_qk_norm_rope(into_store):
+@pytest.mark.parametrize("qk_norm", [True, False])  # False: Qwen2-style attention, rope only
+def test_qk_norm_rope(into_store, qk_norm):
     g = torch.Generator().manual_seed(1)
     n, heads, kv_heads, d = 3, 4, 2, 16
     qkv = torch.randn(n, (heads + 2 * kv_heads) * d, generator=g) * 2
     q_w, k_w = torch.rand(d, generator=g) + 0.5, torch.rand(d, generator=g) + 0.5
+    if not qk_norm:
+        q_w = k_w = None
     positions = torch.tensor([[5, 6, 7], [5, 9, 2], [5, 1, 3]])
     cos, sin = rotary_tables(*mrope_cos_sin(positions, d, 1e6, (2, 3, 3)), torch.float32)
     stores = [(torch.zeros(10, kv_heads, d), torch.zeros(10, kv_heads, d), torch.tensor([7, 2, 5])) for _ in "ab"]
@@ -91,6 +94,8 @@ def test_qk_norm_rope(into_store):
     # one table row broadcast over every token (the code predictor's passes)
     args = (qkv, q_w, k_w, 1e-6, cos[:1], sin[:1], heads, kv_heads)
     torch.testing.assert_close(qk_norm_rope_triton(*args)[0], qk_norm_rope_reference(*args)[0], **TOL)
+    if not qk_norm:  # q is the projection's, roped
+        assert torch.equal(ref[0], apply_rotary(qkv.view(n, -1, d)[:, :heads], cos, sin))
 
 
 def test_silu_mul():
@@ -212,6 +217,39 @@ def test_fused_thinker_equals_reference_with_talker_states():
         outs.append((prompt.logits, prompt.accept_hidden, step.logits))
     for a, b in zip(*outs, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("rows", [7, 1])  # a prompt (the kernel's tl.dot tiles); a decode row (the GEMV, norm folded)
+def test_fused_qwen2_style_thinker_and_talker_equal_reference(monkeypatch, rows):
+    """Qwen2.5-Omni's dense decoders (biased q/k/v, no q/k norm) on the fast path: q/k/v merged with their
+    biases into one GEMM (at one row, the input norm folded in), then the rope-only kernel storing K/V."""
+    from omniwalk.models.qwen2_5_omni.checkpoint.config import Qwen25OmniConfig as Config
+    from omniwalk.models.qwen2_5_omni.checkpoint.tiny import load_config_dict as qwen2_5_config
+    from omniwalk.models.qwen2_5_omni.networks.talker import Talker as Qwen25Talker
+
+    cfg = Config.from_hf(qwen2_5_config(None))
+    folds = []
+    fold = skinny_gemm.normed_skinny_gemm
+    monkeypatch.setattr(skinny_gemm, "normed_skinny_gemm", lambda *a, **k: folds.append(1) or fold(*a, **k))
+    for name, build, decoder_cfg in [
+        ("thinker", lambda: Thinker(cfg.text, cfg.tokens, cfg.text.num_hidden_layers, deepstack=False), cfg.text),
+        ("talker", lambda: Qwen25Talker(cfg.talker), cfg.talker.text),
+    ]:
+        ref = build().eval()
+        randomize(ref, 7)
+        fused = build().eval()
+        fused.load_state_dict(ref.state_dict())
+        use_kernels(fused, "triton")
+        attention = fused.model.layers[0].self_attn
+        assert attention.qkv_proj.bias is not None and not hasattr(attention, "q_proj"), name
+        x = torch.randn(rows, decoder_cfg.hidden_size, generator=torch.Generator().manual_seed(9))
+        outs = []
+        for m in (ref, fused):
+            kv = ContiguousKVCache.for_config(decoder_cfg, torch.float32, "cpu")
+            outs.append(m.model(x, torch.arange(rows), kv))  # (the decoder: rows in, final-normed rows out)
+        torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
+    assert bool(folds) == (rows == 1)
 
 
 @torch.no_grad()

@@ -172,3 +172,52 @@ def test_module_folds_the_norm_at_one_row(monkeypatch, rows, parts, backend, fol
     norm.backend = "reference"
     expected_h, x = norm.add(h, delta)
     assert torch.equal(h_out, expected_h) and torch.equal(y, linear(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 3])  # the GEMV lanes; tl.dot
+def test_bias_is_added_before_the_one_rounding(dtype, m):
+    """A biased product (Qwen2-style q/k/v) = F.linear with its bias: the sum + bias rounded once."""
+    x, w = _operands(m, dtype, seed=10)
+    b = torch.randn(N, generator=torch.Generator().manual_seed(11)).to(dtype)
+    y = skinny_gemm(x, w, blocks=BLOCKS[0], bias=b)
+    exact = F.linear(x.double(), w.double(), b.double())
+    bound = 2 * K * 2**-24 * F.linear(x.double().abs(), w.double().abs()) + exact.abs() * 2**-23  # (+ the add's)
+    if dtype == torch.bfloat16:
+        bound = bound + exact.abs() * 2**-8  # (half a step: one rounding of the biased sum)
+    assert ((y.double() - exact).abs() <= bound + 1e-30).all()
+    assert not torch.equal(y, skinny_gemm(x, w, blocks=BLOCKS[0]))
+
+
+def test_bias_goes_with_a_plain_unsplit_product_only():
+    x, w = _operands(1, torch.bfloat16, seed=12)
+    b = torch.zeros(N, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="never split"):
+        skinny_gemm(x, w, partials=True, blocks=Blocks(16, 32, 2, 4, 2), bias=b)
+    with pytest.raises(ValueError, match="ungated"):
+        skinny_gemm(x, w, gated=True, blocks=BLOCKS[0], bias=b[: N // 2])
+    with pytest.raises(ValueError, match="plain product"):
+        SkinnyLinear(w, partials=True, bias=b)
+    biased, plain = torch.nn.Linear(K, 8), torch.nn.Linear(K, 8, bias=False)
+    with pytest.raises(ValueError, match="all have biases"):
+        SkinnyLinear.merge(biased, plain)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("rows", [1, 2, sg.MAX_ROWS + 1])  # the norm folded into the GEMV; the kernel; cuBLAS
+def test_merged_biased_projections(rows):
+    """q/k/v Linears with biases merged into one SkinnyLinear: each part's output, biases included, from the
+    kernel (its norm folded in at one row) and from F.linear beyond MAX_ROWS."""
+    g = torch.Generator().manual_seed(13)
+    parts = [torch.nn.Linear(K, n) for n in (32, 16, 16)]
+    for p in parts:
+        p.weight.data.normal_(0, K**-0.5, generator=g)
+        p.bias.data.normal_(0, 1, generator=g)
+    merged = SkinnyLinear.merge(*parts)
+    h, delta, norm = _norm_operands(0, seed=14)
+    h, delta = h.float().expand(rows, K), delta.float().expand(rows, K)
+    norm, x = norm.float(), norm.float().add(h, delta)[1]
+    norm.backend = "triton"
+    ref = torch.cat([p(x) for p in parts], dim=-1)
+    torch.testing.assert_close(merged(x), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(merged.normed(norm, h, delta)[1], ref, rtol=1e-5, atol=1e-5)

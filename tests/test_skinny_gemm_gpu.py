@@ -17,7 +17,8 @@ from omniwalk.layers.skinny_gemm import InputNorm, normed_skinny_gemm, pick_bloc
 
 pytestmark = pytest.mark.gpu
 BF16 = torch.bfloat16
-# name: (K, N, kind); plain: [M, N]; partials: the consumer sums split-K parts; gated: N = 2I -> [M, I]
+# name: (K, N, kind); plain: [M, N]; partials: the consumer sums split-K parts; gated: N = 2I -> [M, I];
+# biased: plain + a bias [N]
 SHAPES = {
     "thinker qkv": (2048, 5120, "plain"),
     "thinker o": (4096, 2048, "partials"),
@@ -27,6 +28,7 @@ SHAPES = {
     "cp o": (2048, 1024, "partials"),
     "cp gate_up": (1024, 6144, "gated"),
     "cp down": (3072, 1024, "partials"),
+    "qwen2.5-7b qkv": (3584, 4608, "biased"),  # (Qwen2-style: the biases added in the epilogue)
 }
 
 
@@ -38,8 +40,9 @@ def test_skinny_gemm_matches_cublas(name, m):
     g = torch.Generator(device="cuda").manual_seed(m)
     x = torch.randn(m, k, generator=g, device="cuda").to(BF16)
     w = (torch.randn(n, k, generator=g, device="cuda") * k**-0.5).to(BF16)
-    out = skinny_gemm(x, w, gated=kind == "gated", partials=kind == "partials")
-    ref = F.linear(x, w)
+    bias = torch.randn(n, generator=g, device="cuda").to(BF16) if kind == "biased" else None
+    out = skinny_gemm(x, w, gated=kind == "gated", partials=kind == "partials", bias=bias)
+    ref = F.linear(x, w, bias)
     if kind == "gated":
         ref = silu_mul_reference(ref)
         differ = (out != ref).float().mean().item()

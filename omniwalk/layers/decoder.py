@@ -13,7 +13,8 @@ partials), so the decoder's final norm takes the last layer's MLP output. At one
 inside the next skinny GEMV where it can (``SkinnyLinear.normed``: the code predictor's decode passes).
 
 CUDA fast path (``use_kernels``, after the weights are loaded): q/k/v merged into one
-``qkv_proj`` GEMM, then one kernel for the q/k RMSNorm + rotary, writing the new keys/values
+``qkv_proj`` GEMM (biases added in its epilogue), then one kernel for the q/k RMSNorm (where the
+attention has one) + rotary, writing the new keys/values
 straight into a decode step's KV store (``KVCache.kv_slots``); gate/up merged likewise, silu·mul
 in the GEMM (``GatedMLP.merge_projections``). The projections become ``SkinnyLinear``s: decode-sized
 inputs through one weight-streaming kernel, whose o_proj/down_proj output may be split-K partial
@@ -172,11 +173,6 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
         self.qkv_proj: SkinnyLinear | None = None  # the fast path's merged projection
 
-    @property
-    def can_fuse(self) -> bool:
-        """The fused path (bias-free merged GEMM, q/k norm + rope kernel) fits this attention."""
-        return isinstance(self.q_norm, RMSNorm) and getattr(self.q_proj, "bias", None) is None  # (Fp8Linear: none)
-
     def merge_projections(self) -> None:
         self.qkv_proj = SkinnyLinear.merge(self.q_proj, self.k_proj, self.v_proj)
         self.o_proj = SkinnyLinear.merge(self.o_proj, partials=True)  # (the layer's RMSNorm.add sums them)
@@ -202,12 +198,14 @@ class Attention(nn.Module):
         return h, self.o_proj(self._fused(qkv, cos, sin, cache, layer))
 
     def _fused(self, qkv, cos, sin, cache: KVCache, layer: int) -> torch.Tensor:
-        """The merged projection's output -> one norm + rope (+ KV store) kernel, the attention [n, heads * d]."""
+        """The merged projection's output (biases added) -> one (norm +) rope (+ KV store) kernel, the
+        attention [n, heads * d]."""
         n = qkv.shape[0]
         target = cache.kv_slots(layer, n)
+        q_norm, k_norm = (self.q_norm, self.k_norm) if isinstance(self.q_norm, RMSNorm) else (None, None)
         q, k, v = qk_norm_rope_triton(
-            qkv, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin, self.num_heads,
-            self.num_kv_heads, target,
+            qkv, q_norm and q_norm.weight, k_norm and k_norm.weight, q_norm.eps if q_norm else 0.0, cos, sin,
+            self.num_heads, self.num_kv_heads, target,
         )  # fmt: skip
         out = cache.attend(layer, q, k, v) if target is None else cache.attend_stored(layer, q)
         return out.reshape(n, self.num_heads * self.head_dim)
@@ -246,15 +244,14 @@ def use_kernels(module: nn.Module, norm_backend: str) -> None:
     """After the weights are loaded: every RMSNorm under ``module`` uses ``norm_backend``; fused
     MoE layers fold their shared expert in; with ``triton`` (the CUDA fast path) every module with
     ``merge_projections`` merges them: attention (then the fused q/k norm + rope + KV store), gated
-    MLPs (the fused silu·mul), a model's heads (e.g. the code predictor's: skinny GEMVs)."""
+    MLPs (the fused silu·mul), a model's heads (e.g. the code predictor's: skinny GEMVs). Biased q/k/v
+    projections without q/k norm (Qwen2-style) merge too: the GEMV adds the biases, the kernel ropes."""
     set_norm_backend(module, norm_backend)
     for m in list(module.modules()):
         if isinstance(m, SparseMoE) and m.backend == "fused":
             m.fold_shared_expert()
         elif norm_backend == "triton" and callable(getattr(m, "merge_projections", None)):
-            # TODO: a rope-only kernel with biased projections for attention without q/k norm
-            if not isinstance(m, Attention) or m.can_fuse:
-                m.merge_projections()
+            m.merge_projections()
 
 
 class Decoder(nn.Module):

@@ -1,6 +1,9 @@
-"""The attention input of a decoder layer with q/k RMSNorm from its merged q/k/v projection, in one step:
+"""The attention input of a decoder layer from its merged q/k/v projection, in one step:
 
     qkv [n, (heads + 2 kv_heads) * d]  ->  q = rope(q_norm(q)),  k = rope(k_norm(k)),  v
+
+or, for attention without q/k norm (``q_weight`` and ``k_weight`` None: Qwen2-style, whose biases
+the merged projection already added), q = rope(q), k = rope(k).
 
 (per-head RMSNorm before the rotary, ``rotary.apply_rotary``'s rotate-half layout with
 ``rotary_tables``' cos/sin: [n or 1, 1, d] in the activations' dtype, sin's first half negated).
@@ -38,10 +41,11 @@ def _head_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tenso
 
 def qk_norm_rope_reference(qkv, q_weight, k_weight, eps, cos, sin, heads, kv_heads, kv_out: KVOut | None = None):
     """-> (q [n, heads, d], k, v [n, kv_heads, d]; k, v are None when written to ``kv_out``)."""
-    n, d = qkv.shape[0], q_weight.shape[0]
+    n, d = qkv.shape[0], cos.shape[-1]
     q, k, v = qkv.view(n, heads + 2 * kv_heads, d).split([heads, kv_heads, kv_heads], dim=1)
-    q = apply_rotary(_head_norm(q, q_weight, eps), cos, sin)
-    k = apply_rotary(_head_norm(k, k_weight, eps), cos, sin)
+    if q_weight is not None:
+        q, k = _head_norm(q, q_weight, eps), _head_norm(k, k_weight, eps)
+    q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
     if kv_out is None:
         return q, k, v
     keys, values, slots = kv_out
@@ -60,7 +64,7 @@ def _kernel():
     def qk_norm_rope(
         qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, slots_ptr,
         stride_qkv, stride_cos, stride_kn, stride_kh, eps,
-        HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr, HAS_SLOTS: tl.constexpr,
+        HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr, HAS_SLOTS: tl.constexpr, NORM: tl.constexpr,
         USE_PDL: tl.constexpr,
     ):  # fmt: skip
         n, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
@@ -73,14 +77,15 @@ def _kernel():
         dtype = q_ptr.dtype.element_ty
         row = tl.load(slots_ptr + n).to(tl.int64) if HAS_SLOTS else n
         if head < HEADS + KV_HEADS:
-            x = tl.load(src + d).to(tl.float32)
-            x_partner = tl.load(src + partner).to(tl.float32)
+            y = tl.load(src + d).to(tl.float32)
+            y_partner = tl.load(src + partner).to(tl.float32)
             is_q = head < HEADS
-            w = tl.where(is_q, tl.load(qw_ptr + d), tl.load(kw_ptr + d)).to(tl.float32)
-            w_partner = tl.where(is_q, tl.load(qw_ptr + partner), tl.load(kw_ptr + partner)).to(tl.float32)
-            r = tl.math.rsqrt(tl.sum(x * x, 0) / D + eps)
-            y = (w * (x * r).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
-            y_partner = (w_partner * (x_partner * r).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+            if NORM:
+                w = tl.where(is_q, tl.load(qw_ptr + d), tl.load(kw_ptr + d)).to(tl.float32)
+                w_partner = tl.where(is_q, tl.load(qw_ptr + partner), tl.load(kw_ptr + partner)).to(tl.float32)
+                r = tl.math.rsqrt(tl.sum(y * y, 0) / D + eps)
+                y_partner = (w_partner * (y_partner * r).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+                y = (w * (y * r).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
             c = tl.load(cos_ptr + n * stride_cos + d).to(tl.float32)
             s = tl.load(sin_ptr + n * stride_cos + d).to(tl.float32)
             out = ((y * c).to(dtype).to(tl.float32) + (y_partner * s).to(dtype).to(tl.float32)).to(dtype)
@@ -95,7 +100,7 @@ def _kernel():
 
 
 def qk_norm_rope_triton(qkv, q_weight, k_weight, eps, cos, sin, heads, kv_heads, kv_out: KVOut | None = None):
-    n, d = qkv.shape[0], q_weight.shape[0]
+    n, d = qkv.shape[0], cos.shape[-1]
     if qkv.stride(-1) != 1:
         qkv = qkv.contiguous()
     q = qkv.new_empty(n, heads, d)
@@ -110,9 +115,10 @@ def qk_norm_rope_triton(qkv, q_weight, k_weight, eps, cos, sin, heads, kv_heads,
     cos_stride = cos.stride(0) if cos.shape[0] > 1 else 0  # one table row broadcast over the tokens
     if n:
         _kernel()[(n, heads + 2 * kv_heads)](
-            qkv, q_weight, k_weight, cos, sin, q, keys, values, slots,
-            qkv.stride(0), cos_stride, keys.stride(0), keys.stride(1), eps,
-            HEADS=heads, KV_HEADS=kv_heads, D=d, HAS_SLOTS=kv_out is not None, **COMPILE_OPTIONS,
+            qkv, qkv if q_weight is None else q_weight, qkv if k_weight is None else k_weight, cos, sin, q, keys,
+            values, slots, qkv.stride(0), cos_stride, keys.stride(0), keys.stride(1), eps,
+            HEADS=heads, KV_HEADS=kv_heads, D=d, HAS_SLOTS=kv_out is not None, NORM=q_weight is not None,
+            **COMPILE_OPTIONS,
             **pdl.launch(qkv.device),
         )  # fmt: skip
     return q, k, v

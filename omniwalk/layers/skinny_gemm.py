@@ -6,7 +6,8 @@ of x against them (``tl.dot`` of the weight tile [BLOCK_N, BLOCK_K] with x^T [BL
 BLOCK_M = M padded to 16; at M = 1 an fp32 multiply-add over [BLOCK_N, BLOCK_K] reduced once at
 the end). Epilogues:
 
-    plain     y in x's dtype, rounded once from the fp32 sum (as cuBLAS rounds its fp32 accumulator)
+    plain     y in x's dtype, rounded once from the fp32 sum (as cuBLAS rounds its fp32 accumulator);
+              with a ``bias`` [N], the sum + bias rounded once (a biased Linear's epilogue)
     gated     W is a merged gate/up weight [2I, K] (gate rows first): y = silu(gate) * up [M, I],
               rounded like ``silu_mul``'s reference (gate and up rounded to the dtype as a GEMM's
               outputs are, silu rounded, then the product): replaces a GEMM + a silu·mul kernel
@@ -176,35 +177,35 @@ class InputNorm(NamedTuple):
 
 def skinny_gemm(
     x: torch.Tensor, weight: torch.Tensor, *, gated: bool = False, partials: bool = False, blocks: Blocks | None = None,
-    scale: torch.Tensor | None = None, scale_block: Block | None = None,
+    scale: torch.Tensor | None = None, scale_block: Block | None = None, bias: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """x [M, K], weight [N, K] -> x @ weight^T [M, N] in x's dtype, or with ``gated`` silu(gate) * up
-    [M, N / 2]. With ``partials`` (and a split > 1) fp32 partial sums [M, S, N] (see the module
-    docstring); ``partials`` never splits a gated product. An FP8 ``weight`` comes with its
-    ``scale`` (``fp8.py``'s scale_inv grid of ``scale_block``)."""
+    """x [M, K], weight [N, K] -> x @ weight^T (+ ``bias`` [N]) [M, N] in x's dtype, or with ``gated``
+    silu(gate) * up [M, N / 2]. With ``partials`` (and a split > 1) fp32 partial sums [M, S, N] (see the
+    module docstring); ``partials`` never splits a gated or biased product. An FP8 ``weight`` comes with
+    its ``scale`` (``fp8.py``'s scale_inv grid of ``scale_block``)."""
     x = x if x.stride(-1) == 1 else x.contiguous()
-    blocks, split = _configuration(x.shape[0], x.shape[1], weight, gated, partials, blocks, scale is not None)
+    blocks, split = _configuration(x.shape[0], x.shape[1], weight, gated, partials, blocks, scale is not None, bias)
     m, n = x.shape[0], _columns(weight, gated)
     out = x.new_empty(m, split, n, dtype=torch.float32) if split > 1 else x.new_empty(m, n)
     if m:
-        _launch(x, weight, out, blocks, split, gated, scale, scale_block)
+        _launch(x, weight, out, blocks, split, gated, scale, scale_block, bias)
     return out
 
 
 def normed_skinny_gemm(
     norm: InputNorm, weight: torch.Tensor, *, gated: bool = False, blocks: Blocks | None = None,
-    scale: torch.Tensor | None = None, scale_block: Block | None = None,
+    scale: torch.Tensor | None = None, scale_block: Block | None = None, bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """``norm.RMSNorm.add`` folded into the GEMV that takes its output: -> (h + delta [1, K], the product
     of RMSNorm(h + delta) as ``skinny_gemm``'s [1, N]), one kernel. One row only, through the GEMV lanes
     (a configuration with ``rows`` > 1 is refused); never split."""
     h = norm.h if norm.h.stride(-1) == 1 else norm.h.contiguous()
-    blocks, split = _configuration(h.shape[0], h.shape[1], weight, gated, False, blocks, scale is not None)
+    blocks, split = _configuration(h.shape[0], h.shape[1], weight, gated, False, blocks, scale is not None, bias)
     if h.shape[0] != 1 or blocks.rows > 1:
         raise ValueError(f"a folded norm is a GEMV's prologue: one row, unpadded (got {h.shape[0]}, {blocks})")
     out = h.new_empty(1, _columns(weight, gated))
     h_out = h if norm.delta is None else torch.empty_like(h)
-    _launch(h, weight, out, blocks, split, gated, scale, scale_block, norm._replace(h=h), h_out)
+    _launch(h, weight, out, blocks, split, gated, scale, scale_block, bias, norm._replace(h=h), h_out)
     return h_out, out
 
 
@@ -213,23 +214,28 @@ def _columns(weight: torch.Tensor, gated: bool) -> int:
 
 
 def _configuration(
-    m: int, k: int, weight: torch.Tensor, gated: bool, partials: bool, blocks: Blocks | None, fp8: bool
-) -> tuple[Blocks, int]:
+    m: int, k: int, weight: torch.Tensor, gated: bool, partials: bool, blocks: Blocks | None, fp8: bool,
+    bias: torch.Tensor | None = None,
+) -> tuple[Blocks, int]:  # fmt: skip
     """The launch configuration (``blocks``, else the pick for the shape) and its split along K."""
     if weight.stride(-1) != 1:
         raise ValueError("skinny_gemm wants a weight with contiguous rows")
-    n, may_split = _columns(weight, gated), partials and not gated
+    if bias is not None and (gated or bias.shape != (weight.shape[0],) or bias.stride(0) != 1):
+        raise ValueError(f"a bias is one contiguous [N] vector of an ungated product (got {tuple(bias.shape)})")
+    n, may_split = _columns(weight, gated), partials and not gated and bias is None
     blocks = blocks or pick_blocks(m, n, k, gated, may_split, fp8) or default_blocks(m, n, k, may_split, fp8, gated)
     split = 1 if gated else blocks.split
     if split > 1 and not partials:
         raise ValueError("a split product returns partial sums: pass partials=True")
+    if split > 1 and bias is not None:
+        raise ValueError("a biased product is never split (each partial sum would add the bias)")
     return blocks, split
 
 
 def _launch(
     x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, blocks: Blocks, split: int, gated: bool,
-    scale: torch.Tensor | None, scale_block: Block | None, norm: InputNorm | None = None,
-    h_out: torch.Tensor | None = None,
+    scale: torch.Tensor | None, scale_block: Block | None, bias: torch.Tensor | None,
+    norm: InputNorm | None = None, h_out: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
     """The kernel over x [M, K] (with ``norm``: its h) into ``out``."""
     (m, k), n = x.shape, out.shape[-1]
@@ -241,8 +247,9 @@ def _launch(
         x, weight, weight if scale is None else scale, out, m, n, k, k_chunk, x.stride(0), weight.stride(0),
         0 if scale is None else scale.stride(0), out.stride(0), out.stride(1) if split > 1 else 0,
         n * weight.stride(0), 0 if scale is None else n // scale_n * scale.stride(0), *_prologue(norm, x, h_out),
+        x if bias is None else bias,
         BLOCK_M=block_m, BLOCK_N=blocks.n, BLOCK_K=block_k, GATED=gated, SCALED=scale is not None,
-        SCALE_N=scale_n, SCALE_K=scale_k, ROWS_SHARE_SCALE=scale_n % blocks.n == 0,
+        BIAS=bias is not None, SCALE_N=scale_n, SCALE_K=scale_k, ROWS_SHARE_SCALE=scale_n % blocks.n == 0,
         SUB_K=block_k if scale is None else min(block_k, scale_k), WIDEN_ASM=asm_widening(x.device),
         **_prologue_constants(norm, k),
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # (fp32 as F.linear's; 16-bit ignores it)
@@ -277,32 +284,41 @@ def _parts(norm: InputNorm) -> torch.Tensor | None:
 
 
 class SkinnyLinear(nn.Module):
-    """A bias-free Linear (``weight`` [N, K], the checkpoint's layout) for the decode fast path:
-    up to ``MAX_ROWS`` rows through ``skinny_gemm``, more through ``F.linear``.
+    """A Linear (``weight`` [N, K], the checkpoint's layout; an optional ``bias`` [N]) for the decode
+    fast path: up to ``MAX_ROWS`` rows through ``skinny_gemm``, more through ``F.linear``.
 
     ``gated``: ``weight`` is a merged gate/up projection and the output is silu(gate) * up.
     ``partials``: the output may be fp32 partial sums [M, S, N] (the module's consumer sums them,
     e.g. the decoder's next ``RMSNorm.add``); only for 2-D inputs.
     ``scale``/``block``: ``weight`` is FP8 with this scale_inv grid (``fp8.py``); the kernel reads
     it as stored, ``F.linear`` (more rows) a dequantised copy.
+    A ``bias`` goes with a plain product only (neither gated nor partial sums).
     """
 
     def __init__(
         self, weight: torch.Tensor, gated: bool = False, partials: bool = False,
-        scale: torch.Tensor | None = None, block: Block | None = None,
+        scale: torch.Tensor | None = None, block: Block | None = None, bias: torch.Tensor | None = None,
     ):  # fmt: skip
         super().__init__()
+        if bias is not None and (gated or partials):
+            raise ValueError("a SkinnyLinear with a bias is a plain product (neither gated nor partial sums)")
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.weight_scale_inv = None if scale is None else nn.Parameter(scale, requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.gated, self.partials, self.block = gated, partials, block
 
     @classmethod
     def merge(cls, *parts: nn.Linear | Fp8Linear, gated: bool = False, partials: bool = False) -> SkinnyLinear:
-        """One SkinnyLinear whose output rows are ``parts``' outputs, in order."""
+        """One SkinnyLinear whose output rows are ``parts``' outputs, in order (biased parts: their
+        biases concatenated too; every part has one or none does)."""
+        biases = [getattr(p, "bias", None) for p in parts]
+        if any(b is None for b in biases) and any(b is not None for b in biases):
+            raise ValueError("merged projections either all have biases or none has")
+        bias = None if biases[0] is None else torch.cat([b.data for b in biases])
         if isinstance(parts[0], Fp8Linear):
             q, scale, block = concat_rows([(p.weight.data, p.weight_scale_inv.data) for p in parts], parts[0].block)
-            return cls(q, gated, partials, scale, block)
-        return cls(torch.cat([p.weight.data for p in parts]), gated, partials)
+            return cls(q, gated, partials, scale, block, bias)
+        return cls(torch.cat([p.weight.data for p in parts]), gated, partials, bias=bias)
 
     def normed(self, norm: RMSNorm, h: torch.Tensor, delta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """``norm.add(h, delta)`` into this projection -> (h + delta, the projection of its norm): one
@@ -317,7 +333,7 @@ class SkinnyLinear(nn.Module):
             return h, self(x)
         h_out, y = normed_skinny_gemm(
             InputNorm(h.reshape(1, k), delta, norm.weight, norm.eps), self.weight, gated=self.gated, blocks=blocks,
-            scale=self.weight_scale_inv, scale_block=self.block,
+            scale=self.weight_scale_inv, scale_block=self.block, bias=self.bias,
         )  # fmt: skip
         return h_out.view(h.shape), y.view(*h.shape[:-1], y.shape[-1])
 
@@ -331,10 +347,10 @@ class SkinnyLinear(nn.Module):
         blocks = pick_blocks(m, n, k, self.gated, may_split, fp8) if m <= MAX_ROWS else None
         if blocks is None:
             w = dequantize(self.weight, self.weight_scale_inv, self.block, x.dtype) if fp8 else self.weight
-            y = F.linear(x, w)
+            y = F.linear(x, w, self.bias)
             return silu_mul_triton(y) if self.gated else y
         y = skinny_gemm(
             flat, self.weight, gated=self.gated, partials=partials, blocks=blocks, scale=self.weight_scale_inv,
-            scale_block=self.block,
+            scale_block=self.block, bias=self.bias,
         )  # fmt: skip
         return y if y.dim() == 3 else y.view(*x.shape[:-1], y.shape[-1])

@@ -162,10 +162,13 @@ def dot_tiles(
 
 
 @triton.jit
-def store_output(acc, acc_up, out, ok, GATED: tl.constexpr):
-    """Round the fp32 sums once to the output's dtype; GATED: silu(gate) * up, rounded like ``silu_mul``'s
-    reference (gate and up rounded as a GEMM's outputs are, silu rounded, then the product)."""
+def store_output(acc, acc_up, out, ok, b_ptr, cols, col_ok, GATED: tl.constexpr, BIAS: tl.constexpr):
+    """Round the fp32 sums once to the output's dtype (BIAS: the bias added first, as a biased Linear's
+    epilogue adds it); GATED: silu(gate) * up, rounded like ``silu_mul``'s reference (gate and up rounded
+    as a GEMM's outputs are, silu rounded, then the product)."""
     dtype = out.dtype.element_ty
+    if BIAS:
+        acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[:, None]
     if GATED:
         gate = acc.to(dtype).to(tl.float32)
         silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
@@ -176,8 +179,8 @@ def store_output(acc, acc_up, out, ok, GATED: tl.constexpr):
 @triton.jit(do_not_specialize=["M"])  # (M only masks rows: one compile for every M of a padding)
 def skinny_gemm(
     x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_chunk, stride_xm, stride_wn, stride_sn, stride_om, stride_os,
-    up_offset, up_scale_offset, h_ptr, d_ptr, nw_ptr, h_out_ptr, eps, stride_dk,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr,
+    up_offset, up_scale_offset, h_ptr, d_ptr, nw_ptr, h_out_ptr, eps, stride_dk, b_ptr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr, BIAS: tl.constexpr,
     SCALED: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, ROWS_SHARE_SCALE: tl.constexpr,
     SUB_K: tl.constexpr, WIDEN_ASM: tl.constexpr, NORM: tl.constexpr, PARTS: tl.constexpr,
     ROUND_EACH: tl.constexpr, K_ROW: tl.constexpr, PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
@@ -207,4 +210,4 @@ def skinny_gemm(
             stride_xm, BLOCK_N, BLOCK_M, BLOCK_K, GATED, SCALED, SCALE_K, PRECISION, USE_PDL,
         )  # fmt: skip
     out = out_ptr + split * stride_os + rows[None, :] * stride_om + cols[:, None]
-    store_output(acc, acc_up, out, col_ok[:, None] & row_ok[None, :], GATED)
+    store_output(acc, acc_up, out, col_ok[:, None] & row_ok[None, :], b_ptr, cols, col_ok, GATED, BIAS)
