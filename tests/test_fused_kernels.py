@@ -292,6 +292,25 @@ def test_fused_kernels_through_the_engine_give_the_same_ids_and_codes():
     assert torch.equal(outs[1].codes, outs[0].codes)
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_fused_kernels_through_the_engine_on_qwen2_5_omni():
+    """Qwen2.5-Omni's speech walk on its tiny checkpoint with the fast path's kernels (biased merged q/k/v,
+    rope-only kernel storing K/V, folded norms, skinny GEMVs) in the thinker and the talker: ids, codes and
+    audio as on the reference path."""
+    from test_qwen2_5_omni_engine import make_request
+    from test_qwen2_5_omni_thinker import checkpoint
+
+    from omniwalk import Omni
+
+    request = make_request(3) | dict(max_tokens=6, min_audio_frames=8, max_audio_frames=8)  # audio in, speech out
+    omnis = [Omni(model=checkpoint("tiny"), norm_backend=norm) for norm in ("reference", "triton")]
+    outs = [o.generate(request) for o in omnis]
+    fused = omnis[1].engine.stages["thinker"].program.thinker
+    assert fused.model.layers[0].self_attn.qkv_proj.bias is not None  # (the fast path ran)
+    assert outs[1].token_ids == outs[0].token_ids and outs[1].codes == outs[0].codes and len(outs[0].codes) > 3
+    torch.testing.assert_close(outs[1].audio, outs[0].audio, rtol=0, atol=1e-4)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_embed_add(dtype):
     g = torch.Generator().manual_seed(10)
