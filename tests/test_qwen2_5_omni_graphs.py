@@ -1,18 +1,22 @@
-"""Qwen2.5-Omni's decode graphs on the CPU: the thinker's (which now also runs speech requests'
-rows, returning their last hidden states and input embeddings) and the talker's (projection, talker
-decode, codec head), each replayed by a stand-in that keeps ``GraphedStep``'s contract without CUDA
-(static buffers per batch bucket, padding rows). A staggered mixed workload through the graph paths
-equals each request alone on the eager path (ids, codes; audio to rounding), and the talker's input
-rows equal the eager run's to GEMM rounding. Real CUDA graphs against eager: ``test_qwen2_5_omni_graphs_gpu.py``."""
+"""Qwen2.5-Omni's graphs on the CPU: the thinker's decode graph (which now also runs speech requests'
+rows, returning their last hidden states and input embeddings), the talker's (projection, talker
+decode, codec head), and both stages' prefill layers over padded layouts, each replayed by a stand-in
+that keeps the graphs' contract without CUDA (static buffers per bucket, padding rows). A staggered
+mixed workload through the graph paths equals each request alone on the eager path (ids, codes; audio
+to rounding), and the talker's input rows equal the eager run's to GEMM rounding. Real CUDA graphs
+against eager: ``test_qwen2_5_omni_graphs_gpu.py``."""
 
 import pytest
 import torch
 from test_engine_omni import run_staggered
+from test_prefill_graphs import EagerReplay
 from test_qwen2_5_omni_engine import alone, assert_free, assert_same, make_request, omni, workload
 from test_qwen2_5_omni_thinker import checkpoint
 from test_qwen2_5_omni_token2wav import ReplayOnCPU
 
 from omniwalk import Omni
+from omniwalk.engine import prefill_graphs
+from omniwalk.engine.prefill_graphs import PrefillPlan
 from omniwalk.engine.request import Chunk
 from omniwalk.models.common.programs import thinker_program
 from omniwalk.models.qwen2_5_omni.programs import talker_program
@@ -22,13 +26,16 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 def graphed(monkeypatch, max_batch: int = 4) -> Omni:
     """A tiny Qwen2.5-Omni whose thinker and talker decode steps replay (stand-in) graphs of up to
-    ``max_batch`` rows (off CUDA the config turns graphs off, so they are switched on here)."""
+    ``max_batch`` rows, and whose prefill steps of up to 256 tokens replay (stand-in) graphs of their
+    padded layouts (off CUDA the config turns graphs off, so they are switched on here)."""
     monkeypatch.setattr(thinker_program, "GraphedStep", ReplayOnCPU)
     monkeypatch.setattr(talker_program, "GraphedStep", ReplayOnCPU)
+    monkeypatch.setattr(prefill_graphs, "KeyedGraphs", EagerReplay)
     o = Omni(model=checkpoint("tiny"))
     for name in ("thinker", "talker"):
         stage = o.engine.stages[name]
         stage.program.graph_max_batch = max_batch
+        stage.program.prefill = PrefillPlan(256, "reference")
         stage.capture_graphs()
     return o
 
@@ -81,6 +88,7 @@ def test_graph_paths_equal_eager_on_a_mixed_workload(monkeypatch):
         torch.testing.assert_close(kept, eager_rows[rid], rtol=0, atol=1e-5)
     stats = o.engine.stats()
     assert stats["thinker"]["graph_replays"] > 0 and stats["talker"]["graph_replays"] > 0
+    assert stats["thinker"]["prefill_graph_replays"] > 0 and stats["talker"]["prefill_graph_replays"] > 0
     assert stats["talker"]["eager_decode_steps"] == 0  # (at most 4 speech requests talk at once here)
     assert_free(o)
 

@@ -160,3 +160,17 @@ class PrefillGraphs:
     def stats(self) -> dict:
         return {"prefill_graph_replays": self.captured.num_replays if self.captured else 0,
                 "eager_prefill_steps": self.num_eager_steps}  # fmt: skip
+
+
+def prefill_layers(
+    graphs: PrefillGraphs | None, eager: Callable[..., dict], kv: PagedBatch, rows: dict[str, torch.Tensor | None]
+) -> dict[str, torch.Tensor]:
+    """A prefill step's rows through a program's layers: replayed in the bucket its layout fits (the
+    outputs cut to its real rows), else ``eager(kv, **rows)``, as the graphs' ``fn`` is called."""
+    bucket = graphs.pick(kv) if graphs is not None else None
+    if bucket is None:
+        return eager(kv, **rows)
+    out = graphs.run(bucket, kv, rows)
+    n = kv.num_tokens
+    kv.advance(n)  # (the graph's PrefillKV keeps no host bookkeeping)
+    return {name: t[:n] for name, t in out.items()}

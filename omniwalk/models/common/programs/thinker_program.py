@@ -30,7 +30,7 @@ from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets,
 from omniwalk.engine.kv_pages import KVStorage
 from omniwalk.engine.kv_stage import KVProgram
 from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
-from omniwalk.engine.prefill_graphs import NO_PREFILL_GRAPHS, PrefillGraphs, PrefillPlan
+from omniwalk.engine.prefill_graphs import NO_PREFILL_GRAPHS, PrefillGraphs, PrefillPlan, prefill_layers
 from omniwalk.engine.request import Chunk, EngineRequest
 from omniwalk.layers.decoder import DecoderConfig
 from omniwalk.modality import MEDIA, Modality
@@ -170,13 +170,8 @@ class ThinkerProgram(KVProgram):
         """The decoder over a prefill step's embeddings: replayed from a graph when the step's
         layout fits a bucket, else eager."""
         deepstack = deepstack.transpose(0, 1) if deepstack is not None else None  # [n, levels, hidden]: rows first
-        bucket = self.prefill_graphs.pick(kv) if self.prefill_graphs is not None else None
-        if bucket is None:
-            return self._decoder(kv, x, to_device(positions, self.device), deepstack)
         rows = {"x": x, "positions": to_device(positions, self.device), "deepstack": deepstack}
-        out = self.prefill_graphs.run(bucket, kv, rows)
-        kv.advance(x.shape[0])  # (the graph's PrefillKV keeps no host bookkeeping)
-        return {name: t[: x.shape[0]] for name, t in out.items()}
+        return prefill_layers(self.prefill_graphs, self._decoder, kv, rows)
 
     def _decoder(self, kv, x, positions, deepstack=None) -> dict[str, torch.Tensor]:
         """x [n, hidden] at positions [n, 3], DeepStack rows [n, levels, hidden] or None -> the final

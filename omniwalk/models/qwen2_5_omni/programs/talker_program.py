@@ -44,7 +44,7 @@ from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets,
 from omniwalk.engine.kv_pages import KVStorage
 from omniwalk.engine.kv_stage import KVProgram
 from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
-from omniwalk.engine.prefill_graphs import NO_PREFILL_GRAPHS, PrefillGraphs, PrefillPlan
+from omniwalk.engine.prefill_graphs import NO_PREFILL_GRAPHS, PrefillGraphs, PrefillPlan, prefill_layers
 from omniwalk.engine.request import Chunk, EngineRequest
 from omniwalk.models.common.processing.positions import batch_spans
 from omniwalk.models.qwen2_5_omni.checkpoint.config import TalkerConfig
@@ -219,12 +219,8 @@ class TalkerProgram(KVProgram):
     def _layers(self, x: torch.Tensor, positions: torch.Tensor, kv: PagedBatch) -> torch.Tensor:
         """The talker LM over projected rows x [n, hidden] at positions [n, 3] -> hidden [n, hidden]:
         replayed from a prefill graph when the step's layout fits a bucket, else eager."""
-        bucket = self.prefill_graphs.pick(kv) if self.prefill_graphs is not None else None
-        if bucket is None:
-            return self._model(kv, x, to_device(positions, self.device))["hidden"]
-        out = self.prefill_graphs.run(bucket, kv, {"x": x, "positions": to_device(positions, self.device)})
-        kv.advance(x.shape[0])  # (the graph's PrefillKV keeps no host bookkeeping)
-        return out["hidden"][: x.shape[0]]
+        rows = {"x": x, "positions": to_device(positions, self.device)}
+        return prefill_layers(self.prefill_graphs, self._model, kv, rows)["hidden"]
 
     def _model(self, kv, x: torch.Tensor, positions: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"hidden": self.talker.model(x, positions.T, kv)}
