@@ -8,14 +8,11 @@ from hf_oracle import config_dict
 from omniwalk.engine.batch_stage import BatchStage, BatchStageConfig
 from omniwalk.engine.packed_graphs import Bucket, layout_buckets, pad_layout, padded_lengths, pick_bucket
 from omniwalk.models.common.checkpoint.loader import randomize
+from omniwalk.models.common.programs.encoder_programs import AudioEncoderProgram
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.networks.audio_encoder import AudioEncoder, attention_windows, audio_output_lengths
 from omniwalk.models.qwen3_omni.networks.vision_encoder import VisionEncoder
-from omniwalk.models.qwen3_omni.programs.encoder_programs import (
-    MIN_COMMON_FRAME_PATCHES,
-    AudioEncoderProgram,
-    VisionEncoderProgram,
-)
+from omniwalk.models.qwen3_omni.programs.encoder_programs import MIN_COMMON_FRAME_PATCHES, VisionEncoderProgram
 
 WINDOW, CHUNK = 104, 13  # full-size audio: attention window and one chunk (1 s), in tokens
 
@@ -160,3 +157,37 @@ def test_encoder_stage_reports_graph_counters_and_cpu_stays_eager():
     features = torch.randn(1, 128, 300)
     assert torch.equal(program.encode(features, [300]), encoder(features, [300]))
     assert stage.stats() == {"requests": 0, "batch_size": 0, "graph_replays": 0, "eager_calls": 0}
+
+
+@pytest.mark.parametrize("family", ["qwen3_omni", "qwen2_5_omni"])
+@torch.no_grad()
+def test_audio_program_replays_the_layers_and_finishes_eagerly(monkeypatch, family):
+    """The shared audio program with graphs on (a stand-in replay of the padded layout on the CPU): each
+    family's encoder rows as its unpadded forward (Qwen2.5-Omni's per-clip pooling runs after the replay);
+    a layout over every bucket runs eagerly, counted."""
+    from test_prefill_graphs import EagerReplay
+
+    from omniwalk.engine import packed_graphs
+
+    monkeypatch.setattr(packed_graphs, "KeyedGraphs", EagerReplay)
+    if family == "qwen3_omni":
+        encoder = AudioEncoder(_tiny_cfg().audio).eval()
+    else:
+        from qwen2_5_oracle import config_dict as qwen2_5_config
+
+        from omniwalk.models.qwen2_5_omni.checkpoint.config import Qwen25OmniConfig
+        from omniwalk.models.qwen2_5_omni.networks.audio_encoder import AudioEncoder as Qwen25AudioEncoder
+
+        encoder = Qwen25AudioEncoder(Qwen25OmniConfig.from_hf(qwen2_5_config("tiny")).audio).eval()
+    randomize(encoder, 5)
+    program = AudioEncoderProgram(encoder, "cpu", torch.float32, graph_max_tokens=1024)
+    program.capture_graphs()
+    for frames, replayed in (([1234, 57, 401], True), ([8000, 8000], False)):  # (the second: over 1024 tokens)
+        features = torch.randn(len(frames), 128, max(frames), generator=torch.Generator().manual_seed(6))
+        stats = program.stats()
+        out = program.encode(features, frames)
+        torch.testing.assert_close(out, encoder(features, frames), rtol=1e-6, atol=1e-6)
+        assert out.shape[0] == sum(encoder.output_lengths(frames))
+        after = program.stats()
+        assert after["graph_replays"] - stats["graph_replays"] == replayed
+        assert after["eager_calls"] - stats["eager_calls"] == (not replayed)

@@ -42,7 +42,7 @@ def _encoder(kind: str):
 def _programs(kind: str, cls, max_tokens: int):
     """(graphs on, captured; graphs off) over one encoder."""
     encoder = _encoder(kind)
-    on, off = cls(encoder, "cuda", torch.bfloat16, max_tokens), cls(encoder, "cuda", torch.bfloat16)
+    on, off = cls(encoder, "cuda", torch.bfloat16, graph_max_tokens=max_tokens), cls(encoder, "cuda", torch.bfloat16)
     start = time.perf_counter()
     assert on.capture_graphs(None) is not None and off.capture_graphs(None) is None  # off: nothing captured
     took = time.perf_counter() - start
@@ -52,7 +52,7 @@ def _programs(kind: str, cls, max_tokens: int):
 
 @pytest.fixture(scope="module")
 def audio():
-    from omniwalk.models.qwen3_omni.programs.encoder_programs import AudioEncoderProgram
+    from omniwalk.models.common.programs.encoder_programs import AudioEncoderProgram
 
     return _programs("audio", AudioEncoderProgram, AUDIO_MAX_TOKENS)
 

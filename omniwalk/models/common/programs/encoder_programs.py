@@ -3,6 +3,11 @@
 Work units are encoder input sizes (mel frames for audio, patches for vision). A request's items
 go into one batch together; an over-budget request runs alone. ``encode`` runs the encoder; a
 family may override it (e.g. to replay CUDA graphs of the layer loop).
+
+The audio program replays CUDA graphs itself (``graph_max_tokens`` > 0): an encoder's
+``encode(x, cu_seqlens, max_seqlen)`` over its packed frontend rows (``embed``) is what a graph records
+per layout bucket (``omniwalk.engine.packed_graphs``); the frontend and ``finish`` (what needs host
+indices: Qwen2.5-Omni's per-clip pooling) stay eager.
 """
 
 from __future__ import annotations
@@ -14,8 +19,12 @@ import torch
 
 from omniwalk.device import to_device
 from omniwalk.engine.batch_stage import BatchProgram
+from omniwalk.engine.cuda_graphs import StaticInput
+from omniwalk.engine.packed_graphs import PackedGraphs, layout_buckets
 from omniwalk.engine.request import EngineRequest, Work
 from omniwalk.media.mel import log_mel, num_mel_frames
+
+GRAPH_KNOB = "encoder_graph_max_tokens (0 = encoders run eagerly)"
 
 
 def fits(cost: int, budget: int, batch_is_empty: bool) -> int:
@@ -23,10 +32,15 @@ def fits(cost: int, budget: int, batch_is_empty: bool) -> int:
 
 
 class AudioEncoderProgram(BatchProgram):
-    """``zero_tail``: each clip featurised as the family's processor pads it (``media/mel.py``)."""
+    """``zero_tail``: each clip featurised as the family's processor pads it (``media/mel.py``).
+    ``graph_max_tokens``: the largest layout replayed from a CUDA graph (0: none)."""
 
-    def __init__(self, encoder, device, dtype: torch.dtype, zero_tail: bool = False):
+    def __init__(self, encoder, device, dtype: torch.dtype, zero_tail: bool = False, graph_max_tokens: int = 0):
         self.encoder, self.device, self.dtype, self.zero_tail = encoder, device, dtype, zero_tail
+        # segments are attention windows; the shortest common clip is one chunk (1 s)
+        buckets = layout_buckets(graph_max_tokens, encoder.window_tokens, encoder.chunk_tokens)
+        specs = {"x": StaticInput((encoder.cfg.d_model,), dtype)}
+        self.graphs = PackedGraphs("audio encoder", self._layers, specs, buckets, device, GRAPH_KNOB)
 
     @staticmethod
     def _pending(req: EngineRequest) -> list[int]:
@@ -48,7 +62,23 @@ class AudioEncoderProgram(BatchProgram):
             req.state.media.audio_out[i] = rows
 
     def encode(self, features: torch.Tensor, frames: list[int]) -> torch.Tensor:
-        return self.encoder(features, frames)
+        """The encoder's rows for these clips: its layers replayed from a graph when the layout fits a bucket."""
+        lengths = self.encoder.segment_lengths(frames)
+        bucket = self.graphs.pick(lengths)
+        if bucket is None:
+            return self.encoder(features, frames)
+        x = self.encoder.embed(features, frames)
+        out = self.graphs.run(bucket, lengths, {"x": x})["out"][: x.shape[0]]
+        return self.encoder.finish(out, frames).clone()  # (off the graph's static buffer)
+
+    def _layers(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> dict[str, torch.Tensor]:
+        return {"out": self.encoder.encode(x, cu_seqlens, max_seqlen)}
+
+    def capture_graphs(self, pool=None):
+        return self.graphs.capture(pool)
+
+    def stats(self) -> dict:
+        return self.graphs.stats()
 
     def is_finished(self, req: EngineRequest) -> bool:
         return not self._pending(req)

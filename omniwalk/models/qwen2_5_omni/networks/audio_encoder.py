@@ -66,8 +66,8 @@ class AudioEncoder(nn.Module):
         """features [B, num_mel_bins, T] (frames past ``num_frames[b]`` ignored) -> [Σ tokens, output_dim]."""
         x = self.embed(features, num_frames)
         lengths = self.segment_lengths(num_frames)
-        x = self.layers_over(x, cu_seqlens(lengths, x.device), max(lengths))
-        return self.head(x, num_frames)
+        x = self.encode(x, cu_seqlens(lengths, x.device), max(lengths))
+        return self.finish(x, num_frames)
 
     def embed(self, features: torch.Tensor, num_frames: Sequence[int]) -> torch.Tensor:
         """The conv frontend: features -> packed steps [Σ segment lengths, d_model]."""
@@ -80,13 +80,15 @@ class AudioEncoder(nn.Module):
         valid = torch.arange(x.shape[1], device=x.device) < _after_conv(lens)[:, None]
         return x[valid]
 
-    def layers_over(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+    def encode(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+        """The layers over packed steps [N, d_model]: row-wise but for attention inside a chunk, no host
+        reads, so it is what a CUDA graph records (over a padded layout)."""
         for layer in self.layers:
             x = layer(x, cu_seqlens, max_seqlen, self.attention_backend)
         return x
 
-    def head(self, x: torch.Tensor, num_frames: Sequence[int]) -> torch.Tensor:
-        """Per clip: pairwise means of its steps -> ln_post -> proj."""
+    def finish(self, x: torch.Tensor, num_frames: Sequence[int]) -> torch.Tensor:
+        """Per clip: pairwise means of its steps -> ln_post -> proj (indices built on the host: eager)."""
         starts, pairs, offset = [], [], 0
         for n in num_frames:
             steps = _after_conv(n)

@@ -45,8 +45,10 @@ def build_stages(parts: dict, cfg: Qwen25OmniConfig, config: OmniConfig, voices:
     vision_batch = BatchStageConfig(opts.vision_encoder_batch_units, engine.max_running)
     plan = PrefillPlan(min(engine.prefill_graph_max_tokens, engine.max_batch_tokens), prefill)
     thinker = ReplyThinkerProgram(parts["thinker"], device, decode, graphs, plan, deepstack_levels=0)
-    # TODO: CUDA graphs of the encoders' layer loops (the vision encoder's window/full pair needs two patterns)
-    audio = AudioEncoderProgram(parts["audio_encoder"], device, dtype, zero_tail=True)
+    # TODO: CUDA graphs of the vision encoder's layer loop (its window/full layer pair needs two layouts)
+    audio = AudioEncoderProgram(
+        parts["audio_encoder"], device, dtype, zero_tail=True, graph_max_tokens=engine.encoder_graph_max_tokens
+    )
     vision = VisionEncoderProgram(parts["vision_encoder"], device, dtype, vision_pixels)
     thinker_kv = kv_storage(cfg.text, opts.thinker_kv_bytes, engine.page_size, dtype, device)
     stages = [

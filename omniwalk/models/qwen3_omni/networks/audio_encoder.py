@@ -113,6 +113,11 @@ class AudioEncoder(nn.Module):
             x = layer(x, cu_seqlens, max_seqlen, self.attention_backend)
         return self.proj2(F.gelu(self.proj1(self.ln_post(x))))
 
+    @staticmethod
+    def finish(x: torch.Tensor, num_frames: Sequence[int]) -> torch.Tensor:
+        """What follows ``encode``: nothing (its head is per token, inside it)."""
+        return x
+
     def _convs(self, x: torch.Tensor, pad_lens: torch.Tensor) -> torch.Tensor:
         """[C, 1, mel, frames] -> [C, ch, mel', steps]; positions past each chunk's padded length act as zeros."""
         for conv in (self.conv2d1, self.conv2d2, self.conv2d3):

@@ -17,6 +17,7 @@ from omniwalk.engine.kv_stage import KVStage, KVStageConfig
 from omniwalk.engine.prefill_graphs import PrefillPlan
 from omniwalk.models.common.processing.chat import Prompt
 from omniwalk.models.common.processing.positions import AUDIO
+from omniwalk.models.common.programs.encoder_programs import AudioEncoderProgram
 from omniwalk.models.common.programs.request_state import MediaState, OmniRequestState, ThinkerState
 from omniwalk.models.common.programs.thinker_program import ThinkerProgram, kv_storage
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
@@ -24,7 +25,7 @@ from omniwalk.models.qwen3_omni.networks.code2wav_stream import VocoderStreamCon
 from omniwalk.models.qwen3_omni.networks.talker import TalkerSamplingParams
 from omniwalk.models.qwen3_omni.options import Qwen3OmniOptions
 from omniwalk.models.qwen3_omni.processing.talker_prompt import talker_prefix_length
-from omniwalk.models.qwen3_omni.programs.encoder_programs import AudioEncoderProgram, VisionEncoderProgram
+from omniwalk.models.qwen3_omni.programs.encoder_programs import VisionEncoderProgram
 from omniwalk.models.qwen3_omni.programs.request_state import TalkerState, VocoderState
 from omniwalk.models.qwen3_omni.programs.talker_program import TalkerProgram
 from omniwalk.models.qwen3_omni.programs.vocoder_program import VocoderProgram
@@ -49,7 +50,9 @@ def build_stages(parts: dict, cfg: Qwen3OmniConfig, config: OmniConfig, devices:
     audio_batch = BatchStageConfig(opts.audio_encoder_batch_units, engine.max_running)
     vision_batch = BatchStageConfig(opts.vision_encoder_batch_units, engine.max_running)
     encoder_graphs = engine.encoder_graph_max_tokens
-    audio = AudioEncoderProgram(parts["audio_encoder"], devices["audio_encoder"], dtype, encoder_graphs)
+    audio = AudioEncoderProgram(
+        parts["audio_encoder"], devices["audio_encoder"], dtype, graph_max_tokens=encoder_graphs
+    )
     vision = VisionEncoderProgram(parts["vision_encoder"], devices["vision_encoder"], dtype, encoder_graphs)
     plan, deepstack = _prefill(engine, engine.max_batch_tokens, prefill), len(cfg.vision.deepstack_visual_indexes)
     device, page = devices["thinker"], engine.page_size
