@@ -52,7 +52,16 @@ class ReducedOutput(nn.Module):
         self.inner = inner
 
     def forward(self, *args):
-        y = self.inner(*args)
+        return self._reduced(self.inner(*args))
+
+    def after_norm(self, norm, h: torch.Tensor, delta: torch.Tensor | None, *args):
+        """The decoder's ``norm.add(h, delta)`` into the sub-block (``after_norm``, as the inner one folds
+        it) -> (h + delta, the output summed over the ranks)."""
+        h, y = self.inner.after_norm(norm, h, delta, *args)
+        return h, self._reduced(y)
+
+    @staticmethod
+    def _reduced(y: torch.Tensor) -> torch.Tensor:
         y = y.float().sum(-2, keepdim=True) if y.dim() == 3 else y.float()[:, None]  # (fused partials summed first)
         return ranks.all_reduce(y)
 
