@@ -174,3 +174,30 @@ def prefill_layers(
     n = kv.num_tokens
     kv.advance(n)  # (the graph's PrefillKV keeps no host bookkeeping)
     return {name: t[:n] for name, t in out.items()}
+
+
+class DecoderPrefill:
+    """A decoder's layers over a prefill step's rows, x [n, hidden] at MRoPE positions [n, 3] -> its final-normed
+    hidden states [n, hidden]: replayed from a graph of the padded layout once ``capture``d (per ``plan``
+    bucket), else eager. What a talker program runs for its prefill chunks (the thinker keeps its own: it
+    takes DeepStack rows and taps a layer)."""
+
+    def __init__(self, name: str, decoder: torch.nn.Module, device):
+        self.name, self.decoder, self.device = name, decoder, device
+        self.graphs: PrefillGraphs | None = None
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, kv: PagedBatch) -> torch.Tensor:
+        rows = {"x": x, "positions": to_device(positions, self.device)}
+        return prefill_layers(self.graphs, self._step, kv, rows)["hidden"]
+
+    def _step(self, kv, x: torch.Tensor, positions: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"hidden": self.decoder(x, positions.T, kv)}
+
+    def capture(self, plan: PrefillPlan, storage: KVStorage, pool=None):
+        row = StaticInput((self.decoder.cfg.hidden_size,), self.decoder.norm.weight.dtype)
+        specs = {"x": row, "positions": StaticInput((3,), torch.float32)}
+        self.graphs = plan.graphs(self.name, self._step, specs, storage, self.device)
+        return self.graphs.capture(pool)
+
+    def stats(self) -> dict:
+        return self.graphs.stats() if self.graphs is not None else {}

@@ -44,7 +44,7 @@ from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets,
 from omniwalk.engine.kv_pages import KVStorage
 from omniwalk.engine.kv_stage import KVProgram
 from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
-from omniwalk.engine.prefill_graphs import NO_PREFILL_GRAPHS, PrefillGraphs, PrefillPlan, prefill_layers
+from omniwalk.engine.prefill_graphs import NO_PREFILL_GRAPHS, DecoderPrefill, PrefillPlan
 from omniwalk.engine.request import Chunk, EngineRequest
 from omniwalk.models.common.processing.positions import batch_spans
 from omniwalk.models.qwen2_5_omni.checkpoint.config import TalkerConfig
@@ -91,7 +91,7 @@ class TalkerProgram(KVProgram):
         self.talker, self.thinker, self.cfg, self.device = talker, thinker, cfg, device
         self.decode_attention, self.graph_max_batch, self.prefill = decode_attention, graph_max_batch, prefill
         self.decode_graph: GraphedStep | None = None
-        self.prefill_graphs: PrefillGraphs | None = None
+        self.layers = DecoderPrefill("talker", talker.model, device)  # (prefill chunks)
         self.num_eager_decode_steps = 0  # decode steps too large for every captured graph
         vocab = talker.codec_head.out_features
         unspeakable = [i for i in range(num_codes, vocab) if i not in (cfg.codec_pad, cfg.codec_eos)]
@@ -165,7 +165,7 @@ class TalkerProgram(KVProgram):
             offset += n
             if draws:
                 ends.append((req, offset - 1))
-        hidden = self._layers(self.talker.thinker_to_talker_proj(torch.cat(rows)), positions.T, kv)
+        hidden = self.layers(self.talker.thinker_to_talker_proj(torch.cat(rows)), positions.T, kv)
         if not ends:
             return None
         last = hidden[to_device([i for _, i in ends], self.device, torch.long)]
@@ -216,22 +216,11 @@ class TalkerProgram(KVProgram):
 
         return commit
 
-    def _layers(self, x: torch.Tensor, positions: torch.Tensor, kv: PagedBatch) -> torch.Tensor:
-        """The talker LM over projected rows x [n, hidden] at positions [n, 3] -> hidden [n, hidden]:
-        replayed from a prefill graph when the step's layout fits a bucket, else eager."""
-        rows = {"x": x, "positions": to_device(positions, self.device)}
-        return prefill_layers(self.prefill_graphs, self._model, kv, rows)["hidden"]
-
-    def _model(self, kv, x: torch.Tensor, positions: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"hidden": self.talker.model(x, positions.T, kv)}
-
     def capture_graphs(self, storage: KVStorage, pool=None):
         """Capture the prefill layers per layout bucket, and the decode step (projection, talker
         decode, codec head) per batch bucket up to ``graph_max_batch``."""
         dtype = self.talker.codec_head.weight.dtype
-        specs = {"x": StaticInput((self.cfg.text.hidden_size,), dtype), "positions": StaticInput((3,), torch.float32)}
-        self.prefill_graphs = self.prefill.graphs("talker", self._model, specs, storage, self.device)
-        pool = self.prefill_graphs.capture(pool)
+        pool = self.layers.capture(self.prefill, storage, pool)
         if self.graph_max_batch == 0:
             return pool
 
@@ -252,9 +241,8 @@ class TalkerProgram(KVProgram):
         return self.decode_graph.capture(pool)
 
     def stats(self) -> dict:
-        graph, prefill = self.decode_graph, self.prefill_graphs.stats() if self.prefill_graphs else {}
-        replays = graph.num_replays if graph else 0
-        return {"graph_replays": replays, "eager_decode_steps": self.num_eager_decode_steps, **prefill}
+        replays = self.decode_graph.num_replays if self.decode_graph else 0
+        return {"graph_replays": replays, "eager_decode_steps": self.num_eager_decode_steps, **self.layers.stats()}
 
     @staticmethod
     def _commit(req: EngineRequest, code: int) -> None:

@@ -28,7 +28,7 @@ from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets,
 from omniwalk.engine.kv_pages import KVStorage
 from omniwalk.engine.kv_stage import KVProgram
 from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
-from omniwalk.engine.prefill_graphs import NO_PREFILL_GRAPHS, PrefillGraphs, PrefillPlan, prefill_layers
+from omniwalk.engine.prefill_graphs import NO_PREFILL_GRAPHS, DecoderPrefill, PrefillPlan
 from omniwalk.engine.request import Chunk, EngineRequest
 from omniwalk.models.common.checkpoint.config import TokenIds
 from omniwalk.models.common.processing.positions import batch_spans
@@ -80,7 +80,7 @@ class TalkerProgram(KVProgram):
         self.position_id_per_seconds = position_id_per_seconds
         self.decode_attention, self.graph_max_batch, self.prefill = decode_attention, graph_max_batch, prefill
         self.frame_graph: GraphedStep | None = None
-        self.prefill_graphs: PrefillGraphs | None = None
+        self.layers = DecoderPrefill("talker", talker.model, device)  # (prefill chunks)
         self.num_eager_decode_steps = 0
         t = tokens
         self.im_end = t.im_end
@@ -139,7 +139,7 @@ class TalkerProgram(KVProgram):
                 return self._graphed_frames(batch, x, positions, kv)
             self.num_eager_decode_steps += 1
         rows = [self._rows(req, start, n, new) for (req, start, n), new in zip(batch, new_rows, strict=True)]
-        h = self._layers(torch.cat(rows), positions.T, kv)
+        h = self.layers(torch.cat(rows), positions.T, kv)
         ends = [end - 1 for end in itertools.accumulate(n for _, _, n in batch)]
         self._keep_new_rows(batch, new_rows)
         ready = []
@@ -241,25 +241,11 @@ class TalkerProgram(KVProgram):
 
         return commit
 
-    def _layers(self, x: torch.Tensor, positions: torch.Tensor, kv: PagedBatch) -> torch.Tensor:
-        """The talker LM over input rows x [n, hidden] at positions [n, 3] -> hidden [n, hidden]:
-        replayed from a prefill graph when the step's layout fits a bucket, else eager."""
-        rows = {"x": x, "positions": to_device(positions, self.device)}
-        return prefill_layers(self.prefill_graphs, self._model, kv, rows)["hidden"]
-
-    def _model(self, kv, x: torch.Tensor, positions: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"hidden": self.talker.model(x, positions.T, kv)}
-
     def capture_graphs(self, storage: KVStorage, pool=None):
         """Capture the prefill layers per layout bucket, and the frame step (talker decode + all
         sampling and code-predictor steps) per batch bucket."""
         cfg = self.talker.cfg
-        specs = {
-            "x": StaticInput((cfg.text.hidden_size,), self.talker.codec_head.weight.dtype),
-            "positions": StaticInput((3,), torch.float32),
-        }
-        self.prefill_graphs = self.prefill.graphs("talker", self._model, specs, storage, self.device)
-        pool = self.prefill_graphs.capture(pool)
+        pool = self.layers.capture(self.prefill, storage, pool)
         if self.graph_max_batch == 0:
             return pool
         names = [f.name for f in fields(BatchParams)]
@@ -314,9 +300,8 @@ class TalkerProgram(KVProgram):
         return rows_in_graph(self.frame_graph, self._frame_rows(batch))
 
     def stats(self) -> dict:
-        graph, prefill = self.frame_graph, self.prefill_graphs.stats() if self.prefill_graphs else {}
-        replays = graph.num_replays if graph else 0
-        return {"graph_replays": replays, "eager_decode_steps": self.num_eager_decode_steps, **prefill}
+        replays = self.frame_graph.num_replays if self.frame_graph else 0
+        return {"graph_replays": replays, "eager_decode_steps": self.num_eager_decode_steps, **self.layers.stats()}
 
     def _commit_frame(self, req: EngineRequest, frame: torch.Tensor) -> None:
         """Keep the frame unless group 0 is codec EOS; stop at EOS or the frame limit. (What the
