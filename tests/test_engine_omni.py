@@ -79,6 +79,31 @@ def run_staggered(o: Omni, requests: list[dict], every: int = 2, on_step=None) -
     return {rid: o.output(r) for rid, r in reqs.items()}
 
 
+def run_failing(o: Omni, program, method: str, fails, requests: list[dict], **run) -> dict:
+    """``run_staggered`` with ``program.<method>`` raising RuntimeError("injected failure") wherever
+    ``fails(*its arguments)`` holds (the method restored after); the outputs by request id."""
+    original = getattr(program, method)
+
+    def flaky(*args):
+        if fails(*args):
+            raise RuntimeError("injected failure")
+        return original(*args)
+
+    setattr(program, method, flaky)
+    try:
+        return run_staggered(o, requests, **run)
+    finally:
+        delattr(program, method)
+
+
+def assert_only_failed(outs: dict, failed: str, requests: list[dict], alone, same) -> None:
+    """The injected failure ended ``failed`` alone: an error naming it; every other output ``same`` as alone."""
+    assert outs[failed].finish_reason == "error" and "injected failure" in outs[failed].error
+    for i, request in enumerate(requests):
+        if request["request_id"] != failed:
+            same(outs[request["request_id"]], alone(i))
+
+
 def assert_same(out, ref, exact_audio: bool = False):
     """Ids, text and codes identical; audio bit for bit when the vocoder decoded every stream alone
     (``vocoder_max_batch=1``), else to float rounding (convolutions round differently per batch size)."""
@@ -187,22 +212,8 @@ def test_vocoder_streams_wait_for_a_free_state_slot():
 def test_injected_failure_fails_only_that_request():
     o = omni()
     talker = o.engine.stages["talker"].program
-    original = talker._commit_frame
-
-    def flaky(req, frame):
-        if req.id == "r5":
-            raise RuntimeError("injected talker failure")
-        return original(req, frame)
-
-    talker._commit_frame = flaky
-    try:
-        outs = run_staggered(o, workload(12))
-    finally:
-        del talker._commit_frame
-    assert outs["r5"].finish_reason == "error" and "injected talker failure" in outs["r5"].error
-    for i, request in enumerate(workload(12)):
-        if request["request_id"] != "r5":
-            assert_same(outs[request["request_id"]], alone(i))
+    outs = run_failing(o, talker, "_commit_frame", lambda req, frame: req.id == "r5", workload(12))
+    assert_only_failed(outs, "r5", workload(12), alone, assert_same)
     assert_idle(o)
 
 

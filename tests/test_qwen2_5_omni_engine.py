@@ -10,7 +10,7 @@ from functools import cache
 import numpy as np
 import pytest
 import torch
-from test_engine_omni import assert_idle, run_staggered
+from test_engine_omni import assert_idle, assert_only_failed, run_failing, run_staggered
 from test_qwen2_5_omni_thinker import checkpoint
 
 from omniwalk import Omni
@@ -145,23 +145,9 @@ def test_talker_kv_pressure_preempts_and_resumes_exactly():
 
 def test_injected_failure_fails_only_that_request():
     o = omni()
-    program = o.engine.stages["thinker"].program
-    original = program._commit
-
-    def flaky(req, pick):
-        if req.id == "r4":
-            raise RuntimeError("injected thinker failure")
-        return original(req, pick)
-
-    program._commit = flaky
-    try:
-        outs = run_staggered(o, workload(9))
-    finally:
-        del program._commit
-    assert outs["r4"].finish_reason == "error" and "injected thinker failure" in outs["r4"].error
-    for i, request in enumerate(workload(9)):
-        if request["request_id"] != "r4":
-            assert_same(outs[request["request_id"]], alone(i))
+    thinker = o.engine.stages["thinker"].program
+    outs = run_failing(o, thinker, "_commit", lambda req, pick: req.id == "r4", workload(9))
+    assert_only_failed(outs, "r4", workload(9), alone, assert_same)
     assert_free(o)
 
 
@@ -175,23 +161,13 @@ def test_injected_token2wav_failure_fails_only_that_request():
     """A token2wav batch that raises is retried request by request: only the failing one fails, the
     others' audio (solved alone in that step instead of batched) is still exact to rounding."""
     o = omni()
-    program = o.engine.stages["token2wav"].program
-    original = program._new_row
+    token2wav = o.engine.stages["token2wav"].program
 
-    def flaky(req, window):
-        if req.id == "r7" and window.start > 0:  # its second window: after audio has started (streamed)
-            raise RuntimeError("injected token2wav failure")
-        return original(req, window)
+    def fails(req, window):  # its second window: after audio has started (streamed)
+        return req.id == "r7" and window.start > 0
 
-    program._new_row = flaky
-    try:
-        outs = run_staggered(o, workload(16), every=1)
-    finally:
-        del program._new_row
-    assert outs["r7"].finish_reason == "error" and "injected token2wav failure" in outs["r7"].error
-    for i, request in enumerate(workload(16)):
-        if request["request_id"] != "r7":
-            assert_same(outs[request["request_id"]], alone(i))
+    outs = run_failing(o, token2wav, "_new_row", fails, workload(16), every=1)
+    assert_only_failed(outs, "r7", workload(16), alone, assert_same)
     assert_free(o)
 
 
