@@ -3,7 +3,9 @@
 32 x 512 tile (256 weights a thread) spilled 2.7 KB of stack a thread and made Qwen2.5-Omni-7B's
 dense gate/up GEMV, hence its B = 1 decode step, ~10x slower than its weight-read floor on the
 H200 (``benchmarks/results/2026-12-02-h200-s27/lead``). Register use and stack bytes come from
-the cubin's resource usage (the ``cuobjdump`` Triton ships), as ``benchmarks/fp8_sass.py`` reads them."""
+the cubin's resource usage (the ``cuobjdump`` Triton ships), as ``benchmarks/fp8_sass.py`` reads them.
+FP8 GEMVs too, at the tiles they use and at 128 weights a thread (the FP8 lanes sum 16 products each
+step: a lane per weight spilled there, and in the code predictor's gate/up at its picked tile)."""
 
 import os
 import subprocess
@@ -15,6 +17,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # (K, N, gated, partials): a dense 7B decoder's projections at M = 1 (N is I for a gated product)
 SHAPES = {"gate_up": (3584, 18944, True, False), "down": (18944, 3584, False, True), "qkv": (3584, 4608, False, False)}
+# FP8 (Qwen3-Omni's): name -> (K, N, gated, partials, tile or None for the one picked)
+FP8_SHAPES = {
+    "thinker qkv": (2048, 5120, False, False, None),
+    "thinker qkv, 128 a thread": (2048, 5120, False, False, (16, 1024, 1, 4, 1)),
+    "thinker o, 128 a thread": (4096, 2048, False, False, (16, 1024, 1, 4, 1)),
+    "cp gate_up": (1024, 3072, True, False, None),
+    "cp down": (3072, 1024, False, True, None),
+}
 
 COMPILE = """
 import re, sys
@@ -22,14 +32,18 @@ import torch
 import fp8_sass as fs
 from omniwalk.layers import skinny_gemm as sg
 
+from omniwalk.layers.fp8 import DEFAULT_BLOCK, quantize
+
 k, n, gated, partials = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1")
-w = torch.zeros(2 * n if gated else n, k, dtype=torch.bfloat16)
-blocks = sg.pick_blocks(1, n, k, gated, partials and not gated)
+fp8, tile = sys.argv[5] == "1", eval(sys.argv[6])
+w = torch.randn(2 * n if gated else n, k)
+w, scale = quantize(w, DEFAULT_BLOCK) if fp8 else (w.to(torch.bfloat16), None)
+blocks = sg.Blocks(*tile) if tile else sg.pick_blocks(1, n, k, gated, partials and not gated, fp8)
 rec = fs.Recorder(sg._kernel())
 original, sg._kernel = sg._kernel, lambda: rec
 try:
     sg.skinny_gemm(torch.zeros(1, k, dtype=torch.bfloat16), w, gated=gated, partials=partials and blocks.split > 1,
-                   blocks=blocks)
+                   blocks=blocks, scale=scale, scale_block=DEFAULT_BLOCK if fp8 else None)
 finally:
     sg._kernel = original
 grid, args, kwargs = rec.calls[0]
@@ -38,16 +52,28 @@ print(usage["REG"], usage["STACK"])
 """
 
 
-@pytest.mark.parametrize("name", sorted(SHAPES))
-def test_default_gemv_tiles_do_not_spill_at_batch_one(name):
+def _usage(k: int, n: int, gated: bool, partials: bool, fp8: bool = False, tile=None) -> tuple[int, int]:
+    """(registers, stack bytes) a thread of the GEMV at M = 1 compiled for sm_90a."""
     pytest.importorskip("triton")
-    k, n, gated, partials = SHAPES[name]
     env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "benchmarks"), env.get("PYTHONPATH", "")])
-    args = [str(k), str(n), str(int(gated)), str(int(partials))]
+    args = [str(k), str(n), str(int(gated)), str(int(partials)), str(int(fp8)), repr(tile)]
     done = subprocess.run(
         [sys.executable, "-c", COMPILE, *args], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT
     )
     assert done.returncode == 0, done.stderr[-3000:]
     registers, stack = map(int, done.stdout.split()[-2:])
+    return registers, stack
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_default_gemv_tiles_do_not_spill_at_batch_one(name):
+    registers, stack = _usage(*SHAPES[name])
+    assert stack == 0, f"{name}: {registers} registers and {stack} bytes of stack a thread"
+
+
+@pytest.mark.parametrize("name", sorted(FP8_SHAPES))
+def test_fp8_gemv_tiles_do_not_spill(name):
+    k, n, gated, partials, tile = FP8_SHAPES[name]
+    registers, stack = _usage(k, n, gated, partials, True, tile)
     assert stack == 0, f"{name}: {registers} registers and {stack} bytes of stack a thread"

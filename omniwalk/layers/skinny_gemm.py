@@ -21,12 +21,14 @@ each program reads the whole row for its 1 / rms (a GEMV reads it anyway), then 
 as it goes; the first program stores h + delta. ``SkinnyLinear.normed`` uses it where it fits (the code
 predictor's one-token passes: its 11 norms a pass), replacing the norm's kernel.
 
-FP8 weights (``SCALED``; ``fp8.py``'s block-wise format): the GEMV multiplies x by each K block's
-scale and the e4m3 weight widened to fp32 (a K step is cut into sub-blocks inside one scale column;
-the tile is widened as loaded, one step ahead, with ``fp8.triton_widening``: sm_90a SASS of the thinker
-qkv GEMV, 3.97 instructions per weight in the loop against 6.2 when the loop carried the bytes; measured
-on the H200 no faster for it: the FP8 GEMV streams 0.75-1.6 TB/s, bound by the bytes each thread has in
-flight (half bf16's for as many weights), not by instructions);
+FP8 weights (``SCALED``; ``fp8.py``'s block-wise format): the GEMV sums x times the e4m3 weights widened
+to fp32 16 at a time and multiplies each sum by its K block's scale (a K step is cut into sub-blocks inside
+one scale column; the tile is widened as loaded, one step ahead, with ``fp8.triton_widening``: sm_90a SASS
+of the thinker qkv GEMV, 3.9 instructions per weight in the loop against 6.2 when the loop carried the
+bytes; measured on the H200 no faster for it: the FP8 GEMV streams 0.75-1.6 TB/s, bound by the bytes each
+thread has in flight (half bf16's for as many weights), not by instructions. Summing 16 products before
+the lane, not keeping a lane per weight, cut its registers 165-173 -> 105-140 and lets a tile hold 128
+weights a thread without spilling: session 28, measured on the CPU's sm_90a build only);
 the ``tl.dot`` path widens the weight tile to x's dtype (exact) and scales the tile's partial product
 (its K step inside one scale column). x stays in its dtype: quantising it per row and K step too, for an
 FP8 x FP8 tensor-core dot, measured slower at M = 2-32 on the H200 (fp8 call 1: 9.5-15 µs against

@@ -86,16 +86,22 @@ def gemv(
     SCALE_K: tl.constexpr, SUB_K: tl.constexpr, WIDEN_ASM: tl.constexpr,
     NORM: tl.constexpr, PARTS: tl.constexpr, ROUND_EACH: tl.constexpr, K_ROW: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
-    """One row (M = 1): fp32 products in [BLOCK_N, BLOCK_K / SUB_K, SUB_K] lanes, reduced once at the end;
-    K steps cut into sub-blocks, each inside one scale column (FP8: x times its scale). Each step's weight
-    tile is loaded one step ahead, the first before the PDL wait. NORM: x is RMSNorm(h + delta), computed
-    here (``row_rstd``, ``normed``). -> (gate or plain sums, up sums), each [BLOCK_N, 1]."""
-    steps = tl.arange(0, BLOCK_K // SUB_K)[None, :, None] * SUB_K + tl.arange(0, SUB_K)[None, None, :]
-    gate3, up3 = gate_rows[:, :, None], up_rows[:, :, None]
-    lanes = tl.zeros((BLOCK_N, BLOCK_K // SUB_K, SUB_K), tl.float32)
-    lanes_up = tl.zeros((BLOCK_N, BLOCK_K // SUB_K, SUB_K), tl.float32)
+    """One row (M = 1): fp32 products summed in lanes, reduced once at the end; K steps cut into
+    sub-blocks, each inside one scale column. bf16: a lane per weight of the tile, [BLOCK_N, BLOCK_K / SUB_K,
+    SUB_K]; FP8: a lane per V = 16 weights (a thread's 16-byte load), [BLOCK_N, BLOCK_K / SUB_K, SUB_K / 16],
+    taking each step's sum of 16 products times the sub-block's scale: a tile of fp32 lanes as large as
+    the weight tile spilled FP8 tiles of 128 weights a thread, whose widened weights take a register each
+    (sm_90a, ``benchmarks/fp8_sass.py``). Each step's weight tile is loaded one step ahead, the first before
+    the PDL wait. NORM: x is RMSNorm(h + delta), computed here (``row_rstd``, ``normed``). -> (gate or plain
+    sums, up sums), each [BLOCK_N, 1]."""
+    V: tl.constexpr = 16 if SCALED else 1
+    steps = (tl.arange(0, BLOCK_K // SUB_K)[None, :, None, None] * SUB_K
+             + tl.arange(0, SUB_K // V)[None, None, :, None] * V + tl.arange(0, V)[None, None, None, :])  # fmt: skip
+    gate3, up3 = gate_rows[:, :, None, None], up_rows[:, :, None, None]
+    lanes = tl.zeros((BLOCK_N, BLOCK_K // SUB_K, SUB_K // V), tl.float32)
+    lanes_up = tl.zeros((BLOCK_N, BLOCK_K // SUB_K, SUB_K // V), tl.float32)
     ks = k_start + steps
-    ok = col_ok[:, None, None] & (ks < k_end)
+    ok = col_ok[:, None, None, None] & (ks < k_end)
     w = load_weights(gate3 + ks, ok, SCALED, WIDEN_ASM)
     w_up = load_weights(up3 + ks, ok, SCALED, WIDEN_ASM) if GATED else w
     if USE_PDL:
@@ -110,17 +116,18 @@ def gemv(
             x = normed(h_ptr, d_ptr, nw_ptr, ks, ks < k_end, rstd, stride_dk, PARTS, ROUND_EACH)
         else:
             x = tl.load(x_ptr + ks, mask=ks < k_end, other=0.0).to(tl.float32)
-        x_up = x
-        if SCALED:
+        part = tl.sum(w.to(tl.float32) * x, 3)
+        part_up = tl.sum(w_up.to(tl.float32) * x, 3) if GATED else part
+        if SCALED:  # (a sub-block's partial sums times its scale: one scale column each)
             sub = (k0 + tl.arange(0, BLOCK_K // SUB_K) * SUB_K)[None, :, None]
             sub_ok = scale_ok[:, :, None] & (sub < k_end)
             if GATED:
-                x_up = x * tl.load(up_scales[:, :, None] + sub // SCALE_K, mask=sub_ok, other=0.0)
-            x = x * tl.load(gate_scales[:, :, None] + sub // SCALE_K, mask=sub_ok, other=0.0)
-        lanes += w.to(tl.float32) * x
+                part_up = part_up * tl.load(up_scales[:, :, None] + sub // SCALE_K, mask=sub_ok, other=0.0)
+            part = part * tl.load(gate_scales[:, :, None] + sub // SCALE_K, mask=sub_ok, other=0.0)
+        lanes += part
         if GATED:
-            lanes_up += w_up.to(tl.float32) * x_up
-        ok = col_ok[:, None, None] & (ks + BLOCK_K < k_end)
+            lanes_up += part_up
+        ok = col_ok[:, None, None, None] & (ks + BLOCK_K < k_end)
         w = load_weights(gate3 + BLOCK_K + ks, ok, SCALED, WIDEN_ASM)
         if GATED:
             w_up = load_weights(up3 + BLOCK_K + ks, ok, SCALED, WIDEN_ASM)
