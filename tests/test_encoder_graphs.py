@@ -191,3 +191,36 @@ def test_audio_program_replays_the_layers_and_finishes_eagerly(monkeypatch, fami
         after = program.stats()
         assert after["graph_replays"] - stats["graph_replays"] == replayed
         assert after["eager_calls"] - stats["eager_calls"] == (not replayed)
+
+
+@pytest.mark.parametrize("name", ["tiny", "uneven"])  # uneven: full attention at blocks 0 and 3 (an empty run)
+@torch.no_grad()
+def test_qwen2_5_vision_program_replays_window_runs(monkeypatch, name):
+    """Qwen2.5-Omni's vision program with graphs on (a stand-in replay of the padded window layout on the
+    CPU): each run of window-attention blocks replayed, the full-attention blocks between them eager on the
+    real rows: the encoder's unpadded forward for images and a video; a layout over every bucket is eager."""
+    from qwen2_5_oracle import config_dict as qwen2_5_config
+    from test_prefill_graphs import EagerReplay
+
+    from omniwalk.engine import packed_graphs
+    from omniwalk.models.qwen2_5_omni.checkpoint.config import Qwen25OmniConfig
+    from omniwalk.models.qwen2_5_omni.networks.vision_encoder import VisionEncoder as Qwen25VisionEncoder
+    from omniwalk.models.qwen2_5_omni.programs.encoder_programs import VisionEncoderProgram as Qwen25Program
+
+    monkeypatch.setattr(packed_graphs, "KeyedGraphs", EagerReplay)
+    encoder = Qwen25VisionEncoder(Qwen25OmniConfig.from_hf(qwen2_5_config(name)).vision).eval()
+    randomize(encoder, 6)
+    program = Qwen25Program(encoder, "cpu", torch.float32, graph_max_tokens=1024)
+    program.capture_graphs()
+    g = torch.Generator().manual_seed(7)
+    for grids, replayed in (([(1, 8, 12), (2, 6, 6), (1, 10, 4)], True), ([(1, 40, 40)], False)):  # (1600 > 1024)
+        pixels = torch.randn(sum(t * h * w for t, h, w in grids), encoder.cfg.patch_dim, generator=g)
+        before = program.stats()
+        out, expected = program.encode(pixels, grids), encoder(pixels, grids)
+        torch.testing.assert_close(out.embeddings, expected.embeddings, rtol=1e-5, atol=1e-5)
+        assert out.tokens_per_item == expected.tokens_per_item
+        after = program.stats()
+        assert after["graph_replays"] - before["graph_replays"] == replayed
+        assert after["eager_calls"] - before["eager_calls"] == (not replayed)
+    runs = encoder.window_runs()
+    assert sum(g is not None for g in program.graphs) == sum(last > first for first, last in runs) >= 1

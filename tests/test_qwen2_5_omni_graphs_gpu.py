@@ -1,7 +1,7 @@
 """Qwen2.5-Omni's decode graphs on the GPU (tiny model, bf16): the thinker's (speech rows included,
 returning their hidden states and embeddings for the talker) and the talker's (projection, talker
-decode, codec head), with the audio encoder's layer graphs, graphs on against graphs off through the
-engine on a mixed workload of every input path (the audio encoder's graphs on in both runs). No prefill
+decode, codec head), with the encoders' layer graphs, graphs on against graphs off through the engine
+on a mixed workload of every input path (the encoders' graphs on in both runs). No prefill
 graphs (their padded layouts are other GEMM shapes, tested on their own in ``test_graphs_gpu.py``)."""
 
 import pytest
@@ -36,6 +36,7 @@ def test_decode_graphs_equal_eager_through_the_engine():
     print(f"GPU-Q25-GRAPHS stats thinker={stats['thinker']} talker={stats['talker']}")
     assert stats["thinker"]["graph_replays"] > 0 and stats["talker"]["graph_replays"] > 0
     assert stats["audio_encoder"]["graph_replays"] > 0  # (the shared graphed audio program)
+    assert stats["vision_encoder"]["graph_replays"] > 0  # (runs of window blocks)
     assert eager.engine.stats()["talker"]["graph_replays"] == 0
     same_ids, same_codes, speech = 0, 0, 0
     for i, (x, y) in enumerate(zip(a, b, strict=True)):

@@ -27,6 +27,17 @@ from omniwalk.media.mel import log_mel, num_mel_frames
 GRAPH_KNOB = "encoder_graph_max_tokens (0 = encoders run eagerly)"
 
 
+def vision_graph_specs(hidden: int, head_dim: int, dtype: torch.dtype) -> dict[str, StaticInput]:
+    """A vision encoder graph's row inputs: patches x [hidden] and the rotary tables cos, sin [1, head_dim]
+    (fp32), padding rows rotated by nothing."""
+    rotary = (1, head_dim)
+    return {
+        "x": StaticInput((hidden,), dtype),
+        "cos": StaticInput(rotary, torch.float32, 1.0),
+        "sin": StaticInput(rotary, torch.float32, 0.0),
+    }
+
+
 def fits(cost: int, budget: int, batch_is_empty: bool) -> int:
     return cost if cost and (cost <= budget or batch_is_empty) else 0
 

@@ -16,7 +16,7 @@ in this order, so the full-attention segments are the frame groups, as in patch 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -122,19 +122,51 @@ class VisionEncoder(nn.Module):
 
     def forward(self, pixel_values: torch.Tensor, grids: Sequence[Grid]) -> VisionOutput:
         grids = [tuple(int(v) for v in g) for g in grids]
+        x, cos, sin, layout = self.embed(pixel_values, grids)
+        return self.finish(self.layers(x, cos, sin, layout), layout, grids)
+
+    def layers(self, x, cos, sin, layout: WindowLayout, replay_run: Callable | None = None) -> torch.Tensor:
+        """Every block: the runs of window-attention blocks (``window_runs``; ``replay_run(i, x)`` runs the
+        i-th where given, e.g. from a CUDA graph) and the full-attention block after each."""
+        windows = cu_seqlens(layout.windows, x.device), max(layout.windows)
+        frames = cu_seqlens(layout.frames, x.device), max(layout.frames)  # (contiguous in window order)
+        for i, (first, last) in enumerate(self.window_runs()):
+            if replay_run is None:
+                x = self.window_blocks(x, cos, sin, *windows, first=first, last=last)
+            else:
+                x = replay_run(i, x)
+            if last < self.cfg.depth:
+                x = self.blocks[last](x, cos, sin, *frames, self.attention_backend)
+        return x
+
+    def embed(self, pixel_values: torch.Tensor, grids: Sequence[Grid]):
+        """Patches [P, hidden] and the rotary tables cos, sin [P, 1, head_dim] (fp32) in window order,
+        and the call's ``WindowLayout``; ``grids`` of Python ints."""
         merge = self.cfg.spatial_merge_size
         layout = window_layout(grids, merge, self.cfg.window_tokens)
         tokens = to_device(layout.tokens, pixel_values.device)
         patches = (tokens[:, None] * merge**2 + torch.arange(merge**2, device=tokens.device)).reshape(-1)
         x = self.patch_embed(pixel_values)[patches]
         cos, sin = rotary_tables(*rotary_2d(grids, merge, self.inv_freq.to(x.device)), torch.float32)
-        segments = {
-            "window": (cu_seqlens(layout.windows, x.device), max(layout.windows)),
-            "full": (cu_seqlens(layout.frames, x.device), max(layout.frames)),
-        }
-        cos, sin = cos[patches], sin[patches]
-        for i, block in enumerate(self.blocks):
-            cu, longest = segments["full" if i in self.cfg.fullatt_block_indexes else "window"]
-            x = block(x, cos, sin, cu, longest, self.attention_backend)
-        merged = torch.empty_like(out := self.merger(x)).index_copy_(0, tokens, out)  # back to patch order
+        return x, cos[patches], sin[patches], WindowLayout(tokens, layout.windows, layout.frames)
+
+    def window_runs(self) -> list[tuple[int, int]]:
+        """The blocks as runs [first, last) of window-attention blocks, each run followed by the
+        full-attention block ``last`` (the last run by none when the final block is a window block)."""
+        runs, first = [], 0
+        for i in (*sorted(self.cfg.fullatt_block_indexes), self.cfg.depth):
+            runs.append((first, i))
+            first = i + 1
+        return [(a, b) for a, b in runs if b > a or b < self.cfg.depth]
+
+    def window_blocks(self, x, cos, sin, cu_seqlens: torch.Tensor, max_seqlen: int, *, first: int, last: int):
+        """Blocks [first, last) over the windows (all window-attention blocks): no host reads, so a run
+        is what a CUDA graph records (over a padded layout of windows)."""
+        for block in self.blocks[first:last]:
+            x = block(x, cos, sin, cu_seqlens, max_seqlen, self.attention_backend)
+        return x
+
+    def finish(self, x: torch.Tensor, layout: WindowLayout, grids: Sequence[Grid]) -> VisionOutput:
+        """The merger, and its tokens back in patch order."""
+        merged = torch.empty_like(out := self.merger(x)).index_copy_(0, layout.tokens, out)
         return VisionOutput(merged, [], self.tokens_per_item(grids))

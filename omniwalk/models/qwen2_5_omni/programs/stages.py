@@ -20,13 +20,13 @@ from omniwalk.engine.kv_stage import KVStage, KVStageConfig
 from omniwalk.engine.prefill_graphs import PrefillPlan
 from omniwalk.models.common.processing.chat import Prompt
 from omniwalk.models.common.processing.positions import AUDIO
-from omniwalk.models.common.programs.encoder_programs import AudioEncoderProgram, VisionEncoderProgram
+from omniwalk.models.common.programs.encoder_programs import AudioEncoderProgram
 from omniwalk.models.common.programs.request_state import MediaState, OmniRequestState, ThinkerState
 from omniwalk.models.common.programs.thinker_program import kv_storage
 from omniwalk.models.qwen2_5_omni.checkpoint.config import Qwen25OmniConfig
 from omniwalk.models.qwen2_5_omni.networks.token2wav_stream import Token2WavStreamConfig
 from omniwalk.models.qwen2_5_omni.options import Qwen25OmniOptions
-from omniwalk.models.qwen2_5_omni.processing.media_inputs import vision_pixels
+from omniwalk.models.qwen2_5_omni.programs.encoder_programs import VisionEncoderProgram
 from omniwalk.models.qwen2_5_omni.programs.talker_program import TalkerProgram, TalkerState
 from omniwalk.models.qwen2_5_omni.programs.thinker_program import ReplyThinkerProgram
 from omniwalk.models.qwen2_5_omni.programs.token2wav_program import Token2WavProgram, Token2WavState
@@ -45,11 +45,9 @@ def build_stages(parts: dict, cfg: Qwen25OmniConfig, config: OmniConfig, voices:
     vision_batch = BatchStageConfig(opts.vision_encoder_batch_units, engine.max_running)
     plan = PrefillPlan(min(engine.prefill_graph_max_tokens, engine.max_batch_tokens), prefill)
     thinker = ReplyThinkerProgram(parts["thinker"], device, decode, graphs, plan, deepstack_levels=0)
-    # TODO: CUDA graphs of the vision encoder's layer loop (its window/full layer pair needs two layouts)
-    audio = AudioEncoderProgram(
-        parts["audio_encoder"], device, dtype, zero_tail=True, graph_max_tokens=engine.encoder_graph_max_tokens
-    )
-    vision = VisionEncoderProgram(parts["vision_encoder"], device, dtype, vision_pixels)
+    encoder_graphs = engine.encoder_graph_max_tokens
+    audio = AudioEncoderProgram(parts["audio_encoder"], device, dtype, zero_tail=True, graph_max_tokens=encoder_graphs)
+    vision = VisionEncoderProgram(parts["vision_encoder"], device, dtype, encoder_graphs)
     thinker_kv = kv_storage(cfg.text, opts.thinker_kv_bytes, engine.page_size, dtype, device)
     stages = [
         BatchStage("audio_encoder", audio, audio_batch, device),

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from omniwalk.engine.cuda_graphs import StaticInput
 from omniwalk.engine.packed_graphs import PackedGraphs, layout_buckets
 from omniwalk.layers.vision import VisionOutput
 from omniwalk.models.common.programs import encoder_programs
-from omniwalk.models.common.programs.encoder_programs import GRAPH_KNOB
+from omniwalk.models.common.programs.encoder_programs import GRAPH_KNOB, vision_graph_specs
 from omniwalk.models.qwen3_omni.networks.vision_encoder import VisionEncoder
 from omniwalk.models.qwen3_omni.processing.media_inputs import vision_pixels
 
@@ -26,12 +25,7 @@ class VisionEncoderProgram(encoder_programs.VisionEncoderProgram):
     def __init__(self, encoder: VisionEncoder, device, dtype: torch.dtype, graph_max_tokens: int = 0):
         super().__init__(encoder, device, dtype, vision_pixels)
         buckets = layout_buckets(graph_max_tokens, None, MIN_COMMON_FRAME_PATCHES)
-        rotary = (1, encoder.cfg.head_dim)
-        specs = {
-            "x": StaticInput((encoder.cfg.hidden_size,), dtype),
-            "cos": StaticInput(rotary, torch.float32, 1.0),
-            "sin": StaticInput(rotary, torch.float32, 0.0),
-        }
+        specs = vision_graph_specs(encoder.cfg.hidden_size, encoder.cfg.head_dim, dtype)
         self.graphs = PackedGraphs("vision encoder", self._layers, specs, buckets, device, GRAPH_KNOB)
 
     def _layers(self, x, cos, sin, cu_seqlens: torch.Tensor, max_seqlen: int) -> dict[str, torch.Tensor]:
