@@ -1,7 +1,7 @@
 """Qwen2.5-Omni's decode graphs on the GPU (tiny model, bf16): the thinker's (speech rows included,
 returning their hidden states and embeddings for the talker) and the talker's (projection, talker
 decode, codec head), with the encoders' layer graphs, graphs on against graphs off through the engine
-on a mixed workload of every input path (the encoders' graphs on in both runs). No prefill
+on a mixed workload of every input path (the encoders' graphs off in the eager run). No prefill
 graphs (their padded layouts are other GEMM shapes, tested on their own in ``test_graphs_gpu.py``)."""
 
 import pytest
@@ -14,12 +14,13 @@ from omniwalk import Omni
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::UserWarning")]
 
 
-def _omni(graphs: int) -> Omni:
+def _omni(graphs: int, encoder_graphs: int) -> Omni:
     return Omni(
         model=checkpoint("tiny"),
         device="cuda",
         dtype="bfloat16",
         cuda_graph_max_batch=graphs,
+        encoder_graph_max_tokens=encoder_graphs,
         prefill_graph_max_tokens=0,
     )
 
@@ -30,7 +31,7 @@ def test_decode_graphs_equal_eager_through_the_engine():
     equal its talker reads rows equal to GEMM rounding, so its codes may differ only at a near tie
     too: at least half of them must be equal, with audio of the same length."""
     requests = [{**make_request(i), "logprobs": True, "top_logprobs": 2} for i in range(16)]
-    eager, graphed = _omni(0), _omni(8)
+    eager, graphed = _omni(0, 0), _omni(8, 8192)
     a, b = eager.generate(requests), graphed.generate(requests)
     stats = graphed.engine.stats()
     print(f"GPU-Q25-GRAPHS stats thinker={stats['thinker']} talker={stats['talker']}")
@@ -38,6 +39,7 @@ def test_decode_graphs_equal_eager_through_the_engine():
     assert stats["audio_encoder"]["graph_replays"] > 0  # (the shared graphed audio program)
     assert stats["vision_encoder"]["graph_replays"] > 0  # (runs of window blocks)
     assert eager.engine.stats()["talker"]["graph_replays"] == 0
+    assert eager.engine.stats()["vision_encoder"]["graph_replays"] == 0
     same_ids, same_codes, speech = 0, 0, 0
     for i, (x, y) in enumerate(zip(a, b, strict=True)):
         assert x.error is None and y.error is None
