@@ -202,10 +202,11 @@ class Attention(nn.Module):
         attention [n, heads * d]."""
         n = qkv.shape[0]
         target = cache.kv_slots(layer, n)
-        q_norm, k_norm = (self.q_norm, self.k_norm) if isinstance(self.q_norm, RMSNorm) else (None, None)
+        normed = isinstance(self.q_norm, RMSNorm)  # (else Qwen2-style: rope only)
+        q_weight, k_weight = (self.q_norm.weight, self.k_norm.weight) if normed else (None, None)
         q, k, v = qk_norm_rope_triton(
-            qkv, q_norm and q_norm.weight, k_norm and k_norm.weight, q_norm.eps if q_norm else 0.0, cos, sin,
-            self.num_heads, self.num_kv_heads, target,
+            qkv, q_weight, k_weight, self.q_norm.eps if normed else 0.0, cos, sin, self.num_heads, self.num_kv_heads,
+            target,
         )  # fmt: skip
         out = cache.attend(layer, q, k, v) if target is None else cache.attend_stored(layer, q)
         return out.reshape(n, self.num_heads * self.head_dim)

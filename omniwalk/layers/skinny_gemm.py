@@ -245,44 +245,36 @@ def _launch(
     block_k = blocks.k if scale is None or block_m == 1 else min(blocks.k, scale_block[1])  # (a dot's step: one scale)
     k_chunk = -(-k // (split * block_k)) * block_k  # each split: a whole number of K steps
     scale_n, scale_k = scale_block or (1, 1)
+    prologue, prologue_constants = _prologue(norm, x, h_out, k)
     _kernel()[(-(-n // blocks.n), split)](
         x, weight, weight if scale is None else scale, out, m, n, k, k_chunk, x.stride(0), weight.stride(0),
         0 if scale is None else scale.stride(0), out.stride(0), out.stride(1) if split > 1 else 0,
-        n * weight.stride(0), 0 if scale is None else n // scale_n * scale.stride(0), *_prologue(norm, x, h_out),
+        n * weight.stride(0), 0 if scale is None else n // scale_n * scale.stride(0), *prologue,
         x if bias is None else bias,
         BLOCK_M=block_m, BLOCK_N=blocks.n, BLOCK_K=block_k, GATED=gated, SCALED=scale is not None,
         BIAS=bias is not None, SCALE_N=scale_n, SCALE_K=scale_k, ROWS_SHARE_SCALE=scale_n % blocks.n == 0,
         SUB_K=block_k if scale is None else min(block_k, scale_k), WIDEN_ASM=asm_widening(x.device),
-        **_prologue_constants(norm, k),
+        **prologue_constants,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # (fp32 as F.linear's; 16-bit ignores it)
         num_warps=blocks.warps, num_stages=blocks.stages, **pdl.launch(x.device),
     )  # fmt: skip
 
 
-def _prologue(norm: InputNorm | None, x: torch.Tensor, h_out: torch.Tensor | None) -> tuple:
-    """The kernel's folded-norm operands (h, delta parts [1, S, K], norm weight, h_out, eps, parts' stride);
-    x for each pointer without a norm (never read)."""
+def _prologue(norm: InputNorm | None, x: torch.Tensor, h_out: torch.Tensor | None, k: int) -> tuple[tuple, dict]:
+    """The kernel's folded-norm operands (h, delta parts [1, S, K], norm weight, h_out, eps, parts' stride;
+    x for each pointer without a norm, never read) and constants."""
     if norm is None:
-        return x, x, x, x, 0.0, 0
-    d = _parts(norm)
-    return norm.h, norm.h if d is None else d, norm.weight, h_out, norm.eps, 0 if d is None else d.stride(1)
-
-
-def _prologue_constants(norm: InputNorm | None, k: int) -> dict:
-    d = None if norm is None else _parts(norm)
-    return {
-        "NORM": norm is not None,
+        return (x, x, x, x, 0.0, 0), {"NORM": False, "PARTS": 0, "ROUND_EACH": False, "K_ROW": 1}
+    d = None if norm.delta is None else norm.delta.reshape(1, -1, norm.h.shape[-1])
+    d = d if d is None or d.stride(-1) == 1 else d.contiguous()
+    operands = (norm.h, norm.h if d is None else d, norm.weight, h_out, norm.eps, 0 if d is None else d.stride(1))
+    constants = {
+        "NORM": True,
         "PARTS": 0 if d is None else d.shape[1],
         "ROUND_EACH": d is not None and d.dtype == norm.h.dtype,
-        "K_ROW": 1 if norm is None else 1 << (k - 1).bit_length(),  # (the norm kernel's block)
+        "K_ROW": 1 << (k - 1).bit_length(),  # (the norm kernel's block)
     }
-
-
-def _parts(norm: InputNorm) -> torch.Tensor | None:
-    if norm.delta is None:
-        return None
-    d = norm.delta.reshape(1, -1, norm.h.shape[-1])
-    return d if d.stride(-1) == 1 else d.contiguous()
+    return operands, constants
 
 
 class SkinnyLinear(nn.Module):
