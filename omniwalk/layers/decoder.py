@@ -41,7 +41,7 @@ from omniwalk.layers.norm import RMSNorm, residual_add, set_norm_backend
 from omniwalk.layers.paged_decode import paged_decode_triton
 from omniwalk.layers.qk_norm_rope import KVOut, qk_norm_rope_triton
 from omniwalk.layers.rotary import apply_rotary, mrope_cos_sin, rope_cos_sin, rotary_tables
-from omniwalk.layers.skinny_gemm import SkinnyLinear
+from omniwalk.layers.skinny_gemm import MergesProjections, SkinnyLinear
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ class RowsKVCache:
         self.num_tokens += num_new // self.rows
 
 
-class Attention(nn.Module):
+class Attention(MergesProjections):
     def __init__(self, cfg: DecoderConfig):
         super().__init__()
         d = cfg.head_dim
@@ -243,15 +243,15 @@ LayerHooks = dict[int, Callable[[torch.Tensor], torch.Tensor]]
 
 def use_kernels(module: nn.Module, norm_backend: str) -> None:
     """After the weights are loaded: every RMSNorm under ``module`` uses ``norm_backend``; fused
-    MoE layers fold their shared expert in; with ``triton`` (the CUDA fast path) every module with
-    ``merge_projections`` merges them: attention (then the fused q/k norm + rope + KV store), gated
+    MoE layers fold their shared expert in; with ``triton`` (the CUDA fast path) every
+    ``MergesProjections`` module merges its projections: attention (then the fused q/k norm + rope + KV store), gated
     MLPs (the fused silu·mul), a model's heads (e.g. the code predictor's: skinny GEMVs). Biased q/k/v
     projections without q/k norm (Qwen2-style) merge too: the GEMV adds the biases, the kernel ropes."""
     set_norm_backend(module, norm_backend)
     for m in list(module.modules()):
         if isinstance(m, SparseMoE) and m.backend == "fused":
             m.fold_shared_expert()
-        elif norm_backend == "triton" and callable(getattr(m, "merge_projections", None)):
+        elif norm_backend == "triton" and isinstance(m, MergesProjections):
             m.merge_projections()
 
 

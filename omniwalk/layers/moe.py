@@ -33,7 +33,7 @@ from omniwalk.layers.fused_moe import ExpertScales, expert_gemv
 from omniwalk.layers.grouped_fp8 import grouped_fp8_experts
 from omniwalk.layers.moe_routing import route_folded, route_topk
 from omniwalk.layers.norm import RMSNorm
-from omniwalk.layers.skinny_gemm import SkinnyLinear
+from omniwalk.layers.skinny_gemm import MergesProjections, SkinnyLinear
 
 MOE_BACKENDS = ("reference", "fused")
 # fused backend: expert GEMVs up to this many (token, expert) pairs per call, a grouped GEMM beyond.
@@ -93,7 +93,7 @@ def grouped_experts(
     return y.new_empty(flat.shape[0], x.shape[1]).index_copy_(0, order, y).view(num_tokens, top_k, x.shape[1])
 
 
-class GatedMLP(nn.Module):
+class GatedMLP(MergesProjections):
     """``down(silu(gate(x)) * up(x))``: the dense MLP and the MoE's shared expert.
 
     ``merge_projections`` (CUDA fast path, after loading) replaces gate and up by one gated

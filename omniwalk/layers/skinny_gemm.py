@@ -277,6 +277,14 @@ def _prologue(norm: InputNorm | None, x: torch.Tensor, h_out: torch.Tensor | Non
     return operands, constants
 
 
+class MergesProjections(nn.Module):
+    """A module whose projections the CUDA fast path merges into ``SkinnyLinear``s after the weights are
+    loaded (``decoder.use_kernels`` calls ``merge_projections`` on each)."""
+
+    def merge_projections(self) -> None:
+        raise NotImplementedError
+
+
 class SkinnyLinear(nn.Module):
     """A Linear (``weight`` [N, K], the checkpoint's layout; an optional ``bias`` [N]) for the decode
     fast path: up to ``MAX_ROWS`` rows through ``skinny_gemm``, more through ``F.linear``.

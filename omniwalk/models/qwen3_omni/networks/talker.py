@@ -29,7 +29,7 @@ from omniwalk.errors import InvalidRequestError
 from omniwalk.layers.decoder import Decoder, DecoderConfig, RowsKVCache
 from omniwalk.layers.embed_add import embed_add_reference, embed_add_triton
 from omniwalk.layers.rotary import rotary_tables
-from omniwalk.layers.skinny_gemm import SkinnyLinear
+from omniwalk.layers.skinny_gemm import MergesProjections, SkinnyLinear
 from omniwalk.models.qwen3_omni.checkpoint.config import TalkerConfig
 from omniwalk.sampling import SamplingParams
 
@@ -113,7 +113,7 @@ class CodePredictorModel(Decoder):
         )
 
 
-class CodePredictor(nn.Module):
+class CodePredictor(MergesProjections):
     def __init__(self, cfg: DecoderConfig, num_code_groups: int):
         super().__init__()
         self.cfg, self.num_code_groups = cfg, num_code_groups
