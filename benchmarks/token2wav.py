@@ -10,14 +10,18 @@ fp32 (as HF runs token2wav). The streamed shapes (``token2wav_stream.py``, 3-blo
 
 Reported per second of audio (100 mel frames) for one stream and per row of a batch, beside the
 multiply-accumulates counted with forward hooks (Linear / Conv1d / ConvTranspose1d, plus attention
-scores over the visible keys) and the rate they imply. Usage:
+scores over the visible keys) and the rate they imply, for the DiT's layers in each of ``--dit-dtypes``
+(``DiT.run_in``: a bf16 model's; the ODE state and BigVGAN stay fp32). Then the accuracy of each
+against fp32: one-shot decodes of ``--accuracy-codes`` random codes with random audible weights
+(``audible_token2wav``), waveform cosine and SNR. Usage:
 
-    python benchmarks/token2wav.py [--rows 1 4] [--repeats 3] [--device cpu]
+    python benchmarks/token2wav.py [--rows 1 4] [--repeats 3] [--device cpu] [--accuracy-codes 96]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import platform
 import statistics
@@ -26,9 +30,16 @@ import time
 import torch
 from torch import nn
 
+from omniwalk.models.qwen2_5_omni.checkpoint.tiny import audible_token2wav
 from omniwalk.models.qwen2_5_omni.networks.bigvgan import BigVGANConfig
 from omniwalk.models.qwen2_5_omni.networks.dit import Attention, DiTConfig, block_masks
-from omniwalk.models.qwen2_5_omni.networks.token2wav import Token2Wav, Token2WavConfig, ode_times, rk38_step
+from omniwalk.models.qwen2_5_omni.networks.token2wav import (
+    Token2Wav,
+    Token2WavConfig,
+    initial_noise,
+    ode_times,
+    rk38_step,
+)
 from omniwalk.models.qwen2_5_omni.networks.token2wav_stream import StreamPlan
 
 FRAMES_PER_SECOND = 100  # 24 kHz / 240 samples per mel frame
@@ -114,26 +125,61 @@ def measure_bigvgan(model: Token2Wav, plan: StreamPlan, repeats: int, device) ->
             "bigvgan_s_per_audio_s": seconds * FRAMES_PER_SECOND / plan.chunk}  # fmt: skip
 
 
+@torch.inference_mode()
+def accuracy(model: Token2Wav, low: dict[str, Token2Wav], num_codes: int, device) -> list[dict]:
+    """One-shot decodes (the checkpoint's steps) with random audible weights: each DiT dtype vs fp32."""
+    cfg, g = model.cfg.dit, torch.Generator().manual_seed(3)
+    voice = {"cond": torch.randn(1, cfg.enc_emb_dim, generator=g),
+             "ref_mel": torch.randn(1, 30, cfg.mel_dim, generator=g) - 4}  # fmt: skip
+    audible_token2wav(model, voice, 0)
+    speaker = model.speaker_rows(*(voice[k].to(device) for k in ("cond", "ref_mel")))
+    rows = []
+    for name, other in low.items():
+        other.load_state_dict(model.state_dict())  # (the audible weights, cast to its layers' dtypes)
+        for seed in (1, 2):
+            codes = torch.randint(0, cfg.num_embeds, (num_codes,), generator=torch.Generator().manual_seed(seed))
+            noise = initial_noise(seed, num_codes * cfg.repeats, cfg.mel_dim, device)
+            ref, out = (m(codes.to(device), speaker, noise) for m in (model, other))
+            rows.append({"dit_dtype": name, "seed": seed, "codes": num_codes,
+                         "wave_cosine": torch.nn.functional.cosine_similarity(ref.double(), out.double(), dim=0).item(),
+                         "snr_db": (10 * torch.log10(ref.pow(2).sum() / (ref - out).pow(2).sum())).item()})  # fmt: skip
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dit-dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    parser.add_argument("--accuracy-codes", type=int, default=96, help="codes a compared decode speaks (0 = none)")
     args = parser.parse_args()
     device = torch.device(args.device)
     torch.manual_seed(0)
     cfg = Token2WavConfig(DiTConfig(), BigVGANConfig())
     with torch.device(device):
         model = Token2Wav(cfg).eval()
+    models = {}
+    for name in args.dit_dtypes:
+        models[name] = model if name == "float32" else copy.deepcopy(model)
+        models[name].dit.run_in(getattr(torch, name))
     plan = StreamPlan.build(cfg)
     report = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "threads": torch.get_num_threads(),
         "num_steps": cfg.flow.num_steps,
-        "dit": [measure_dit(model, plan, rows, args.repeats, device) for rows in args.rows],
+        "dit": [
+            {"dit_dtype": name, **measure_dit(m, plan, rows, args.repeats, device)}
+            for name, m in models.items()
+            for rows in args.rows
+        ],  # fmt: skip
         "bigvgan": measure_bigvgan(model, plan, args.repeats, device),
     }
-    print(json.dumps(report, indent=1))
+    print(json.dumps(report, indent=1), flush=True)
+    if args.accuracy_codes:
+        low = {name: m for name, m in models.items() if name != "float32"}
+        report["accuracy"] = accuracy(model, low, args.accuracy_codes, device)
+        print(json.dumps(report["accuracy"], indent=1))
 
 
 if __name__ == "__main__":

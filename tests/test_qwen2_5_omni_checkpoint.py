@@ -96,6 +96,16 @@ def test_loads_save_pretrained_output_and_names_missing_tensors(tmp_path):
         load_components(tmp_path, ("vision_encoder",), cfg)
 
 
+def test_bf16_model_runs_the_dit_in_bf16_and_the_rest_of_token2wav_in_fp32():
+    cfg = Qwen25OmniConfig.from_hf(hf_checkpoint("tiny"))
+    full = load_components(hf_checkpoint("tiny"), ("token2wav",), cfg)["token2wav"]
+    half = load_components(hf_checkpoint("tiny"), ("token2wav",), cfg, dtype=torch.bfloat16)["token2wav"]
+    assert all(p.dtype == torch.float32 for p in full.parameters())
+    assert half.dit.proj_out.weight.dtype == half.dit.transformer_blocks[0].ff.ff[0].weight.dtype == torch.bfloat16
+    assert half.dit.time_embed.time_mlp[0].weight.dtype == half.bigvgan.conv_post.weight.dtype == torch.float32
+    assert torch.equal(half.dit.proj_out.weight, full.dit.proj_out.weight.bfloat16())
+
+
 def test_speaker_file_errors(tmp_path):
     with pytest.raises(CheckpointError, match="spk_dict.pt"):
         read_speakers(tmp_path)

@@ -29,7 +29,8 @@ def test_decode_graphs_equal_eager_through_the_engine():
     """Same 16 requests (4 speech), graphs on and off: ids equal except where a padded bucket's
     GEMMs break a near tie (then the eager top-2 gap must be tiny); where a speech request's ids are
     equal its talker reads rows equal to GEMM rounding, so its codes may differ only at a near tie
-    too: at least half of them must be equal, with audio of the same length."""
+    too: at least half of them must be equal, with audio of the same length and waveform cosine >= 0.999
+    (token2wav's DiT layers run in bf16 in a bf16 model; the bf16 DiT against fp32: 0.999997)."""
     requests = [{**make_request(i), "logprobs": True, "top_logprobs": 2} for i in range(16)]
     eager, graphed = _omni(0, 0), _omni(8, 8192)
     a, b = eager.generate(requests), graphed.generate(requests)
@@ -54,7 +55,7 @@ def test_decode_graphs_equal_eager_through_the_engine():
             speech += 1
             same_codes += x.codes == y.codes
             print(f"GPU-Q25-GRAPHS request {i}: codes equal {x.codes == y.codes} ({len(x.codes)} codes)")
-            if x.codes == y.codes:
+            if x.codes == y.codes:  # (the DiT runs in bf16 here: a graph's padded rows round its GEMMs apart)
                 assert x.audio.shape == y.audio.shape
-                torch.testing.assert_close(x.audio, y.audio, rtol=0, atol=1e-3)
+                assert torch.nn.functional.cosine_similarity(x.audio.double(), y.audio.double(), dim=0) >= 0.999
     assert same_ids >= 12 and 2 * same_codes >= speech

@@ -241,16 +241,24 @@ class DiT(nn.Module):
         enc, spk = speaker[:, None, : self.cfg.enc_dim], speaker[:, None, self.cfg.enc_dim :]
         return torch.cat([enc.expand(-1, frames, -1), code_rows, spk.expand(-1, frames, -1)], dim=-1)
 
+    def run_in(self, dtype: torch.dtype) -> None:
+        """Run the per-step layers (input projection, blocks, output norm and projection) in ``dtype``;
+        the ODE state and velocity, the time, codec and speaker embeddings stay fp32 (``forward``)."""
+        for module in (self.input_embed.proj, self.transformer_blocks, self.norm_out, self.proj_out):
+            module.to(dtype)
+
     def forward(self, x: torch.Tensor, t: torch.Tensor, conditions: torch.Tensor, masks) -> torch.Tensor:
-        """x [M, T, mel], t [M], conditions [M, T, ...], masks from ``block_masks`` -> [M, T, mel]."""
-        t_emb = self.time_embed(t)
-        h = self.input_embed(x, conditions)
+        """x [M, T, mel], t [M], conditions [M, T, ...], masks from ``block_masks`` -> [M, T, mel] in x's
+        dtype (the layers' dtype, ``run_in``, inside)."""
+        dtype = self.proj_out.weight.dtype
+        t_emb = self.time_embed(t).to(dtype)
+        h = self.input_embed(x.to(dtype), conditions.to(dtype))
         cos, sin = rope_cos_sin(torch.arange(x.shape[1], device=x.device), self.cfg.head_dim, self.cfg.rope_theta)
-        rope = rotary_tables(cos, sin, x.dtype)
+        rope = rotary_tables(cos, sin, dtype)
         for i, block in enumerate(self.transformer_blocks):
             h = block(h, t_emb, rope, masks[self.cfg.attention_reach(i)])
         scale, shift = self.norm_out.modulation(t_emb)
-        return self.proj_out(_modulate(h, scale, shift))
+        return self.proj_out(_modulate(h, scale, shift)).to(x.dtype)
 
     def velocity(self, x, t, conditions, masks, guidance_scale: float) -> torch.Tensor:
         """The guided velocity of N rows: x [N, T, mel], t [N], conditions [2N, T, ...] (all
