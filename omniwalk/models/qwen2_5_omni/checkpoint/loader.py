@@ -6,8 +6,9 @@ Token2wav is built in fp32, as HF's ``generate`` runs it (``self.token2wav.float
 embeddings, speaker encoder and BigVGAN stay fp32 whatever the model's dtype. In a bf16 model the DiT's
 per-step layers run in bf16 (``DiT.run_in``): they are nearly all of token2wav's work (2.7 TMAC per second
 of streamed audio for the 7B, ``benchmarks/token2wav.py``), and fp32 matrix products run on the GPU's
-CUDA cores at a tenth of the bf16 tensor-core rate. Measured against the fp32 DiT on the 7B token2wav config
-(random audible weights, 10 steps): waveform cosine 0.999997, 52 dB SNR (``docs/perf.md``).
+CUDA cores at a fifteenth of the bf16 tensor-core rate (H200: 67 vs 989 TFLOP/s). Against the fp32 DiT
+on the 7B token2wav config (random audible weights, 10 steps): waveform cosine 0.999997, 52 dB SNR
+(``docs/perf.md``).
 """
 
 from __future__ import annotations
