@@ -7,7 +7,8 @@ its launch is recorded instead of run, and the same signature (dtypes, the launc
 and ==1 specialisations, constexprs, warps, stages) is compiled with ``triton.compile`` for
 ``GPUTarget("cuda", 90, 32)``; the cubin is disassembled with the cuobjdump Triton ships. Reported per
 kernel: SASS instructions in the main loop (the largest backward branch's body) per weight element a
-thread handles per iteration, the loop's most frequent opcodes, registers and spilled bytes. The
+thread handles per iteration, the loop's shared-memory loads and barriers (a layout conversion's round
+trip), its most frequent opcodes, registers and spilled bytes. The
 kernels are compiled with PDL and the PTX widening on, as on the H200.
 
 Writes fp8_sass.md (and .json) under --out.
@@ -142,6 +143,8 @@ def report(name: str, compiled, weights_per_iteration: int, threads: int) -> dic
         "per weight": round(len(body) / per_thread, 2),
         "registers": int(usage["REG"]),
         "stack bytes (spills)": int(usage["STACK"]),
+        "shared loads / barriers": f"{sum(n for op, n in ops.items() if op.startswith('LDS'))} / "
+        f"{sum(n for op, n in ops.items() if op.startswith('BAR'))}",
         "top opcodes": ", ".join(f"{op} {n}" for op, n in ops.most_common(7)),
     }
 
