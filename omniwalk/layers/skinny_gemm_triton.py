@@ -117,11 +117,11 @@ def gemv(
         ks = k0 + steps
         if NORM:
             x = normed(h_ptr, d_ptr, nw_ptr, ks, ks < k_end, rstd, stride_dk, PARTS, ROUND_EACH)
-        elif SCALED:  # (x loaded in the weight tile's own shape and layout: see the docstring)
-            ks_tile = ks + tl.zeros((BLOCK_N, 1, 1, 1), tl.int32)
-            x = tl.load(x_ptr + ks_tile, mask=ks_tile < k_end, other=0.0).to(tl.float32)
         else:
-            x = tl.load(x_ptr + ks, mask=ks < k_end, other=0.0).to(tl.float32)
+            xs = ks
+            if SCALED:  # (x in the weight tile's own shape and layout: see the docstring)
+                xs = ks + tl.zeros((BLOCK_N, 1, 1, 1), tl.int32)
+            x = tl.load(x_ptr + xs, mask=xs < k_end, other=0.0).to(tl.float32)
         part = tl.sum(w.to(tl.float32) * x, 3)
         part_up = tl.sum(w_up.to(tl.float32) * x, 3) if GATED else part
         if SCALED:  # (a sub-block's partial sums times its scale: one scale column each)
