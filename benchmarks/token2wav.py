@@ -10,12 +10,16 @@ fp32 (as HF runs token2wav). The streamed shapes (``token2wav_stream.py``, 3-blo
 
 Reported per second of audio (100 mel frames) for one stream and per row of a batch, beside the
 multiply-accumulates counted with forward hooks (Linear / Conv1d / ConvTranspose1d, plus attention
-scores over the visible keys) and the rate they imply, for the DiT's layers in each of ``--dit-dtypes``
-(``DiT.run_in``: a bf16 model's; the ODE state and BigVGAN stay fp32). Then the accuracy of each
-against fp32: one-shot decodes of ``--accuracy-codes`` random codes with random audible weights
-(``audible_token2wav``), waveform cosine and SNR. Usage:
+scores over the visible keys) and the rate they imply, for each variant: the DiT's layers in each of
+``--dit-dtypes`` (``DiT.run_in``: a bf16 model's; the ODE state and BigVGAN stay fp32) on each of
+``--paths``: ``reference`` (the PyTorch modules as built) and, on CUDA, ``fast`` (what the server runs:
+``use_kernels(token2wav, "triton")``, ``DiT.merge_projections``). On CUDA also the kernels of one RK
+step and its time replayed from a CUDA graph (``graph_step_s``: the served step is graphed). Then the
+accuracy of each variant against the fp32 reference: one-shot decodes of ``--accuracy-codes`` random
+codes with random audible weights (``audible_token2wav``), waveform cosine and SNR. Usage:
 
     python benchmarks/token2wav.py [--rows 1 4] [--repeats 3] [--device cpu] [--accuracy-codes 96]
+    python benchmarks/token2wav.py --device cuda --rows 1 32 --dit-dtypes bfloat16 --paths reference fast
 """
 
 from __future__ import annotations
@@ -28,8 +32,11 @@ import statistics
 import time
 
 import torch
+from harness import replay_us
+from micro_clock import count_kernels
 from torch import nn
 
+from omniwalk.layers.decoder import use_kernels
 from omniwalk.models.qwen2_5_omni.checkpoint.tiny import audible_token2wav
 from omniwalk.models.qwen2_5_omni.networks.bigvgan import BigVGANConfig
 from omniwalk.models.qwen2_5_omni.networks.dit import Attention, DiTConfig, block_masks
@@ -104,10 +111,18 @@ def measure_dit(model: Token2Wav, plan: StreamPlan, rows: int, repeats: int, dev
 
     seconds = timed(step, repeats, device)
     macs = count_macs(model.dit, step)
+    out = {"rows": rows, "frames": frames, "step_s": seconds, "gmacs_per_step": macs / 1e9,
+           "gmac_per_s": macs / 1e9 / seconds}  # fmt: skip
+    if device.type == "cuda":
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        seconds = replay_us(graph, max(repeats, 5)) / 1e6
+        out.update(kernels_per_step=count_kernels(step, device), graph_step_s=seconds,
+                   graph_gmac_per_s=macs / 1e9 / seconds)  # fmt: skip
     audio_s = plan.chunk / FRAMES_PER_SECOND  # kept per window
-    per_audio_s = seconds * (cfg.flow.num_steps - 1) / (rows * audio_s)
-    return {"rows": rows, "frames": frames, "step_s": seconds, "gmacs_per_step": macs / 1e9,
-            "gmac_per_s": macs / 1e9 / seconds, "dit_s_per_audio_s_per_row": per_audio_s}  # fmt: skip
+    out["dit_s_per_audio_s_per_row"] = seconds * (cfg.flow.num_steps - 1) / (rows * audio_s)
+    return out
 
 
 @torch.inference_mode()
@@ -126,21 +141,17 @@ def measure_bigvgan(model: Token2Wav, plan: StreamPlan, repeats: int, device) ->
 
 
 @torch.inference_mode()
-def accuracy(model: Token2Wav, low: dict[str, Token2Wav], num_codes: int, device) -> list[dict]:
-    """One-shot decodes (the checkpoint's steps) with random audible weights: each DiT dtype vs fp32."""
-    cfg, g = model.cfg.dit, torch.Generator().manual_seed(3)
-    voice = {"cond": torch.randn(1, cfg.enc_emb_dim, generator=g),
-             "ref_mel": torch.randn(1, 30, cfg.mel_dim, generator=g) - 4}  # fmt: skip
-    audible_token2wav(model, voice, 0)
+def accuracy(model: Token2Wav, voice: dict, others: dict[str, Token2Wav], num_codes: int, device) -> list[dict]:
+    """One-shot decodes (the checkpoint's steps) with the audible weights: each variant vs the fp32 reference."""
+    cfg = model.cfg.dit
     speaker = model.speaker_rows(*(voice[k].to(device) for k in ("cond", "ref_mel")))
     rows = []
-    for name, other in low.items():
-        other.load_state_dict(model.state_dict())  # (the audible weights, cast to its layers' dtypes)
+    for name, other in others.items():
         for seed in (1, 2):
             codes = torch.randint(0, cfg.num_embeds, (num_codes,), generator=torch.Generator().manual_seed(seed))
             noise = initial_noise(seed, num_codes * cfg.repeats, cfg.mel_dim, device)
             ref, out = (m(codes.to(device), speaker, noise) for m in (model, other))
-            rows.append({"dit_dtype": name, "seed": seed, "codes": num_codes,
+            rows.append({"variant": name, "seed": seed, "codes": num_codes,
                          "wave_cosine": torch.nn.functional.cosine_similarity(ref.double(), out.double(), dim=0).item(),
                          "snr_db": (10 * torch.log10(ref.pow(2).sum() / (ref - out).pow(2).sum())).item()})  # fmt: skip
     return rows
@@ -152,6 +163,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dit-dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    parser.add_argument("--paths", nargs="+", default=None, choices=["reference", "fast"],
+                        help="[reference, and fast on CUDA]")  # fmt: skip
     parser.add_argument("--accuracy-codes", type=int, default=96, help="codes a compared decode speaks (0 = none)")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -159,17 +172,26 @@ def main() -> None:
     cfg = Token2WavConfig(DiTConfig(), BigVGANConfig())
     with torch.device(device):
         model = Token2Wav(cfg).eval()
+    g = torch.Generator().manual_seed(3)
+    voice = {"cond": torch.randn(1, cfg.dit.enc_emb_dim, generator=g),
+             "ref_mel": torch.randn(1, 30, cfg.dit.mel_dim, generator=g) - 4}  # fmt: skip
+    audible_token2wav(model, voice, 0)  # (the accuracy's weights; the timings do not depend on them)
+    paths = args.paths or (["reference", "fast"] if device.type == "cuda" else ["reference"])
     models = {}
-    for name in args.dit_dtypes:
-        models[name] = model if name == "float32" else copy.deepcopy(model)
-        models[name].dit.run_in(getattr(torch, name))
+    for dtype in args.dit_dtypes:
+        for path in paths:
+            variant = copy.deepcopy(model)
+            variant.dit.run_in(getattr(torch, dtype))
+            if path == "fast":
+                use_kernels(variant, "triton")
+            models[f"{dtype} {path}"] = variant
     plan = StreamPlan.build(cfg)
     report = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "threads": torch.get_num_threads(),
         "num_steps": cfg.flow.num_steps,
         "dit": [
-            {"dit_dtype": name, **measure_dit(m, plan, rows, args.repeats, device)}
+            {"variant": name, **measure_dit(m, plan, rows, args.repeats, device)}
             for name, m in models.items()
             for rows in args.rows
         ],  # fmt: skip
@@ -177,8 +199,8 @@ def main() -> None:
     }
     print(json.dumps(report, indent=1), flush=True)
     if args.accuracy_codes:
-        low = {name: m for name, m in models.items() if name != "float32"}
-        report["accuracy"] = accuracy(model, low, args.accuracy_codes, device)
+        others = {name: m for name, m in models.items() if name != "float32 reference"}
+        report["accuracy"] = accuracy(model, voice, others, args.accuracy_codes, device)
         print(json.dumps(report["accuracy"], indent=1))
 
 

@@ -18,9 +18,11 @@ import numpy as np
 import torch
 
 from omniwalk.layers import (
+    adaln,
     embed_add,
     fused_moe,
     grouped_fp8,
+    head_rope,
     moe_routing,
     norm,
     paged_decode,
@@ -33,7 +35,9 @@ ON_CPU = not torch.cuda.is_available()
 if ON_CPU:
     os.environ["TRITON_INTERPRET"] = "1"
 BUILDERS = (
+    adaln._kernel,
     embed_add._kernel,
+    head_rope._kernel,
     norm._kernel,
     qk_norm_rope._kernel,
     silu_mul._kernel,

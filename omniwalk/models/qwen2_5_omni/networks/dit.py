@@ -32,7 +32,10 @@ from torch import nn
 
 from omniwalk.device import to_device
 from omniwalk.errors import ConfigError
+from omniwalk.layers.adaln import adaln_reference, adaln_triton
+from omniwalk.layers.head_rope import head_rope_triton
 from omniwalk.layers.rotary import apply_rotary, rope_cos_sin, rotary_tables
+from omniwalk.layers.skinny_gemm import MergesProjections
 from omniwalk.models.json_fields import Section
 from omniwalk.models.qwen2_5_omni.networks.speaker_encoder import SpeakerEncoder
 
@@ -129,19 +132,13 @@ class TimestepEmbedding(nn.Module):
 
 
 class AdaLayerNormZero(nn.Module):
-    """LayerNorm (no affine) modulated by the time embedding: ``chunks`` modulation vectors."""
+    """LayerNorm (no affine) modulated by the time embedding (``layers/adaln.py``): ``chunks``
+    modulation vectors [M, dim] from ``linear(silu(t_emb))``."""
 
     def __init__(self, dim: int, chunks: int):
         super().__init__()
         self.linear = nn.Linear(dim, dim * chunks)
         self.chunks = chunks
-
-    def modulation(self, t_emb: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(m.unsqueeze(1) for m in torch.chunk(self.linear(F.silu(t_emb)), self.chunks, dim=1))
-
-
-def _modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    return F.layer_norm(x, x.shape[-1:], eps=1e-6) * (1 + scale) + shift
 
 
 class FeedForward(nn.Module):
@@ -162,7 +159,7 @@ def _deinterleave(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1)
 
 
-class Attention(nn.Module):
+class Attention(MergesProjections):
     def __init__(self, cfg: DiTConfig):
         super().__init__()
         inner = cfg.head_dim * cfg.num_attention_heads
@@ -171,29 +168,52 @@ class Attention(nn.Module):
         self.to_k = nn.Linear(cfg.hidden_size, inner)
         self.to_v = nn.Linear(cfg.hidden_size, inner)
         self.to_out = nn.ModuleList([nn.Linear(inner, cfg.hidden_size)])
+        self.to_qkv: nn.Linear | None = None  # the fast path's merged projection (``merge_projections``)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
-        """x [N, T, hidden]; rope from ``rotary_tables`` [T, 1, head_dim]; mask [N, 1, T, T] (True = attend)."""
+        """x [N, T, hidden]; rope from ``rotary_tables`` [T, 1, head_dim]; mask [N, 1, T, T] (True = attend,
+        or additive in x's dtype)."""
         n, t, _ = x.shape
-        q, k, v = (proj(x).view(n, t, self.num_heads, self.head_dim) for proj in (self.to_q, self.to_k, self.to_v))
-        # NOTE: only head 0 is rotated (so the checkpoint was trained)
-        q = torch.cat((apply_rotary(_deinterleave(q[:, :, :1]), *rope), q[:, :, 1:]), dim=2)
-        k = torch.cat((apply_rotary(_deinterleave(k[:, :, :1]), *rope), k[:, :, 1:]), dim=2)
+        if self.to_qkv is not None:
+            qkv = head_rope_triton(self.to_qkv(x), *rope, self.num_heads)
+            q, k, v = qkv.view(n, t, 3, self.num_heads, self.head_dim).unbind(2)
+        else:
+            q, k, v = (proj(x).view(n, t, self.num_heads, self.head_dim) for proj in (self.to_q, self.to_k, self.to_v))
+            # NOTE: only head 0 is rotated (so the checkpoint was trained)
+            q = torch.cat((apply_rotary(_deinterleave(q[:, :, :1]), *rope), q[:, :, 1:]), dim=2)
+            k = torch.cat((apply_rotary(_deinterleave(k[:, :, :1]), *rope), k[:, :, 1:]), dim=2)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
         return self.to_out[0](out.transpose(1, 2).reshape(n, t, -1))
 
+    def merge_projections(self) -> None:
+        """CUDA fast path (``decoder.use_kernels``, after loading): q/k/v in one biased GEMM whose head-0
+        rows of q and k are stored de-interleaved, then ``head_rope`` rotates head 0 in place."""
+        d = self.head_dim
+        rows = torch.cat((torch.arange(0, d, 2), torch.arange(1, d, 2), torch.arange(d, self.to_q.out_features)))
+        self.to_qkv = _stacked(
+            [self.to_q.weight[rows], self.to_k.weight[rows], self.to_v.weight],
+            [self.to_q.bias[rows], self.to_k.bias[rows], self.to_v.bias],
+        )
+        self.to_q = self.to_k = self.to_v = None
+
+
+def _stacked(weights: list[torch.Tensor], biases: list[torch.Tensor]) -> nn.Linear:
+    """One Linear whose outputs are those of the given (weight, bias) pairs, in order."""
+    w = torch.cat(weights)
+    linear = nn.Linear(w.shape[1], w.shape[0], device=w.device, dtype=w.dtype)
+    linear.weight.data.copy_(w)
+    linear.bias.data.copy_(torch.cat(biases))
+    return linear
+
 
 class DiTBlock(nn.Module):
+    """One layer's modules (``DiT.forward`` runs them: the AdaLN-zero residuals carry across blocks)."""
+
     def __init__(self, cfg: DiTConfig):
         super().__init__()
         self.attn_norm = AdaLayerNormZero(cfg.hidden_size, 6)
         self.attn = Attention(cfg)
         self.ff = FeedForward(cfg.hidden_size, cfg.ff_mult)
-
-    def forward(self, x: torch.Tensor, t_emb: torch.Tensor, rope, mask: torch.Tensor) -> torch.Tensor:
-        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.attn_norm.modulation(t_emb)
-        x = x + gate_msa * self.attn(_modulate(x, scale_msa, shift_msa), rope, mask)
-        return x + gate_mlp * self.ff(_modulate(x, scale_mlp, shift_mlp))
 
 
 def block_masks(cfg: DiTConfig, lengths: list[int] | torch.Tensor, total: int, device) -> dict[tuple, torch.Tensor]:
@@ -216,7 +236,7 @@ def block_masks(cfg: DiTConfig, lengths: list[int] | torch.Tensor, total: int, d
     return masks
 
 
-class DiT(nn.Module):
+class DiT(MergesProjections):
     def __init__(self, cfg: DiTConfig):
         super().__init__()
         self.cfg = cfg
@@ -226,6 +246,7 @@ class DiT(nn.Module):
         self.transformer_blocks = nn.ModuleList([DiTBlock(cfg) for _ in range(cfg.num_hidden_layers)])
         self.norm_out = AdaLayerNormZero(cfg.hidden_size, 2)
         self.proj_out = nn.Linear(cfg.hidden_size, cfg.mel_dim)
+        self.modulation: nn.Linear | None = None  # the fast path's merged modulations (``merge_projections``)
 
     def speaker_rows(self, cond: torch.Tensor, ref_mel: torch.Tensor) -> torch.Tensor:
         """A speaker's conditions, both CFG halves: cond [enc_emb_dim], ref_mel [T, mel] ->
@@ -255,10 +276,43 @@ class DiT(nn.Module):
         h = self.input_embed(x.to(dtype), conditions.to(dtype))
         cos, sin = rope_cos_sin(torch.arange(x.shape[1], device=x.device), self.cfg.head_dim, self.cfg.rope_theta)
         rope = rotary_tables(cos, sin, dtype)
-        for i, block in enumerate(self.transformer_blocks):
-            h = block(h, t_emb, rope, masks[self.cfg.attention_reach(i)])
-        scale, shift = self.norm_out.modulation(t_emb)
-        return self.proj_out(_modulate(h, scale, shift)).to(x.dtype)
+        *layers, (scale, shift) = self._modulations(t_emb)
+        adaln = adaln_reference if self.modulation is None else adaln_triton
+        if self.modulation is not None:  # (sdpa's own conversion of a bool mask, once a forward, not a layer)
+            masks = {k: torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, -math.inf)
+                     for k, m in masks.items()}  # fmt: skip
+        delta = gate = None  # the previous sub-block's output and gate: its residual add is the next norm's
+        for i, (block, (shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp)) in enumerate(
+            zip(self.transformer_blocks, layers, strict=True)
+        ):
+            h, a = adaln(h, delta, gate, scale_msa, shift_msa)
+            h, f = adaln(h, block.attn(a, rope, masks[self.cfg.attention_reach(i)]), gate_msa, scale_mlp, shift_mlp)
+            delta, gate = block.ff(f), gate_mlp
+        return self.proj_out(adaln(h, delta, gate, scale, shift)[1]).to(x.dtype)
+
+    def _modulations(self, t_emb: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+        """Each block's six modulation vectors (shift, scale, gate of attention, then of the MLP), then
+        the output norm's (scale, shift): [M, hidden] each (views of one product when merged)."""
+        norms = [block.attn_norm for block in self.transformer_blocks] + [self.norm_out]
+        act = F.silu(t_emb)
+        if self.modulation is None:
+            return [torch.chunk(norm.linear(act), norm.chunks, dim=1) for norm in norms]
+        merged, start = self.modulation(act), 0
+        out = []
+        for norm in norms:
+            out.append(torch.chunk(merged[:, start : start + norm.chunks * self.cfg.hidden_size], norm.chunks, dim=1))
+            start += norm.chunks * self.cfg.hidden_size
+        return out
+
+    def merge_projections(self) -> None:
+        """CUDA fast path (``decoder.use_kernels``, after loading and ``run_in``): the time embedding's
+        23 modulation GEMMs (each block's six vectors, the output norm's two) become one, and the
+        AdaLN-zero norms run as ``adaln_triton`` (a kernel each, the gated residual add folded in);
+        ``Attention`` merges its own projections."""
+        norms = [block.attn_norm for block in self.transformer_blocks] + [self.norm_out]
+        self.modulation = _stacked([n.linear.weight for n in norms], [n.linear.bias for n in norms])
+        for norm in norms:
+            norm.linear = None
 
     def velocity(self, x, t, conditions, masks, guidance_scale: float) -> torch.Tensor:
         """The guided velocity of N rows: x [N, T, mel], t [N], conditions [2N, T, ...] (all
