@@ -278,29 +278,35 @@ def test_windows_cover_one_forward_exactly(name):
         assert (part[w.keep_start - short : w.keep_end - short] - full[w.keep_start : w.keep_end]).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("ends", [(10, 30, 31, 70, 83), (72, 144, 150, 216, 288, 300)])
 @pytest.mark.parametrize("name", NAMES)
 @torch.inference_mode()
-def test_vocoder_spans_equal_one_shot(name):
-    """BigVGAN over the spans a stream decodes (context = its receptive field) equals one decode."""
+def test_vocoder_spans_equal_one_shot(name, ends):
+    """BigVGAN over the spans a stream decodes (context = its receptive field) equals one decode; the
+    second stream is long enough for its last span to be the tail span (more left context)."""
     ours = ours_for(name)
     plan = StreamPlan.build(ours.cfg)
-    mel_dim, frames = ours.cfg.dit.mel_dim, 83
+    mel_dim, frames = ours.cfg.dit.mel_dim, ends[-1]
     mel = torch.randn(frames, mel_dim, generator=torch.Generator().manual_seed(3)) - 3
     stream = StreamState(plan, 0, mel_dim)
     stream.finish(frames // plan.repeats + 1)
     stream.num_total = frames
-    out, done = [], 0
-    for end in (10, 30, 31, 70, frames):  # mel becoming final in uneven pieces
+    out, done, spans = [], 0, []
+    for end in ends:  # mel becoming final in uneven pieces
         window = Window(done, done, end, end)
         kept = stream.kept_mel([(window, mel[done:end])])
         span = stream.next_span(end)
         if span is not None:
+            spans.append(span)
             wav = ours.bigvgan(stream.span_mel(kept, span)[None])[0]
             first = (span.emit_start - span.start) * ours.cfg.bigvgan.samples_per_frame
             out.append(wav[first : first + (span.emit_end - span.emit_start) * ours.cfg.bigvgan.samples_per_frame])
         stream.add(kept, end, span)
         done = end
     assert stream.is_done and len(out) >= 3
+    last = spans[-1]
+    assert (last.end - last.start == plan.tail_span) == (frames >= plan.tail_span)
+    assert last.emit_start - last.start >= plan.vocoder_context
     one_shot = ours.bigvgan(mel.T[None])[0]
     assert torch.cat(out).shape == one_shot.shape
     assert (torch.cat(out) - one_shot).abs().max() < 1e-5

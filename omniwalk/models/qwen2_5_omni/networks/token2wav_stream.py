@@ -8,7 +8,10 @@ P = ``back``, F = ``ahead``, V = ``vocoder_context``:
                                           then keeps everything to the end)
     kept            [kC, (k+1)C)          final mel, appended to the stream's mel
     vocoder span    emits frames [e, f - V) once f frames are final (to f at the end),
-                    decoding [e - V, f) and keeping the samples of [e, f - V)
+                    decoding [e - V, f) and keeping the samples of [e, f - V); the last span
+                    of an utterance starts earlier, at the end less ``tail_span`` frames, when
+                    the utterance is that long (more left context gives the same samples; every
+                    span of a long stream then has one of a few lengths, which CUDA graphs hold)
 
 Window starts are multiples of the block size, so a window's attention blocks are the one-shot's.
 All offsets are whole codec tokens (blocks hold whole tokens; ``dit.py`` checks it).
@@ -69,6 +72,12 @@ class StreamPlan:
             vocoder_context=stream.vocoder_context_frames or cfg.bigvgan.receptive_field_frames(),
             repeats=cfg.dit.repeats,
         )
+
+    @property
+    def tail_span(self) -> int:
+        """The frames a stream's last vocoder span decodes (when the utterance has them): the most
+        that can follow the previous span's end, C + F kept by the last window plus 2V context."""
+        return self.chunk + self.ahead + 2 * self.vocoder_context
 
     def whole(self) -> StreamPlan:
         """The one-shot plan: a single window over the whole utterance once the talker has ended,
@@ -133,7 +142,10 @@ class StreamState:
         emit_end = num_final if is_complete else num_final - self.plan.vocoder_context
         if emit_end <= self.num_vocoded:
             return None
-        return VocoderSpan(max(0, self.num_vocoded - self.plan.vocoder_context), num_final, self.num_vocoded, emit_end)
+        start = max(0, self.num_vocoded - self.plan.vocoder_context)
+        if is_complete and num_final - start < self.plan.tail_span <= num_final:
+            start = num_final - self.plan.tail_span  # (the tail span: more left context, the same samples)
+        return VocoderSpan(start, num_final, self.num_vocoded, emit_end)
 
     def kept_mel(self, windows: list[tuple[Window, torch.Tensor]]) -> torch.Tensor:
         """The final mel after solved windows (in order; each with its whole mel [frames, mel_dim])
@@ -154,11 +166,11 @@ class StreamState:
 
     def add(self, mel: torch.Tensor, num_final: int, span: VocoderSpan | None) -> None:
         """Take ``kept_mel``'s result (final frames up to ``num_final``) and the span decoded from
-        it; frames no later span reads are dropped."""
+        it; frames no later span reads (the tail span included) are dropped."""
         self.mel, self.num_final = mel, num_final
         if span is not None:
             self.num_vocoded = span.emit_end
-        drop = max(0, self.num_vocoded - self.plan.vocoder_context) - self.mel_offset
+        drop = max(0, self.num_vocoded - self.plan.tail_span) - self.mel_offset
         if drop > 0:
             self.mel, self.mel_offset = self.mel[drop:], self.mel_offset + drop
 
