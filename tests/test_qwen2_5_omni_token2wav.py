@@ -278,14 +278,23 @@ def test_windows_cover_one_forward_exactly(name):
         assert (part[w.keep_start - short : w.keep_end - short] - full[w.keep_start : w.keep_end]).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("ends", [(10, 30, 31, 70, 83), (72, 144, 150, 216, 288, 300)])
+@pytest.mark.parametrize("pattern", ["uneven", "chunks", "jump"])
 @pytest.mark.parametrize("name", NAMES)
 @torch.inference_mode()
-def test_vocoder_spans_equal_one_shot(name, ends):
-    """BigVGAN over the spans a stream decodes (context = its receptive field) equals one decode; the
-    second stream is long enough for its last span to be the tail span (more left context)."""
+def test_vocoder_spans_equal_one_shot(name, pattern):
+    """BigVGAN over the spans a stream decodes (context = its receptive field) equals one decode. Mel
+    becomes final in uneven pieces, or a chunk at a time as windows solve (then every span with its full
+    left context has the regular length, the last one extended back to it: more left context), or
+    jumping ahead (windows solved together: the stream catches up a regular span a step)."""
     ours = ours_for(name)
     plan = StreamPlan.build(ours.cfg)
+    c = plan.chunk
+    ends = {
+        "uneven": (10, 30, 31, 70, 83),
+        "chunks": (*range(c, 9 * c, c), 8 * c + 4),
+        "jump": (c, 2 * c, 7 * c, 7 * c + 6),
+    }
+    ends = ends[pattern]
     mel_dim, frames = ours.cfg.dit.mel_dim, ends[-1]
     mel = torch.randn(frames, mel_dim, generator=torch.Generator().manual_seed(3)) - 3
     stream = StreamState(plan, 0, mel_dim)
@@ -295,17 +304,20 @@ def test_vocoder_spans_equal_one_shot(name, ends):
     for end in ends:  # mel becoming final in uneven pieces
         window = Window(done, done, end, end)
         kept = stream.kept_mel([(window, mel[done:end])])
-        span = stream.next_span(end)
-        if span is not None:
+        while (span := stream.next_span(end)) is not None:  # (several when final mel jumps ahead: a step each)
             spans.append(span)
             wav = ours.bigvgan(stream.span_mel(kept, span)[None])[0]
             first = (span.emit_start - span.start) * ours.cfg.bigvgan.samples_per_frame
             out.append(wav[first : first + (span.emit_end - span.emit_start) * ours.cfg.bigvgan.samples_per_frame])
-        stream.add(kept, end, span)
+            stream.add(kept, end, span)
+            kept = stream.mel
+        stream.add(kept, end, None)
         done = end
     assert stream.is_done and len(out) >= 3
     last = spans[-1]
-    assert (last.end - last.start == plan.tail_span) == (frames >= plan.tail_span)
+    if pattern != "uneven":
+        lengths = {s.end - s.start for s in spans if s.emit_start >= plan.vocoder_context}  # (full left context)
+        assert lengths == {plan.tail_span} == {c + 2 * plan.vocoder_context}
     assert last.emit_start - last.start >= plan.vocoder_context
     one_shot = ours.bigvgan(mel.T[None])[0]
     assert torch.cat(out).shape == one_shot.shape

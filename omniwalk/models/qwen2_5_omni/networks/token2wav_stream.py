@@ -7,11 +7,12 @@ P = ``back``, F = ``ahead``, V = ``vocoder_context``:
                                           (k+1)C + F frames (or has ended: the last window
                                           then keeps everything to the end)
     kept            [kC, (k+1)C)          final mel, appended to the stream's mel
-    vocoder span    emits frames [e, f - V) once f frames are final (to f at the end),
+    vocoder span    emits frames [e, f - V) once f frames are final (to f at the end; past the
+                    first V frames, C a span: [e, e + C) once e + C + V are final, the regular one),
                     decoding [e - V, f) and keeping the samples of [e, f - V); the last span
                     of an utterance starts earlier, at the end less ``tail_span`` frames, when
-                    the utterance is that long (more left context gives the same samples; every
-                    span of a long stream then has one of a few lengths, which CUDA graphs hold)
+                    the utterance is that long (more left context gives the same samples): past
+                    its first two, every span of a long stream is C + 2V frames (one CUDA graph)
 
 Window starts are multiples of the block size, so a window's attention blocks are the one-shot's.
 All offsets are whole codec tokens (blocks hold whole tokens; ``dit.py`` checks it).
@@ -75,9 +76,9 @@ class StreamPlan:
 
     @property
     def tail_span(self) -> int:
-        """The frames a stream's last vocoder span decodes (when the utterance has them): the most
-        that can follow the previous span's end, C + F kept by the last window plus 2V context."""
-        return self.chunk + self.ahead + 2 * self.vocoder_context
+        """The frames a stream's last vocoder span decodes (when the utterance has them): the regular
+        span's C + 2V, since a last span emits fewer than C + V frames (``StreamState.next_span``)."""
+        return self.chunk + 2 * self.vocoder_context
 
     def whole(self) -> StreamPlan:
         """The one-shot plan: a single window over the whole utterance once the talker has ended,
@@ -137,15 +138,26 @@ class StreamState:
         self.num_planned = window.keep_end
 
     def next_span(self, num_final: int) -> VocoderSpan | None:
-        """The vocoder span that ``num_final`` final frames allow (None if none); ``add`` takes it."""
+        """The vocoder span that ``num_final`` final frames allow (None if none); ``add`` takes it.
+
+        With C + V final frames past the frames vocoded, a regular span: emit the next C, decode them
+        with V frames of context either side (C + 2V frames once V are vocoded). A stream that falls
+        behind (windows solved together) so catches up one regular span a call, each a graph's length.
+        Else the last span once the utterance is complete (the tail span where it has the frames),
+        else, while fewer than V frames are vocoded, what the final frames allow (the first spans)."""
+        plan, done = self.plan, self.num_vocoded
+        start = max(0, done - plan.vocoder_context)
+        if num_final - done >= plan.chunk + plan.vocoder_context:
+            return VocoderSpan(start, done + plan.chunk + plan.vocoder_context, done, done + plan.chunk)
         is_complete = num_final == self.num_total
-        emit_end = num_final if is_complete else num_final - self.plan.vocoder_context
-        if emit_end <= self.num_vocoded:
+        if not is_complete and done >= plan.vocoder_context:
+            return None  # (past the first spans, only regular ones: what is left waits for the next window)
+        emit_end = num_final if is_complete else num_final - plan.vocoder_context
+        if emit_end <= done:
             return None
-        start = max(0, self.num_vocoded - self.plan.vocoder_context)
-        if is_complete and num_final - start < self.plan.tail_span <= num_final:
-            start = num_final - self.plan.tail_span  # (the tail span: more left context, the same samples)
-        return VocoderSpan(start, num_final, self.num_vocoded, emit_end)
+        if is_complete and num_final - start < plan.tail_span <= num_final:
+            start = num_final - plan.tail_span  # (the tail span: more left context, the same samples)
+        return VocoderSpan(start, num_final, done, emit_end)
 
     def kept_mel(self, windows: list[tuple[Window, torch.Tensor]]) -> torch.Tensor:
         """The final mel after solved windows (in order; each with its whole mel [frames, mel_dim])

@@ -26,9 +26,9 @@ the 7B config) and the solve of their window: (num_steps - 1) stage steps.
 CUDA graphs (``graph_max_batch`` > 0, captured at start-up): the batched RK step per padded length
 (the stream's first window, C + F frames, and its regular one, P + C + F; a batch pads its rows
 to the smaller that holds them, padding never attended) and BigVGAN per span length (the stream's
-regular spans and its tail span, decoded at their exact length: no padding in time), each per batch
-bucket. Longer rows (one-shot decodes, ``StreamPlan.whole``) and other spans (the ends of utterances
-shorter than a tail span, or of two windows solved at once) run eagerly, counted in ``stats``.
+spans, its last included: ``StreamPlan.tail_span``; decoded at their exact length, no padding in time),
+each per batch bucket. Longer rows (one-shot decodes, ``StreamPlan.whole``) and other spans (the ends
+of utterances shorter than a regular span) run eagerly, counted in ``stats``.
 """
 
 from __future__ import annotations
@@ -304,8 +304,8 @@ def _pad_stack(rows: list[torch.Tensor], total: int) -> torch.Tensor:
 
 
 def regular_span_lengths(plan: StreamPlan, num_chunks: int = 8) -> list[int]:
-    """The frame counts of the vocoder spans a long stream decodes: before its end (the first few
-    differ, then every span is C + 2V), and its last (``StreamPlan.tail_span``)."""
+    """The frame counts of the vocoder spans a long stream decodes (the first few differ, then every
+    span is C + 2V, its last one included: ``StreamPlan.tail_span``)."""
     lengths, num_vocoded = {plan.tail_span}, 0
     for k in range(1, num_chunks + 1):
         emit_end = k * plan.chunk - plan.vocoder_context
