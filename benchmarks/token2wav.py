@@ -64,7 +64,9 @@ def count_macs(model: nn.Module, run) -> int:
 
     def attention_hook(module, inputs, output):
         nonlocal total
-        total += 2 * int(inputs[2].sum()) * module.num_heads * module.head_dim  # QK^T and PV, visible keys
+        mask = inputs[2]  # (bool, or additive on the fast path)
+        visible = mask.sum() if mask.dtype == torch.bool else (mask == 0).sum()
+        total += 2 * int(visible) * module.num_heads * module.head_dim  # QK^T and PV, visible keys
 
     kinds = (nn.Linear, nn.Conv1d, nn.ConvTranspose1d)
     handles = [m.register_forward_hook(layer_hook) for m in model.modules() if isinstance(m, kinds)]
