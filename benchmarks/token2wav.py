@@ -14,7 +14,8 @@ scores over the visible keys) and the rate they imply, for each variant: the DiT
 ``--dit-dtypes`` (``DiT.run_in``: a bf16 model's; the ODE state and BigVGAN stay fp32) on each of
 ``--paths``: ``reference`` (the PyTorch modules as built) and, on CUDA, ``fast`` (what the server runs:
 ``use_kernels(token2wav, "triton")``, ``DiT.merge_projections``). On CUDA also the kernels of one RK
-step and its time replayed from a CUDA graph (``graph_step_s``: the served step is graphed). Then the
+step and its time replayed from a CUDA graph (``graph_step_s``: the served step is graphed; the per-second-
+of-audio figure then uses it). Then the
 accuracy of each variant against the fp32 reference: one-shot decodes of ``--accuracy-codes`` random
 codes with random audible weights (``audible_token2wav``), waveform cosine and SNR. Usage:
 
@@ -177,7 +178,8 @@ def main() -> None:
     g = torch.Generator().manual_seed(3)
     voice = {"cond": torch.randn(1, cfg.dit.enc_emb_dim, generator=g),
              "ref_mel": torch.randn(1, 30, cfg.dit.mel_dim, generator=g) - 4}  # fmt: skip
-    audible_token2wav(model, voice, 0)  # (the accuracy's weights; the timings do not depend on them)
+    if args.accuracy_codes:  # (the accuracy's weights, before the variants copy them; timings do not depend on them)
+        audible_token2wav(model, voice, 0)
     paths = args.paths or (["reference", "fast"] if device.type == "cuda" else ["reference"])
     models = {}
     for dtype in args.dit_dtypes:

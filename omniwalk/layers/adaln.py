@@ -88,6 +88,3 @@ def adaln_triton(
             HAS_DELTA=delta is not None, BLOCK=1 << (dim - 1).bit_length(), **COMPILE_OPTIONS,
         )  # fmt: skip
     return h_out, out
-
-
-ADALN = {"reference": adaln_reference, "triton": adaln_triton}

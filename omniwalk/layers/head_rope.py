@@ -67,6 +67,3 @@ def head_rope_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, he
     if qkv.numel():
         _kernel()[(m * t,)](qkv, cos, sin, t, width, d, INNER=heads * d, D=d, **COMPILE_OPTIONS)
     return qkv
-
-
-HEAD_ROPE = {"reference": head_rope_reference, "triton": head_rope_triton}
