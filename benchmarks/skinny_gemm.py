@@ -35,19 +35,35 @@ from omniwalk.layers.skinny_gemm import Blocks, padded_rows, skinny_gemm
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # (harness.py beside this file)
 from harness import graph_call_us, markdown_table  # noqa: E402
 
-# name: (K, N, kind); partials: the consumer sums split-K parts (o_proj, down_proj); gated: N = 2I
-SHAPES = {
-    "thinker qkv": (2048, 5120, "plain"),
-    "thinker o": (4096, 2048, "partials"),
-    "talker qkv": (1024, 2560, "plain"),
-    "talker/cp o": (2048, 1024, "partials"),
-    "cp qkv": (1024, 4096, "plain"),
-    "cp gate_up": (1024, 6144, "gated"),
-    "cp down": (3072, 1024, "partials"),
-    "cp lm_head": (1024, 2048, "plain"),  # (heads: not on the fast path yet, for reference)
-    "codec head": (1024, 3072, "plain"),
+# name: (K, N, kind); partials: the consumer sums split-K parts (o_proj, down_proj); gated: N = 2I.
+# One set per model whose decode shapes the table holds (``--shapes``); a set's heads are measured with --heads.
+SHAPE_SETS = {
+    "qwen3-omni": {
+        "thinker qkv": (2048, 5120, "plain"),
+        "thinker o": (4096, 2048, "partials"),
+        "talker qkv": (1024, 2560, "plain"),
+        "talker/cp o": (2048, 1024, "partials"),
+        "cp qkv": (1024, 4096, "plain"),
+        "cp gate_up": (1024, 6144, "gated"),
+        "cp down": (3072, 1024, "partials"),
+        "cp lm_head": (1024, 2048, "plain"),  # (heads: not on the fast path yet, for reference)
+        "codec head": (1024, 3072, "plain"),
+    },
+    "qwen2.5-omni-7b": {  # dense thinker (hidden 3584, intermediate 18944) and talker (hidden 896)
+        "thinker qkv": (3584, 4608, "plain"),
+        "thinker o": (3584, 3584, "partials"),
+        "thinker gate_up": (3584, 37888, "gated"),
+        "thinker down": (18944, 3584, "partials"),
+        "talker qkv": (896, 2560, "plain"),
+        "talker o": (1536, 896, "partials"),
+        "talker gate_up": (896, 37888, "gated"),
+        "talker down": (18944, 896, "partials"),
+        "thinker lm_head": (3584, 152064, "plain"),  # (cuBLAS on the fast path: for reference)
+        "codec head": (896, 8448, "plain"),
+    },
 }
-HEADS = ("cp lm_head", "codec head")
+HEADS = ("cp lm_head", "codec head", "thinker lm_head")
+SHAPES = SHAPE_SETS["qwen3-omni"]  # the set measured (main() sets it from --shapes)
 # (run 1 of 2026-12-01: at M = 1 the GEMV lanes beat tl.dot, the larger K steps best; at M > 1 deep
 # pipelines of 64- or 32-row tiles; these are the leaders and their neighbours, incl. whole-K steps)
 GEMV = [Blocks(8, 1024, 1, 4, 1), Blocks(16, 512, 1, 4, 1), Blocks(4, 2048, 1, 4, 1), Blocks(8, 2048, 1, 8, 1)]
@@ -59,10 +75,18 @@ POOL_BYTES = 512 << 20
 BF16 = torch.bfloat16
 
 
-def candidates(m: int, kind: str) -> list[Blocks]:
+def candidates(m: int, kind: str, shape: tuple[int, int, str] | None = None) -> list[Blocks]:
+    """The configurations measured at M = m; with ``shape`` (K, N, kind) also ``default_blocks``'s
+    pick for it (what runs where the table has no key)."""
     base = GEMV + [b._replace(rows=16) for b in DOT[:2]] if m == 1 else DOT
     splits = SPLITS if kind == "partials" else (1,)
-    return [b._replace(split=s) for b in base for s in splits]
+    out = [b._replace(split=s) for b in base for s in splits]
+    if shape is not None:
+        k, n, _ = shape
+        gated = kind == "gated"
+        default = sg.default_blocks(m, n // 2 if gated else n, k, kind == "partials", gated=gated)
+        out += [default] if default not in out else []
+    return out
 
 
 def _warm(items: list[tuple[int, bool, Blocks]]) -> int:
@@ -83,8 +107,9 @@ def _warm(items: list[tuple[int, bool, Blocks]]) -> int:
 def warm_in_parallel(rows: list[int], workers: int) -> None:
     keys = {}
     for m in rows:
-        for _, _, kind in SHAPES.values():
-            for b in candidates(m, kind):
+        for shape in SHAPES.values():
+            kind = shape[2]
+            for b in candidates(m, kind, shape):
                 key = (b.rows or padded_rows(m), kind == "gated", b.split > 1, b._replace(split=1, rows=0))
                 keys.setdefault(key, (m, kind == "gated", b._replace(split=min(b.split, 2))))
     items = list(keys.values())
@@ -121,7 +146,7 @@ def bench_shape(name: str, rows: list[int]) -> list[dict]:
 
         us = graph_call_us(cublas, calls)
         out.append(dict(shape=name, m=m, kernel="cublas", us=us, gb_s=gb / us * 1e6))
-        for b in candidates(m, kind):
+        for b in candidates(m, kind, SHAPES[name]):
             try:
                 ok = within_bound(skinny_gemm(x, pool[0], gated=gated, partials=partials, blocks=b), x, pool[0], kind)
             except Exception:  # (does not fit the SM: see _warm)
@@ -197,7 +222,10 @@ def main() -> None:
     p.add_argument("--rows", default="1,2,8,16,32")
     p.add_argument("--workers", type=int, default=12)
     p.add_argument("--heads", action="store_true", help="also the LM-head shapes (not on the fast path)")
+    p.add_argument("--shapes", choices=sorted(SHAPE_SETS), default="qwen3-omni", help="whose decode shapes")
     args = p.parse_args()
+    global SHAPES
+    SHAPES = SHAPE_SETS[args.shapes]
     names = [name for name in SHAPES if args.heads or name not in HEADS]
     run(args.out, names, [int(m) for m in args.rows.split(",")], args.workers)
 
