@@ -1,5 +1,5 @@
 """The skinny GEMV compiled for the H200 (sm_90a) on any machine with Triton: the tiles
-``default_blocks`` picks for decode at B = 1 keep every weight of a step in registers. A gated
+``pick_blocks`` picks for decode at B = 1 (``TUNED``'s, else ``default_blocks``') keep every weight of a step in registers. A gated
 32 x 512 tile (256 weights a thread) spilled 2.7 KB of stack a thread and made Qwen2.5-Omni-7B's
 dense gate/up GEMV, hence its B = 1 decode step, ~10x slower than its weight-read floor on the
 H200 (``benchmarks/results/2026-12-02-h200-s27/lead``). Register use and stack bytes come from
@@ -67,7 +67,7 @@ def _usage(k: int, n: int, gated: bool, partials: bool, fp8: bool = False, tile=
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES))
-def test_default_gemv_tiles_do_not_spill_at_batch_one(name):
+def test_picked_gemv_tiles_do_not_spill_at_batch_one(name):
     registers, stack = _usage(*SHAPES[name])
     assert stack == 0, f"{name}: {registers} registers and {stack} bytes of stack a thread"
 

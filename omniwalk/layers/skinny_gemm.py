@@ -116,6 +116,43 @@ TUNED: dict[tuple[int, int, int, bool, bool], Blocks | None] = {
     (1, 2048, 1024, False, False): Blocks(16, 1024, 1, 8, 1),
     (16, 2048, 1024, False, False): None,
     (32, 2048, 1024, False, False): None,
+    # Qwen2.5-Omni-7B's dense decoders (session 31, benchmarks/skinny_gemm.py --shapes qwen2.5-omni-7b, H200;
+    # results/2026-12-02-h200-s31 call 1). µs at M = 1, default_blocks -> this table (cuBLAS): thinker qkv
+    # 12.3 -> 10.3 (10.7), o 9.0 -> 7.2 (11.6), gate_up 64.7 -> 64.6 (78.4), down 41.1 -> 34.6 (41.7); talker
+    # qkv 2.67 -> 2.55, o 2.86 -> 1.79, down 16.8 -> 10.2; talker gate_up's default measured equal to the best
+    # (21.76 / 21.75 µs), so it keeps the default (it folds the norm). The split o/down tiles leave the next
+    # norm unfolded (a delta of 2-4 parts): the s2t B = 1 engine step measured 4.71 -> 4.37 ms all the same.
+    # Qwen2.5-Omni-7B thinker qkv
+    (1, 4608, 3584, False, False): Blocks(16, 512, 1, 4, 1),
+    (16, 4608, 3584, False, False): None,
+    (32, 4608, 3584, False, False): None,
+    # Qwen2.5-Omni-7B thinker o
+    (1, 3584, 3584, False, True): Blocks(32, 256, 4, 4, 1),
+    (16, 3584, 3584, False, True): Blocks(64, 128, 2, 4, 6),
+    (32, 3584, 3584, False, True): Blocks(64, 128, 2, 4, 6),
+    # Qwen2.5-Omni-7B thinker gate_up (I = 18944)
+    (1, 18944, 3584, True, False): Blocks(16, 512, 1, 4, 3),
+    (16, 18944, 3584, True, False): Blocks(64, 128, 1, 4, 6),
+    (32, 18944, 3584, True, False): None,
+    # Qwen2.5-Omni-7B thinker down
+    (1, 3584, 18944, False, True): Blocks(64, 256, 2, 4, 3, rows=16),
+    (16, 3584, 18944, False, True): Blocks(64, 256, 2, 4, 3),
+    (32, 3584, 18944, False, True): Blocks(64, 128, 2, 4, 6),
+    # Qwen2.5-Omni-7B talker qkv
+    (1, 2560, 896, False, False): Blocks(8, 1024, 1, 4, 1),
+    (16, 2560, 896, False, False): Blocks(64, 128, 1, 4, 6),
+    (32, 2560, 896, False, False): Blocks(64, 128, 1, 4, 6),
+    # Qwen2.5-Omni-7B talker o
+    (1, 896, 1536, False, True): Blocks(8, 1024, 2, 4, 1),
+    (16, 896, 1536, False, True): Blocks(32, 128, 4, 4, 6),
+    (32, 896, 1536, False, True): Blocks(64, 128, 4, 4, 6),
+    # Qwen2.5-Omni-7B talker gate_up
+    (16, 18944, 896, True, False): Blocks(64, 128, 1, 4, 6),
+    (32, 18944, 896, True, False): None,
+    # Qwen2.5-Omni-7B talker down
+    (1, 896, 18944, False, True): Blocks(4, 4096, 1, 8, 1),
+    (16, 896, 18944, False, True): Blocks(64, 128, 4, 4, 6),
+    (32, 896, 18944, False, True): Blocks(64, 128, 4, 4, 6),
 }
 
 
