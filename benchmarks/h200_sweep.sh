@@ -210,6 +210,34 @@ print(f"merged {len(cells)} cell(s) into {out}/results.json, results.md" + (f", 
 EOF
 }
 
+# The server's own account of a cell's time to first output (its /metrics histograms, differenced from the
+# previous cell's scrape, warm-up requests included): mean ms per request of the phases inbox (HTTP ->
+# engine process), add (the engine's processing), engine (added -> first output), outbox (-> the server),
+# media decode (the server's pool), and the server-side TTFT. Printed into sweep.log.
+phases() {
+  python3 - "http://127.0.0.1:$PORT/metrics" "$WORK/phases.json" "$1" <<'EOF2' 2>&1
+import json, re, sys, urllib.request
+from pathlib import Path
+text = urllib.request.urlopen(sys.argv[1], timeout=10).read().decode()
+keep = re.compile(r'^(omniwalk_(first_output_phase|media_decode|time_to_first_token)_seconds_(sum|count))(\{[^}]*\})? (\S+)$')
+now = {m[1] + (m[4] or ""): float(m[5]) for m in map(keep.match, text.splitlines()) if m}
+prev_file = Path(sys.argv[2])
+prev = json.loads(prev_file.read_text()) if prev_file.exists() else {}
+prev_file.write_text(json.dumps(now))
+d = {k: v - prev.get(k, 0.0) for k, v in now.items()}
+def mean(name, labels=""):
+    n = d.get(f"omniwalk_{name}_seconds_count{labels}", 0.0)
+    return f"{1e3 * d[f'omniwalk_{name}_seconds_sum{labels}'] / n:.1f}" if n else "-"
+def label(key, value):
+    return "{" + key + '="' + value + '"}'
+parts = [f"{ph} {mean('first_output_phase', label('phase', ph))}" for ph in ("inbox", "add", "engine", "outbox")]
+parts += [f"media {k} {mean('media_decode', label('kind', k))}" for k in ("audio", "image", "video")]
+count = d.get("omniwalk_time_to_first_token_seconds_count", 0.0)
+print(f"phases {sys.argv[3]} (server, mean ms over {count:.0f} requests): " + ", ".join(parts)
+      + f"; server TTFT text {mean('time_to_first_token')}")
+EOF2
+}
+
 make_skeleton "$SKEL" "$SKEL_CONFIG" || exit 1
 
 SERVE_ARGS=(--model "$SKEL" --random-weights true "${DEVICE_ARGS[@]}" --host 127.0.0.1 --port "$PORT"
@@ -283,6 +311,7 @@ for unit in "${UNITS[@]}"; do
     *) STATUS+=("$name: FAILED (exit $rc) after ${dt}s"); rc_all=2 ;;
   esac
   log "$name: exit $rc, ${dt}s"
+  server_alive && phases "$p@$b"
   SWEEP_NOTE="sweep: paths $PATHS, concurrency $CONCURRENCY, N = max($MIN_REQUESTS, $PER_B*B), warmup waves $WARMUP; serve ${SERVE_ARGS[*]}
 runs: $(printf '%s; ' "${STATUS[@]}")"
   [ $rc = 0 ] && merge
