@@ -29,10 +29,16 @@ SHAPES = {
     "cp gate_up": (1024, 6144, "gated"),
     "cp down": (3072, 1024, "partials"),
     "qwen2.5-7b qkv": (3584, 4608, "biased"),  # (Qwen2-style: the biases added in the epilogue)
+    "qwen2.5-7b o": (3584, 3584, "partials"),  # (the 7B's: TUNED's tiles, a dot tile at one row for down)
+    "qwen2.5-7b gate_up": (3584, 37888, "gated"),
+    "qwen2.5-7b down": (18944, 3584, "partials"),
+    "qwen2.5-7b talker qkv": (896, 2560, "biased"),
+    "qwen2.5-7b talker o": (1536, 896, "partials"),
+    "qwen2.5-7b talker down": (18944, 896, "partials"),
 }
 
 
-@pytest.mark.parametrize("m", [1, 2, 8, 16])
+@pytest.mark.parametrize("m", [1, 2, 8, 16, 32])
 @pytest.mark.parametrize("name", list(SHAPES))
 @torch.inference_mode()
 def test_skinny_gemm_matches_cublas(name, m):

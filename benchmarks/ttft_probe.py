@@ -1,0 +1,163 @@
+"""Where one request's time to first text goes, in process (no HTTP), engine step by engine step.
+
+    PYTHONPATH=. python benchmarks/ttft_probe.py SKELETON --paths s2t,i2t --out DIR
+    PYTHONPATH=. python benchmarks/ttft_probe.py /tmp/tiny --device cpu --paths s2t --repeats 2 --out DIR
+
+For each path (the bench presets' inputs), after two requests run to the end (warm-up), a request is
+added alone ``--repeats`` times and the engine stepped until it has text out, then aborted:
+
+    free      wall ms from ``Omni.add`` to the step that finds text (the engine TTFT of profile_walk.py),
+              of which ``add`` (the request's host processing) and the steps
+    clocked   the same with every stage's step() + finish() synchronised and timed (micro_clock.py's
+              StageClock): ms per stage in each engine step up to the first text
+    profiled  once more under the torch profiler (CUDA): GPU busy (the union of kernel intervals) over the
+              window's wall time, kernels by kind and the top kernels
+
+Writes ``ttft.json`` and ``ttft.md`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, when not installed
+from harness import add_option_argument, markdown_table, synchronize  # noqa: E402
+from micro import CPU_OPTIONS  # noqa: E402
+from micro_clock import StageClock, _is_kernel  # noqa: E402
+from profile_walk import kind_of  # noqa: E402
+from smoke_full import FULL_OPTIONS  # noqa: E402
+
+from omniwalk import Omni  # noqa: E402
+from omniwalk.bench.workload import PRESETS, request_body  # noqa: E402
+
+
+def first_text(omni: Omni, body: dict, device) -> dict:
+    """Add ``body`` alone, step until it has text out, abort it and drain -> {add_ms, ms, steps, step_ms}."""
+    synchronize(device)
+    start = time.perf_counter()
+    req = omni.add(body)
+    added = time.perf_counter()
+    step_ms = []
+    while not any(e.kind == "text" for e in req.events):
+        if req.status.is_done:
+            raise RuntimeError(f"request {req.id} ended without text: {req.error!r}")
+        t = time.perf_counter()
+        omni.engine.step()
+        step_ms.append((time.perf_counter() - t) * 1e3)
+    row = dict(add_ms=(added - start) * 1e3, ms=(time.perf_counter() - start) * 1e3, steps=len(step_ms))
+    omni.abort(req.id)
+    while omni.engine.has_unfinished():
+        omni.engine.step()
+    return row | {"step_ms": step_ms}
+
+
+def probe(omni: Omni, path: str, repeats: int, device) -> dict:
+    bodies = [request_body(PRESETS[path], "omni", seed) | {"request_id": f"ttft-{path}-{seed}"} for seed in range(2)]
+    for body in bodies:  # warm-up: every stage of the path runs, to the end
+        req = omni.add({**body, "request_id": body["request_id"] + "-warm"})
+        while not req.status.is_done:
+            omni.engine.step()
+    n = iter(range(10**6))
+
+    def body() -> dict:
+        i = next(n)
+        return {**bodies[i % 2], "request_id": f"ttft-{path}-{i}"}
+
+    free = [first_text(omni, body(), device) for _ in range(repeats)]
+    clocked = []
+    for _ in range(repeats):
+        with StageClock(omni.engine, device) as clock:
+            row = first_text(omni, body(), device)
+        steps = row["steps"]  # (the abort's drain steps come after: only the first `steps` are the TTFT's)
+        row["stages"] = {name: [round(ms, 3) for ms in v[:steps]] for name, v in clock.ms.items() if any(v[:steps])}
+        clocked.append(row)
+    out = {"path": path, "free": free, "clocked": clocked}
+    if device.type == "cuda":
+        synchronize(device)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            row = first_text(omni, body(), device)
+            synchronize(device)
+        kernels = [e for e in prof.events() if _is_kernel(e)]
+        spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
+        busy, end = 0.0, None
+        for s, e in spans:  # union of kernel intervals (µs)
+            if end is None or s > end:
+                busy, end = busy + (e - s), e
+            elif e > end:
+                busy, end = busy + (e - end), e
+        by_kind, by_name = defaultdict(float), defaultdict(lambda: [0, 0.0])
+        for e in kernels:
+            by_kind[kind_of(e.name)] += e.time_range.elapsed_us()
+            by_name[e.name][0] += 1
+            by_name[e.name][1] += e.time_range.elapsed_us()
+        top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:15]
+        out["profiled"] = {
+            "ms": row["ms"], "busy_ms": busy / 1e3 if spans else 0.0, "kernels": len(kernels),
+            "by_kind_ms": {k: v / 1e3 for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+            "top": [[name[:90], count, us / 1e3] for name, (count, us) in top],
+        }  # fmt: skip
+    return out
+
+
+def report(rows: list[dict]) -> str:
+    lines = ["# Time to first text, in process (ttft_probe.py)", ""]
+    for r in rows:
+        free = r["free"]
+        p50 = statistics.median(x["ms"] for x in free)
+        lines.append(f"## {r['path']}")
+        lines.append("")
+        lines.append(
+            f"- free: TTFT p50 {p50:.1f} ms over {len(free)} requests ({[round(x['ms'], 1) for x in free]}); "
+            f"add (host processing) p50 {statistics.median(x['add_ms'] for x in free):.2f} ms; engine steps "
+            f"{[x['steps'] for x in free]}, ms per step {[[round(s, 1) for s in x['step_ms']] for x in free[:2]]}"
+        )
+        c = r["clocked"][-1]
+        names = sorted(c["stages"])
+        table = [[i + 1, round(c["step_ms"][i], 2), *[c["stages"][n][i] if i < len(c["stages"][n]) else "" for n in names]]
+                 for i in range(c["steps"])]  # fmt: skip
+        lines += ["", f"clocked (the last of {len(r['clocked'])}; TTFT {c['ms']:.1f} ms, add {c['add_ms']:.2f} ms):", ""]
+        lines += [markdown_table(["step", "wall ms", *[f"{n} ms" for n in names]], table), ""]
+        if "profiled" in r:
+            p = r["profiled"]
+            kinds = ", ".join(f"{k} {v:.2f}" for k, v in list(p["by_kind_ms"].items())[:6])
+            lines.append(
+                f"profiled: TTFT {p['ms']:.1f} ms, GPU busy {p['busy_ms']:.2f} ms ({p['kernels']} kernels); "
+                f"kernel ms by kind: {kinds}"
+            )
+            lines += ["", markdown_table(["kernel", "calls", "ms"], [[n, c_, round(ms, 3)] for n, c_, ms in p["top"]]), ""]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", help="checkpoint or weightless skeleton directory")
+    parser.add_argument("--paths", default="s2t,i2t", help="bench paths, comma-separated")
+    parser.add_argument("--repeats", type=int, default=5, help="requests per window")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--out", required=True)
+    add_option_argument(parser, "Omni")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    base = FULL_OPTIONS if device.type == "cuda" else CPU_OPTIONS
+    omni = Omni(model=args.model, **{**base, **dict(args.option)})
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for path in args.paths.split(","):
+        rows.append(probe(omni, path, args.repeats, device))
+        (out / "ttft.json").write_text(json.dumps(rows, indent=1))
+        (out / "ttft.md").write_text(report(rows))
+    print(report(rows))
+
+
+if __name__ == "__main__":
+    main()
