@@ -68,6 +68,8 @@ SHAPES = SHAPE_SETS["qwen3-omni"]  # the set measured (main() sets it from --sha
 # pipelines of 64- or 32-row tiles; these are the leaders and their neighbours, incl. whole-K steps)
 GEMV = [Blocks(8, 1024, 1, 4, 1), Blocks(16, 512, 1, 4, 1), Blocks(4, 2048, 1, 4, 1), Blocks(8, 2048, 1, 8, 1)]
 GEMV += [Blocks(16, 1024, 1, 8, 1), Blocks(4, 4096, 1, 8, 1), Blocks(32, 256, 1, 4, 1), Blocks(16, 512, 1, 4, 3)]
+# (session 31: the 7B's large products, 128 weights a thread in other shapes and depths)
+GEMV += [Blocks(32, 512, 1, 8, 1), Blocks(16, 512, 1, 4, 2), Blocks(8, 1024, 1, 4, 2), Blocks(64, 256, 1, 8, 1)]
 DOT = [Blocks(64, 256, 1, 4, 3), Blocks(32, 128, 1, 4, 6), Blocks(32, 256, 1, 4, 4), Blocks(64, 128, 1, 4, 6)]
 DOT += [Blocks(32, 256, 1, 4, 6), Blocks(128, 128, 1, 4, 4), Blocks(64, 256, 1, 8, 3), Blocks(16, 256, 1, 4, 4)]
 SPLITS = (1, 2, 4)
@@ -223,9 +225,12 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=12)
     p.add_argument("--heads", action="store_true", help="also the LM-head shapes (not on the fast path)")
     p.add_argument("--shapes", choices=sorted(SHAPE_SETS), default="qwen3-omni", help="whose decode shapes")
+    p.add_argument("--names", help="comma-separated subset of the set's shapes (default: all)")
     args = p.parse_args()
     global SHAPES
     SHAPES = SHAPE_SETS[args.shapes]
+    if args.names:
+        SHAPES = {name: SHAPES[name] for name in args.names.split(",")}
     names = [name for name in SHAPES if args.heads or name not in HEADS]
     run(args.out, names, [int(m) for m in args.rows.split(",")], args.workers)
 
