@@ -122,9 +122,12 @@ def report(rows: list[dict]) -> str:
         )
         c = r["clocked"][-1]
         names = sorted(c["stages"])
-        table = [[i + 1, round(c["step_ms"][i], 2), *[c["stages"][n][i] if i < len(c["stages"][n]) else "" for n in names]]
-                 for i in range(c["steps"])]  # fmt: skip
-        lines += ["", f"clocked (the last of {len(r['clocked'])}; TTFT {c['ms']:.1f} ms, add {c['add_ms']:.2f} ms):", ""]
+        table = [
+            [i + 1, round(c["step_ms"][i], 2), *[c["stages"][n][i] if i < len(c["stages"][n]) else "" for n in names]]
+            for i in range(c["steps"])
+        ]
+        head = f"clocked (the last of {len(r['clocked'])}; TTFT {c['ms']:.1f} ms, add {c['add_ms']:.2f} ms):"
+        lines += ["", head, ""]
         lines += [markdown_table(["step", "wall ms", *[f"{n} ms" for n in names]], table), ""]
         if "profiled" in r:
             p = r["profiled"]
@@ -133,7 +136,8 @@ def report(rows: list[dict]) -> str:
                 f"profiled: TTFT {p['ms']:.1f} ms, GPU busy {p['busy_ms']:.2f} ms ({p['kernels']} kernels); "
                 f"kernel ms by kind: {kinds}"
             )
-            lines += ["", markdown_table(["kernel", "calls", "ms"], [[n, c_, round(ms, 3)] for n, c_, ms in p["top"]]), ""]
+            top = [[n, calls, round(ms, 3)] for n, calls, ms in p["top"]]
+            lines += ["", markdown_table(["kernel", "calls", "ms"], top), ""]
     return "\n".join(lines) + "\n"
 
 
