@@ -225,6 +225,15 @@ def profiled_window(loop: ClosedLoop, steps: int, device) -> dict:
     }
 
 
+def union_us(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of (start, end) intervals: the time in which some kernel ran."""
+    union, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        union += max(0.0, b - max(a, end))
+        end = max(end, b)
+    return union
+
+
 def busy_window(loop: ClosedLoop, steps: int, device) -> dict:
     """The engine as it runs (no synchronisation added), under the profiler: GPU busy share of the
     wall time (union of kernel intervals) and the overlap of kernels on different streams."""
@@ -236,11 +245,8 @@ def busy_window(loop: ClosedLoop, steps: int, device) -> dict:
             loop.step()
         synchronize(device)
         seconds = time.perf_counter() - start
-    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA)
-    union, end = 0.0, float("-inf")
-    for a, b in spans:
-        union += max(0.0, b - max(a, end))
-        end = max(end, b)
+    spans = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA]
+    union = union_us(spans)
     total = sum(b - a for a, b in spans)
     return {
         "ms_per_step": seconds / steps * 1e3,

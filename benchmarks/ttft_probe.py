@@ -19,6 +19,7 @@ Writes ``ttft.json`` and ``ttft.md`` to ``--out``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -33,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from harness import add_option_argument, markdown_table, synchronize  # noqa: E402
 from micro import CPU_OPTIONS  # noqa: E402
 from micro_clock import StageClock, _is_kernel  # noqa: E402
-from profile_walk import kind_of  # noqa: E402
+from profile_walk import kind_of, union_us  # noqa: E402
 from smoke_full import FULL_OPTIONS  # noqa: E402
 
 from omniwalk import Omni  # noqa: E402
@@ -66,7 +67,7 @@ def probe(omni: Omni, path: str, repeats: int, device) -> dict:
         req = omni.add({**body, "request_id": body["request_id"] + "-warm"})
         while not req.status.is_done:
             omni.engine.step()
-    n = iter(range(10**6))
+    n = itertools.count()
 
     def body() -> dict:
         i = next(n)
@@ -87,13 +88,7 @@ def probe(omni: Omni, path: str, repeats: int, device) -> dict:
             row = first_text(omni, body(), device)
             synchronize(device)
         kernels = [e for e in prof.events() if _is_kernel(e)]
-        spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
-        busy, end = 0.0, None
-        for s, e in spans:  # union of kernel intervals (µs)
-            if end is None or s > end:
-                busy, end = busy + (e - s), e
-            elif e > end:
-                busy, end = busy + (e - end), e
+        busy = union_us([(e.time_range.start, e.time_range.end) for e in kernels])
         by_kind, by_name = defaultdict(float), defaultdict(lambda: [0, 0.0])
         for e in kernels:
             by_kind[kind_of(e.name)] += e.time_range.elapsed_us()
@@ -101,7 +96,7 @@ def probe(omni: Omni, path: str, repeats: int, device) -> dict:
             by_name[e.name][1] += e.time_range.elapsed_us()
         top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:15]
         out["profiled"] = {
-            "ms": row["ms"], "busy_ms": busy / 1e3 if spans else 0.0, "kernels": len(kernels),
+            "ms": row["ms"], "busy_ms": busy / 1e3, "kernels": len(kernels),
             "by_kind_ms": {k: v / 1e3 for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
             "top": [[name[:90], count, us / 1e3] for name, (count, us) in top],
         }  # fmt: skip

@@ -322,6 +322,16 @@ class MergesProjections(nn.Module):
         raise NotImplementedError
 
 
+def stacked_linear(weights: list[torch.Tensor], biases: list[torch.Tensor]) -> nn.Linear:
+    """One biased ``nn.Linear`` whose outputs are those of the given (weight, bias) pairs, in order (a
+    merge for cuBLAS: the encoders' and the DiT's projections, which prefill-sized inputs keep off the GEMV)."""
+    w = torch.cat(weights)
+    linear = nn.Linear(w.shape[1], w.shape[0], device=w.device, dtype=w.dtype)
+    linear.weight.data.copy_(w)
+    linear.bias.data.copy_(torch.cat(biases))
+    return linear
+
+
 class SkinnyLinear(nn.Module):
     """A Linear (``weight`` [N, K], the checkpoint's layout; an optional ``bias`` [N]) for the decode
     fast path: up to ``MAX_ROWS`` rows through ``skinny_gemm``, more through ``F.linear``.

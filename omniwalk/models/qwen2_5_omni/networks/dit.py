@@ -35,7 +35,7 @@ from omniwalk.errors import ConfigError
 from omniwalk.layers.adaln import adaln_reference, adaln_triton
 from omniwalk.layers.head_rope import head_rope_triton
 from omniwalk.layers.rotary import apply_rotary, rope_cos_sin, rotary_tables
-from omniwalk.layers.skinny_gemm import MergesProjections
+from omniwalk.layers.skinny_gemm import MergesProjections, stacked_linear
 from omniwalk.models.json_fields import Section
 from omniwalk.models.qwen2_5_omni.networks.speaker_encoder import SpeakerEncoder
 
@@ -190,20 +190,11 @@ class Attention(MergesProjections):
         rows of q and k are stored de-interleaved, then ``head_rope`` rotates head 0 in place."""
         d = self.head_dim
         rows = torch.cat((torch.arange(0, d, 2), torch.arange(1, d, 2), torch.arange(d, self.to_q.out_features)))
-        self.to_qkv = _stacked(
+        self.to_qkv = stacked_linear(
             [self.to_q.weight[rows], self.to_k.weight[rows], self.to_v.weight],
             [self.to_q.bias[rows], self.to_k.bias[rows], self.to_v.bias],
         )
         self.to_q = self.to_k = self.to_v = None
-
-
-def _stacked(weights: list[torch.Tensor], biases: list[torch.Tensor]) -> nn.Linear:
-    """One Linear whose outputs are those of the given (weight, bias) pairs, in order."""
-    w = torch.cat(weights)
-    linear = nn.Linear(w.shape[1], w.shape[0], device=w.device, dtype=w.dtype)
-    linear.weight.data.copy_(w)
-    linear.bias.data.copy_(torch.cat(biases))
-    return linear
 
 
 class DiTBlock(nn.Module):
@@ -310,7 +301,7 @@ class DiT(MergesProjections):
         AdaLN-zero norms run as ``adaln_triton`` (a kernel each, the gated residual add folded in);
         ``Attention`` merges its own projections."""
         norms = [block.attn_norm for block in self.transformer_blocks] + [self.norm_out]
-        self.modulation = _stacked([n.linear.weight for n in norms], [n.linear.bias for n in norms])
+        self.modulation = stacked_linear([n.linear.weight for n in norms], [n.linear.bias for n in norms])
         for norm in norms:
             norm.linear = None
 
