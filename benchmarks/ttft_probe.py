@@ -12,6 +12,9 @@ added alone ``--repeats`` times and the engine stepped until it has text out, th
               StageClock): ms per stage in each engine step up to the first text
     profiled  once more under the torch profiler (CUDA): GPU busy (the union of kernel intervals) over the
               window's wall time, kernels by kind and the top kernels
+    whole     (``--whole``) one request from add to its end under the profiler (host and CUDA): per engine
+              step its host ms and the GPU busy ms of the kernels that started in it, the GPU's idle gaps
+              over 30 µs (when, in which step, how long); the Chrome trace as ``whole-PATH.json.gz``
 
 Writes ``ttft.json`` and ``ttft.md`` to ``--out``.
 """
@@ -19,6 +22,8 @@ Writes ``ttft.json`` and ``ttft.md`` to ``--out``.
 from __future__ import annotations
 
 import argparse
+import bisect
+import gzip
 import itertools
 import json
 import statistics
@@ -28,7 +33,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, when not installed
 from harness import add_option_argument, markdown_table, synchronize  # noqa: E402
@@ -61,7 +67,47 @@ def first_text(omni: Omni, body: dict, device) -> dict:
     return row | {"step_ms": step_ms}
 
 
-def probe(omni: Omni, path: str, repeats: int, device) -> dict:
+def whole(omni: Omni, body: dict, device, trace: Path) -> dict:
+    """``body`` alone from add to its end under the profiler -> per-step host/GPU ms and the GPU's idle gaps."""
+    synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with record_function("ttft:add"):
+            req = omni.add(body)
+        while not req.status.is_done:
+            with record_function("ttft:step"):
+                omni.engine.step()
+        synchronize(device)
+    raw = trace.with_suffix("")  # (the profiler writes plain JSON; kept gzipped)
+    prof.export_chrome_trace(str(raw))
+    trace.write_bytes(gzip.compress(raw.read_bytes()))
+    raw.unlink()
+    marks = sorted(e.time_range.start for e in prof.events() if e.name.startswith("ttft:") and e.device_type != DeviceType.CUDA)
+    last = max(e.time_range.end for e in prof.events() if e.name == "ttft:step")
+    bounds = [*marks, last]  # host spans: the add, then each engine step
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in prof.events() if _is_kernel(e))
+
+    def span_of(us: float) -> int:  # 0: the add, i: engine step i; past the last step: its index
+        return min(max(bisect.bisect_right(bounds, us) - 1, 0), len(bounds) - 2)
+
+    spans = defaultdict(list)
+    for a, b in kernels:
+        spans[span_of(a)].append((a, b))
+    rows = [
+        [i, round((bounds[i + 1] - bounds[i]) / 1e3, 3), len(spans[i]), round(union_us(spans[i]) / 1e3, 3)]
+        for i in range(len(bounds) - 1)
+    ]
+    gaps, end = [], None
+    for a, b in kernels:
+        if end is not None and a - end > 30:
+            gaps.append([round((end - bounds[0]) / 1e3, 3), span_of(end), round(a - end, 1)])
+        end = b if end is None else max(end, b)
+    return {
+        "wall_ms": (max(last, end or last) - bounds[0]) / 1e3, "busy_ms": union_us(kernels) / 1e3,
+        "kernels": len(kernels), "steps": rows, "gaps": gaps,
+    }  # fmt: skip
+
+
+def probe(omni: Omni, path: str, repeats: int, device, trace_dir: Path | None = None) -> dict:
     bodies = [request_body(PRESETS[path], "omni", seed) | {"request_id": f"ttft-{path}-{seed}"} for seed in range(2)]
     for body in bodies:  # warm-up: every stage of the path runs, to the end
         req = omni.add({**body, "request_id": body["request_id"] + "-warm"})
@@ -100,6 +146,8 @@ def probe(omni: Omni, path: str, repeats: int, device) -> dict:
             "by_kind_ms": {k: v / 1e3 for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
             "top": [[name[:90], count, us / 1e3] for name, (count, us) in top],
         }  # fmt: skip
+    if trace_dir is not None:
+        out["whole"] = whole(omni, body(), device, trace_dir / f"whole-{path}.json.gz")
     return out
 
 
@@ -133,6 +181,17 @@ def report(rows: list[dict]) -> str:
             )
             top = [[n, calls, round(ms, 3)] for n, calls, ms in p["top"]]
             lines += ["", markdown_table(["kernel", "calls", "ms"], top), ""]
+        if "whole" in r:
+            w = r["whole"]
+            idle = sum(g[2] for g in w["gaps"]) / 1e3
+            lines.append(
+                f"whole request under the profiler: {w['wall_ms']:.1f} ms, GPU busy {w['busy_ms']:.2f} ms "
+                f"({w['kernels']} kernels), {len(w['gaps'])} idle gaps over 30 µs summing {idle:.2f} ms"
+            )
+            steps = markdown_table(["span (0 = add)", "host ms", "kernels started", "their GPU busy ms"], w["steps"])
+            lines += ["", steps, ""]
+            gaps = sorted(w["gaps"], key=lambda g: -g[2])[:20]
+            lines += [markdown_table(["idle from (ms after add)", "in span", "µs"], gaps), ""]
     return "\n".join(lines) + "\n"
 
 
@@ -142,6 +201,7 @@ def main() -> None:
     parser.add_argument("--paths", default="s2t,i2t", help="bench paths, comma-separated")
     parser.add_argument("--repeats", type=int, default=5, help="requests per window")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--whole", action="store_true", help="also one request to its end under the profiler")
     parser.add_argument("--out", required=True)
     add_option_argument(parser, "Omni")
     args = parser.parse_args()
@@ -152,7 +212,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for path in args.paths.split(","):
-        rows.append(probe(omni, path, args.repeats, device))
+        rows.append(probe(omni, path, args.repeats, device, out if args.whole else None))
         (out / "ttft.json").write_text(json.dumps(rows, indent=1))
         (out / "ttft.md").write_text(report(rows))
     print(report(rows))
