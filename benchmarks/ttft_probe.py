@@ -81,8 +81,9 @@ def whole(omni: Omni, body: dict, device, trace: Path) -> dict:
     prof.export_chrome_trace(str(raw))
     trace.write_bytes(gzip.compress(raw.read_bytes()))
     raw.unlink()
-    marks = sorted(e.time_range.start for e in prof.events() if e.name.startswith("ttft:") and e.device_type != DeviceType.CUDA)
-    last = max(e.time_range.end for e in prof.events() if e.name == "ttft:step")
+    host = [e for e in prof.events() if e.name.startswith("ttft:") and e.device_type != DeviceType.CUDA]
+    marks = sorted(e.time_range.start for e in host)
+    last = max(e.time_range.end for e in host)
     bounds = [*marks, last]  # host spans: the add, then each engine step
     kernels = sorted((e.time_range.start, e.time_range.end) for e in prof.events() if _is_kernel(e))
 
