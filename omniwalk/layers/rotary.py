@@ -45,9 +45,17 @@ def inv_frequencies(head_dim: int, theta: float, device=None) -> torch.Tensor:
     return 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
 
 
+@cache
+def _inv_frequencies_on(head_dim: int, theta: float, device: torch.device) -> torch.Tensor:
+    """``inv_frequencies`` on ``device``, made once (four kernels fewer in every decode step's tables); a
+    plain tensor even when first asked for under inference mode."""
+    with torch.inference_mode(False):
+        return inv_frequencies(head_dim, theta, device)
+
+
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """1-D rope: positions [tokens] -> cos, sin [tokens, head_dim] in fp32."""
-    freqs = positions.float()[:, None] * inv_frequencies(head_dim, theta, positions.device)[None, :]
+    freqs = positions.float()[:, None] * _inv_frequencies_on(head_dim, theta, positions.device)[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()
 
@@ -75,6 +83,6 @@ def mrope_cos_sin(
     """MRoPE: positions [3, tokens] (T, H, W rows) -> cos, sin [tokens, head_dim] in fp32."""
     axes = _axes_on(tuple(mrope_section), interleaved, positions.device)
     slot_positions = positions.float()[axes].T  # [tokens, head_dim/2]: each slot's own row
-    freqs = slot_positions * inv_frequencies(head_dim, theta, positions.device)[None, :]
+    freqs = slot_positions * _inv_frequencies_on(head_dim, theta, positions.device)[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()

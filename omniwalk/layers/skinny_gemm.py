@@ -55,9 +55,9 @@ from omniwalk.layers.norm import RMSNorm
 from omniwalk.layers.silu_mul import silu_mul_triton
 
 MAX_ROWS = 32  # rows per call through the kernel (where ``TUNED`` does not name cuBLAS); cuBLAS beyond
-# A folded norm (``SkinnyLinear.normed``) re-reads the row's delta in every program: the dense decoder's one
-# part (its o/down GEMV at one row is unsplit), not the MoE's 8-10 (left to the norm's kernel; not measured)
-MAX_FOLDED_PARTS = 1
+# A folded norm (``SkinnyLinear.normed``) re-reads the row's delta in every program: up to the split-K GEMVs'
+# partials (Qwen2.5-Omni-7B's o: 4, down: 2), not the MoE's 8-10 (left to the norm's kernel; not measured)
+MAX_FOLDED_PARTS = 4
 
 
 class Blocks(NamedTuple):

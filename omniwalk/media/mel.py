@@ -87,6 +87,14 @@ def _framed_batch(waves: Sequence[torch.Tensor], pad_together: bool) -> torch.Te
     return torch.stack([F.pad(p, (0, longest + 2 * half - p.shape[0])) for p in padded])
 
 
+@cache
+def _stft_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Hann window and the mel filter bank on ``device``, made once (not copied there per call); plain
+    tensors even when first asked for under inference mode."""
+    with torch.inference_mode(False):
+        return torch.hann_window(N_FFT, device=device), torch.from_numpy(mel_filter_bank()).to(device, torch.float32)
+
+
 def log_mel(
     waves: Sequence[torch.Tensor], *, pad_together: bool = False, zero_tail: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,10 +113,9 @@ def log_mel(
         waves = [F.pad(w, (0, ZERO_TAIL)) for w in waves]
     lengths = to_device([w.shape[0] for w in waves], device, torch.long)
     signal = _framed_batch([w.float() for w in waves], pad_together)
-    window = torch.hann_window(N_FFT, device=device)
+    window, filters = _stft_tables(device)
     stft = torch.stft(signal, N_FFT, HOP_LENGTH, window=window, center=False, return_complex=True)
     power = stft[..., :-1].abs().pow(2)  # [B, 201, T]; drop the frame the extractor drops
-    filters = to_device(torch.from_numpy(mel_filter_bank()), device, torch.float32)
     log = (filters.T @ power).clamp(min=1e-10).log10()  # [B, 128, T]
     num_total = log.shape[-1]
     if pad_together:

@@ -73,12 +73,13 @@ class AudioEncoder(nn.Module):
         """The conv frontend: features -> packed steps [Σ segment lengths, d_model]."""
         chunks, lens = self._chunk(features, num_frames)
         x = chunks.to(self.conv1.weight.dtype)
-        mask = torch.arange(x.shape[-1], device=x.device) < lens[:, None]
+        mask = torch.arange(x.shape[-1], device=x.device) < to_device(lens, x.device, torch.long)[:, None]
         x = F.gelu(self.conv1(x)) * mask[:, None, :]
         x = F.gelu(self.conv2(x)).transpose(1, 2)  # [C, steps, d]
         x = x + self.positions[: x.shape[1]].to(x.dtype)
-        valid = torch.arange(x.shape[1], device=x.device) < _after_conv(lens)[:, None]
-        return x[valid]
+        steps = x.shape[1]  # each chunk's valid steps, picked by indices made on the host (a mask would sync)
+        valid = [c * steps + t for c, n in enumerate(lens) for t in range(_after_conv(n))]
+        return x.reshape(-1, x.shape[-1]).index_select(0, to_device(valid, x.device, torch.long))
 
     def encode(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
         """The layers over packed steps [N, d_model]: row-wise but for attention inside a chunk, no host
@@ -100,8 +101,8 @@ class AudioEncoder(nn.Module):
         first = to_device(first, x.device)
         return self.proj(self.ln_post((x[first] + x[first + 1]) / 2))
 
-    def _chunk(self, features: torch.Tensor, num_frames: Sequence[int]):
-        """Every clip's valid frames cut into chunks: [C, mel, chunk_frames], lengths [C]."""
+    def _chunk(self, features: torch.Tensor, num_frames: Sequence[int]) -> tuple[torch.Tensor, list[int]]:
+        """Every clip's valid frames cut into chunks: [C, mel, chunk_frames], their lengths (on the host)."""
         size = self.chunk_frames
         pieces, lens = [], []
         for b, n in enumerate(num_frames):
@@ -112,4 +113,4 @@ class AudioEncoder(nn.Module):
                 lens.append(min(size, n - s))
         longest = max(lens)
         chunks = torch.stack([F.pad(p, (0, longest - p.shape[-1])) for p in pieces])
-        return chunks, to_device(lens, features.device, torch.long)
+        return chunks, lens
