@@ -12,9 +12,10 @@ added alone ``--repeats`` times and the engine stepped until it has text out, th
               StageClock): ms per stage in each engine step up to the first text
     profiled  once more under the torch profiler (CUDA): GPU busy (the union of kernel intervals) over the
               window's wall time, kernels by kind and the top kernels
+    to end    (``--whole``) 2 x repeats requests alone from add to their end, nothing synchronised: wall ms
     whole     (``--whole``) one request from add to its end under the profiler (host and CUDA): per engine
-              step its host ms and the GPU busy ms of the kernels that started in it, the GPU's idle gaps
-              over 30 µs (when, in which step, how long); the Chrome trace as ``whole-PATH.json.gz``
+              step its host ms and the GPU range of the kernels it launched, the GPU's idle gaps over
+              30 µs; the Chrome trace as ``whole-PATH.json.gz``
 
 Writes ``ttft.json`` and ``ttft.md`` to ``--out``.
 """
@@ -22,7 +23,6 @@ Writes ``ttft.json`` and ``ttft.md`` to ``--out``.
 from __future__ import annotations
 
 import argparse
-import bisect
 import gzip
 import itertools
 import json
@@ -67,6 +67,16 @@ def first_text(omni: Omni, body: dict, device) -> dict:
     return row | {"step_ms": step_ms}
 
 
+def to_end(omni: Omni, body: dict, device) -> float:
+    """Wall ms from adding ``body`` alone to its end (the in-process end-to-end time)."""
+    synchronize(device)
+    start = time.perf_counter()
+    req = omni.add(body)
+    while not req.status.is_done:
+        omni.engine.step()
+    return (time.perf_counter() - start) * 1e3
+
+
 def whole(omni: Omni, body: dict, device, trace: Path) -> dict:
     """``body`` alone from add to its end under the profiler -> per-step host/GPU ms and the GPU's idle gaps."""
     synchronize(device)
@@ -81,30 +91,26 @@ def whole(omni: Omni, body: dict, device, trace: Path) -> dict:
     prof.export_chrome_trace(str(raw))
     trace.write_bytes(gzip.compress(raw.read_bytes()))
     raw.unlink()
-    host = [e for e in prof.events() if e.name.startswith("ttft:") and e.device_type != DeviceType.CUDA]
-    marks = sorted(e.time_range.start for e in host)
-    last = max(e.time_range.end for e in host)
-    bounds = [*marks, last]  # host spans: the add, then each engine step
+    marks = [e for e in prof.events() if e.name.startswith("ttft:")]
+    host = sorted((e.time_range.start, e.time_range.end) for e in marks if e.device_type == DeviceType.CPU)
+    # the profiler's GPU ranges of the same marks: from the first to the last kernel each host span launched
+    on_gpu = sorted((e.time_range.start, e.time_range.end) for e in marks if e.device_type == DeviceType.CUDA)
     kernels = sorted((e.time_range.start, e.time_range.end) for e in prof.events() if _is_kernel(e))
-
-    def span_of(us: float) -> int:  # 0: the add, i: engine step i; past the last step: its index
-        return min(max(bisect.bisect_right(bounds, us) - 1, 0), len(bounds) - 2)
-
-    spans = defaultdict(list)
-    for a, b in kernels:
-        spans[span_of(a)].append((a, b))
-    rows = [
-        [i, round((bounds[i + 1] - bounds[i]) / 1e3, 3), len(spans[i]), round(union_us(spans[i]) / 1e3, 3)]
-        for i in range(len(bounds) - 1)
-    ]
+    origin = host[0][0]
+    rows = [[i, round((a - origin) / 1e3, 3), round((b - a) / 1e3, 3)] for i, (a, b) in enumerate(host)]
+    ranges = []
+    for c, d in on_gpu:
+        inside = sum(1 for a, _ in kernels if c <= a < d)
+        ranges.append([round((c - origin) / 1e3, 3), round((d - c) / 1e3, 3), inside])
     gaps, end = [], None
     for a, b in kernels:
         if end is not None and a - end > 30:
-            gaps.append([round((end - bounds[0]) / 1e3, 3), span_of(end), round(a - end, 1)])
+            gaps.append([round((end - origin) / 1e3, 3), round(a - end, 1)])
         end = b if end is None else max(end, b)
     return {
-        "wall_ms": (max(last, end or last) - bounds[0]) / 1e3, "busy_ms": union_us(kernels) / 1e3,
-        "kernels": len(kernels), "steps": rows, "gaps": gaps,
+        "wall_ms": (max(host[-1][1], end or 0.0) - origin) / 1e3, "busy_ms": union_us(kernels) / 1e3,
+        "first_kernel_ms": (kernels[0][0] - origin) / 1e3 if kernels else None,
+        "kernels": len(kernels), "steps": rows, "gpu_ranges": ranges, "gaps": gaps,
     }  # fmt: skip
 
 
@@ -148,6 +154,7 @@ def probe(omni: Omni, path: str, repeats: int, device, trace_dir: Path | None = 
             "top": [[name[:90], count, us / 1e3] for name, (count, us) in top],
         }  # fmt: skip
     if trace_dir is not None:
+        out["to_end_ms"] = [to_end(omni, body(), device) for _ in range(2 * repeats)]
         out["whole"] = whole(omni, body(), device, trace_dir / f"whole-{path}.json.gz")
     return out
 
@@ -182,6 +189,13 @@ def report(rows: list[dict]) -> str:
             )
             top = [[n, calls, round(ms, 3)] for n, calls, ms in p["top"]]
             lines += ["", markdown_table(["kernel", "calls", "ms"], top), ""]
+        if "to_end_ms" in r:
+            ends = r["to_end_ms"]
+            lines.append(
+                f"add -> end, free: p50 {statistics.median(ends):.2f} ms over {len(ends)} requests "
+                f"(min {min(ends):.2f}, max {max(ends):.2f})"
+            )
+            lines.append("")
         if "whole" in r:
             w = r["whole"]
             idle = sum(g[2] for g in w["gaps"]) / 1e3
@@ -189,10 +203,12 @@ def report(rows: list[dict]) -> str:
                 f"whole request under the profiler: {w['wall_ms']:.1f} ms, GPU busy {w['busy_ms']:.2f} ms "
                 f"({w['kernels']} kernels), {len(w['gaps'])} idle gaps over 30 µs summing {idle:.2f} ms"
             )
-            steps = markdown_table(["span (0 = add)", "host ms", "kernels started", "their GPU busy ms"], w["steps"])
-            lines += ["", steps, ""]
-            gaps = sorted(w["gaps"], key=lambda g: -g[2])[:20]
-            lines += [markdown_table(["idle from (ms after add)", "in span", "µs"], gaps), ""]
+            lines.append(f"first kernel {w['first_kernel_ms']} ms after the add began")
+            lines += ["", markdown_table(["host span (0 = add)", "from ms", "host ms"], w["steps"]), ""]
+            head = ["GPU range of a span's launches: from ms", "ms", "kernels"]
+            lines += [markdown_table(head, w["gpu_ranges"]), ""]
+            gaps = sorted(w["gaps"], key=lambda g: -g[1])[:20]
+            lines += [markdown_table(["idle from (ms after add)", "µs"], gaps), ""]
     return "\n".join(lines) + "\n"
 
 

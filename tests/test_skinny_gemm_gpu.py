@@ -107,3 +107,49 @@ def test_folded_norm_equals_the_norm_kernel_then_the_gemv(name, parts):
         ref = F.linear(x, w)
         bound = ref.float().abs() * 2**-7 + 2 * k * 2**-24 * F.linear(x.float().abs(), w.float().abs())
         assert ((y.float() - ref.float()).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("m", [1, 16])
+@pytest.mark.parametrize("name", list(SHAPES))
+@torch.inference_mode()
+def test_l2_prefetch_changes_no_bit(monkeypatch, name, m):
+    """The programs' L2 prefetch before the PDL wait (``PREFETCH_L2_BYTES``) only moves bytes into the cache:
+    the product with it equals the product without it, bitwise."""
+    from omniwalk.layers import skinny_gemm as sg
+
+    k, n, kind = SHAPES[name]
+    g = torch.Generator(device="cuda").manual_seed(m + 1)
+    x = torch.randn(m, k, generator=g, device="cuda").to(BF16)
+    w = (torch.randn(n, k, generator=g, device="cuda") * k**-0.5).to(BF16)
+    bias = torch.randn(n, generator=g, device="cuda").to(BF16) if kind == "biased" else None
+    outs = []
+    for limit in (0, 1 << 40):
+        monkeypatch.setattr(sg, "PREFETCH_L2_BYTES", limit)
+        outs.append(skinny_gemm(x, w, gated=kind == "gated", partials=kind == "partials", bias=bias))
+    print(f"GPU-PREFETCH {name} M={m}: equal {torch.equal(outs[0], outs[1])}")
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("parts", [2, 4])  # the 7B's down (2) and o (4) GEMVs' fp32 partials
+@pytest.mark.parametrize("name", ["qwen2.5-7b qkv", "qwen2.5-7b gate_up"])
+@torch.inference_mode()
+def test_folded_norm_over_split_partials_at_7b_widths(name, parts):
+    """The 7B's input and post-attention norms folded into qkv / gate_up over the split-K partials of the
+    GEMV before them: h + delta bitwise against the norm kernel, the product within a bf16 step of the two
+    kernels (the fold's row statistics may reduce in another order: see the test above)."""
+    k, n2, kind = SHAPES[name]
+    gated, n = kind == "gated", n2 // 2 if kind == "gated" else n2
+    g = torch.Generator(device="cuda").manual_seed(parts)
+    h = torch.randn(1, k, generator=g, device="cuda").to(BF16)
+    delta = torch.randn(1, parts, k, generator=g, device="cuda")
+    norm = RMSNorm(k).to("cuda", BF16)
+    torch.nn.init.normal_(norm.weight, 1.0, 0.1)
+    w = (torch.randn(n2, k, generator=g, device="cuda") * k**-0.5).to(BF16)
+    bias = torch.randn(n2, generator=g, device="cuda").to(BF16) if kind == "biased" else None
+    blocks = pick_blocks(1, n, k, gated, False)
+    h_out, y = normed_skinny_gemm(InputNorm(h, delta, norm.weight, norm.eps), w, gated=gated, blocks=blocks, bias=bias)
+    h_two, x = add_rms_norm_triton(h, delta, norm.weight, norm.eps)
+    y_two = skinny_gemm(x, w, gated=gated, blocks=blocks, bias=bias)
+    print(f"GPU-FOLD7B {name} parts={parts}: y differ {(y != y_two).float().mean().item():.4%} from the two kernels")
+    assert torch.equal(h_out, h_two)
+    torch.testing.assert_close(y, y_two, rtol=2**-7, atol=2e-3)
