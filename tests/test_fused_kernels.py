@@ -268,13 +268,8 @@ def test_fused_talker_and_code_predictor_equal_reference(monkeypatch, rows):
         codes, total = model.code_predictor(hidden, hidden.flip(0), lambda logits, i: logits.argmax(-1))
         outs.append((hidden, codes, total))
     groups, layers = cfg.talker.num_code_groups, cfg.talker.code_predictor.num_hidden_layers
-    text = cfg.talker.text
-    moe_parts = text.num_experts_per_tok + (text.shared_expert_intermediate_size > 0)
-    talker = 1 + (text.num_hidden_layers - 1) * (moe_parts <= skinny_gemm.MAX_FOLDED_PARTS)
-    # one row: the talker's first norm (no delta), its later input norms when the MoE's parts are few enough
-    # (the tiny config's 3; the full size's 8-10 stay unfolded) and, in each one-token pass of the code
-    # predictor, every layer's two and the final one
-    assert len(folds) == (talker + (groups - 2) * (2 * layers + 1) if rows == 1 else 0)
+    # one row: the talker's first norm (no delta) and, in each one-token pass, every layer's two and the final one
+    assert len(folds) == (1 + (groups - 2) * (2 * layers + 1) if rows == 1 else 0)
     torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-4, atol=1e-4)
     assert torch.equal(outs[1][1], outs[0][1])
     torch.testing.assert_close(outs[1][2], outs[0][2], rtol=1e-4, atol=1e-4)

@@ -9,16 +9,18 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 @triton.jit
 def attend_span(
-    q, k_ptr, v_ptr, pages, page, kvh, begin, end, scale, stride_ks, stride_kh,
+    q, k_ptr, v_ptr, pages, kvh, begin, end, scale, stride_ks, stride_kh,
     GROUP_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Online softmax of one row's queries q [GROUP_PAD, D] over its keys [begin, end) (kv head
-    ``kvh``, pages listed at ``pages``; ``page``: the first block's, read by the caller) -> (m, total,
-    acc): running max, sum of weights, weighted values (fp32)."""
+    ``kvh``, pages listed at ``pages``) -> (m, total, acc): running max, sum of weights, weighted
+    values (fp32)."""
     d = tl.arange(0, D)
     m = tl.full((GROUP_PAD,), float("-inf"), tl.float32)
     total = tl.zeros((GROUP_PAD,), tl.float32)
     acc = tl.zeros((GROUP_PAD, D), tl.float32)
+    pos = begin + tl.arange(0, BLOCK)
+    page = tl.load(pages + pos // PAGE, mask=pos < end, other=0)
     for start in range(begin, end, BLOCK):
         pos = start + tl.arange(0, BLOCK)
         valid = pos < end
@@ -68,27 +70,23 @@ def paged_decode(
     BLOCK: tl.constexpr, SPLITS: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    # Key counts and page tables are a step's inputs, written before the kernel ahead of this one (host
-    # copies, copy kernels): read before the PDL wait (omniwalk.layers.pdl), with the first block's pages.
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     n = tl.load(lens_ptr + b)
     # split s takes keys [s * span, (s + 1) * span) in whole blocks, so a short row uses fewer splits
     span = tl.cdiv(tl.cdiv(n, SPLITS), BLOCK) * BLOCK
     used = tl.maximum(tl.cdiv(n, tl.maximum(span, 1)), 1)  # (a padding row, n = 0: split 0 writes zeros)
-    begin = split * span
-    end = tl.minimum(n, begin + span)
-    pages = table_ptr + b * stride_tb
-    pos = begin + tl.arange(0, BLOCK)
-    page = tl.load(pages + pos // PAGE, mask=pos < end, other=0)
-    if USE_PDL:
-        gdc_wait()
-        gdc_launch_dependents()
     if split < used:
         g, d = tl.arange(0, GROUP_PAD), tl.arange(0, D)
         heads = kvh * GROUP + g
         q_rows = q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :]
         q = tl.load(q_rows, mask=g[:, None] < GROUP, other=0.0)
+        begin = split * span
+        end = tl.minimum(n, begin + span)
         m, total, acc = attend_span(
-            q, k_ptr, v_ptr, pages, page, kvh, begin, end, scale, stride_ks, stride_kh, GROUP_PAD, D, PAGE, BLOCK,
+            q, k_ptr, v_ptr, table_ptr + b * stride_tb, kvh, begin, end, scale, stride_ks, stride_kh,
+            GROUP_PAD, D, PAGE, BLOCK,
         )  # fmt: skip
         out_rows = out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :]
         if used == 1:

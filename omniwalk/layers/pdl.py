@@ -10,13 +10,10 @@ CUDA graph as a programmatic edge) and the kernels' constexpr ``USE_PDL``.
 Rules every kernel launched with ``launch`` keeps (``USE_PDL`` true):
 
 - it calls ``gdc_wait()`` (wait until the previous kernel in the stream has completed and its
-  writes are visible) before it reads anything an earlier kernel wrote (activations, KV, routing
-  ids, counters) and before its first store or atomic (an earlier kernel may still be reading
-  the buffer it writes). Loads of weights, which nothing writes during decode, may come before
-  the wait: that is the win for the GEMV/GEMM kernels. So may loads of a step's inputs that no
-  decode kernel writes (the attention's key counts and page tables: host copies and copy kernels
-  at the step's start): when a PDL kernel starts, every kernel before the previous one has
-  completed (the next rule), and the previous one does not write them.
+  writes are visible) before it reads anything an earlier kernel wrote (activations, KV, page
+  tables, routing ids, counters) and before its first store or atomic (an earlier kernel may
+  still be reading the buffer it writes). Loads of weights, which nothing writes during decode,
+  may come before the wait: that is the win for the GEMV/GEMM kernels.
 - it calls ``gdc_launch_dependents()`` right after its wait: the next PDL kernel may then start
   and prefetch its weights. That is safe because the next kernel waits in turn for this one's
   completion, which comes after this one's wait, so each wait covers every earlier kernel.

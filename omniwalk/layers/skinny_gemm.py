@@ -55,13 +55,11 @@ from omniwalk.layers.norm import RMSNorm
 from omniwalk.layers.silu_mul import silu_mul_triton
 
 MAX_ROWS = 32  # rows per call through the kernel (where ``TUNED`` does not name cuBLAS); cuBLAS beyond
-# A folded norm (``SkinnyLinear.normed``) re-reads the row's delta in every program: up to the split-K GEMVs'
-# partials (Qwen2.5-Omni-7B's o: 4, down: 2), not the MoE's 8-10 (left to the norm's kernel; not measured)
-MAX_FOLDED_PARTS = 4
-# With PDL a GEMV's programs start while the kernel before them runs; those of a weight up to this size ask
-# L2 for their whole weight range before they wait (0: none), so a GEMV after a kernel that leaves the
-# memory bus idle (the decode attention before o_proj) reads its weights from L2. H200 L2: 50 MB.
-PREFETCH_L2_BYTES = 32 << 20
+# A folded norm (``SkinnyLinear.normed``) re-reads the row's delta in every program: the dense decoder's one
+# part, not the MoE's 8-10 (left to the norm's kernel; not measured). Folding Qwen2.5-Omni-7B's norms over
+# its split o (4) / down (2) partials measured slower: decode step 4.01 -> 4.15 ms (s32 call 2), every
+# gate/up program re-reading 4 fp32 rows.
+MAX_FOLDED_PARTS = 1
 
 
 class Blocks(NamedTuple):
@@ -287,8 +285,6 @@ def _launch(
     k_chunk = -(-k // (split * block_k)) * block_k  # each split: a whole number of K steps
     scale_n, scale_k = scale_block or (1, 1)
     prologue, prologue_constants = _prologue(norm, x, h_out, k)
-    prefetch = pdl.enabled(x.device) and weight.numel() * weight.element_size() <= PREFETCH_L2_BYTES
-    lines = -(-k_chunk * weight.element_size() // 128)  # (128-byte lines of a program's K range)
     _kernel()[(-(-n // blocks.n), split)](
         x, weight, weight if scale is None else scale, out, m, n, k, k_chunk, x.stride(0), weight.stride(0),
         0 if scale is None else scale.stride(0), out.stride(0), out.stride(1) if split > 1 else 0,
@@ -299,7 +295,6 @@ def _launch(
         SUB_K=block_k if scale is None else min(block_k, scale_k), WIDEN_ASM=asm_widening(x.device),
         **prologue_constants,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # (fp32 as F.linear's; 16-bit ignores it)
-        PREFETCH_LINES=1 << (lines - 1).bit_length() if prefetch else 0,
         num_warps=blocks.warps, num_stages=blocks.stages, **pdl.launch(x.device),
     )  # fmt: skip
 

@@ -9,19 +9,6 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from omniwalk.layers.fp8 import triton_widening
 
 widen = triton_widening()
-PREFETCH_ASM = tl.constexpr("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];")  # (one line to L2, nothing waits)
-
-
-@triton.jit
-def prefetch_to_l2(w_ptr, cols, N, k_start, k_end, stride_wn, up_offset, GATED: tl.constexpr, LINES: tl.constexpr):
-    """Ask L2 for this program's weight rows over [k_start, k_end) (GATED: the up rows too), one 128-byte
-    line a pointer (LINES a row, clamped into the range: repeats are harmless), without waiting for them."""
-    per_line: tl.constexpr = 128 // (w_ptr.dtype.element_ty.primitive_bitwidth // 8)
-    ks = tl.minimum(k_start + tl.arange(0, LINES) * per_line, k_end - 1)
-    rows = w_ptr + tl.minimum(cols, N - 1).to(tl.int64)[:, None] * stride_wn + ks[None, :]
-    tl.inline_asm_elementwise(PREFETCH_ASM, "=r,l", [rows], dtype=tl.int32, is_pure=False, pack=1)
-    if GATED:
-        tl.inline_asm_elementwise(PREFETCH_ASM, "=r,l", [rows + up_offset], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -210,10 +197,8 @@ def skinny_gemm(
     SCALED: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, ROWS_SHARE_SCALE: tl.constexpr,
     SUB_K: tl.constexpr, WIDEN_ASM: tl.constexpr, NORM: tl.constexpr, PARTS: tl.constexpr,
     ROUND_EACH: tl.constexpr, K_ROW: tl.constexpr, PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
-    PREFETCH_LINES: tl.constexpr,
 ):  # fmt: skip
-    """A program: BLOCK_N weight rows (output columns) x one K range (``split``) x all M rows.
-    PREFETCH_LINES > 0 (with PDL): the program's whole weight range is asked of L2 before the wait."""
+    """A program: BLOCK_N weight rows (output columns) x one K range (``split``) x all M rows."""
     block, split = tl.program_id(0), tl.program_id(1)
     cols = block * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns = weight rows
     col_ok = cols < N
@@ -226,8 +211,6 @@ def skinny_gemm(
     gate_scales, up_scales, scale_ok = scale_pointers(
         s_ptr, block, cols, col_ok, stride_sn, up_scale_offset, BLOCK_N, SCALE_N, ROWS_SHARE_SCALE
     )
-    if PREFETCH_LINES > 0:  # (before gemv / dot_tiles wait: the previous kernel's time, the bus idle)
-        prefetch_to_l2(w_ptr, cols, N, k_start, k_end, stride_wn, up_offset, GATED, PREFETCH_LINES)
     if BLOCK_M == 1:
         acc, acc_up = gemv(
             x_ptr, gate_rows, up_rows, gate_scales, up_scales, scale_ok, col_ok, k_start, k_end,
