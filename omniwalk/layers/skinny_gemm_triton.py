@@ -92,11 +92,10 @@ def gemv(
     taking each step's sum of 16 products times the sub-block's scale: a tile of fp32 lanes as large as
     the weight tile spilled FP8 tiles of 128 weights a thread, whose widened weights take a register each
     (sm_90a, ``benchmarks/fp8_sass.py``). Each step's weight tile is loaded one step ahead, the first before
-    the PDL wait. FP8: each thread loads the x values of its own weights (L1 hits): x broadcast over the
-    tile's rows took another layout than the widened FP8 tile, and converting it went through shared memory
-    with four to eight barriers a step (sm_90a SASS; the unnormed bf16 tiles share x's layout). NORM: x is
-    RMSNorm(h + delta), computed here (``row_rstd``, ``normed``). -> (gate or plain sums, up sums), each
-    [BLOCK_N, 1]."""
+    the PDL wait. x is loaded once per step and broadcast over the tile's rows (for FP8 that layout differs
+    from the widened tile's and goes through shared memory; loading x in the tile's own shape instead
+    measured slower on the H200: session 32, perf log). NORM: x is RMSNorm(h + delta), computed here
+    (``row_rstd``, ``normed``). -> (gate or plain sums, up sums), each [BLOCK_N, 1]."""
     V: tl.constexpr = 16 if SCALED else 1
     steps = (tl.arange(0, BLOCK_K // SUB_K)[None, :, None, None] * SUB_K
              + tl.arange(0, SUB_K // V)[None, None, :, None] * V + tl.arange(0, V)[None, None, None, :])  # fmt: skip
@@ -118,10 +117,7 @@ def gemv(
         if NORM:
             x = normed(h_ptr, d_ptr, nw_ptr, ks, ks < k_end, rstd, stride_dk, PARTS, ROUND_EACH)
         else:
-            xs = ks
-            if SCALED:  # (x in the weight tile's own shape and layout: see the docstring)
-                xs = ks + tl.zeros((BLOCK_N, 1, 1, 1), tl.int32)
-            x = tl.load(x_ptr + xs, mask=xs < k_end, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + ks, mask=ks < k_end, other=0.0).to(tl.float32)
         part = tl.sum(w.to(tl.float32) * x, 3)
         part_up = tl.sum(w_up.to(tl.float32) * x, 3) if GATED else part
         if SCALED:  # (a sub-block's partial sums times its scale: one scale column each)
