@@ -14,7 +14,7 @@ import torch
 from omniwalk.layers import moe
 from omniwalk.layers.embed_add import embed_add_reference, embed_add_triton
 from omniwalk.layers.moe import SparseMoE, route
-from omniwalk.layers.moe_routing import route_folded, route_topk
+from omniwalk.layers.moe_routing import route_folded, route_topk, sort_pairs
 from omniwalk.layers.norm import RMSNorm, residual_add
 from omniwalk.layers.qk_norm_rope import qk_norm_rope_reference, qk_norm_rope_triton
 from omniwalk.layers.rotary import mrope_cos_sin, rotary_tables
@@ -91,6 +91,19 @@ def test_route_topk():
     torch.testing.assert_close(weights[rows].sort(-1).values, ref_w[rows].sort(-1).values, rtol=1e-2, atol=1e-3)
 
 
+@pytest.mark.parametrize("tokens, slots, experts", [(32, 8, 128), (1024, 8, 130), (1024, 10, 258)])
+def test_sort_pairs(tokens, slots, experts):
+    """The grouped GEMMs' pair order equals a stable sort's, at decode and prefill sizes (many blocks)."""
+    g = torch.Generator(device="cuda").manual_seed(tokens + slots)
+    ids = torch.randint(0, experts - 2, (tokens, slots), generator=g, device="cuda", dtype=torch.int32)
+    weights = torch.rand(tokens, slots, generator=g, device="cuda").to(BF16)
+    pairs = sort_pairs(ids, weights, experts)
+    order = ids.flatten().long().argsort(stable=True)
+    assert torch.equal(pairs.order, order) and torch.equal(pairs.tokens, order // slots)
+    assert torch.equal(pairs.weights, weights.flatten()[order])
+    assert torch.equal(pairs.ends, torch.bincount(ids.flatten(), minlength=experts).cumsum(0).int())
+
+
 @pytest.mark.parametrize("name, hidden, top_k, shared", [("thinker", 2048, 8, 0), ("talker", 1024, 6, 2)])
 @pytest.mark.parametrize("tokens", [1, 16])
 def test_route_folded(name, hidden, top_k, shared, tokens):
@@ -120,7 +133,7 @@ def test_route_folded(name, hidden, top_k, shared, tokens):
     "name, hidden, experts, top_k, inter, shared",
     [("thinker", 2048, 128, 8, 768, 0), ("talker", 1024, 128, 6, 384, 768)],
 )
-@pytest.mark.parametrize("tokens", [1, 8, 32])  # 32 tokens: past MAX_GEMV_PAIRS, the grouped GEMM
+@pytest.mark.parametrize("tokens", [1, 8, 32, 1024])  # 32, 1024 (a prefill chunk): past MAX_GEMV_PAIRS, grouped
 @torch.inference_mode()
 def test_fused_moe_matches_reference(name, hidden, experts, top_k, inter, shared, tokens):
     with torch.device("cuda"):

@@ -14,7 +14,7 @@ from omniwalk.layers.decoder import use_kernels
 from omniwalk.layers.embed_add import embed_add_reference, embed_add_triton
 from omniwalk.layers.fused_moe import expert_down, expert_gate_up, expert_gemv
 from omniwalk.layers.moe import SparseMoE, reference_experts, route
-from omniwalk.layers.moe_routing import route_folded, route_topk
+from omniwalk.layers.moe_routing import route_folded, route_topk, sort_pairs
 from omniwalk.layers.norm import RMSNorm, residual_add
 from omniwalk.layers.paged_decode import paged_decode_reference, paged_decode_triton
 from omniwalk.layers.qk_norm_rope import qk_norm_rope_reference, qk_norm_rope_triton
@@ -116,6 +116,35 @@ def test_route_topk(renormalize, shared):
         torch.testing.assert_close(weights[:, 4:], torch.sigmoid(logits[:, 20:]).expand(6, 2), **TOL)
     tied = torch.tensor([[0.0, 2.0, 3.0, 2.0, 3.0, 1.0]])  # equal logits at the k-th: the lower id (like topk)
     assert route_topk(tied, 3, True)[1].tolist() == [[1, 2, 4]]
+
+
+@pytest.mark.parametrize("tokens, slots, experts", [(37, 3, 8), (300, 9, 130), (1, 2, 4)])
+def test_sort_pairs_equals_a_stable_argsort(tokens, slots, experts):
+    """The grouped GEMMs' pair order: by expert id, ties in pair order (what a stable sort gives), over
+    several of the kernel's 1,024-pair blocks (300 x 9), with experts that get no pair at all."""
+    g = torch.Generator().manual_seed(tokens)
+    ids = torch.randint(0, experts - 1, (tokens, slots), generator=g, dtype=torch.int32)  # (the last: none)
+    weights = torch.rand(tokens, slots, generator=g)
+    pairs = sort_pairs(ids, weights, experts)
+    order = ids.flatten().long().argsort(stable=True)
+    assert torch.equal(pairs.order, order)
+    assert torch.equal(pairs.tokens, order // slots)
+    assert torch.equal(pairs.weights, weights.flatten()[order])
+    assert torch.equal(pairs.ends, torch.bincount(ids.flatten(), minlength=experts).cumsum(0).int())
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_grouped_moe_backend_equals_reference(dtype, tol):
+    g = torch.Generator().manual_seed(0)
+    n, h, inter, experts, k = 37, 64, 32, 8, 3
+    x = torch.randn(n, h, generator=g).to(dtype)
+    gate_up = (torch.randn(experts, 2 * inter, h, generator=g) / h**0.5).to(dtype)
+    down = (torch.randn(experts, h, inter, generator=g) / inter**0.5).to(dtype)
+    weights, ids = route(torch.randn(n, experts, generator=g).to(dtype), k, True)
+    ids[0] = torch.tensor([7, 6, 5])  # some experts get no token at all
+    expected = reference_experts(x, gate_up, down, weights, ids).float()
+    got = moe.grouped_experts(x, gate_up, down, weights, ids).float().sum(1)  # per-pair partials
+    assert (got - expected).abs().max() <= tol * expected.abs().max()
 
 
 def _by_expert(weights: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -43,7 +43,7 @@ BUILDERS = (
     silu_mul._kernel,
     fused_moe._kernels,
     grouped_fp8._kernel,
-    moe_routing._kernel,
+    moe_routing._kernels,
     paged_decode._kernel,
     skinny_gemm._kernel,
 )

@@ -21,6 +21,7 @@ import functools
 import torch
 
 from omniwalk.layers.fused_moe import ExpertScales
+from omniwalk.layers.moe_routing import sort_pairs, unsort_pairs
 
 # (rows per tile, output columns per program, warps, stages); rows: 16 while experts get few rows
 # (decode), 64 beyond. H200, benchmarks/fp8.py tune (fp8 call 2), a thinker MoE layer at 32 tokens
@@ -103,13 +104,7 @@ def grouped_fp8_experts(
 ) -> torch.Tensor:  # fmt: skip
     """``moe.grouped_experts`` for FP8 experts: -> [N, k, H] weighted per-pair outputs."""
     num_tokens, top_k = ids.shape
-    flat = ids.flatten().long()
-    order = flat.to(torch.int16 if gate_up.shape[0] <= 2**15 else torch.int32).argsort(stable=True)
-    counts = torch.zeros(gate_up.shape[0], dtype=torch.long, device=x.device)
-    counts.scatter_add_(0, flat, flat.new_ones(1).expand_as(flat))
-    ends = counts.cumsum(0, dtype=torch.int32)
-    rows = x[order // top_k].contiguous()
-    act = grouped_gemm(rows, gate_up, scales.gate_up, scales.block, ends, gated=True)
-    y = grouped_gemm(act, down, scales.down, scales.block, ends, gated=False)
-    y = y * weights.flatten()[order, None].to(y.dtype)
-    return y.new_empty(flat.shape[0], x.shape[1]).index_copy_(0, order, y).view(num_tokens, top_k, x.shape[1])
+    pairs = sort_pairs(ids, weights, gate_up.shape[0])
+    act = grouped_gemm(x.index_select(0, pairs.tokens), gate_up, scales.gate_up, scales.block, pairs.ends, gated=True)
+    y = grouped_gemm(act, down, scales.down, scales.block, pairs.ends, gated=False)
+    return unsort_pairs(y, pairs).view(num_tokens, top_k, x.shape[1])

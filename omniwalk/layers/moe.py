@@ -31,8 +31,9 @@ from omniwalk.layers import fp8
 from omniwalk.layers.fp8 import Block, Fp8Linear
 from omniwalk.layers.fused_moe import ExpertScales, expert_gemv
 from omniwalk.layers.grouped_fp8 import grouped_fp8_experts
-from omniwalk.layers.moe_routing import route_folded, route_topk
+from omniwalk.layers.moe_routing import route_folded, route_topk, sort_pairs, unsort_pairs
 from omniwalk.layers.norm import RMSNorm
+from omniwalk.layers.silu_mul import silu_mul_triton
 from omniwalk.layers.skinny_gemm import MergesProjections, SkinnyLinear
 
 MOE_BACKENDS = ("reference", "fused")
@@ -72,25 +73,17 @@ def grouped_experts(
 ) -> torch.Tensor:
     """Grouped GEMM over expert-sorted (token, expert) pairs; routing stays on the device.
 
-    The N*k pairs are sorted by expert; per-expert row counts become the cumulative ``offs`` of
-    ``torch._grouped_mm`` (one launch per projection, whatever the number of experts hit), and
-    the weighted rows go back to pair order: -> [N, k, H] partials, summed by the consumer like
-    ``fused_moe.expert_gemv``'s (in the pairs' order, ascending expert id, as HF adds them). No host
-    synchronisation.
+    The N*k pairs are sorted by expert (``moe_routing.sort_pairs``); its per-expert ends are the
+    cumulative ``offs`` of ``torch._grouped_mm`` (one launch per projection, whatever the number of
+    experts hit), and the weighted rows go back to pair order: -> [N, k, H] partials, summed by the
+    consumer like ``fused_moe.expert_gemv``'s (in the pairs' order, ascending expert id, as HF adds
+    them). No host synchronisation.
     """
     num_tokens, top_k = ids.shape
-    flat = ids.flatten().long()
-    # (16-bit keys: a small radix sort makes a pass per few key bits; -0.8 ms a thinker step at B=32, H200)
-    order = flat.to(torch.int16 if gate_up.shape[0] <= 2**15 else torch.int32).argsort(stable=True)
-    counts = torch.zeros(gate_up.shape[0], dtype=torch.long, device=x.device)
-    counts.scatter_add_(0, flat, flat.new_ones(1).expand_as(flat))
-    offs = counts.cumsum(0, dtype=torch.int32)  # (bincount would read its input's max back to the host)
-    rows = x[order // top_k]
-    h = torch._grouped_mm(rows, gate_up.transpose(1, 2), offs=offs)
-    gate, up = h.chunk(2, dim=-1)
-    y = torch._grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offs=offs)
-    y = y * weights.flatten()[order, None].to(y.dtype)
-    return y.new_empty(flat.shape[0], x.shape[1]).index_copy_(0, order, y).view(num_tokens, top_k, x.shape[1])
+    pairs = sort_pairs(ids, weights, gate_up.shape[0])
+    h = torch._grouped_mm(x.index_select(0, pairs.tokens), gate_up.transpose(1, 2), offs=pairs.ends)
+    y = torch._grouped_mm(silu_mul_triton(h), down.transpose(1, 2), offs=pairs.ends)
+    return unsort_pairs(y, pairs).view(num_tokens, top_k, x.shape[1])
 
 
 class GatedMLP(MergesProjections):

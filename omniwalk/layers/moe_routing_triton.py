@@ -86,3 +86,31 @@ def route(
         store_top_k(logits_ptr, weights_ptr, ids_ptr, n, stride_l, E, E_PAD, K, SHARED, RENORM)
         if FOLDED:
             tl.store(counter_ptr + n, 0)
+
+
+@triton.jit
+def sort_pairs(
+    ids_ptr, weights_ptr, order_ptr, tokens_ptr, sorted_weights_ptr, ends_ptr, pairs,
+    P: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
+):  # fmt: skip
+    """Program e: the pairs routed to expert e, in pair order, at positions start(e) .. end(e) - 1 of the
+    expert-sorted order, start(e) = pairs routed to a lower id (a first pass over the ids)."""
+    expert = tl.program_id(0)
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    start = tl.sum(tl.zeros((BLOCK,), tl.int32), 0)
+    for first in range(0, pairs, BLOCK):
+        pair = first + tl.arange(0, BLOCK)
+        ids = tl.load(ids_ptr + pair, mask=pair < pairs, other=0x7FFFFFFF)
+        start += tl.sum((ids < expert).to(tl.int32), 0)
+    for first in range(0, pairs, BLOCK):
+        pair = first + tl.arange(0, BLOCK)
+        ids = tl.load(ids_ptr + pair, mask=pair < pairs, other=0x7FFFFFFF)
+        hit = ids == expert
+        at = start + tl.cumsum(hit.to(tl.int32), 0) - 1  # (pair order within the expert: the sort is stable)
+        tl.store(order_ptr + at, pair.to(tl.int64), mask=hit)
+        tl.store(tokens_ptr + at, (pair // P).to(tl.int64), mask=hit)
+        tl.store(sorted_weights_ptr + at, tl.load(weights_ptr + pair, mask=hit), mask=hit)
+        start += tl.sum(hit.to(tl.int32), 0)
+    tl.store(ends_ptr + expert, start)
