@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, when not installed
-from harness import graph_call_us, machine, markdown_table, prompt_text, write_report  # noqa: E402
+from harness import graph_call_us, int_list, machine, markdown_table, prompt_text, write_report  # noqa: E402
 
 from omniwalk.layers import fused_moe, grouped_fp8, moe  # noqa: E402
 from omniwalk.layers import skinny_gemm as sg  # noqa: E402
@@ -62,6 +62,7 @@ SHAPES = {
     "thinker qkv": (2048, (4096, 512, 512), "plain"),
     "thinker o": (4096, (2048,), "partials"),
     "talker qkv": (1024, (2048, 256, 256), "plain"),
+    "talker o": (2048, (1024,), "partials"),
     "cp gate_up": (1024, (3072, 3072), "gated"),
     "cp down": (3072, (1024,), "partials"),
 }
@@ -227,6 +228,7 @@ def bench_accuracy(args) -> dict:
 TUNE_GEMV = [Blocks(8, 1024, 1, 4, 1), Blocks(8, 2048, 1, 4, 1), Blocks(16, 1024, 1, 4, 1), Blocks(16, 2048, 1, 8, 1)]
 TUNE_GEMV += [Blocks(4, 4096, 1, 4, 1), Blocks(8, 4096, 1, 8, 1), Blocks(4, 2048, 1, 4, 1)]
 TUNE_DOT = [Blocks(64, 128, 1, 4, 6), Blocks(32, 128, 1, 4, 6), Blocks(128, 128, 1, 8, 4), Blocks(32, 128, 1, 4, 8)]
+TUNE_DOT += [Blocks(16, 128, 1, 4, 6), Blocks(64, 128, 1, 4, 4), Blocks(64, 128, 1, 8, 6), Blocks(16, 128, 1, 4, 8)]
 TUNE_GATE_UP = [(2, 2048, 4), (4, 2048, 4), (4, 2048, 8), (8, 2048, 8), (2, 1024, 4), (4, 1024, 4)]
 TUNE_DOWN = [(16, 256, 8), (16, 512, 8), (32, 256, 8), (8, 512, 4), (16, 1024, 8), (32, 512, 8)]
 TUNE_GROUPED = [(16, 64, 4, 3), (16, 128, 4, 3), (16, 64, 4, 4), (16, 32, 4, 3), (16, 128, 8, 3)]
@@ -255,12 +257,12 @@ def _warm_skinny(items) -> int:
 
 
 @torch.inference_mode()
-def tune_fp8(workers: int = 12) -> dict:
+def tune_fp8(rows: tuple[int, ...] = (1, 32), workers: int = 12) -> dict:
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
     items = [
-        (k, rows, kind, m, b) for k, rows, kind in SHAPES.values() for m in (1, 32) for b in _tune_candidates(m, kind)
+        (k, parts, kind, m, b) for k, parts, kind in SHAPES.values() for m in rows for b in _tune_candidates(m, kind)
     ]
     try:
         with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
@@ -271,11 +273,11 @@ def tune_fp8(workers: int = 12) -> dict:
     except Exception as e:  # noqa: BLE001 - (then each compiles on first use)
         print(f"parallel compile failed: {e!r}", flush=True)
     tuned, figures = {"skinny": []}, []
-    for name, (k, rows, kind) in SHAPES.items():
-        n = sum(rows)
+    for name, (k, parts, kind) in SHAPES.items():
+        n = sum(parts)
         copies = max(4, min(128, POOL_BYTES // (n * k)))
-        _, fp8 = _linears(k, rows, kind, copies)
-        for m in (1, 32):
+        _, fp8 = _linears(k, parts, kind, copies)
+        for m in rows:
             x = torch.randn(m, k, device="cuda").to(BF16)
             times = {}
             for b in _tune_candidates(m, kind):
@@ -293,11 +295,12 @@ def tune_fp8(workers: int = 12) -> dict:
                 dict(shape=name, m=m, best=list(best), us=times[best], all={str(tuple(b)): t for b, t in times.items()})
             )
             print(f"tune {name} M={m}: {tuple(best)} {times[best]:.2f} µs", flush=True)
-    tuned |= _tune_moe(figures)
+    tuned |= _tune_moe(figures, rows)
     return dict(tuned=tuned, figures=figures)
 
 
-def _tune_moe(figures: list) -> dict:
+def _tune_moe(figures: list, rows: tuple[int, ...]) -> dict:
+    """The expert GEMVs at 1 + 8 tokens (when 1 is in ``rows``), the grouped GEMM at 32 (when 32 is)."""
     copies, layers = 6, []
     for i in range(copies):
         with torch.device("cuda"):
@@ -306,10 +309,8 @@ def _tune_moe(figures: list) -> dict:
         layer.experts.quantize(DEFAULT_BLOCK)
         layers.append(layer)
     out = {}
-    for what, variants, default in (
-        ("gate_up", TUNE_GATE_UP, "GATE_UP_BLOCKS_FP8"),
-        ("down", TUNE_DOWN, "DOWN_BLOCKS_FP8"),
-    ):
+    gemvs = (("gate_up", TUNE_GATE_UP, "GATE_UP_BLOCKS_FP8"), ("down", TUNE_DOWN, "DOWN_BLOCKS_FP8"))
+    for what, variants, default in gemvs if 1 in rows else ():
         saved, total = getattr(fused_moe, default), {}
         for blocks in variants:
             setattr(fused_moe, default, blocks)
@@ -323,6 +324,8 @@ def _tune_moe(figures: list) -> dict:
         figures.append(dict(shape=f"thinker MoE {what} (1 + 8 tokens)", all={str(b): t for b, t in total.items()}))
         print(f"tune MoE {what}: {out[what]} {total}", flush=True)
         setattr(fused_moe, default, tuple(out[what]))
+    if 32 not in rows:
+        return out
     saved, total = grouped_fp8.BLOCKS[16], {}
     for blocks in TUNE_GROUPED:
         grouped_fp8.BLOCKS[16] = blocks
@@ -350,11 +353,11 @@ def apply_tuned(path: Path) -> None:
     tuned = json.loads(path.read_text())["tuned"]
     for key, blocks in tuned["skinny"]:
         sg.TUNED_FP8[tuple(key)] = Blocks(*blocks)
-    fused_moe.GATE_UP_BLOCKS_FP8 = tuple(tuned["gate_up"])
-    fused_moe.DOWN_BLOCKS_FP8 = tuple(tuned["down"])
-    grouped_fp8.BLOCKS[16] = tuple(tuned["grouped16"])
-    print(f"applied {path}: {len(tuned['skinny'])} skinny entries, MoE {tuned['gate_up']} {tuned['down']} "
-          f"{tuned['grouped16']}", flush=True)  # fmt: skip
+    fused_moe.GATE_UP_BLOCKS_FP8 = tuple(tuned.get("gate_up", fused_moe.GATE_UP_BLOCKS_FP8))
+    fused_moe.DOWN_BLOCKS_FP8 = tuple(tuned.get("down", fused_moe.DOWN_BLOCKS_FP8))
+    grouped_fp8.BLOCKS[16] = tuple(tuned.get("grouped16", grouped_fp8.BLOCKS[16]))
+    print(f"applied {path}: {len(tuned['skinny'])} skinny entries, MoE {fused_moe.GATE_UP_BLOCKS_FP8} "
+          f"{fused_moe.DOWN_BLOCKS_FP8} {grouped_fp8.BLOCKS[16]}", flush=True)  # fmt: skip
 
 
 def report(results: dict) -> str:
@@ -399,6 +402,7 @@ def main() -> None:
     p.add_argument("--parts", default="accuracy,kernels")
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--prompts", type=int, default=3)
+    p.add_argument("--tune-rows", type=int_list, default=[1, 32], help="tune: the row counts M to tune for")
     args = p.parse_args()
     results = {"machine": machine(args.device), "args": {k: str(v) for k, v in vars(args).items()}}
     parts = args.parts.split(",")
@@ -409,7 +413,7 @@ def main() -> None:
     if "tune" in parts:
         print("-- tune", flush=True)
         args.out.mkdir(parents=True, exist_ok=True)
-        results["tune"] = tune_fp8()
+        results["tune"] = tune_fp8(tuple(args.tune_rows))
         (args.out / "tuned.json").write_text(json.dumps(results["tune"], indent=1))
     for name, bench in (("projections", bench_projections), ("moe", bench_moe), ("prefill", bench_prefill)):
         if "kernels" in parts or name in parts:
