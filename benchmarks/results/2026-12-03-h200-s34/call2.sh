@@ -7,6 +7,6 @@ cd "$(dirname "$0")/../../.."
 install_wheels || exit 1
 export PYTHONUNBUFFERED=1
 bash benchmarks/h200_sweep.sh --no-install --paths s2t,i2t,s2s,i2s --concurrency 1,32 --min-requests 8 \
-  --requests-per-concurrency 2 --max-seconds 560 --out "$OUT" -- --quantization fp8 >"$OUT/call2.log" 2>&1
+  --requests-per-concurrency 2 --max-seconds 480 --out "$OUT" -- --quantization fp8 >"$OUT/call2.log" 2>&1
 grep -E "^\| (s2t|i2t|s2s|i2s) " "$OUT/results.md"
 grep -iE "fp8|quantis|memory|weights" "$OUT/server.log" | head -12
