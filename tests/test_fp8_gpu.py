@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from omniwalk.layers import moe
-from omniwalk.layers.fp8 import FP8, Fp8Linear, asm_widening, dequantize, quantize, triton_widening
+from omniwalk.layers.fp8 import FP8, Fp8Linear, asm_widening, dequantize, dequantize_triton, quantize, triton_widening
 from omniwalk.layers.moe import SparseMoE
 from omniwalk.layers.silu_mul import silu_mul_reference
 from omniwalk.layers.skinny_gemm import Blocks, SkinnyLinear, skinny_gemm
@@ -173,3 +173,12 @@ def test_fp8_moe_matches_the_dequantised_reference(name, hidden, experts, top_k,
     path = "GEMV" if tokens * (top_k + fused.num_shared) <= moe.MAX_GEMV_PAIRS else "grouped"
     print(f"GPU-FP8 MoE {name} tokens={tokens} ({path}): max error {err:.2e} of the output's max")
     assert err < 2**-6
+
+
+@pytest.mark.parametrize("name", ["thinker qkv", "thinker o", "cp gate_up"])
+def test_dequantize_kernel_is_the_reference_bitwise(name):
+    """Prefill-sized products multiply this copy: every value as the reference dequantises it."""
+    k, parts, _ = SHAPES[name]
+    w = torch.randn(sum(parts), k, device="cuda", generator=torch.Generator("cuda").manual_seed(4)) * k**-0.5
+    q, scale = quantize(w, BLOCK)
+    assert torch.equal(dequantize_triton(q, scale, BLOCK, BF16), dequantize(q, scale, BLOCK, BF16))

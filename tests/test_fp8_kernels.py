@@ -19,7 +19,7 @@ from single_request import ContiguousKVCache
 from omniwalk.layers import moe
 from omniwalk.layers import skinny_gemm as sg
 from omniwalk.layers.decoder import use_kernels
-from omniwalk.layers.fp8 import FP8, Fp8Linear, dequantize, quantize
+from omniwalk.layers.fp8 import FP8, Fp8Linear, dequantize, dequantize_triton, quantize
 from omniwalk.layers.fused_moe import ExpertScales, expert_down, expert_gate_up, expert_gemv
 from omniwalk.layers.grouped_fp8 import grouped_fp8_experts
 from omniwalk.layers.moe import GatedMLP, SparseMoE, reference_experts, route
@@ -87,6 +87,14 @@ def test_fp8_split_partials_and_gated(m, split):
     )
     ref = silu_mul_reference(F.linear(x, torch.cat([g.dequantized(torch.float32) for g in gate_up])))
     torch.testing.assert_close(act, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("block", [(16, 32), (128, 128), (48, 80)])  # (48, 80): partial edge blocks both ways
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dequantize_kernel_equals_the_reference(block, dtype):
+    """The prefill products' dequantised copy: the reference's values exactly (fp32 product, one rounding)."""
+    q, scale, _ = _weight(N + 9, K, block)
+    assert torch.equal(dequantize_triton(q, scale, block, dtype), dequantize(q, scale, block, dtype))
 
 
 @torch.no_grad()

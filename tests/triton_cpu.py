@@ -20,6 +20,7 @@ import torch
 from omniwalk.layers import (
     adaln,
     embed_add,
+    fp8,
     fused_moe,
     grouped_fp8,
     head_rope,
@@ -37,6 +38,7 @@ if ON_CPU:
 BUILDERS = (
     adaln._kernel,
     embed_add._kernel,
+    fp8._dequantize_kernel,
     head_rope._kernel,
     norm._kernel,
     qk_norm_rope._kernel,

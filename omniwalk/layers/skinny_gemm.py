@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omniwalk.layers import pdl
-from omniwalk.layers.fp8 import Block, Fp8Linear, asm_widening, concat_rows, dequantize
+from omniwalk.layers.fp8 import Block, Fp8Linear, asm_widening, concat_rows, dequantize_triton
 from omniwalk.layers.norm import RMSNorm
 from omniwalk.layers.silu_mul import silu_mul_triton
 
@@ -342,7 +342,7 @@ class SkinnyLinear(nn.Module):
     ``partials``: the output may be fp32 partial sums [M, S, N] (the module's consumer sums them,
     e.g. the decoder's next ``RMSNorm.add``); only for 2-D inputs.
     ``scale``/``block``: ``weight`` is FP8 with this scale_inv grid (``fp8.py``); the kernel reads
-    it as stored, ``F.linear`` (more rows) a dequantised copy.
+    it as stored, ``F.linear`` (more rows) a dequantised copy (``fp8.dequantize_triton``, one kernel).
     A ``bias`` goes with a plain product only (neither gated nor partial sums).
     """
 
@@ -397,7 +397,7 @@ class SkinnyLinear(nn.Module):
         may_split = partials and not self.gated
         blocks = pick_blocks(m, n, k, self.gated, may_split, fp8) if m <= MAX_ROWS else None
         if blocks is None:
-            w = dequantize(self.weight, self.weight_scale_inv, self.block, x.dtype) if fp8 else self.weight
+            w = dequantize_triton(self.weight, self.weight_scale_inv, self.block, x.dtype) if fp8 else self.weight
             y = F.linear(x, w, self.bias)
             return silu_mul_triton(y) if self.gated else y
         y = skinny_gemm(
