@@ -232,6 +232,7 @@ TUNE_DOT += [Blocks(16, 128, 1, 4, 6), Blocks(64, 128, 1, 4, 4), Blocks(64, 128,
 TUNE_GATE_UP = [(2, 2048, 4), (4, 2048, 4), (4, 2048, 8), (8, 2048, 8), (2, 1024, 4), (4, 1024, 4)]
 TUNE_DOWN = [(16, 256, 8), (16, 512, 8), (32, 256, 8), (8, 512, 4), (16, 1024, 8), (32, 512, 8)]
 TUNE_GROUPED = [(16, 64, 4, 3), (16, 128, 4, 3), (16, 64, 4, 4), (16, 32, 4, 3), (16, 128, 8, 3)]
+TUNE_GROUPED64 = [(64, 64, 4, 3), (64, 128, 4, 3), (64, 128, 8, 3), (128, 128, 8, 3), (64, 64, 4, 4), (128, 64, 8, 3)]
 TUNE_GROUPED += [(16, 32, 4, 5), (16, 32, 4, 6), (16, 64, 4, 5), (16, 32, 8, 4), (16, 16, 4, 4)]
 
 
@@ -339,6 +340,18 @@ def _tune_moe(figures: list, rows: tuple[int, ...]) -> dict:
     out["grouped16"] = list(min(total, key=total.get))
     figures.append(dict(shape="thinker MoE grouped (32 tokens)", all={str(b): t for b, t in total.items()}))
     print(f"tune MoE grouped: {out['grouped16']} {total}", flush=True)
+    saved, total = grouped_fp8.BLOCKS[64], {}  # (a prefill chunk: 1,024 tokens, ~64 rows an expert)
+    for blocks in TUNE_GROUPED64:
+        grouped_fp8.BLOCKS[64] = blocks
+        try:
+            total[blocks] = graph_call_us(lambda i: layers[i](_moe_inputs((1024,))[0]), copies)
+        except Exception:  # noqa: BLE001, S112
+            continue
+        finally:
+            grouped_fp8.BLOCKS[64] = saved
+    out["grouped64"] = list(min(total, key=total.get))
+    figures.append(dict(shape="thinker MoE grouped (1024 tokens)", all={str(b): t for b, t in total.items()}))
+    print(f"tune MoE grouped 64-row tile: {out['grouped64']} {total}", flush=True)
     return out
 
 
@@ -357,6 +370,7 @@ def apply_tuned(path: Path) -> None:
     fused_moe.GATE_UP_BLOCKS_FP8 = tuple(tuned.get("gate_up", fused_moe.GATE_UP_BLOCKS_FP8))
     fused_moe.DOWN_BLOCKS_FP8 = tuple(tuned.get("down", fused_moe.DOWN_BLOCKS_FP8))
     grouped_fp8.BLOCKS[16] = tuple(tuned.get("grouped16", grouped_fp8.BLOCKS[16]))
+    grouped_fp8.BLOCKS[64] = tuple(tuned.get("grouped64", grouped_fp8.BLOCKS[64]))
     print(f"applied {path}: {len(tuned['skinny'])} skinny entries, MoE {fused_moe.GATE_UP_BLOCKS_FP8} "
           f"{fused_moe.DOWN_BLOCKS_FP8} {grouped_fp8.BLOCKS[16]}", flush=True)  # fmt: skip
 
