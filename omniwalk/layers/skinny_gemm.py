@@ -165,10 +165,20 @@ TUNED: dict[tuple[int, int, int, bool, bool], Blocks | None] = {
 # thinker o (8, 1024, 1, 4, 1) 5.74 (bf16 5.81; (16, 1024, 2, 8, 1) 6.80), cp down (4, 2048, 1, 4, 1) 3.67
 # (bf16 2.90; TUNED's (4, 4096, 1, 8, 1) 4.20); TUNED's tiles measured best for talker qkv (2.19, bf16 2.58)
 # and cp gate_up (6.54, bf16 5.70). Talker o, cp qkv and cp o take TUNED's (not measured in FP8).
+# At 32 rows (session 34 call 3, ``fp8.py --parts tune --tune-rows 32``, µs, against the bf16 tile FP8 took
+# before): thinker qkv 13.08 (13.23), thinker o 8.40 (8.66), talker qkv 6.13 (7.33), talker o 4.21 (4.97), cp
+# down 5.54 (6.85); cp gate_up keeps TUNED's (32, 128, 1, 4, 6), 12.02.
+# micro.py, FP8 at B = 32 with these: talker frame 8.73 -> 7.77 ms, thinker step 9.24 -> 8.86 (one run each).
+# 16 rows take TUNED's (not measured in FP8).
 TUNED_FP8: dict[tuple[int, int, int, bool, bool], Blocks] = {
     (1, 5120, 2048, False, False): Blocks(16, 512, 1, 4, 1),
     (1, 2048, 4096, False, True): Blocks(8, 1024, 1, 4, 1),
     (1, 1024, 3072, False, True): Blocks(4, 2048, 1, 4, 1),
+    (32, 5120, 2048, False, False): Blocks(64, 128, 1, 4, 4),
+    (32, 2048, 4096, False, True): Blocks(64, 128, 4, 4, 4),
+    (32, 2560, 1024, False, False): Blocks(32, 128, 1, 4, 6),
+    (32, 1024, 2048, False, True): Blocks(32, 128, 4, 4, 6),
+    (32, 1024, 3072, False, True): Blocks(32, 128, 4, 4, 6),
 }
 
 
