@@ -166,7 +166,7 @@ TUNED: dict[tuple[int, int, int, bool, bool], Blocks | None] = {
 # (bf16 2.90; TUNED's (4, 4096, 1, 8, 1) 4.20); TUNED's tiles measured best for talker qkv (2.19, bf16 2.58)
 # and cp gate_up (6.54, bf16 5.70). Talker o, cp qkv and cp o take TUNED's (not measured in FP8).
 # At 32 rows (session 34 call 3, ``fp8.py --parts tune --tune-rows 32``, µs, against the bf16 tile FP8 took
-# before): thinker qkv 13.08 (13.23), thinker o 8.40 (8.66), talker qkv 6.13 (7.33), talker o 4.21 (4.97), cp
+# before): thinker qkv 13.08 (13.23), thinker o 8.40 (8.66), talker qkv 6.13 (7.33), talker o 4.21 (4.91), cp
 # down 5.54 (6.85); cp gate_up keeps TUNED's (32, 128, 1, 4, 6), 12.02.
 # micro.py, FP8 at B = 32 with these: talker frame 8.73 -> 7.77 ms, thinker step 9.24 -> 8.86 (one run each).
 # 16 rows take TUNED's (not measured in FP8).
