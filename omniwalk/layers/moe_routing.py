@@ -18,7 +18,8 @@ expert id (then the shared slots, ids E ..): the order in which HF adds the expe
                   tokens and weights in that order, and where each expert's rows end: the grouped
                   GEMMs' input, in one kernel of one program per expert (each reads the ids twice:
                   the pairs routed to a lower id, then its own). It replaced a radix sort, a count
-                  and a cumulative sum (H200, thinker B = 32: the sort alone 13 µs a layer).
+                  and a cumulative sum (H200, thinker decode at B = 32: the sort alone took 13 µs a
+                  layer; with this kernel the step 9.39 -> 8.13 ms, 1555 -> 883 kernels, session 34).
 
 Rounding follows the reference (``moe.route(F.linear(x, router))``): logits are accumulated in
 fp32 and rounded to the activations' dtype (the router Linear's output), then softmax in fp32.
@@ -108,7 +109,7 @@ class SortedPairs(NamedTuple):
 def sort_pairs(ids: torch.Tensor, weights: torch.Tensor, num_experts: int) -> SortedPairs:
     """ids [N, P] (every id < ``num_experts``), weights [N, P] -> ``SortedPairs`` (one kernel; see the
     module docstring)."""
-    n, p = ids.shape
+    p = ids.shape[1]
     flat_ids, flat_weights = ids.reshape(-1).contiguous(), weights.reshape(-1).contiguous()
     pairs = flat_ids.numel()
     order = torch.empty(pairs, dtype=torch.long, device=ids.device)
