@@ -232,8 +232,8 @@ TUNE_DOT += [Blocks(16, 128, 1, 4, 6), Blocks(64, 128, 1, 4, 4), Blocks(64, 128,
 TUNE_GATE_UP = [(2, 2048, 4), (4, 2048, 4), (4, 2048, 8), (8, 2048, 8), (2, 1024, 4), (4, 1024, 4)]
 TUNE_DOWN = [(16, 256, 8), (16, 512, 8), (32, 256, 8), (8, 512, 4), (16, 1024, 8), (32, 512, 8)]
 TUNE_GROUPED = [(16, 64, 4, 3), (16, 128, 4, 3), (16, 64, 4, 4), (16, 32, 4, 3), (16, 128, 8, 3)]
-TUNE_GROUPED64 = [(64, 64, 4, 3), (64, 128, 4, 3), (64, 128, 8, 3), (128, 128, 8, 3), (64, 64, 4, 4), (128, 64, 8, 3)]
 TUNE_GROUPED += [(16, 32, 4, 5), (16, 32, 4, 6), (16, 64, 4, 5), (16, 32, 8, 4), (16, 16, 4, 4)]
+TUNE_GROUPED64 = [(64, 64, 4, 3), (64, 128, 4, 3), (64, 128, 8, 3), (128, 128, 8, 3), (64, 64, 4, 4), (128, 64, 8, 3)]
 
 
 def _tune_candidates(m: int, kind: str) -> list[Blocks]:
@@ -302,7 +302,8 @@ def tune_fp8(rows: tuple[int, ...] = (1, 32), workers: int = 12) -> dict:
 
 
 def _tune_moe(figures: list, rows: tuple[int, ...]) -> dict:
-    """The expert GEMVs at 1 + 8 tokens (when 1 is in ``rows``), the grouped GEMM at 32 (when 32 is)."""
+    """The expert GEMVs at 1 + 8 tokens (when 1 is in ``rows``), the grouped GEMM's tiles at 32 and 1,024
+    tokens (when 32 is)."""
     copies, layers = 6, []
     for i in range(copies):
         with torch.device("cuda"):
@@ -313,46 +314,41 @@ def _tune_moe(figures: list, rows: tuple[int, ...]) -> dict:
     out = {}
     gemvs = (("gate_up", TUNE_GATE_UP, "GATE_UP_BLOCKS_FP8"), ("down", TUNE_DOWN, "DOWN_BLOCKS_FP8"))
     for what, variants, default in gemvs if 1 in rows else ():
-        saved, total = getattr(fused_moe, default), {}
-        for blocks in variants:
-            setattr(fused_moe, default, blocks)
-            try:
-                total[blocks] = sum(graph_call_us(lambda i: layers[i](x), copies) for x in _moe_inputs((1, 8)))
-            except Exception:  # noqa: BLE001, S112
-                continue
-            finally:
-                setattr(fused_moe, default, saved)
+        total = _time_variants(
+            variants, functools.partial(setattr, fused_moe, default),
+            lambda: sum(graph_call_us(lambda i: layers[i](x), copies) for x in _moe_inputs((1, 8))),
+            getattr(fused_moe, default),
+        )  # fmt: skip
         out[what] = list(min(total, key=total.get))
         figures.append(dict(shape=f"thinker MoE {what} (1 + 8 tokens)", all={str(b): t for b, t in total.items()}))
         print(f"tune MoE {what}: {out[what]} {total}", flush=True)
         setattr(fused_moe, default, tuple(out[what]))
-    if 32 not in rows:
-        return out
-    saved, total = grouped_fp8.BLOCKS[16], {}
-    for blocks in TUNE_GROUPED:
-        grouped_fp8.BLOCKS[16] = blocks
-        try:
-            total[blocks] = graph_call_us(lambda i: layers[i](_moe_inputs((32,))[0]), copies)
-        except Exception:  # noqa: BLE001, S112
-            continue
-        finally:
-            grouped_fp8.BLOCKS[16] = saved
-    out["grouped16"] = list(min(total, key=total.get))
-    figures.append(dict(shape="thinker MoE grouped (32 tokens)", all={str(b): t for b, t in total.items()}))
-    print(f"tune MoE grouped: {out['grouped16']} {total}", flush=True)
-    saved, total = grouped_fp8.BLOCKS[64], {}  # (a prefill chunk: 1,024 tokens, ~64 rows an expert)
-    for blocks in TUNE_GROUPED64:
-        grouped_fp8.BLOCKS[64] = blocks
-        try:
-            total[blocks] = graph_call_us(lambda i: layers[i](_moe_inputs((1024,))[0]), copies)
-        except Exception:  # noqa: BLE001, S112
-            continue
-        finally:
-            grouped_fp8.BLOCKS[64] = saved
-    out["grouped64"] = list(min(total, key=total.get))
-    figures.append(dict(shape="thinker MoE grouped (1024 tokens)", all={str(b): t for b, t in total.items()}))
-    print(f"tune MoE grouped 64-row tile: {out['grouped64']} {total}", flush=True)
+    # the grouped GEMM's tiles: 16 rows at 32 tokens (decode), 64 rows at a 1,024-token prefill chunk
+    for tile, variants, tokens in ((16, TUNE_GROUPED, 32), (64, TUNE_GROUPED64, 1024)) if 32 in rows else ():
+        total = _time_variants(
+            variants, functools.partial(grouped_fp8.BLOCKS.__setitem__, tile),
+            lambda tokens=tokens: graph_call_us(lambda i: layers[i](_moe_inputs((tokens,))[0]), copies),
+            grouped_fp8.BLOCKS[tile],
+        )  # fmt: skip
+        out[f"grouped{tile}"] = list(min(total, key=total.get))
+        figures.append(dict(shape=f"thinker MoE grouped ({tokens} tokens)", all={str(b): t for b, t in total.items()}))
+        print(f"tune MoE grouped {tile}-row tile: {out[f'grouped{tile}']} {total}", flush=True)
     return out
+
+
+def _time_variants(variants: list, apply, run, saved) -> dict:
+    """µs of ``run()`` with each variant put in place by ``apply(variant)``, ``apply(saved)`` after each
+    (a variant that fails, e.g. does not fit the SM, is left out)."""
+    total = {}
+    for variant in variants:
+        apply(variant)
+        try:
+            total[variant] = run()
+        except Exception:  # noqa: BLE001, S112
+            continue
+        finally:
+            apply(saved)
+    return total
 
 
 @functools.cache
@@ -372,7 +368,7 @@ def apply_tuned(path: Path) -> None:
     grouped_fp8.BLOCKS[16] = tuple(tuned.get("grouped16", grouped_fp8.BLOCKS[16]))
     grouped_fp8.BLOCKS[64] = tuple(tuned.get("grouped64", grouped_fp8.BLOCKS[64]))
     print(f"applied {path}: {len(tuned['skinny'])} skinny entries, MoE {fused_moe.GATE_UP_BLOCKS_FP8} "
-          f"{fused_moe.DOWN_BLOCKS_FP8} {grouped_fp8.BLOCKS[16]}", flush=True)  # fmt: skip
+          f"{fused_moe.DOWN_BLOCKS_FP8}, grouped {grouped_fp8.BLOCKS}", flush=True)  # fmt: skip
 
 
 def report(results: dict) -> str:

@@ -115,7 +115,8 @@ def sort_pairs(ids: torch.Tensor, weights: torch.Tensor, num_experts: int) -> So
     order = torch.empty(pairs, dtype=torch.long, device=ids.device)
     tokens = torch.empty_like(order)
     sorted_weights = torch.empty_like(flat_weights)
-    ends = torch.zeros(num_experts, dtype=torch.int32, device=ids.device)
+    # (every program writes its expert's end; with no pairs at all there is no launch: all zero)
+    ends = (torch.empty if pairs else torch.zeros)(num_experts, dtype=torch.int32, device=ids.device)
     if pairs:
         _kernels().sort_pairs[(num_experts,)](
             flat_ids, flat_weights, order, tokens, sorted_weights, ends, pairs, P=p,

@@ -168,7 +168,8 @@ TUNED: dict[tuple[int, int, int, bool, bool], Blocks | None] = {
 # At 32 rows (session 34 call 3, ``fp8.py --parts tune --tune-rows 32``, µs, against the bf16 tile FP8 took
 # before): thinker qkv 13.08 (13.23), thinker o 8.40 (8.66), talker qkv 6.13 (7.33), talker o 4.21 (4.91), cp
 # down 5.54 (6.85); cp gate_up keeps TUNED's (32, 128, 1, 4, 6), 12.02.
-# micro.py, FP8 at B = 32 with these: talker frame 8.73 -> 7.77 ms, thinker step 9.24 -> 8.86 (one run each).
+# micro.py, FP8 at B = 32 with these (``fp8.py --apply``, one run each): talker frame 8.73 -> 7.77 ms, thinker
+# step 9.24 -> 8.86; in the source, A/B (call 6): talker 7.29 (one run) -> 6.36 / 6.69 ms.
 # 16 rows take TUNED's (not measured in FP8).
 TUNED_FP8: dict[tuple[int, int, int, bool, bool], Blocks] = {
     (1, 5120, 2048, False, False): Blocks(16, 512, 1, 4, 1),
