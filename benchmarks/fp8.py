@@ -9,8 +9,8 @@ Parts:
               projections, moe, prefill): the decoders' projections at M = 1 and 32 as bf16 (the fast
               path's pick: skinny GEMM or cuBLAS) and FP8 (the weight widened in registers; at M = 1
               also through tl.dot, rows padded to 16);
-              a thinker MoE layer (router + routing + experts) at 1, 8 and 32 tokens, bf16 vs FP8
-              (GEMVs; at 32 tokens the grouped GEMMs, and GEMVs of both for comparison); a prefill-sized
+              a thinker MoE layer (router + routing + experts) at 1, 8, 32 and 1,024 tokens, bf16 vs FP8
+              (GEMVs; at 32 and 1,024 tokens the grouped GEMMs, and at 32 GEMVs of both for comparison); a prefill-sized
               dense product (M = 2048): bf16 cuBLAS vs FP8 dequantised + cuBLAS vs ``torch._scaled_mm``
               (per-row scales: what cuBLAS FP8 takes here; not our block-wise format, timed only).
     accuracy  the thinker with the same random weights in bf16 and FP8 (quantised at load): a 64-token
@@ -19,7 +19,8 @@ Parts:
               equal to bf16's. Decode steps run the decode kernels (one token per forward).
 
     tune      FP8 launch configurations: the skinny GEMM per projection at M = 1 and 32, the expert
-              GEMVs (gate_up, down) at 1 and 8 tokens, the grouped GEMM's 16-row tile at 32 tokens;
+              GEMVs (gate_up, down) at 1 and 8 tokens, the grouped GEMM's 16-row tile at 32 tokens and its
+              64-row tile at 1,024;
               writes tuned.json (the fastest of each), the tables to put in the source.
 
 Timings of whole steps are micro.py's (``--option quantization=fp8``). Writes fp8.json and fp8.md.
@@ -129,7 +130,7 @@ def bench_moe() -> list[dict]:
         layers.append(layer)
         fp8_layers.append(copy.deepcopy(layer))
         fp8_layers[-1].experts.quantize(DEFAULT_BLOCK)
-    for tokens in (1, 8, 32):
+    for tokens in (1, 8, 32, 1024):  # 1,024: a prefill chunk (the grouped GEMMs)
         x = torch.randn(tokens, 2048, device="cuda").to(BF16)
         row = dict(tokens=tokens, pairs=tokens * 8, bf16_us=graph_call_us(lambda i: layers[i](x), copies))
         row["fp8_us"] = graph_call_us(lambda i: fp8_layers[i](x), copies)
@@ -231,9 +232,11 @@ TUNE_DOT = [Blocks(64, 128, 1, 4, 6), Blocks(32, 128, 1, 4, 6), Blocks(128, 128,
 TUNE_DOT += [Blocks(16, 128, 1, 4, 6), Blocks(64, 128, 1, 4, 4), Blocks(64, 128, 1, 8, 6), Blocks(16, 128, 1, 4, 8)]
 TUNE_GATE_UP = [(2, 2048, 4), (4, 2048, 4), (4, 2048, 8), (8, 2048, 8), (2, 1024, 4), (4, 1024, 4)]
 TUNE_DOWN = [(16, 256, 8), (16, 512, 8), (32, 256, 8), (8, 512, 4), (16, 1024, 8), (32, 512, 8)]
-TUNE_GROUPED = [(16, 64, 4, 3), (16, 128, 4, 3), (16, 64, 4, 4), (16, 32, 4, 3), (16, 128, 8, 3)]
-TUNE_GROUPED += [(16, 32, 4, 5), (16, 32, 4, 6), (16, 64, 4, 5), (16, 32, 8, 4), (16, 16, 4, 4)]
-TUNE_GROUPED64 = [(64, 64, 4, 3), (64, 128, 4, 3), (64, 128, 8, 3), (128, 128, 8, 3), (64, 64, 4, 4), (128, 64, 8, 3)]
+# the grouped GEMM's (rows, the down GEMM's output columns, warps, stages); gate_up's columns are one GROUP
+TUNE_GROUPED = [(16, 128, 4, 3), (16, 64, 4, 3), (16, 128, 4, 4), (16, 256, 8, 3), (16, 32, 4, 3), (16, 64, 4, 4)]
+TUNE_GROUPED += [(16, 128, 8, 3), (32, 128, 4, 3), (16, 128, 4, 2)]
+TUNE_GROUPED64 = [(64, 128, 4, 3), (64, 128, 4, 4), (64, 64, 4, 3), (64, 256, 8, 3), (128, 128, 8, 3), (64, 128, 8, 3)]
+TUNE_GROUPED64 += [(128, 64, 4, 3), (64, 128, 4, 2), (32, 128, 4, 3)]
 
 
 def _tune_candidates(m: int, kind: str) -> list[Blocks]:

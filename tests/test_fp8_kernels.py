@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import triton_cpu
+from fp8_reference import assert_activation_rounding, w8a8_experts
 from single_request import ContiguousKVCache
 
 from omniwalk.layers import moe
@@ -21,7 +22,7 @@ from omniwalk.layers import skinny_gemm as sg
 from omniwalk.layers.decoder import use_kernels
 from omniwalk.layers.fp8 import FP8, Fp8Linear, dequantize, dequantize_triton, quantize
 from omniwalk.layers.fused_moe import ExpertScales, expert_down, expert_gate_up, expert_gemv
-from omniwalk.layers.grouped_fp8 import grouped_fp8_experts
+from omniwalk.layers.grouped_fp8 import grouped_fp8_experts, quantize_rows
 from omniwalk.layers.moe import GatedMLP, SparseMoE, reference_experts, route
 from omniwalk.layers.silu_mul import silu_mul_reference
 from omniwalk.layers.skinny_gemm import Blocks, SkinnyLinear, skinny_gemm
@@ -147,18 +148,35 @@ def test_fp8_expert_gemv(block):
     torch.testing.assert_close(parts.sum(1), ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("group", [16, 32, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_activation_quantiser_is_fp8_quantize(group, dtype):
+    """The grouped GEMM's activations, e4m3 per row and group of columns: ``quantize(x, (1, group))``'s bytes
+    and scales exactly (K = 200: a partial last group; an all-zero group keeps scale 1)."""
+    g = torch.Generator().manual_seed(group)
+    x = (torch.randn(7, K, generator=g) * 10 ** torch.randn(7, 1, generator=g)).to(dtype)
+    x[2, :group] = 0
+    q, scale = quantize_rows(x, group)
+    ref_q, ref_scale = quantize(x, (1, group))
+    assert q.dtype == FP8 and torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
+    assert torch.equal(scale, ref_scale) and scale[2, 0] == 1
+
+
 @pytest.mark.parametrize("tokens", [11, 40])  # pairs per expert few (16-row tiles) or many (64-row tiles)
-def test_fp8_grouped_experts(tokens):
-    """The grouped GEMM over expert-sorted pairs (the fused backend past the GEMVs) on FP8 experts."""
-    num_experts, h, inter = 6, 72, 48
-    experts = _fp8_experts(num_experts, h, inter, (16, 32), 8)
+@pytest.mark.parametrize("block", [(16, 32), (32, 16)])  # activation groups of 32 columns; of 16
+def test_fp8_grouped_experts(tokens, block):
+    """The grouped GEMM over expert-sorted pairs (the fused backend past the GEMVs) on FP8 experts, e4m3
+    activations: the emulated math (``fp8_reference.w8a8_experts``) within fp32's order bound; near the reference."""
+    num_experts, h, inter = 6, 72, 48  # (I = 48: a partial activation group at 32)
+    experts = _fp8_experts(num_experts, h, inter, block, 8)
     g = torch.Generator().manual_seed(9)
     x = torch.randn(tokens, h, generator=g)
     weights, ids = route(torch.randn(tokens, num_experts, generator=g), 2, True)
-    ref = reference_experts(x, *experts.dequantized(torch.float32), weights, ids)
     parts = grouped_fp8_experts(x, experts.gate_up_proj, experts.down_proj, experts.scales(), weights, ids.int())
     assert parts.shape == (tokens, 2, h)
-    torch.testing.assert_close(parts.sum(1), ref, rtol=1e-5, atol=1e-5)
+    emulated = w8a8_experts(x, *experts.dequantized(torch.float32), weights, ids, block[1])
+    torch.testing.assert_close(parts, emulated, rtol=1e-5, atol=1e-5)
+    assert_activation_rounding(parts.sum(1), reference_experts(x, *experts.dequantized(torch.float32), weights, ids))
 
 
 def _fp8_moe(block) -> SparseMoE:
@@ -184,7 +202,10 @@ def test_fp8_moe_with_its_shared_expert(monkeypatch, max_gemv_pairs, block):
     x = torch.randn(5, 32, generator=torch.Generator().manual_seed(6))
     out = fused(x)
     assert out.shape == (5, 2 + (3 if folded else 1), 32)
-    torch.testing.assert_close(out.sum(1), ref(x), rtol=1e-5, atol=1e-5)
+    if max_gemv_pairs:
+        torch.testing.assert_close(out.sum(1), ref(x), rtol=1e-5, atol=1e-5)
+    else:  # (the grouped GEMM's activations in e4m3: test_fp8_grouped_experts holds it to their emulation)
+        assert_activation_rounding(out.sum(1), ref(x))
 
 
 def _fp8_pair(cls, *args, block):

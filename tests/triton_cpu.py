@@ -7,7 +7,10 @@ kernels around a test. NOTE: Triton 3.6's interpreter turns a scalar into a 1-el
 which numpy >= 2.4 refuses to convert with int() (``range`` over a loaded bound, e.g. the paged
 decode loop): patched here. bfloat16 needs two more patches: ``tl.dot`` multiplied bf16 operands
 as their uint16 storage (now widened to fp32 first: exact, the accumulation stays fp32 as on the
-GPU), and fp32 -> bf16 casts truncated (now rounded to nearest even, as the GPU rounds).
+GPU), and fp32 -> bf16 casts truncated (now rounded to nearest even, as the GPU rounds). e4m3: ``tl.dot``
+took the operands' bytes as numbers (now widened exactly), and fp32 -> e4m3 casts that round up to the
+next power of two lost that exponent step (7.79 -> 4; now rounded by torch, to nearest even as the GPU's
+``cvt.rn.satfinite`` rounds: the values the kernels cast are clamped to e4m3's range first).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ BUILDERS = (
     qk_norm_rope._kernel,
     silu_mul._kernel,
     fused_moe._kernels,
-    grouped_fp8._kernel,
+    grouped_fp8._kernels,
     moe_routing._kernels,
     paged_decode._kernel,
     skinny_gemm._kernel,
@@ -64,6 +67,8 @@ def interpreted(monkeypatch):
     monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", _dot_widening_bf16)
     cast = interpreter.InterpreterBuilder.cast_impl
     monkeypatch.setattr(interpreter.InterpreterBuilder, "cast_impl", lambda *a: _cast_rounding_bf16(cast, *a))
+    to_fp = interpreter.InterpreterBuilder.create_fp_to_fp
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_fp_to_fp", lambda *a: _cast_rounding_e4m3(to_fp, *a))
     for build in BUILDERS:
         build.cache_clear()
     yield
@@ -76,6 +81,8 @@ def _dot_widening_bf16(self, a, b, d, input_precision, max_num_imprecise_acc):
     from triton.runtime import interpreter
 
     def operand(x):
+        if x.dtype.scalar == tl.float8e4nv:  # (stored as bytes)
+            return torch.from_numpy(np.ascontiguousarray(x.data)).view(torch.float8_e4m3fn).float().numpy()
         if x.dtype.scalar != tl.bfloat16:
             return x.data
         return (x.data.astype(np.uint32) << 16).view(np.float32)  # bf16 = the top half of an fp32
@@ -92,3 +99,13 @@ def _cast_rounding_bf16(cast, self, src, dst_type):
         return cast(self, src, dst_type)
     rounded = torch.from_numpy(np.ascontiguousarray(src.data)).to(torch.bfloat16).view(torch.int16)
     return interpreter.TensorHandle(rounded.numpy().view(np.uint16), tl.bfloat16)
+
+
+def _cast_rounding_e4m3(to_fp, self, src, dst_type, rounding_mode):
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    if src.dtype.scalar != tl.float32 or dst_type.scalar != tl.float8e4nv:
+        return to_fp(self, src, dst_type, rounding_mode)
+    rounded = torch.from_numpy(np.ascontiguousarray(src.data)).to(torch.float8_e4m3fn).view(torch.uint8)
+    return interpreter.TensorHandle(rounded.numpy(), tl.float8e4nv)

@@ -64,7 +64,7 @@ def route_topk(
     if n:
         _kernels().route[(n, 1)](
             logits, logits, logits, ids, weights, ids, 0, 0, logits.stride(0),
-            H=1, E=num_experts, E_PAD=_pow2(num_experts), K=top_k, SHARED=num_shared, RENORM=renormalize,
+            H=1, E=num_experts, E_PAD=pow2(num_experts), K=top_k, SHARED=num_shared, RENORM=renormalize,
             FOLDED=False, BLOCK_E=1, BLOCK_H=1, **pdl.launch(logits.device),
         )  # fmt: skip
     return weights, ids
@@ -84,13 +84,13 @@ def route_folded(
     weights, ids = _outputs(n, top_k + num_shared, x.dtype, x.device)
     if n:
         rows, warps = blocks
-        e_pad = _pow2(num_experts)
+        e_pad = pow2(num_experts)
         scratch = torch.empty(n, e_pad + 1, dtype=torch.float32, device=x.device)
         x = x.contiguous()
         _kernels().route[(n, -(-router.shape[0] // rows))](
             x, router, scratch, counters, weights, ids, x.stride(0), router.stride(0), scratch.stride(0),
             H=hidden, E=num_experts, E_PAD=e_pad, K=top_k, SHARED=num_shared, RENORM=renormalize,
-            FOLDED=True, BLOCK_E=rows, BLOCK_H=min(_pow2(hidden), 4096), num_warps=warps, **pdl.launch(x.device),
+            FOLDED=True, BLOCK_E=rows, BLOCK_H=min(pow2(hidden), 4096), num_warps=warps, **pdl.launch(x.device),
         )  # fmt: skip
     return weights, ids
 
@@ -120,7 +120,7 @@ def sort_pairs(ids: torch.Tensor, weights: torch.Tensor, num_experts: int) -> So
     if pairs:
         _kernels().sort_pairs[(num_experts,)](
             flat_ids, flat_weights, order, tokens, sorted_weights, ends, pairs, P=p,
-            BLOCK=min(1024, _pow2(pairs)), **pdl.launch(ids.device),
+            BLOCK=min(1024, pow2(pairs)), **pdl.launch(ids.device),
         )  # fmt: skip
     return SortedPairs(order, tokens, sorted_weights, ends)
 
@@ -135,5 +135,6 @@ def _outputs(n: int, slots: int, dtype, device) -> tuple[torch.Tensor, torch.Ten
     return torch.empty(n, slots, dtype=dtype, device=device), torch.empty(n, slots, dtype=torch.int32, device=device)
 
 
-def _pow2(n: int) -> int:
+def pow2(n: int) -> int:
+    """The least power of two >= n (n >= 1): Triton's block sizes."""
     return 1 << (n - 1).bit_length()
