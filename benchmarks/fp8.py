@@ -232,11 +232,15 @@ TUNE_DOT = [Blocks(64, 128, 1, 4, 6), Blocks(32, 128, 1, 4, 6), Blocks(128, 128,
 TUNE_DOT += [Blocks(16, 128, 1, 4, 6), Blocks(64, 128, 1, 4, 4), Blocks(64, 128, 1, 8, 6), Blocks(16, 128, 1, 4, 8)]
 TUNE_GATE_UP = [(2, 2048, 4), (4, 2048, 4), (4, 2048, 8), (8, 2048, 8), (2, 1024, 4), (4, 1024, 4)]
 TUNE_DOWN = [(16, 256, 8), (16, 512, 8), (32, 256, 8), (8, 512, 4), (16, 1024, 8), (32, 512, 8)]
-# the grouped GEMM's (rows, the down GEMM's output columns, warps, stages); gate_up's columns are one GROUP
-TUNE_GROUPED = [(16, 128, 4, 3), (16, 64, 4, 3), (16, 128, 4, 4), (16, 256, 8, 3), (16, 32, 4, 3), (16, 64, 4, 4)]
-TUNE_GROUPED += [(16, 128, 8, 3), (32, 128, 4, 3), (16, 128, 4, 2)]
-TUNE_GROUPED64 = [(64, 128, 4, 3), (64, 128, 4, 4), (64, 64, 4, 3), (64, 256, 8, 3), (128, 128, 8, 3), (64, 128, 8, 3)]
-TUNE_GROUPED64 += [(128, 64, 4, 3), (64, 128, 4, 2), (32, 128, 4, 3)]
+# the grouped GEMMs' tiles (grouped_fp8): gate_up (rows, warps, stages), down (rows, columns, warps, stages)
+TUNE_GROUPED_GATE_UP = {
+    16: [(16, 4, 4), (16, 4, 3), (16, 8, 3), (16, 4, 5), (32, 4, 3), (32, 8, 3)],
+    64: [(64, 8, 3), (64, 8, 4), (64, 8, 2), (128, 8, 3), (128, 8, 2), (64, 4, 2), (32, 4, 3), (32, 8, 3)],
+}
+TUNE_GROUPED_DOWN = {
+    16: [(16, 64, 4, 4), (16, 128, 4, 4), (16, 32, 4, 4), (16, 64, 4, 3), (16, 128, 8, 3), (16, 64, 4, 5)],
+    64: [(64, 256, 8, 3), (64, 128, 4, 3), (64, 128, 8, 3), (128, 128, 8, 3), (128, 256, 8, 3), (64, 256, 8, 4)],
+}
 
 
 def _tune_candidates(m: int, kind: str) -> list[Blocks]:
@@ -326,16 +330,25 @@ def _tune_moe(figures: list, rows: tuple[int, ...]) -> dict:
         figures.append(dict(shape=f"thinker MoE {what} (1 + 8 tokens)", all={str(b): t for b, t in total.items()}))
         print(f"tune MoE {what}: {out[what]} {total}", flush=True)
         setattr(fused_moe, default, tuple(out[what]))
-    # the grouped GEMM's tiles: 16 rows at 32 tokens (decode), 64 rows at a 1,024-token prefill chunk
-    for tile, variants, tokens in ((16, TUNE_GROUPED, 32), (64, TUNE_GROUPED64, 1024)) if 32 in rows else ():
-        total = _time_variants(
-            variants, functools.partial(grouped_fp8.BLOCKS.__setitem__, tile),
-            lambda tokens=tokens: graph_call_us(lambda i: layers[i](_moe_inputs((tokens,))[0]), copies),
-            grouped_fp8.BLOCKS[tile],
-        )  # fmt: skip
-        out[f"grouped{tile}"] = list(min(total, key=total.get))
-        figures.append(dict(shape=f"thinker MoE grouped ({tokens} tokens)", all={str(b): t for b, t in total.items()}))
-        print(f"tune MoE grouped {tile}-row tile: {out[f'grouped{tile}']} {total}", flush=True)
+    # the grouped GEMMs' tiles: 16 rows at 32 tokens (decode), 64 rows at a 1,024-token prefill chunk; gate_up's
+    # with down's in place, then down's with the best gate_up
+    for tile, tokens in ((16, 32), (64, 1024)) if 32 in rows else ():
+        for what, table, variants in (
+            ("gate_up", grouped_fp8.GATE_UP_BLOCKS, TUNE_GROUPED_GATE_UP[tile]),
+            ("down", grouped_fp8.DOWN_BLOCKS, TUNE_GROUPED_DOWN[tile]),
+        ):
+            total = _time_variants(
+                variants, functools.partial(table.__setitem__, tile),
+                lambda tokens=tokens: graph_call_us(lambda i: layers[i](_moe_inputs((tokens,))[0]), copies),
+                table[tile],
+            )  # fmt: skip
+            key = f"grouped_{what}{tile}"
+            out[key] = list(min(total, key=total.get))
+            table[tile] = tuple(out[key])
+            figures.append(
+                dict(shape=f"thinker MoE grouped {what} ({tokens} tokens)", all={str(b): t for b, t in total.items()})
+            )
+            print(f"tune MoE grouped {what} {tile}-row tile: {out[key]} {total}", flush=True)
     return out
 
 
@@ -368,10 +381,12 @@ def apply_tuned(path: Path) -> None:
         sg.TUNED_FP8[tuple(key)] = Blocks(*blocks)
     fused_moe.GATE_UP_BLOCKS_FP8 = tuple(tuned.get("gate_up", fused_moe.GATE_UP_BLOCKS_FP8))
     fused_moe.DOWN_BLOCKS_FP8 = tuple(tuned.get("down", fused_moe.DOWN_BLOCKS_FP8))
-    grouped_fp8.BLOCKS[16] = tuple(tuned.get("grouped16", grouped_fp8.BLOCKS[16]))
-    grouped_fp8.BLOCKS[64] = tuple(tuned.get("grouped64", grouped_fp8.BLOCKS[64]))
+    for what, table in (("gate_up", grouped_fp8.GATE_UP_BLOCKS), ("down", grouped_fp8.DOWN_BLOCKS)):
+        for tile in (16, 64):
+            table[tile] = tuple(tuned.get(f"grouped_{what}{tile}", table[tile]))
+    grouped = f"{grouped_fp8.GATE_UP_BLOCKS} {grouped_fp8.DOWN_BLOCKS}"
     print(f"applied {path}: {len(tuned['skinny'])} skinny entries, MoE {fused_moe.GATE_UP_BLOCKS_FP8} "
-          f"{fused_moe.DOWN_BLOCKS_FP8}, grouped {grouped_fp8.BLOCKS}", flush=True)  # fmt: skip
+          f"{fused_moe.DOWN_BLOCKS_FP8}, grouped {grouped}", flush=True)  # fmt: skip
 
 
 def report(results: dict) -> str:

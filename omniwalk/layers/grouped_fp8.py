@@ -35,9 +35,13 @@ from omniwalk.layers.fused_moe import ExpertScales
 from omniwalk.layers.moe_routing import pow2, sort_pairs, unsort_pairs
 
 GROUP = 128  # activation columns per scale (capped by the weights' K block, which it must divide)
-# (rows per tile, the down GEMM's output columns per program, warps, stages); rows: 16 while experts get
-# few rows (decode), 64 beyond; the gate_up GEMM's output columns per program are one GROUP.
-BLOCKS = {16: (16, 128, 4, 3), 64: (64, 128, 4, 3)}
+# Launch configurations by the pairs' tile rows: 16 while experts get few pairs (decode), 64 beyond. gate_up:
+# (rows, warps, stages), its output columns one GROUP (two fp32 accumulators: 4 warps spill them at 64 rows);
+# down: (rows, columns, warps, stages). H200, a thinker MoE layer (session 35 call 1, both GEMMs with one
+# tile): at 32 tokens (16, 64, 4, 4) 164 µs (the weight-only kernel before: 209); at 1,024 tokens (64, 256,
+# 8, 3) 445 µs, (64, 128, 8, 3) 463, any 4-warp tile 585-1,402 (bf16's grouped GEMM: 560).
+GATE_UP_BLOCKS = {16: (16, 4, 4), 64: (64, 8, 3)}
+DOWN_BLOCKS = {16: (16, 64, 4, 4), 64: (64, 256, 8, 3)}
 
 
 @functools.cache
@@ -97,8 +101,11 @@ def grouped_gemm(
         out = torch.empty(p, n, dtype=dtype, device=q.device)
         out_scale = out  # (unused)
     if p:
-        tile_m, tile_n, warps, stages = BLOCKS[16 if p <= 8 * weight.shape[0] else 64]
-        tile_n = group if gated else tile_n
+        size = 16 if p <= 8 * weight.shape[0] else 64
+        if gated:
+            (tile_m, warps, stages), tile_n = GATE_UP_BLOCKS[size], group
+        else:
+            tile_m, tile_n, warps, stages = DOWN_BLOCKS[size]
         # (scales: gate_up [E, 2, rows, cols], down [E, rows, cols])
         strides = scale.stride()[:3] if gated else (scale.stride(0), 0, scale.stride(1))
         _kernels().grouped[(weight.shape[0], -(-n // tile_n))](

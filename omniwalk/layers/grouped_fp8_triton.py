@@ -13,9 +13,11 @@ def _quantize(x):
     """fp32 tile [R, G] -> (values to store as e4m3, clamped; scale_inv [R]): each row's largest magnitude
     to 448, as ``fp8.quantize`` computes a block's (an all-zero row keeps scale 1)."""
     amax = tl.max(tl.abs(x), 1)
-    # (448 / amax as torch computes a number over a tensor: the reciprocal, then the product)
-    scale = tl.where(amax > 0, (1.0 / tl.where(amax > 0, amax, 1.0)) * FP8_MAX, 1.0)
-    return tl.clamp(x * scale[:, None], -FP8_MAX, FP8_MAX), 1.0 / scale
+    # 448 / amax as torch computes a number over a tensor: the reciprocal (rounded once: ``div_rn``, where
+    # ``/`` is the GPU's approximate division), then the product
+    one = tl.full(amax.shape, 1.0, tl.float32)
+    scale = tl.where(amax > 0, tl.math.div_rn(one, tl.where(amax > 0, amax, 1.0)) * FP8_MAX, 1.0)
+    return tl.clamp(x * scale[:, None], -FP8_MAX, FP8_MAX), tl.math.div_rn(one, scale)
 
 
 @triton.jit
