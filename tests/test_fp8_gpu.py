@@ -187,9 +187,12 @@ def test_fp8_moe_matches_the_dequantised_reference(name, hidden, experts, top_k,
 @pytest.mark.parametrize("tokens", [32, 1024])  # a B = 32 decode step (16-row tiles), a prefill chunk (64-row tiles)
 @torch.inference_mode()
 def test_fp8_grouped_gemm_is_its_emulation(name, hidden, experts, top_k, inter, tokens):
-    """The grouped GEMM with e4m3 activations against its math in fp32 (``fp8_reference.w8a8_experts``; the
-    kernel's bf16 roundings of gate, up and silu(gate) * up: 2**-6 of the output's max, as the MoE test);
-    against the reference that multiplies the bf16 activations: within their e4m3 rounding."""
+    """The grouped GEMM with e4m3 activations against its math in fp32 (``fp8_reference.w8a8_experts``): the
+    difference's norm within 2**-7 of the output's (the outputs' bf16 roundings; where the sums' order or
+    silu's approximate exp moves an activation to the next bf16 value, it can move to the next e4m3 value
+    or, as a group's largest, move the group's scale: the max error is heavy-tailed, 1.48e-2 of the output's
+    max at 1,024 thinker tokens in session 35 call 2, held to 2**-5); against the reference that multiplies
+    the bf16 activations: within their e4m3 rounding."""
     with torch.device("cuda"):
         layer = SparseMoE(hidden, experts, top_k, inter, True).to(BF16)
     randomize(layer, 5)
@@ -202,9 +205,10 @@ def test_fp8_grouped_gemm_is_its_emulation(name, hidden, experts, top_k, inter, 
                                 ids.int())  # fmt: skip
     dequantized = fp8_experts.dequantized(torch.float32)
     emulated = w8a8_experts(x, *dequantized, weights, ids, 128)
-    err = ((parts.float() - emulated).abs().max() / emulated.abs().max()).item()
-    print(f"GPU-FP8 grouped {name} tokens={tokens}: max error {err:.2e} of the emulation's max")
-    assert err < 2**-6
+    diff = parts.float() - emulated
+    err, norm = (diff.abs().max() / emulated.abs().max()).item(), (diff.norm() / emulated.norm()).item()
+    print(f"GPU-FP8 grouped {name} tokens={tokens}: max error {err:.2e} of the emulation's max, norm {norm:.2e}")
+    assert norm < 2**-7 and err < 2**-5
     assert_activation_rounding(parts.float().sum(1), moe.reference_experts(x.float(), *dequantized, weights, ids))
 
 

@@ -8,8 +8,8 @@ and its weight block's scales. The activations' rounding is this path's alone: t
 (decode at few pairs) and the reference backend multiply the activations as they are, so outputs
 here differ from the reference by e4m3's rounding of x and of silu(gate) * up (about 2% of a
 value, RMS) besides the weights'. The weight-only kernel it replaced widened each e4m3 tile to
-bf16 in registers before ``tl.dot``: 755 µs a thinker MoE layer at a 1,024-token prefill chunk
-(H200, session 34) against ... for this one (docs/perf.md, session 35).
+bf16 in registers before ``tl.dot``: a thinker MoE layer at a 1,024-token prefill chunk took 762 µs
+with it, 430 with this one, 560 in bf16 (H200, docs/perf.md, session 35).
 
 Pairs are sorted by expert (``moe_routing.sort_pairs``, on the device: no host reads); ``ends[e]``
 is where expert e's rows end. One program per (expert, block of output columns) walks that
@@ -37,11 +37,12 @@ from omniwalk.layers.moe_routing import pow2, sort_pairs, unsort_pairs
 GROUP = 128  # activation columns per scale (capped by the weights' K block, which it must divide)
 # Launch configurations by the pairs' tile rows: 16 while experts get few pairs (decode), 64 beyond. gate_up:
 # (rows, warps, stages), its output columns one GROUP (two fp32 accumulators: 4 warps spill them at 64 rows);
-# down: (rows, columns, warps, stages). H200, a thinker MoE layer (session 35 call 1, both GEMMs with one
-# tile): at 32 tokens (16, 64, 4, 4) 164 µs (the weight-only kernel before: 209); at 1,024 tokens (64, 256,
-# 8, 3) 445 µs, (64, 128, 8, 3) 463, any 4-warp tile 585-1,402 (bf16's grouped GEMM: 560).
-GATE_UP_BLOCKS = {16: (16, 4, 4), 64: (64, 8, 3)}
-DOWN_BLOCKS = {16: (16, 64, 4, 4), 64: (64, 256, 8, 3)}
+# down: (rows, columns, warps, stages). H200, a thinker MoE layer, each table tuned with the other in place
+# (session 35 call 2, ``benchmarks/fp8.py --parts tune --tune-rows 32``): at 32 tokens 168 µs (the weight-only
+# kernel before: 209; bf16's grouped GEMM 399); at 1,024 tokens 430 µs (before: 762; bf16 560); 4-warp gate_up
+# tiles at 64 rows 570-770 µs.
+GATE_UP_BLOCKS = {16: (16, 4, 4), 64: (64, 8, 4)}
+DOWN_BLOCKS = {16: (16, 64, 4, 3), 64: (64, 128, 4, 3)}
 
 
 @functools.cache
