@@ -75,12 +75,10 @@ def quantize_rows(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tens
 
 
 def activation_group(block: tuple[int, int]) -> int:
-    """Columns per activation scale for weights of scale ``block``: ``GROUP`` or the weights' K block if
-    smaller (each K step then has one weight scale)."""
-    group = min(GROUP, block[1])
-    if block[1] % group:
-        raise ValueError(f"FP8 weight blocks of {block[1]} columns are not whole groups of {GROUP}")
-    return group
+    """Columns per activation scale for weights of scale ``block``: ``GROUP``, or the weights' K block where
+    smaller (blocks are powers of two, ``checkpoint_block``: either divides the other, so each K step has
+    one weight scale)."""
+    return min(GROUP, block[1])
 
 
 def grouped_gemm(
