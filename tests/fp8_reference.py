@@ -12,12 +12,12 @@ def rounded(a: torch.Tensor, group: int) -> torch.Tensor:
     return dequantize(*quantize(a, (1, group)), (1, group), torch.float32)
 
 
-def w8a8_experts(x, gate_up, down, weights, ids, group: int) -> torch.Tensor:
+def w8a8_experts(x, gate_up, down, weights, ids, group: int, act_group: int) -> torch.Tensor:
     """The grouped path's math in fp32, an expert at a time: x and silu(gate) * up rounded to e4m3 per row
-    and group (``quantize(., (1, group))``), times the dequantised weights gate_up [E, 2I, H] and down
-    [E, H, I] -> [N, k, H] weighted partials. gate, up, silu(gate) and their product are rounded to x's
-    dtype before the e4m3 rounding, as the kernel rounds them (else a bf16 product's rounding moves ~3% of
-    the activations to the next e4m3 value: ~2% of the output)."""
+    and ``group`` / ``act_group`` columns (``quantize(., (1, group))``), times the dequantised weights
+    gate_up [E, 2I, H] and down [E, H, I] -> [N, k, H] weighted partials. gate, up, silu(gate) and their
+    product are rounded to x's dtype before the e4m3 rounding, as the kernel rounds them (else a bf16
+    product's rounding moves ~3% of the activations to the next e4m3 value: ~2% of the output)."""
     xq, inter = rounded(x.float(), group), down.shape[2]
     out = torch.zeros(*ids.shape, x.shape[1], device=x.device)
 
@@ -27,7 +27,7 @@ def w8a8_experts(x, gate_up, down, weights, ids, group: int) -> torch.Tensor:
     for e in ids.unique().tolist():
         tokens, slots = (ids == e).nonzero(as_tuple=True)
         gate, up = (xq[tokens] @ gate_up[e].T).split(inter, 1)
-        act = rounded(round_(round_(F.silu(round_(gate))) * round_(up)), group)
+        act = rounded(round_(round_(F.silu(round_(gate))) * round_(up)), act_group)
         out[tokens, slots] = weights[tokens, slots, None].float() * (act @ down[e].T)
     return out
 

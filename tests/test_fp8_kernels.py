@@ -17,7 +17,7 @@ import triton_cpu
 from fp8_reference import assert_activation_rounding, w8a8_experts
 from single_request import ContiguousKVCache
 
-from omniwalk.layers import moe
+from omniwalk.layers import grouped_fp8, moe
 from omniwalk.layers import skinny_gemm as sg
 from omniwalk.layers.decoder import use_kernels
 from omniwalk.layers.fp8 import FP8, Fp8Linear, dequantize, dequantize_triton, quantize
@@ -156,7 +156,7 @@ def test_activation_quantiser_is_fp8_quantize(group, dtype):
     g = torch.Generator().manual_seed(group)
     x = (torch.randn(7, K, generator=g) * 10 ** torch.randn(7, 1, generator=g)).to(dtype)
     x[2, :group] = 0
-    q, scale = quantize_rows(x, group)
+    q, scale, _ = quantize_rows(x, group)
     ref_q, ref_scale = quantize(x, (1, group))
     assert q.dtype == FP8 and torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
     assert torch.equal(scale, ref_scale) and scale[2, 0] == 1
@@ -165,13 +165,16 @@ def test_activation_quantiser_is_fp8_quantize(group, dtype):
 @pytest.mark.parametrize("tokens", [11, 40])  # pairs per expert few (16-row tiles) or many (64-row tiles)
 @pytest.mark.parametrize("block", [(16, 32), (32, 16)])  # activation groups of 32 columns; of 16
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fp8_grouped_experts(tokens, block, dtype):
+@pytest.mark.parametrize("cols", [16, 128])  # gate_up's tile columns: silu(gate) * up's group (capped at block[1])
+def test_fp8_grouped_experts(monkeypatch, tokens, block, dtype, cols):
     """The grouped GEMM over expert-sorted pairs (the fused backend past the GEMVs) on FP8 experts, e4m3
     activations: the emulated math (``fp8_reference.w8a8_experts``) within fp32's order bound; in bf16 within
     2**-6 of the outputs' max (the outputs' roundings, 2**-8, and where the sums' order moves a group's
     largest silu(gate) * up to the next bf16 value, the group's scale with it: ~2**-7 of its part); near the
     reference."""
     num_experts, h, inter = 6, 72, 48  # (I = 48: a partial activation group at 32)
+    for size in (16, 64):
+        monkeypatch.setitem(grouped_fp8.GATE_UP_BLOCKS, size, (size, cols, 4, 2))
     experts = _fp8_experts(num_experts, h, inter, block, 8)
     g = torch.Generator().manual_seed(9)
     x = torch.randn(tokens, h, generator=g).to(dtype)
@@ -180,7 +183,7 @@ def test_fp8_grouped_experts(tokens, block, dtype):
                                 ids.int())  # fmt: skip
     assert parts.shape == (tokens, 2, h) and parts.dtype == dtype
     dequantized = experts.dequantized(torch.float32)
-    emulated = w8a8_experts(x, *dequantized, weights, ids, block[1])
+    emulated = w8a8_experts(x, *dequantized, weights, ids, block[1], min(cols, block[1]))
     if dtype == torch.float32:
         torch.testing.assert_close(parts, emulated, rtol=1e-5, atol=1e-5)
     else:
