@@ -42,9 +42,10 @@ GROUP = 128  # activation columns per scale (capped by the weights' K block, whi
 # (two fp32 accumulators: 4 warps spill them at 64 x 128). H200, a thinker MoE layer, each table tuned with the
 # other in place (session 35 call 2, ``benchmarks/fp8.py --parts tune --tune-rows 32``; gate_up's columns 128
 # then): at 32 tokens 168 µs (the weight-only kernel before: 209; bf16's grouped GEMM 399); at 1,024 tokens 430
-# µs (before: 762; bf16 560); 4-warp gate_up tiles at 64 x 128 570-770 µs.
+# µs (before: 762; bf16 560); 4-warp gate_up tiles at 64 x 128 570-770 µs. Call 3 (gate_up's columns tuned too):
+# 128 x 64 gate_up tiles 486 µs, 64 x 64 461-499; down (64, 128, 4, 4) 426.8 (within noise of (64, 128, 4, 3)).
 GATE_UP_BLOCKS = {16: (16, 128, 4, 4), 64: (64, 128, 8, 4)}
-DOWN_BLOCKS = {16: (16, 64, 4, 3), 64: (64, 128, 4, 3)}
+DOWN_BLOCKS = {16: (16, 64, 4, 3), 64: (64, 128, 4, 4)}
 
 
 @functools.cache
