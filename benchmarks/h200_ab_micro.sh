@@ -4,6 +4,8 @@
 # A tree is a directory with an omniwalk checkout: `.` (this one) or a copy of another commit, e.g.
 #   mkdir .dev_pre && git archive 4ec7e5e | tar -x -C .dev_pre && echo /.dev_pre/ >> .git/info/exclude
 # (carry it with .whl). Every tree runs its own micro.py on one skeleton, made by this tree's make-tiny.
+# DIR@KEY=VALUE[,KEY=VALUE] gives that tree's runs `--option KEY=VALUE` more: one tree under two settings,
+#   bash benchmarks/h200_ab_micro.sh --trees ". .@quantization=fp8" --part thinker --batches 1,32
 #
 #   bash benchmarks/h200_ab_micro.sh --trees ".dev_pre ." --part talker --batches 1,32 --rounds 3
 #   bash benchmarks/h200_ab_micro.sh --trees ". .dev_x" --part thinker --batches 1 -- --option quantization=fp8
@@ -40,18 +42,25 @@ RUNS=$(mktemp -d)
 make_skeleton "$SKEL" qwen3-omni-30b-a3b || exit 1
 SKEL=$(cd "$SKEL" && pwd)
 read -r -a TREE_LIST <<<"$TREES"
-for dir in "${TREE_LIST[@]}"; do
-  [ -f "$dir/benchmarks/micro.py" ] || { log "$dir: no benchmarks/micro.py (not a checkout)"; exit 2; }
+for spec in "${TREE_LIST[@]}"; do
+  [ -f "${spec%%@*}/benchmarks/micro.py" ] || { log "${spec%%@*}: no benchmarks/micro.py (not a checkout)"; exit 2; }
 done
 n=${#TREE_LIST[@]}
 for round in $(seq "$ROUNDS"); do
   for i in $(seq 0 $((n - 1))); do
-    dir=${TREE_LIST[$(((i + round - 1) % n))]}
+    spec=${TREE_LIST[$(((i + round - 1) % n))]}
+    dir=${spec%%@*}
+    options=()
+    if [ "$dir" != "$spec" ]; then
+      IFS=, read -r -a pairs <<<"${spec#*@}"
+      for pair in "${pairs[@]}"; do options+=(--option "$pair"); done
+    fi
     name=$(basename "$(cd "$dir" && pwd)")
     [ "$dir" = . ] && name=main
+    [ "$dir" != "$spec" ] && name="$name@${spec#*@}"
     out="$RUNS/${name}_r$round"
     (cd "$dir" && PYTHONPATH=/tmp/site:$PWD timeout "$RUN_SECONDS" python3 benchmarks/micro.py "$SKEL" --parts "$PART" \
-      "--$PART-batches" "$BATCHES" --out "$out" "${EXTRA[@]}" >"$out.log" 2>&1)
+      "--$PART-batches" "$BATCHES" --out "$out" "${EXTRA[@]}" "${options[@]}" >"$out.log" 2>&1)
     log "round $round: $name rc=$? $(grep -cE '^\| [0-9]+ \|' "$out/micro.md" 2>/dev/null) rows"
   done
 done
