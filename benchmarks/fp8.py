@@ -19,8 +19,9 @@ Parts:
               equal to bf16's. Decode steps run the decode kernels (one token per forward).
 
     tune      FP8 launch configurations: the skinny GEMM per projection at M = 1 and 32, the expert
-              GEMVs (gate_up, down) at 1 and 8 tokens, the grouped GEMM's 16-row tile at 32 tokens and its
-              64-row tile at 1,024;
+              GEMVs (gate_up, down) at 1 and 8 tokens, the grouped GEMMs' tiles (``grouped_fp8``'s
+              GATE_UP_BLOCKS, then DOWN_BLOCKS with the best gate_up in place; a thinker MoE layer timed
+              whole) at 16 rows (32 tokens) and 64 rows (1,024 tokens);
               writes tuned.json (the fastest of each), the tables to put in the source.
 
 Timings of whole steps are micro.py's (``--option quantization=fp8``). Writes fp8.json and fp8.md.
