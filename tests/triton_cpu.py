@@ -64,7 +64,7 @@ def interpreted(monkeypatch):
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
     monkeypatch.setattr(interpreter, "_patch_lang_tensor", patch)
-    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", _dot_widening_bf16)
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", _dot_widening)
     cast = interpreter.InterpreterBuilder.cast_impl
     monkeypatch.setattr(interpreter.InterpreterBuilder, "cast_impl", lambda *a: _cast_rounding_bf16(cast, *a))
     to_fp = interpreter.InterpreterBuilder.create_fp_to_fp
@@ -76,7 +76,7 @@ def interpreted(monkeypatch):
         build.cache_clear()
 
 
-def _dot_widening_bf16(self, a, b, d, input_precision, max_num_imprecise_acc):
+def _dot_widening(self, a, b, d, input_precision, max_num_imprecise_acc):
     import triton.language as tl
     from triton.runtime import interpreter
 

@@ -7,10 +7,10 @@ row and group of columns as the weights are per block (a group's largest magnitu
 gate_up's output tile), and each K step (a group) is scaled by its row's and its weight block's
 scales. The activations' rounding is this path's alone: the expert GEMVs (decode at few pairs) and
 the reference backend multiply the activations as they are, so outputs here differ from the
-reference by e4m3's rounding of x and of silu(gate) * up (about 2% of a value, RMS) besides the
-weights'. The weight-only kernel it replaced widened each e4m3 tile to bf16 in registers before
-``tl.dot``: a thinker MoE layer at a 1,024-token prefill chunk took 762 µs with it, 430 with this
-one, 560 in bf16 (H200, docs/perf.md, session 35).
+reference by e4m3's rounding of x and of silu(gate) * up (~2.6% of a value, RMS, as the weights'
+rounding measured in session 26) besides the weights'. The weight-only kernel it replaced widened
+each e4m3 tile to bf16 in registers before ``tl.dot``: a thinker MoE layer at a 1,024-token prefill
+chunk took 762 µs with it, 430 with this one, 560 in bf16 (H200, docs/perf.md, session 35).
 
 Pairs are sorted by expert (``moe_routing.sort_pairs``, on the device: no host reads); ``ends[e]``
 is where expert e's rows end. One program per (expert, block of output columns) walks that
@@ -37,13 +37,15 @@ from omniwalk.layers.fused_moe import ExpertScales
 from omniwalk.layers.moe_routing import pow2, sort_pairs, unsort_pairs
 
 GROUP = 128  # activation columns per scale (capped by the weights' K block, which it must divide)
-# Launch configurations by the pairs' tile rows: 16 while experts get few pairs (decode), 64 beyond: (rows,
-# output columns, warps, stages). gate_up's columns are also the down GEMM's activation group and K step
-# (two fp32 accumulators: 4 warps spill them at 64 x 128). H200, a thinker MoE layer, each table tuned with the
-# other in place (session 35 call 2, ``benchmarks/fp8.py --parts tune --tune-rows 32``; gate_up's columns 128
-# then): at 32 tokens 168 µs (the weight-only kernel before: 209; bf16's grouped GEMM 399); at 1,024 tokens 430
-# µs (before: 762; bf16 560); 4-warp gate_up tiles at 64 x 128 570-770 µs. Call 3 (gate_up's columns tuned too):
-# 128 x 64 gate_up tiles 486 µs, 64 x 64 461-499; down (64, 128, 4, 4) 426.8 (within noise of (64, 128, 4, 3)).
+# Launch configurations by the pairs' tile rows: 16 while experts get few pairs (decode), 64 beyond: (rows, output
+# columns, warps, stages). gate_up's columns are also the down GEMM's activation group and K step (two fp32
+# accumulators: at 64 x 128, 4 warps take 255 registers + 488 bytes of stack a thread, 8 warps 245 and none: the
+# sm_90a build, compiled on the CPU as ``benchmarks/fp8_sass.py`` compiles). H200, a thinker MoE layer, each table
+# tuned with the other in place (session 35 call 2, ``benchmarks/fp8.py --parts tune --tune-rows 32``; gate_up's
+# columns 128 then): at 32 tokens 168 µs (the weight-only kernel before: 209; bf16's grouped GEMM 399); at 1,024
+# tokens 430 µs (before: 762; bf16 560); 4-warp gate_up tiles at 64 x 128 570-770 µs. Call 3 (gate_up's columns
+# tuned too): 128 x 64 gate_up tiles 486 µs, 64 x 64 461-499; down (64, 128, 4, 4) 426.8 (within noise of (64,
+# 128, 4, 3)).
 GATE_UP_BLOCKS = {16: (16, 128, 4, 4), 64: (64, 128, 8, 4)}
 DOWN_BLOCKS = {16: (16, 64, 4, 3), 64: (64, 128, 4, 4)}
 
