@@ -68,6 +68,24 @@ def test_fp8_product(block, m, blocks):
     _assert_within_bound(y, x, w)
 
 
+@pytest.mark.parametrize("block", [(16, 32), (128, 128)])
+@pytest.mark.parametrize("m", [3, 17])
+def test_fp8_dot_path_multiplies_the_weight_dequantised_to_bf16(block, m):
+    """Several rows (``tl.dot``): the tile is dequantised as ``fp8.dequantize`` does (each weight times its
+    scale in fp32, rounded once to x's dtype), so the product is the bf16 model of the dequantised weights'
+    (the reference ``Fp8Linear.forward``, cuBLAS on prefill sizes) up to summation order: one rounding of
+    the same fp32 sum, equal but for rare ties. Scaling the tile's partial product instead (the weight
+    unrounded) puts ~1 in 5 outputs a bf16 step off."""
+    q, scale, _ = _weight(N, K, block, seed=m)
+    x = torch.randn(m, K, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    y = skinny_gemm(x, q, blocks=Blocks(32, 128, 1, 4, 2), scale=scale, scale_block=block)
+    w_bf16 = dequantize(q, scale, block, torch.bfloat16)
+    ref = F.linear(x.float(), w_bf16.float()).to(torch.bfloat16)
+    ulp = 2.0 ** (torch.floor(torch.log2(ref.float().abs().clamp_min(2**-30))) - 7)
+    assert ((y.float() - ref.float()).abs() <= ulp).all()
+    assert (y != ref).float().mean().item() <= 0.02
+
+
 @pytest.mark.parametrize("m", [1, 5])
 @pytest.mark.parametrize("split", [2, 3])
 def test_fp8_split_partials_and_gated(m, split):

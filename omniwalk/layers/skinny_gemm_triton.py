@@ -161,12 +161,12 @@ def dot_tiles(
             acc = tl.dot(w, xt, acc, input_precision=PRECISION)
             if GATED:
                 acc_up = tl.dot(w_up, xt, acc_up, input_precision=PRECISION)
-        else:
+        else:  # (the tile dequantised as ``fp8.dequantize`` does: product in fp32, rounded once to x's dtype)
             s = tl.load(gate_scales + k0 // SCALE_K, mask=scale_ok, other=0.0)
-            acc += tl.dot(w.to(xt.dtype), xt, input_precision=PRECISION) * s
+            acc = tl.dot((w.to(tl.float32) * s).to(xt.dtype), xt, acc, input_precision=PRECISION)
             if GATED:
                 s_up = tl.load(up_scales + k0 // SCALE_K, mask=scale_ok, other=0.0)
-                acc_up += tl.dot(w_up.to(xt.dtype), xt, input_precision=PRECISION) * s_up
+                acc_up = tl.dot((w_up.to(tl.float32) * s_up).to(xt.dtype), xt, acc_up, input_precision=PRECISION)
     return acc, acc_up
 
 
