@@ -7,8 +7,9 @@ one of the 256 byte values against torch's e4m3 -> fp32, exactly (NaN where NaN)
 Skinny GEMM: the GEMV (one row) sums w * scale * x in fp32 and rounds once to bf16, so against the product
 with the weight dequantised in fp32 it is within half a bf16 step (2**-9 of the value) plus the fp32
 reordering bound ``3 * K * 2**-24 * sum_k |x_k * w_k|``; the ``tl.dot`` path (more rows) multiplies the weight
-dequantised to bf16 (``fp8.dequantize``'s values), held to the same bound against that product. Against cuBLAS on the weight dequantised to bf16 (the
-bf16 model built from the FP8 weights) each test prints the share of outputs that differ. MoE (expert GEMVs): as
+dequantised to bf16 (``fp8.dequantize``'s values), held to the same bound against that product. Against cuBLAS
+on the weight dequantised to bf16 (the bf16 model built from the FP8 weights) each test prints the share of
+outputs that differ. MoE (expert GEMVs): as
 ``test_fused_gpu.py``'s (fp32 sum over experts vs the reference's bf16 steps: the gate/up, activation and
 expert outputs rounded to bf16 from sums in another order, then summed in bf16 steps), held to four bf16
 steps (2**-6) of the output's max: the largest seen was 1.21e-2 (thinker, 8 tokens, fp8w's call; 1% had

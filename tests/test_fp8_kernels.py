@@ -1,8 +1,8 @@
 """The FP8-weight variants of the skinny GEMM and the expert GEMVs against their dequantised
 reference, on the CPU through Triton's interpreter (the GPU twin: ``test_fp8_gpu.py``).
 
-The kernels read e4m3 weights and apply each block's scale inside the sum: to x (the GEMV: x times
-the scale of its K block) or to a K step's partial product (``tl.dot`` and the expert GEMVs). In fp32
+The kernels read e4m3 weights and apply each block's scale inside the sum: to a sub-block's partial sum
+(the GEMV and the expert GEMVs) or to the weight tile before ``tl.dot`` (``fp8.dequantize``'s values). In fp32
 that differs from ``F.linear`` of the dequantised weight only in rounding order: each output is within
 ``3 * K * 2**-24 * sum_k |x_k * w_k|`` of it (the order bound of the skinny GEMM tests, plus one
 rounding of each scaled term).

@@ -29,8 +29,11 @@ bytes; measured on the H200 no faster for it: the FP8 GEMV streams 0.75-1.6 TB/s
 thread has in flight (half bf16's for as many weights), not by instructions. Summing 16 products before
 the lane, not keeping a lane per weight, cut its registers 165-173 -> 105-140 and lets a tile hold 128
 weights a thread without spilling: session 28, measured on the CPU's sm_90a build only);
-the ``tl.dot`` path widens the weight tile to x's dtype (exact) and scales the tile's partial product
-(its K step inside one scale column). x stays in its dtype: quantising it per row and K step too, for an
+the ``tl.dot`` path dequantises each weight tile as ``fp8.dequantize`` does (weight times scale in fp32,
+rounded once to x's dtype: its K step inside one scale column) and accumulates through chained dots, so its
+products are those of the bf16 model of the dequantised weights up to summation order (scaling each K step's
+product after the dot instead kept no product in flight across steps: 6-27% slower at 32 rows on the H200,
+session 36). x stays in its dtype: quantising it per row and K step too, for an
 FP8 x FP8 tensor-core dot, measured slower at M = 2-32 on the H200 (fp8 call 1: 9.5-15 µs against
 8.7-13 for the widened weight) and was removed.
 
@@ -170,6 +173,11 @@ TUNED: dict[tuple[int, int, int, bool, bool], Blocks | None] = {
 # down 5.54 (6.85); cp gate_up keeps TUNED's (32, 128, 1, 4, 6), 12.02.
 # micro.py, FP8 at B = 32 with these (``fp8.py --apply``, one run each): talker frame 8.73 -> 7.77 ms, thinker
 # step 9.24 -> 8.86; in the source, A/B (call 6): talker 7.29 (one run) -> 6.36 / 6.69 ms.
+# Session 36 (the dot path's tile dequantised before a chained dot; calls 1-2, results/2026-12-04-h200-s36), µs at
+# 32 rows, the old dot -> the chained dot with the tiles above -> call 2's tune: thinker qkv 13.16 -> 10.47 -> 10.43
+# (same tile), thinker o 8.46 -> 6.61 -> 6.57 (same), talker qkv 6.17 -> 5.80 -> 5.43, talker o 4.24 -> 3.58 -> 3.30,
+# cp gate_up 12.15 -> 8.91 -> 8.45, cp down 5.56 -> 4.58 -> 4.13 (bf16's picks: 8.35, 5.88, 4.22, 3.33, 7.16, 4.03):
+# the talker's and code predictor's shapes now take K steps of 64 in 8 stages.
 # 16 rows take TUNED's (not measured in FP8).
 TUNED_FP8: dict[tuple[int, int, int, bool, bool], Blocks] = {
     (1, 5120, 2048, False, False): Blocks(16, 512, 1, 4, 1),
@@ -177,9 +185,10 @@ TUNED_FP8: dict[tuple[int, int, int, bool, bool], Blocks] = {
     (1, 1024, 3072, False, True): Blocks(4, 2048, 1, 4, 1),
     (32, 5120, 2048, False, False): Blocks(64, 128, 1, 4, 4),
     (32, 2048, 4096, False, True): Blocks(64, 128, 4, 4, 4),
-    (32, 2560, 1024, False, False): Blocks(32, 128, 1, 4, 6),
-    (32, 1024, 2048, False, True): Blocks(32, 128, 4, 4, 6),
-    (32, 1024, 3072, False, True): Blocks(32, 128, 4, 4, 6),
+    (32, 2560, 1024, False, False): Blocks(32, 64, 1, 4, 8),
+    (32, 1024, 2048, False, True): Blocks(32, 64, 4, 4, 8),
+    (32, 3072, 1024, True, False): Blocks(32, 64, 1, 4, 8),
+    (32, 1024, 3072, False, True): Blocks(32, 64, 4, 4, 8),
 }
 
 

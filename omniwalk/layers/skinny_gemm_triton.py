@@ -143,7 +143,7 @@ def dot_tiles(
     SCALED: tl.constexpr, SCALE_K: tl.constexpr, PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
     """Several rows: ``tl.dot`` of each weight tile [BLOCK_N, BLOCK_K] with x^T [BLOCK_K, BLOCK_M] (FP8: the
-    tile widened to x's dtype, exact, and its product scaled: the K step is inside one scale column).
+    tile dequantised to x's dtype first, ``fp8.dequantize``'s values: the K step is inside one scale column).
     -> (gate or plain sums, up sums), each [BLOCK_N, BLOCK_M]."""
     if USE_PDL:  # (tl.dot's loads are pipelined by the compiler: no weight tile before the wait)
         gdc_wait()
