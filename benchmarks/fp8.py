@@ -16,7 +16,9 @@ Parts:
     accuracy  the thinker with the same random weights in bf16 and FP8 (quantised at load): a 64-token
               greedy run of bf16 per prompt; FP8 fed the same tokens (teacher forcing): cosine of the
               logits per step, share of steps with the same argmax; FP8's own greedy run: share of ids
-              equal to bf16's. Decode steps run the decode kernels (one token per forward).
+              equal to bf16's; then the FP8 weights dequantised in place (the bf16 model of the same values,
+              run by bf16's kernels) fed the same tokens: its cosine to bf16 (the format's cost) and to FP8's
+              logits (the FP8 kernels' own). Decode steps run the decode kernels (one token per forward).
 
     tune      FP8 launch configurations: the skinny GEMM per projection at M = 1 and 32, the expert
               GEMVs (gate_up, down) at 1 and 8 tokens, the grouped GEMMs' tiles (``grouped_fp8``'s
@@ -221,10 +223,39 @@ def bench_accuracy(args) -> dict:
         rows.append(dict(
             prompt=i, prompt_tokens=ids.numel(), cosine_mean=cos.mean().item(), cosine_min=cos.min().item(),
             argmax_agree=(forced_logits.argmax(-1) == ref_logits.argmax(-1)).float().mean().item(),
-            greedy_ids_equal=same.mean().item(), first_difference=first_diff,
+            greedy_ids_equal=same.mean().item(), first_difference=first_diff, fp8_logits=forced_logits,
         ))  # fmt: skip
-        print(f"accuracy prompt {i}: {rows[-1]}", flush=True)
+    # The same weight values in the dtype, run by its kernels: what the format costs, apart from FP8's kernels
+    dequantize_in_place(thinker, dtype)
+    for ids, (ref_logits, ref_ids), row in zip(prompts, runs, rows, strict=True):
+        logits, _ = greedy_logits(thinker, ids, args.steps, ref_ids, backend)
+        row["dequantised_cosine_mean"] = F.cosine_similarity(logits, ref_logits, dim=-1).mean().item()
+        row["fp8_vs_dequantised_cosine_mean"] = F.cosine_similarity(row.pop("fp8_logits"), logits, dim=-1).mean().item()
+        print(f"accuracy prompt {row['prompt']}: {row}", flush=True)
     return dict(steps=args.steps, weight_gib_bf16=gib_bf16, weight_gib_fp8=gib_fp8, prompts=rows)
+
+
+@torch.no_grad()
+def dequantize_in_place(model: torch.nn.Module, dtype) -> None:
+    """Every FP8 weight of ``model`` (``Fp8Linear``s, fast-path ``SkinnyLinear``s, ``FusedExperts``) replaced by
+    its dequantised values in ``dtype`` (``fp8.dequantize``'s: the bf16 model of the FP8 weights), one at a time."""
+    for name, m in list(model.named_modules()):
+        if isinstance(m, Fp8Linear):
+            parent, _, attr = name.rpartition(".")
+            linear = torch.nn.Linear(m.weight.shape[1], m.weight.shape[0], bias=False, device="meta")
+            linear.weight = torch.nn.Parameter(m.dequantized(dtype), requires_grad=False)
+            setattr(model.get_submodule(parent), attr, linear)
+        elif isinstance(m, SkinnyLinear) and m.weight_scale_inv is not None:
+            m.weight = torch.nn.Parameter(dequantize(m.weight, m.weight_scale_inv, m.block, dtype), requires_grad=False)
+            m.weight_scale_inv, m.block = None, None
+        elif isinstance(m, moe.FusedExperts) and m.block is not None:
+            gate_up, down = m.dequantized(dtype)
+            m.gate_up_proj = torch.nn.Parameter(gate_up, requires_grad=False)
+            m.down_proj = torch.nn.Parameter(down, requires_grad=False)
+            m.gate_up_proj_scale_inv = m.down_proj_scale_inv = m.block = None
+    left = [name for name, p in model.named_parameters() if p.dtype == torch.float8_e4m3fn]
+    if left:
+        raise RuntimeError(f"FP8 weights left after dequantising: {left[:4]}")
 
 
 TUNE_GEMV = [Blocks(8, 1024, 1, 4, 1), Blocks(8, 2048, 1, 4, 1), Blocks(16, 1024, 1, 4, 1), Blocks(16, 2048, 1, 8, 1)]
