@@ -177,12 +177,19 @@ TUNED: dict[tuple[int, int, int, bool, bool], Blocks | None] = {
 # 32 rows, the old dot -> the chained dot with the tiles above -> call 2's tune: thinker qkv 13.16 -> 10.47 -> 10.43
 # (same tile), thinker o 8.46 -> 6.61 -> 6.57 (same), talker qkv 6.17 -> 5.80 -> 5.43, talker o 4.24 -> 3.58 -> 3.30,
 # cp gate_up 12.15 -> 8.91 -> 8.45, cp down 5.56 -> 4.58 -> 4.13 (bf16's picks: 8.35, 5.88, 4.22, 3.33, 7.16, 4.03):
-# the talker's and code predictor's shapes now take K steps of 64 in 8 stages.
-# 16 rows take TUNED's (not measured in FP8).
+# the talker's and code predictor's shapes now take K steps of 64 in 8 stages. At 16 rows (call 6, the same tune;
+# TUNED's bf16 tiles, which 16 rows took before, in brackets): thinker qkv 8.85 (10.21), thinker o 5.46 (6.46), talker
+# qkv 4.04 (5.86), talker o 2.88 (3.94), cp gate_up 6.66 (8.98), cp down 3.55 (5.03), all at (32, 128, ., 4, 4).
 TUNED_FP8: dict[tuple[int, int, int, bool, bool], Blocks] = {
     (1, 5120, 2048, False, False): Blocks(16, 512, 1, 4, 1),
     (1, 2048, 4096, False, True): Blocks(8, 1024, 1, 4, 1),
     (1, 1024, 3072, False, True): Blocks(4, 2048, 1, 4, 1),
+    (16, 5120, 2048, False, False): Blocks(32, 128, 1, 4, 4),
+    (16, 2048, 4096, False, True): Blocks(32, 128, 4, 4, 4),
+    (16, 2560, 1024, False, False): Blocks(32, 128, 1, 4, 4),
+    (16, 1024, 2048, False, True): Blocks(32, 128, 4, 4, 4),
+    (16, 3072, 1024, True, False): Blocks(32, 128, 1, 4, 4),
+    (16, 1024, 3072, False, True): Blocks(32, 128, 4, 4, 4),
     (32, 5120, 2048, False, False): Blocks(64, 128, 1, 4, 4),
     (32, 2048, 4096, False, True): Blocks(64, 128, 4, 4, 4),
     (32, 2560, 1024, False, False): Blocks(32, 64, 1, 4, 8),
