@@ -14,14 +14,16 @@
 #
 # Options [defaults]: --trees "DIR ..." [". "], --part thinker|talker|vocoder|encoders [talker], --batches LIST
 # [1,32], --rounds N [3], --skel DIR [.gpu/full-skel, from the qwen3-omni-30b-a3b preset], --run-seconds S
-# [90 a run], --no-install; after --, more micro.py arguments (every tree gets the same).
+# [90 a run], --compile-seconds S [60 more for each tree's first run, which compiles its Triton kernels cold: such
+# runs hit 60-80 s limits in session 36], --no-install; after --, more micro.py arguments (every tree gets the same).
 # Writes to $OUT (else ./h200-ab-out): summary.md (per tree and batch: ms of each run, the median, GPU busy and
 # span of the profiled step) and runs.tar.gz (each run's micro.md and log). Time: ~25-40 s a run at full size
 # (model build + graph capture + 10 timed steps), so 2 trees x 3 rounds ~3-4 min.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . benchmarks/h200_common.sh
-TREES=". "; PART=talker; BATCHES=1,32; ROUNDS=3; SKEL=.gpu/full-skel; RUN_SECONDS=90; INSTALL=1; EXTRA=()
+TREES=". "; PART=talker; BATCHES=1,32; ROUNDS=3; SKEL=.gpu/full-skel; RUN_SECONDS=90; COMPILE_SECONDS=60; INSTALL=1
+EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --trees) TREES=$2; shift 2 ;;
@@ -30,6 +32,7 @@ while [ $# -gt 0 ]; do
     --rounds) ROUNDS=$2; shift 2 ;;
     --skel) SKEL=$2; shift 2 ;;
     --run-seconds) RUN_SECONDS=$2; shift 2 ;;
+    --compile-seconds) COMPILE_SECONDS=$2; shift 2 ;;
     --no-install) INSTALL=0; shift ;;
     --) shift; EXTRA=("$@"); break ;;
     *) echo "unknown option $1 (see the header)"; exit 2 ;;
@@ -59,7 +62,9 @@ for round in $(seq "$ROUNDS"); do
     [ "$dir" = . ] && name=main
     [ "$dir" != "$spec" ] && name="$name@${spec#*@}"
     out="$RUNS/${name}_r$round"
-    (cd "$dir" && PYTHONPATH=/tmp/site:$PWD timeout "$RUN_SECONDS" python3 benchmarks/micro.py "$SKEL" --parts "$PART" \
+    limit=$RUN_SECONDS
+    [ "$round" = 1 ] && limit=$((RUN_SECONDS + COMPILE_SECONDS))
+    (cd "$dir" && PYTHONPATH=/tmp/site:$PWD timeout "$limit" python3 benchmarks/micro.py "$SKEL" --parts "$PART" \
       "--$PART-batches" "$BATCHES" --out "$out" "${EXTRA[@]}" "${options[@]}" >"$out.log" 2>&1)
     log "round $round: $name rc=$? $(grep -cE '^\| [0-9]+ \|' "$out/micro.md" 2>/dev/null) rows"
   done
