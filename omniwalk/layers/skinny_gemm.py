@@ -32,8 +32,8 @@ weights a thread without spilling: session 28, measured on the CPU's sm_90a buil
 the ``tl.dot`` path dequantises each weight tile as ``fp8.dequantize`` does (weight times scale in fp32,
 rounded once to x's dtype: its K step inside one scale column) and accumulates through chained dots, so its
 products are those of the bf16 model of the dequantised weights up to summation order (scaling each K step's
-product after the dot instead kept no product in flight across steps: 6-27% slower at 32 rows on the H200,
-session 36). x stays in its dtype: quantising it per row and K step too, for an
+product after the dot instead kept no product in flight across steps: the chained dot is 6-27% faster at 32
+rows on the H200, session 36). x stays in its dtype: quantising it per row and K step too, for an
 FP8 x FP8 tensor-core dot, measured slower at M = 2-32 on the H200 (fp8 call 1: 9.5-15 µs against
 8.7-13 for the widened weight) and was removed.
 
