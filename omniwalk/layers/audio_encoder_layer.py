@@ -1,6 +1,8 @@
 """The Whisper-style audio encoder layer (bidirectional attention over packed segments, pre-LN,
 GELU MLP) and its sinusoidal positions, as HF's ``WhisperEncoderLayer`` computes them. Parameter
-names mirror the checkpoints (``self_attn.q_proj``, ``self_attn_layer_norm``, ``fc1`` ...)."""
+names mirror the checkpoints (``self_attn.q_proj``, ``self_attn_layer_norm``, ``fc1`` ...). On the
+CUDA fast path (``decoder.use_kernels``, after loading) q/k/v run as one biased GEMM (a bias-free
+k_proj adds zeros), three launches fewer per layer."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omniwalk.layers.attention import varlen_attention
+from omniwalk.layers.skinny_gemm import MergesProjections, stacked_linear
 
 
 def sinusoid_positions(length: int, channels: int, max_timescale: float = 10000.0) -> torch.Tensor:
@@ -21,17 +24,27 @@ def sinusoid_positions(length: int, channels: int, max_timescale: float = 10000.
     return torch.cat([t.sin(), t.cos()], dim=1)
 
 
-class AudioAttention(nn.Module):
+class AudioAttention(MergesProjections):
     def __init__(self, cfg, key_bias: bool = True):
         super().__init__()
         d = cfg.d_model
         self.num_heads, self.head_dim = cfg.encoder_attention_heads, cfg.head_dim
         self.q_proj, self.k_proj, self.v_proj = nn.Linear(d, d), nn.Linear(d, d, bias=key_bias), nn.Linear(d, d)
         self.out_proj = nn.Linear(d, d)
+        self.qkv: nn.Linear | None = None  # the fast path's merged projection (``merge_projections``)
+
+    def merge_projections(self) -> None:
+        parts = (self.q_proj, self.k_proj, self.v_proj)
+        biases = [p.bias if p.bias is not None else torch.zeros_like(p.weight[:, 0]) for p in parts]
+        self.qkv = stacked_linear([p.weight for p in parts], biases)
+        del self.q_proj, self.k_proj, self.v_proj
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, backend: str) -> torch.Tensor:
         shape = (x.shape[0], self.num_heads, self.head_dim)
-        q, k, v = (proj(x).view(shape) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        if self.qkv is not None:
+            q, k, v = self.qkv(x).view(x.shape[0], 3, self.num_heads, self.head_dim).unbind(1)
+        else:
+            q, k, v = (proj(x).view(shape) for proj in (self.q_proj, self.k_proj, self.v_proj))
         out = varlen_attention(
             q, k, v, cu_seqlens, max_seqlen, causal=False, scale=self.head_dim**-0.5, backend=backend
         )

@@ -11,6 +11,10 @@ Token count per clip: ``audio_output_lengths(num_frames)`` = ((L - 1) // 2 + 1 -
 Parameter names mirror the checkpoint (``conv1``, ``layers.N.self_attn.q_proj``, ``ln_post``,
 ``proj``, and ``audio_bos_eos_token``, which the checkpoint holds but the forward never reads).
 The layers are the shared Whisper-style ones (``layers/audio_encoder_layer.py``) with a bias-free k_proj.
+
+On the CUDA fast path (``decoder.use_kernels``, after loading) each conv runs as one GEMM over its
+input's windows (time-major, [chunks x steps, kernel x channels]): the same sums as the conv, with
+none of cuDNN's layout transforms (~0.1 ms of a 4 s clip's frontend on an H200, session 37).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from torch import nn
 from omniwalk.device import to_device
 from omniwalk.layers.attention import cu_seqlens
 from omniwalk.layers.audio_encoder_layer import AudioEncoderLayer, sinusoid_positions
+from omniwalk.layers.skinny_gemm import MergesProjections
 from omniwalk.models.qwen2_5_omni.checkpoint.config import AudioEncoderConfig
 
 
@@ -36,7 +41,7 @@ def audio_output_lengths(num_frames):
     return (_after_conv(num_frames) - 2) // 2 + 1
 
 
-class AudioEncoder(nn.Module):
+class AudioEncoder(MergesProjections):
     """Encodes packed log-mel clips; see the module docstring for the pipeline."""
 
     def __init__(self, cfg: AudioEncoderConfig, attention_backend: str = "reference"):
@@ -53,6 +58,19 @@ class AudioEncoder(nn.Module):
         self.chunk_tokens = _after_conv(self.chunk_frames)
         self.window_tokens = self.chunk_tokens
         self.register_buffer("positions", sinusoid_positions(cfg.max_source_positions, d), persistent=False)
+        self.conv_gemms: tuple[nn.Linear, nn.Linear] | None = None  # the fast path's convs (``merge_projections``)
+
+    def merge_projections(self) -> None:
+        """Each conv as a Linear over its windows: weight [out, in, k] read as [out, in * k]."""
+        gemms = []
+        for conv in (self.conv1, self.conv2):
+            out, inp, k = conv.weight.shape
+            linear = nn.Linear(inp * k, out, device=conv.weight.device, dtype=conv.weight.dtype)
+            linear.weight.data.copy_(conv.weight.reshape(out, inp * k))
+            linear.bias.data.copy_(conv.bias)
+            gemms.append(linear)
+        self.conv_gemms = (gemms[0], gemms[1])
+        del self.conv1, self.conv2
 
     def output_lengths(self, num_frames: Sequence[int]) -> list[int]:
         return [int(audio_output_lengths(n)) for n in num_frames]
@@ -72,10 +90,14 @@ class AudioEncoder(nn.Module):
     def embed(self, features: torch.Tensor, num_frames: Sequence[int]) -> torch.Tensor:
         """The conv frontend: features -> packed steps [Σ segment lengths, d_model]."""
         chunks, lens = self._chunk(features, num_frames)
-        x = chunks.to(self.conv1.weight.dtype)
+        x = chunks.to(self.proj.weight.dtype)
         mask = torch.arange(x.shape[-1], device=x.device) < to_device(lens, x.device, torch.long)[:, None]
-        x = F.gelu(self.conv1(x)) * mask[:, None, :]
-        x = F.gelu(self.conv2(x)).transpose(1, 2)  # [C, steps, d]
+        if self.conv_gemms is not None:
+            x = F.gelu(_conv_gemm(self.conv_gemms[0], x.transpose(1, 2), 1)) * mask[:, :, None]
+            x = F.gelu(_conv_gemm(self.conv_gemms[1], x, 2))  # [C, steps, d]
+        else:
+            x = F.gelu(self.conv1(x)) * mask[:, None, :]
+            x = F.gelu(self.conv2(x)).transpose(1, 2)  # [C, steps, d]
         x = x + self.positions[: x.shape[1]].to(x.dtype)
         steps = x.shape[1]  # each chunk's valid steps, picked by indices made on the host (a mask would sync)
         valid = [c * steps + t for c, n in enumerate(lens) for t in range(_after_conv(n))]
@@ -114,3 +136,10 @@ class AudioEncoder(nn.Module):
         longest = max(lens)
         chunks = torch.stack([F.pad(p, (0, longest - p.shape[-1])) for p in pieces])
         return chunks, lens
+
+
+def _conv_gemm(linear: nn.Linear, x: torch.Tensor, stride: int) -> torch.Tensor:
+    """A kernel-3, padding-1 conv over time as one GEMM: x [C, T, in] (time-major) -> [C, T', out].
+    The windows' last axis is the kernel tap, so [in, k] flattens as the conv weight [out, in, k] does."""
+    windows = F.pad(x, (0, 0, 1, 1)).unfold(1, 3, stride)  # [C, T', in, 3]
+    return linear(windows.reshape(*windows.shape[:2], -1))
