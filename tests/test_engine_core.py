@@ -6,6 +6,7 @@ or paging bug changes its greedy tokens.
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -218,3 +219,28 @@ def test_graph_inputs_copy_live_rows_and_pad_the_rest():
     fill_static(static, specs, {"slots": torch.tensor([7, 8]), "table": torch.tensor([[5, 6], [7, 8]]).int()}, 2)
     assert static["slots"].tolist() == [7, 8, 99, 99]
     assert static["table"][:2, :2].tolist() == [[5, 6], [7, 8]] and static["table"][2:].eq(0).all()
+
+
+def test_small_graph_inputs_go_up_from_the_host_in_one_buffer():
+    """A decode graph's small inputs (``PackedInputs``) are views of one buffer, 16-byte aligned;
+    an upload writes the host rows (narrower ones in their leading columns) and pads every other
+    row and every input not given, so a smaller batch after a larger one leaves nothing behind."""
+    from omniwalk.engine.cuda_graphs import PackedInputs, StaticInput
+
+    specs = {
+        "ids": StaticInput((), torch.long),
+        "positions": StaticInput((3,), torch.float32, pad=-1.0),
+        "lens": StaticInput((), torch.int32, pad=7),
+        "flags": StaticInput((2,), torch.bool),
+    }
+    packed = PackedInputs(specs, 4, "cpu")
+    base, end = packed.buffer.data_ptr(), packed.buffer.data_ptr() + packed.buffer.numel()
+    for name, view in packed.views.items():
+        assert base <= view.data_ptr() < end and (view.data_ptr() - base) % 16 == 0, name
+    rows = {"ids": np.array([5, 6, 7]), "positions": torch.arange(9.0).view(3, 3).T.T, "flags": np.ones((3, 1), bool)}
+    packed.upload(rows, 3)
+    packed.upload({"ids": np.array([8]), "positions": torch.tensor([[1.0, 2.0, 3.0]]), "flags": np.array([[True]])}, 1)
+    v = packed.views
+    assert v["ids"].tolist() == [8, 0, 0, 0] and v["lens"].tolist() == [7, 7, 7, 7]
+    assert v["positions"].tolist() == [[1.0, 2.0, 3.0]] + [[-1.0] * 3] * 3
+    assert v["flags"].tolist() == [[True, False]] + [[False, False]] * 3

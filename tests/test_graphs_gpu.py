@@ -126,7 +126,8 @@ def test_graph_replay_equals_eager_through_the_engine():
 @pytest.mark.parametrize("live", [3, 4])
 def test_padding_rows_do_not_touch_real_rows(live):
     """Three live rows replayed in the 4-row graph equal eager over the same 4 rows (the 4th a
-    padding row) exactly, and eager over 3 rows closely; the padding row writes only the scratch slot."""
+    padding row) exactly, and eager over 3 rows closely; the padding row writes only the scratch slot.
+    The replay from host inputs (packed upload, a narrower table) equals the one from device tensors."""
     omni = _omni(4)
     program = omni.engine.stages["thinker"].program
     storage: KVStorage = omni.engine.stages["thinker"].storage
@@ -145,6 +146,9 @@ def test_padding_rows_do_not_touch_real_rows(live):
     inputs = {k: v.cuda() for k, v in inputs.items()}
     before = [k.clone() for k in storage.keys[:1]]
     graphed = program.decode_graph.run(live, inputs)["logits"].clone()
+    # the same step from the host (the engine's way): small inputs in one upload, the table's used columns
+    host = {k: v.cpu().numpy() for k, v in inputs.items()} | {"positions": positions, "table": table[:, :3].numpy()}
+    assert torch.equal(program.decode_graph.run(live, host)["logits"], graphed)
 
     pad = {"ids": 0, "positions": 0.0, "slots": storage.scratch_slot, "table": 0, "lens": 0}
     padded = {k: torch.cat([v, torch.full_like(v[:1], pad[k])]) for k, v in inputs.items()}

@@ -7,6 +7,10 @@ copies the live rows into the smallest bucket that holds ``n`` (an input may be 
 its buffer in later dimensions; an input not given is all ``pad``), sets the padding rows to each
 input's ``pad`` value, replays,
 and returns the outputs' first ``n`` rows: views of static buffers, valid until the next replay.
+Inputs may live on the host (numpy arrays, CPU tensors): the step's small ones (at most
+``SMALL_ROW_BYTES`` a row: ids, positions, slots, lengths) lie back to back in one buffer per
+bucket and go up in one pinned copy, padding rows included, instead of a copy (and a second one
+into the static buffer) each; a larger host input is copied up on its own.
 
 Padding rows must be harmless by construction: the model programs pad KV slots with a scratch
 slot and key lengths with 0, so padding rows write nowhere that matters and read nothing.
@@ -20,12 +24,17 @@ from __future__ import annotations
 import bisect
 import functools
 import gc
+import math
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+SMALL_ROW_BYTES = 64  # a static input of at most this many bytes a row goes up in the packed copy
+_ALIGN = 16  # bytes: each packed input's offset in its bucket's buffer
 
 
 @dataclass(frozen=True)
@@ -72,18 +81,83 @@ def rows_in_graph(graph: GraphedStep | None, rows: list[bool]) -> list[bool]:
     return rows if graph is not None and graph.fits(sum(rows)) else [False] * len(rows)
 
 
-def fill_static(static: dict, specs: dict[str, StaticInput], inputs: dict[str, torch.Tensor], n: int) -> None:
-    """Copy ``n`` live rows into the static buffers (inputs may be narrower in later dimensions)
-    and set the rows after them to each input's pad value; an input missing from ``inputs`` (or
-    None) is its pad value in every row."""
+def is_host(x) -> bool:
+    return isinstance(x, np.ndarray) or (isinstance(x, torch.Tensor) and x.device.type == "cpu")
+
+
+def fill_static(static: dict, specs: dict[str, StaticInput], inputs: dict, n: int) -> None:
+    """Copy ``n`` live rows into the static buffers (inputs may be narrower in later dimensions;
+    host ones are copied up first, pinned) and set the rows after them to each input's pad value;
+    an input missing from ``inputs`` (or None) is its pad value in every row."""
     for name, spec in specs.items():
         buf, x = static[name], inputs.get(name)
         if x is None:
             buf.fill_(spec.pad)
             continue
-        buf[(slice(0, n), *(slice(0, s) for s in x.shape[1:]))].copy_(x)
+        rows = buf[(slice(0, n), *(slice(0, s) for s in x.shape[1:]))]
+        if is_host(x):  # pinned, then straight into the rows when they lie back to back
+            x = torch.as_tensor(x).pin_memory() if buf.is_cuda else torch.as_tensor(x)
+            x = x if rows.is_contiguous() else x.to(buf.device, non_blocking=True)
+            rows.copy_(x, non_blocking=True)
+        else:
+            rows.copy_(x)
         if buf.shape[0] > n:
             buf[n:].fill_(spec.pad)
+
+
+class PackedInputs:
+    """The small static inputs of one bucket (``b`` rows) as views of one device buffer, and their
+    upload from the host in one pinned copy."""
+
+    def __init__(self, specs: dict[str, StaticInput], b: int, device):
+        self.specs, self.b, self.offsets, size = specs, b, {}, 0
+        for name, spec in specs.items():
+            self.offsets[name] = size
+            size += -(-b * _row_bytes(spec) // _ALIGN) * _ALIGN
+        self.buffer = torch.empty(size, dtype=torch.uint8, device=device)
+        self.views = {name: self._view(self.buffer, name) for name in specs}
+        for name, spec in specs.items():
+            self.views[name].fill_(spec.pad)
+
+    def _view(self, buffer, name: str):
+        spec, start = self.specs[name], self.offsets[name]
+        rows = buffer[start : start + self.b * _row_bytes(spec)]
+        if isinstance(rows, np.ndarray):
+            return rows.view(_numpy_dtype(spec.dtype)).reshape(self.b, *spec.shape)
+        return rows.view(spec.dtype).view(self.b, *spec.shape)
+
+    def upload(self, inputs: dict, n: int) -> None:
+        """Host inputs' ``n`` rows (narrower ones in their leading columns), every other row and
+        input its pad value (a device input is copied over it after this)."""
+        staging = torch.empty(self.buffer.shape[0], dtype=torch.uint8, pin_memory=self.buffer.is_cuda)
+        host = staging.numpy()
+        for name, spec in self.specs.items():
+            view, x = self._view(host, name), inputs.get(name)
+            view[...] = spec.pad
+            if x is not None and is_host(x):
+                x = x.numpy() if isinstance(x, torch.Tensor) else x
+                view[(slice(0, n), *(slice(0, s) for s in x.shape[1:]))] = x
+        self.buffer.copy_(staging, non_blocking=True)
+
+
+def _row_bytes(spec: StaticInput) -> int:
+    return math.prod(spec.shape) * torch.empty(0, dtype=spec.dtype).element_size()
+
+
+def _numpy_dtype(dtype: torch.dtype):
+    return torch.empty(0, dtype=dtype).numpy().dtype
+
+
+def _packable(spec: StaticInput) -> bool:
+    return _row_bytes(spec) <= SMALL_ROW_BYTES and dtype_on_host(spec.dtype)
+
+
+def dtype_on_host(dtype: torch.dtype) -> bool:
+    try:
+        _numpy_dtype(dtype)
+    except TypeError:  # (bfloat16: numpy has none)
+        return False
+    return True
 
 
 class GraphedStep:
@@ -91,11 +165,16 @@ class GraphedStep:
 
     def __init__(self, name: str, fn: Callable[..., dict], inputs: dict[str, StaticInput], buckets: list[int], device):
         self.name, self.inputs, self.buckets, self.device = name, inputs, sorted(buckets), device
+        self.small = {k: s for k, s in inputs.items() if _packable(s)}
+        self.packed: dict[int, PackedInputs] = {}  # bucket -> its small inputs' buffer
         knob = "cuda_graph_max_batch (0 = no graphs) or the stages' KV budgets (the *_kv_bytes options)"
         self.keyed = KeyedGraphs(f"{name} batch", lambda b, **kw: fn(**kw), self._pads, self.buckets, device, knob)
 
     def _pads(self, b: int) -> dict[str, torch.Tensor]:
-        return {k: torch.full((b, *s.shape), s.pad, dtype=s.dtype, device=self.device) for k, s in self.inputs.items()}
+        self.packed[b] = PackedInputs(self.small, b, self.device)
+        large = {k: s for k, s in self.inputs.items() if k not in self.small}
+        return {**self.packed[b].views, **{k: torch.full((b, *s.shape), s.pad, dtype=s.dtype, device=self.device)
+                                           for k, s in large.items()}}  # fmt: skip
 
     @property
     def max_batch(self) -> int:
@@ -112,10 +191,24 @@ class GraphedStep:
         """Record every bucket's graph (largest first); prints progress. Returns the memory pool."""
         return self.keyed.capture(pool)
 
-    def run(self, n: int, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def run(self, n: int, inputs: dict, patch: Callable[[dict], None] | None = None) -> dict[str, torch.Tensor]:
+        """Replay for ``n`` rows of ``inputs`` (device tensors, or host arrays: see the module
+        docstring); ``patch(static inputs)`` may then overwrite rows on the device (e.g. ids
+        still in flight) before the replay."""
         bucket = self.buckets[bisect.bisect_left(self.buckets, n)]
-        fill_static(self.keyed.graphs[bucket][1], self.inputs, inputs, n)
+        static = self.keyed.graphs[bucket][1]
+        specs = self.inputs
+        if any(is_host(inputs.get(k)) for k in self.small):  # one upload for every small input
+            self.packed[bucket].upload(inputs, n)
+            specs = {k: s for k, s in specs.items() if k not in self.small or _on_device(inputs.get(k))}
+        fill_static(static, specs, inputs, n)
+        if patch is not None:
+            patch(static)
         return {k: v[:n] for k, v in self.keyed.replay(bucket).items()}
+
+
+def _on_device(x) -> bool:
+    return isinstance(x, torch.Tensor) and x.device.type != "cpu"
 
 
 class KeyedGraphs:

@@ -9,7 +9,8 @@ call for the whole step over every request's gathered keys, the queries bottom-r
 prompt chunk after its cached tokens). The decoder calls ``advance`` after its last layer.
 
 Slot indices are built on the host from the page tables (plain Python, no device reads) and
-copied to the device once per step.
+copied to the device once per step (a decode step's when first needed: a graph's replay takes them
+from the host with its other inputs).
 
 A step in which every request adds exactly one token (pure decode) instead attends through
 ``DecodeKV``: page table rows, lengths and new slots as tensors, and one batched decode kernel
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from omniwalk.device import to_device
@@ -89,15 +91,22 @@ class PagedBatch:
                 continue
             key_slots.append(seg.table.slots(pool, 0, start + seg.num_new))
             new_slots.extend(key_slots[-1][start:])
-        self._new_slots = to_device(new_slots, device, torch.long)
-        self.decode = None
-        if self.is_decode:
+        self.device, self.decode_backend = device, decode_backend
+        self._decode: DecodeKV | None = None
+        if self.is_decode:  # host arrays: a graph's replay copies them up with its other inputs
             width = max(pool.pages_for(s.table.num_cached + 1) for s in segments)
-            table = [s.table.pages[:width] + [0] * (width - len(s.table.pages[:width])) for s in segments]
-            lens = [s.table.num_cached + 1 for s in segments]
-            table, lens = to_device(table, device, torch.int32), to_device(lens, device, torch.int32)
-            self.decode = DecodeKV(storage, self._new_slots, table, lens, decode_backend)
-        elif prefill_backend == "reference":
+            table = np.zeros((len(segments), width), dtype=np.int32)
+            for row, s in enumerate(segments):
+                pages = s.table.pages[:width]
+                table[row, : len(pages)] = pages
+            self._decode_host = {
+                "slots": np.asarray(new_slots, dtype=np.int64),
+                "table": table,
+                "lens": np.asarray([s.table.num_cached + 1 for s in segments], dtype=np.int32),
+            }
+            return
+        self._new_slots = to_device(new_slots, device, torch.long)
+        if prefill_backend == "reference":
             self._keys = [to_device(slots, device, torch.long) for slots in key_slots]
         else:  # one packed call: keys of every segment back to back
             self._packed_keys = to_device([i for slots in key_slots for i in slots], device, torch.long)
@@ -106,9 +115,19 @@ class PagedBatch:
             self._cu_k = cu_seqlens(totals, device)
             self._max_q, self._max_k = max(s.num_new for s in segments), max(totals)
 
-    def decode_inputs(self) -> dict[str, torch.Tensor]:
-        """A pure decode step's KV inputs as tensors (for a CUDA graph's static copies)."""
-        return {"slots": self.decode.slots, "table": self.decode.table, "lens": self.decode.lens}
+    @property
+    def decode(self) -> DecodeKV | None:
+        """A pure decode step's eager KV context (its inputs copied up on first use), else None."""
+        if self.is_decode and self._decode is None:
+            h = self._decode_host
+            up = {k: to_device(torch.from_numpy(v), self.device) for k, v in h.items()}
+            self._decode = DecodeKV(self.storage, up["slots"], up["table"], up["lens"], self.decode_backend)
+        return self._decode
+
+    def decode_inputs(self) -> dict[str, np.ndarray]:
+        """A pure decode step's KV inputs on the host (a ``GraphedStep`` copies them up: slots and
+        lengths with its other small inputs, the page table's used columns on their own)."""
+        return self._decode_host
 
     @property
     def num_tokens(self) -> int:
@@ -116,7 +135,7 @@ class PagedBatch:
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [n, heads, d], k/v [n, kv_heads, d] packed in segment order -> out [n, heads, d]."""
-        if self.decode is not None:
+        if self.is_decode:
             return self.decode.attend(layer, q, k, v)
         keys, values = self.storage.keys[layer], self.storage.values[layer]
         keys.index_copy_(0, self._new_slots, k.to(keys.dtype))
@@ -143,7 +162,7 @@ class PagedBatch:
 
     def kv_slots(self, layer: int, num_new: int):
         """A pure decode step's store (see ``DecodeKV``); None for prompt chunks."""
-        return None if self.decode is None else self.decode.kv_slots(layer, num_new)
+        return self.decode.kv_slots(layer, num_new) if self.is_decode else None
 
     def attend_stored(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         return self.decode.attend_stored(layer, q)

@@ -140,19 +140,19 @@ class ThinkerProgram(KVProgram):
     @torch.inference_mode()
     def run(self, batch: list[Chunk], kv: PagedBatch) -> Callable[[], None] | None:
         states = [req.state.thinker for req, _, _ in batch]
-        ids = self._input_ids(batch)
+        host_ids, in_flight = self._host_ids(batch)
         positions = batch_spans([(st.prompt.rope, s, n) for st, (_, s, n) in zip(states, batch, strict=True)])
         if all(self._decode_rows(batch)) and self.decode_graph is not None:
             if self.decode_graph.fits(len(batch)):
-                inputs = {"ids": ids, "positions": to_device(positions.T, self.device)}
-                out = self.decode_graph.run(len(batch), {**inputs, **kv.decode_inputs()})
+                inputs = {"ids": np.asarray(host_ids, dtype=np.int64), "positions": positions.T, **kv.decode_inputs()}
+                out = self.decode_graph.run(len(batch), inputs, functools.partial(_patch_ids, in_flight))
                 kv.advance(len(batch))  # (the graph's DecodeKV keeps no host bookkeeping)
                 for row, (req, start, n) in enumerate(batch):
                     self.keep_rows(req, start, n, out.get("x"), out, row)  # (reads outputs before the next replay)
                 return self._sample(batch, list(range(len(batch))), out["logits"])
             self.num_eager_decode_steps += 1
         media, counts = self._media(batch)
-        x, deepstack = self.thinker.embed(ids, media, counts)
+        x, deepstack = self.thinker.embed(_device_ids(host_ids, in_flight, self.device), media, counts)
         out = self._layers(x, positions.T, deepstack, kv)
         offset, ready, ends = 0, [], []
         for row, (req, start, n) in enumerate(batch):
@@ -205,9 +205,10 @@ class ThinkerProgram(KVProgram):
 
         return commit
 
-    def _input_ids(self, batch) -> torch.Tensor:
-        """The step's input ids [tokens] on the device: read-back ids from the host, ids still in
-        flight copied over from the draws that made them (device to device)."""
+    @staticmethod
+    def _host_ids(batch) -> tuple[list[int], list[tuple[torch.Tensor, list[int], list[int]]]]:
+        """The step's input ids on the host, 0 where an id is still in flight, and those: (the draw
+        that made them, [their positions in the step], [their rows in the draw])."""
         host, patches = [], {}  # id(draw) -> (draw, [positions in the step], [rows of the draw])
         for req, start, n in batch:
             st = req.state.thinker
@@ -217,11 +218,7 @@ class ThinkerProgram(KVProgram):
                 where[1].append(len(host))
                 where[2].append(row)
                 host.append(0)
-        ids = to_device(host, self.device, torch.long)
-        for draw, where, rows in patches.values():
-            rows = draw[to_device(rows, self.device, torch.long)]
-            ids.index_copy_(0, to_device(where, self.device, torch.long), rows)
-        return ids
+        return host, list(patches.values())
 
     def _media(self, batch) -> tuple[MediaEmbeddings | None, dict[str, int]]:
         """Encoder rows for the placeholders inside each request's chunk, packed in batch order,
@@ -317,3 +314,24 @@ def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:
 def _stop_prefix_length(text: str, stops: tuple[str, ...]) -> int:
     """Length of the longest end of ``text`` that begins some stop string (held back from the stream)."""
     return max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+
+
+def _device_ids(host: list[int], in_flight: list, device) -> torch.Tensor:
+    """The step's input ids [tokens] on the device: ``host`` copied up, ids in flight copied over
+    from the draws that made them (device to device)."""
+    ids = to_device(host, device, torch.long)
+    for draw, where, rows in in_flight:
+        ids.index_copy_(0, to_device(where, device, torch.long), draw[to_device(rows, device, torch.long)])
+    return ids
+
+
+def _patch_ids(in_flight: list, static: dict) -> None:
+    """A decode graph's ids in flight, copied into its static ids from their draws: one slice copy
+    per run of consecutive positions taking consecutive rows (a steady batch: one per draw)."""
+    ids = static["ids"]
+    for draw, where, rows in in_flight:
+        start = 0
+        for i in range(1, len(where) + 1):
+            if i == len(where) or where[i] != where[i - 1] + 1 or rows[i] != rows[i - 1] + 1:
+                ids[where[start] : where[i - 1] + 1].copy_(draw[rows[start] : rows[i - 1] + 1])
+                start = i

@@ -154,7 +154,7 @@ class TalkerProgram(KVProgram):
                 x = torch.stack(
                     [r.state.talker.inputs[s - r.state.thinker.prompt.num_prompt_tokens] for r, s, _ in batch]
                 )
-                inputs = {"x": x, "positions": to_device(positions.T, self.device), **kv.decode_inputs()}
+                inputs = {"x": x, "positions": positions.T, **kv.decode_inputs()}
                 logits = self.decode_graph.run(len(batch), inputs)["logits"]
                 kv.advance(len(batch))  # (the graph's DecodeKV keeps no host bookkeeping)
                 return self._sample([req for req, _, _ in batch], logits)

@@ -274,7 +274,7 @@ class TalkerProgram(KVProgram):
         reqs = [req for req, _, _ in batch]
         states = [req.state.talker for req in reqs]
         cfg = self.talker.cfg
-        inputs = {"x": x, "positions": to_device(positions.T, self.device), **kv.decode_inputs()}
+        inputs = {"x": x, "positions": positions.T, **kv.decode_inputs()}
         for prefix, samplers, vocab in (
             ("talker", [ts.sampler for ts in states], cfg.text.vocab_size),
             ("cp", [ts.cp_sampler for ts in states], cfg.code_predictor.vocab_size),
