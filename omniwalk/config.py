@@ -138,9 +138,15 @@ class EngineConfig:
     # on CUDA with graphs on, prefill steps of up to this many tokens (and at most the stage's token
     # budget) replay graphs of their decoder layers; 0 = eager
     prefill_graph_max_tokens: int = 2048
+    # a text-out request's prompt starts from the KV pages another request computed for the same
+    # prefix (ids and positions, up to the first media item; e.g. the system prompt), kept until
+    # the pages are needed
+    prefix_cache: bool = True
 
     def __post_init__(self):
         for f in fields(self):
+            if isinstance(getattr(self, f.name), bool):
+                continue
             least = 0 if f.name == "max_batch_tokens" or "graph" in f.name else 1
             if getattr(self, f.name) < least:
                 raise ConfigError(f"{f.name} must be >= {least}, got {getattr(self, f.name)}")

@@ -25,6 +25,35 @@ def test_pool_allocates_frees_and_refuses_without_side_effects():
         pool.allocate(4)
 
 
+def test_prefix_pages_are_kept_shared_and_reused_least_recently_used_first():
+    """Keyed pages: a released table keys the pages it computed (full pages only), a later table
+    takes the longest run of its keys; held pages are never handed out, idle ones count as free and
+    go (keys forgotten) oldest first when free pages run out."""
+    pool = PagePool(num_pages=6, page_size=4)
+    a = PageTable()
+    assert a.reserve(pool, 11)  # 3 pages; 2 full ones computed below
+    a.num_cached = 11
+    first = list(a.pages)
+    a.release(pool, [b"k0", b"k1", b"k2"])  # k2's page holds 3 of 4 tokens: not keyed
+    assert pool.num_keyed == 2 and pool.num_free == 6 and pool.num_used == 0
+    b, c = PageTable(), PageTable()
+    b.take_prefix(pool, [b"k0", b"k1", b"zz"])
+    c.take_prefix(pool, [b"k0", b"other"])
+    assert b.pages == first[:2] and b.num_cached == 8 and c.pages == first[:1] and c.num_cached == 4
+    assert pool.num_free == 4  # both keyed pages held
+    assert b.reserve(pool, 1) and b.pages[2] not in first[:2]  # its own page past the shared ones
+    c.release(pool, [b"k0", b"other"])  # k0 still held by b
+    assert pool.num_free == 3 and pool.num_keyed == 2
+    b.release(pool, [b"k0", b"k1"])
+    assert pool.num_free == 6 and pool.num_keyed == 2
+    d = PageTable()
+    assert d.reserve(pool, 20)  # the 4 free pages, then the idle keyed one let go of first (k1's)
+    assert pool.num_keyed == 1 and first[1] in d.pages and pool.take([b"k1"]) == []
+    assert pool.take([b"k0", b"k1"]) == first[:1]  # (held now: not handed out)
+    with pytest.raises(MemoryError):
+        pool.allocate(1)
+
+
 def test_slots_follow_pages():
     pool = PagePool(num_pages=8, page_size=4)
     t = PageTable(pages=[5, 2])

@@ -7,10 +7,19 @@ Vocabulary (per request, in tokens):
 
 A token at absolute position p of a request lives in slot ``pages[p // page_size] * page_size +
 p % page_size`` of the flattened [num_pages * page_size, kv_heads, head_dim] storage.
+
+Prefix pages: a full page of a prompt's prefix can outlive its request, kept under a key that
+names every token up to its end (``KVProgram.prefix_keys``: a chain of digests). A later request
+whose prefix has the same keys starts with those pages in its table (``PageTable.take_prefix``)
+instead of computing them; nobody writes a page while it is keyed (a request only writes past its
+``num_cached``). A keyed page no table holds is idle: free to hand out again, least recently used
+first, and then forgotten. ``num_free`` counts idle pages as free.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -19,33 +28,73 @@ from omniwalk.layers.paged_decode import DECODE_PROGRAMS
 
 
 class PagePool:
-    """Free-list allocator over ``num_pages`` pages of ``page_size`` tokens."""
+    """Free-list allocator over ``num_pages`` pages of ``page_size`` tokens, with keyed prefix pages
+    (see the module docstring)."""
 
     def __init__(self, num_pages: int, page_size: int):
         self.num_pages, self.page_size = num_pages, page_size
         self._free = list(range(num_pages - 1, -1, -1))  # pop() hands out low ids first
+        self._page_of: dict[bytes, int] = {}  # keyed pages: key -> page
+        self._key_of: dict[int, bytes] = {}  # page -> key
+        self._holders: dict[int, int] = {}  # keyed pages: tables holding each
+        self._idle: OrderedDict[int, None] = OrderedDict()  # keyed pages no table holds, oldest first
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return len(self._free) + len(self._idle)
 
     @property
     def num_used(self) -> int:
-        return self.num_pages - len(self._free)
+        return self.num_pages - self.num_free
+
+    @property
+    def num_keyed(self) -> int:
+        return len(self._key_of)
 
     def pages_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_size)
 
     def can_allocate(self, num_pages: int) -> bool:
-        return num_pages <= len(self._free)
+        return num_pages <= self.num_free
 
     def allocate(self, num_pages: int) -> list[int]:
-        if num_pages > len(self._free):
-            raise MemoryError(f"KV pool exhausted: {num_pages} pages wanted, {len(self._free)} free")
-        return [self._free.pop() for _ in range(num_pages)]
+        """Free pages first, then idle keyed ones (least recently used first; their keys forgotten)."""
+        if num_pages > self.num_free:
+            raise MemoryError(f"KV pool exhausted: {num_pages} pages wanted, {self.num_free} free")
+        pages = [self._free.pop() for _ in range(min(num_pages, len(self._free)))]
+        while len(pages) < num_pages:
+            page, _ = self._idle.popitem(last=False)
+            del self._page_of[self._key_of.pop(page)], self._holders[page]
+            pages.append(page)
+        return pages
 
     def free(self, pages: list[int]) -> None:
-        self._free.extend(reversed(pages))
+        """A table lets go of its pages: keyed ones go idle when their last holder lets go."""
+        for page in reversed(pages):
+            if page not in self._key_of:
+                self._free.append(page)
+                continue
+            self._holders[page] -= 1
+            if self._holders[page] == 0:
+                self._idle[page] = None
+
+    def take(self, keys: Sequence[bytes]) -> list[int]:
+        """The keyed pages of the longest run of ``keys`` from the first, each now held once more."""
+        pages = []
+        for key in keys:
+            page = self._page_of.get(key)
+            if page is None:
+                break
+            pages.append(page)
+            self._holders[page] += 1
+            self._idle.pop(page, None)
+        return pages
+
+    def keep(self, key: bytes, page: int) -> None:
+        """Key a page its (one) holding table computed; nothing if the key or the page has one already."""
+        if key in self._page_of or page in self._key_of:
+            return
+        self._page_of[key], self._key_of[page], self._holders[page] = page, key, 1
 
 
 @dataclass
@@ -66,7 +115,16 @@ class PageTable:
         self.pages.extend(pool.allocate(needed))
         return True
 
-    def release(self, pool: PagePool) -> None:
+    def take_prefix(self, pool: PagePool, keys: Sequence[bytes]) -> None:
+        """An empty table starts with the keyed pages of its prefix (``keys``, one per full page)."""
+        assert not self.pages, "a table takes its prefix before any page"
+        self.pages = pool.take(keys)
+        self.num_cached = len(self.pages) * pool.page_size
+
+    def release(self, pool: PagePool, keys: Sequence[bytes] = ()) -> None:
+        """Let go of every page, keying first those of ``keys`` whose tokens it holds (computed)."""
+        for key, page in zip(keys[: self.num_cached // pool.page_size], self.pages, strict=False):
+            pool.keep(key, page)
         pool.free(self.pages)
         self.pages, self.num_cached = [], 0
 

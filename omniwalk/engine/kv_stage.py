@@ -9,7 +9,9 @@ The policy, once per step: **keep what is running moving, then admit what fits.*
 2. Waiting requests are admitted in FIFO order (skipping those whose inputs are not ready yet,
    e.g. a speech LM waiting for its first text tokens) while budget, pages and
    ``max_running`` allow. A long prompt is cut into chunks of the remaining budget, so it never
-   stalls running decodes.
+   stalls running decodes. With ``prefix_cache``, an admitted request first takes the pages of
+   its prompt's prefix that an earlier request computed (``KVProgram.prefix_keys``; see
+   ``kv_pages``) and computes only the rest; its own prefix pages stay keyed when it lets go.
 
 What a request's tokens *are* is the model's business: a ``KVProgram`` says how many tokens of a
 request are ready (``num_ready``) and runs a packed batch of them (``run``).
@@ -34,6 +36,7 @@ class KVStageConfig:
     max_running: int = 64  # requests holding KV pages at once
     decode_attention: str = "reference"  # the kernel of pure decode steps (layers/paged_decode.py)
     prefill_attention: str = "reference"  # other steps: per request, or one packed varlen call (layers/attention.py)
+    prefix_cache: bool = False  # reuse prefix pages across requests (where the program names them)
 
 
 class KVProgram:
@@ -60,6 +63,12 @@ class KVProgram:
     def is_finished(self, req: EngineRequest) -> bool:
         raise NotImplementedError
 
+    def prefix_keys(self, req: EngineRequest, page_size: int) -> list[bytes]:
+        """One key per full page of ``req``'s prompt whose keys/values another request may share:
+        each names every token up to that page's end (whatever its keys and values depend on), and
+        the pages end before the prompt's last token (which must run to draw). Default: none."""
+        return []
+
     def on_preempt(self, req: EngineRequest) -> None:
         """The request's KV was dropped; its tokens will be recomputed from position 0."""
 
@@ -82,7 +91,9 @@ class KVStage:
         self.waiting: deque[EngineRequest] = deque()
         self.running: list[EngineRequest] = []
         self.tables: dict[str, PageTable] = {}
+        self.prefix: dict[str, list[bytes]] = {}  # request id -> its prefix keys (prefix_cache)
         self.num_preemptions = 0
+        self.num_prefix_tokens = 0  # prompt tokens taken from keyed pages instead of computed
         self.last_batch_size = 0
         self.lane = Lane(device)
         self.inflight = InFlight(name)
@@ -93,13 +104,17 @@ class KVStage:
 
     def add(self, req: EngineRequest) -> None:
         self.tables[req.id] = PageTable()
+        if self.config.prefix_cache:
+            self.prefix[req.id] = self.program.prefix_keys(req, self.pool.page_size)
         self.waiting.append(req)
 
     def remove(self, req: EngineRequest) -> None:
-        """Drop a request (finished, aborted or failed) and free its pages."""
+        """Drop a request (finished, aborted or failed) and free its pages (its computed prefix
+        pages stay keyed, unless it failed)."""
         table = self.tables.pop(req.id, None)
+        keys = self.prefix.pop(req.id, [])
         if table is not None:
-            table.release(self.pool)
+            table.release(self.pool, keys if req.status is not Status.FAILED else ())
         if req in self.running:
             self.running.remove(req)
         if req in self.waiting:
@@ -122,11 +137,16 @@ class KVStage:
         for req in list(self.waiting):
             if budget == 0 or len(self.running) >= self.config.max_running:
                 break
-            n = min(self.program.num_ready(req, self.tables[req.id].num_cached), budget)
-            if n == 0:
+            table = self.tables[req.id]
+            if self.program.num_ready(req, table.num_cached) == 0:
                 continue  # inputs not ready yet; later requests may be
-            if not self.tables[req.id].reserve(self.pool, n):
+            if not table.pages and self.prefix.get(req.id):
+                table.take_prefix(self.pool, self.prefix[req.id])
+            n = min(self.program.num_ready(req, table.num_cached), budget)
+            if not table.reserve(self.pool, n):
+                table.release(self.pool)  # (its prefix pages back, idle again)
                 break  # FIFO: nobody overtakes the head for pages
+            self.num_prefix_tokens += table.num_cached
             self.waiting.remove(req)
             self.running.append(req)
             req.status = Status.RUNNING
@@ -145,7 +165,7 @@ class KVStage:
         return True
 
     def _preempt(self, req: EngineRequest) -> None:
-        self.tables[req.id].release(self.pool)
+        self.tables[req.id].release(self.pool, self.prefix.get(req.id, ()))
         self.running.remove(req)
         self.waiting.appendleft(req)
         self.program.on_preempt(req)
@@ -195,6 +215,8 @@ class KVStage:
             "waiting": len(self.waiting),
             "batch_size": self.last_batch_size,
             "preemptions": self.num_preemptions,
+            "prefix_tokens": self.num_prefix_tokens,
+            "kv_pages_keyed": self.pool.num_keyed,
             **self.program.stats(),
         }
 

@@ -71,10 +71,12 @@ class Bucket:
         return f"tokens {self.num_tokens} segments {self.num_segments}"
 
 
-def layout_buckets(max_tokens: int, longest: int | None, shortest: int) -> list[Bucket]:
-    """Buckets up to ``max_tokens`` (0: none) for segments of at most ``longest`` tokens (None: any)
-    and commonly at least ``shortest`` (see the module docstring for the rule)."""
-    buckets, tokens = [], MIN_BUCKET_TOKENS
+def layout_buckets(
+    max_tokens: int, longest: int | None, shortest: int, first: int = MIN_BUCKET_TOKENS
+) -> list[Bucket]:
+    """Buckets of ``first`` tokens, twice that, ... up to ``max_tokens`` (0: none) for segments of at
+    most ``longest`` tokens (None: any) and commonly at least ``shortest`` (see the module docstring)."""
+    buckets, tokens = [], first
     while tokens <= max_tokens:
         segments = 1
         while longest and segments * longest < tokens // 2:  # the fewest that hold T/2 tokens

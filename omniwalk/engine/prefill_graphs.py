@@ -67,7 +67,9 @@ class PrefillKV:
 
 
 def prefill_buckets(max_tokens: int) -> list[Bucket]:
-    return layout_buckets(max_tokens, None, SHORTEST_COMMON_CHUNK)
+    """From 128 tokens (one request's short prompt, or the rest of one after its prefix pages: the
+    7B's projections take 3.7 ms at 128 rows, 4.9 at 256; session 37)."""
+    return layout_buckets(max_tokens, None, SHORTEST_COMMON_CHUNK, first=SHORTEST_COMMON_CHUNK)
 
 
 def fits(bucket: Bucket, kv: PagedBatch) -> bool:

@@ -20,6 +20,7 @@ decoder layers for their padded layout (``engine/prefill_graphs.py``) when one f
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Callable
 
 import numpy as np
@@ -133,6 +134,25 @@ class ThinkerProgram(KVProgram):
 
     def is_finished(self, req: EngineRequest) -> bool:
         return req.state.thinker.is_finished
+
+    def prefix_keys(self, req: EngineRequest, page_size: int) -> list[bytes]:
+        """The prompt's full pages before its first media placeholder (and before its last token),
+        each keyed by a digest of every id and position up to its end; none for a request with a
+        talker (which reads the thinker's prompt rows, computed, not shared)."""
+        if req.state.talker is not None:
+            return []
+        prompt = req.state.thinker.prompt
+        ids = np.asarray(prompt.token_ids, dtype=np.int64)
+        media = np.flatnonzero(np.isin(ids, list(self.pad_ids.values())))
+        end = min(int(media[0]) if len(media) else len(ids), prompt.num_prompt_tokens - 1)
+        positions = prompt.rope.span(0, end).numpy()
+        keys, digest = [], b""
+        for start in range(0, end - page_size + 1, page_size):
+            page = slice(start, start + page_size)
+            contents = digest + ids[page].tobytes() + np.ascontiguousarray(positions[:, page]).tobytes()
+            digest = hashlib.blake2b(contents, digest_size=16).digest()
+            keys.append(digest)
+        return keys
 
     def on_preempt(self, req: EngineRequest) -> None:
         """Nothing to undo: the prompt's talker rows are rewritten identically on recompute."""

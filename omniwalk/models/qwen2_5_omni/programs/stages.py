@@ -56,7 +56,7 @@ def build_stages(parts: dict, cfg: Qwen25OmniConfig, config: OmniConfig, voices:
             "thinker",
             thinker,
             thinker_kv,
-            KVStageConfig(engine.max_batch_tokens, engine.max_running, decode, prefill),
+            KVStageConfig(engine.max_batch_tokens, engine.max_running, decode, prefill, engine.prefix_cache),
             device,
         ),
     ]

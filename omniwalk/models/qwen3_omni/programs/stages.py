@@ -64,7 +64,7 @@ def build_stages(parts: dict, cfg: Qwen3OmniConfig, config: OmniConfig, devices:
             "thinker",
             thinker,
             kv_storage(local_heads(cfg.text, model.tensor_parallel), opts.thinker_kv_bytes, page, dtype, device),
-            KVStageConfig(engine.max_batch_tokens, engine.max_running, decode, prefill),
+            KVStageConfig(engine.max_batch_tokens, engine.max_running, decode, prefill, engine.prefix_cache),
             device,
         ),
     ]
