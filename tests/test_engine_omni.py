@@ -163,13 +163,18 @@ def test_abort_a_third_leaves_the_rest_unchanged_and_frees_everything():
     assert_idle(o)
 
 
-def test_kv_pressure_preempts_and_still_completes_correctly():
-    # The workload needs ~2,900 thinker tokens of KV at once; give it a third.
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_kv_pressure_preempts_and_still_completes_correctly(prefix_cache):
+    """The workload needs ~2,900 thinker tokens of KV at once without shared prefix pages; give it a
+    third (a quarter with them: the text requests share their system prompt's pages, and idle keyed
+    pages are handed out again under the pressure)."""
     cfg = omni().family.cfg.text
     per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
-    o = Omni(model=checkpoint("tiny"), thinker_kv_bytes=1000 * per_token, page_size=8)
+    tokens = 750 if prefix_cache else 1000
+    o = Omni(model=checkpoint("tiny"), thinker_kv_bytes=tokens * per_token, page_size=8, prefix_cache=prefix_cache)
     outs = run_staggered(o, workload(), every=1)
-    assert o.engine.stages["thinker"].num_preemptions > 0
+    thinker = o.engine.stages["thinker"]
+    assert thinker.num_preemptions > 0 and (thinker.num_prefix_tokens > 0) == prefix_cache
     for i, request in enumerate(workload()):
         assert_same(outs[request["request_id"]], alone(i))
     assert_idle(o)
