@@ -58,6 +58,7 @@ def test_speech_rows_are_decode_graph_rows(monkeypatch):
     o = graphed(monkeypatch)
     req = o.add(make_request(3))  # speech
     while len(req.state.talker.draws) < 2:
+        assert not req.status.is_done, req.error
         o.engine.step()
     thinker, talker = o.engine.stages["thinker"].program, o.engine.stages["talker"].program
     st, num_prompt = req.state.thinker, req.state.thinker.prompt.num_prompt_tokens

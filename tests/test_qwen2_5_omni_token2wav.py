@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from omniwalk.engine.batch_stage import BatchStage, BatchStageConfig
+from omniwalk.engine.cuda_graphs import GraphedStep
 from omniwalk.engine.request import EngineRequest, Status
 from omniwalk.errors import CheckpointError, ConfigError, InvalidRequestError
 from omniwalk.models.qwen2_5_omni.networks.dit import block_masks
@@ -492,29 +493,18 @@ def test_loads_what_save_pretrained_writes(tmp_path):
     assert torch.equal(ours(codes, speaker, noise, 3), ours_for("uneven")(codes, speaker, noise, 3))
 
 
-class ReplayOnCPU:
-    """``GraphedStep``'s contract without CUDA: static buffers per batch bucket, live rows copied in
-    (``fill_static``: padding rows at their pad value, tails of narrower rows keep what the last
-    call left), ``fn`` run over the whole buffers, outputs sliced; the same buffers every call."""
-
-    def __init__(self, name, fn, inputs, buckets, device):
-        self.fn, self.inputs, self.buckets, self.num_replays = fn, inputs, sorted(buckets), 0
-        self.static = {b: {k: torch.full((b, *s.shape), s.pad, dtype=s.dtype) for k, s in inputs.items()}
-                       for b in self.buckets}  # fmt: skip
+class ReplayOnCPU(GraphedStep):
+    """``GraphedStep`` without CUDA: its own static buffers per batch bucket and input staging (the
+    packed upload of small host inputs, ``fill_static``, patches), ``fn`` run over the whole buffers
+    in place of a replay, outputs sliced; the same buffers every call."""
 
     def capture(self, pool=None):
+        self.keyed.graphs = {b: (None, self._pads(b), None) for b in self.buckets}
         return pool
 
-    def fits(self, n: int) -> bool:
-        return 0 < n <= self.buckets[-1]
-
-    def run(self, n, inputs):
-        from omniwalk.engine.cuda_graphs import fill_static
-
-        bucket = min(b for b in self.buckets if b >= n)
-        fill_static(self.static[bucket], self.inputs, inputs, n)
-        self.num_replays += 1
-        return {k: v[:n] for k, v in self.fn(**self.static[bucket]).items()}
+    def replay(self, bucket: int) -> dict[str, torch.Tensor]:
+        self.keyed.num_replays += 1
+        return self.fn(**self.keyed.graphs[bucket][1])
 
 
 def test_graph_path_pads_rows_and_lengths_exactly(monkeypatch):

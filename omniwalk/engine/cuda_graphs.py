@@ -164,7 +164,7 @@ class GraphedStep:
     """``fn``'s graphs per batch bucket (a ``KeyedGraphs`` keyed by batch size, inputs all pad)."""
 
     def __init__(self, name: str, fn: Callable[..., dict], inputs: dict[str, StaticInput], buckets: list[int], device):
-        self.name, self.inputs, self.buckets, self.device = name, inputs, sorted(buckets), device
+        self.name, self.fn, self.inputs, self.buckets, self.device = name, fn, inputs, sorted(buckets), device
         self.small = {k: s for k, s in inputs.items() if _packable(s)}
         self.packed: dict[int, PackedInputs] = {}  # bucket -> its small inputs' buffer
         knob = "cuda_graph_max_batch (0 = no graphs) or the stages' KV budgets (the *_kv_bytes options)"
@@ -204,7 +204,11 @@ class GraphedStep:
         fill_static(static, specs, inputs, n)
         if patch is not None:
             patch(static)
-        return {k: v[:n] for k, v in self.keyed.replay(bucket).items()}
+        return {k: v[:n] for k, v in self.replay(bucket).items()}
+
+    def replay(self, bucket: int) -> dict[str, torch.Tensor]:
+        """The bucket's graph over what its static inputs hold now."""
+        return self.keyed.replay(bucket)
 
 
 def _on_device(x) -> bool:

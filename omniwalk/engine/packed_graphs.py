@@ -71,9 +71,7 @@ class Bucket:
         return f"tokens {self.num_tokens} segments {self.num_segments}"
 
 
-def layout_buckets(
-    max_tokens: int, longest: int | None, shortest: int, first: int = MIN_BUCKET_TOKENS
-) -> list[Bucket]:
+def layout_buckets(max_tokens: int, longest: int | None, shortest: int, first: int = MIN_BUCKET_TOKENS) -> list[Bucket]:
     """Buckets of ``first`` tokens, twice that, ... up to ``max_tokens`` (0: none) for segments of at
     most ``longest`` tokens (None: any) and commonly at least ``shortest`` (see the module docstring)."""
     buckets, tokens = [], first
