@@ -198,7 +198,7 @@ def report(rows: list[dict]) -> str:
             lines.append("")
         if "whole" in r:
             w = r["whole"]
-            idle = sum(g[2] for g in w["gaps"]) / 1e3
+            idle = sum(g[1] for g in w["gaps"]) / 1e3  # (each gap: [from ms, µs])
             lines.append(
                 f"whole request under the profiler: {w['wall_ms']:.1f} ms, GPU busy {w['busy_ms']:.2f} ms "
                 f"({w['kernels']} kernels), {len(w['gaps'])} idle gaps over 30 µs summing {idle:.2f} ms"
