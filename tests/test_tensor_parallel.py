@@ -99,6 +99,13 @@ def test_two_ranks_give_the_ids_and_codes_of_one(name):
         while not unseeded.status.is_done:
             split.step()
         unseeded_ids, seed = split.output(unseeded).token_ids, unseeded.state.thinker.sampler.seed
+        # a speech request after text requests left keyed prefix pages: rank 1 (no talker) must take
+        # none either, or the ranks' schedules part (LockstepError)
+        assert split.engine.stages["thinker"].num_prefix_tokens > 0
+        speech = split.add({**requests[2], "request_id": "later"})
+        while not speech.status.is_done:
+            split.step()
+        later = split.output(speech)
     finally:
         split.close()
     one_omni = Omni(model=checkpoint(name))
@@ -107,6 +114,8 @@ def test_two_ranks_give_the_ids_and_codes_of_one(name):
         assert a.token_ids == b.token_ids and len(a.token_ids) > 0
     assert torch.equal(two[2].codes, one[2].codes) and two[2].codes.shape[0] > 0
     assert unseeded_ids == one_omni.generate({**requests[3], "seed": seed}).token_ids
+    alone = one_omni.generate({**requests[2], "request_id": "later"})
+    assert later.error is None and later.token_ids == alone.token_ids and torch.equal(later.codes, alone.codes)
 
 
 def test_server_with_two_ranks_answers_as_one():

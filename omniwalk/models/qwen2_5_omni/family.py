@@ -125,6 +125,7 @@ class Qwen25OmniFamily(ModelFamily):
         walk, state = new_state(prompt, params, max_tokens, detok, self.cfg, use_audio_in_video=aiv,
                                 speech=speech, speaker_bos=bos, token2wav=token2wav)  # fmt: skip
         state.thinker.forced_answer = answer
+        state.thinker.speaks = "audio" in (request.get("modalities") or ())  # (on every rank alike)
         return walk, state
 
     def _speech(self, request: dict) -> tuple[SamplingParams, int, Token2WavState]:

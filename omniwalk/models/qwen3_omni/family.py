@@ -144,6 +144,7 @@ class Qwen3OmniFamily(ModelFamily):
             speaker=speaker,
         )
         state.thinker.forced_answer = answer
+        state.thinker.speaks = "audio" in (request.get("modalities") or ())  # (on every rank alike)
         return walk, state
 
     def _forced_answer(self, text) -> list[int] | None:

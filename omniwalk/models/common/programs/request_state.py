@@ -78,6 +78,9 @@ class ThinkerState:
     # Token ids committed as the answer instead of the first draw (ending with a stop token), so
     # the talker voices exactly this text (/v1/audio/speech); None = generate as usual.
     forced_answer: list[int] | None = None
+    # The request asked for speech: its talker reads the prompt rows, so it takes no prefix pages. Set from
+    # the request on every tensor-parallel rank alike (a follower rank builds no talker: state.talker is None).
+    speaks: bool = False
 
     @property
     def num_generated(self) -> int:

@@ -138,8 +138,9 @@ class ThinkerProgram(KVProgram):
     def prefix_keys(self, req: EngineRequest, page_size: int) -> list[bytes]:
         """The prompt's full pages before its first media placeholder (and before its last token),
         each keyed by a digest of every id and position up to its end; none for a request with a
-        talker (which reads the thinker's prompt rows, computed, not shared)."""
-        if req.state.talker is not None:
+        talker (which reads the thinker's prompt rows, computed, not shared) or asking for speech (the same
+        answer on every tensor-parallel rank, whether it builds a talker or not)."""
+        if req.state.talker is not None or req.state.thinker.speaks:
             return []
         prompt = req.state.thinker.prompt
         ids = np.asarray(prompt.token_ids, dtype=np.int64)
