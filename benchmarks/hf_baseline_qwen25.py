@@ -95,7 +95,8 @@ def bench_path(model, path: str, inputs: dict, cfg: Qwen25OmniConfig, args, devi
     generate(2, 4)  # warm-up
     runs = [timed_seconds(lambda: generate(work.text_tokens, work.audio_frames), device) for _ in range(args.repeats)]
     (_, wav), seconds = runs[-1][0], statistics.median(s for _, s in runs)
-    row = dict(path=path, prompt_tokens=inputs["input_ids"].shape[1] - 1, text_tokens=work.text_tokens, e2e_s=seconds)
+    row = dict(path=path, prompt_tokens=inputs["input_ids"].shape[1] - 1, text_tokens=work.text_tokens, e2e_s=seconds,
+               runs_s=[round(s, 4) for _, s in runs])  # fmt: skip
     if wav is not None:
         row.update(audio_s=wav.numel() / SAMPLE_RATE, rtf=seconds / (wav.numel() / SAMPLE_RATE))
     print(f"HF {path} B=1: {row}", flush=True)
