@@ -106,7 +106,7 @@ def bench_text(model, prompts: Prompts, args, device) -> list[dict]:
             kwargs = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=pad)
             return model.thinker.generate(**inputs, **kwargs)
 
-        generate(2)  # warm-up
+        generate(max(n1, n2))  # warm-up: the longest timed run once (a 2-token one left the first timed run slow)
         times = {}
         for n in (n1, n2):
             out, times[n] = median_run(lambda: generate(n), device, args.repeats)
@@ -150,7 +150,7 @@ def bench_s2s(model, prompts: Prompts, args, device, dtype) -> dict:
             talker_min_new_tokens=frames + 1,
         )
 
-    generate(4, 5)  # warm-up
+    generate(args.s2s_tokens, args.s2s_frames)  # warm-up: the timed work once (a short one left the first run slow)
     (ids, wav), seconds = median_run(lambda: generate(args.s2s_tokens, args.s2s_frames), device, args.repeats)
     audio_s = wav.numel() / OUTPUT_RATE
     row = dict(

@@ -2,6 +2,7 @@
 Its signature; the 7B thinker's prefill shape (28 query heads, 4 kv heads, head 128; one 120-query chunk
 after 96 cached keys + an 8-token padding piece) with k/v repeated vs as they are: equal outputs?
 and the time of each (graphs of 28 calls, the repeat included)."""
+
 import inspect
 
 import torch
@@ -18,8 +19,17 @@ cu_k = torch.tensor([0, 216, 224], dtype=torch.int32, device=dev)
 
 
 def repeated():
-    return varlen_attn(q, k.repeat_interleave(7, 1), v.repeat_interleave(7, 1), cu_q, cu_k, 128, 256,
-                       scale=128**-0.5, window_size=(-1, 0))
+    return varlen_attn(
+        q,
+        k.repeat_interleave(7, 1),
+        v.repeat_interleave(7, 1),
+        cu_q,
+        cu_k,
+        128,
+        256,
+        scale=128**-0.5,
+        window_size=(-1, 0),
+    )
 
 
 def native():
