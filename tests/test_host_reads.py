@@ -29,6 +29,8 @@ ALLOWED = {
     ("layers/moe.py", "reference_experts"),  # reference backends: CPU only
     ("layers/paged_decode.py", "paged_decode_reference"),
     ("layers/attention.py", "_reference"),
+    # the prompt's positions, a host tensor the processor made (digested into the prefix pages' keys at add)
+    ("models/common/programs/thinker_program.py", "prefix_keys"),
 }
 READS = ("tolist", "item", "cpu", "numpy")
 
