@@ -81,7 +81,7 @@ def rows_in_graph(graph: GraphedStep | None, rows: list[bool]) -> list[bool]:
     return rows if graph is not None and graph.fits(sum(rows)) else [False] * len(rows)
 
 
-def is_host(x) -> bool:
+def _is_host(x) -> bool:
     return isinstance(x, np.ndarray) or (isinstance(x, torch.Tensor) and x.device.type == "cpu")
 
 
@@ -95,7 +95,7 @@ def fill_static(static: dict, specs: dict[str, StaticInput], inputs: dict, n: in
             buf.fill_(spec.pad)
             continue
         rows = buf[(slice(0, n), *(slice(0, s) for s in x.shape[1:]))]
-        if is_host(x):  # pinned, then straight into the rows when they lie back to back
+        if _is_host(x):  # pinned, then straight into the rows when they lie back to back
             x = torch.as_tensor(x).pin_memory() if buf.is_cuda else torch.as_tensor(x)
             x = x if rows.is_contiguous() else x.to(buf.device, non_blocking=True)
             rows.copy_(x, non_blocking=True)
@@ -134,7 +134,7 @@ class PackedInputs:
         for name, spec in self.specs.items():
             view, x = self._view(host, name), inputs.get(name)
             view[...] = spec.pad
-            if x is not None and is_host(x):
+            if x is not None and _is_host(x):
                 x = x.numpy() if isinstance(x, torch.Tensor) else x
                 view[(slice(0, n), *(slice(0, s) for s in x.shape[1:]))] = x
         self.buffer.copy_(staging, non_blocking=True)
@@ -149,10 +149,10 @@ def _numpy_dtype(dtype: torch.dtype):
 
 
 def _packable(spec: StaticInput) -> bool:
-    return _row_bytes(spec) <= SMALL_ROW_BYTES and dtype_on_host(spec.dtype)
+    return _row_bytes(spec) <= SMALL_ROW_BYTES and _dtype_on_host(spec.dtype)
 
 
-def dtype_on_host(dtype: torch.dtype) -> bool:
+def _dtype_on_host(dtype: torch.dtype) -> bool:
     try:
         _numpy_dtype(dtype)
     except TypeError:  # (bfloat16: numpy has none)
@@ -198,7 +198,7 @@ class GraphedStep:
         bucket = self.buckets[bisect.bisect_left(self.buckets, n)]
         static = self.keyed.graphs[bucket][1]
         specs = self.inputs
-        if any(is_host(inputs.get(k)) for k in self.small):  # one upload for every small input
+        if any(_is_host(inputs.get(k)) for k in self.small):  # one upload for every small input
             self.packed[bucket].upload(inputs, n)
             specs = {k: s for k, s in specs.items() if k not in self.small or _on_device(inputs.get(k))}
         fill_static(static, specs, inputs, n)

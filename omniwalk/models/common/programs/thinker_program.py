@@ -137,9 +137,9 @@ class ThinkerProgram(KVProgram):
 
     def prefix_keys(self, req: EngineRequest, page_size: int) -> list[bytes]:
         """The prompt's full pages before its first media placeholder (and before its last token),
-        each keyed by a digest of every id and position up to its end; none for a request with a
-        talker (which reads the thinker's prompt rows, computed, not shared) or asking for speech (the same
-        answer on every tensor-parallel rank, whether it builds a talker or not)."""
+        each keyed by a digest of every id and position up to its end. None for a request that asked
+        for speech: its talker reads the thinker's prompt rows, which taken pages would not compute
+        (``speaks`` is read from the request, so every tensor-parallel rank answers alike)."""
         if req.state.talker is not None or req.state.thinker.speaks:
             return []
         prompt = req.state.thinker.prompt
