@@ -69,7 +69,7 @@ class AudioEncoder(MergesProjections):
             linear.weight.data.copy_(conv.weight.reshape(out, inp * k))
             linear.bias.data.copy_(conv.bias)
             gemms.append(linear)
-        self.conv_gemms = (gemms[0], gemms[1])
+        self.conv_gemms = tuple(gemms)
         del self.conv1, self.conv2
 
     def output_lengths(self, num_frames: Sequence[int]) -> list[int]:
