@@ -23,6 +23,18 @@ from pathlib import Path
 
 import torch
 
+# The full-size model on one GPU: random bf16 weights built on the device, fused MoE, 8 + 2 GiB of KV
+# (``Omni(model=SKELETON, **FULL_OPTIONS)``; a skeleton comes from ``omniwalk make-tiny DIR --config PRESET
+# --no-weights``).
+FULL_OPTIONS = dict(
+    device="cuda",
+    dtype="bfloat16",
+    moe_backend="fused",
+    random_weights=True,
+    thinker_kv_bytes=8 * 2**30,
+    talker_kv_bytes=2 * 2**30,
+)
+
 WORDS = "sea ship storm harbour island lighthouse whale sailor wind night star map coral tide gull reef".split()
 
 

@@ -2,7 +2,7 @@
 ``skinny_gemm.TUNED`` and ``MAX_ROWS`` are set from what it writes.
 
     PYTHONPATH=. python benchmarks/skinny_gemm.py --out DIR [--rows 1,2,4,8,16,32] [--workers 12]
-    PYTHONPATH=. python benchmarks/skinny_gemm.py --apply DIR/tuned.json benchmarks/micro.py ARGS...
+    PYTHONPATH=. python benchmarks/skinny_gemm.py --apply DIR/tuned.json benchmarks/engine/micro.py ARGS...
 
 Each figure: one CUDA graph of C calls over C copies of the weight (>= 512 MB in all, far more than
 L2 holds, so each call reads its weight from HBM as a decode step does), replayed; µs per call,
