@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 import soundfile
-from test_server import server
+from helpers.live_server import server
 
 EXAMPLES = Path(__file__).parents[1] / "examples"
 

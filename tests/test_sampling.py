@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from single_request import Sampler
+from helpers.single_request import Sampler
 from transformers import (
     RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,

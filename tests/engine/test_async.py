@@ -1,0 +1,193 @@
+"""Asynchronous stepping (tiny model, CPU): outputs equal those of a synchronous loop.
+
+The engine launches step N+1 before it reads step N back; ``Engine.drain`` after every step
+completes everything launched at once, which is the synchronous loop (the oracle here). Stops
+found one step late (stop tokens, stop strings, codec EOS) must drop the token or frame the next
+step already made, so ids, text, codes and audio are the same either way.
+"""
+
+import pytest
+import torch
+from helpers.qwen3_omni import checkpoint
+from helpers.walk import PATHS, alone, assert_idle, assert_same, make_request, omni, run_staggered
+
+from omniwalk import Omni
+from omniwalk.engine.kv_stage import KVProgram
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def synchronous(o, step, reqs):
+    o.engine.drain()
+
+
+def late_stops(o, step, reqs, seen: set):
+    """Record requests that ended while the next step's token or frame was already launched."""
+    for rid, req in reqs.items():
+        th, ts = req.state.thinker, req.state.talker
+        if th.is_finished and th.inflight:
+            seen.add((rid, "token"))
+        if ts is not None and ts.finished and ts.num_inflight:
+            seen.add((rid, "frame"))
+
+
+def stopping(requests: list[dict], refs) -> list[dict]:
+    """The requests again, each stopped part-way by a stop token or a stop string taken from its
+    own output (greedy ones), or left to run to ``max_tokens``."""
+    out = []
+    for i, (request, ref) in enumerate(zip(requests, refs, strict=True)):
+        request = dict(request)
+        middle = len(ref.token_ids) // 2
+        if i % 3 == 0 and middle:
+            request["stop_token_ids"] = [ref.token_ids[middle]]
+        elif i % 3 == 1 and len(ref.text) >= 4:
+            request["stop"] = [ref.text[len(ref.text) // 2 : len(ref.text) // 2 + 2]]
+        out.append(request)
+    return out
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_async_loop_equals_synchronous_loop_with_stops(sampled):
+    o = omni()
+    requests = [make_request(i, PATHS[i % len(PATHS)], sampled=sampled) for i in range(9)]
+    requests = stopping(requests, [alone(i, sampled) for i in range(len(requests))])
+    sync = run_staggered(o, requests, on_step=synchronous)
+    seen = set()
+    outs = run_staggered(o, requests, on_step=lambda o, step, reqs: late_stops(o, step, reqs, seen))
+    for request in requests:
+        assert_same(outs[request["request_id"]], sync[request["request_id"]])
+    reasons = [outs[r["request_id"]].finish_reason for r in requests]
+    assert reasons.count("stop") >= 3 and "length" in reasons
+    assert any(kind == "token" for _, kind in seen)  # a stop read late: its next token was dropped
+    assert_idle(o)
+
+
+def test_codec_eos_read_late_drops_the_next_frame():
+    """Codec EOS forced as soon as it is allowed (after ``min_audio_frames``): every speech request
+    ends on EOS; the frame the next step drew from the EOS frame's codes is dropped."""
+    o = Omni(model=checkpoint("tiny"))
+    eos = o.family.cfg.talker.codec.eos
+    hook = o.family.parts["talker"].codec_head.register_forward_hook(
+        lambda m, args, out: out.index_fill(-1, torch.tensor([eos]), 1e4)
+    )
+    speech = [i for i in range(24) if PATHS[i % len(PATHS)].endswith("2s")][:6]
+    requests = []
+    for i in speech:
+        request = make_request(i, PATHS[i % len(PATHS)])
+        requests.append({**request, "min_audio_frames": 3 + i % 5, "max_audio_frames": 40})
+    try:
+        sync = run_staggered(o, requests, on_step=synchronous)
+        seen = set()
+        outs = run_staggered(o, requests, every=1, on_step=lambda o, step, reqs: late_stops(o, step, reqs, seen))
+    finally:
+        hook.remove()
+    for request in requests:
+        out = outs[request["request_id"]]
+        assert_same(out, sync[request["request_id"]])
+        assert out.codes.shape[0] == request["min_audio_frames"]  # ended on EOS, not the frame limit
+    assert any(kind == "frame" for _, kind in seen)
+    assert_idle(o)
+
+
+def test_stages_wait_for_their_inputs_on_their_lanes():
+    """On the CPU a lane runs on the host, but the data edges are the same calls as on CUDA: the
+    thinker waits for the encoders' rows of a request it prefills, the talker for the thinker."""
+    o = Omni(model=checkpoint("tiny"))
+    reqs = [o.add(make_request(i, path)) for i, path in enumerate(["s2s", "i2t", "t2s"])]
+    while o.engine.has_unfinished():
+        o.engine.step()
+    stages = o.engine.stages
+    assert stages["thinker"].lane.num_waits >= 2  # the audio and the image request's encoder rows
+    assert stages["talker"].lane.num_waits >= 2  # the two speech requests' thinker states
+    assert all(r.error is None for r in reqs)
+    assert set(reqs[0].produced) == {"audio_encoder", "thinker", "talker", "vocoder"}
+
+
+def test_drain_completes_what_is_in_flight():
+    o = Omni(model=checkpoint("tiny"))
+    req = o.add({**make_request(0, "t2t"), "max_tokens": 6})
+    for _ in range(3):
+        o.engine.step()
+    th = req.state.thinker
+    assert th.inflight  # the newest step's token is still on the device
+    launched = th.num_sampled
+    o.engine.drain()
+    assert not th.inflight and th.num_generated == launched
+
+
+class LookaheadToy(KVProgram):
+    """The engine-level contract on its own: test_engine_core's toy LM, its sampled token kept as a
+    tensor until the commit one step later; it stops at ``stop_at`` tokens or on a stop token."""
+
+    def __init__(self, stop_token: int):
+        from helpers.toy_lm import ToyLM, ToyProgram
+
+        self.toy, self.stop_token = ToyProgram(ToyLM()), stop_token
+
+    def num_ready(self, req, num_cached):
+        st = req.state
+        if st.get("done") or len(st["seq"]) + len(st.setdefault("inflight", [])) >= st["stop_at"]:
+            return 0
+        return len(st["seq"]) + len(st["inflight"]) - num_cached
+
+    def run(self, batch, kv):
+        m = self.toy.model
+        ids = torch.cat([self._ids(req.state, s, n) for req, s, n in batch])
+        x = m.embed[ids]
+        q, k, v = (x @ m.qkv).view(len(ids), 3, 2, 16).unbind(1)
+        h = kv.attend(0, q, k, v).reshape(len(ids), 32) + x
+        kv.advance(len(ids))
+        ends = torch.tensor([n for _, _, n in batch]).cumsum(0) - 1
+        picks = (h[ends] @ m.head).argmax(-1)
+        ready = [(req, picks[row : row + 1]) for row, (req, s, n) in enumerate(batch)
+                 if s + n == len(req.state["seq"]) + len(req.state["inflight"])]  # fmt: skip
+        for req, pick in ready:
+            req.state["inflight"].append(pick)
+
+        def commit():
+            for req, _ in ready:
+                token = int(req.state["inflight"].pop(0))
+                if req.state.get("done") or req.status.is_done:
+                    req.state["dropped"] = True  # sampled after the stop: rolled back
+                    continue
+                req.state["seq"].append(token)
+                req.emit("text", token)
+                req.state["done"] = token == self.stop_token or len(req.state["seq"]) >= req.state["stop_at"]
+
+        return commit
+
+    @staticmethod
+    def _ids(st, start, n):
+        """Read-back ids from the host list, the rest from the tensors still in flight."""
+        seq, inflight = st["seq"], st["inflight"]
+        host = torch.tensor(seq[start : start + n], dtype=torch.long)
+        return torch.cat([host, *inflight[max(start - len(seq), 0) : start + n - len(seq)]])
+
+    def is_finished(self, req):
+        return bool(req.state.get("done"))
+
+    def on_preempt(self, req):
+        pass
+
+
+@pytest.mark.parametrize("num_pages", [256, 20])
+def test_one_step_lookahead_on_the_toy_engine_equals_the_synchronous_loop(num_pages):
+    from helpers.toy_lm import DIM, HEADS, drive, generated, workload
+
+    from omniwalk.engine.engine import Engine
+    from omniwalk.engine.kv_pages import KVStorage, PagePool
+    from omniwalk.engine.kv_stage import KVStage, KVStageConfig
+
+    def engine():
+        storage = KVStorage(PagePool(num_pages, 4), 1, HEADS, DIM // HEADS, torch.float32, "cpu")
+        stage = KVStage("lm", LookaheadToy(stop_token=7), storage, KVStageConfig(64, 64), "cpu")
+        return Engine([stage]), stage
+
+    (sync_engine, _), (ours, stage) = engine(), engine()
+    sync = drive(sync_engine, workload(), on_step=lambda step, reqs: sync_engine.drain())
+    outs = drive(ours, workload())
+    for rid in sync:
+        assert generated(outs[rid]) == generated(sync[rid]), rid
+    assert any(r.state.get("dropped") for r in outs.values())  # a stop read late, its next token dropped
+    assert any(generated(r)[-1] == 7 for r in outs.values())
+    assert stage.pool.num_used == 0 and (num_pages == 256 or stage.num_preemptions > 0)

@@ -1,0 +1,86 @@
+"""The correctness oracle: tiny random HF transformers Qwen3-Omni models, built once per session.
+
+Tests only; omniwalk never imports transformers at run time.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import shutil
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from omniwalk.models.common.checkpoint.loader import randomize
+
+TEST_ROOT = tempfile.mkdtemp(prefix="omniwalk-tests-")  # the checkpoints tests write, removed at exit
+atexit.register(shutil.rmtree, TEST_ROOT, True)
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+PACKAGE_TINY = Path(__file__).parents[2] / "omniwalk" / "models" / "qwen3_omni" / "checkpoint" / "tiny_config.json"
+# Two shapes of tiny model: the reference one and one with uneven sizes (odd head dims,
+# 3 code groups, 5/6 experts, deepstack at [1, 3], sliding window 5).
+TINY_CONFIGS = {"tiny": PACKAGE_TINY, "uneven": CONFIG_DIR / "tiny_uneven.json"}
+
+
+def config_dict(name: str) -> dict:
+    return json.loads(TINY_CONFIGS[name].read_text())
+
+
+def hf_model(name: str, seed: int = 0):
+    """A random HF ``Qwen3OmniMoeForConditionalGeneration`` (fp32, eval) for a tiny config."""
+    return _hf_model(name, seed)  # one cache key however the arguments are spelled
+
+
+@cache
+def _hf_model(name: str, seed: int):
+    from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
+
+    cfg = Qwen3OmniMoeConfig(**config_dict(name))
+    # NOTE: HF bug workaround (reference §9.6): the talker's get_rope_index reads audio_config.
+    cfg.talker_config.audio_config = cfg.thinker_config.audio_config
+    torch.manual_seed(seed)
+    model = Qwen3OmniMoeForConditionalGeneration(cfg).eval()
+    # HF leaves some tensors uninitialised (garbage or NaN, e.g. talker experts of some sizes) and
+    # others constant (norms 1, biases and Snake parameters 0); parity must not pass by symmetry.
+    randomize(model, seed + 1)
+    return model
+
+
+def hf_checkpoint(name: str, seed: int = 0) -> Path:
+    """``save_pretrained`` output of :func:`hf_model` in a temporary directory."""
+    return _hf_checkpoint(name, seed)
+
+
+@cache
+def _hf_checkpoint(name: str, seed: int) -> Path:
+    out = Path(tempfile.mkdtemp(prefix=f"hf_{name}_", dir=TEST_ROOT))
+    hf_model(name, seed).save_pretrained(out)
+    return out
+
+
+def whisper_extractor():
+    """HF's feature extractor configured as the Qwen3-Omni processor uses it (reference §1.8)."""
+    from transformers import WhisperFeatureExtractor
+
+    return WhisperFeatureExtractor(
+        feature_size=128,
+        sampling_rate=16000,
+        hop_length=160,
+        chunk_length=300,
+        n_fft=400,
+        padding_value=0.0,
+        dither=0.0,
+        return_attention_mask=True,
+    )
+
+
+def assert_parity(ours: torch.Tensor, ref: torch.Tensor):
+    """An encoder's output against HF's: same shape, cosine >= 0.99999, max error within 1e-4 of the largest value."""
+    assert ours.shape == ref.shape
+    cos = torch.nn.functional.cosine_similarity(ours.flatten().double(), ref.flatten().double(), dim=0)
+    assert cos >= 0.99999
+    assert (ours - ref).abs().max() <= 1e-4 * ref.abs().max()

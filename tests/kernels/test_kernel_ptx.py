@@ -1,0 +1,52 @@
+"""The q/k norm + rope kernel compiled for the H200 (sm_90) on any machine with Triton: with the
+compile options its launch uses, its PTX has no fused bf16 multiply-add. With LLVM's default
+contraction it has one (``x * cos`` fused into the rotary's add), which skips a rounding the
+reference makes: ~20% of q/k elements were a bf16 step off on the H200 until session 26. (The GPU
+test ``test_fused_gpu.py`` asserts the kernel bitwise equal to the reference.)"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Compiles the kernel for sm_90 in a clean process (no TRITON_INTERPRET) and prints its PTX.
+COMPILE = """
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from omniwalk.layers import qk_norm_rope
+
+fn = qk_norm_rope._kernel()
+pointers = ["qkv_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "q_ptr", "k_ptr", "v_ptr"]
+consts = {"HEADS": 32, "KV_HEADS": 4, "D": 128, "HAS_SLOTS": True, "NORM": sys.argv[2] == "norm", "USE_PDL": True}
+signature = {name: "*bf16" for name in pointers} | {"slots_ptr": "*i64", "eps": "fp32"}
+signature |= {name: "constexpr" for name in consts}
+signature |= {name: "i32" for name in fn.arg_names if name not in signature}
+options = qk_norm_rope.COMPILE_OPTIONS if sys.argv[1] == "launch" else {}
+kernel = triton.compile(ASTSource(fn, signature, consts), target=GPUTarget("cuda", 90, 32), options=options)
+print(kernel.asm["ptx"])
+"""
+
+
+def _ptx(options: str, norm: str = "norm") -> str:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILE, options, norm], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.parametrize("norm", ["norm", "rope only"])  # (Qwen3-style q/k norm; Qwen2-style: none)
+def test_qk_norm_rope_ptx_keeps_the_rotary_products_rounding(norm):
+    pytest.importorskip("triton")
+    ptx = _ptx("launch", norm)
+    # the rotary products rounded to bf16: converted from fp32 (after the norm), or, rope only, bf16 products
+    # of bf16 values (exact in fp32, so one rounding either way: the reference's)
+    assert ("cvt.rn.bf16.f32" if norm == "norm" else "mul.rn.bf16") in ptx
+    assert "fma.rn.bf16" not in ptx
+    assert "fma.rn.bf16" in _ptx("default", norm)  # what the options prevent

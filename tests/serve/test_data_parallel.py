@@ -1,0 +1,103 @@
+"""``--data-parallel 2``: two engine processes behind one server, as the official ``openai`` client
+sees them. Requests go to the least loaded replica; a replica whose process is killed fails the
+requests it held with a 503 (an OpenAI error body, at once), is reported dead in /health and
+/metrics, and the other one keeps serving."""
+
+import asyncio
+import json
+import os
+import signal
+import time
+import urllib.request
+
+import httpx
+import openai
+import pytest
+from helpers.live_server import launch
+
+LONG = {"model": "qwen3-omni", "messages": [{"role": "user", "content": "go"}], "max_tokens": 4000, "ignore_eos": True}
+
+
+def _health(base: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(f"{base}/health", timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _unfinished(metrics: str) -> dict[str, float]:
+    out = {}
+    for line in metrics.splitlines():
+        if line.startswith('omniwalk_engine{quantity="unfinished"'):
+            out[line.split('replica="')[1].split('"')[0]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def _chat(base: str, text: str) -> str:
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+    reply = client.chat.completions.create(
+        model="qwen3-omni", messages=[{"role": "user", "content": text}], max_tokens=8, temperature=0
+    )
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    return reply.choices[0].message.content
+
+
+async def _until(predicate, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.2)
+
+
+def test_two_replicas_serve_route_to_the_least_loaded_and_survive_a_killed_one():
+    proc, base = launch("--data-parallel", "2")
+    try:
+        status, health = _health(base)
+        assert status == 200 and health["status"] == "ready", health
+        assert [r["status"] for r in health["replicas"]] == ["ready", "ready"]
+        pids = [r["pid"] for r in health["replicas"]]
+        assert len(set(pids)) == 2 and proc.pid not in pids
+        assert _chat(base, "hello") == _chat(base, "hello")  # greedy: either replica, the same answer
+
+        async def scenario():
+            metrics = lambda: httpx.get(f"{base}/metrics").text  # noqa: E731
+            async with httpx.AsyncClient(timeout=120) as h:
+                first = asyncio.create_task(h.post(f"{base}/v1/chat/completions", json={**LONG, "max_tokens": 300}))
+                await _until(lambda: _unfinished(metrics()) == {"0": 1.0, "1": 0.0})
+                second = asyncio.create_task(h.post(f"{base}/v1/chat/completions", json=LONG))
+                await _until(lambda: _unfinished(metrics()) == {"0": 1.0, "1": 1.0})  # the idle one took it
+                os.kill(pids[1], signal.SIGKILL)
+                killed = time.monotonic()
+                failed = await second
+                return failed, time.monotonic() - killed, await first
+
+        failed, seconds, survived = asyncio.run(scenario())
+        assert failed.status_code == 503 and seconds < 5, failed.text
+        assert (
+            failed.json()["error"]["code"] == "engine_unavailable" and failed.json()["error"]["type"] == "server_error"
+        )
+        assert survived.status_code == 200 and survived.json()["usage"]["completion_tokens"] == 300, survived.text
+
+        status, health = _health(base)
+        assert status == 200 and health["status"] == "degraded", health
+        assert [r["status"] for r in health["replicas"]] == ["ready", "engine_dead"]
+        assert "exited with code -9" in health["replicas"][1]["reason"]
+        text = httpx.get(f"{base}/metrics").text
+        assert 'omniwalk_engine{quantity="up",replica="1",stage="replica"} 0.0' in text
+        assert 'omniwalk_engine{quantity="up",replica="0",stage="replica"} 1.0' in text
+        for i in range(3):  # the live replica takes every new request
+            assert isinstance(_chat(base, f"again {i}"), str)
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=60)[0]
+    assert "replica 1: the engine process exited with code -9; 1 replica(s) serve" in output, output
+
+
+def test_data_parallel_must_be_positive():
+    from omniwalk.config import ServerConfig
+    from omniwalk.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="data_parallel must be >= 1"):
+        ServerConfig(data_parallel=0)

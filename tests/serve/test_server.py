@@ -1,0 +1,287 @@
+"""The HTTP server as users run it: `omniwalk serve` in a subprocess, the official `openai` client."""
+
+import asyncio
+import base64
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import urllib.request
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile
+from helpers.live_server import launch, png_data_url, server
+from helpers.qwen3_omni import AUDIO, IMAGE, wav_data_url
+
+SPEECH = {"talker_temperature": 0.0, "code_predictor_temperature": 0.0, "min_audio_frames": 12, "max_audio_frames": 12}
+GREEDY = {"temperature": 0.0, **SPEECH}
+
+
+@pytest.fixture(scope="module")
+def base_url():
+    with server() as base:
+        yield base
+
+
+@pytest.fixture
+def client(base_url):
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+
+
+def test_text_chat(client):
+    r = client.chat.completions.create(
+        model="qwen3-omni",
+        messages=[{"role": "user", "content": "hello world"}],
+        max_tokens=6,
+        extra_body={"ignore_eos": True},
+    )
+    assert len(r.choices) == 1 and r.choices[0].finish_reason == "length"
+    assert isinstance(r.choices[0].message.content, str) and r.choices[0].message.content
+    assert r.usage.completion_tokens == 6 and r.usage.prompt_tokens > 10
+
+
+def test_audio_and_image_in_text_and_speech_out(client):
+    b64_wav = wav_data_url(AUDIO).split(",", 1)[1]
+    content = [
+        {"type": "input_audio", "input_audio": {"data": b64_wav, "format": "wav"}},
+        {"type": "image_url", "image_url": {"url": png_data_url(IMAGE)}},
+        {"type": "text", "text": "what is it"},
+    ]
+    r = client.chat.completions.create(
+        model="qwen3-omni",
+        messages=[{"role": "user", "content": content}],
+        max_tokens=5,
+        modalities=["text", "audio"],
+        audio={"voice": "chelsie", "format": "wav"},
+        extra_body=SPEECH,
+    )
+    message = r.choices[0].message
+    samples, rate = soundfile.read(io.BytesIO(base64.b64decode(message.audio.data)), dtype="float32")
+    assert rate == 24000 and len(samples) == 1920 * 12 - 555  # the frames generated, exactly
+    # OpenAI's shape: with audio output the text is the audio's transcript only
+    assert message.content is None and message.audio.transcript and message.audio.id and message.audio.expires_at
+    assert r.usage.prompt_tokens > 40  # the audio and image placeholders count
+
+
+def test_streamed_pcm_equals_the_non_streaming_audio(client):
+    request = dict(
+        model="qwen3-omni",
+        messages=[{"role": "user", "content": "tell me a story"}],
+        max_tokens=6,
+        modalities=["text", "audio"],
+        extra_body={**GREEDY, "ignore_eos": True},
+    )
+    whole = client.chat.completions.create(audio={"voice": "aiden", "format": "pcm16"}, **request)
+    pcm, text, transcript, usage = [], [], [], None
+    stream = client.chat.completions.create(
+        audio={"voice": "aiden", "format": "pcm16"}, stream=True, stream_options={"include_usage": True}, **request
+    )
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            text.append(choice.delta.content or "")
+            audio = getattr(choice.delta, "audio", None)
+            pcm.append(base64.b64decode(getattr(audio, "data", None) or ""))
+            transcript.append(getattr(audio, "transcript", None) or "")
+    assert b"".join(pcm) == base64.b64decode(whole.choices[0].message.audio.data)
+    assert "".join(text) == "" and "".join(transcript) == whole.choices[0].message.audio.transcript
+    assert usage.completion_tokens == 6
+
+
+def test_audio_speech_endpoint(client):
+    r = client.audio.speech.create(
+        model="qwen3-omni", input="good morning", voice="ethan", response_format="flac", extra_body=SPEECH
+    )
+    samples, rate = soundfile.read(io.BytesIO(r.content))
+    assert rate == 24000 and len(samples) == 1920 * 12 - 555
+    with pytest.raises(openai.BadRequestError) as e:
+        client.audio.speech.create(model="qwen3-omni", input="hi", voice="ethan", speed=1.5)
+    assert e.value.body["param"] == "speed" and e.value.body["code"] == "unsupported_value"
+
+
+def post(base_url: str, body, headers=None, raw: bytes | None = None) -> httpx.Response:
+    data = raw if raw is not None else json.dumps(body).encode()
+    return httpx.post(f"{base_url}/v1/chat/completions", content=data, headers=headers or {}, timeout=60)
+
+
+USER = [{"role": "user", "content": "hi"}]
+BAD = [
+    (None, b"{not json", 400, "not valid JSON"),
+    ({"messages": [{"role": "user", "content": [{"type": "file", "file": {}}]}]}, None, 400, "unknown content type"),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "%%%"}}]}]},
+        None,
+        400,
+        "base64",
+    ),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "AAAA"}}]}]},
+        None,
+        400,
+        "audio",
+    ),
+    ({"messages": USER, "max_tokens": 10**7}, None, 400, "exceeds"),
+    ({"messages": USER, "modalities": ["text", "audio"], "audio": {"voice": "nobody"}}, None, 400, "unknown voice"),
+    ({"messages": USER, "modalities": ["text", "audio"], "audio": {"format": "ogg-vorbis"}}, None, 400, "format"),
+    ({"messages": USER, "modalities": ["video"]}, None, 400, "modalities"),
+    ({"messages": USER, "model": "gpt-9"}, None, 404, "does not exist"),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
+        None,
+        400,
+        "data: URL",
+    ),
+]
+
+
+@pytest.mark.parametrize("body, raw, status, message", BAD)
+def test_errors_have_openai_bodies(base_url, body, raw, status, message):
+    r = post(base_url, body, raw=raw)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert message.lower() in error["message"].lower() and error["type"] == "invalid_request_error"
+    assert error["code"] is None or isinstance(error["code"], str)
+    assert urllib.request.urlopen(f"{base_url}/health").status == 200
+
+
+def test_api_key_and_body_limit_and_queue_full():
+    with server("--api-key", "sekret", "--max-body-bytes", "2000", "--max-requests", "1") as base:
+        assert post(base, {"messages": USER}).status_code == 401
+        assert post(base, {"messages": USER}, {"Authorization": "Bearer wrong"}).status_code == 401
+        ok = {"Authorization": "Bearer sekret"}
+        assert post(base, {"messages": USER, "max_tokens": 2}, ok).status_code == 200
+        big = post(base, {"messages": [{"role": "user", "content": "x" * 5000}]}, ok)
+        assert big.status_code == 413 and "exceeds" in big.json()["error"]["message"]
+        assert post(base, {"messages": USER}, ok, raw=iter([b"x" * 1500] * 2)).status_code == 413  # no Content-Length
+
+        async def two():
+            async with httpx.AsyncClient(timeout=600) as h:
+                body = {"messages": USER, "max_tokens": 1500, "ignore_eos": True}
+                first = asyncio.create_task(h.post(f"{base}/v1/chat/completions", json=body, headers=ok))
+                running = 'omniwalk_engine{quantity="requests",replica="0",stage="engine"} 1.0'
+                while running not in (await h.get(f"{base}/metrics")).text:  # the first is in the engine
+                    assert not first.done(), first.result()
+                    await asyncio.sleep(0.05)
+                second = await h.post(f"{base}/v1/chat/completions", json=body, headers=ok)
+                first_running = not first.done()
+                first.cancel()  # (1500 tokens take minutes on a busy 2-core machine: hang up instead)
+                return first_running, second
+
+        first_running, second = asyncio.run(two())
+        assert first_running and second.status_code == 429 and second.headers["retry-after"] == "1"
+
+
+def test_concurrent_streams_with_disconnects(base_url, client):
+    prompts = [f"tell me about the world {i}" for i in range(16)]
+
+    def request(i):
+        return dict(
+            model="qwen3-omni",
+            messages=[{"role": "user", "content": prompts[i]}],
+            max_tokens=8 + i % 5,
+            modalities=["text", "audio"],
+            audio={"voice": "ethan", "format": "pcm16"},
+            extra_body={**GREEDY, "ignore_eos": True},
+        )
+
+    expected = {i: client.chat.completions.create(**request(i)) for i in range(0, 16, 3)}
+
+    async def one(i, a):
+        pcm, text = [], []
+        stream = await a.chat.completions.create(stream=True, **request(i))
+        async for chunk in stream:
+            for choice in chunk.choices:
+                audio = getattr(choice.delta, "audio", None)
+                text.append(getattr(audio, "transcript", None) or "")
+                pcm.append(base64.b64decode(getattr(audio, "data", None) or ""))
+                if i % 4 == 1 and len(text) >= 3:  # a quarter of the clients hang up mid-stream
+                    await stream.close()
+                    return None
+        return b"".join(pcm), "".join(text)
+
+    async def run_all():
+        a = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+        return await asyncio.gather(*(one(i, a) for i in range(16)))
+
+    results = asyncio.run(run_all())
+    for i in range(16):
+        if i % 4 == 1:
+            assert results[i] is None
+        elif i in expected:
+            got = np.frombuffer(results[i][0], "<i2").astype(int)
+            want = np.frombuffer(base64.b64decode(expected[i].choices[0].message.audio.data), "<i2").astype(int)
+            # chunks of concurrent requests share vocoder calls: equal up to PCM16 rounding
+            assert got.shape == want.shape and np.abs(got - want).max() <= 1
+            assert results[i][1] == expected[i].choices[0].message.audio.transcript
+    assert urllib.request.urlopen(f"{base_url}/health").status == 200
+    deadline = time.monotonic() + 30
+    while True:  # aborted requests leave the engine within a step; stats arrive asynchronously
+        metrics = urllib.request.urlopen(f"{base_url}/metrics").read().decode()
+        idle = 'omniwalk_engine{quantity="kv_pages_used",replica="0",stage="thinker"} 0.0' in metrics
+        idle &= 'omniwalk_engine{quantity="kv_pages_used",replica="0",stage="talker"} 0.0' in metrics
+        idle &= 'omniwalk_engine{quantity="requests",replica="0",stage="engine"} 0.0' in metrics
+        if idle or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert idle, metrics
+    assert "omniwalk_requests_in_flight 0.0" in metrics
+    assert 'omniwalk_requests_total{status="length"}' in metrics
+    assert 'omniwalk_http_responses_total{route="/v1/chat/completions",status="499"} 4.0' in metrics
+    # every request with output observed once per phase of its time to first output, as many as its TTFT
+    firsts = re.search(r"^omniwalk_time_to_first_token_seconds_count (\S+)$", metrics, re.M).group(1)
+    for phase in ("inbox", "add", "engine", "outbox"):
+        assert f'omniwalk_first_output_phase_seconds_count{{phase="{phase}"}} {firsts}' in metrics, phase
+
+
+def test_an_engine_failure_is_a_500_for_that_request_only():
+    with server(entry=("-m", "tests.helpers.fault_server")) as base:
+
+        async def both():
+            async with httpx.AsyncClient(timeout=60) as h:
+                url = f"{base}/v1/chat/completions"
+                good = {"messages": USER, "max_tokens": 30, "ignore_eos": True, "temperature": 0.0}
+                bad = {**good, "max_tokens": 13}
+                return await asyncio.gather(h.post(url, json=good), h.post(url, json=bad), h.post(url, json=good))
+
+        good, bad, again = asyncio.run(both())
+        assert bad.status_code == 500, bad.text
+        error = bad.json()["error"]
+        assert error["type"] == "server_error" and "injected engine fault" in error["message"]
+        assert "request id" in error["message"]
+        assert good.status_code == again.status_code == 200
+        assert good.json()["usage"]["completion_tokens"] == 30
+        assert good.json()["choices"][0]["message"] == again.json()["choices"][0]["message"]
+        assert urllib.request.urlopen(f"{base}/health").status == 200
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_ctrl_c_and_sigterm_stop_the_server_and_its_engine_cleanly(how):
+    """A terminal's Ctrl-C (SIGINT to the whole process group) or a SIGTERM to the server: both
+    processes exit, with status 0, "stopped" and no traceback."""
+    proc, base = launch()
+    while json.loads(urllib.request.urlopen(f"{base}/health", timeout=2).read())["status"] != "ready":
+        time.sleep(0.2)
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0, output
+    assert "Traceback" not in output and output.rstrip().endswith("stopped"), output
+    deadline = time.monotonic() + 10  # the whole group goes: the engine process too
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    left = subprocess.run(["ps", "-o", "pid,args", "-g", str(proc.pid)], capture_output=True, text=True).stdout
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise AssertionError(f"processes left in the server's group:\n{left}")
