@@ -13,38 +13,13 @@ Values are validated here, with errors that name the field.
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from omniwalk.errors import ConfigError
+from omniwalk.kernels.registry import REGISTRIES
 from omniwalk.media.limits import MediaLimits
 
-
-@dataclass(frozen=True)
-class Backend:
-    """A kernel choice and what it needs to run (``resolve_auto`` picks the fast one where it can)."""
-
-    name: str
-    cuda: bool = False  # runs on CUDA only
-    half: bool = False  # needs a 16-bit dtype
-    package: str | None = None  # needs this package installed
-
-    def runs(self, model: ModelConfig) -> bool:
-        return (
-            (model.on_cuda or not self.cuda)
-            and (model.dtype != "float32" or not self.half)
-            and (self.package is None or importlib.util.find_spec(self.package) is not None)
-        )
-
-
-# per backend field: the reference (runs everywhere; the tests' oracle), then the fast one
-BACKENDS = {
-    "moe_backend": (Backend("reference"), Backend("fused", cuda=True, package="triton")),
-    "attention_backend": (Backend("reference"), Backend("torch_varlen", cuda=True, half=True)),
-    "decode_attention": (Backend("reference"), Backend("triton", cuda=True, package="triton")),
-    "norm_backend": (Backend("reference"), Backend("triton", cuda=True, package="triton")),
-}
 # (torch is imported where a dtype or device is used, so that `omniwalk --help` does not load it)
 DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "fp8")
@@ -61,15 +36,17 @@ class ModelConfig:
     default_system_prompt: str | None = None
     random_weights: bool = False  # build random weights on the device instead of reading them (benchmarks)
     hf_cache: str | None = None  # the Hugging Face cache a model id is found in; None: huggingface_hub's
-    # Fast paths, chosen by name ("auto": the fast one on CUDA, the reference one elsewhere):
+    # Fast paths: each field names an entry of its registry (omniwalk/kernels/registry.py); "auto" takes
+    # the fast one where it runs (CUDA), the reference one elsewhere (``resolve_auto``):
     # MoE: "reference" (per-expert loop, the CPU oracle) | "fused" (CUDA: routing kernel, expert GEMVs
-    # at decode sizes, grouped GEMM at many tokens per expert; layers/moe.py)
+    # at decode sizes, grouped GEMM at many tokens per expert; kernels/fused_moe.py)
     moe_backend: str = "auto"
-    attention_backend: str = "auto"  # encoders' and prefill attention: "reference" | "torch_varlen" (CUDA, 16-bit)
+    # encoders' and prefill attention: "reference" | "masked" | "torch_varlen" (CUDA, 16-bit)
+    attention_backend: str = "auto"
     decode_attention: str = "auto"  # paged decode attention: "reference" | "triton" (CUDA)
-    # decoder kernels: "reference" | "triton" (CUDA: fused add + RMSNorm, merged q/k/v and gate/up GEMMs,
-    # q/k norm + rope + KV store in one kernel)
-    norm_backend: str = "auto"
+    # decoder kernels: "reference" | "fused" (CUDA: fused add + RMSNorm, merged q/k/v and gate/up skinny
+    # GEMMs, q/k norm + rope + KV store in one kernel, and the encoders' and DiT's merged projections)
+    decoder_kernels: str = "auto"
     # "fp8": decoder projections and experts of the thinker and talker in FP8 (e4m3, 128x128 block
     # scales; an FP8 checkpoint's as stored, else quantised at load); "none": the model dtype throughout
     quantization: str = "none"
@@ -178,14 +155,12 @@ class OmniConfig:
 
 
 def resolve_auto(config: OmniConfig) -> OmniConfig:
-    """``config`` with every choice left to the device made: "auto" backends (the fast one where
-    it runs, ``Backend.runs``), the device-sized token budget, and graph limits (0 off CUDA;
-    packed graphs also need the varlen attention, the reference one reads segment bounds on the host)."""
+    """``config`` with every choice left to the device made: "auto" fast paths (the first entry of each
+    registry's preference that runs on the device, ``Registry.resolve``), the device-sized token budget,
+    and graph limits (0 off CUDA; packed graphs also need the varlen attention, the reference one reads
+    segment bounds on the host)."""
     model, engine = config.model, config.engine
-    backends = {}
-    for name, (reference, fast) in BACKENDS.items():
-        auto = fast.name if fast.runs(model) else reference.name
-        backends[name] = auto if getattr(model, name) == "auto" else getattr(model, name)
+    backends = {name: r.resolve(getattr(model, name), model.device, model.dtype) for name, r in REGISTRIES.items()}
     graphs = engine.cuda_graph_max_batch if model.on_cuda else 0
     packed = graphs and backends["attention_backend"] != "reference"
     engine = replace(
@@ -199,16 +174,16 @@ def resolve_auto(config: OmniConfig) -> OmniConfig:
 
 
 def backend_choices() -> dict[str, tuple[str, ...]]:
-    return {name: (*(b.name for b in choices), "auto") for name, choices in BACKENDS.items()}
+    """Each fast-path field -> the values it takes (its registry's entries and "auto")."""
+    return {name: registry.choices() for name, registry in REGISTRIES.items()}
 
 
 def batch_tokens_for(model: ModelConfig) -> int:
-    """The default per-step token budget of a KV stage. On the CPU 512 keeps a step short. On an
-    H200, full size, i2t at B=32 (a burst of image prompts of ~330 tokens each; docs/perf.md,
-    session 26) the engine's TTFT p50 was 403 / 184 / 116 ms at 4096 / 2048 / 1024 tokens for the
-    same throughput at 2048 and 1024: a long step delays every request in it and every arrival
-    behind it, so a burst is admitted in steps of about three image prompts or ten 4 s audio
-    prompts beside the decodes."""
+    """The default per-step token budget of a KV stage. On the CPU 512 keeps a step short. On a GPU
+    1024: a long step delays every request in it and every arrival behind it, so a burst is admitted
+    in steps of about three image prompts or ten 4 s audio prompts beside the decodes; a burst of image
+    prompts gets its first tokens sooner at 1024 than at 2048 or 4096, for the same throughput
+    (docs/performance.md)."""
     return 1024 if model.on_cuda else 512
 
 

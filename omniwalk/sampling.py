@@ -13,12 +13,14 @@ with the step's single host read (token ids, and logprobs when asked); ``sample_
 keeps ids on the device for loops that feed them straight back (the code predictor).
 
 ``draw_reference`` is the PyTorch expression (the CPU path and the oracle); on CUDA ``draw``
-runs the fused Triton kernels of ``layers/sampling_kernels.py``, which give its ids (ties
+runs the fused Triton kernels of ``kernels/sampling.py``, which give its ids (ties
 included; the one documented exception is a top-p cut within rounding of ``top_p``).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
@@ -26,7 +28,6 @@ import torch
 
 from omniwalk.device import HostCopy, to_device
 from omniwalk.errors import InvalidRequestError
-from omniwalk.layers import sampling_kernels
 
 
 @dataclass(frozen=True)
@@ -236,13 +237,20 @@ def draw(logits: torch.Tensor, p: BatchParams, step_offset: int = 0) -> torch.Te
     ``step_offset`` is added to every row's token index (a loop that draws several tokens).
     On CUDA: the fused kernels (V <= 4096: one launch; larger: two, plus the PyTorch top-k/top-p
     between a processing launch and the draw when a row asks for them)."""
-    if logits.is_cuda and sampling_kernels.available():
+    if logits.is_cuda and _has_triton():
         return draw_fused(logits, p, step_offset)
     return draw_reference(logits, p, step_offset)
 
 
+@functools.cache
+def _has_triton() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
 def draw_fused(logits: torch.Tensor, p: BatchParams, step_offset: int = 0) -> torch.Tensor:
     """``draw`` through the fused kernels (CUDA; the tests also run it in Triton's CPU interpreter)."""
+    from omniwalk.kernels import sampling as sampling_kernels
+
     if logits.shape[1] > sampling_kernels.SMALL_VOCAB_MAX and p.top_k is not None:
         scores = _top_k_top_p(sampling_kernels.process(logits, p), p.top_k, p.top_p)
         return sampling_kernels.draw(scores, p, step_offset, processed=True)

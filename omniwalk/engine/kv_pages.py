@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from omniwalk.layers.paged_decode import DECODE_PROGRAMS
+from omniwalk.kernels.tuned import DECODE_PROGRAMS
 
 
 class PagePool:

@@ -14,8 +14,8 @@ from the host with its other inputs).
 
 A step in which every request adds exactly one token (pure decode) instead attends through
 ``DecodeKV``: page table rows, lengths and new slots as tensors, and one batched decode kernel
-(``layers/paged_decode.py``) for the whole batch. Its inputs have fixed shapes, so a decode step
-can be captured in a CUDA graph over static copies of them (``decode_inputs``).
+(the ``decode_attention`` entry of ``DECODE_ATTENTION``) for the whole batch. Its inputs have fixed
+shapes, so a decode step can be captured in a CUDA graph over static copies of them (``decode_inputs``).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import torch
 
 from omniwalk.device import to_device
 from omniwalk.engine.kv_pages import KVStorage, PageTable
+from omniwalk.kernels.registry import DECODE_ATTENTION
 from omniwalk.layers.attention import cu_seqlens, varlen_attention
 from omniwalk.layers.kv_attention import causal_attention
-from omniwalk.layers.paged_decode import DECODE_BACKENDS
 
 
 @dataclass
@@ -48,7 +48,7 @@ class DecodeKV:
 
     def __init__(self, storage: KVStorage, slots, table, lens, backend: str):
         self.storage, self.slots, self.table, self.lens = storage, slots, table, lens
-        self.kernel = DECODE_BACKENDS[backend]
+        self.kernel = DECODE_ATTENTION.load(backend)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         keys, values, slots = self.kv_slots(layer, q.shape[0])

@@ -1,4 +1,4 @@
-"""Variable-length (packed) attention behind a small backend registry.
+"""Variable-length (packed) attention; its implementations are the registry ``ATTENTION`` (``attention_backend``).
 
 Many sequences are packed along the token axis; ``cu_seqlens`` ([num_segments + 1] int32,
 starting at 0, ending at the number of tokens) marks where each segment starts. Attention
@@ -10,7 +10,7 @@ Keys may have their own offsets (``cu_seqlens_k``): segment i then has n_i queri
 keys, the queries being the last n_i positions (a prompt chunk after m_i - n_i cached tokens), and
 ``causal`` aligns the mask to the bottom right: query j sees keys 0 .. m_i - n_i + j.
 
-Backends (chosen by name from config, never by environment):
+Implementations (``kernels/registry.ATTENTION``, chosen by name from config, never by environment):
 
     name          runs on     host sync   notes
     reference     CPU / GPU   yes         SDPA per segment; the test oracle
@@ -21,7 +21,7 @@ Backends (chosen by name from config, never by environment):
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import cache
 from itertools import accumulate, pairwise
 
@@ -29,32 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from omniwalk.device import to_device
-from omniwalk.errors import ConfigError
-
-# (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale) -> out
-AttentionBackend = Callable[..., torch.Tensor]
-_BACKENDS: dict[str, AttentionBackend] = {}
-
-
-def register_backend(name: str) -> Callable[[AttentionBackend], AttentionBackend]:
-    """Decorator: make ``fn`` selectable as ``backend=name``."""
-
-    def add(fn: AttentionBackend) -> AttentionBackend:
-        _BACKENDS[name] = fn
-        return fn
-
-    return add
-
-
-def available_backends() -> tuple[str, ...]:
-    return tuple(sorted(_BACKENDS))
-
-
-def get_backend(name: str) -> AttentionBackend:
-    try:
-        return _BACKENDS[name]
-    except KeyError:
-        raise ConfigError(f"unknown attention backend {name!r}; available: {', '.join(available_backends())}") from None
+from omniwalk.kernels.registry import ATTENTION
 
 
 def varlen_attention(
@@ -80,7 +55,8 @@ def varlen_attention(
         raise ValueError(f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]})")
     if cu_seqlens_k is None:
         cu_seqlens_k, max_seqlen_k = cu_seqlens, max_seqlen
-    return get_backend(backend)(q, k, v, cu_seqlens, cu_seqlens_k, max_seqlen, max_seqlen_k, causal, scale)
+    attend = ATTENTION.load(backend)
+    return attend(q, k, v, cu_seqlens, cu_seqlens_k, max_seqlen, max_seqlen_k, causal, scale)
 
 
 def cu_seqlens(lengths: Sequence[int], device) -> torch.Tensor:
@@ -88,8 +64,7 @@ def cu_seqlens(lengths: Sequence[int], device) -> torch.Tensor:
     return to_device(list(accumulate(lengths, initial=0)), device, torch.int32)
 
 
-@register_backend("reference")
-def _reference(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
+def reference_attention(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
     gqa = q.shape[1] != k.shape[1]
     out = torch.empty_like(q)
     for (start, end), (k_start, k_end) in zip(pairwise(cu_q.tolist()), pairwise(cu_k.tolist()), strict=True):
@@ -115,8 +90,7 @@ def segment_ids(cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
     return torch.searchsorted(cu_seqlens[1:].to(positions.dtype), positions, right=True)
 
 
-@register_backend("masked")
-def _masked(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
+def masked_attention(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
     seg_q, seg_k = segment_ids(cu_q, q.shape[0]), segment_ids(cu_k, k.shape[0])
     mask = seg_q[:, None] == seg_k[None, :]
     if causal:  # key position in its segment <= query position + (m_i - n_i)
@@ -140,15 +114,13 @@ def _torch_varlen_kernel():
     from torch.nn.attention.varlen import varlen_attn
 
     params = inspect.signature(varlen_attn).parameters
-    # NOTE: torch 2.11 (the GPU machine) has window_size but no enable_gqa, and passes keys/values with
-    # fewer heads to the flash kernel, which shares them among query heads itself (outputs bitwise equal
-    # to repeated ones, 16 vs 25 µs at the 7B's 128-row prefill; session 37 call 4); later versions
-    # ask for the flag.
+    # NOTE: torch 2.11 has window_size but no enable_gqa, and passes keys/values with fewer heads to the
+    # flash kernel, which shares them among query heads itself (outputs bitwise equal to repeated ones,
+    # and faster than repeating them); later versions ask for the flag.
     return varlen_attn, "enable_gqa" in params
 
 
-@register_backend("torch_varlen")
-def _torch_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
+def torch_varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
     kernel, has_gqa = _torch_varlen_kernel()
     extra = {"enable_gqa": True} if has_gqa and q.shape[1] != k.shape[1] else {}
     # flash attention aligns causal masks and windows to the bottom right (queries last)

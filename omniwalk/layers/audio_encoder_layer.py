@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omniwalk.layers.attention import varlen_attention
-from omniwalk.layers.skinny_gemm import MergesProjections, stacked_linear
+from omniwalk.layers.linear import MergesProjections, stacked_linear
 
 
 def sinusoid_positions(length: int, channels: int, max_timescale: float = 10000.0) -> torch.Tensor:

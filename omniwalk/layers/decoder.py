@@ -12,17 +12,17 @@ next norm (``RMSNorm.add``: one kernel on the fast path, which also sums the fus
 partials), so the decoder's final norm takes the last layer's MLP output. At one row that norm runs
 inside the next skinny GEMV where it can (``SkinnyLinear.normed``: the code predictor's decode passes).
 
-CUDA fast path (``use_kernels``, after the weights are loaded): q/k/v merged into one
-``qkv_proj`` GEMM (biases added in its epilogue), then one kernel for the q/k RMSNorm (where the
-attention has one) + rotary, writing the new keys/values
-straight into a decode step's KV store (``KVCache.kv_slots``); gate/up merged likewise, silu·mul
-in the GEMM (``GatedMLP.merge_projections``). The projections become ``SkinnyLinear``s: decode-sized
-inputs through one weight-streaming kernel, whose o_proj/down_proj output may be split-K partial
-sums that the next ``RMSNorm.add`` sums.
+Fused decoder kernels (``decoder_kernels="fused"``, the registry ``DECODER_KERNELS``; applied by
+``use_kernels`` once the weights are loaded): every RMSNorm's add + norm in one kernel; q/k/v merged
+into one ``qkv_proj`` GEMM (biases added in its epilogue), then one kernel for the q/k RMSNorm (where the
+attention has one) + rotary, writing the new keys/values straight into a decode step's KV store
+(``KVCache.kv_slots``); gate/up merged likewise, silu·mul in the GEMM (``GatedMLP.merge_projections``).
+The projections become ``SkinnyLinear``s: decode-sized inputs through one weight-streaming kernel,
+whose o_proj/down_proj output may be split-K partial sums that the next ``RMSNorm.add`` sums.
 
 Tensors are per request and unbatched: hidden [tokens, hidden]. Keys and values live in a
 ``KVCache`` object passed into ``forward``: the engine's paged ones, or a contiguous per-request
-one in the component tests (``tests/single_request.py``). Module names match the checkpoint
+one in the component tests (``tests/helpers/single_request.py``). Module names match the checkpoint
 (``layers.N.self_attn.q_proj`` ...), so ``weights.load_weights`` fills them directly.
 """
 
@@ -35,13 +35,14 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from omniwalk.kernels.registry import DECODER_KERNELS
 from omniwalk.layers.kv_attention import causal_attention
+from omniwalk.layers.linear import MergesProjections, SkinnyLinear
 from omniwalk.layers.moe import GatedMLP, SparseMoE
-from omniwalk.layers.norm import RMSNorm, residual_add, set_norm_backend
-from omniwalk.layers.paged_decode import paged_decode_triton
-from omniwalk.layers.qk_norm_rope import KVOut, qk_norm_rope_triton
+from omniwalk.layers.norm import RMSNorm, residual_add
 from omniwalk.layers.rotary import apply_rotary, mrope_cos_sin, rope_cos_sin, rotary_tables
-from omniwalk.layers.skinny_gemm import MergesProjections, SkinnyLinear
+
+KVOut = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # keys, values [slots, kv_heads, d], slots [n]
 
 
 @dataclass(frozen=True)
@@ -114,20 +115,21 @@ class RowsKVCache:
     row-major: [B * n] tokens = n new tokens of row 0, then row 1, ...
 
     Storage per layer is [B * capacity, kv_heads, d] (row r's position t at slot r * capacity + t):
-    the paged layout with one page per row, so with ``decode_backend="triton"`` a pass of one token
-    per row stores through ``kv_slots`` and attends with the paged decode kernel.
+    the paged layout with one page per row, so with a ``paged_decode`` implementation (an entry of the
+    registry ``DECODE_ATTENTION``) a pass of one token per row stores through ``kv_slots`` and attends
+    with it; without, every pass attends through ``attend``.
     """
 
     def __init__(
         self, rows: int, num_layers: int, num_kv_heads: int, head_dim: int, dtype, device, capacity: int,
-        decode_backend: str = "reference",
+        paged_decode: Callable | None = None,
     ):  # fmt: skip
         self.rows, self.capacity, self.num_tokens = rows, capacity, 0
         shape = (rows * capacity, num_kv_heads, head_dim)
         self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.is_fused = decode_backend == "triton"
-        if self.is_fused:  # per position t: each row's slot and key count, made once ([capacity, rows])
+        self.paged_decode = paged_decode
+        if paged_decode is not None:  # per position t: each row's slot and key count, made once ([capacity, rows])
             steps = torch.arange(capacity, device=device)[:, None]
             self._slots = torch.arange(rows, device=device)[None, :] * capacity + steps
             self._lens = (steps + 1).to(torch.int32).expand(capacity, rows).contiguous()
@@ -147,16 +149,38 @@ class RowsKVCache:
         return out.transpose(1, 2).reshape(q.shape)
 
     def kv_slots(self, layer: int, num_new: int) -> KVOut | None:
-        if not self.is_fused or num_new != self.rows:
+        if self.paged_decode is None or num_new != self.rows:
             return None
         return self.keys[layer], self.values[layer], self._slots[self.num_tokens]
 
     def attend_stored(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         lens = self._lens[self.num_tokens]
-        return paged_decode_triton(q, self.keys[layer], self.values[layer], self._table, lens, self.capacity)
+        return self.paged_decode(q, self.keys[layer], self.values[layer], self._table, lens, self.capacity)
 
     def advance(self, num_new: int) -> None:
         self.num_tokens += num_new // self.rows
+
+
+def _head_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def qk_norm_rope_reference(qkv, q_weight, k_weight, eps, cos, sin, heads, kv_heads, kv_out: KVOut | None = None):
+    """The attention input from a merged q/k/v output as the PyTorch composition (the oracle of
+    ``kernels/qk_norm_rope.py``, whose docstring gives the shapes) -> (q [n, heads, d], k, v [n, kv_heads, d];
+    k, v are None when written to ``kv_out``)."""
+    n, d = qkv.shape[0], cos.shape[-1]
+    q, k, v = qkv.view(n, heads + 2 * kv_heads, d).split([heads, kv_heads, kv_heads], dim=1)
+    if q_weight is not None:
+        q, k = _head_norm(q, q_weight, eps), _head_norm(k, k_weight, eps)
+    q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    if kv_out is None:
+        return q, k, v
+    keys, values, slots = kv_out
+    keys.index_copy_(0, slots, k.to(keys.dtype))
+    values.index_copy_(0, slots, v.to(values.dtype))
+    return q, None, None
 
 
 class Attention(MergesProjections):
@@ -171,9 +195,13 @@ class Attention(MergesProjections):
         self.o_proj = nn.Linear(self.num_heads * d, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
-        self.qkv_proj: SkinnyLinear | None = None  # the fast path's merged projection
+        self.qkv_proj: SkinnyLinear | None = None  # the fused kernels' merged projection
+        self.qk_norm_rope: Callable | None = None  # and their q/k norm + rope (+ KV store) kernel
 
     def merge_projections(self) -> None:
+        from omniwalk.kernels.qk_norm_rope import qk_norm_rope_triton
+
+        self.qk_norm_rope = qk_norm_rope_triton
         self.qkv_proj = SkinnyLinear.merge(self.q_proj, self.k_proj, self.v_proj)
         self.o_proj = SkinnyLinear.merge(self.o_proj, partials=True)  # (the layer's RMSNorm.add sums them)
         del self.q_proj, self.k_proj, self.v_proj
@@ -204,7 +232,7 @@ class Attention(MergesProjections):
         target = cache.kv_slots(layer, n)
         normed = isinstance(self.q_norm, RMSNorm)  # (else Qwen2-style: rope only)
         q_weight, k_weight = (self.q_norm.weight, self.k_norm.weight) if normed else (None, None)
-        q, k, v = qk_norm_rope_triton(
+        q, k, v = self.qk_norm_rope(
             qkv, q_weight, k_weight, self.q_norm.eps if normed else 0.0, cos, sin, self.num_heads, self.num_kv_heads,
             target,
         )  # fmt: skip
@@ -241,17 +269,30 @@ class DecoderLayer(nn.Module):
 LayerHooks = dict[int, Callable[[torch.Tensor], torch.Tensor]]
 
 
-def use_kernels(module: nn.Module, norm_backend: str) -> None:
-    """After the weights are loaded: every RMSNorm under ``module`` uses ``norm_backend``; fused
-    MoE layers fold their shared expert in; with ``triton`` (the CUDA fast path) every
-    ``MergesProjections`` module merges its projections: attention (then the fused q/k norm + rope + KV store), gated
-    MLPs (the fused silu·mul), a model's heads (e.g. the code predictor's: skinny GEMVs). Biased q/k/v
-    projections without q/k norm (Qwen2-style) merge too: the GEMV adds the biases, the kernel ropes."""
-    set_norm_backend(module, norm_backend)
+def use_kernels(module: nn.Module, decoder_kernels: str) -> None:
+    """Once the weights are loaded, the implementations the config chose take their loaded form: every
+    MoE layer prepares its experts for its implementation (the fused one folds its shared expert in),
+    then the ``decoder_kernels`` entry of ``DECODER_KERNELS`` is applied to ``module``."""
     for m in list(module.modules()):
-        if isinstance(m, SparseMoE) and m.backend == "fused":
-            m.fold_shared_expert()
-        elif norm_backend == "triton" and isinstance(m, MergesProjections):
+        if isinstance(m, SparseMoE):
+            m.impl.prepare(m)
+    DECODER_KERNELS.load(decoder_kernels)(module)
+
+
+def keep_reference_kernels(module: nn.Module) -> None:
+    """``decoder_kernels="reference"``: the PyTorch expressions as built (the oracle)."""
+
+
+def use_fused_kernels(module: nn.Module) -> None:
+    """``decoder_kernels="fused"`` (CUDA): every RMSNorm under ``module`` becomes its add + norm kernel and
+    every ``MergesProjections`` module merges its projections: attention (then the fused q/k norm + rope +
+    KV store), gated MLPs (the fused silu·mul), a model's heads (e.g. the code predictor's: skinny GEMVs),
+    the encoders' and the DiT's projections (one cuBLAS GEMM each, and their kernels). Biased q/k/v
+    projections without q/k norm (Qwen2-style) merge too: the GEMV adds the biases, the kernel ropes."""
+    for m in list(module.modules()):
+        if isinstance(m, RMSNorm):
+            m.use_fused_kernel()
+        elif isinstance(m, MergesProjections):
             m.merge_projections()
 
 

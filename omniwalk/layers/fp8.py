@@ -15,23 +15,13 @@ per element: exact). ``Fp8Linear`` is the module a quantised nn.Linear becomes; 
 forward dequantises to the activations' dtype (the CPU path, and the tests' oracle); on CUDA the
 decoders' projections become ``SkinnyLinear``s that read the FP8 weight in the GEMM kernel.
 
-``triton_widening`` is the GEMV's e4m3 -> fp32 conversion (exact). The skinny GEMV loads each weight
-tile one K step ahead; carried across the loop as bytes, the tile is kept one byte per register and
-repacked in pairs for Triton's cast (the hardware's paired convert): ~6.2 SASS instructions per weight
-in the thinker qkv loop (sm_90a: PRMT/LOP3/IMAD byte moves, half a ``cvt.rn.f16x2.e4m3x2``, an
-f16 -> f32 widening, the FMA, the loop's share of x). The inline PTX widens the tile as it arrives,
-4 weights from the 32-bit register they were loaded in (Triton's ``pack=4``: the word as loaded), two
-paired converts and four f16 -> f32: 1.5 instructions per weight, the loop then carries fp32 (3.97
-per weight in all; bf16's GEMV 4.02, for twice the bytes). ``benchmarks/fp8_sass.py`` counts them.
-Measured on the H200 (fp8w's call) the GEMVs ran about as fast as with the byte moves: they are bound
-by the bytes in flight per thread, not by instructions (``skinny_gemm.TUNED_FP8``).
-Triton's interpreter (the CPU) runs no PTX: there the kernels take Triton's cast (``asm_widening``).
+The Triton side (the GEMVs' e4m3 widening, the one-kernel dequantize) is ``kernels/fp8.py``.
 """
 
 from __future__ import annotations
 
-import functools
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -71,41 +61,6 @@ def quantize(w: torch.Tensor, block: Block = DEFAULT_BLOCK) -> tuple[torch.Tenso
     return q.contiguous(), (1.0 / scale).float()
 
 
-def asm_widening(device: torch.device) -> bool:
-    """Whether kernels on ``device`` widen e4m3 with the inline PTX (CUDA; not Triton's interpreter)."""
-    if device.type != "cuda":
-        return False
-    from triton import knobs  # (CUDA installs have Triton)
-
-    return not knobs.runtime.interpret
-
-
-def triton_widening():
-    """A Triton function ``widen(w)``: e4m3 tensor -> fp32 tensor, exactly, through the paired PTX converts
-    (see the module docstring). Kernels call it as ``widen(w) if WIDEN_ASM else w.to(tl.float32)``: the
-    interpreter (``WIDEN_ASM`` false) runs no PTX and cannot see the builder's local ``widen`` either."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def widen(w):
-        return tl.inline_asm_elementwise(
-            """{ .reg .b16 lo, hi; .reg .b32 a, b; .reg .f16 h0, h1, h2, h3;
-            mov.b32 {lo, hi}, $4;
-            cvt.rn.f16x2.e4m3x2 a, lo;
-            cvt.rn.f16x2.e4m3x2 b, hi;
-            mov.b32 {h0, h1}, a;
-            mov.b32 {h2, h3}, b;
-            cvt.f32.f16 $0, h0;
-            cvt.f32.f16 $1, h1;
-            cvt.f32.f16 $2, h2;
-            cvt.f32.f16 $3, h3; }""",
-            "=r,=r,=r,=r,r", [w], dtype=tl.float32, is_pure=True, pack=4,
-        )  # fmt: skip
-
-    return widen
-
-
 def dequantize(q: torch.Tensor, scale_inv: torch.Tensor, block: Block, dtype: torch.dtype) -> torch.Tensor:
     """q [..., N, K] -> q * scale_inv per element, computed in fp32, returned in ``dtype``."""
     (n, k), (bn, bk) = q.shape[-2:], block
@@ -113,44 +68,6 @@ def dequantize(q: torch.Tensor, scale_inv: torch.Tensor, block: Block, dtype: to
         return (q.float() * expand(scale_inv, block, q.shape)).to(dtype)
     blocks = q.float().view(*q.shape[:-2], n // bn, bn, k // bk, bk)  # (whole blocks: scales broadcast)
     return blocks.mul_(scale_inv[..., :, None, :, None]).to(dtype).view(q.shape)
-
-
-def dequantize_triton(q: torch.Tensor, scale_inv: torch.Tensor, block: Block, dtype: torch.dtype) -> torch.Tensor:
-    """``dequantize`` of a 2-D weight in one kernel (the same values: each product in fp32, rounded once to
-    ``dtype``): FP8 read once, ``dtype`` written once (by count 3 bytes a weight; the reference's fp32
-    intermediate ~15, in four kernels). The fast path's prefill-sized products multiply this copy. H200,
-    served FP8 at B = 32 (session 34 call 5): no change beyond noise; the FP8 prefill's cost is the grouped
-    expert GEMM's (``grouped_fp8``), not this."""
-    n, k = q.shape
-    out = torch.empty(n, k, dtype=dtype, device=q.device)
-    if q.numel():
-        rows, cols = 32, 128
-        _dequantize_kernel()[(-(-n // rows), -(-k // cols))](
-            q, scale_inv, out, n, k, q.stride(0), scale_inv.stride(0), SCALE_N=block[0], SCALE_K=block[1],
-            BLOCK_N=rows, BLOCK_K=cols,
-        )  # fmt: skip
-    return out
-
-
-@functools.cache
-def _dequantize_kernel():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def dequantize(
-        q_ptr, s_ptr, out_ptr, N, K, stride_q, stride_s,
-        SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    ):  # fmt: skip
-        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-        ok = (rows < N)[:, None] & (cols < K)[None, :]
-        w = tl.load(q_ptr + rows.to(tl.int64)[:, None] * stride_q + cols[None, :], mask=ok, other=0.0)
-        s = tl.load(s_ptr + (rows // SCALE_N)[:, None] * stride_s + (cols // SCALE_K)[None, :], mask=ok, other=0.0)
-        y = w.to(tl.float32) * s
-        tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=ok)
-
-    return dequantize
 
 
 def regrid(scale_inv: torch.Tensor, block: Block, finer: Block, shape: tuple[int, ...]) -> torch.Tensor:
@@ -172,6 +89,15 @@ def concat_rows(
     finer = (bn, block[1])
     scales = [regrid(s, block, finer, q.shape) for q, s in parts]
     return torch.cat([q for q, _ in parts], -2), torch.cat(scales, -2), finer
+
+
+class ExpertScales(NamedTuple):
+    """The scale_inv grids of FP8 experts (``moe.FusedExperts``): gate_up [E, 2, ceil(I / bn),
+    ceil(H / bk)] (gate, then up), down [E, ceil(H / bn), ceil(I / bk)], block = (bn, bk)."""
+
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    block: tuple[int, int]
 
 
 class Fp8Linear(nn.Module):

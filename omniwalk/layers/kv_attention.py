@@ -4,6 +4,10 @@ Shapes are SDPA's: q [heads, n, d]; k, v [kv_heads, m, d] where the n queries ar
 the m positions (``m - n`` were cached before); or all three with a leading batch dimension (rows
 of equal length). Used by the per-request contiguous cache and the
 engine's paged batches alike, so both compute exactly the same thing.
+
+``paged_decode_reference`` is the decode attention over paged KV in these terms (the registry entry
+``decode_attention="reference"``; the oracle of ``kernels/paged_decode.py``, whose docstring gives the
+shapes).
 """
 
 from __future__ import annotations
@@ -12,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-# NOTE: not cuDNN: it rebuilds its execution plan for every new key length, which cost 2.5 ms of
-# host time per call in full-size decode on the H200 (57% of a 102 ms step; benchmarks/profile_decode.py).
+# NOTE: not cuDNN: it rebuilds its execution plan for every new key length, milliseconds of host time
+# per call in decode (most of a full-size step's host time; docs/performance.md).
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
@@ -31,3 +35,18 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     with sdpa_kernel(SDPA_BACKENDS):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=True)
     return out if batched else out[0]
+
+
+def paged_decode_reference(q, keys, values, table, lens, page_size: int, semaphores=None) -> torch.Tensor:
+    """q [B, heads, d], keys/values [slots, kv_heads, d], table [B, pages], lens [B] -> [B, heads, d]: each
+    row's keys gathered from its pages, then ``causal_attention`` (reads ``lens`` on the host;
+    ``semaphores`` unused)."""
+    out = torch.zeros_like(q)
+    for row, n in enumerate(lens.tolist()):
+        if n == 0:
+            continue
+        pages = table[row, : -(-n // page_size)].long()
+        slots = (pages[:, None] * page_size + torch.arange(page_size, device=q.device)).flatten()[:n]
+        k, v = keys[slots].transpose(0, 1), values[slots].transpose(0, 1)
+        out[row] = causal_attention(q[row, :, None], k, v)[:, 0]
+    return out

@@ -1,24 +1,21 @@
-"""Mixture-of-experts over fused expert weights, behind a small backend interface.
+"""Mixture-of-experts over fused expert weights; its implementations: the registry ``MOE`` (``moe_backend``).
 
-Weights (shared by every backend, the layout ``weights.py`` loads):
+Weights (shared by every implementation, the layout ``weights.py`` loads):
 
     gate_up_proj [E, 2I, H]   rows 0..I-1 = gate, I..2I-1 = up
     down_proj    [E, H, I]
 
-Routing is not a backend concern: ``route`` does softmax in fp32 over all experts, keeps the
-top-k and optionally renormalises them to sum 1 (HF's order of operations). A backend only
+Routing is not an implementation's concern: ``route`` does softmax in fp32 over all experts, keeps the
+top-k and optionally renormalises them to sum 1 (HF's order of operations). An implementation only
 computes ``y[n] = sum_j w[n, j] * down_e(silu(gate_e(x[n])) * up_e(x[n]))`` with ``e = ids[n, j]``.
-Backends (``SparseMoE.backend``):
+Implementations (``SparseMoE(..., backend)`` loads one from the registry; each has ``prepare(moe)``,
+called once the weights are loaded, and ``forward(moe, x)``):
 
-    reference  loop over the experts that received tokens (CPU, the test oracle)
-    fused      CUDA, routing in one kernel (``moe_routing``). While the (token, expert) pairs are
-               few (decode: at most ``MAX_GEMV_PAIRS``) the router GEMV is folded into it
-               (``route_folded``) and expert GEMVs read each selected expert once and return
-               per-pair partials (``fused_moe.expert_gemv``, summed by the decoder's next add +
-               RMSNorm); beyond that the router is a GEMM (``route_topk`` on its logits) and the
-               experts a grouped GEMM over expert-sorted pairs (``grouped_experts``), where
-               tensor-core tiles are full enough.
-               A shared expert is folded in as extra experts (``SparseMoE.fold_shared_expert``).
+    reference  ``REFERENCE_MOE``: loop over the experts that received tokens (CPU, the test oracle)
+    fused      ``kernels/fused_moe.FUSED_MOE`` (CUDA): routing in one kernel, expert GEMVs while the
+               (token, expert) pairs are few (at most ``MAX_GEMV_PAIRS``), a grouped GEMM beyond;
+               per-pair partials summed by the decoder's next add + RMSNorm; the shared expert
+               folded in as extra experts (``SparseMoE.fold_shared_expert``)
 """
 
 from __future__ import annotations
@@ -27,23 +24,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omniwalk.kernels.registry import MOE
 from omniwalk.layers import fp8
-from omniwalk.layers.fp8 import Block, Fp8Linear
-from omniwalk.layers.fused_moe import ExpertScales, expert_gemv
-from omniwalk.layers.grouped_fp8 import grouped_fp8_experts
-from omniwalk.layers.moe_routing import route_folded, route_topk, sort_pairs, unsort_pairs
+from omniwalk.layers.fp8 import Block, ExpertScales, Fp8Linear
+from omniwalk.layers.linear import MergesProjections, SkinnyLinear
 from omniwalk.layers.norm import RMSNorm
-from omniwalk.layers.silu_mul import silu_mul_triton
-from omniwalk.layers.skinny_gemm import MergesProjections, SkinnyLinear
 
-MOE_BACKENDS = ("reference", "fused")
-# fused backend: expert GEMVs up to this many (token, expert) pairs per call, a grouped GEMM beyond.
-# H200, µs per MoE layer incl. router and routing, GEMV vs grouped (benchmarks/fused_moe.py, random
-# routing): thinker 8 pairs 35 vs 98, 128 pairs 228 vs 339, 256 pairs 385 vs 453. But the GEMVs read
-# an expert once per pair and the grouped GEMM once per expert: with the engine's random weights
-# (routes concentrated on few experts) the thinker step at B=32 (256 pairs) took 19.7 ms with GEMVs
-# against 10.6 with the grouped GEMM (micro.py, runs 3 and 2), so 256 pairs stay grouped.
+# fused backend: expert GEMVs up to this many (token, expert) pairs per call, a grouped GEMM beyond. The
+# GEMVs are faster per pair, but read an expert once per pair where the grouped GEMM reads it once per
+# expert: with routes concentrated on few experts, 256 pairs are faster grouped (docs/performance.md).
 MAX_GEMV_PAIRS = 128
+
+
+def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of a merged gate/up output [..., 2I] (the oracle of ``kernels/silu_mul.py``)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,24 +62,6 @@ def reference_experts(
         y = F.linear(F.silu(gate) * up, down[expert]) * weights[token, slot, None]
         out.index_add_(0, token, y.to(out.dtype))
     return out
-
-
-def grouped_experts(
-    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
-) -> torch.Tensor:
-    """Grouped GEMM over expert-sorted (token, expert) pairs; routing stays on the device.
-
-    The N*k pairs are sorted by expert (``moe_routing.sort_pairs``); its per-expert ends are the
-    cumulative ``offs`` of ``torch._grouped_mm`` (one launch per projection, whatever the number of
-    experts hit), and the weighted rows go back to pair order: -> [N, k, H] partials, summed by the
-    consumer like ``fused_moe.expert_gemv``'s (in the pairs' order, ascending expert id, as HF adds
-    them). No host synchronisation.
-    """
-    num_tokens, top_k = ids.shape
-    pairs = sort_pairs(ids, weights, gate_up.shape[0])
-    h = torch._grouped_mm(x.index_select(0, pairs.tokens), gate_up.transpose(1, 2), offs=pairs.ends)
-    y = torch._grouped_mm(silu_mul_triton(h), down.transpose(1, 2), offs=pairs.ends)
-    return unsort_pairs(y, pairs).view(num_tokens, top_k, x.shape[1])
 
 
 class GatedMLP(MergesProjections):
@@ -191,7 +169,7 @@ class SparseMoE(nn.Module):
 
     Parameter names follow the checkpoint: ``gate`` (router, [E, H]), ``experts.*``,
     ``shared_expert.*``, ``shared_expert_gate`` ([1, H]). ``forward`` returns [N, H], or with the
-    fused backend the per-pair partials [N, P, H] whose sum is the output (``RMSNorm.add`` sums them).
+    fused implementation the per-pair partials [N, P, H] whose sum is the output (``RMSNorm.add`` sums them).
     """
 
     def __init__(
@@ -205,9 +183,8 @@ class SparseMoE(nn.Module):
         backend: str = "reference",
     ):
         super().__init__()
-        if backend not in MOE_BACKENDS:
-            raise ValueError(f"moe backend must be one of {MOE_BACKENDS}, got {backend!r}")
         self.top_k, self.renormalize, self.backend = top_k, renormalize, backend
+        self.impl = MOE.load(backend)  # (``prepare`` once the weights are loaded, then ``forward``)
         self.num_experts, self.num_shared = num_experts, 0  # num_shared: shared-expert slices folded in
         self.gate = nn.Linear(hidden_size, num_experts, bias=False)
         self.experts = FusedExperts(num_experts, hidden_size, intermediate_size)
@@ -218,8 +195,8 @@ class SparseMoE(nn.Module):
 
     @torch.no_grad()
     def fold_shared_expert(self) -> None:
-        """Fused backend, after loading: the shared expert becomes S = ceil(width / I) extra experts
-        (ids E .. E+S-1) and its gate an extra router row (logit column E); see ``fused_moe``."""
+        """The fused implementation's ``prepare``: the shared expert becomes S = ceil(width / I) extra experts
+        (ids E .. E+S-1) and its gate an extra router row (logit column E); see ``kernels/fused_moe.py``."""
         if self.shared_expert is None or not self._can_fold():
             return
         e, inter = self.experts, self.experts.down_proj.shape[2]
@@ -285,25 +262,23 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [N, H] -> [N, H] (or [N, P, H] partials, see the class docstring)."""
-        experts = self.experts
-        if self.backend == "fused":
-            route_args = (self.top_k, self.renormalize, self.num_shared)
-            if x.shape[0] * (self.top_k + self.num_shared) <= MAX_GEMV_PAIRS:
-                weights, ids = route_folded(x, self.gate.weight, self.route_counters, *route_args)
-                out = expert_gemv(x, experts.gate_up_proj, experts.down_proj, weights, ids, experts.scales())
-            else:
-                weights, ids = route_topk(self.gate(x), *route_args)
-                pair = (experts.gate_up_proj, experts.down_proj)
-                if experts.block is None:
-                    out = grouped_experts(x, *pair, weights, ids)
-                else:
-                    out = grouped_fp8_experts(x, *pair, experts.scales(), weights, ids)
-            if self.shared_expert is not None:  # (not folded: one more partial)
-                out = torch.cat([out, self._shared_output(x)[:, None].to(out.dtype)], 1)
-            return out
-        weights, ids = route(self.gate(x), self.top_k, self.renormalize)
-        out = reference_experts(x, *experts.dequantized(x.dtype), weights, ids)
-        return out if self.shared_expert is None else out + self._shared_output(x)
+        return self.impl.forward(self, x)
 
-    def _shared_output(self, x: torch.Tensor) -> torch.Tensor:
+    def shared_output(self, x: torch.Tensor) -> torch.Tensor:
+        """The shared expert's gated output [N, H] (where it is not folded into the experts)."""
         return torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+
+
+class ReferenceMoE:
+    """The reference implementation (``moe_backend="reference"``): a loop over the experts hit."""
+
+    def prepare(self, moe: SparseMoE) -> None:
+        pass
+
+    def forward(self, moe: SparseMoE, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = route(moe.gate(x), moe.top_k, moe.renormalize)
+        out = reference_experts(x, *moe.experts.dequantized(x.dtype), weights, ids)
+        return out if moe.shared_expert is None else out + moe.shared_output(x)
+
+
+REFERENCE_MOE = ReferenceMoE()

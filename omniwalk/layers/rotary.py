@@ -86,3 +86,14 @@ def mrope_cos_sin(
     freqs = slot_positions * _inv_frequencies_on(head_dim, theta, positions.device)[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()
+
+
+def head_rope_reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
+    """qkv [M, T, 3 * heads * d] -> a new tensor with q's and k's head 0 rotated (Qwen2.5-Omni's DiT;
+    the oracle of ``kernels/head_rope.py``, which says why head 0 alone)."""
+    m, t, width = qkv.shape
+    d = width // (3 * heads)
+    parts = qkv.view(m, t, 3, heads, d)
+    first = apply_rotary(parts[:, :, :2, 0], cos, sin)  # q's and k's head 0 [M, T, 2, d] (cos/sin broadcast)
+    qk = torch.cat((first.unsqueeze(3), parts[:, :, :2, 1:]), dim=3)
+    return torch.cat((qk, parts[:, :, 2:]), dim=2).reshape(m, t, width)

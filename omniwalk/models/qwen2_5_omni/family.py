@@ -82,7 +82,7 @@ class Qwen25OmniFamily(ModelFamily):
             cfg,
             dtype=mc.torch_dtype,
             device=mc.device,
-            backends=Backends(mc.attention_backend, mc.moe_backend, mc.norm_backend),
+            backends=Backends(mc.attention_backend, mc.moe_backend, mc.decoder_kernels),
             random_seed=0 if mc.random_weights else None,
         )
         self.max_model_len = mc.max_model_len or cfg.text.max_position_embeddings

@@ -17,10 +17,10 @@ from omniwalk.models.common.checkpoint.weights import checkpoint_files
 class Backends:
     attention: str = "reference"  # varlen attention for the encoders
     moe: str = "reference"
-    norm: str = "reference"  # RMSNorm; "triton" = the fused decoder kernels (``decoder.use_kernels``)
+    decoder_kernels: str = "reference"  # "fused": the fused decoder kernels (``decoder.use_kernels``)
 
 
-REFERENCE = Backends()  # the CPU reference backends
+REFERENCE = Backends()  # the CPU reference implementations
 
 
 def build_on(device, dtype: torch.dtype, build: Callable[[], nn.Module]) -> nn.Module:

@@ -28,7 +28,7 @@ from torch import nn
 from omniwalk.device import to_device
 from omniwalk.layers.attention import cu_seqlens
 from omniwalk.layers.audio_encoder_layer import AudioEncoderLayer, sinusoid_positions
-from omniwalk.layers.skinny_gemm import MergesProjections
+from omniwalk.layers.linear import MergesProjections
 from omniwalk.models.qwen2_5_omni.checkpoint.config import AudioEncoderConfig
 
 

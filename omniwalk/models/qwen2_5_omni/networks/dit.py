@@ -32,10 +32,8 @@ from torch import nn
 
 from omniwalk.device import to_device
 from omniwalk.errors import ConfigError
-from omniwalk.layers.adaln import adaln_reference, adaln_triton
-from omniwalk.layers.head_rope import head_rope_triton
+from omniwalk.layers.linear import MergesProjections, stacked_linear
 from omniwalk.layers.rotary import apply_rotary, rope_cos_sin, rotary_tables
-from omniwalk.layers.skinny_gemm import MergesProjections, stacked_linear
 from omniwalk.models.json_fields import Section
 from omniwalk.models.qwen2_5_omni.networks.speaker_encoder import SpeakerEncoder
 
@@ -132,7 +130,7 @@ class TimestepEmbedding(nn.Module):
 
 
 class AdaLayerNormZero(nn.Module):
-    """LayerNorm (no affine) modulated by the time embedding (``layers/adaln.py``): ``chunks``
+    """LayerNorm (no affine) modulated by the time embedding (``adaln_reference``): ``chunks``
     modulation vectors [M, dim] from ``linear(silu(t_emb))``."""
 
     def __init__(self, dim: int, chunks: int):
@@ -159,6 +157,19 @@ def _deinterleave(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1)
 
 
+ADALN_EPS = 1e-6  # the AdaLN-zero LayerNorm's
+
+
+def adaln_reference(
+    h: torch.Tensor, delta: torch.Tensor | None, gate: torch.Tensor | None, scale: torch.Tensor, shift: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """AdaLN-zero: (h + gate * delta, layer_norm(h + gate * delta) * (1 + scale) + shift), h [M, T, H],
+    gate/scale/shift [M, H]; the DiT's own order of operations (the oracle of ``kernels/adaln.py``)."""
+    if delta is not None:
+        h = h + gate.unsqueeze(1) * delta
+    return h, F.layer_norm(h, h.shape[-1:], eps=ADALN_EPS) * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)
+
+
 class Attention(MergesProjections):
     def __init__(self, cfg: DiTConfig):
         super().__init__()
@@ -168,14 +179,15 @@ class Attention(MergesProjections):
         self.to_k = nn.Linear(cfg.hidden_size, inner)
         self.to_v = nn.Linear(cfg.hidden_size, inner)
         self.to_out = nn.ModuleList([nn.Linear(inner, cfg.hidden_size)])
-        self.to_qkv: nn.Linear | None = None  # the fast path's merged projection (``merge_projections``)
+        self.to_qkv: nn.Linear | None = None  # the fused kernels' merged projection (``merge_projections``)
+        self.head_rope = None  # and their head-0 rope, in place (``kernels/head_rope.py``)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
         """x [N, T, hidden]; rope from ``rotary_tables`` [T, 1, head_dim]; mask [N, 1, T, T] (True = attend,
         or additive in x's dtype)."""
         n, t, _ = x.shape
         if self.to_qkv is not None:
-            qkv = head_rope_triton(self.to_qkv(x), *rope, self.num_heads)
+            qkv = self.head_rope(self.to_qkv(x), *rope, self.num_heads)
             q, k, v = qkv.view(n, t, 3, self.num_heads, self.head_dim).unbind(2)
         else:
             q, k, v = (proj(x).view(n, t, self.num_heads, self.head_dim) for proj in (self.to_q, self.to_k, self.to_v))
@@ -186,8 +198,11 @@ class Attention(MergesProjections):
         return self.to_out[0](out.transpose(1, 2).reshape(n, t, -1))
 
     def merge_projections(self) -> None:
-        """CUDA fast path (``decoder.use_kernels``, after loading): q/k/v in one biased GEMM whose head-0
+        """Fused kernels (``decoder.use_fused_kernels``, after loading): q/k/v in one biased GEMM whose head-0
         rows of q and k are stored de-interleaved, then ``head_rope`` rotates head 0 in place."""
+        from omniwalk.kernels.head_rope import head_rope_triton
+
+        self.head_rope = head_rope_triton
         d = self.head_dim
         rows = torch.cat((torch.arange(0, d, 2), torch.arange(1, d, 2), torch.arange(d, self.to_q.out_features)))
         self.to_qkv = stacked_linear(
@@ -237,7 +252,8 @@ class DiT(MergesProjections):
         self.transformer_blocks = nn.ModuleList([DiTBlock(cfg) for _ in range(cfg.num_hidden_layers)])
         self.norm_out = AdaLayerNormZero(cfg.hidden_size, 2)
         self.proj_out = nn.Linear(cfg.hidden_size, cfg.mel_dim)
-        self.modulation: nn.Linear | None = None  # the fast path's merged modulations (``merge_projections``)
+        self.modulation: nn.Linear | None = None  # the fused kernels' merged modulations (``merge_projections``)
+        self.adaln = adaln_reference  # the AdaLN-zero norms (the fused kernels: ``kernels/adaln.py``)
 
     def speaker_rows(self, cond: torch.Tensor, ref_mel: torch.Tensor) -> torch.Tensor:
         """A speaker's conditions, both CFG halves: cond [enc_emb_dim], ref_mel [T, mel] ->
@@ -268,7 +284,7 @@ class DiT(MergesProjections):
         cos, sin = rope_cos_sin(torch.arange(x.shape[1], device=x.device), self.cfg.head_dim, self.cfg.rope_theta)
         rope = rotary_tables(cos, sin, dtype)
         *layers, (scale, shift) = self._modulations(t_emb)
-        adaln = adaln_reference if self.modulation is None else adaln_triton
+        adaln = self.adaln
         if self.modulation is not None:  # (sdpa's own conversion of a bool mask, once a forward, not a layer)
             masks = {k: torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, -math.inf)
                      for k, m in masks.items()}  # fmt: skip
@@ -296,10 +312,13 @@ class DiT(MergesProjections):
         return out
 
     def merge_projections(self) -> None:
-        """CUDA fast path (``decoder.use_kernels``, after loading and ``run_in``): the time embedding's
+        """Fused kernels (``decoder.use_fused_kernels``, after loading and ``run_in``): the time embedding's
         23 modulation GEMMs (each block's six vectors, the output norm's two) become one, and the
         AdaLN-zero norms run as ``adaln_triton`` (a kernel each, the gated residual add folded in);
         ``Attention`` merges its own projections."""
+        from omniwalk.kernels.adaln import adaln_triton
+
+        self.adaln = adaln_triton
         norms = [block.attn_norm for block in self.transformer_blocks] + [self.norm_out]
         self.modulation = stacked_linear([n.linear.weight for n in norms], [n.linear.bias for n in norms])
         for norm in norms:

@@ -25,10 +25,9 @@ from torch import nn
 
 from omniwalk.device import to_device
 from omniwalk.layers.attention import cu_seqlens
+from omniwalk.layers.linear import MergesProjections, stacked_linear
 from omniwalk.layers.norm import RMSNorm
 from omniwalk.layers.rotary import rotary_tables
-from omniwalk.layers.silu_mul import silu_mul_triton
-from omniwalk.layers.skinny_gemm import MergesProjections, stacked_linear
 from omniwalk.layers.vision import (
     Grid,
     PatchEmbed,
@@ -70,14 +69,18 @@ class VisionMLP(MergesProjections):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
-        self.gate_up: nn.Linear | None = None  # the fast path's merged, padded projection (``merge_projections``)
+        self.gate_up: nn.Linear | None = None  # the fused kernels' merged, padded projection (``merge_projections``)
+        self.silu_mul = None  # and their silu·mul (``kernels/silu_mul.py``)
 
     def merge_projections(self) -> None:
-        """CUDA fast path (``decoder.use_kernels``, after loading): gate and up in one biased GEMM, silu·mul
-        one kernel, the intermediate width zero-padded to a multiple of ``ALIGN``. The 7B's 3,420 (not a
-        multiple of 8 bf16 values) sent cuBLAS to an sm80 kernel: its 96 MLP GEMMs took 8.6 of a 640x480
-        image's ~17 ms encode on the H200 (session 31). Padded columns give silu(0)·0 = 0 and meet zero
-        down-projection columns: the same sums."""
+        """Fused kernels (``decoder.use_fused_kernels``, after loading): gate and up in one biased GEMM,
+        silu·mul one kernel, the intermediate width zero-padded to a multiple of ``ALIGN``. The 7B's 3,420
+        (not a multiple of 8 bf16 values) sends cuBLAS to an sm80 kernel, a large share of an image's
+        encode (docs/performance.md). Padded columns give silu(0)·0 = 0 and meet zero down-projection
+        columns: the same sums."""
+        from omniwalk.kernels.silu_mul import silu_mul_triton
+
+        self.silu_mul = silu_mul_triton
         pad = -self.gate_proj.out_features % ALIGN
         parts = (self.gate_proj, self.up_proj)
         self.gate_up = stacked_linear(
@@ -88,11 +91,11 @@ class VisionMLP(MergesProjections):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up is not None:
-            return self.down_proj(silu_mul_triton(self.gate_up(x)))
+            return self.down_proj(self.silu_mul(self.gate_up(x)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-ALIGN = 64  # the merged MLP's intermediate width: a multiple of this (3,420 -> 3,456 measured onto the Hopper kernels)
+ALIGN = 64  # the merged MLP's intermediate width: a multiple of this (3,420 -> 3,456: cuBLAS's Hopper kernels)
 
 
 class PatchMerger(nn.Module):

@@ -26,10 +26,10 @@ from torch import nn
 
 from omniwalk.device import to_device
 from omniwalk.errors import InvalidRequestError
+from omniwalk.kernels.registry import DECODE_ATTENTION
 from omniwalk.layers.decoder import Decoder, DecoderConfig, RowsKVCache
-from omniwalk.layers.embed_add import embed_add_reference, embed_add_triton
+from omniwalk.layers.linear import MergesProjections, SkinnyLinear
 from omniwalk.layers.rotary import rotary_tables
-from omniwalk.layers.skinny_gemm import MergesProjections, SkinnyLinear
 from omniwalk.models.qwen3_omni.checkpoint.config import TalkerConfig
 from omniwalk.sampling import SamplingParams
 
@@ -98,6 +98,15 @@ class ResizeMLP(nn.Module):
         return self.linear_fc2(F.silu(self.linear_fc1(x)))
 
 
+def embed_add_reference(
+    table: torch.Tensor, ids: torch.Tensor, total: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """table [V, H], ids [B], total [B, H] -> (table[ids], total + table[ids]): the code predictor's
+    per-group step (the oracle of ``kernels/embed_add.py``)."""
+    embedding = F.embedding(ids, table)
+    return embedding, total + embedding
+
+
 class TalkerModel(Decoder):
     def __init__(self, cfg: DecoderConfig, moe_backend: str = "reference"):
         super().__init__(cfg, moe_backend)
@@ -123,6 +132,10 @@ class CodePredictor(MergesProjections):
             nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) for _ in range(num_code_groups - 1)
         )
         self._table_cache: dict = {}
+        # the per-group embedding step and the one-token passes' decode attention (None: the rows' own);
+        # the fused kernels' forms once ``merge_projections`` ran
+        self.embed_add: Callable = embed_add_reference
+        self.paged_decode: Callable | None = None
 
     def forward(self, talker_hidden: torch.Tensor, code0_embedding: torch.Tensor, sample: SampleFn):
         """Groups 1..G-1 of a batch of frames, each row with a fresh short KV.
@@ -133,10 +146,10 @@ class CodePredictor(MergesProjections):
         """
         b, p = talker_hidden.shape[0], self.lm_head[0].weight
         cfg = self.cfg
-        embed_add = embed_add_triton if self.model.norm.backend == "triton" else embed_add_reference
+        embed_add = self.embed_add
         cache = RowsKVCache(
             b, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, p.dtype, p.device,
-            self.num_code_groups + 1, self.model.norm.backend,  # triton: one-token passes via the decode kernel
+            self.num_code_groups + 1, self.paged_decode,
         )  # fmt: skip
         x = torch.stack([talker_hidden, code0_embedding], dim=1).reshape(2 * b, -1)  # row-major [B * 2]
         h = self.model(x, torch.arange(2, device=p.device).repeat(b), cache).view(b, 2, -1)[:, -1]
@@ -152,8 +165,13 @@ class CodePredictor(MergesProjections):
         return torch.stack(codes, dim=1), total
 
     def merge_projections(self) -> None:
-        """CUDA fast path (``decoder.use_kernels``, after loading): the heads become skinny GEMVs, which
-        take the decoder's final norm into their prologue at one row (``SkinnyLinear.normed``)."""
+        """Fused kernels (``decoder.use_fused_kernels``, after loading): the heads become skinny GEMVs, which
+        take the decoder's final norm into their prologue at one row (``SkinnyLinear.normed``); the
+        embedding step is one kernel and one-token passes attend with the paged decode kernel."""
+        from omniwalk.kernels.embed_add import embed_add_triton
+
+        self.embed_add = embed_add_triton
+        self.paged_decode = DECODE_ATTENTION.load("triton")
         self.lm_head = nn.ModuleList(SkinnyLinear.merge(head) for head in self.lm_head)
 
     def _tables(self, position: int, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,10 +1,88 @@
-"""Triton code of the paged decode attention kernel; ``paged_decode`` launches it (and says what it
-computes). Imported on first use only: it needs triton.
+"""Decode attention over paged KV: one new query per request, a whole batch in one launch.
+
+    q        [B, heads, d]             the batch's new queries (one token per request)
+    keys     [slots, kv_heads, d]      a layer's paged storage (slot = page * page_size + offset)
+    table    [B, max_pages] int32      each request's pages, in order (entries past its length unused)
+    lens     [B] int32                 keys per request, the new token's included (0 = padding row)
+    -> out   [B, heads, d]
+
+The reference (``layers/kv_attention.paged_decode_reference``) gathers each request's keys and
+calls the same causal attention as the contiguous cache (the oracle; reads ``lens`` on the host);
+``paged_decode_triton`` is one kernel over (request, kv head, split) programs with an online softmax
+over blocks of keys, reading lengths and pages on the device: no host synchronisation, fixed shapes,
+so it can be captured in a CUDA graph. The registry entry ``decode_attention="triton"``.
+
+Splits: a small batch has few (request, kv head) rows, so each row's keys are cut into up to
+``splits`` spans of whole blocks (fixed per call by the batch size, the split count a row
+actually uses by its length: a row of one block stays one program and writes its output
+directly). Split programs write partials (max, sum, weighted values; fp32) and the last of a
+row's programs to finish (an atomic counter per row, left at zero) merges them: no second kernel.
+
+Launch configuration: (keys per block, warps) from the device's tuned file
+(``configs/paged_decode,device_name=<GPU>.json``, ``tuned.py``), else ``DECODE_BLOCKS``; rows of at
+most 32 keys (the code predictor's) use blocks of 32. Rows (request, kv head) split into up to
+``MAX_SPLITS`` programs each while the batch has fewer than ``DECODE_PROGRAMS / 2`` rows.
 """
 
+from __future__ import annotations
+
+import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from omniwalk.kernels import pdl, tuned
+from omniwalk.kernels.tuned import DECODE_PROGRAMS
+
+DECODE_BLOCKS = (64, 4)  # (keys per block, warps) where the device has no tuned file
+MAX_SPLITS = 8
+
+
+def num_splits(rows: int, max_keys: int, block: int, programs: int = DECODE_PROGRAMS) -> int:
+    """Programs per (request, kv head) row: enough to fill ``programs``, at most one per block of keys."""
+    return max(1, min(MAX_SPLITS, programs // rows, -(-max_keys // block)))
+
+
+def paged_decode_triton(
+    q, keys, values, table, lens, page_size: int, semaphores: torch.Tensor | None = None,
+    blocks: tuple[int, int] | None = None, programs: int = DECODE_PROGRAMS,
+) -> torch.Tensor:  # fmt: skip
+    """q [B, heads, d], keys/values [slots, kv_heads, d], table [B, pages] int32, lens [B] int32 -> [B, heads, d].
+    ``semaphores``: int32 zeros [>= programs // 2], left zero, one set per concurrently running
+    caller (``KVStorage.semaphores``): rows are then split over programs; None: one program per row.
+    ``blocks``: (keys per block, warps); None: the device's (``decode_blocks``)."""
+    assert q.dim() == 3 and keys.dim() == 3 and keys.shape == values.shape, "q [B, heads, d], keys [slots, kv_heads, d]"
+    assert q.shape[1] % keys.shape[1] == 0, "query heads a multiple of kv heads"
+    assert table.dim() == 2 and lens.shape == (q.shape[0],), "table [B, pages], lens [B]"
+    batch, heads, d = q.shape
+    kv_heads = keys.shape[1]
+    group = heads // kv_heads
+    group_pad = max(16, 1 << (group - 1).bit_length())
+    out = torch.empty_like(q)
+    block, warps = blocks or decode_blocks(q.device)
+    max_keys = table.shape[1] * page_size
+    block = min(block, max(32, 1 << (max_keys - 1).bit_length()))
+    rows = batch * kv_heads
+    splits = 1 if semaphores is None else num_splits(rows, max_keys, block, programs)
+    parts = out
+    if splits > 1:
+        if rows > semaphores.numel():
+            raise ValueError(f"paged decode: {rows} rows split but {semaphores.numel()} semaphores")
+        parts = torch.empty(rows * splits * group_pad * (d + 2), dtype=torch.float32, device=q.device)
+    paged_decode_kernel[(batch, kv_heads, splits)](
+        q, keys, values, table, lens, out, parts, semaphores if splits > 1 else lens,
+        q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), table.stride(0), out.stride(0), out.stride(1),
+        d**-0.5,
+        KV_HEADS=kv_heads, GROUP=group, GROUP_PAD=group_pad, D=d, PAGE=page_size, BLOCK=block, SPLITS=splits,
+        num_warps=warps, **pdl.launch(q.device),
+    )  # fmt: skip
+    return out
+
+
+def decode_blocks(device) -> tuple[int, int]:
+    """(keys per block, warps) on ``device``: its tuned entry, else ``DECODE_BLOCKS``."""
+    entry = tuned.configs("paged_decode", tuned.device_of(device)).get("any")
+    return DECODE_BLOCKS if entry is None else (entry["block"], entry["warps"])
 
 
 @triton.jit
@@ -62,7 +140,7 @@ def merge_splits(parts, used, GROUP_PAD: tl.constexpr, D: tl.constexpr, SPLITS: 
 
 
 @triton.jit
-def paged_decode(
+def paged_decode_kernel(
     q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, part_ptr, sem_ptr,
     stride_qb, stride_qh, stride_ks, stride_kh, stride_tb, stride_ob, stride_oh,
     scale,

@@ -1,7 +1,7 @@
 """Programmatic dependent launch (PDL, Hopper and later) for the decode kernels.
 
 A decode step is hundreds of small kernels; between two of them the GPU drains the first,
-launches the second and ramps it up (~1.2-1.7 µs per boundary on the H200, in CUDA graphs).
+launches the second and ramps it up (a gap per boundary, even in CUDA graphs).
 With PDL the next kernel's programs start while the previous kernel still runs: they issue
 what does not depend on it (loads of weights), then wait for it. ``launch(device)`` gives the
 keyword arguments of such a launch: ``launch_pdl`` (Triton's launch attribute; captured in a
