@@ -1,4 +1,4 @@
-"""benchmarks/micro.py end to end on the CPU: a tiny checkpoint, every part, small batches. The figures
+"""benchmarks/engine/micro.py end to end on the CPU: a tiny checkpoint, every part, small batches. The figures
 are timings (never asserted); what is asserted is the files, their fields, and the counts and unit
 conversions that do not depend on speed."""
 
@@ -16,7 +16,7 @@ FRAME_MS = 80.0  # one talker frame of Code2Wav audio (12.5 Hz)
 
 
 def micro(*args: str) -> subprocess.CompletedProcess:
-    script = ROOT / "benchmarks" / "micro.py"
+    script = ROOT / "benchmarks" / "engine" / "micro.py"
     return subprocess.run([sys.executable, str(script), *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 

@@ -17,7 +17,7 @@ def w8a8_experts(x, gate_up, down, weights, ids, group: int, act_group: int) -> 
     and ``group`` / ``act_group`` columns (``quantize(., (1, group))``), times the dequantised weights
     gate_up [E, 2I, H] and down [E, H, I] -> [N, k, H] weighted partials. gate, up, silu(gate) and their
     product are rounded to x's dtype before the e4m3 rounding, as the kernel rounds them (without it the
-    emulation was 1.6-2.2% of the output's max off the kernel on the GPU, session 35 call 1: a bf16 rounding
+    emulation was 1.6-2.2% of the output's max off the kernel on the GPU: a bf16 rounding
     moves some activations to the next e4m3 value)."""
     xq, inter = rounded(x.float(), group), down.shape[2]
     out = torch.zeros(*ids.shape, x.shape[1], device=x.device)

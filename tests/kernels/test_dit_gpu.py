@@ -85,7 +85,7 @@ def test_fast_velocity_matches_the_reference(models):
     x = torch.randn(3, total, cfg.mel_dim, generator=g).cuda()
     t = torch.tensor([0.05, 0.5, 0.95], device="cuda")
     masks = block_masks(cfg, lengths * 2, total, "cuda")
-    # Measured on the H200 (session 30, call 4): fp32 cosine 0.999995-0.9999998, max |fast - ref| up to 0.7% of
+    # On the H200: fp32 cosine 0.999995-0.9999998, max |fast - ref| up to 0.7% of
     # max |ref| (the reference moves by 1e-6 of it for one ulp of x: the paths differ by more than fp32
     # rounding, not yet explained); bf16 cosine 0.99991-0.99996, within the bf16 reference's own spread.
     for dtype, cosine, share in ((torch.float32, 0.99999, 0.02), (torch.bfloat16, 0.9998, 0.05)):
@@ -99,7 +99,7 @@ def test_fast_velocity_matches_the_reference(models):
 @torch.inference_mode()
 def test_fast_waveform_stays_close_to_fp32(models):
     """The served bf16 fast path against the fp32 reference decode (measured 0.999995 for the bf16
-    reference path on this config, ``benchmarks/token2wav.py``)."""
+    reference path on this config, ``benchmarks/engine/token2wav.py``)."""
     reference, variants, speaker = models
     cfg = reference.cfg.dit
     codes = torch.randint(0, cfg.num_embeds, (96,), generator=torch.Generator().manual_seed(1)).cuda()

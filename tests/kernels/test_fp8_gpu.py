@@ -195,7 +195,7 @@ def test_fp8_grouped_gemm_is_its_emulation(name, hidden, experts, top_k, inter, 
     difference's norm within 2**-7 of the output's (the outputs' bf16 roundings; where the sums' order or
     silu's approximate exp moves an activation to the next bf16 value, it can move to the next e4m3 value
     or, as a group's largest, move the group's scale: the max error is heavy-tailed, 1.48e-2 of the output's
-    max at 1,024 thinker tokens in session 35 call 2, held to 2**-5); against the reference that multiplies
+    max at 1,024 thinker tokens, held to 2**-5); against the reference that multiplies
     the bf16 activations: within their e4m3 rounding."""
     with torch.device("cuda"):
         layer = SparseMoE(hidden, experts, top_k, inter, True).to(BF16)

@@ -75,7 +75,7 @@ def test_fp8_dot_path_multiplies_the_weight_dequantised_to_bf16(block, m):
     scale in fp32, rounded once to x's dtype), so the product is the bf16 model of the dequantised weights'
     (the reference ``Fp8Linear.forward``, cuBLAS on prefill sizes) up to summation order: one rounding of
     the same fp32 sum, equal but for rare ties (none on these inputs). Scaling each K step's product after
-    the dot instead (session 35's kernel, the weight unrounded) left 34-41% of these outputs different, some
+    the dot instead (with the weight unrounded) left 34-41% of these outputs different, some
     by many bf16 steps."""
     q, scale, _ = _weight(N, K, block, seed=m)
     x = torch.randn(m, K, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)

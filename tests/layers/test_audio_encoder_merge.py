@@ -1,7 +1,7 @@
 """The audio encoders' CUDA fast path (``merge_projections`` via ``use_kernels``: q/k/v in one GEMM, a
 bias-free k_proj adding zeros; Qwen2.5-Omni's conv frontend as GEMMs over its windows) against the
-reference path (itself HF's: ``test_audio_encoder.py``, ``test_qwen2_5_omni_encoders.py``), in fp32
-on the CPU. Plain ``nn.Linear``s: no Triton kernel is involved."""
+reference path (itself HF's: ``models/qwen3_omni/test_audio_encoder.py``,
+``models/qwen2_5_omni/test_encoders.py``), in fp32 on the CPU. Plain ``nn.Linear``s: no Triton kernel is involved."""
 
 import copy
 

@@ -2,7 +2,7 @@
 
 HF's video processor needs torchvision, which cannot be installed beside the pinned CPU torch
 used in CI; these tests run where torchvision exists (the GPU machine) and skip elsewhere. The
-CPU suite covers the same maths against an explicit per-patch oracle (test_media_video.py).
+CPU suite covers the same maths against an explicit per-patch oracle (``test_video.py``).
 """
 
 import numpy as np

@@ -2,7 +2,7 @@
 
 The module under test here is built from the checkpoint layout with experts fused the way our
 MoE layers store them, so these tests cover the loader on its own; the model's real module
-tree is checked against the same layout in test_model_weights.py.
+tree is checked against the same layout in qwen3_omni/test_model_weights.py.
 """
 
 import json

@@ -4,7 +4,7 @@ decode, codec head), and both stages' prefill layers over padded layouts, each r
 that keeps the graphs' contract without CUDA (static buffers per bucket, padding rows). A staggered
 mixed workload through the graph paths equals each request alone on the eager path (ids, codes; audio
 to rounding), and the talker's input rows equal the eager run's to GEMM rounding. Real CUDA graphs
-against eager: ``test_qwen2_5_omni_graphs_gpu.py``."""
+against eager: ``test_graphs_gpu.py``."""
 
 import pytest
 import torch

@@ -2,7 +2,7 @@
 returning their hidden states and embeddings for the talker) and the talker's (projection, talker
 decode, codec head), with the encoders' layer graphs, graphs on against graphs off through the engine
 on a mixed workload of every input path (the encoders' graphs off in the eager run). No prefill
-graphs (their padded layouts are other GEMM shapes, tested on their own in ``test_graphs_gpu.py``)."""
+graphs (their padded layouts are other GEMM shapes, tested on their own in ``engine/test_graphs_gpu.py``)."""
 
 import pytest
 import torch

@@ -1,6 +1,6 @@
 """Qwen2.5-Omni vision encoder's CUDA fast path (``merge_projections`` via ``use_kernels``: q/k/v in one
 GEMM, gate/up in one GEMM padded to a multiple of ``ALIGN`` with the silu·mul kernel) against the
-reference path (itself HF's: ``test_qwen2_5_omni_encoders.py``), on the CPU through Triton's
+reference path (itself HF's: ``test_encoders.py``), on the CPU through Triton's
 interpreter in fp32, with an intermediate width that needs the padding (the 7B's 3,420 does)."""
 
 import copy

@@ -1,4 +1,4 @@
-"""GPU twin of ``test_qwen2_5_omni_vision_merge.py``: the vision encoder's merged, padded fast path
+"""GPU twin of ``test_vision_merge.py``: the vision encoder's merged, padded fast path
 against its reference path in bf16 at the 7B's widths (hidden 1,280, intermediate 3,420: padded to
 3,456), four blocks (one full-attention), a 640x480 image's grid. bf16 GEMMs of other shapes round
 apart, so the bound is a cosine and a share of the output's scale, not equality."""
