@@ -1,11 +1,12 @@
 """The skinny GEMV compiled for the H200 (sm_90a) on any machine with Triton: the tiles ``pick_blocks`` picks for
-decode at B = 1 (``TUNED``'s, else ``default_blocks``') keep every weight of a step in registers. A gated 32 x
-512 tile (256 weights a thread) spilled 2.7 KB of stack a thread and made Qwen2.5-Omni-7B's dense gate/up
-GEMV, hence its B = 1 decode step, many times slower than its weight-read floor on the H200. Register use
-and stack bytes come from the cubin's resource usage (the ``cuobjdump`` Triton ships), as
-``benchmarks/fp8_sass.py`` reads them. FP8 GEMVs too, at the tiles they use and at 128 weights a thread (the FP8 lanes sum 16 products each step: a lane per weight spilled
-there, and in the code predictor's gate/up at its picked tile). The FP8 grouped expert GEMMs at their tables'
-tiles too (``grouped_fp8``: gate_up's two fp32 accumulators spilled 488 bytes a thread at 64 x 128 in 4 warps)."""
+decode at B = 1 (``TUNED``'s, else ``default_blocks``') keep every weight of a step in registers. A gated 32 x 512
+tile (256 weights a thread) spilled 2.7 KB of stack a thread and made Qwen2.5-Omni-7B's dense gate/up GEMV, hence
+its B = 1 decode step, many times slower than its weight-read floor on the H200. Register use and stack bytes come
+from the cubin's resource usage (the ``cuobjdump`` Triton ships), as ``benchmarks/fp8_sass.py`` reads them. FP8
+GEMVs too, at the tiles they use and at 128 weights a thread (the FP8 lanes sum 16 products each step: a lane per
+weight spilled there, and in the code predictor's gate/up at its picked tile). The FP8 grouped expert GEMMs at their
+tables' tiles too (``grouped_fp8``: gate_up's two fp32 accumulators spilled 488 bytes a thread at 64 x 128 in 4
+warps)."""
 
 import os
 import subprocess
