@@ -13,7 +13,7 @@ multiply-accumulates counted with forward hooks (Linear / Conv1d / ConvTranspose
 scores over the visible keys) and the rate they imply, for each variant: the DiT's layers in each of
 ``--dit-dtypes`` (``DiT.run_in``: a bf16 model's; the ODE state and BigVGAN stay fp32) on each of
 ``--paths``: ``reference`` (the PyTorch modules as built) and, on CUDA, ``fast`` (what the server runs:
-``use_kernels(token2wav, "triton")``, ``DiT.merge_projections``). On CUDA also the kernels of one RK
+``use_kernels(token2wav, "fused")``, ``DiT.merge_projections``). On CUDA also the kernels of one RK
 step and its time replayed from a CUDA graph (``graph_step_s``: the served step is graphed; the per-second-
 of-audio figure then uses it). Then the
 accuracy of each variant against the fp32 reference: one-shot decodes of ``--accuracy-codes`` random
@@ -191,7 +191,7 @@ def main() -> None:
             variant = copy.deepcopy(model)
             variant.dit.run_in(getattr(torch, dtype))
             if path == "fast":
-                use_kernels(variant, "triton")
+                use_kernels(variant, "fused")
             models[f"{dtype} {path}"] = variant
     plan = StreamPlan.build(cfg)
     report = {
