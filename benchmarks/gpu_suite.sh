@@ -36,9 +36,9 @@ want() { [[ ",$PARTS," == *",$1,"* ]]; }
 step() { echo "=== $(date -u +%H:%M:%S) $*"; }
 
 if [ "$QUICK" = 1 ]; then
-  MIN_Q3=2; MIN_Q25=2; PER_B=1; STEPS=5; ROUNDS=1; HF_REPEATS=1; PROMPTS=1; TURNS=1
+  MIN_Q3=2; MIN_Q25=2; PER_B=1; STEPS=5; ROUNDS=1; HF_REPEATS=1; HF3=(--repeats 1); PROMPTS=1; TURNS=1
 else
-  MIN_Q3=8; MIN_Q25=20; PER_B=2; STEPS=30; ROUNDS=2; HF_REPEATS=3; PROMPTS=2; TURNS=4
+  MIN_Q3=8; MIN_Q25=20; PER_B=2; STEPS=30; ROUNDS=2; HF_REPEATS=3; HF3=(); PROMPTS=2; TURNS=4
 fi
 
 {
@@ -90,7 +90,7 @@ fi
 
 if want hf; then
   step "HF transformers, Qwen3-Omni-30B-A3B"
-  python3 benchmarks/baselines/hf_baseline.py "$Q3" --repeats "$HF_REPEATS" --out "$OUT/hf/qwen3-omni-30b-a3b"
+  python3 benchmarks/baselines/hf_baseline.py "$Q3" "${HF3[@]}" --out "$OUT/hf/qwen3-omni-30b-a3b"
   step "HF transformers, Qwen2.5-Omni-7B"
   python3 benchmarks/baselines/hf_baseline_qwen25.py "$Q25" --paths s2t,i2t,s2s,i2s --repeats "$HF_REPEATS" \
     --out "$OUT/hf/qwen2.5-omni-7b"
