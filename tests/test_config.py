@@ -120,13 +120,14 @@ def test_backends_resolve_by_device_and_reject_unknown_names():
     from omniwalk.config import EngineConfig, ModelConfig
     from omniwalk.errors import ConfigError
 
-    names = ("moe_backend", "attention_backend", "decode_attention", "norm_backend")
+    names = ("moe_backend", "attention_backend", "decode_attention", "decoder_kernels")
     cpu = resolved()
     assert [getattr(cpu.model, n) for n in names] == ["reference"] * 4
     assert cpu.engine.cuda_graph_max_batch == 0  # graphs exist only on CUDA
     gpu = resolved(device="cuda", dtype="bfloat16")
     triton = importlib.util.find_spec("triton") is not None  # Triton kernels need Triton
-    fast = ["fused" if triton else "reference", "torch_varlen", *(["triton" if triton else "reference"] * 2)]
+    fast = ["fused" if triton else "reference", "torch_varlen", "triton" if triton else "reference"]
+    fast += ["fused" if triton else "reference"]
     assert [getattr(gpu.model, n) for n in names] == fast
     assert gpu.engine.cuda_graph_max_batch == 64
     assert resolved(device="cuda").model.attention_backend == "reference"  # fp32: no flash

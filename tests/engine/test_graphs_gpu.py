@@ -7,7 +7,8 @@ from helpers.gpu_graphs import gpu_omni, gpu_requests
 
 from omniwalk.engine.kv_pages import KVStorage, PagePool, PageTable
 from omniwalk.engine.paged_attention import DecodeKV
-from omniwalk.layers.paged_decode import DECODE_BLOCKS, num_splits, paged_decode_reference, paged_decode_triton
+from omniwalk.kernels.paged_decode import DECODE_BLOCKS, num_splits, paged_decode_triton
+from omniwalk.layers.kv_attention import paged_decode_reference
 
 pytestmark = pytest.mark.gpu
 
@@ -171,7 +172,7 @@ def test_triton_rms_norm_matches_reference(shape):
     torch.nn.init.normal_(norm.weight, 1.0, 0.1)
     x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16) * 3
     ref = norm(x)
-    norm.backend = "triton"
+    norm.use_fused_kernel()
     ours = norm(x)
     assert ours.shape == ref.shape and ours.dtype == ref.dtype
     if x.numel():

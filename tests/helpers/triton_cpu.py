@@ -1,15 +1,16 @@
 """Run the package's Triton kernels on the CPU through Triton's interpreter (fp32/fp16 tensors).
 
-Importing this module on a machine without CUDA sets TRITON_INTERPRET before anything imports
-Triton (its standard library is built in interpreter mode only then; the package imports Triton
-lazily, inside its kernel builders). ``interpreted`` is a fixture body that rebuilds the cached
-kernels around a test. NOTE: Triton 3.6's interpreter turns a scalar into a 1-element array,
-which numpy >= 2.4 refuses to convert with int() (``range`` over a loaded bound, e.g. the paged
-decode loop): patched here. bfloat16 needs two more patches: ``tl.dot`` multiplied bf16 operands
-as their uint16 storage (now widened to fp32 first: exact, the accumulation stays fp32 as on the
-GPU), and fp32 -> bf16 casts truncated (now rounded to nearest even, as the GPU rounds). e4m3: ``tl.dot``
-took the operands' bytes as numbers (now widened exactly), and fp32 -> e4m3 casts that round up to the
-next power of two lost that exponent step (7.79 -> 4; now rounded by torch, to nearest even as the GPU's
+Importing this module on a machine without CUDA sets TRITON_INTERPRET (``conftest.py`` sets it too,
+before any test module imports a kernel module: ``@triton.jit`` picks the interpreter as the module
+is imported, and Triton's standard library is built in interpreter mode only when it is set before
+Triton is imported). ``interpreted`` is a fixture body that patches the interpreter around a test.
+NOTE: Triton 3.6's interpreter turns a scalar into a 1-element array, which numpy >= 2.4 refuses to
+convert with int() (``range`` over a loaded bound, e.g. the paged decode loop): patched here.
+bfloat16 needs two more patches: ``tl.dot`` multiplied bf16 operands as their uint16 storage (now
+widened to fp32 first: exact, the accumulation stays fp32 as on the GPU), and fp32 -> bf16 casts
+truncated (now rounded to nearest even, as the GPU rounds). e4m3: ``tl.dot`` took the operands'
+bytes as numbers (now widened exactly), and fp32 -> e4m3 casts that round up to the next power of
+two lost that exponent step (7.79 -> 4; now rounded by torch, to nearest even as the GPU's
 ``cvt.rn.satfinite`` rounds: the values the kernels cast are clamped to e4m3's range first).
 """
 
@@ -20,38 +21,9 @@ import os
 import numpy as np
 import torch
 
-from omniwalk.layers import (
-    adaln,
-    embed_add,
-    fp8,
-    fused_moe,
-    grouped_fp8,
-    head_rope,
-    moe_routing,
-    norm,
-    paged_decode,
-    qk_norm_rope,
-    silu_mul,
-    skinny_gemm,
-)
-
 ON_CPU = not torch.cuda.is_available()
-if ON_CPU:
+if ON_CPU:  # (before a kernel module is imported: ``@triton.jit`` picks the interpreter when it runs)
     os.environ["TRITON_INTERPRET"] = "1"
-BUILDERS = (
-    adaln._kernel,
-    embed_add._kernel,
-    fp8._dequantize_kernel,
-    head_rope._kernel,
-    norm._kernel,
-    qk_norm_rope._kernel,
-    silu_mul._kernel,
-    fused_moe._kernels,
-    grouped_fp8._kernels,
-    moe_routing._kernels,
-    paged_decode._kernel,
-    skinny_gemm._kernel,
-)
 
 
 def interpreted(monkeypatch):
@@ -69,11 +41,7 @@ def interpreted(monkeypatch):
     monkeypatch.setattr(interpreter.InterpreterBuilder, "cast_impl", lambda *a: _cast_rounding_bf16(cast, *a))
     to_fp = interpreter.InterpreterBuilder.create_fp_to_fp
     monkeypatch.setattr(interpreter.InterpreterBuilder, "create_fp_to_fp", lambda *a: _cast_rounding_e4m3(to_fp, *a))
-    for build in BUILDERS:
-        build.cache_clear()
     yield
-    for build in BUILDERS:
-        build.cache_clear()
 
 
 def _dot_widening(self, a, b, d, input_precision, max_num_imprecise_acc):

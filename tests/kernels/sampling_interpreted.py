@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers.sampling_cases import random_logits, random_states, unexplained_rows
 
-from omniwalk.layers import sampling_kernels
+from omniwalk.kernels import sampling as sampling_kernels
 from omniwalk.sampling import BatchParams, draw_fused, draw_reference, gumbel_noise
 
 if os.environ.get("TRITON_INTERPRET") != "1":

@@ -7,14 +7,14 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from omniwalk.layers.adaln import adaln_reference, adaln_triton
-from omniwalk.layers.head_rope import head_rope_reference, head_rope_triton
 
+from omniwalk.kernels.adaln import adaln_triton
+from omniwalk.kernels.head_rope import head_rope_triton
 from omniwalk.layers.decoder import use_kernels
-from omniwalk.layers.rotary import rope_cos_sin, rotary_tables
+from omniwalk.layers.rotary import head_rope_reference, rope_cos_sin, rotary_tables
 from omniwalk.models.qwen2_5_omni.checkpoint.config import Qwen25OmniConfig
 from omniwalk.models.qwen2_5_omni.checkpoint.tiny import audible_token2wav, load_config_dict
-from omniwalk.models.qwen2_5_omni.networks.dit import block_masks
+from omniwalk.models.qwen2_5_omni.networks.dit import adaln_reference, block_masks
 from omniwalk.models.qwen2_5_omni.networks.token2wav import Token2Wav, initial_noise
 
 pytestmark = pytest.mark.gpu
@@ -66,7 +66,7 @@ def build_models():
             m = copy.deepcopy(reference)
             m.dit.run_in(dtype)
             if fast:
-                use_kernels(m, "triton")
+                use_kernels(m, "fused")
             variants[dtype, fast] = m
     speaker = reference.speaker_rows(voice["cond"].cuda(), voice["ref_mel"].cuda())
     return reference, variants, speaker

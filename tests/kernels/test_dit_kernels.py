@@ -7,14 +7,14 @@ import copy
 import pytest
 import torch
 from helpers import triton_cpu
-from omniwalk.layers.adaln import adaln_reference, adaln_triton
-from omniwalk.layers.head_rope import head_rope_reference, head_rope_triton
 
+from omniwalk.kernels.adaln import adaln_triton
+from omniwalk.kernels.head_rope import head_rope_triton
 from omniwalk.layers.decoder import use_kernels
-from omniwalk.layers.rotary import rope_cos_sin, rotary_tables
+from omniwalk.layers.rotary import head_rope_reference, rope_cos_sin, rotary_tables
 from omniwalk.models.qwen2_5_omni.checkpoint.config import Qwen25OmniConfig
 from omniwalk.models.qwen2_5_omni.checkpoint.tiny import TINY_CONFIG, audible_token2wav, load_config_dict
-from omniwalk.models.qwen2_5_omni.networks.dit import block_masks
+from omniwalk.models.qwen2_5_omni.networks.dit import adaln_reference, block_masks
 from omniwalk.models.qwen2_5_omni.networks.token2wav import Token2Wav, initial_noise
 
 pytestmark = pytest.mark.skipif(not triton_cpu.ON_CPU, reason="interpreter tests run on the CPU machine")
@@ -76,7 +76,7 @@ def test_fast_path_velocity_equals_the_reference(token2wav):
     """Rows of three lengths padded to one (padding never attended), each at its own time."""
     model, speaker = token2wav
     fast = copy.deepcopy(model)
-    use_kernels(fast, "triton")
+    use_kernels(fast, "fused")
     dit = fast.dit
     assert dit.modulation is not None and dit.transformer_blocks[0].attn.to_qkv is not None
     assert dit.transformer_blocks[0].attn_norm.linear is None and dit.transformer_blocks[0].attn.to_q is None
@@ -100,7 +100,7 @@ def test_fast_path_velocity_equals_the_reference(token2wav):
 def test_fast_path_waveform_equals_the_reference(token2wav):
     model, speaker = token2wav
     fast = copy.deepcopy(model)
-    use_kernels(fast, "triton")
+    use_kernels(fast, "fused")
     codes = torch.randint(0, model.cfg.dit.num_embeds, (40,), generator=torch.Generator().manual_seed(9))
     rows = model.speaker_rows(speaker["cond"], speaker["ref_mel"])
     noise = initial_noise(4, 40 * model.cfg.dit.repeats, model.cfg.dit.mel_dim)

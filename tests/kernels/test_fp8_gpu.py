@@ -1,7 +1,7 @@
 """Every FP8 kernel on the GPU against its dequantised reference, at the decoders' real shapes (the
 CPU twin, through Triton's interpreter, is ``test_fp8_kernels.py``).
 
-Widening (``fp8.triton_widening``, the inline PTX: paired e4m3x2 -> f16x2 converts, f16 -> f32): every
+Widening (``kernels/fp8.widen``, the inline PTX: paired e4m3x2 -> f16x2 converts, f16 -> f32): every
 one of the 256 byte values against torch's e4m3 -> fp32, exactly (NaN where NaN).
 
 Skinny GEMM: the GEMV (one row) sums w * scale * x in fp32 and rounds once to bf16, so against the product
@@ -23,13 +23,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers.fp8_reference import assert_activation_rounding, w8a8_experts
-from omniwalk.layers.silu_mul import silu_mul_reference
-from omniwalk.layers.skinny_gemm import Blocks, SkinnyLinear, skinny_gemm
 
-from omniwalk.layers import grouped_fp8, moe
-from omniwalk.layers.fp8 import FP8, Fp8Linear, asm_widening, dequantize, dequantize_triton, quantize, triton_widening
-from omniwalk.layers.grouped_fp8 import grouped_fp8_experts, quantize_rows
-from omniwalk.layers.moe import SparseMoE
+from omniwalk.kernels import grouped_fp8
+from omniwalk.kernels.fp8 import asm_widening, dequantize_triton
+from omniwalk.kernels.grouped_fp8 import grouped_fp8_experts, quantize_rows
+from omniwalk.kernels.skinny_gemm import Blocks, skinny_gemm
+from omniwalk.layers import moe
+from omniwalk.layers.fp8 import FP8, Fp8Linear, dequantize, quantize
+from omniwalk.layers.linear import SkinnyLinear
+from omniwalk.layers.moe import SparseMoE, silu_mul_reference
 from omniwalk.models.common.checkpoint.loader import randomize
 
 pytestmark = pytest.mark.gpu
@@ -51,7 +53,7 @@ def _widen_kernel():
     import triton
     import triton.language as tl
 
-    widen = triton_widening()
+    from omniwalk.kernels.fp8 import widen
 
     @triton.jit
     def copy_widened(q_ptr, out_ptr, BLOCK: tl.constexpr):

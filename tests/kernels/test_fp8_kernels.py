@@ -16,16 +16,18 @@ import torch.nn.functional as F
 from helpers import triton_cpu
 from helpers.fp8_reference import assert_activation_rounding, w8a8_experts
 from helpers.single_request import ContiguousKVCache
-from omniwalk.layers.silu_mul import silu_mul_reference
-from omniwalk.layers.skinny_gemm import Blocks, SkinnyLinear, skinny_gemm
 
-from omniwalk.layers import grouped_fp8, moe
-from omniwalk.layers import skinny_gemm as sg
+from omniwalk.kernels import grouped_fp8
+from omniwalk.kernels import skinny_gemm as sg
+from omniwalk.kernels.fp8 import dequantize_triton
+from omniwalk.kernels.fused_moe import ExpertScales, expert_down, expert_gate_up, expert_gemv
+from omniwalk.kernels.grouped_fp8 import grouped_fp8_experts, quantize_rows
+from omniwalk.kernels.skinny_gemm import Blocks, skinny_gemm
+from omniwalk.layers import moe
 from omniwalk.layers.decoder import use_kernels
-from omniwalk.layers.fp8 import FP8, Fp8Linear, dequantize, dequantize_triton, quantize
-from omniwalk.layers.fused_moe import ExpertScales, expert_down, expert_gate_up, expert_gemv
-from omniwalk.layers.grouped_fp8 import grouped_fp8_experts, quantize_rows
-from omniwalk.layers.moe import GatedMLP, SparseMoE, reference_experts, route
+from omniwalk.layers.fp8 import FP8, Fp8Linear, dequantize, quantize
+from omniwalk.layers.linear import SkinnyLinear
+from omniwalk.layers.moe import GatedMLP, SparseMoE, reference_experts, route, silu_mul_reference
 from omniwalk.models.common.checkpoint.loader import randomize
 from omniwalk.models.common.networks.thinker import Thinker
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
@@ -247,7 +249,7 @@ def _fp8_pair(cls, *args, block):
     fused = cls(*args, "fused").eval()
     quantize_fp8(fused, block, empty=True)
     fused.load_state_dict(ref.state_dict())
-    use_kernels(fused, "triton")
+    use_kernels(fused, "fused")
     return ref, fused
 
 

@@ -10,16 +10,18 @@ import copy
 
 import pytest
 import torch
-from omniwalk.layers.embed_add import embed_add_reference, embed_add_triton
-from omniwalk.layers.qk_norm_rope import qk_norm_rope_reference, qk_norm_rope_triton
-from omniwalk.layers.silu_mul import silu_mul_reference, silu_mul_triton
 
+from omniwalk.kernels.embed_add import embed_add_triton
+from omniwalk.kernels.moe_routing import route_folded, route_topk, sort_pairs
+from omniwalk.kernels.qk_norm_rope import qk_norm_rope_triton
+from omniwalk.kernels.silu_mul import silu_mul_triton
 from omniwalk.layers import moe
-from omniwalk.layers.moe import SparseMoE, route
-from omniwalk.layers.moe_routing import route_folded, route_topk, sort_pairs
+from omniwalk.layers.decoder import qk_norm_rope_reference
+from omniwalk.layers.moe import SparseMoE, route, silu_mul_reference
 from omniwalk.layers.norm import RMSNorm, residual_add
 from omniwalk.layers.rotary import mrope_cos_sin, rotary_tables
 from omniwalk.models.common.checkpoint.loader import randomize
+from omniwalk.models.qwen3_omni.networks.talker import embed_add_reference
 
 pytestmark = pytest.mark.gpu
 BF16 = torch.bfloat16
@@ -38,7 +40,7 @@ def test_add_rms_norm(parts):
     norm = RMSNorm(2048).to("cuda", BF16)
     torch.nn.init.normal_(norm.weight, 1.0, 0.1)
     ref = norm.add(h, delta)
-    norm.backend = "triton"
+    norm.use_fused_kernel()
     ours = norm.add(h, delta)
     differ = f"h {_differ(ours[0], ref[0]):.4%} out {_differ(ours[1], ref[1]):.4%}"
     print(f"GPU-FUSED add+norm parts={parts}: elements that differ: {differ}")

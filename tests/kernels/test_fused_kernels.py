@@ -8,23 +8,25 @@ import pytest
 import torch
 from helpers import triton_cpu
 from helpers.single_request import ContiguousKVCache
-from omniwalk.layers.embed_add import embed_add_reference, embed_add_triton
-from omniwalk.layers.qk_norm_rope import qk_norm_rope_reference, qk_norm_rope_triton
-from omniwalk.layers.silu_mul import silu_mul_reference, silu_mul_triton
 
-from omniwalk.layers import moe, skinny_gemm
-from omniwalk.layers.decoder import use_kernels
-from omniwalk.layers.fused_moe import expert_down, expert_gate_up, expert_gemv
-from omniwalk.layers.moe import SparseMoE, reference_experts, route
-from omniwalk.layers.moe_routing import route_folded, route_topk, sort_pairs
+from omniwalk.kernels import fused_moe, skinny_gemm
+from omniwalk.kernels.embed_add import embed_add_triton
+from omniwalk.kernels.fused_moe import expert_down, expert_gate_up, expert_gemv
+from omniwalk.kernels.moe_routing import route_folded, route_topk, sort_pairs
+from omniwalk.kernels.paged_decode import paged_decode_triton
+from omniwalk.kernels.qk_norm_rope import qk_norm_rope_triton
+from omniwalk.kernels.silu_mul import silu_mul_triton
+from omniwalk.layers import moe
+from omniwalk.layers.decoder import qk_norm_rope_reference, use_kernels
+from omniwalk.layers.kv_attention import paged_decode_reference
+from omniwalk.layers.moe import SparseMoE, reference_experts, route, silu_mul_reference
 from omniwalk.layers.norm import RMSNorm, residual_add
-from omniwalk.layers.paged_decode import paged_decode_reference, paged_decode_triton
 from omniwalk.layers.rotary import apply_rotary, mrope_cos_sin, rotary_tables
 from omniwalk.models.common.checkpoint.loader import randomize
 from omniwalk.models.common.networks.thinker import Thinker
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.checkpoint.tiny import TINY_CONFIG, load_config_dict
-from omniwalk.models.qwen3_omni.networks.talker import Talker
+from omniwalk.models.qwen3_omni.networks.talker import Talker, embed_add_reference
 
 pytestmark = pytest.mark.skipif(not triton_cpu.ON_CPU, reason="interpreter tests run on the CPU machine")
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -43,7 +45,7 @@ def test_add_rms_norm(parts):
     norm = RMSNorm(48, 1e-6)
     norm.weight.data.normal_(1.0, 0.1, generator=g)
     ref = norm.add(h, delta)
-    norm.backend = "triton"
+    norm.use_fused_kernel()
     ours = norm.add(h, delta)
     for a, b in zip(ours, ref, strict=True):
         torch.testing.assert_close(a, b, **TOL)
@@ -63,7 +65,7 @@ def test_expert_parts_add_in_order_with_each_sum_rounded(dtype):
     assert not torch.equal(h + hf, h + delta.float().sum(1).to(dtype))  # (the order and steps matter here)
     norm = RMSNorm(48, 1e-6).to(dtype)
     ref = norm.add(h, delta)
-    norm.backend = "triton"
+    norm.use_fused_kernel()
     for a, b in zip(norm.add(h, delta), ref, strict=True):
         assert torch.equal(a, b)
 
@@ -143,7 +145,7 @@ def test_grouped_moe_backend_equals_reference(dtype, tol):
     weights, ids = route(torch.randn(n, experts, generator=g).to(dtype), k, True)
     ids[0] = torch.tensor([7, 6, 5])  # some experts get no token at all
     expected = reference_experts(x, gate_up, down, weights, ids).float()
-    got = moe.grouped_experts(x, gate_up, down, weights, ids).float().sum(1)  # per-pair partials
+    got = fused_moe.grouped_experts(x, gate_up, down, weights, ids).float().sum(1)  # per-pair partials
     assert (got - expected).abs().max() <= tol * expected.abs().max()
 
 
@@ -228,7 +230,7 @@ def _pair(cls, *args):
     randomize(ref, 7)
     fused = cls(*args, "fused").eval()
     fused.load_state_dict(ref.state_dict())
-    use_kernels(fused, "triton")
+    use_kernels(fused, "fused")
     return ref, fused
 
 
@@ -269,7 +271,7 @@ def test_fused_qwen2_style_thinker_and_talker_equal_reference(monkeypatch, rows)
         randomize(ref, 7)
         fused = build().eval()
         fused.load_state_dict(ref.state_dict())
-        use_kernels(fused, "triton")
+        use_kernels(fused, "fused")
         attention = fused.model.layers[0].self_attn
         assert attention.qkv_proj.bias is not None and not hasattr(attention, "q_proj"), name
         x = torch.randn(rows, decoder_cfg.hidden_size, generator=torch.Generator().manual_seed(9))
@@ -314,8 +316,8 @@ def test_fused_kernels_through_the_engine_give_the_same_ids_and_codes():
     request = greedy(6) | dict(modalities=["text", "audio"], min_audio_frames=4, max_audio_frames=4)
     request |= dict(talker_temperature=0.0, code_predictor_temperature=0.0)
     outs = [
-        Omni(model=checkpoint("tiny"), moe_backend=moe, norm_backend=norm).generate(request)
-        for moe, norm in (("reference", "reference"), ("fused", "triton"))
+        Omni(model=checkpoint("tiny"), moe_backend=moe, decoder_kernels=norm).generate(request)
+        for moe, norm in (("reference", "reference"), ("fused", "fused"))
     ]
     assert outs[1].token_ids == outs[0].token_ids
     assert torch.equal(outs[1].codes, outs[0].codes)
@@ -332,7 +334,7 @@ def test_fused_kernels_through_the_engine_on_qwen2_5_omni():
     from omniwalk import Omni
 
     request = make_request(3) | dict(max_tokens=6, min_audio_frames=8, max_audio_frames=8)  # audio in, speech out
-    omnis = [Omni(model=checkpoint("tiny"), norm_backend=norm) for norm in ("reference", "triton")]
+    omnis = [Omni(model=checkpoint("tiny"), decoder_kernels=norm) for norm in ("reference", "fused")]
     outs = [o.generate(request) for o in omnis]
     fused = omnis[1].engine.stages["thinker"].program.thinker
     assert fused.model.layers[0].self_attn.qkv_proj.bias is not None  # (the fast path ran)

@@ -31,7 +31,8 @@ COMPILE = """
 import re, sys
 import torch
 import fp8_sass as fs
-from omniwalk.layers import skinny_gemm as sg
+from omniwalk.kernels import skinny_gemm as sg
+from omniwalk.kernels.tuned import Device
 
 from omniwalk.layers.fp8 import DEFAULT_BLOCK, quantize
 
@@ -39,14 +40,15 @@ k, n, gated, partials = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1",
 fp8, tile = sys.argv[5] == "1", eval(sys.argv[6])
 w = torch.randn(2 * n if gated else n, k)
 w, scale = quantize(w, DEFAULT_BLOCK) if fp8 else (w.to(torch.bfloat16), None)
-blocks = sg.Blocks(*tile) if tile else sg.pick_blocks(1, n, k, gated, partials and not gated, fp8)
-rec = fs.Recorder(sg._kernel())
-original, sg._kernel = sg._kernel, lambda: rec
+H200 = Device("NVIDIA H200", (9, 0))  # (the tiles tuned for it)
+blocks = sg.Blocks(*tile) if tile else sg.pick_blocks(1, n, k, gated, partials and not gated, fp8, H200)
+rec = fs.Recorder(sg.skinny_gemm_kernel)
+original, sg.skinny_gemm_kernel = sg.skinny_gemm_kernel, rec
 try:
     sg.skinny_gemm(torch.zeros(1, k, dtype=torch.bfloat16), w, gated=gated, partials=partials and blocks.split > 1,
                    blocks=blocks, scale=scale, scale_block=DEFAULT_BLOCK if fp8 else None)
 finally:
-    sg._kernel = original
+    sg.skinny_gemm_kernel = original
 grid, args, kwargs = rec.calls[0]
 usage = dict(re.findall(r"(REG|STACK):(\\d+)", fs.cuobjdump(fs.compile_call(rec.kernel, args, kwargs), "-res-usage")))
 print(usage["REG"], usage["STACK"])
@@ -84,7 +86,7 @@ GROUPED = """
 import re, sys
 import torch
 import fp8_sass as fs
-from omniwalk.layers import grouped_fp8 as G
+from omniwalk.kernels import grouped_fp8 as G
 from omniwalk.layers.fp8 import FP8
 
 gated, size, tile = sys.argv[1] == "1", int(sys.argv[2]), eval(sys.argv[3])
@@ -92,8 +94,8 @@ gated, size, tile = sys.argv[1] == "1", int(sys.argv[2]), eval(sys.argv[3])
 experts, hidden, inter = 128, 2048, 768  # (the thinker's experts)
 pairs = 8192 if size == 64 else 256
 k, n = (hidden, 2 * inter) if gated else (inter, hidden)
-rec = fs.Recorder(G._kernels().grouped)
-G._kernels = lambda: type("M", (), {"grouped": rec})
+rec = fs.Recorder(G.grouped_kernel)
+G.grouped_kernel = rec
 rows = G.Quantized(torch.zeros(pairs, k, dtype=FP8), torch.ones(pairs, k // 128), 128)
 scale = torch.ones(experts, 2, inter // 128, k // 128) if gated else torch.ones(experts, n // 128, k // 128)
 G.grouped_gemm(rows, torch.zeros(pairs, dtype=torch.long) if gated else None, torch.zeros(experts, n, k, dtype=FP8),

@@ -17,9 +17,9 @@ import sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from omniwalk.layers import qk_norm_rope
+from omniwalk.kernels import qk_norm_rope
 
-fn = qk_norm_rope._kernel()
+fn = qk_norm_rope.qk_norm_rope_kernel
 pointers = ["qkv_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "q_ptr", "k_ptr", "v_ptr"]
 consts = {"HEADS": 32, "KV_HEADS": 4, "D": 128, "HAS_SLOTS": True, "NORM": sys.argv[2] == "norm", "USE_PDL": True}
 signature = {name: "*bf16" for name in pointers} | {"slots_ptr": "*i64", "eps": "fp32"}

@@ -7,7 +7,7 @@ import pytest
 import torch
 from helpers.sampling_cases import random_logits, random_states, unexplained_rows
 
-from omniwalk.layers import sampling_kernels
+from omniwalk.kernels import sampling as sampling_kernels
 from omniwalk.sampling import BatchParams, draw, gumbel_noise
 
 pytestmark = pytest.mark.gpu

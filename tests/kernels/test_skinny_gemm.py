@@ -11,12 +11,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import triton_cpu
-from omniwalk.layers.silu_mul import silu_mul_reference
-from omniwalk.layers.skinny_gemm import Blocks, InputNorm, SkinnyLinear, skinny_gemm
 
-from omniwalk.layers import skinny_gemm as sg
-from omniwalk.layers.moe import GatedMLP
-from omniwalk.layers.norm import RMSNorm, add_rms_norm_triton
+from omniwalk.kernels import skinny_gemm as sg
+from omniwalk.kernels.add_rms_norm import add_rms_norm_triton
+from omniwalk.kernels.skinny_gemm import Blocks, InputNorm, skinny_gemm
+from omniwalk.layers.linear import SkinnyLinear
+from omniwalk.layers.moe import GatedMLP, silu_mul_reference
+from omniwalk.layers.norm import RMSNorm
 
 pytestmark = pytest.mark.skipif(not triton_cpu.ON_CPU, reason="interpreter tests run on the CPU machine")
 K, N = 200, 72  # (off every block size: masks on K and N)
@@ -86,7 +87,7 @@ def test_module_uses_the_kernel_up_to_max_rows_and_cublas_beyond(monkeypatch):
     _assert_within_order_bound(linear(x[:2]), x[:2], w)
     y3 = linear(x[:4].view(2, 2, K))  # leading dimensions kept
     assert y3.shape == (2, 2, N) and calls == [2, 4]
-    monkeypatch.setitem(sg.TUNED, (1, N, K, False, False), None)  # (where cuBLAS measured faster)
+    monkeypatch.setattr(sg, "tuned_blocks", lambda *_: {sg._key(1, N, K, False, False): sg.CUBLAS})  # (cuBLAS faster)
     assert torch.equal(linear(x[:1]), F.linear(x[:1], w)) and calls == [2, 4]
 
 
@@ -108,7 +109,7 @@ def test_merged_gated_mlp_with_partial_sums_through_the_fused_norm(monkeypatch, 
     expected = norm.add(h, ref(x))
     delta = fused(x)
     assert delta.shape == ((rows, 3, 48) if rows <= sg.MAX_ROWS else (rows, 48))
-    norm.backend = "triton"
+    norm.use_fused_kernel()
     for a, b in zip(norm.add(h, delta), expected, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
@@ -166,10 +167,10 @@ def test_module_folds_the_norm_at_one_row(monkeypatch, rows, parts, backend, fol
     calls = []
     fold = sg.normed_skinny_gemm
     monkeypatch.setattr(sg, "normed_skinny_gemm", lambda *a, **k: calls.append(1) or fold(*a, **k))
-    norm.backend = backend
+    norm.kernel = add_rms_norm_triton if backend == "triton" else None
     h_out, y = linear.normed(norm, h, delta)
     assert bool(calls) == folds
-    norm.backend = "reference"
+    norm.kernel = None
     expected_h, x = norm.add(h, delta)
     assert torch.equal(h_out, expected_h) and torch.equal(y, linear(x))
 
@@ -217,7 +218,7 @@ def test_merged_biased_projections(rows):
     h, delta, norm = _norm_operands(0, seed=14)
     h, delta = h.float().expand(rows, K), delta.float().expand(rows, K)
     norm, x = norm.float(), norm.float().add(h, delta)[1]
-    norm.backend = "triton"
+    norm.use_fused_kernel()
     ref = torch.cat([p(x) for p in parts], dim=-1)
     torch.testing.assert_close(merged(x), ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(merged.normed(norm, h, delta)[1], ref, rtol=1e-5, atol=1e-5)

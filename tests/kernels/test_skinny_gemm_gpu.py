@@ -10,10 +10,11 @@ about a step: held to 2**-6 relative. Each test prints the share of elements tha
 import pytest
 import torch
 import torch.nn.functional as F
-from omniwalk.layers.silu_mul import silu_mul_reference
-from omniwalk.layers.skinny_gemm import InputNorm, normed_skinny_gemm, pick_blocks, skinny_gemm
 
-from omniwalk.layers.norm import RMSNorm, add_rms_norm_triton
+from omniwalk.kernels.add_rms_norm import add_rms_norm_triton
+from omniwalk.kernels.skinny_gemm import InputNorm, normed_skinny_gemm, pick_blocks, skinny_gemm
+from omniwalk.layers.moe import silu_mul_reference
+from omniwalk.layers.norm import RMSNorm
 
 pytestmark = pytest.mark.gpu
 BF16 = torch.bfloat16

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from omniwalk.errors import ConfigError
-from omniwalk.layers.attention import available_backends, varlen_attention
+from omniwalk.kernels.registry import ATTENTION
+from omniwalk.layers.attention import varlen_attention
 
 
 def _packed(lengths, heads, kv_heads, head_dim, dtype, device="cpu", seed=0):
@@ -73,7 +74,7 @@ def test_unknown_backend_and_bad_heads_raise():
         varlen_attention(q, k, v, cu, max_len, causal=False, scale=1.0, backend="nope")
     with pytest.raises(ValueError, match="multiple"):
         varlen_attention(q, k[:, :3], v[:, :3], cu, max_len, causal=False, scale=1.0)
-    assert {"reference", "masked", "torch_varlen"} <= set(available_backends())
+    assert {"reference", "masked", "torch_varlen"} <= set(ATTENTION.names())
 
 
 @pytest.mark.gpu

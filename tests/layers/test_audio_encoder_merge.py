@@ -22,7 +22,7 @@ def _pair(encoder: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
     reference = encoder.eval()
     randomize(reference, seed=5)
     fast = copy.deepcopy(reference)
-    use_kernels(fast, "triton")
+    use_kernels(fast, "fused")
     return reference, fast
 
 

@@ -25,7 +25,7 @@ def test_fast_audio_encoder_equals_reference_in_bf16():
     reference = AudioEncoder(cfg, attention_backend="torch_varlen").to("cuda", torch.bfloat16).eval()
     randomize(reference, seed=0)
     fast = copy.deepcopy(reference)
-    use_kernels(fast, "triton")
+    use_kernels(fast, "fused")
     assert fast.conv_gemms is not None and fast.layers[0].self_attn.qkv is not None
     lengths = [400, 130]
     g = torch.Generator(device="cuda").manual_seed(1)

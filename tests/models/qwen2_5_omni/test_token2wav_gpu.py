@@ -32,7 +32,7 @@ def model_and_voices():
     }  # fmt: skip
     model = Token2Wav(cfg).cuda().eval()
     audible_token2wav(model, voices["chelsie"], 0)
-    use_kernels(model, "triton")  # (the served fast path: the graphs record its kernels)
+    use_kernels(model, "fused")  # (the served fast path: the graphs record its kernels)
     return model, voices
 
 

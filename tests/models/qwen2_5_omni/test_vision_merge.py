@@ -32,7 +32,7 @@ def test_merged_vision_encoder_equals_reference(intermediate):
     reference = VisionEncoder(cfg).eval()
     randomize(reference, seed=3)
     fast = copy.deepcopy(reference)
-    use_kernels(fast, "triton")
+    use_kernels(fast, "fused")
     mlp = fast.blocks[0].mlp
     assert mlp.gate_up.out_features == 2 * -(-intermediate // ALIGN) * ALIGN and not hasattr(mlp, "up_proj")
     assert fast.blocks[0].attn.qkv.out_features == 3 * cfg.hidden_size

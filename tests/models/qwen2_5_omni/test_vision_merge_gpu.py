@@ -25,7 +25,7 @@ def test_merged_vision_encoder_equals_reference_in_bf16():
     reference = VisionEncoder(cfg, attention_backend="torch_varlen").to("cuda", torch.bfloat16).eval()
     randomize(reference, seed=0)
     fast = copy.deepcopy(reference)
-    use_kernels(fast, "triton")
+    use_kernels(fast, "fused")
     assert fast.blocks[0].mlp.gate_up.out_features == 2 * 3456
     grids = [(1, 34, 46)]  # 476 x 644 pixels: a 640x480 image at its smart_resize size
     g = torch.Generator(device="cuda").manual_seed(1)

@@ -60,7 +60,7 @@ def _talker_pair(kernels: str):
         for layer in hf.model.layers:  # wider router margins: bf16 rounding must not flip the 6th/7th expert
             layer.mlp.gate.weight.mul_(4)
     ours.load_state_dict(hf.state_dict())
-    use_kernels(ours, "triton" if kernels == "fused" else "reference")
+    use_kernels(ours, kernels)
     return hf, ours
 
 
@@ -128,7 +128,7 @@ def _code2wav_pair(kernels: str):
     codes = torch.randint(0, 2048, (1, hf_cfg.num_quantizers, 40), generator=torch.Generator().manual_seed(0))
     make_audio_like_(hf, codes.cuda())
     ours.load_state_dict(hf.state_dict())
-    use_kernels(ours, "triton" if kernels == "fused" else "reference")
+    use_kernels(ours, kernels)
     return hf, ours
 
 

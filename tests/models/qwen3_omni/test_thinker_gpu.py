@@ -75,7 +75,7 @@ def test_full_size_thinker_layers_bf16_match_hf(kernels):
     _randomize(hf_head, seed=1)
     state = {f"model.{k}": v for k, v in hf.state_dict().items()} | {"lm_head.weight": hf_head.weight}
     ours.load_state_dict(state, strict=True)
-    use_kernels(ours, "triton" if kernels == "fused" else "reference")  # merged projections, fused kernels
+    use_kernels(ours, kernels)  # merged projections, fused kernels
 
     t = cfg.tokens
     grid = (1, 6, 8)  # merged 6 x 8 image
