@@ -28,10 +28,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, when not installed
-from omniwalk.layers import fused_moe  # noqa: E402
-from omniwalk.layers import skinny_gemm as sg  # noqa: E402
-from omniwalk.layers.fp8 import DEFAULT_BLOCK, quantize  # noqa: E402
-from omniwalk.layers.fused_moe import ExpertScales  # noqa: E402
+from omniwalk.kernels import fused_moe  # noqa: E402
+from omniwalk.kernels import skinny_gemm as sg  # noqa: E402
+from omniwalk.kernels.tuned import Device  # noqa: E402
+from omniwalk.layers.fp8 import DEFAULT_BLOCK, ExpertScales, quantize  # noqa: E402
 
 TYPES = {torch.bfloat16: "bf16", torch.float8_e4m3fn: "fp8e4nv", torch.float32: "fp32", torch.int32: "i32"}
 TYPES |= {torch.int64: "i64", torch.float16: "fp16", torch.int16: "i16"}
@@ -159,18 +159,18 @@ def skinny_rows(asm: bool) -> list[dict]:
                 w, scale = quantize(w, DEFAULT_BLOCK)
             else:
                 w = w.to(torch.bfloat16)
-            rec = Recorder(sg._kernel())
-            blocks = sg.pick_blocks(1, n, k, gated, partials and not gated, fp8)
+            rec = Recorder(sg.skinny_gemm_kernel)
+            blocks = sg.pick_blocks(1, n, k, gated, partials and not gated, fp8, Device("NVIDIA H200", (9, 0)))
             blocks = blocks or sg.default_blocks(1, n, k, False, fp8, gated)
-            original = sg._kernel
-            sg._kernel = lambda rec=rec: rec
+            original = sg.skinny_gemm_kernel
+            sg.skinny_gemm_kernel = rec
             try:
                 sg.skinny_gemm(
                     torch.randn(1, k).to(torch.bfloat16), w, gated=gated, partials=partials and blocks.split > 1,
                     blocks=blocks, scale=scale, scale_block=DEFAULT_BLOCK if fp8 else None,
                 )  # fmt: skip
             finally:
-                sg._kernel = original
+                sg.skinny_gemm_kernel = original
             grid, args, kwargs = rec.calls[0]
             compiled = compile_call(rec.kernel, args, kwargs, asm)
             per_iteration = kwargs["BLOCK_N"] * kwargs["BLOCK_K"] * (2 if gated else 1)
@@ -194,16 +194,16 @@ def expert_rows(asm: bool) -> list[dict]:
                 scales = ExpertScales(s1.view(4, 2, -1, s1.shape[-1]), s2, DEFAULT_BLOCK)
             else:
                 gate_up, down = gate_up.to(torch.bfloat16), down.to(torch.bfloat16)
-            recs = tuple(Recorder(k) for k in fused_moe._kernels())
-            original = fused_moe._kernels
-            fused_moe._kernels = lambda recs=recs: recs
+            recs = (Recorder(fused_moe.expert_gate_up_kernel), Recorder(fused_moe.expert_down_kernel))
+            original = (fused_moe.expert_gate_up_kernel, fused_moe.expert_down_kernel)
+            fused_moe.expert_gate_up_kernel, fused_moe.expert_down_kernel = recs
             try:
                 x = torch.randn(1, hidden).to(torch.bfloat16)
                 ids = torch.zeros(1, 2, dtype=torch.int32)
                 act = fused_moe.expert_gate_up(x, gate_up, ids, scales=scales)
                 fused_moe.expert_down(act, down, torch.ones(1, 2), ids, scales=scales)
             finally:
-                fused_moe._kernels = original
+                fused_moe.expert_gate_up_kernel, fused_moe.expert_down_kernel = original
             for rec, kind in zip(recs, ("gate_up", "down"), strict=True):
                 grid, args, kwargs = rec.calls[0]
                 compiled = compile_call(rec.kernel, args, kwargs, asm)

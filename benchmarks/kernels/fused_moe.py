@@ -1,10 +1,10 @@
 """Stand-alone MoE timings on the GPU: each decode kernel alone over its block variants (routing
 with the router folded in vs the router GEMM + routing on its logits; gate_up; down), then whole
 layers: before (router GEMM + routing, the previous GEMV blocks), now (the defaults), and the
-grouped GEMM past ``moe.MAX_GEMV_PAIRS``. Sets ``moe_routing.ROUTER_BLOCKS`` and
-``fused_moe.GATE_UP_BLOCKS`` / ``DOWN_BLOCKS`` by measurement.
+grouped GEMM past ``layers/moe.MAX_GEMV_PAIRS``. What it measures sets the tuned configurations
+``omniwalk/kernels/configs/moe_routing,device_name=<GPU>.json`` and ``fused_moe,device_name=<GPU>.json``.
 
-    PYTHONPATH=. python benchmarks/fused_moe.py --out DIR
+    PYTHONPATH=. python benchmarks/kernels/fused_moe.py --out DIR
 
 Each figure: one CUDA graph running the part for ``--layers`` layers with their own random bf16
 weights (more bytes than L2 holds), replayed; µs per layer. Kernels alone get a fixed routing:
@@ -21,11 +21,17 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from omniwalk.layers.fused_moe import DOWN_BLOCKS, GATE_UP_BLOCKS, expert_down, expert_gate_up, expert_gemv
-from omniwalk.layers.moe import grouped_experts
-from omniwalk.layers.moe_routing import ROUTER_BLOCKS, route_folded, route_topk
+from omniwalk.kernels.fused_moe import (
+    DOWN_BLOCKS,
+    GATE_UP_BLOCKS,
+    expert_down,
+    expert_gate_up,
+    expert_gemv,
+    grouped_experts,
+)
+from omniwalk.kernels.moe_routing import ROUTER_BLOCKS, route_folded, route_topk
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # (harness.py beside this file)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ (harness.py)
 from harness import replay_us  # noqa: E402
 
 SHAPES = {  # name: (hidden, experts incl. folded shared slices, routed experts, top_k + shared slots, width)

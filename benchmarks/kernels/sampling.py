@@ -1,6 +1,6 @@
 """Sampling micro-benchmark: the PyTorch chain (``draw_reference``) vs the fused kernels (``draw``).
 
-    PYTHONPATH=. python benchmarks/sampling.py --out DIR [--batches 1,8,32]
+    PYTHONPATH=. python benchmarks/kernels/sampling.py --out DIR [--batches 1,8,32]
 
 Per case and batch B: kernels per draw (torch.profiler over one eager draw; the parameters'
 uploads are built before and not counted), us per draw eager (host launches included; median of
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, when not installed
+sys.path[:0] = [str(Path(__file__).resolve().parents[i]) for i in (2, 1)]  # the repository root, benchmarks/
 from harness import graph_call_us, int_list, markdown_table, write_report  # noqa: E402
 
 from omniwalk.sampling import BatchParams, SamplerState, SamplingParams, draw, draw_reference  # noqa: E402

@@ -1,7 +1,7 @@
 """FP8 weights (``--quantization fp8``) against bf16: kernel times and the thinker's accuracy.
 
-    PYTHONPATH=. python benchmarks/fp8.py SKELETON_DIR --out DIR [--parts kernels,accuracy]
-    PYTHONPATH=. python benchmarks/fp8.py /tmp/tiny --device cpu --out DIR --parts accuracy  # (a CPU check)
+    PYTHONPATH=. python benchmarks/kernels/fp8.py SKELETON_DIR --out DIR [--parts kernels,accuracy]
+    PYTHONPATH=. python benchmarks/kernels/fp8.py /tmp/tiny --device cpu --out DIR --parts accuracy  # (a CPU check)
 
 Parts:
 
@@ -22,13 +22,14 @@ Parts:
 
     tune      FP8 launch configurations: the skinny GEMM per projection at M = 1 and 32, the expert
               GEMVs (gate_up, down) at 1 and 8 tokens, the grouped GEMMs' tiles (``grouped_fp8``'s
-              GATE_UP_BLOCKS, then DOWN_BLOCKS with the best gate_up in place; a thinker MoE layer timed
+              gate_up tiles, then down's with the best gate_up in place; a thinker MoE layer timed
               whole) at 16 rows (32 tokens) and 64 rows (1,024 tokens);
-              writes tuned.json (the fastest of each), the tables to put in the source.
+              writes tuned.json (the fastest of each) and, with ``--save-configs``, this GPU's tuned
+              configurations (``omniwalk/kernels/configs/``: skinny_gemm_fp8, fused_moe, grouped_fp8).
 
 Timings of whole steps are micro.py's (``--option quantization=fp8``). Writes fp8.json and fp8.md.
 ``--apply tuned.json SCRIPT ARGS...`` runs SCRIPT (e.g. micro.py) in this process with those tables
-in place, to measure them before they are written into the source.
+in place, to measure them before they are saved into the package.
 """
 
 from __future__ import annotations
@@ -46,17 +47,21 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, when not installed
+sys.path[:0] = [str(Path(__file__).resolve().parents[i]) for i in (2, 1)]  # the repository root, benchmarks/
 from harness import graph_call_us, int_list, machine, markdown_table, prompt_text, write_report  # noqa: E402
 
-from omniwalk.layers import fused_moe, grouped_fp8, moe  # noqa: E402
-from omniwalk.layers import skinny_gemm as sg  # noqa: E402
+from omniwalk.kernels import fused_moe, grouped_fp8  # noqa: E402
+from omniwalk.kernels import skinny_gemm as sg  # noqa: E402
+from omniwalk.kernels import tuned as tuned_configs  # noqa: E402
+from omniwalk.kernels.registry import DECODE_ATTENTION  # noqa: E402
+from omniwalk.kernels.skinny_gemm import Blocks, skinny_gemm  # noqa: E402
+from omniwalk.layers import moe  # noqa: E402
 from omniwalk.layers.decoder import RowsKVCache  # noqa: E402
 from omniwalk.layers.fp8 import DEFAULT_BLOCK, Fp8Linear, dequantize, quantize  # noqa: E402
+from omniwalk.layers.linear import SkinnyLinear  # noqa: E402
 from omniwalk.layers.moe import SparseMoE  # noqa: E402
-from omniwalk.layers.skinny_gemm import Blocks, SkinnyLinear, skinny_gemm  # noqa: E402
 from omniwalk.models.common.checkpoint.loader import Backends, randomize  # noqa: E402
-from omniwalk.models.qwen3_omni.checkpoint.loader import load_components
+from omniwalk.models.qwen3_omni.checkpoint.loader import load_components  # noqa: E402
 from omniwalk.tokenizer import Tokenizer  # noqa: E402
 
 BF16 = torch.bfloat16
@@ -179,8 +184,9 @@ def greedy_logits(thinker, ids: torch.Tensor, steps: int, forced: torch.Tensor |
     """Prompt ``ids`` then ``steps`` one-token decode forwards -> (logits [steps, vocab] fp32, the ids
     fed back: ``forced`` (teacher forcing) or each step's argmax)."""
     cfg, p = thinker.cfg, thinker.lm_head.weight
+    decode = DECODE_ATTENTION.load("triton") if backend == "fused" else None  # (as the code predictor's)
     cache = RowsKVCache(1, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, p.dtype, p.device,
-                        ids.numel() + steps + 1, backend)  # fmt: skip
+                        ids.numel() + steps + 1, decode)  # fmt: skip
     logits = thinker(ids, torch.arange(ids.numel(), device=p.device), cache).logits[-1:]
     out, fed = [], []
     for t in range(steps):
@@ -193,13 +199,13 @@ def greedy_logits(thinker, ids: torch.Tensor, steps: int, forced: torch.Tensor |
 
 def build_thinker(skeleton: str, device: str, dtype, quantization: str):
     fast = torch.device(device).type == "cuda"
-    backends = Backends(moe="fused", norm="triton") if fast else Backends()
+    backends = Backends(moe="fused", decoder_kernels="fused") if fast else Backends()
     start = time.perf_counter()
     part = load_components(skeleton, ("thinker",), dtype=dtype, device=device, backends=backends, random_seed=0,
                            quantization=quantization)["thinker"]  # fmt: skip
     gib = sum(p.numel() * p.element_size() for p in part.parameters()) / 2**30
     print(f"thinker {quantization}: built in {time.perf_counter() - start:.1f} s, {gib:.2f} GiB of weights", flush=True)
-    return part, gib, backends.norm
+    return part, gib, backends.decoder_kernels
 
 
 def bench_accuracy(args) -> dict:
@@ -353,32 +359,28 @@ def _tune_moe(figures: list, rows: tuple[int, ...]) -> dict:
         layer.experts.quantize(DEFAULT_BLOCK)
         layers.append(layer)
     out = {}
-    gemvs = (("gate_up", TUNE_GATE_UP, "GATE_UP_BLOCKS_FP8"), ("down", TUNE_DOWN, "DOWN_BLOCKS_FP8"))
-    for what, variants, default in gemvs if 1 in rows else ():
+    for what, variants in (("gate_up", TUNE_GATE_UP), ("down", TUNE_DOWN)) if 1 in rows else ():
         total = _time_variants(
-            variants, functools.partial(setattr, fused_moe, default),
+            variants, functools.partial(_set_moe_gemv, what),
             lambda: sum(graph_call_us(lambda i: layers[i](x), copies) for x in _moe_inputs((1, 8))),
-            getattr(fused_moe, default),
+            fused_moe._blocks(what, DEFAULT_BLOCK, "cuda"),
         )  # fmt: skip
         out[what] = list(min(total, key=total.get))
         figures.append(dict(shape=f"thinker MoE {what} (1 + 8 tokens)", all={str(b): t for b, t in total.items()}))
         print(f"tune MoE {what}: {out[what]} {total}", flush=True)
-        setattr(fused_moe, default, tuple(out[what]))
+        _set_moe_gemv(what, tuple(out[what]))
     # the grouped GEMMs' tiles: 16 rows at 32 tokens (decode), 64 rows at a 1,024-token prefill chunk; gate_up's
     # with down's in place, then down's with the best gate_up
     for tile, tokens in ((16, 32), (64, 1024)) if 32 in rows else ():
-        for what, table, variants in (
-            ("gate_up", grouped_fp8.GATE_UP_BLOCKS, TUNE_GROUPED_GATE_UP[tile]),
-            ("down", grouped_fp8.DOWN_BLOCKS, TUNE_GROUPED_DOWN[tile]),
-        ):
+        for what, variants in (("gate_up", TUNE_GROUPED_GATE_UP[tile]), ("down", TUNE_GROUPED_DOWN[tile])):
             total = _time_variants(
-                variants, functools.partial(table.__setitem__, tile),
+                variants, functools.partial(_set_grouped, what, tile),
                 lambda tokens=tokens: graph_call_us(lambda i: layers[i](_moe_inputs((tokens,))[0]), copies),
-                table[tile],
+                grouped_fp8.grouped_blocks(what, tile, "cuda"),
             )  # fmt: skip
             key = f"grouped_{what}{tile}"
             out[key] = list(min(total, key=total.get))
-            table[tile] = tuple(out[key])
+            _set_grouped(what, tile, tuple(out[key]))
             figures.append(
                 dict(shape=f"thinker MoE grouped {what} ({tokens} tokens)", all={str(b): t for b, t in total.items()})
             )
@@ -408,19 +410,43 @@ def _moe_inputs(tokens: tuple[int, ...]) -> list[torch.Tensor]:
     ]
 
 
+MOE_FIELDS = {"gate_up": ("rows", "columns", "warps"), "down": ("columns", "units", "warps")}
+GROUPED_FIELDS = ("rows", "columns", "warps", "stages")
+
+
+def _configs(kernel: str) -> dict:
+    """This GPU's tuned entries of ``kernel`` as this process reads them (changed in place to try a variant)."""
+    return tuned_configs.configs(kernel, tuned_configs.device_of())
+
+
+def _set_moe_gemv(what: str, blocks: tuple) -> None:
+    _configs("fused_moe")[f"{what},fp8"] = dict(zip(MOE_FIELDS[what], blocks, strict=True))
+
+
+def _set_grouped(what: str, tile: int, blocks: tuple) -> None:
+    _configs("grouped_fp8")[f"{what},rows={tile}"] = dict(zip(GROUPED_FIELDS, blocks, strict=True))
+
+
+def tuned_entries(tuned: dict) -> dict[str, dict]:
+    """A tuned.json's tables -> the tuned-config entries, per kernel."""
+    moe_gemvs = {
+        f"{what},fp8": dict(zip(MOE_FIELDS[what], tuned[what], strict=True)) for what in MOE_FIELDS if what in tuned
+    }
+    grouped = {
+        f"{what},rows={tile}": dict(zip(GROUPED_FIELDS, tuned[f"grouped_{what}{tile}"], strict=True))
+        for what in MOE_FIELDS for tile in (16, 64) if f"grouped_{what}{tile}" in tuned
+    }  # fmt: skip
+    skinny = {sg._key(*key): Blocks(*blocks)._asdict() for key, blocks in tuned["skinny"]}
+    return {"skinny_gemm_fp8": skinny, "fused_moe": moe_gemvs, "grouped_fp8": grouped}
+
+
 def apply_tuned(path: Path) -> None:
     """Put a tuned.json's tables in place (this process)."""
-    tuned = json.loads(path.read_text())["tuned"]
-    for key, blocks in tuned["skinny"]:
-        sg.TUNED_FP8[tuple(key)] = Blocks(*blocks)
-    fused_moe.GATE_UP_BLOCKS_FP8 = tuple(tuned.get("gate_up", fused_moe.GATE_UP_BLOCKS_FP8))
-    fused_moe.DOWN_BLOCKS_FP8 = tuple(tuned.get("down", fused_moe.DOWN_BLOCKS_FP8))
-    for what, table in (("gate_up", grouped_fp8.GATE_UP_BLOCKS), ("down", grouped_fp8.DOWN_BLOCKS)):
-        for tile in (16, 64):
-            table[tile] = tuple(tuned.get(f"grouped_{what}{tile}", table[tile]))
-    grouped = f"{grouped_fp8.GATE_UP_BLOCKS} {grouped_fp8.DOWN_BLOCKS}"
-    print(f"applied {path}: {len(tuned['skinny'])} skinny entries, MoE {fused_moe.GATE_UP_BLOCKS_FP8} "
-          f"{fused_moe.DOWN_BLOCKS_FP8}, grouped {grouped}", flush=True)  # fmt: skip
+    entries = tuned_entries(json.loads(path.read_text())["tuned"])
+    for kernel, values in entries.items():
+        _configs(kernel).update(values)
+    sg.tuned_blocks.cache_clear()
+    print(f"applied {path}: " + ", ".join(f"{len(v)} {k} entries" for k, v in entries.items()), flush=True)
 
 
 def report(results: dict) -> str:
@@ -466,6 +492,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--prompts", type=int, default=3)
     p.add_argument("--tune-rows", type=int_list, default=[1, 32], help="tune: the row counts M to tune for")
+    p.add_argument("--save-configs", action="store_true", help="tune: write this GPU's configs into the package")
     args = p.parse_args()
     results = {"machine": machine(args.device), "args": {k: str(v) for k, v in vars(args).items()}}
     parts = args.parts.split(",")
@@ -478,6 +505,10 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         results["tune"] = tune_fp8(tuple(args.tune_rows))
         (args.out / "tuned.json").write_text(json.dumps(results["tune"], indent=1))
+        if args.save_configs:
+            command = " ".join(["benchmarks/kernels/fp8.py", *sys.argv[1:]])
+            for kernel, values in tuned_entries(results["tune"]["tuned"]).items():
+                print(f"wrote {tuned_configs.save(kernel, tuned_configs.device_of(), values, command)}", flush=True)
     for name, bench in (("projections", bench_projections), ("moe", bench_moe), ("prefill", bench_prefill)):
         if "kernels" in parts or name in parts:
             print(f"-- {name}", flush=True)

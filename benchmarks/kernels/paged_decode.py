@@ -1,8 +1,8 @@
 """Stand-alone paged decode attention timings on the GPU: µs per call vs batch, context and the
-kernel's block variants, with and without rows split over programs; sets
-``paged_decode.DECODE_BLOCKS`` and ``DECODE_PROGRAMS`` by measurement.
+kernel's block variants, with and without rows split over programs; what it measures sets the tuned
+configuration ``omniwalk/kernels/configs/paged_decode,device_name=<GPU>.json`` and ``DECODE_PROGRAMS``.
 
-    PYTHONPATH=. python benchmarks/paged_decode.py --out DIR
+    PYTHONPATH=. python benchmarks/kernels/paged_decode.py --out DIR
 
 Each figure: one CUDA graph running the kernel for ``--layers`` layers, each over its own keys
 and values (pages shuffled), replayed; µs per call. The table is as wide as a 2,080-key context
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from omniwalk.layers.paged_decode import DECODE_BLOCKS, DECODE_PROGRAMS, num_splits, paged_decode_triton
+from omniwalk.kernels.paged_decode import DECODE_BLOCKS, DECODE_PROGRAMS, num_splits, paged_decode_triton
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # (harness.py beside this file)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # (fused_moe.py beside this file)
 from fused_moe import time_us  # noqa: E402
 
 SHAPES = {  # name: (heads, kv heads, page size, contexts); the code predictor: one page per row of 17 keys

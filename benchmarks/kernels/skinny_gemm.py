@@ -1,18 +1,19 @@
 """The skinny GEMM vs cuBLAS on the decoders' projection shapes, per rows M and launch configuration;
-``skinny_gemm.TUNED`` and ``MAX_ROWS`` are set from what it writes.
+with ``--tune`` it writes the GPU's tuned tiles, ``omniwalk/kernels/configs/skinny_gemm,device_name=<GPU>.json``
+(``omniwalk/kernels/tuned.py``; entries of shapes not measured are kept).
 
-    PYTHONPATH=. python benchmarks/skinny_gemm.py --out DIR [--rows 1,2,4,8,16,32] [--workers 12]
-    PYTHONPATH=. python benchmarks/skinny_gemm.py --apply DIR/tuned.json benchmarks/engine/micro.py ARGS...
+    PYTHONPATH=. python benchmarks/kernels/skinny_gemm.py --out DIR [--rows 1,2,4,8,16,32] [--workers 12] [--tune]
+    PYTHONPATH=. python benchmarks/kernels/skinny_gemm.py --apply DIR/tuned.json benchmarks/engine/micro.py ARGS...
 
 Each figure: one CUDA graph of C calls over C copies of the weight (>= 512 MB in all, far more than
 L2 holds, so each call reads its weight from HBM as a decode step does), replayed; µs per call,
 the gap between two kernels of a graph included. cuBLAS is ``F.linear`` (+ the silu·mul kernel for
 the gated product). Every configuration's output is checked against cuBLAS (the bound of
-``tests/test_skinny_gemm_gpu.py``). Triton compiles first, in parallel worker processes (filling
+``tests/kernels/test_skinny_gemm_gpu.py``). Triton compiles first, in parallel worker processes (filling
 Triton's disk cache). Writes skinny_gemm.json (every figure), skinny_gemm.md and tuned.json (per
 table key the configuration with the least total time over its rows; the largest M where the
 kernel beats cuBLAS on every decoder shape). ``--apply`` runs a script (e.g. micro.py) in this
-process with that table in place, to measure it before it is written into the source.
+process with that table in place, to measure it before ``--tune`` writes it into the package.
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from omniwalk.layers import skinny_gemm as sg
-from omniwalk.layers.silu_mul import silu_mul_triton
-from omniwalk.layers.skinny_gemm import Blocks, padded_rows, skinny_gemm
+from omniwalk.kernels import skinny_gemm as sg
+from omniwalk.kernels import tuned as tuned_configs
+from omniwalk.kernels.silu_mul import silu_mul_triton
+from omniwalk.kernels.skinny_gemm import Blocks, padded_rows, skinny_gemm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # (harness.py beside this file)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ (harness.py)
 from harness import graph_call_us, markdown_table  # noqa: E402
 
 # name: (K, N, kind); partials: the consumer sums split-K parts (o_proj, down_proj); gated: N = 2I.
@@ -64,11 +66,11 @@ SHAPE_SETS = {
 }
 HEADS = ("cp lm_head", "codec head", "thinker lm_head")
 SHAPES = SHAPE_SETS["qwen3-omni"]  # the set measured (main() sets it from --shapes)
-# (run 1 of 2026-12-01: at M = 1 the GEMV lanes beat tl.dot, the larger K steps best; at M > 1 deep
-# pipelines of 64- or 32-row tiles; these are the leaders and their neighbours, incl. whole-K steps)
+# (at M = 1 the GEMV lanes beat tl.dot, the larger K steps best; at M > 1 deep pipelines of 64- or
+# 32-row tiles; these are the leaders and their neighbours, incl. whole-K steps)
 GEMV = [Blocks(8, 1024, 1, 4, 1), Blocks(16, 512, 1, 4, 1), Blocks(4, 2048, 1, 4, 1), Blocks(8, 2048, 1, 8, 1)]
 GEMV += [Blocks(16, 1024, 1, 8, 1), Blocks(4, 4096, 1, 8, 1), Blocks(32, 256, 1, 4, 1), Blocks(16, 512, 1, 4, 3)]
-# (session 31: the 7B's large products, 128 weights a thread in other shapes and depths)
+# (the 7B's large products: 128 weights a thread in other shapes and depths)
 GEMV += [Blocks(32, 512, 1, 8, 1), Blocks(16, 512, 1, 4, 2), Blocks(8, 1024, 1, 4, 2), Blocks(64, 256, 1, 8, 1)]
 DOT = [Blocks(64, 256, 1, 4, 3), Blocks(32, 128, 1, 4, 6), Blocks(32, 256, 1, 4, 4), Blocks(64, 128, 1, 4, 6)]
 DOT += [Blocks(32, 256, 1, 4, 6), Blocks(128, 128, 1, 4, 4), Blocks(64, 256, 1, 8, 3), Blocks(16, 256, 1, 4, 4)]
@@ -207,10 +209,19 @@ def report(results: list[dict], tuned: dict, out: Path) -> None:
     (out / "skinny_gemm.md").write_text("\n".join(lines) + "\n")
 
 
+def entries(table: dict) -> dict:
+    """``tune``'s table -> the tuned-config entries (``skinny_gemm.pick_blocks``'s keys; "cublas" or a tile)."""
+    return {sg._key(*key): Blocks(*blocks)._asdict() if blocks else sg.CUBLAS for key, blocks in table["tuned"]}
+
+
 def apply(path: Path, script: str, args: list[str]) -> None:
     table = json.loads(path.read_text())
     sg.MAX_ROWS = table["max_rows"] or sg.MAX_ROWS
-    sg.TUNED.update({tuple(key): blocks and Blocks(*blocks) for key, blocks in table["tuned"]})
+    measured = {key: sg._entry(value) for key, value in entries(table).items()}
+    tuned_tiles = sg.tuned_blocks
+    sg.tuned_blocks = lambda kernel, device=None: tuned_tiles(kernel, device) | (
+        measured if kernel == "skinny_gemm" else {}
+    )
     print(f"skinny_gemm: MAX_ROWS={sg.MAX_ROWS}, {len(table['tuned'])} tuned configurations", flush=True)
     sys.argv = [script, *args]
     runpy.run_path(script, run_name="__main__")
@@ -226,17 +237,22 @@ def main() -> None:
     p.add_argument("--heads", action="store_true", help="also the LM-head shapes (not on the fast path)")
     p.add_argument("--shapes", choices=sorted(SHAPE_SETS), default="qwen3-omni", help="whose decode shapes")
     p.add_argument("--names", help="comma-separated subset of the set's shapes (default: all)")
+    p.add_argument("--tune", action="store_true", help="write the tiles into omniwalk/kernels/configs/ for this GPU")
     args = p.parse_args()
     global SHAPES
     SHAPES = SHAPE_SETS[args.shapes]
     if args.names:
         SHAPES = {name: SHAPES[name] for name in args.names.split(",")}
     names = [name for name in SHAPES if args.heads or name not in HEADS]
-    run(args.out, names, [int(m) for m in args.rows.split(",")], args.workers)
+    table = run(args.out, names, [int(m) for m in args.rows.split(",")], args.workers)
+    if args.tune:
+        command = " ".join(["benchmarks/kernels/skinny_gemm.py", *sys.argv[1:]])
+        path = tuned_configs.save("skinny_gemm", tuned_configs.device_of(), entries(table), command)
+        print(f"wrote {path}", flush=True)
 
 
 @torch.inference_mode()
-def run(out: Path, names: list[str], rows: list[int], workers: int) -> None:
+def run(out: Path, names: list[str], rows: list[int], workers: int) -> dict:
     if workers:
         warm_in_parallel(rows, workers)
     results = []
@@ -248,6 +264,7 @@ def run(out: Path, names: list[str], rows: list[int], workers: int) -> None:
     tuned = tune(results, rows)
     (out / "tuned.json").write_text(json.dumps(tuned, indent=1))
     report(results, tuned, out)
+    return tuned
 
 
 if __name__ == "__main__":
