@@ -52,8 +52,8 @@ def batch_buckets(max_batch: int) -> list[int]:
 
 def record_graph(fn: Callable[..., dict], static: dict, pool, device) -> tuple[torch.cuda.CUDAGraph, dict]:
     """Warm ``fn(**static)`` up once off the graph (Triton's compiles, lazily made tables and
-    buffers), then record it into ``pool``: (graph, its outputs). (A second warm-up, as before
-    session 26, added a third of every capture's time to the start-up and nothing it needs.)"""
+    buffers), then record it into ``pool``: (graph, its outputs). (A second warm-up would add a third
+    of every capture's time to the start-up and nothing it needs.)"""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):

@@ -16,8 +16,8 @@ fixed per bucket.
 
 Buckets (``layout_buckets``) are sized from the layouts requests bring: a 5 s clip is 65 audio
 tokens in one window of 104, a 448x448 image one segment of 784 patches, a video frame group 512
-to 3072 patches. Graphs pay where the encoders are launch-bound (eager on an H200, full size, bf16:
-audio one 5 s clip 18.5 ms, 32 clips 24.4 ms; vision one 448x448 image 21.6 ms, 32 images 146.6 ms):
+to 3072 patches. Graphs pay where the encoders are launch-bound (few items a call: one clip takes
+nearly as long as 32 eagerly; docs/performance.md):
 
     tokens    T = 256, 512, ... up to max_tokens
     segments  S = powers of 4, from the fewest segments of at most ``longest`` tokens that hold

@@ -1,7 +1,7 @@
 """CUDA graphs of a KV stage's prefill forward (prompt chunks of many requests over paged KV).
 
 Eager, a prefill forward launches thousands of small kernels (~2.6k for a 48-layer MoE LM), and the
-host time to launch them bounded busy steps (docs/perf.md: ~15 ms per step at s2s B=32). A graph
+host time to launch them bounds busy steps (docs/performance.md). A graph
 replays them at the cost of one launch. Its shapes are fixed, so a step's layout is padded to a
 ``Bucket`` (``packed_graphs``: tokens T, segments S, longest segment M) and its keys to K = 2T:
 
@@ -67,8 +67,8 @@ class PrefillKV:
 
 
 def prefill_buckets(max_tokens: int) -> list[Bucket]:
-    """From 128 tokens (one request's short prompt, or the rest of one after its prefix pages: the
-    7B's projections take 3.7 ms at 128 rows, 4.9 at 256; session 37)."""
+    """From 128 tokens (one request's short prompt, or the rest of one after its prefix pages, which a
+    bucket of 256 would pad to twice its work)."""
     return layout_buckets(max_tokens, None, SHORTEST_COMMON_CHUNK, first=SHORTEST_COMMON_CHUNK)
 
 

@@ -124,8 +124,8 @@ MOE = Registry(
     "mixture of experts",
     "moe_backend",
     (
-        Impl("reference", "omniwalk.layers.moe:REFERENCE_EXPERTS"),
-        Impl("fused", "omniwalk.kernels.fused_moe:FUSED_EXPERTS", cuda=True, package="triton"),
+        Impl("reference", "omniwalk.layers.moe:REFERENCE_MOE"),
+        Impl("fused", "omniwalk.kernels.fused_moe:FUSED_MOE", cuda=True, package="triton"),
     ),
     prefer=("fused", "reference"),
 )

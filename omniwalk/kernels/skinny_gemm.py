@@ -39,6 +39,7 @@ faster for that shape (``SkinnyLinear`` then calls ``F.linear``); other shapes g
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -84,9 +85,10 @@ def _entry(value) -> Blocks | str:
     return value if value == CUBLAS else Blocks(**value)
 
 
-def tuned_blocks(kernel: str, device=None) -> dict[str, Blocks | str]:
-    """``kernel``'s ("skinny_gemm", "skinny_gemm_fp8") tuned entries for ``device`` (``tuned.configs``)."""
-    return {key: _entry(value) for key, value in tuned.configs(kernel, tuned.device_of(device)).items()}
+@functools.cache
+def tuned_blocks(kernel: str, device: tuned.Device) -> dict[str, Blocks | str]:
+    """``kernel``'s ("skinny_gemm", "skinny_gemm_fp8") tuned entries for ``device`` (``tuned.configs``), read once."""
+    return {key: _entry(value) for key, value in tuned.configs(kernel, device).items()}
 
 
 def pick_blocks(
@@ -96,7 +98,7 @@ def pick_blocks(
     ``device`` (None: the current CUDA device): the tuned tile (FP8 weights: ``skinny_gemm_fp8``'s
     first, then ``skinny_gemm``'s), None where the bf16 entry is "cublas" (never for FP8 weights,
     which cuBLAS would read dequantised), else ``default_blocks``."""
-    key = _key(padded_rows(m), n, k, gated, may_split)
+    key, device = _key(padded_rows(m), n, k, gated, may_split), tuned.device_of(device)
     if fp8 and (tile := tuned_blocks("skinny_gemm_fp8", device).get(key)) is not None:
         return tile
     tile = tuned_blocks("skinny_gemm", device).get(key)
@@ -258,7 +260,7 @@ def scale_pointers(
 
 @triton.jit
 def residual(h_ptr, d_ptr, ks, ok, stride_dk, PARTS: tl.constexpr, ROUND_EACH: tl.constexpr):
-    """h + delta at columns ks, rounded as ``norm.add_rms_norm`` rounds it (delta: PARTS parts summed in
+    """h + delta at columns ks, rounded as ``add_rms_norm`` rounds it (delta: PARTS parts summed in
     fp32, each sum rounded when ROUND_EACH, the total rounded before the add); fp32 values of h's dtype."""
     dtype = h_ptr.dtype.element_ty
     x = tl.load(h_ptr + ks, mask=ok, other=0.0).to(tl.float32)
@@ -278,7 +280,7 @@ def row_rstd(
     PARTS: tl.constexpr, ROUND_EACH: tl.constexpr, K_ROW: tl.constexpr,
 ):  # fmt: skip
     """The folded norm's prologue, over the whole row (K_ROW: K padded to a power of two, as the norm
-    kernel's block): 1 / rms of h + delta, as ``norm.add_rms_norm`` computes it; the program with
+    kernel's block): 1 / rms of h + delta, as ``add_rms_norm`` computes it; the program with
     ``writes_residual`` stores h + delta (the decoder's next residual stream)."""
     cols = tl.arange(0, K_ROW)
     ok = cols < K
@@ -290,7 +292,7 @@ def row_rstd(
 
 @triton.jit
 def normed(h_ptr, d_ptr, nw_ptr, ks, ok, rstd, stride_dk, PARTS: tl.constexpr, ROUND_EACH: tl.constexpr):
-    """RMSNorm(h + delta) at columns ks with the row's ``rstd``: ``norm.add_rms_norm``'s rounding steps
+    """RMSNorm(h + delta) at columns ks with the row's ``rstd``: ``add_rms_norm``'s rounding steps
     (normalised value rounded to the dtype, then the weight product); fp32 values of the dtype."""
     dtype = h_ptr.dtype.element_ty
     y = (residual(h_ptr, d_ptr, ks, ok, stride_dk, PARTS, ROUND_EACH) * rstd).to(dtype).to(tl.float32)

@@ -54,9 +54,12 @@ def _cuda_device(index: int) -> Device:
 
 
 def device_of(device=None) -> Device:
-    """The ``Device`` of a torch device (None: the current CUDA device where there is one, else the CPU)."""
+    """The ``Device`` of a torch device (None: the current CUDA device where there is one, else the CPU;
+    a ``Device`` as it is, e.g. a GPU named to compile for on another machine)."""
     import torch
 
+    if isinstance(device, Device):
+        return device
     if device is None:
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     device = torch.device(device)
@@ -109,5 +112,5 @@ def save(
     lines = [f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in (merged | entries).items()]
     body = ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in head.items())
     path.write_text("{\n" + body + ',\n  "configs": {\n' + ",\n".join("  " + line for line in lines) + "\n  }\n}\n")
-    configs.cache_clear()
+    configs.cache_clear()  # (the kernels' own caches of converted entries stay: a process tunes, another reads)
     return path

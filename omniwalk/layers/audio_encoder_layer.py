@@ -1,7 +1,7 @@
 """The Whisper-style audio encoder layer (bidirectional attention over packed segments, pre-LN,
 GELU MLP) and its sinusoidal positions, as HF's ``WhisperEncoderLayer`` computes them. Parameter
-names mirror the checkpoints (``self_attn.q_proj``, ``self_attn_layer_norm``, ``fc1`` ...). On the
-CUDA fast path (``decoder.use_kernels``, after loading) q/k/v run as one biased GEMM (a bias-free
+names mirror the checkpoints (``self_attn.q_proj``, ``self_attn_layer_norm``, ``fc1`` ...). With the
+fused kernels (``decoder.use_fused_kernels``, after loading) q/k/v run as one biased GEMM (a bias-free
 k_proj adds zeros): two GEMM launches fewer per layer."""
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def reference_experts(
 class GatedMLP(MergesProjections):
     """``down(silu(gate(x)) * up(x))``: the dense MLP and the MoE's shared expert.
 
-    ``merge_projections`` (CUDA fast path, after loading) replaces gate and up by one gated
+    ``merge_projections`` (the fused decoder kernels, after loading) replaces gate and up by one gated
     ``gate_up_proj`` (rows: gate then up; silu·mul in the GEMM's epilogue) and the projections by
     ``SkinnyLinear``s (decode-sized inputs through the skinny GEMM). With ``partial_output`` (a
     decoder layer's MLP, whose output the next ``RMSNorm.add`` takes) the output may then be fp32
@@ -183,8 +183,8 @@ class SparseMoE(nn.Module):
         backend: str = "reference",
     ):
         super().__init__()
-        self.top_k, self.renormalize, self.backend = top_k, renormalize, backend
-        self.impl = MOE.load(backend)  # (``prepare`` once the weights are loaded, then ``forward``)
+        self.top_k, self.renormalize = top_k, renormalize
+        self.backend = backend  # (the registry entry; its implementation: ``impl``)
         self.num_experts, self.num_shared = num_experts, 0  # num_shared: shared-expert slices folded in
         self.gate = nn.Linear(hidden_size, num_experts, bias=False)
         self.experts = FusedExperts(num_experts, hidden_size, intermediate_size)
@@ -192,6 +192,17 @@ class SparseMoE(nn.Module):
         self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False) if shared_intermediate_size else None
         # route_folded's per-token counters (this layer's own: layers never run concurrently with themselves)
         self.register_buffer("route_counters", torch.zeros(MAX_GEMV_PAIRS, dtype=torch.int32), persistent=False)
+
+    @property
+    def backend(self) -> str:
+        """The ``moe_backend`` entry this layer runs; setting it loads that implementation (``impl``:
+        ``prepare`` once the weights are loaded, then ``forward``)."""
+        return self._backend
+
+    @backend.setter
+    def backend(self, name: str) -> None:
+        self.impl = MOE.load(name)
+        self._backend = name
 
     @torch.no_grad()
     def fold_shared_expert(self) -> None:

@@ -15,7 +15,7 @@ class Qwen3OmniOptions:
     audio_encoder_batch_units: int = 65536  # mel frames per audio encoder call
     # patches per vision encoder call: about two 640x480 images (1,200 patches each); an item larger
     # than this runs alone. Smaller calls let the first images of a burst reach the thinker sooner
-    # (H200, i2t at B=32: engine TTFT p50 184 -> 113 ms with 2,400 instead of 65,536; docs/perf.md)
+    # (docs/performance.md)
     vision_encoder_batch_units: int = 2400
     vocoder_chunk_frames: int = 25  # codec frames per streamed audio chunk (12.5 frames = 1 s)
     vocoder_first_chunk_frames: int = 5  # a smaller first chunk: earlier first audio

@@ -4,11 +4,10 @@ Each component owns checkpoint prefixes (``load_weights`` names any missing or s
 them); together they take every tensor of the checkpoint (checked when all components are loaded).
 Token2wav is built in fp32, as HF's ``generate`` runs it (``self.token2wav.float()``): its ODE state,
 embeddings, speaker encoder and BigVGAN stay fp32 whatever the model's dtype. In a bf16 model the DiT's
-per-step layers run in bf16 (``DiT.run_in``): they are nearly all of token2wav's work (2.7 TMAC per second
-of streamed audio for the 7B, ``benchmarks/token2wav.py``), and fp32 matrix products run on the GPU's
-CUDA cores at a fifteenth of the bf16 tensor-core rate (H200: 67 vs 989 TFLOP/s). Against the fp32 DiT
-on the 7B token2wav config (random audible weights, 10 steps): waveform cosine 0.999997, 52 dB SNR
-(``docs/perf.md``).
+per-step layers run in bf16 (``DiT.run_in``): they are nearly all of token2wav's work
+(``benchmarks/engine/token2wav.py``), and fp32 matrix products run on the GPU's CUDA cores at a
+small fraction of the bf16 tensor-core rate. The bf16 waveform stays close to the fp32 DiT's
+(docs/performance.md).
 """
 
 from __future__ import annotations

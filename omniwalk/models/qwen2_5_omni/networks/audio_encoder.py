@@ -12,9 +12,9 @@ Parameter names mirror the checkpoint (``conv1``, ``layers.N.self_attn.q_proj``,
 ``proj``, and ``audio_bos_eos_token``, which the checkpoint holds but the forward never reads).
 The layers are the shared Whisper-style ones (``layers/audio_encoder_layer.py``) with a bias-free k_proj.
 
-On the CUDA fast path (``decoder.use_kernels``, after loading) each conv runs as one GEMM over its
-input's windows (time-major, [chunks x steps, kernel x channels]): the same sums as the conv, with
-none of cuDNN's layout transforms (~0.1 ms of a 4 s clip's frontend on an H200, session 37).
+With the fused kernels (``decoder.use_fused_kernels``, after loading) each conv runs as one GEMM over
+its input's windows (time-major, [chunks x steps, kernel x channels]): the same sums as the conv, with
+none of cuDNN's layout transforms.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ starts once the talker has the frames up to its window's end (the last one when 
 One forward's receptive field is exactly P back and F ahead, so a single evaluation over a window
 gives the kept frames exactly; the ODE chains 4 (num_steps - 1) evaluations, whose receptive field
 spans the utterance, so the streamed mel differs from the one-shot: within 0.5% relative L2 in
-tests/test_qwen2_5_omni_token2wav.py (measured 0.07-0.22% with random weights; a trained DiT may
-couple blocks more). The windows are ``token2wav_stream.py``'s. The vocoder is exact: each span of final mel frames is
+tests/models/qwen2_5_omni/test_token2wav.py (with random weights; a trained DiT may couple blocks
+more). The windows are ``token2wav_stream.py``'s. The vocoder is exact: each span of final mel frames is
 decoded with ``vocoder_context`` frames of real context either side (BigVGAN's receptive field).
 """
 

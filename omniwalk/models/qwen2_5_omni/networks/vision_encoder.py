@@ -49,7 +49,7 @@ class VisionAttention(MergesProjections):
         self.qkv: nn.Linear | None = None  # the fast path's merged projection (``merge_projections``)
 
     def merge_projections(self) -> None:
-        """CUDA fast path (``decoder.use_kernels``, after loading): q/k/v in one biased GEMM."""
+        """Fused kernels (``decoder.use_fused_kernels``, after loading): q/k/v in one biased GEMM."""
         parts = (self.q, self.k, self.v)
         self.qkv = stacked_linear([p.weight for p in parts], [p.bias for p in parts])
         del self.q, self.k, self.v
