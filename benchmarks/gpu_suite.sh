@@ -34,6 +34,13 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 want() { [[ ",$PARTS," == *",$1,"* ]]; }
 step() { echo "=== $(date -u +%H:%M:%S) $*"; }
+FAILED=()
+check() {  # after each part's command: note a failure, and say whether it failed
+  local rc=$?
+  [ "$rc" = 0 ] && return 0
+  FAILED+=("$1: exit $rc")
+  return 1
+}
 
 if [ "$QUICK" = 1 ]; then
   MIN_Q3=2; MIN_Q25=2; PER_B=1; STEPS=5; ROUNDS=1; HF_REPEATS=1; HF3=(--repeats 1); PROMPTS=1; TURNS=1
@@ -57,6 +64,7 @@ Q25=$OUT/skel/qwen2.5-omni-7b
 if want tests; then
   step "GPU tests"
   python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 5
+  check "GPU tests"
 fi
 
 SWEEP=(bash benchmarks/serving/sweep.sh)
@@ -66,14 +74,17 @@ if want qwen3; then
     step "Qwen3-Omni-30B-A3B served, $q"
     "${SWEEP[@]}" "$Q3" "$OUT/served/qwen3-omni-30b-a3b_$q" --min-requests "$MIN_Q3" --requests-per-concurrency "$PER_B" \
       -- "${flags[@]}"
+    check "served Qwen3-Omni $q"
   done
 fi
 if want qwen25; then
   step "Qwen2.5-Omni-7B served, bf16"
   "${SWEEP[@]}" "$Q25" "$OUT/served/qwen2.5-omni-7b_bf16" --min-requests "$MIN_Q25" --requests-per-concurrency "$PER_B"
+  check "served Qwen2.5-Omni"
 fi
 
 if want micro; then
+  mkdir -p "$OUT/micro"
   # bf16 and FP8 alternate within each round, so that drift in the machine falls on both alike.
   for r in $(seq "$ROUNDS"); do
     for part in thinker talker; do
@@ -81,8 +92,8 @@ if want micro; then
         opts=(); [ $q = fp8 ] && opts=(--option quantization=fp8)
         step "micro $part $q round $r"
         python3 benchmarks/engine/micro.py "$Q3" --parts "$part" "--$part-batches" 1,32 --steps "$STEPS" \
-          --out "$OUT/micro/${part}_${q}_r$r" "${opts[@]}" >"$OUT/micro/${part}_${q}_r$r.log" 2>&1 ||
-          tail -n 20 "$OUT/micro/${part}_${q}_r$r.log"
+          --out "$OUT/micro/${part}_${q}_r$r" "${opts[@]}" >"$OUT/micro/${part}_${q}_r$r.log" 2>&1
+        check "micro $part $q round $r" || tail -n 20 "$OUT/micro/${part}_${q}_r$r.log"
       done
     done
   done
@@ -91,20 +102,24 @@ fi
 if want hf; then
   step "HF transformers, Qwen3-Omni-30B-A3B"
   python3 benchmarks/baselines/hf_baseline.py "$Q3" "${HF3[@]}" --out "$OUT/hf/qwen3-omni-30b-a3b"
+  check "HF Qwen3-Omni"
   step "HF transformers, Qwen2.5-Omni-7B"
   python3 benchmarks/baselines/hf_baseline_qwen25.py "$Q25" --paths s2t,i2t,s2s,i2s --repeats "$HF_REPEATS" \
     --out "$OUT/hf/qwen2.5-omni-7b"
+  check "HF Qwen2.5-Omni"
 fi
 
 if want fp8; then
   step "FP8 logits against bf16"
   python3 benchmarks/kernels/fp8.py "$Q3" --parts accuracy --prompts "$PROMPTS" --out "$OUT/fp8"
+  check "FP8 accuracy"
 fi
 
 if want realtime; then
   step "realtime: first audio after the end of speech"
   "${SWEEP[@]}" "$Q3" "$OUT/realtime" --command "python3 benchmarks/realtime/realtime_latency.py --base-url \$BASE_URL \
     --sessions 1,16 --turns $TURNS --out $OUT/realtime/realtime_latency.json"
+  check "realtime"
 fi
 
 python3 - "$OUT" <<'EOF' | tee "$OUT/summary.md"
@@ -135,3 +150,7 @@ if runs:
 for md in sorted((out / "hf").glob("*/*.md")) + sorted((out / "fp8").glob("*.md")):
     print(f"## {md.relative_to(out)}\n\n{md.read_text()}")
 EOF
+if [ ${#FAILED[@]} -gt 0 ]; then
+  printf 'failed: %s\n' "${FAILED[@]}" | tee -a "$OUT/summary.md"
+  exit 1
+fi
