@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from omniwalk.engine.inflight import InFlight
-from omniwalk.engine.lanes import Lane
 from omniwalk.engine.request import EngineRequest, Work
 
 
@@ -56,8 +55,7 @@ class BatchStage:
         self.name, self.program, self.config = name, program, config
         self.requests: dict[str, EngineRequest] = {}
         self.last_batch_size = 0
-        self.lane = Lane(device)
-        self.inflight = InFlight(name)
+        self.inflight = InFlight(name, device)  # (also where its work launches: its device)
 
     def stats(self) -> dict:
         return {"requests": len(self.requests), "batch_size": self.last_batch_size, **self.program.stats()}
@@ -87,21 +85,21 @@ class BatchStage:
         return batch
 
     def step(self) -> bool:
-        """Launch this step's batch on the stage's lane (``finish`` completes the step before it);
+        """Launch this step's batch on the stage's device (``finish`` completes the step before it);
         returns whether any work was launched."""
         self.inflight.begin_step()
-        with self.lane.launching():
+        with self.inflight.launching():
             self._sweep()
             batch = self.schedule()
             self.last_batch_size = len(batch)
             if batch:
-                self.inflight.launch(batch, self.program.run, self.lane, self.remove)
+                self.inflight.launch(batch, self.program.run, self.remove)
         return bool(batch)
 
     def finish(self) -> None:
         """Complete the previous step's batch (host reads and commits; all launched work when this
         step launched none), then drop finished requests."""
-        with self.lane.launching():
+        with self.inflight.launching():
             self.inflight.complete(self.remove)
         self._sweep()
 

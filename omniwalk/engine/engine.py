@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from omniwalk.engine.inflight import InFlight
-from omniwalk.engine.lanes import Lane
 from omniwalk.engine.request import EngineRequest, Status
 from omniwalk.errors import OmniwalkError
 
@@ -41,8 +40,7 @@ class Stage(Protocol):
 
     def finish(self) -> None: ...
 
-    inflight: InFlight  # launched work not yet completed (engine/inflight.py)
-    lane: Lane  # where its work launches (its device; engine/lanes.py)
+    inflight: InFlight  # launched work not yet completed, and the device it launches on (engine/inflight.py)
 
     def stats(self) -> dict: ...
 
@@ -79,7 +77,7 @@ class Engine:
     def step(self) -> bool:
         """Advance every stage once; returns whether any stage launched work.
 
-        Upstream first, each stage launches its next batch (through its lane, ``engine/lanes.py``), then
+        Upstream first, each stage launches its next batch (on its device's current stream), then
         completes the batch it launched one step before (waits for that batch's host read and
         commits it; ``engine/inflight.py``). So the device always has a step queued while the
         host reads, commits and schedules, and a stage sees what the stages before it committed
@@ -110,14 +108,13 @@ class Engine:
                 req.emit("finished")
 
     def capture_graphs(self) -> dict[str, float]:
-        """Let every stage that has them capture its CUDA graphs, one memory pool per stage (made for
-        stages replaying at once on streams of their own; today they share one stream, see
-        ``engine/lanes.py``, and one pool would do: its memory saving is not measured).
+        """Let every stage that has them capture its CUDA graphs, one memory pool per stage (stages
+        share their device's current stream, ``engine/inflight.py``, so one pool would also do).
         -> seconds per stage (Triton's compiles in the first warm-ups included)."""
         seconds = {}
         for name, stage in self.stages.items():
             start = time.perf_counter()
-            with stage.lane.launching():  # (each stage's graphs on its own device)
+            with stage.inflight.launching():  # (each stage's graphs on its own device)
                 stage.capture_graphs(None)
             seconds[name] = time.perf_counter() - start
         return seconds

@@ -9,15 +9,23 @@ codec EOS) is dropped at its completion (its KV goes with the request's pages).
 
 ``complete`` finishes every step's work but the newest, or all of it when the newest step
 launched nothing (nothing left to overlap with: the last results must come out).
+
+Every stage launches on its device's current stream, so what a stage launches is ordered after
+what the stages before it launched, and a request's inputs need no event between stages. Stages
+overlap only through the lookahead above. NOTE: per-stage CUDA streams with events on the data
+edges hang the server (the speech stage's host read of a frame can wait forever for its event), so
+they are not used.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from omniwalk.engine.lanes import Lane, upstream_events
+import torch
+
 from omniwalk.engine.request import EngineRequest, Work
 
 Items = list[Work]
@@ -27,37 +35,39 @@ Items = list[Work]
 class Launch:
     items: Items  # (request, units of work) it carried
     done: Callable[[], None] | None  # waits for its host read and commits; None: nothing to complete
-    event: object  # recorded on the stage's lane after the launch
 
 
 class InFlight:
-    def __init__(self, stage: str):
+    def __init__(self, stage: str, device="cpu"):
         self.stage = stage
+        self.device = torch.device(device)
         self.steps: deque[list[Launch]] = deque()
+
+    def launching(self):
+        """Context in which the stage's kernels are launched and completed: its device made current
+        (Triton kernels and CUDA graph captures use the current device, so a stage placed on another
+        GPU than the one before it must not launch there)."""
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
     def begin_step(self) -> None:
         self.steps.append([])
 
-    def launch(self, items: Items, run: Callable[[Items], Callable | None], lane: Lane, remove) -> None:
-        """Launch ``run(items)`` on ``lane`` after the inputs it reads (the upstream stamps of its
-        requests). If it raises, each item is launched alone and only those that fail alone fail
-        (``run`` must leave request state untouched when it raises)."""
-        lane.wait_for(event for req, _ in items for event in upstream_events(req, self.stage))
+    def launch(self, items: Items, run: Callable[[Items], Callable | None], remove) -> None:
+        """Launch ``run(items)``. If it raises, each item is launched alone and only those that fail
+        alone fail (``run`` must leave request state untouched when it raises)."""
         try:
-            self.add(items, run(items), lane.record())
+            self.add(items, run(items))
         except Exception:
             for item in items:
                 try:
-                    self.add([item], run([item]), lane.record())
+                    self.add([item], run([item]))
                 except Exception as e:  # noqa: BLE001 - any model error fails just this request
                     item[0].fail(e)
                     remove(item[0])
 
-    def add(self, items: Items, done: Callable[[], None] | None, event) -> None:
+    def add(self, items: Items, done: Callable[[], None] | None) -> None:
         """A launch of this step; one with nothing to complete has made its outputs visible already."""
-        self.steps[-1].append(Launch(items, done, event))
-        if done is None:
-            _stamp(items, self.stage, event)
+        self.steps[-1].append(Launch(items, done))
 
     @property
     def is_empty(self) -> bool:
@@ -69,10 +79,10 @@ class InFlight:
         keep = 1 if self.steps and self.steps[-1] else 0
         while len(self.steps) > keep:
             for launch in self.steps.popleft():
-                _complete(launch, self.stage, remove)
+                _complete(launch, remove)
 
 
-def _complete(launch: Launch, stage: str, remove: Callable[[EngineRequest], None]) -> None:
+def _complete(launch: Launch, remove: Callable[[EngineRequest], None]) -> None:
     if launch.done is None:
         return
     try:
@@ -81,10 +91,3 @@ def _complete(launch: Launch, stage: str, remove: Callable[[EngineRequest], None
         for req, _ in launch.items:
             req.fail(e)
             remove(req)
-        return
-    _stamp(launch.items, stage, launch.event)
-
-
-def _stamp(items: Items, stage: str, event) -> None:
-    for req, _ in items:
-        req.produced[stage] = event

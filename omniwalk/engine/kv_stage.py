@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 from omniwalk.engine.inflight import InFlight
 from omniwalk.engine.kv_pages import KVStorage, PageTable
-from omniwalk.engine.lanes import Lane
 from omniwalk.engine.paged_attention import PagedBatch, Segment
 from omniwalk.engine.request import Chunk, EngineRequest, Status, Work
 
@@ -95,8 +94,7 @@ class KVStage:
         self.num_preemptions = 0
         self.num_prefix_tokens = 0  # prompt tokens taken from keyed pages instead of computed
         self.last_batch_size = 0
-        self.lane = Lane(device)
-        self.inflight = InFlight(name)
+        self.inflight = InFlight(name, device)  # (also where its work launches: its device)
 
     @property
     def pool(self):
@@ -172,22 +170,22 @@ class KVStage:
         self.num_preemptions += 1
 
     def step(self) -> bool:
-        """Launch this step's batch on the stage's lane (``finish`` completes the step before it);
+        """Launch this step's batch on the stage's device (``finish`` completes the step before it);
         returns whether any work was launched."""
         self.inflight.begin_step()
-        with self.lane.launching():
+        with self.inflight.launching():
             for req in [r for r in (*self.running, *self.waiting) if self._is_done(r)]:
                 self.remove(req)  # finished without work in this stage (e.g. nothing left to say)
             batch = self.schedule()
             self.last_batch_size = len(batch)
             for group in self._groups(batch) if batch else []:
-                self.inflight.launch(group, self._run, self.lane, self.remove)
+                self.inflight.launch(group, self._run, self.remove)
         return bool(batch)
 
     def finish(self) -> None:
         """Complete the previous step's batch (host reads and commits; all launched work when this
         step launched none), then drop finished requests."""
-        with self.lane.launching():
+        with self.inflight.launching():
             self.inflight.complete(self.remove)
         for req in [r for r in (*self.running, *self.waiting) if self._is_done(r)]:
             self.remove(req)

@@ -46,9 +46,6 @@ class EngineRequest:
     error: Exception | None = None
     events: deque[Event] = field(default_factory=deque)
     order: int = field(default_factory=lambda: next(_counter))  # FIFO tie-breaker and preemption age
-    # stage name -> the event after which that stage's outputs for this request are on the device
-    # (``engine/lanes.py``: the data edges between stages; passed markers while stages share one stream)
-    produced: dict[str, Any] = field(default_factory=dict)
 
     def emit(self, kind: str, data: Any = None) -> None:
         self.events.append(Event(kind, data))
