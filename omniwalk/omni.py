@@ -29,7 +29,7 @@ from omniwalk.models.family import RequestOutput
 from omniwalk.models.locate import locate
 from omniwalk.models.registry import family_module
 from omniwalk.parallel import ranks
-from omniwalk.parallel.worker import start_ranks
+from omniwalk.parallel.group import start_ranks
 
 
 class Omni:

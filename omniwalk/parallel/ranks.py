@@ -42,7 +42,7 @@ def rank_of(tensor_parallel: int) -> int:
         return 0
     if world() != tensor_parallel:
         raise ConfigError(
-            f"tensor_parallel is {tensor_parallel} but {world()} rank(s) run (omniwalk/parallel/worker.py)"
+            f"tensor_parallel is {tensor_parallel} but {world()} rank(s) run (omniwalk/parallel/group.py)"
         )
     return rank()
 
