@@ -2,6 +2,7 @@
 SIGTERM with requests in flight."""
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from helpers.qwen3_omni import checkpoint
 from omniwalk.models.qwen3_omni.checkpoint.tiny import make_tiny_checkpoint
 
 LONG = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 8000, "ignore_eos": True}
+SLOW_MAX_TOKENS = 4001  # helpers/fault_server.py: at least 20 ms a token (not imported: it patches at import)
 
 
 def _serve(*flags, model: str) -> subprocess.Popen:
@@ -97,25 +99,65 @@ def test_hang_ups_abort_and_engine_death_fails_requests_and_exits_non_zero():
     assert proc.returncode == 1 and "the engine process exited with code -9" in output, output
 
 
+def _unfinished(base: str) -> float:
+    """The requests the (single) engine replica holds, from /metrics."""
+    metrics = httpx.get(f"{base}/metrics").text
+    line = next(x for x in metrics.splitlines() if x.startswith('omniwalk_engine{quantity="unfinished",replica="0"'))
+    return float(line.rsplit(" ", 1)[1])
+
+
+async def _until(predicate, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.1)
+
+
 def test_sigterm_drains_requests_in_flight_then_aborts_the_rest():
-    proc, base = launch("--shutdown-grace-s", "10")
+    """No wall-clock window either way: the slow request (at least 20 ms a token in the fault server, so at
+    least 80 s) cannot finish within the 30 s grace on any machine, and the stop signal goes out only once it
+    is in the engine and each short one has streamed its first token: what the short ones still have to do
+    is two decode steps, which the grace outlasts by orders of magnitude even on a loaded machine."""
+    grace = 30
+    proc, base = launch("--shutdown-grace-s", str(grace), entry=("-m", "tests.helpers.fault_server"))
     url = f"{base}/v1/chat/completions"
-    short = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "ignore_eos": True}
+    slow = {"messages": [{"role": "user", "content": "go"}], "max_tokens": SLOW_MAX_TOKENS, "ignore_eos": True}
+    short = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "ignore_eos": True, "stream": True}
+    short["stream_options"] = {"include_usage": True}
+
+    async def stream(h: httpx.AsyncClient, started: asyncio.Event) -> tuple[int, int, str]:
+        """(status, completion tokens, finish reason) of a streamed chat; ``started`` set at its first token."""
+        tokens, finish = 0, None
+        async with h.stream("POST", url, json=short) as r:
+            async for line in r.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[len("data: ") :])
+                assert "error" not in chunk, chunk
+                if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                    started.set()
+                if chunk["choices"] and chunk["choices"][0].get("finish_reason"):
+                    finish = chunk["choices"][0]["finish_reason"]
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+            return r.status_code, tokens, finish
 
     async def scenario():
-        async with httpx.AsyncClient(timeout=60) as h:
-            flying = [asyncio.create_task(h.post(url, json=body)) for body in (short, short, LONG)]
-            await asyncio.sleep(0.5)
+        async with httpx.AsyncClient(timeout=120) as h:
+            long = asyncio.create_task(h.post(url, json=slow))
+            await _until(lambda: _unfinished(base) == 1)
+            started = [asyncio.Event(), asyncio.Event()]
+            shorts = [asyncio.create_task(stream(h, event)) for event in started]
+            await asyncio.wait_for(asyncio.gather(*(event.wait() for event in started)), 60)
             proc.send_signal(signal.SIGTERM)
             sent = time.monotonic()
-            replies = await asyncio.gather(*flying)
+            replies = await asyncio.gather(*shorts, long)
             return replies, time.monotonic() - sent
 
     (first, second, long), seconds = asyncio.run(scenario())
-    for r in (first, second):
-        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8, r.text
+    assert first == second == (200, 3, "length"), (first, second)
     assert long.status_code == 503 and "shutting down" in long.json()["error"]["message"], long.text
-    assert 9 < seconds < 30
+    assert seconds >= grace - 0.1  # (the server's grace starts when the signal arrives, after ``sent``)
     output = proc.communicate(timeout=30)[0]
     assert proc.returncode == 0 and output.rstrip().endswith("stopped"), output
     try:
