@@ -1,7 +1,10 @@
 """Talk over the Realtime API: say something (a WAV file, or a text), hear the answer (saved as .wav).
 
-python examples/realtime_talk.py --base-url http://127.0.0.1:8000/v1 --wav question.wav --out answer.wav
+python examples/realtime_talk.py --wav question.wav --out answer.wav
 python examples/realtime_talk.py --text "Hello!"
+
+The server: --base-url, else $OPENAI_BASE_URL (read as the openai SDK reads it), else
+http://127.0.0.1:8000/v1; the key: $OPENAI_API_KEY, if the server asks for one.
 
 With --wav, the audio streams in 100 ms chunks, as a microphone would, followed by a second of
 silence: the server's VAD finds the end of the turn and answers by itself.
@@ -10,6 +13,7 @@ silence: the server's VAD finds the end of the turn and answers by itself.
 import argparse
 import asyncio
 import base64
+import os
 
 import numpy as np
 import openai
@@ -17,7 +21,11 @@ import soundfile
 import soxr
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
+parser.add_argument(
+    "--base-url",
+    default=os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1"),
+    help="the server's OpenAI API root (default: $OPENAI_BASE_URL, else http://127.0.0.1:8000/v1)",
+)
 parser.add_argument("--wav", help="what to say (any WAV; converted to 24 kHz mono PCM16)")
 parser.add_argument("--text", default="Tell me a short story.", help="what to say, without --wav")
 parser.add_argument("--out", default="answer.wav")
@@ -31,7 +39,7 @@ def pcm16_24k(path: str) -> bytes:
 
 
 async def main() -> None:
-    client = openai.AsyncOpenAI(base_url=args.base_url, api_key="unused")
+    client = openai.AsyncOpenAI(base_url=args.base_url, api_key=os.environ.get("OPENAI_API_KEY", "unused"))
     async with client.realtime.connect(model="qwen3-omni") as conn:
         # the answer's length bound (max_audio_frames: 12.5 a second) is omniwalk's, as in chat's extra body
         session = {"type": "realtime", "audio": {"output": {"voice": "chelsie"}}, "max_output_tokens": 32,

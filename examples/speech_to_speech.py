@@ -1,6 +1,9 @@
 """Audio in, text + speech out, saved as a .wav (the OpenAI audio chat API).
 
-    python examples/speech_to_speech.py --base-url http://127.0.0.1:8000/v1 --audio question.wav --out answer.wav
+    python examples/speech_to_speech.py --audio question.wav --out answer.wav
+
+The server: --base-url, else $OPENAI_BASE_URL (read as the openai SDK reads it), else
+http://127.0.0.1:8000/v1; the key: $OPENAI_API_KEY, if the server asks for one.
 
 Without --audio it sends a generated one-second tone.
 """
@@ -8,13 +11,18 @@ Without --audio it sends a generated one-second tone.
 import argparse
 import base64
 import io
+import os
 
 import numpy as np
 import openai
 import soundfile
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
+parser.add_argument(
+    "--base-url",
+    default=os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1"),
+    help="the server's OpenAI API root (default: $OPENAI_BASE_URL, else http://127.0.0.1:8000/v1)",
+)
 parser.add_argument("--audio", help="a wav/flac/mp3/ogg file to ask about")
 parser.add_argument("--out", default="answer.wav")
 args = parser.parse_args()
@@ -26,7 +34,7 @@ else:
     soundfile.write(buf, 0.2 * np.sin(2 * np.pi * 440 * np.arange(16000) / 16000), 16000, format="WAV")
     data = buf.getvalue()
 
-client = openai.OpenAI(base_url=args.base_url, api_key="unused")
+client = openai.OpenAI(base_url=args.base_url, api_key=os.environ.get("OPENAI_API_KEY", "unused"))
 reply = client.chat.completions.create(
     model="qwen3-omni",
     modalities=["text", "audio"],

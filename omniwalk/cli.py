@@ -125,7 +125,7 @@ def _bench(args: argparse.Namespace) -> None:
     import asyncio
 
     from omniwalk.bench.loadgen import BenchConfig, run_cell
-    from omniwalk.bench.report import summarize, write
+    from omniwalk.bench.report import CHARTS_HINT, can_chart, summarize, write
     from omniwalk.bench.workload import presets_for
     from omniwalk.models.registry import bench_anchors
 
@@ -153,7 +153,7 @@ def _bench(args: argparse.Namespace) -> None:
     cells, raw = {}, {}
     for path in cfg.paths:
         for b in cfg.concurrency:
-            records, wall = asyncio.run(run_cell(cfg, presets[path], b))
+            records, wall = asyncio.run(run_cell(cfg, presets[path], b, progress=_to_stderr))
             raw[(path, b)], cells[(path, b)] = records, summarize(records, wall)
             s = cells[(path, b)]
             print(
@@ -164,6 +164,12 @@ def _bench(args: argparse.Namespace) -> None:
     files = write(args.out, cells, raw, bench_anchors(model))
     print((args.out / "results.md").read_text())
     print("wrote " + ", ".join(str(f) for f in files))
+    if not can_chart():
+        print(CHARTS_HINT, file=sys.stderr)
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 _SIZE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30}
@@ -178,6 +184,15 @@ def parse_size(text: str) -> int:
     if not match:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 4096, 512MiB, 16GiB, 1.5GB)")
     return int(float(match.group(1)) * _SIZE_UNITS[match.group(2) or ""])
+
+
+def format_size(num_bytes: int) -> str:
+    """67108864 -> '64MiB': the largest binary unit that divides it exactly (a size ``parse_size`` reads)."""
+    for unit in ("Ti", "Gi", "Mi", "Ki"):
+        scale = _SIZE_UNITS[unit.lower()]
+        if num_bytes and num_bytes % scale == 0:
+            return f"{num_bytes // scale}{unit}B"
+    return str(num_bytes)
 
 
 def parse_bool(text: str) -> bool:
@@ -195,7 +210,8 @@ def _choices() -> dict[str, tuple[str, ...]]:
 
 def _add_dataclass_flags(parser: argparse.ArgumentParser, cls, skip=()) -> None:
     """One ``--field-name`` flag per dataclass field, typed and defaulted from the field: booleans
-    are flags (``--x``; ``--x false`` also works), ``*_bytes`` take sizes (``16GiB``), choices are listed."""
+    are flags (``--x``; ``--x false`` also works), ``*_bytes`` take sizes (``512KiB``, ``16GiB``, ``1.5GB``),
+    choices are listed."""
     import dataclasses
 
     choices = _choices()
@@ -209,7 +225,8 @@ def _add_dataclass_flags(parser: argparse.ArgumentParser, cls, skip=()) -> None:
         if kind.startswith("bool"):
             parser.add_argument(flag, nargs="?", const=True, type=parse_bool, **common)
         elif f.name.endswith("_bytes"):
-            parser.add_argument(flag, type=parse_size, **{**common, "help": common["help"] + "; e.g. 16GiB"})
+            size_help = f"{cls.__name__}.{f.name}: a size in bytes, units allowed (default: {format_size(default)})"
+            parser.add_argument(flag, type=parse_size, **{**common, "help": size_help})
         else:
             convert = int if kind.startswith("int") else float if kind.startswith("float") else str
             parser.add_argument(flag, type=convert, choices=choices.get(f.name), **common)
@@ -248,15 +265,17 @@ def _add_serve(sub) -> None:
 
 def _add_bench(sub) -> None:
     bench = sub.add_parser("bench", help="closed-loop load test of an OpenAI-compatible omni server")
-    bench.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
-    bench.add_argument("--model-name", default=None, help="the model name the server expects (default: its first)")
-    bench.add_argument("--api-key", default=None)
-    bench.add_argument("--paths", default="s2t,i2t,s2s,i2s", help="comma list of s2t,i2t,s2s,i2s,t2t,t2s")
-    bench.add_argument("--concurrency", default="1,4,16,32", help="comma list of in-flight request counts")
-    bench.add_argument("--min-requests", type=int, default=50, help="N = max(min_requests, k * B) per cell")
-    bench.add_argument("--requests-per-concurrency", type=int, default=10, help="k in N = max(min_requests, k * B)")
-    bench.add_argument("--warmup-waves", type=int, default=1)
-    bench.add_argument("--out", type=Path, default=Path("bench-results"))
+    add, dflt = bench.add_argument, " (default: %(default)s)"
+    add("--base-url", default="http://127.0.0.1:8000/v1", help="the server's OpenAI API root" + dflt)
+    add("--model-name", default=None, help="the model name the server expects (default: the first it lists)")
+    add("--api-key", default=None, help="sent as a bearer token (default: none)")
+    add("--paths", default="s2t,i2t,s2s,i2s", help="comma list of s2t,i2t,s2s,i2s,t2t,t2s" + dflt)
+    add("--concurrency", default="1,4,16,32", help="comma list of in-flight request counts B" + dflt)
+    add("--min-requests", type=int, default=50, help="N = max(min_requests, k * B) per cell" + dflt)
+    add("--requests-per-concurrency", type=int, default=10, help="k in N = max(min_requests, k * B)" + dflt)
+    add("--warmup-waves", type=int, default=1, help="unmeasured waves of B requests before a cell" + dflt)
+    out_help = "folder for results.json, results.md and, with matplotlib, the charts"
+    add("--out", type=Path, default=Path("bench-results"), help=out_help + dflt)
     bench.set_defaults(func=_bench)
 
 

@@ -5,9 +5,11 @@ requests_per_concurrency * B) measured requests after ``warmup_waves`` waves of 
 ones. Every request streams, so first text and first audio are timed where the client sees them.
 
 Request bodies (synthetic speech as WAV, photos as JPEG, each request its own input) are built and
-JSON-encoded before the cell starts, in a process pool: built on the client's event loop they cost
-30-60 ms (s2t) and 150-250 ms (i2t) each, which stalled every stream's reads and capped a B=32 cell at
-what one core could synthesise (a third of the s2t figure, 2026-12-02).
+JSON-encoded before the cell starts, in a process pool: built on the client's event loop they would
+stall every stream's reads and cap a cell at what one core can synthesise.
+
+While a cell runs, ``progress`` (if given) gets a line every ``progress_every_s`` seconds: requests
+done of the cell's total (warm-up included) and the seconds elapsed.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import base64
 import json
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -107,20 +110,47 @@ def _consume(record: RequestRecord, chunk: dict, now: float) -> None:
             record.audio_seconds += len(base64.b64decode(audio["data"])) / PCM_BYTES_PER_SECOND
 
 
-async def run_cell(cfg: BenchConfig, work: Workload, concurrency: int) -> tuple[list[RequestRecord], float]:
+async def run_cell(
+    cfg: BenchConfig,
+    work: Workload,
+    concurrency: int,
+    progress: Callable[[str], None] | None = None,
+    progress_every_s: float = 5.0,
+) -> tuple[list[RequestRecord], float]:
     """-> (measured records, wall seconds of the measured phase)."""
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     async with httpx.AsyncClient(timeout=cfg.request_timeout_s, limits=limits) as http:
         gate = asyncio.Semaphore(concurrency)
+        num_done = 0
 
         async def gated(body: bytes) -> RequestRecord:
+            nonlocal num_done
             async with gate:
-                return await one_request(http, cfg, work, concurrency, body)
+                record = await one_request(http, cfg, work, concurrency, body)
+            num_done += 1
+            return record
 
         warmup = [10_000 + i for i in range(cfg.warmup_waves * concurrency)]
         measured = list(range(max(cfg.min_requests, cfg.requests_per_concurrency * concurrency)))
-        bodies = await asyncio.to_thread(encoded_bodies, work, cfg.model, warmup + measured)
-        await asyncio.gather(*(gated(body) for body in bodies[: len(warmup)]))
-        start = time.perf_counter()
-        records = await asyncio.gather(*(gated(body) for body in bodies[len(warmup) :]))
-        return list(records), time.perf_counter() - start
+        label, total = f"{work.path} B={concurrency}", len(warmup) + len(measured)
+        ticker = None
+        if progress is not None:
+            progress(f"{label}: {total} requests ({len(warmup)} warm-up)")
+            ticker = asyncio.create_task(_tick(progress, progress_every_s, lambda: f"{label}: {num_done}/{total}"))
+        try:
+            bodies = await asyncio.to_thread(encoded_bodies, work, cfg.model, warmup + measured)
+            await asyncio.gather(*(gated(body) for body in bodies[: len(warmup)]))
+            start = time.perf_counter()
+            records = await asyncio.gather(*(gated(body) for body in bodies[len(warmup) :]))
+            return list(records), time.perf_counter() - start
+        finally:
+            if ticker is not None:
+                ticker.cancel()
+
+
+async def _tick(progress: Callable[[str], None], every_s: float, status: Callable[[], str]) -> None:
+    """``progress(status() + elapsed seconds)`` every ``every_s`` seconds until cancelled."""
+    start = time.perf_counter()
+    while True:
+        await asyncio.sleep(every_s)
+        progress(f"{status()} requests, {time.perf_counter() - start:.0f}s")

@@ -66,14 +66,27 @@ def _fmt(s: dict, key: str, digits: int, scale: float = 1.0) -> str:
     return f"{s[key] * scale:.{digits}f}" if key in s else "-"
 
 
+CHARTS_HINT = "charts skipped: matplotlib is not installed (pip install 'omniwalk[bench]')"
+
+
+def can_chart() -> bool:
+    """Whether matplotlib imports (the ``bench`` extra): charts are optional, tables are not."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def write(out: Path, cells: dict, raw: dict[tuple[str, int], list[RequestRecord]], anchors: dict | None = None):
-    """results.json (summaries + raw per-request records), results.md, and a PNG per metric with
-    ``anchors`` (system -> path -> concurrency -> summary key -> value) drawn beside ours."""
+    """results.json (summaries + raw per-request records), results.md, and, with matplotlib, a PNG
+    per metric with ``anchors`` (system -> path -> concurrency -> summary key -> value) drawn beside ours."""
     out.mkdir(parents=True, exist_ok=True)
     data = {f"{p}@{b}": {"summary": s, "requests": [asdict(r) for r in raw[(p, b)]]} for (p, b), s in cells.items()}
     (out / "results.json").write_text(json.dumps(data, indent=1))
     (out / "results.md").write_text(markdown(cells) + "\n")
-    return [out / "results.json", out / "results.md", *_charts(out, cells, anchors or {})]
+    charts = _charts(out, cells, anchors or {}) if can_chart() else []
+    return [out / "results.json", out / "results.md", *charts]
 
 
 def _charts(out: Path, cells: dict, anchors: dict) -> list[Path]:
