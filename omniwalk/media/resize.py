@@ -5,11 +5,11 @@
 - Video frames: ``F.interpolate(bicubic, antialias=True)`` batched over frames. On the CPU it
   runs torch's native uint8 kernel, which is what torchvision's ``resize`` (and so HF's
   ``Qwen2VLVideoProcessor``) runs on uint8 frames; on other devices it runs in float32, clamped
-  and rounded: measured against the uint8 kernel on noise frames (64x96 -> 320x448) that differs
-  by up to 24 uint8 levels, 0.22 on average.
+  and rounded, which differs from the uint8 kernel on noise frames (64x96 -> 320x448) by up to
+  24 uint8 levels, 0.22 on average.
 
-Why images are not resized with torch on the device: measured against Pillow on random-noise
-images, torch's antialiased bicubic (Keys a = -0.75; Pillow uses a = -0.5 with fixed-point
+Why images are not resized with torch on the device: against Pillow on random-noise images,
+torch's antialiased bicubic (Keys a = -0.75; Pillow uses a = -0.5 with fixed-point
 weights and a uint8 round-and-clip between its two passes) differs by up to 22 uint8 levels when
 upscaling (100x150 -> 96x160: 23% of values differ) and up to 6 when downscaling
 (1000^2 -> 512^2); that is up to 0.17 after normalisation to [-1, 1]. A fixed-point port of

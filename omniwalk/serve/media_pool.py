@@ -6,11 +6,9 @@ own request). Decoding and preprocessing (``omniwalk.media.preprocess``: images 
 as the served family's processor resizes them, ``ModelInfo.patch_specs``) run in a bounded pool
 of threads; the engine then receives arrays only, and its step loop never decodes.
 
-Threads, not processes: measured on this 2-core machine (``benchmarks/media_pool.py``, results
-in ``benchmarks/results/2026-12-01-cpu/media_pool.txt``) the codecs and resizers release the GIL
-enough that 2 threads decode a mixed set as fast as 2 processes (2.21 s vs 2.39 s for 12 items)
-while the event loop stays responsive (worst lateness 4 ms vs 5 ms); processes also pay a copy
-of every decoded array back to this process.
+Threads, not processes: the codecs and resizers release the GIL, so threads decode a mixed set
+about as fast as as many processes while the event loop stays responsive, and processes would
+also pay a copy of every decoded array back to this process.
 
 Bounds: ``media_workers`` threads; at most ``max_media_queue`` items submitted and not done (the
 next request's media is refused with a 429). Bad media fails only its request: a 400 naming the

@@ -1,8 +1,8 @@
 """Server VAD: a stream of PCM16 24 kHz samples in, "speech started" / "speech stopped" out.
 
-The per-frame decision is the WebRTC VAD (``webrtcvad-wheels``, a C library: 3-4 µs per 20 ms
-frame, 12-15 µs with the resampling and the vote, on the 2-core CI machine;
-``benchmarks/realtime_vad.py``). Audio is resampled to 16 kHz
+The per-frame decision is the WebRTC VAD (``webrtcvad-wheels``, a C library cheap enough to run
+on the event loop, resampling and vote included; ``benchmarks/realtime/realtime_vad.py`` times
+it). Audio is resampled to 16 kHz
 (soxr's quick mode: the VAD itself works on the 0-4 kHz band, where that mode's aliasing does
 not reach) and cut into 20 ms frames. Over the frames, a vote:
 
@@ -34,8 +34,8 @@ VAD_RATE = 16000
 FRAME_MS = 20
 FRAME_SAMPLES = INPUT_RATE * FRAME_MS // 1000  # 480 input samples per frame
 _VAD_FRAME = VAD_RATE * FRAME_MS // 1000  # 320 resampled samples per frame
-# The WebRTC VAD calls the first ~80 ms of a stream voiced whatever it holds, while it adapts its
-# noise model (measured on quiet noise at -54 to -30 dBFS): those frames vote unvoiced.
+# The WebRTC VAD calls the first ~80 ms of a stream voiced whatever it holds (quiet noise at -54 to
+# -30 dBFS included), while it adapts its noise model: those frames vote unvoiced.
 WARMUP_FRAMES = 5
 
 
