@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -62,12 +63,19 @@ class Venv:
 
 
 @pytest.fixture(scope="module")
-def venv(tmp_path_factory) -> Venv:
+def wheel(tmp_path_factory) -> Path:
     base = tmp_path_factory.mktemp("wheel")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     src = _source_copy(base / "src")
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", src, "-w", base / "dist"], env, base, 300)
-    (wheel,) = (base / "dist").glob("omniwalk-*.whl")
+    (built,) = (base / "dist").glob("omniwalk-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def venv(wheel) -> Venv:
+    base = wheel.parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     _run([sys.executable, "-m", "venv", base / "venv"], env, base, 120)  # no --system-site-packages
     work = base / "work"  # outside the checkout: nothing importable from the current folder
     work.mkdir()
@@ -75,6 +83,17 @@ def venv(tmp_path_factory) -> Venv:
     v.run(v.bin("python"), "-m", "pip", "install", "-q", TORCH, timeout=600)
     v.run(v.bin("python"), "-m", "pip", "install", "-q", wheel, timeout=600)
     return v
+
+
+def test_the_wheel_holds_every_data_file_of_the_package(wheel):
+    """Every file under omniwalk/ that is not Python (configs, presets, tuned tiles, the talk page)."""
+    source = wheel.parents[1] / "src"
+    data = {p.relative_to(source).as_posix() for p in (source / "omniwalk").rglob("*") if p.is_file()}
+    data = {name for name in data if not name.endswith((".py", ".pyc"))}
+    assert data, "the package has no data files: the source copy is wrong"
+    with zipfile.ZipFile(wheel) as z:
+        missing = sorted(data - set(z.namelist()))
+    assert not missing, f"the wheel lacks {missing}"
 
 
 def test_the_venv_imports_the_wheel_not_the_checkout(venv):
