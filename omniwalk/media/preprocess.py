@@ -11,7 +11,7 @@ step loop receives arrays only:
 Images and video frames are resized with the served family's ``PatchSpec`` for their kind
 (``ModelInfo.patch_specs``; none: kept at their decoded size). These array parts are what the
 family's own preprocessing would have made: re-measuring them resizes nothing and keeps every
-sampled frame (``tests/test_media_preprocess.py``).
+sampled frame (``tests/media/test_preprocess.py``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ kept whole: the model hears it again at every later turn); an assistant item hol
 its audio's transcript) and the length of the audio it spoke. As in chat completions, earlier
 answers reach the prompt as their text. A truncated answer (barge-in, ``conversation.item.truncate``)
 keeps the part of its transcript that was heard: the share of its words equal to the share of
-its audio played (the model streams no word timings; an estimate, said so in the README).
+its audio played (the model streams no word timings; an estimate, said so in docs/realtime.md).
 """
 
 from __future__ import annotations
