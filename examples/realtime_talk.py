@@ -43,7 +43,7 @@ async def main() -> None:
     async with client.realtime.connect(model="qwen3-omni") as conn:
         # the answer's length bound (max_audio_frames: 12.5 a second) is omniwalk's, as in chat's extra body
         session = {"type": "realtime", "audio": {"output": {"voice": "chelsie"}}, "max_output_tokens": 32,
-                   "max_audio_frames": 50}  # fmt: skip
+                   "max_audio_frames": 50}
         if args.wav:
             session["audio"]["input"] = {"transcription": {"model": "qwen3-omni"}}  # server VAD is on by default
         await conn.session.update(session=session)

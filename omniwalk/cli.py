@@ -90,7 +90,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
     options["model"] = str(model)
     return _run_server(server, MediaLimits(**{f.name: options[f.name] for f in dataclasses.fields(MediaLimits)}),
-                       options, model, sock)  # fmt: skip
+                       options, model, sock)
 
 
 def _run_server(server, limits, options: dict, model, sock) -> int:
@@ -253,7 +253,7 @@ def _add_serve(sub) -> None:
 
     serve = sub.add_parser("serve", help="serve a checkpoint over an OpenAI-compatible HTTP API")
     serve.add_argument("--model", default=None, help="checkpoint directory, preset name (with --random-weights) or "
-                       "Hugging Face id ORG/NAME in the local cache (default: the embedded tiny model)")  # fmt: skip
+                       "Hugging Face id ORG/NAME in the local cache (default: the embedded tiny model)")
     from omniwalk.models.registry import all_options
 
     seen = {"model"}
@@ -293,7 +293,7 @@ def _add_make_tiny(sub) -> None:
     tiny.add_argument(
         "--quantization", choices=("none", "fp8"), default="none",
         help="fp8: the family's quantised weights in the block-wise FP8 format (float8_e4m3fn + *_scale_inv)",
-    )  # fmt: skip
+    )
     tiny.set_defaults(func=_make_tiny)
 
 

@@ -65,7 +65,7 @@ class Guard:
             access_log.info(
                 '%s %s "%s %s" %s %.0fms', rid, (scope.get("client") or ("-",))[0], scope["method"], scope["path"],
                 status, (time.monotonic() - start) * 1000,
-            )  # fmt: skip
+            )
 
     def _capped(self, receive):
         total = 0

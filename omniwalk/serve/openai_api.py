@@ -29,13 +29,13 @@ from omniwalk.serve.media_pool import MediaPool
 PASSTHROUGH = (
     "temperature", "top_p", "top_k", "repetition_penalty", "seed", "stop", "min_tokens", "ignore_eos",
     "logprobs", "top_logprobs",
-)  # fmt: skip
+)
 # OpenAI features this server does not have (a 400 that says so when one is set)
 UNSUPPORTED = {
     "tools": "tool calling", "tool_choice": "tool calling", "functions": "function calling",
     "function_call": "function calling", "logit_bias": "logit_bias", "prediction": "predicted outputs",
     "reasoning_effort": "reasoning_effort", "web_search_options": "web search",
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class Context:
 def check_model(model: str | None, ctx: Context) -> str:
     if model is not None and model != ctx.model_name:
         raise APIError(404, f"the model {model!r} does not exist; this server serves {ctx.model_name!r}",
-                       param="model", code="model_not_found")  # fmt: skip
+                       param="model", code="model_not_found")
     return ctx.model_name
 
 
@@ -100,7 +100,7 @@ async def chat_request(body: s.ChatRequest, ctx: Context) -> tuple[dict, ChatOpt
     request.update({k: getattr(body, k) for k in passed if getattr(body, k) is not None})
     max_tokens = body.max_completion_tokens or body.max_tokens or ctx.cfg.default_max_tokens
     _check_limit("max_completion_tokens" if body.max_completion_tokens else "max_tokens", max_tokens,
-                 ctx.cfg.max_tokens_limit)  # fmt: skip
+                 ctx.cfg.max_tokens_limit)
     request["max_tokens"] = max_tokens
     if body.min_tokens is not None and body.min_tokens > max_tokens:
         raise bad_request("min_tokens must not exceed max_tokens", "min_tokens")
@@ -125,7 +125,7 @@ def _check_unsupported(body: s.ChatRequest) -> None:
     for name in ("frequency_penalty", "presence_penalty"):
         if getattr(body, name) not in (None, 0, 0.0):
             raise APIError(400, f"{name} is not supported (use repetition_penalty)", param=name,
-                           code="unsupported_value")  # fmt: skip
+                           code="unsupported_value")
     if body.parallel_tool_calls:
         raise unsupported("parallel_tool_calls", "tool calling")
 

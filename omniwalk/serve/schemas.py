@@ -78,7 +78,7 @@ UserPart = Annotated[
     TextPart | InputAudioPart | ImageURLPart | AudioURLPart | VideoURLPart, Field(discriminator="type")
 ]
 MEDIA_PART_KINDS = {"input_audio": Modality.AUDIO, "audio_url": Modality.AUDIO, "image_url": Modality.IMAGE,
-                    "video_url": Modality.VIDEO}  # fmt: skip
+                    "video_url": Modality.VIDEO}
 
 
 # ---- messages ----
@@ -125,7 +125,7 @@ Message = Annotated[SystemMessage | UserMessage | AssistantMessage | ToolMessage
 FIELD_KINDS = {
     "seed": Seed, "temperature": Temperature, "top_k": TopK, "top_p": TopP, "penalty": Penalty,
     "count": Count, "count0": NonNegativeCount, "flag": bool,
-}  # fmt: skip
+}
 
 
 def with_fields(base: type[Strict], fields: dict[str, str]) -> type[Strict]:

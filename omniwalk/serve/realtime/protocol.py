@@ -197,7 +197,7 @@ EVENTS = {
     cls.model_fields["type"].annotation.__args__[0]: cls
     for cls in (SessionUpdate, BufferAppend, BufferCommit, BufferClear, ItemCreate, ItemTruncate, ItemDelete,
                 ResponseCreate, ResponseCancel)
-}  # fmt: skip
+}
 
 
 def parse(text: str | bytes) -> ClientEvent:

@@ -60,7 +60,7 @@ async def engine_request(body: dict, ctx: api.Context) -> dict:
 
 class Response:
     def __init__(self, emit, run_engine, request: dict, item: Item, previous_item_id: str | None, speaks: bool,
-                 metadata: dict | None = None):  # fmt: skip
+                 metadata: dict | None = None):
         self.id = p.new_id("resp")
         self.emit, self.run_engine, self.request = emit, run_engine, request
         self.item, self.previous_item_id, self.speaks, self.metadata = item, previous_item_id, speaks, metadata
@@ -158,7 +158,7 @@ class Response:
             "id": self.id, "object": "realtime.response", "status": status, "status_details": details,
             "output": output, "usage": usage, "metadata": self.metadata, "conversation_id": None,
             "output_modalities" if not self.emit.is_beta else "modalities": modalities,
-        }  # fmt: skip
+        }
 
 
 def _usage(output: dict) -> dict:
@@ -171,4 +171,4 @@ def _usage(output: dict) -> dict:
         "input_tokens": num_in, "output_tokens": num_text + num_audio, "total_tokens": num_in + num_text + num_audio,
         "input_token_details": {"cached_tokens": 0},
         "output_token_details": {"text_tokens": num_text, "audio_tokens": num_audio},
-    }  # fmt: skip
+    }

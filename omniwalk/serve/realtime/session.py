@@ -123,7 +123,7 @@ class Session:
             if s.kind == "start":
                 self.speech_item_id = p.new_id("item")
                 await self.emit("input_audio_buffer.speech_started", audio_start_ms=samples_to_ms(s.sample),
-                                item_id=self.speech_item_id)  # fmt: skip
+                                item_id=self.speech_item_id)
                 if self.is_responding and td.interrupt_response:
                     await self.response.cancel("turn_detected")  # barge-in
                 continue
@@ -137,7 +137,7 @@ class Session:
         held_ms = samples_to_ms(self.audio.num_buffered)
         if held_ms < MIN_COMMIT_MS:
             raise bad_request(f"the input audio buffer holds {held_ms} ms; a commit needs at least {MIN_COMMIT_MS} ms",
-                              None, "input_audio_buffer_commit_empty")  # fmt: skip
+                              None, "input_audio_buffer_commit_empty")
         item_id, self.speech_item_id = self.speech_item_id or p.new_id("item"), None
         await self._commit(self.audio.take(), item_id)
 
@@ -176,7 +176,7 @@ class Session:
         self._check_not_responding(event.item_id)
         self.conversation.truncate(event.item_id, event.content_index, event.audio_end_ms)
         await self.emit("conversation.item.truncated", item_id=event.item_id, content_index=event.content_index,
-                        audio_end_ms=event.audio_end_ms)  # fmt: skip
+                        audio_end_ms=event.audio_end_ms)
 
     async def on_conversation_item_delete(self, event: p.ItemDelete) -> None:
         self._check_not_responding(event.item_id)
@@ -192,7 +192,7 @@ class Session:
     async def on_response_create(self, event: p.ResponseCreate) -> None:
         if self.is_responding:
             raise bad_request(f"response {self.response.id} is in progress; cancel it or wait for response.done",
-                              None, "conversation_already_has_active_response")  # fmt: skip
+                              None, "conversation_already_has_active_response")
         await self._respond(event.response or p.ResponseFields())
 
     async def on_response_cancel(self, event: p.ResponseCancel) -> None:
@@ -219,7 +219,7 @@ class Session:
             **({"max_tokens": max_tokens} if max_tokens else {}),
             **settings.sampling, **{k: getattr(fields, k) for k in SAMPLING if k in given},
             **(fields.model_extra or {}),  # the family's own fields
-        }  # fmt: skip
+        }
         request = await engine_request(body, self.context)
         item = Item(p.new_id("item"), "assistant")
         previous = self.conversation.add(item)
