@@ -1,11 +1,12 @@
 """`omniwalk serve` with injected faults, for the failure-isolation tests.
 
-Run as a script: the patches below sit at module level, so the spawned engine process (which
-re-imports this file as its main module) gets them too. In the engine, a request with
-``max_tokens == 13`` fails while its first token is taken, and one with ``max_tokens == 4001``
-takes at least 20 ms a token (a floor on its run time that no machine's speed removes: its 4,001
-tokens take 80 s or more). In the HTTP process, a response of exactly 7 completion tokens raises
-while its body is built (an unexpected server fault). Every other request runs normally.
+Run as a script: the patches below sit at module level, so the spawned engine process (which re-
+imports this file as its main module) gets them too. In the engine, a request with ``max_tokens ==
+13`` fails while its first token is taken, and one with ``max_tokens`` 41 or 4001 takes at least 20
+ms a token (a floor on its run time that no machine's speed removes: 0.8 s and 80 s), so a test can
+see it running or know it outlasts a deadline. Its tokens are unchanged. In the HTTP process, a
+response of exactly 7 completion tokens raises while its body is built (an unexpected server fault).
+Every other request runs normally.
 """
 
 import sys
@@ -16,7 +17,7 @@ from omniwalk.serve import openai_api
 
 FAULT_MAX_TOKENS = 13
 FAULT_HTTP_TOKENS = 7
-SLOW_MAX_TOKENS, SLOW_TOKEN_S = 4001, 0.02
+SLOW_MAX_TOKENS, SLOW_TOKEN_S = (41, 4001), 0.02
 _commit = ThinkerProgram._commit
 _usage = openai_api.usage
 
@@ -24,7 +25,7 @@ _usage = openai_api.usage
 def _faulty_commit(req, pick):
     if req.state.thinker.max_tokens == FAULT_MAX_TOKENS:
         raise RuntimeError("injected engine fault")
-    if req.state.thinker.max_tokens == SLOW_MAX_TOKENS:
+    if req.state.thinker.max_tokens in SLOW_MAX_TOKENS:
         time.sleep(SLOW_TOKEN_S)
     return _commit(req, pick)
 

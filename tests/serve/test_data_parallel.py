@@ -14,8 +14,11 @@ import httpx
 import openai
 import pytest
 from helpers.live_server import launch
+from helpers.qwen3_omni import omni
 
 LONG = {"model": "qwen3-omni", "messages": [{"role": "user", "content": "go"}], "max_tokens": 4000, "ignore_eos": True}
+HOLD = {**LONG, "max_tokens": 4001}  # fault server: 20 ms a token at least
+GREEDY = {**LONG, "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 41, "temperature": 0.0}
 
 
 def _health(base: str) -> tuple[int, dict]:
@@ -51,17 +54,38 @@ async def _until(predicate, timeout: float = 60):
 
 
 def test_two_replicas_serve_route_to_the_least_loaded_and_survive_a_killed_one():
-    proc, base = launch("--data-parallel", "2")
+    # the fault server: its requests of 41 and 4001 tokens take at least 20 ms a token (0.8 s, 80 s), so
+    # each is seen running in /metrics on a fast machine too; every other request runs as in ``serve``
+    proc, base = launch("--data-parallel", "2", entry=("-m", "tests.helpers.fault_server"))
     try:
         status, health = _health(base)
         assert status == 200 and health["status"] == "ready", health
         assert [r["status"] for r in health["replicas"]] == ["ready", "ready"]
         pids = [r["pid"] for r in health["replicas"]]
         assert len(set(pids)) == 2 and proc.pid not in pids
-        assert _chat(base, "hello") == _chat(base, "hello")  # greedy: either replica, the same answer
+        metrics = lambda: httpx.get(f"{base}/metrics").text  # noqa: E731
 
-        async def scenario():
-            metrics = lambda: httpx.get(f"{base}/metrics").text  # noqa: E731
+        async def replica_one_answers():
+            async with httpx.AsyncClient(timeout=600) as h:
+                post = lambda body: asyncio.create_task(h.post(f"{base}/v1/chat/completions", json=body))  # noqa: E731
+                hold = post(HOLD)  # replica 0 (a tie goes to it) holds a request for 80 s or more
+                await _until(lambda: _unfinished(metrics()) == {"0": 1.0, "1": 0.0})
+                answer = post(GREEDY)  # so the idle replica 1 takes this one
+                await _until(lambda: _unfinished(metrics()) == {"0": 1.0, "1": 1.0})
+                answer = await answer
+                hold.cancel()  # (the client hangs up: replica 0 aborts it)
+                await _until(lambda: _unfinished(metrics()) == {"0": 0.0, "1": 0.0})
+                return answer
+
+        answer = asyncio.run(replica_one_answers())
+        # replica 1's answer is the greedy answer Omni gives in process
+        ref = omni().generate({k: v for k, v in GREEDY.items() if k != "model"})
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert len(ref.token_ids) == 41 and body["choices"][0]["message"]["content"] == ref.text
+        assert body["usage"]["completion_tokens"] == 41 and body["usage"]["prompt_tokens"] == len(ref.prompt_token_ids)
+
+        async def kill_replica_one():
             async with httpx.AsyncClient(timeout=120) as h:
                 first = asyncio.create_task(h.post(f"{base}/v1/chat/completions", json={**LONG, "max_tokens": 300}))
                 await _until(lambda: _unfinished(metrics()) == {"0": 1.0, "1": 0.0})
@@ -72,7 +96,7 @@ def test_two_replicas_serve_route_to_the_least_loaded_and_survive_a_killed_one()
                 failed = await second
                 return failed, time.monotonic() - killed, await first
 
-        failed, seconds, survived = asyncio.run(scenario())
+        failed, seconds, survived = asyncio.run(kill_replica_one())
         assert failed.status_code == 503 and seconds < 5, failed.text
         assert (
             failed.json()["error"]["code"] == "engine_unavailable" and failed.json()["error"]["type"] == "server_error"
