@@ -70,7 +70,7 @@ def test_masked_backend_matches_reference(layout, dtype, causal):
 
 def test_unknown_backend_and_bad_heads_raise():
     q, k, v, cu, max_len = _packed([4], 4, 4, 64, torch.float32)
-    with pytest.raises(ConfigError, match="unknown attention backend"):
+    with pytest.raises(ConfigError, match="attention_backend must be one of"):
         varlen_attention(q, k, v, cu, max_len, causal=False, scale=1.0, backend="nope")
     with pytest.raises(ValueError, match="multiple"):
         varlen_attention(q, k[:, :3], v[:, :3], cu, max_len, causal=False, scale=1.0)
