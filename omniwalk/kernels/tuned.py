@@ -109,8 +109,9 @@ def save(
     path = directory / file_name(kernel, device.name)
     merged = _read(path)["configs"] if path.exists() else {}
     head = {"device_name": device.name, "compute_capability": list(device.capability), "written_by": written_by}
-    lines = [f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in (merged | entries).items()]
-    body = ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in head.items())
-    path.write_text("{\n" + body + ',\n  "configs": {\n' + ",\n".join("  " + line for line in lines) + "\n  }\n}\n")
+    # one line per entry (a tuning run's diff reads as the shapes it changed)
+    fields = [f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in head.items()]
+    rows = [f"    {json.dumps(key)}: {json.dumps(value)}" for key, value in (merged | entries).items()]
+    path.write_text("{\n" + ",\n".join(fields) + ',\n  "configs": {\n' + ",\n".join(rows) + "\n  }\n}\n")
     configs.cache_clear()  # (the kernels' own caches of converted entries stay: a process tunes, another reads)
     return path
