@@ -80,8 +80,8 @@ def venv(wheel) -> Venv:
     work = base / "work"  # outside the checkout: nothing importable from the current folder
     work.mkdir()
     v = Venv(base / "venv", work)
-    v.run(v.bin("python"), "-m", "pip", "install", "-q", TORCH, timeout=600)
-    v.run(v.bin("python"), "-m", "pip", "install", "-q", wheel, timeout=600)
+    v.run(v.bin("python"), "-m", "pip", "install", "-q", "--no-compile", TORCH, timeout=600)
+    v.run(v.bin("python"), "-m", "pip", "install", "-q", "--no-compile", wheel, timeout=600)
     return v
 
 
