@@ -27,8 +27,8 @@ PACKAGE = str(Path(omniwalk.__file__).parent) + "/"  # (a checkout may itself be
 ALLOWED = {
     ("sampling.py", "picks"),  # the thinker's one read of sampled ids (and logprobs)
     ("layers/moe.py", "reference_experts"),  # reference backends: CPU only
-    ("layers/paged_decode.py", "paged_decode_reference"),
-    ("layers/attention.py", "_reference"),
+    ("layers/kv_attention.py", "paged_decode_reference"),
+    ("layers/attention.py", "reference_attention"),
     # the prompt's positions, a host tensor the processor made (digested into the prefix pages' keys at add)
     ("models/common/programs/thinker_program.py", "prefix_keys"),
 }
