@@ -3,7 +3,6 @@
 import contextlib
 import http.server
 import threading
-import time
 from dataclasses import replace
 
 import pytest
@@ -45,13 +44,17 @@ def test_local_paths_inside_the_allowed_directory_only(tmp_path):
 
 
 def _serve(directory, host: str = "127.0.0.1", redirect_to: str | None = None):
+    """A static server over ``directory``; /slow.bin answers only at shutdown or after 30 s (a 1 s fetch of it
+    times out however loaded the machine; one that does not time out fails instead of hanging)."""
+    release = threading.Event()
+
     class Handler(http.server.SimpleHTTPRequestHandler):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, directory=str(directory), **kwargs)
 
         def do_GET(self):
             if self.path == "/slow.bin":
-                time.sleep(3)
+                release.wait(30)
             if redirect_to is not None and self.path.startswith("/redirect"):
                 self.send_response(302)
                 self.send_header("Location", redirect_to)
@@ -65,6 +68,8 @@ def _serve(directory, host: str = "127.0.0.1", redirect_to: str | None = None):
 
     server = http.server.ThreadingHTTPServer((host, 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    shutdown = server.shutdown
+    server.shutdown = lambda: (release.set(), shutdown())
     return server, f"http://{host}:{server.server_address[1]}"
 
 
@@ -78,7 +83,8 @@ def http_server(tmp_path):
     server.shutdown()
 
 
-LOOPBACK = replace(DEFAULT, allow_remote_urls=True, max_input_bytes=100, fetch_timeout_s=1.0)
+# a timeout no loaded machine reaches on loopback; the timeout itself is tested on a server that never answers
+LOOPBACK = replace(DEFAULT, allow_remote_urls=True, max_input_bytes=100, fetch_timeout_s=60.0)
 
 
 def test_remote_urls_when_allowed(http_server):
@@ -90,7 +96,7 @@ def test_remote_urls_when_allowed(http_server):
         fetch(f"{http_server}/missing.bin", "image_url", limits)
     assert "404" not in str(e.value)  # upstream statuses are not echoed
     with pytest.raises(InvalidRequestError, match="timed out"):
-        fetch(f"{http_server}/slow.bin", "image_url", limits)
+        fetch(f"{http_server}/slow.bin", "image_url", replace(limits, fetch_timeout_s=1.0))
 
 
 @pytest.mark.parametrize(
