@@ -37,8 +37,6 @@ def test_async_equals_synchronous_loop_on_the_gpu():
     omni = gpu_omni(8)
     requests = _mixed_requests()
     sync, ours = _run(omni, requests, True), _run(omni, requests, False)
-    stages = omni.engine.stages
-    print(f"GPU-ASYNC stream waits: { {name: stage.lane.num_waits for name, stage in stages.items()} }")
     same = 0
     for i, (x, y) in enumerate(zip(sync, ours, strict=True)):
         assert x.error is None and y.error is None
@@ -60,7 +58,6 @@ def test_async_equals_synchronous_loop_on_the_gpu():
             print(f"GPU-ASYNC request {i}: ids and codes equal, audio max abs difference {err:.2e}")
             assert err < 2e-2
     assert same >= len(requests) - 3
-    assert stages["thinker"].lane.num_waits > 0 and stages["talker"].lane.num_waits > 0
 
 
 def test_stages_keep_their_own_graph_pools():

@@ -1,6 +1,6 @@
 """Stage placement (``ModelConfig.placement``): parsing and its errors, each stage built and run on its
 device, and the same outputs as one device. On the CPU the two devices are "cpu" and "cpu:0": torch
-keeps them apart as devices (a stage's modules and lane carry the one it was given), so the talker
+keeps them apart as devices (a stage's modules and in-flight launcher carry the one it was given), so the talker
 gets its own copy of the thinker's embedding table and the hand-offs take the cross-device path.
 The same test on two GPUs is ``test_placement_gpu.py``."""
 
@@ -57,7 +57,7 @@ def test_placed_stages_run_on_their_devices_and_match_one_device():
     placed = omni("tiny", placement=PLACED)
     stages = placed.engine.stages
     for stage, where in parse_placement(PLACED, "cpu").items():
-        assert stages[stage].lane.device == torch.device(where), stage
+        assert stages[stage].inflight.device == torch.device(where), stage
         program = stages[stage].program
         assert str(program.device) == where, stage
     talker = stages["talker"].program
