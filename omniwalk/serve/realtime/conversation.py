@@ -46,13 +46,22 @@ class Item:
         for part in self.parts:
             if self.role != "assistant":
                 kind = "input_text" if part.kind == "text" else "input_audio"
-                content.append({"type": kind, "text": part.text} if part.kind == "text" else
-                               {"type": kind, "transcript": part.text or None})
+                content.append(
+                    {"type": kind, "text": part.text}
+                    if part.kind == "text"
+                    else {"type": kind, "transcript": part.text or None}
+                )
             else:
                 kind = ASSISTANT_TYPES[part.kind][int(is_beta)]
                 content.append({"type": kind, "text" if part.kind == "text" else "transcript": part.text})
-        return {"id": self.id, "object": "realtime.item", "type": "message", "role": self.role,
-                "status": self.status, "content": content}
+        return {
+            "id": self.id,
+            "object": "realtime.item",
+            "type": "message",
+            "role": self.role,
+            "status": self.status,
+            "content": content,
+        }
 
     def chat_message(self) -> dict | None:
         """This item as a chat-completions message (None: nothing to say)."""
@@ -82,8 +91,9 @@ def wav_bytes(samples: np.ndarray) -> bytes:
 def pcm16(data: str, param: str, max_bytes: int) -> np.ndarray:
     """Base64 PCM16 (little-endian, mono, 24 kHz) -> int16 samples; 400 APIError naming ``param``."""
     if len(data) > (max_bytes + 2) // 3 * 4:
-        raise bad_request(f"{param} holds more than {max_bytes} bytes of audio; send it in smaller parts", param,
-                          "audio_too_large")
+        raise bad_request(
+            f"{param} holds more than {max_bytes} bytes of audio; send it in smaller parts", param, "audio_too_large"
+        )
     try:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
@@ -95,8 +105,11 @@ def pcm16(data: str, param: str, max_bytes: int) -> np.ndarray:
 
 def item_from_client(item: p.Item, where: str, max_bytes: int) -> Item:
     """A ``conversation.item.create`` item -> an Item (refusing parts its role cannot have)."""
-    allowed = {"user": ("input_text", "input_audio"), "system": ("input_text",),
-               "assistant": ("output_text", "text", "output_audio", "audio")}[item.role]
+    allowed = {
+        "user": ("input_text", "input_audio"),
+        "system": ("input_text",),
+        "assistant": ("output_text", "text", "output_audio", "audio"),
+    }[item.role]
     parts = []
     for i, c in enumerate(item.content):
         param = f"{where}.content[{i}]"
@@ -112,8 +125,12 @@ def item_from_client(item: p.Item, where: str, max_bytes: int) -> Item:
             raise bad_request(f"{c.type} content needs its text", f"{param}.text", "missing_required_parameter")
         else:
             parts.append(Part("text", text=c.text))
-    return Item(item.id or p.new_id("item"), item.role, parts, "completed" if item.role != "assistant" else
-                item.status or "completed")
+    return Item(
+        item.id or p.new_id("item"),
+        item.role,
+        parts,
+        "completed" if item.role != "assistant" else item.status or "completed",
+    )
 
 
 class Conversation:
@@ -143,8 +160,9 @@ class Conversation:
             raise bad_request("only an assistant item's audio content can be truncated", "content_index")
         part = item.parts[content_index]
         if audio_end_ms > part.audio_ms:
-            raise bad_request(f"audio_end_ms {audio_end_ms} is past the audio's end ({part.audio_ms} ms)",
-                              "audio_end_ms")
+            raise bad_request(
+                f"audio_end_ms {audio_end_ms} is past the audio's end ({part.audio_ms} ms)", "audio_end_ms"
+            )
         words = part.text.split(" ")
         kept = round(len(words) * audio_end_ms / part.audio_ms) if part.audio_ms else 0
         part.text, part.audio_ms = " ".join(words[:kept]), audio_end_ms

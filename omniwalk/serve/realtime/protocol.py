@@ -195,8 +195,17 @@ class BufferAppend(ClientEvent):
 
 EVENTS = {
     cls.model_fields["type"].annotation.__args__[0]: cls
-    for cls in (SessionUpdate, BufferAppend, BufferCommit, BufferClear, ItemCreate, ItemTruncate, ItemDelete,
-                ResponseCreate, ResponseCancel)
+    for cls in (
+        SessionUpdate,
+        BufferAppend,
+        BufferCommit,
+        BufferClear,
+        ItemCreate,
+        ItemTruncate,
+        ItemDelete,
+        ResponseCreate,
+        ResponseCancel,
+    )
 }
 
 

@@ -59,8 +59,16 @@ async def engine_request(body: dict, ctx: api.Context) -> dict:
 
 
 class Response:
-    def __init__(self, emit, run_engine, request: dict, item: Item, previous_item_id: str | None, speaks: bool,
-                 metadata: dict | None = None):
+    def __init__(
+        self,
+        emit,
+        run_engine,
+        request: dict,
+        item: Item,
+        previous_item_id: str | None,
+        speaks: bool,
+        metadata: dict | None = None,
+    ):
         self.id = p.new_id("resp")
         self.emit, self.run_engine, self.request = emit, run_engine, request
         self.item, self.previous_item_id, self.speaks, self.metadata = item, previous_item_id, speaks, metadata
@@ -155,8 +163,14 @@ class Response:
         if self.emit.is_beta:
             modalities = ["text", "audio"] if self.speaks else ["text"]
         return {
-            "id": self.id, "object": "realtime.response", "status": status, "status_details": details,
-            "output": output, "usage": usage, "metadata": self.metadata, "conversation_id": None,
+            "id": self.id,
+            "object": "realtime.response",
+            "status": status,
+            "status_details": details,
+            "output": output,
+            "usage": usage,
+            "metadata": self.metadata,
+            "conversation_id": None,
             "output_modalities" if not self.emit.is_beta else "modalities": modalities,
         }
 
@@ -168,7 +182,9 @@ def _usage(output: dict) -> dict:
     num_audio = len(output["codes"]) if output.get("codes") is not None else 0
     num_in = len(output["prompt_token_ids"])
     return {
-        "input_tokens": num_in, "output_tokens": num_text + num_audio, "total_tokens": num_in + num_text + num_audio,
+        "input_tokens": num_in,
+        "output_tokens": num_text + num_audio,
+        "total_tokens": num_in + num_text + num_audio,
         "input_token_details": {"cached_tokens": 0},
         "output_token_details": {"text_tokens": num_text, "audio_tokens": num_audio},
     }

@@ -52,8 +52,12 @@ class Sessions:
             raise APIError(503, f"the server is not ready ({served.supervisor.state})", code="engine_unavailable")
         api.check_model(ws.query_params.get("model"), served.context())
         if self.num_open >= cfg.realtime_max_sessions:
-            raise APIError(429, f"{cfg.realtime_max_sessions} realtime sessions are open; retry later",
-                           code="session_limit_reached", headers={"Retry-After": "1"})
+            raise APIError(
+                429,
+                f"{cfg.realtime_max_sessions} realtime sessions are open; retry later",
+                code="session_limit_reached",
+                headers={"Retry-After": "1"},
+            )
 
     def count(self, status: int, rid: str, ws: WebSocket, start: float) -> None:
         self.served.metrics.responses.labels(ROUTE, str(status)).inc()
@@ -101,8 +105,9 @@ async def _serve(ws: WebSocket, served) -> None:
                 await session.handle(message["text"] if message.get("text") is not None else message.get("bytes"))
     except TimeoutError:
         await session.close()
-        expired = APIError(400, f"the session reached its limit of {cfg.realtime_max_session_s:.0f} s",
-                           code="session_expired")
+        expired = APIError(
+            400, f"the session reached its limit of {cfg.realtime_max_session_s:.0f} s", code="session_expired"
+        )
         await session.emit.send(p.error_event(expired))
         await ws.close(1000)
     except Exception as e:

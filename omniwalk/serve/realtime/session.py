@@ -122,8 +122,11 @@ class Session:
         for s in speech:
             if s.kind == "start":
                 self.speech_item_id = p.new_id("item")
-                await self.emit("input_audio_buffer.speech_started", audio_start_ms=samples_to_ms(s.sample),
-                                item_id=self.speech_item_id)
+                await self.emit(
+                    "input_audio_buffer.speech_started",
+                    audio_start_ms=samples_to_ms(s.sample),
+                    item_id=self.speech_item_id,
+                )
                 if self.is_responding and td.interrupt_response:
                     await self.response.cancel("turn_detected")  # barge-in
                 continue
@@ -136,8 +139,11 @@ class Session:
     async def on_input_audio_buffer_commit(self, event: p.BufferCommit) -> None:
         held_ms = samples_to_ms(self.audio.num_buffered)
         if held_ms < MIN_COMMIT_MS:
-            raise bad_request(f"the input audio buffer holds {held_ms} ms; a commit needs at least {MIN_COMMIT_MS} ms",
-                              None, "input_audio_buffer_commit_empty")
+            raise bad_request(
+                f"the input audio buffer holds {held_ms} ms; a commit needs at least {MIN_COMMIT_MS} ms",
+                None,
+                "input_audio_buffer_commit_empty",
+            )
         item_id, self.speech_item_id = self.speech_item_id or p.new_id("item"), None
         await self._commit(self.audio.take(), item_id)
 
@@ -175,8 +181,12 @@ class Session:
     async def on_conversation_item_truncate(self, event: p.ItemTruncate) -> None:
         self._check_not_responding(event.item_id)
         self.conversation.truncate(event.item_id, event.content_index, event.audio_end_ms)
-        await self.emit("conversation.item.truncated", item_id=event.item_id, content_index=event.content_index,
-                        audio_end_ms=event.audio_end_ms)
+        await self.emit(
+            "conversation.item.truncated",
+            item_id=event.item_id,
+            content_index=event.content_index,
+            audio_end_ms=event.audio_end_ms,
+        )
 
     async def on_conversation_item_delete(self, event: p.ItemDelete) -> None:
         self._check_not_responding(event.item_id)
@@ -191,8 +201,11 @@ class Session:
 
     async def on_response_create(self, event: p.ResponseCreate) -> None:
         if self.is_responding:
-            raise bad_request(f"response {self.response.id} is in progress; cancel it or wait for response.done",
-                              None, "conversation_already_has_active_response")
+            raise bad_request(
+                f"response {self.response.id} is in progress; cancel it or wait for response.done",
+                None,
+                "conversation_already_has_active_response",
+            )
         await self._respond(event.response or p.ResponseFields())
 
     async def on_response_cancel(self, event: p.ResponseCancel) -> None:
@@ -214,10 +227,13 @@ class Session:
         if not any(m["role"] == "user" for m in messages):
             raise bad_request("the conversation has no user item to respond to", None, "conversation_empty")
         body = {
-            "messages": messages, "modalities": ["text", "audio"] if speaks else ["text"], "stream": True,
+            "messages": messages,
+            "modalities": ["text", "audio"] if speaks else ["text"],
+            "stream": True,
             **({"audio": {"voice": voice, "format": "pcm16"}} if speaks else {}),
             **({"max_tokens": max_tokens} if max_tokens else {}),
-            **settings.sampling, **{k: getattr(fields, k) for k in SAMPLING if k in given},
+            **settings.sampling,
+            **{k: getattr(fields, k) for k in SAMPLING if k in given},
             **(fields.model_extra or {}),  # the family's own fields
         }
         request = await engine_request(body, self.context)

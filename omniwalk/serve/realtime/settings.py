@@ -31,9 +31,13 @@ class TurnDetection:
 
     def to_json(self) -> dict:
         return {
-            "type": "server_vad", "threshold": self.vad.threshold, "prefix_padding_ms": self.vad.prefix_padding_ms,
-            "silence_duration_ms": self.vad.silence_ms, "create_response": self.create_response,
-            "interrupt_response": self.interrupt_response, "idle_timeout_ms": None,
+            "type": "server_vad",
+            "threshold": self.vad.threshold,
+            "prefix_padding_ms": self.vad.prefix_padding_ms,
+            "silence_duration_ms": self.vad.silence_ms,
+            "create_response": self.create_response,
+            "interrupt_response": self.interrupt_response,
+            "idle_timeout_ms": None,
         }
 
 
@@ -54,11 +58,13 @@ class Settings:
     @classmethod
     def defaults(cls, cfg: ServerConfig, model: str, expires_at: int) -> Settings:
         vad = VADParams(
-            cfg.realtime_vad_threshold, cfg.realtime_vad_prefix_padding_ms, cfg.realtime_vad_silence_ms,
-            cfg.realtime_vad_window_ms, cfg.realtime_vad_aggressiveness,
+            cfg.realtime_vad_threshold,
+            cfg.realtime_vad_prefix_padding_ms,
+            cfg.realtime_vad_silence_ms,
+            cfg.realtime_vad_window_ms,
+            cfg.realtime_vad_aggressiveness,
         )
-        return cls(p.new_id("sess"), model, expires_at, turn_detection=TurnDetection(vad),
-                   vad_defaults=vad)
+        return cls(p.new_id("sess"), model, expires_at, turn_detection=TurnDetection(vad), vad_defaults=vad)
 
     def apply(self, update: p.SessionFields, voices: tuple[str, ...]) -> None:
         """Change what ``update`` sets (all or nothing: a refused field changes none)."""
@@ -89,13 +95,26 @@ class Settings:
     def to_json(self, is_beta: bool) -> dict:
         td = self.turn_detection.to_json() if self.turn_detection else None
         tokens = self.max_output_tokens or "inf"
-        common = {"id": self.id, "object": "realtime.session", "model": self.model, "instructions": self.instructions,
-                  "tools": [], "tool_choice": "auto", "expires_at": self.expires_at, **self.sampling}
+        common = {
+            "id": self.id,
+            "object": "realtime.session",
+            "model": self.model,
+            "instructions": self.instructions,
+            "tools": [],
+            "tool_choice": "auto",
+            "expires_at": self.expires_at,
+            **self.sampling,
+        }
         if is_beta:
             return {
-                **common, "modalities": ["text", "audio"] if self.speaks else ["text"], "voice": self.voice,
-                "input_audio_format": "pcm16", "output_audio_format": "pcm16", "turn_detection": td,
-                "input_audio_transcription": self.transcription, "max_response_output_tokens": tokens,
+                **common,
+                "modalities": ["text", "audio"] if self.speaks else ["text"],
+                "voice": self.voice,
+                "input_audio_format": "pcm16",
+                "output_audio_format": "pcm16",
+                "turn_detection": td,
+                "input_audio_transcription": self.transcription,
+                "max_response_output_tokens": tokens,
             }
         audio = {
             "input": {
@@ -106,8 +125,13 @@ class Settings:
             },
             "output": {"format": PCM, "voice": self.voice, "speed": 1.0},
         }
-        return {**common, "type": "realtime", "output_modalities": ["audio"] if self.speaks else ["text"],
-                "audio": audio, "max_output_tokens": tokens}
+        return {
+            **common,
+            "type": "realtime",
+            "output_modalities": ["audio"] if self.speaks else ["text"],
+            "audio": audio,
+            "max_output_tokens": tokens,
+        }
 
 
 def output_speaks(fields: p.ResponseFields, where: str) -> bool | None:
@@ -188,22 +212,31 @@ def _check_pcm(fmt: p.AudioFormat, param: str) -> None:
 
 
 def _bad_format(name: str, param: str):
-    return bad_request(f"audio format {name!r} is not served; use PCM16 at 24 kHz ('audio/pcm' / 'pcm16')", param,
-                       "unsupported_value")
+    return bad_request(
+        f"audio format {name!r} is not served; use PCM16 at 24 kHz ('audio/pcm' / 'pcm16')", param, "unsupported_value"
+    )
 
 
 def _turn_detection(td: p.TurnDetection | None, base: TurnDetection, where: str) -> TurnDetection | None:
     if td is None:
         return None
     if td.type != "server_vad":
-        raise bad_request(f"turn detection {td.type!r} is not served; use 'server_vad'", f"{where}.type",
-                          "unsupported_value")
+        raise bad_request(
+            f"turn detection {td.type!r} is not served; use 'server_vad'", f"{where}.type", "unsupported_value"
+        )
     if td.idle_timeout_ms is not None:
         raise unsupported(f"{where}.idle_timeout_ms", "idle_timeout_ms")
     vad = dataclasses.replace(
         base.vad,
-        **{k: v for k, v in (("threshold", td.threshold), ("prefix_padding_ms", td.prefix_padding_ms),
-                             ("silence_ms", td.silence_duration_ms)) if v is not None},
+        **{
+            k: v
+            for k, v in (
+                ("threshold", td.threshold),
+                ("prefix_padding_ms", td.prefix_padding_ms),
+                ("silence_ms", td.silence_duration_ms),
+            )
+            if v is not None
+        },
     )
     return TurnDetection(
         vad,
