@@ -43,8 +43,12 @@ class MediaPool:
         """One content part -> its array part (``preprocess``, resizing by ``spec``). ``source`` is
         base64 data (``is_base64``) or a URL / path; ``where`` names the part in error messages."""
         if self.num_queued >= self.max_queued:
-            raise APIError(429, "the media decoding queue is full; retry shortly", code="media_queue_full",
-                           headers={"Retry-After": "1"})
+            raise APIError(
+                429,
+                "the media decoding queue is full; retry shortly",
+                code="media_queue_full",
+                headers={"Retry-After": "1"},
+            )
         self.num_queued += 1
         self.metrics.media_queue.inc()
         try:

@@ -27,14 +27,27 @@ from omniwalk.serve.media_pool import MediaPool
 
 # Body fields passed to the engine as they are (sampling), beside the family's own (ModelInfo.request_fields).
 PASSTHROUGH = (
-    "temperature", "top_p", "top_k", "repetition_penalty", "seed", "stop", "min_tokens", "ignore_eos",
-    "logprobs", "top_logprobs",
+    "temperature",
+    "top_p",
+    "top_k",
+    "repetition_penalty",
+    "seed",
+    "stop",
+    "min_tokens",
+    "ignore_eos",
+    "logprobs",
+    "top_logprobs",
 )
 # OpenAI features this server does not have (a 400 that says so when one is set)
 UNSUPPORTED = {
-    "tools": "tool calling", "tool_choice": "tool calling", "functions": "function calling",
-    "function_call": "function calling", "logit_bias": "logit_bias", "prediction": "predicted outputs",
-    "reasoning_effort": "reasoning_effort", "web_search_options": "web search",
+    "tools": "tool calling",
+    "tool_choice": "tool calling",
+    "functions": "function calling",
+    "function_call": "function calling",
+    "logit_bias": "logit_bias",
+    "prediction": "predicted outputs",
+    "reasoning_effort": "reasoning_effort",
+    "web_search_options": "web search",
 }
 
 
@@ -70,8 +83,12 @@ class Context:
 
 def check_model(model: str | None, ctx: Context) -> str:
     if model is not None and model != ctx.model_name:
-        raise APIError(404, f"the model {model!r} does not exist; this server serves {ctx.model_name!r}",
-                       param="model", code="model_not_found")
+        raise APIError(
+            404,
+            f"the model {model!r} does not exist; this server serves {ctx.model_name!r}",
+            param="model",
+            code="model_not_found",
+        )
     return ctx.model_name
 
 
@@ -99,8 +116,9 @@ async def chat_request(body: s.ChatRequest, ctx: Context) -> tuple[dict, ChatOpt
     passed = (*PASSTHROUGH, *ctx.info.request_fields)
     request.update({k: getattr(body, k) for k in passed if getattr(body, k) is not None})
     max_tokens = body.max_completion_tokens or body.max_tokens or ctx.cfg.default_max_tokens
-    _check_limit("max_completion_tokens" if body.max_completion_tokens else "max_tokens", max_tokens,
-                 ctx.cfg.max_tokens_limit)
+    _check_limit(
+        "max_completion_tokens" if body.max_completion_tokens else "max_tokens", max_tokens, ctx.cfg.max_tokens_limit
+    )
     request["max_tokens"] = max_tokens
     if body.min_tokens is not None and body.min_tokens > max_tokens:
         raise bad_request("min_tokens must not exceed max_tokens", "min_tokens")
@@ -124,8 +142,9 @@ def _check_unsupported(body: s.ChatRequest) -> None:
         raise unsupported("response_format", f"response_format {body.response_format.type!r}")
     for name in ("frequency_penalty", "presence_penalty"):
         if getattr(body, name) not in (None, 0, 0.0):
-            raise APIError(400, f"{name} is not supported (use repetition_penalty)", param=name,
-                           code="unsupported_value")
+            raise APIError(
+                400, f"{name} is not supported (use repetition_penalty)", param=name, code="unsupported_value"
+            )
     if body.parallel_tool_calls:
         raise unsupported("parallel_tool_calls", "tool calling")
 
