@@ -89,8 +89,9 @@ def _serve(args: argparse.Namespace) -> int:
             "NOTE: serving the embedded tiny model: its weights are RANDOM, its text and speech are noise", flush=True
         )
     options["model"] = str(model)
-    return _run_server(server, MediaLimits(**{f.name: options[f.name] for f in dataclasses.fields(MediaLimits)}),
-                       options, model, sock)
+    return _run_server(
+        server, MediaLimits(**{f.name: options[f.name] for f in dataclasses.fields(MediaLimits)}), options, model, sock
+    )
 
 
 def _run_server(server, limits, options: dict, model, sock) -> int:
@@ -252,8 +253,12 @@ def _add_serve(sub) -> None:
     from omniwalk.media.limits import MediaLimits
 
     serve = sub.add_parser("serve", help="serve a checkpoint over an OpenAI-compatible HTTP API")
-    serve.add_argument("--model", default=None, help="checkpoint directory, preset name (with --random-weights) or "
-                       "Hugging Face id ORG/NAME in the local cache (default: the embedded tiny model)")
+    serve.add_argument(
+        "--model",
+        default=None,
+        help="checkpoint directory, preset name (with --random-weights) or "
+        "Hugging Face id ORG/NAME in the local cache (default: the embedded tiny model)",
+    )
     from omniwalk.models.registry import all_options
 
     seen = {"model"}
@@ -291,7 +296,9 @@ def _add_make_tiny(sub) -> None:
     tiny.add_argument("--max-shard-mb", type=float, default=2048.0, help="shard the weights above this size")
     tiny.add_argument("--no-weights", action="store_true", help="config + tokenizer only (for --random-weights)")
     tiny.add_argument(
-        "--quantization", choices=("none", "fp8"), default="none",
+        "--quantization",
+        choices=("none", "fp8"),
+        default="none",
         help="fp8: the family's quantised weights in the block-wise FP8 format (float8_e4m3fn + *_scale_inv)",
     )
     tiny.set_defaults(func=_make_tiny)

@@ -190,6 +190,5 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, e: Exception):
         rid = request.scope.get("state", {}).get("request_id", "-")
-        error_log.error("unexpected error in %s %s (request id %s)", request.method, request.url.path, rid,
-                        exc_info=e)
+        error_log.error("unexpected error in %s %s (request id %s)", request.method, request.url.path, rid, exc_info=e)
         return APIError(500, f"internal server error (request id {rid})", code="internal_error").response()

@@ -63,8 +63,13 @@ class Guard:
             status = str(sent["status"]) if sent["complete"] else "499"
             self.metrics.responses.labels(_route(scope), status).inc()
             access_log.info(
-                '%s %s "%s %s" %s %.0fms', rid, (scope.get("client") or ("-",))[0], scope["method"], scope["path"],
-                status, (time.monotonic() - start) * 1000,
+                '%s %s "%s %s" %s %.0fms',
+                rid,
+                (scope.get("client") or ("-",))[0],
+                scope["method"],
+                scope["path"],
+                status,
+                (time.monotonic() - start) * 1000,
             )
 
     def _capped(self, receive):
