@@ -42,8 +42,12 @@ async def main() -> None:
     client = openai.AsyncOpenAI(base_url=args.base_url, api_key=os.environ.get("OPENAI_API_KEY", "unused"))
     async with client.realtime.connect(model="qwen3-omni") as conn:
         # the answer's length bound (max_audio_frames: 12.5 a second) is omniwalk's, as in chat's extra body
-        session = {"type": "realtime", "audio": {"output": {"voice": "chelsie"}}, "max_output_tokens": 32,
-                   "max_audio_frames": 50}
+        session = {
+            "type": "realtime",
+            "audio": {"output": {"voice": "chelsie"}},
+            "max_output_tokens": 32,
+            "max_audio_frames": 50,
+        }
         if args.wav:
             session["audio"]["input"] = {"transcription": {"model": "qwen3-omni"}}  # server VAD is on by default
         await conn.session.update(session=session)

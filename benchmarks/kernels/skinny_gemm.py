@@ -219,8 +219,8 @@ def apply(path: Path, script: str, args: list[str]) -> None:
     sg.MAX_ROWS = table["max_rows"] or sg.MAX_ROWS
     measured = {key: sg._entry(value) for key, value in entries(table).items()}
     tuned_tiles = sg.tuned_blocks
-    sg.tuned_blocks = lambda kernel, device=None: tuned_tiles(kernel, device) | (
-        measured if kernel == "skinny_gemm" else {}
+    sg.tuned_blocks = lambda kernel, device=None: (
+        tuned_tiles(kernel, device) | (measured if kernel == "skinny_gemm" else {})
     )
     print(f"skinny_gemm: MAX_ROWS={sg.MAX_ROWS}, {len(table['tuned'])} tuned configurations", flush=True)
     sys.argv = [script, *args]
