@@ -166,9 +166,14 @@ def skinny_rows(asm: bool) -> list[dict]:
             sg.skinny_gemm_kernel = rec
             try:
                 sg.skinny_gemm(
-                    torch.randn(1, k).to(torch.bfloat16), w, gated=gated, partials=partials and blocks.split > 1,
-                    blocks=blocks, scale=scale, scale_block=DEFAULT_BLOCK if fp8 else None,
-                )  # fmt: skip
+                    torch.randn(1, k).to(torch.bfloat16),
+                    w,
+                    gated=gated,
+                    partials=partials and blocks.split > 1,
+                    blocks=blocks,
+                    scale=scale,
+                    scale_block=DEFAULT_BLOCK if fp8 else None,
+                )
             finally:
                 sg.skinny_gemm_kernel = original
             grid, args, kwargs = rec.calls[0]

@@ -7,7 +7,7 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
-SUITE = '''
+SUITE = """
 import pytest
 
 
@@ -32,7 +32,7 @@ def test_on_the_gpu_machine():
 @pytest.mark.xfail(reason="known")
 def test_expected_failure():
     assert False
-'''
+"""
 MODULE_SKIP = 'import pytest\n\npytest.importorskip("a_package_nobody_installs")\n\n\ndef test_never():\n    pass\n'
 
 

@@ -89,8 +89,15 @@ def bench_path(model, path: str, inputs: dict, cfg: Qwen25OmniConfig, args, devi
         kw = dict(thinker_max_new_tokens=tokens, thinker_min_new_tokens=tokens, thinker_do_sample=False)
         if not work.speaks:
             return model.generate(**inputs, generation_mode="text", **kw), None
-        return model.generate(**inputs, speaker="Ethan", talker_do_sample=False, talker_max_new_tokens=codes,
-                              talker_min_new_tokens=codes, talker_bad_words_ids=bad, **kw)  # fmt: skip
+        return model.generate(
+            **inputs,
+            speaker="Ethan",
+            talker_do_sample=False,
+            talker_max_new_tokens=codes,
+            talker_min_new_tokens=codes,
+            talker_bad_words_ids=bad,
+            **kw,
+        )
 
     # Warm-up: the whole work once. (A 2-token warm-up, sessions 27-36, left the first timed run 2-3x slower
     # than the rest: 1.67 and 1.08 s against 0.40-0.75 s at s2t in session 37's call 6, and a 2-run median
@@ -98,8 +105,13 @@ def bench_path(model, path: str, inputs: dict, cfg: Qwen25OmniConfig, args, devi
     generate(work.text_tokens, work.audio_frames)
     runs = [timed_seconds(lambda: generate(work.text_tokens, work.audio_frames), device) for _ in range(args.repeats)]
     (_, wav), seconds = runs[-1][0], statistics.median(s for _, s in runs)
-    row = dict(path=path, prompt_tokens=inputs["input_ids"].shape[1] - 1, text_tokens=work.text_tokens, e2e_s=seconds,
-               runs_s=[round(s, 4) for _, s in runs])  # fmt: skip
+    row = dict(
+        path=path,
+        prompt_tokens=inputs["input_ids"].shape[1] - 1,
+        text_tokens=work.text_tokens,
+        e2e_s=seconds,
+        runs_s=[round(s, 4) for _, s in runs],
+    )
     if wav is not None:
         row.update(audio_s=wav.numel() / SAMPLE_RATE, rtf=seconds / (wav.numel() / SAMPLE_RATE))
     print(f"HF {path} B=1: {row}", flush=True)
@@ -125,8 +137,14 @@ def main() -> None:
     cfg = Qwen25OmniConfig.from_hf(args.model)
     processor = ChatProcessor(cfg, Tokenizer.from_dir(args.model), DEFAULT_SYSTEM_PROMPT)
     build_s = time.perf_counter() - start
-    results = {"machine": machine(device), "transformers": transformers.__version__, "dtype": str(dtype),
-               "build_s": build_s, "args": vars(args) | {"out": str(args.out)}, "paths": []}  # fmt: skip
+    results = {
+        "machine": machine(device),
+        "transformers": transformers.__version__,
+        "dtype": str(dtype),
+        "build_s": build_s,
+        "args": vars(args) | {"out": str(args.out)},
+        "paths": [],
+    }
     works = {k: dataclasses.asdict(w) for k, w in presets_for("qwen2.5-omni").items()}
     for path in args.paths.split(","):
         inputs = inputs_for(path, cfg, processor, device, dtype)

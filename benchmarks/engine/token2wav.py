@@ -118,15 +118,21 @@ def measure_dit(model: Token2Wav, plan: StreamPlan, rows: int, repeats: int, dev
 
     seconds = timed(step, repeats, device)
     macs = count_macs(model.dit, step)
-    out = {"rows": rows, "frames": frames, "step_s": seconds, "gmacs_per_step": macs / 1e9,
-           "gmac_per_s": macs / 1e9 / seconds}  # fmt: skip
+    out = {
+        "rows": rows,
+        "frames": frames,
+        "step_s": seconds,
+        "gmacs_per_step": macs / 1e9,
+        "gmac_per_s": macs / 1e9 / seconds,
+    }
     if device.type == "cuda":
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             step()
         seconds = replay_us(graph, max(repeats, 5)) / 1e6
-        out.update(kernels_per_step=count_kernels(step, device), graph_step_s=seconds,
-                   graph_gmac_per_s=macs / 1e9 / seconds)  # fmt: skip
+        out.update(
+            kernels_per_step=count_kernels(step, device), graph_step_s=seconds, graph_gmac_per_s=macs / 1e9 / seconds
+        )
     audio_s = plan.chunk / FRAMES_PER_SECOND  # kept per window
     out["dit_s_per_audio_s_per_row"] = seconds * (cfg.flow.num_steps - 1) / (rows * audio_s)
     return out
@@ -142,9 +148,14 @@ def measure_bigvgan(model: Token2Wav, plan: StreamPlan, repeats: int, device) ->
 
     seconds = timed(decode, repeats, device)
     macs = count_macs(model.bigvgan, decode)
-    return {"span_frames": frames, "kept_frames": plan.chunk, "span_s": seconds, "gmacs_per_span": macs / 1e9,
-            "gmac_per_s": macs / 1e9 / seconds,
-            "bigvgan_s_per_audio_s": seconds * FRAMES_PER_SECOND / plan.chunk}  # fmt: skip
+    return {
+        "span_frames": frames,
+        "kept_frames": plan.chunk,
+        "span_s": seconds,
+        "gmacs_per_span": macs / 1e9,
+        "gmac_per_s": macs / 1e9 / seconds,
+        "bigvgan_s_per_audio_s": seconds * FRAMES_PER_SECOND / plan.chunk,
+    }
 
 
 @torch.inference_mode()
@@ -158,9 +169,15 @@ def accuracy(model: Token2Wav, voice: dict, others: dict[str, Token2Wav], num_co
             codes = torch.randint(0, cfg.num_embeds, (num_codes,), generator=torch.Generator().manual_seed(seed))
             noise = initial_noise(seed, num_codes * cfg.repeats, cfg.mel_dim, device)
             ref, out = (m(codes.to(device), speaker, noise) for m in (model, other))
-            rows.append({"variant": name, "seed": seed, "codes": num_codes,
-                         "wave_cosine": torch.nn.functional.cosine_similarity(ref.double(), out.double(), dim=0).item(),
-                         "snr_db": (10 * torch.log10(ref.pow(2).sum() / (ref - out).pow(2).sum())).item()})  # fmt: skip
+            rows.append(
+                {
+                    "variant": name,
+                    "seed": seed,
+                    "codes": num_codes,
+                    "wave_cosine": torch.nn.functional.cosine_similarity(ref.double(), out.double(), dim=0).item(),
+                    "snr_db": (10 * torch.log10(ref.pow(2).sum() / (ref - out).pow(2).sum())).item(),
+                }
+            )
     return rows
 
 
@@ -170,8 +187,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dit-dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
-    parser.add_argument("--paths", nargs="+", default=None, choices=["reference", "fast"],
-                        help="[reference, and fast on CUDA]")  # fmt: skip
+    parser.add_argument(
+        "--paths", nargs="+", default=None, choices=["reference", "fast"], help="[reference, and fast on CUDA]"
+    )
     parser.add_argument("--accuracy-codes", type=int, default=96, help="codes a compared decode speaks (0 = none)")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -180,8 +198,10 @@ def main() -> None:
     with torch.device(device):
         model = Token2Wav(cfg).eval()
     g = torch.Generator().manual_seed(3)
-    voice = {"cond": torch.randn(1, cfg.dit.enc_emb_dim, generator=g),
-             "ref_mel": torch.randn(1, 30, cfg.dit.mel_dim, generator=g) - 4}  # fmt: skip
+    voice = {
+        "cond": torch.randn(1, cfg.dit.enc_emb_dim, generator=g),
+        "ref_mel": torch.randn(1, 30, cfg.dit.mel_dim, generator=g) - 4,
+    }
     if args.accuracy_codes:  # (the accuracy's weights, before the variants copy them; timings do not depend on them)
         audible_token2wav(model, voice, 0)
     paths = args.paths or (["reference", "fast"] if device.type == "cuda" else ["reference"])
@@ -202,7 +222,7 @@ def main() -> None:
             {"variant": name, **measure_dit(m, plan, rows, args.repeats, device)}
             for name, m in models.items()
             for rows in args.rows
-        ],  # fmt: skip
+        ],
         "bigvgan": measure_bigvgan(model, plan, args.repeats, device),
     }
     print(json.dumps(report, indent=1), flush=True)

@@ -107,10 +107,14 @@ def whole(omni: Omni, body: dict, device, trace: Path) -> dict:
             gaps.append([round((end - origin) / 1e3, 3), round(a - end, 1)])
         end = b if end is None else max(end, b)
     return {
-        "wall_ms": (max(host[-1][1], end or 0.0) - origin) / 1e3, "busy_ms": union_us(kernels) / 1e3,
+        "wall_ms": (max(host[-1][1], end or 0.0) - origin) / 1e3,
+        "busy_ms": union_us(kernels) / 1e3,
         "first_kernel_ms": (kernels[0][0] - origin) / 1e3 if kernels else None,
-        "kernels": len(kernels), "steps": rows, "gpu_ranges": ranges, "gaps": gaps,
-    }  # fmt: skip
+        "kernels": len(kernels),
+        "steps": rows,
+        "gpu_ranges": ranges,
+        "gaps": gaps,
+    }
 
 
 def probe(omni: Omni, path: str, repeats: int, device, trace_dir: Path | None = None) -> dict:
@@ -148,10 +152,12 @@ def probe(omni: Omni, path: str, repeats: int, device, trace_dir: Path | None = 
             by_name[e.name][1] += e.time_range.elapsed_us()
         top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:15]
         out["profiled"] = {
-            "ms": row["ms"], "busy_ms": busy / 1e3, "kernels": len(kernels),
+            "ms": row["ms"],
+            "busy_ms": busy / 1e3,
+            "kernels": len(kernels),
             "by_kind_ms": {k: v / 1e3 for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
             "top": [[name[:90], count, us / 1e3] for name, (count, us) in top],
-        }  # fmt: skip
+        }
     if trace_dir is not None:
         out["to_end_ms"] = [to_end(omni, body(), device) for _ in range(2 * repeats)]
         out["whole"] = whole(omni, body(), device, trace_dir / f"whole-{path}.json.gz")

@@ -107,8 +107,15 @@ def bench_projections() -> list[dict]:
 
             def fp8_call(i, blocks=None):
                 f = fp8[i]
-                return skinny_gemm(x, f.weight, gated=f.gated, partials=f.partials, blocks=blocks,
-                                   scale=f.weight_scale_inv, scale_block=f.block)  # fmt: skip
+                return skinny_gemm(
+                    x,
+                    f.weight,
+                    gated=f.gated,
+                    partials=f.partials,
+                    blocks=blocks,
+                    scale=f.weight_scale_inv,
+                    scale_block=f.block,
+                )
 
             dot = Blocks(64, 128, 1, 4, 6, rows=16 if m == 1 else 0)  # (the table's dot configuration)
             if m == 1:
@@ -185,8 +192,16 @@ def greedy_logits(thinker, ids: torch.Tensor, steps: int, forced: torch.Tensor |
     fed back: ``forced`` (teacher forcing) or each step's argmax)."""
     cfg, p = thinker.cfg, thinker.lm_head.weight
     decode = DECODE_ATTENTION.load("triton") if backend == "fused" else None  # (as the code predictor's)
-    cache = RowsKVCache(1, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, p.dtype, p.device,
-                        ids.numel() + steps + 1, decode)  # fmt: skip
+    cache = RowsKVCache(
+        1,
+        cfg.num_hidden_layers,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+        p.dtype,
+        p.device,
+        ids.numel() + steps + 1,
+        decode,
+    )
     logits = thinker(ids, torch.arange(ids.numel(), device=p.device), cache).logits[-1:]
     out, fed = [], []
     for t in range(steps):
@@ -201,8 +216,9 @@ def build_thinker(skeleton: str, device: str, dtype, quantization: str):
     fast = torch.device(device).type == "cuda"
     backends = Backends(moe="fused", decoder_kernels="fused") if fast else Backends()
     start = time.perf_counter()
-    part = load_components(skeleton, ("thinker",), dtype=dtype, device=device, backends=backends, random_seed=0,
-                           quantization=quantization)["thinker"]  # fmt: skip
+    part = load_components(
+        skeleton, ("thinker",), dtype=dtype, device=device, backends=backends, random_seed=0, quantization=quantization
+    )["thinker"]
     gib = sum(p.numel() * p.element_size() for p in part.parameters()) / 2**30
     print(f"thinker {quantization}: built in {time.perf_counter() - start:.1f} s, {gib:.2f} GiB of weights", flush=True)
     return part, gib, backends.decoder_kernels
@@ -226,11 +242,18 @@ def bench_accuracy(args) -> dict:
         cos = F.cosine_similarity(forced_logits, ref_logits, dim=-1)
         same = (own_ids == ref_ids).float()
         first_diff = int((own_ids != ref_ids).nonzero()[0]) if bool((own_ids != ref_ids).any()) else args.steps
-        rows.append(dict(
-            prompt=i, prompt_tokens=ids.numel(), cosine_mean=cos.mean().item(), cosine_min=cos.min().item(),
-            argmax_agree=(forced_logits.argmax(-1) == ref_logits.argmax(-1)).float().mean().item(),
-            greedy_ids_equal=same.mean().item(), first_difference=first_diff, fp8_logits=forced_logits,
-        ))  # fmt: skip
+        rows.append(
+            dict(
+                prompt=i,
+                prompt_tokens=ids.numel(),
+                cosine_mean=cos.mean().item(),
+                cosine_min=cos.min().item(),
+                argmax_agree=(forced_logits.argmax(-1) == ref_logits.argmax(-1)).float().mean().item(),
+                greedy_ids_equal=same.mean().item(),
+                first_difference=first_diff,
+                fp8_logits=forced_logits,
+            )
+        )
     # The same weight values in the dtype, run by its kernels: what the format costs, apart from FP8's kernels
     dequantize_in_place(thinker, dtype)
     for ids, (ref_logits, ref_ids), row in zip(prompts, runs, rows, strict=True):
@@ -296,8 +319,15 @@ def _warm_skinny(items) -> int:
             _, fp8 = _linears(k, rows, kind, 1)
             f = fp8[0]
             x = torch.randn(m, k, device="cuda").to(BF16)
-            skinny_gemm(x, f.weight, gated=f.gated, partials=f.partials, blocks=blocks, scale=f.weight_scale_inv,
-                        scale_block=f.block)  # fmt: skip
+            skinny_gemm(
+                x,
+                f.weight,
+                gated=f.gated,
+                partials=f.partials,
+                blocks=blocks,
+                scale=f.weight_scale_inv,
+                scale_block=f.block,
+            )
             done += 1
         except Exception as e:  # noqa: BLE001 - (e.g. out of shared memory: skipped when timed too)
             print(f"{blocks} M={m}: {type(e).__name__}", flush=True)
@@ -332,9 +362,18 @@ def tune_fp8(rows: tuple[int, ...] = (1, 32), workers: int = 12) -> dict:
             for b in _tune_candidates(m, kind):
                 f0 = fp8[0]
                 try:
-                    times[b] = graph_call_us(lambda i, b=b: skinny_gemm(
-                        x, fp8[i].weight, gated=f0.gated, partials=f0.partials, blocks=b,
-                        scale=fp8[i].weight_scale_inv, scale_block=f0.block), copies)  # fmt: skip
+                    times[b] = graph_call_us(
+                        lambda i, b=b: skinny_gemm(
+                            x,
+                            fp8[i].weight,
+                            gated=f0.gated,
+                            partials=f0.partials,
+                            blocks=b,
+                            scale=fp8[i].weight_scale_inv,
+                            scale_block=f0.block,
+                        ),
+                        copies,
+                    )
                 except Exception:  # noqa: BLE001, S112 - (does not fit the SM)
                     continue
             best = min(times, key=times.get)
@@ -361,10 +400,11 @@ def _tune_moe(figures: list, rows: tuple[int, ...]) -> dict:
     out = {}
     for what, variants in (("gate_up", TUNE_GATE_UP), ("down", TUNE_DOWN)) if 1 in rows else ():
         total = _time_variants(
-            variants, functools.partial(_set_moe_gemv, what),
+            variants,
+            functools.partial(_set_moe_gemv, what),
             lambda: sum(graph_call_us(lambda i: layers[i](x), copies) for x in _moe_inputs((1, 8))),
             fused_moe._blocks(what, DEFAULT_BLOCK, "cuda"),
-        )  # fmt: skip
+        )
         out[what] = list(min(total, key=total.get))
         figures.append(dict(shape=f"thinker MoE {what} (1 + 8 tokens)", all={str(b): t for b, t in total.items()}))
         print(f"tune MoE {what}: {out[what]} {total}", flush=True)
@@ -374,10 +414,11 @@ def _tune_moe(figures: list, rows: tuple[int, ...]) -> dict:
     for tile, tokens in ((16, 32), (64, 1024)) if 32 in rows else ():
         for what, variants in (("gate_up", TUNE_GROUPED_GATE_UP[tile]), ("down", TUNE_GROUPED_DOWN[tile])):
             total = _time_variants(
-                variants, functools.partial(_set_grouped, what, tile),
+                variants,
+                functools.partial(_set_grouped, what, tile),
                 lambda tokens=tokens: graph_call_us(lambda i: layers[i](_moe_inputs((tokens,))[0]), copies),
                 grouped_fp8.grouped_blocks(what, tile, "cuda"),
-            )  # fmt: skip
+            )
             key = f"grouped_{what}{tile}"
             out[key] = list(min(total, key=total.get))
             _set_grouped(what, tile, tuple(out[key]))
@@ -434,8 +475,10 @@ def tuned_entries(tuned: dict) -> dict[str, dict]:
     }
     grouped = {
         f"{what},rows={tile}": dict(zip(GROUPED_FIELDS, tuned[f"grouped_{what}{tile}"], strict=True))
-        for what in MOE_FIELDS for tile in (16, 64) if f"grouped_{what}{tile}" in tuned
-    }  # fmt: skip
+        for what in MOE_FIELDS
+        for tile in (16, 64)
+        if f"grouped_{what}{tile}" in tuned
+    }
     skinny = {sg._key(*key): Blocks(*blocks)._asdict() for key, blocks in tuned["skinny"]}
     return {"skinny_gemm_fp8": skinny, "fused_moe": moe_gemvs, "grouped_fp8": grouped}
 
@@ -470,8 +513,12 @@ def report(results: dict) -> str:
         lines += [f"MoE: {k} {v}" for k, v in results["tune"]["tuned"].items() if k != "skinny"]
     if results.get("accuracy"):
         acc = results["accuracy"]
-        lines += ["", f"## Thinker accuracy ({acc['steps']} greedy steps; weights {acc['weight_gib_bf16']:.2f} GiB "
-                  f"bf16, {acc['weight_gib_fp8']:.2f} GiB FP8)", ""]  # fmt: skip
+        lines += [
+            "",
+            f"## Thinker accuracy ({acc['steps']} greedy steps; weights {acc['weight_gib_bf16']:.2f} GiB "
+            f"bf16, {acc['weight_gib_fp8']:.2f} GiB FP8)",
+            "",
+        ]
         cols = list(acc["prompts"][0])
         lines.append(markdown_table(cols, [[r[c] for c in cols] for r in acc["prompts"]]))
     return "\n".join(lines)

@@ -74,9 +74,16 @@ def main() -> None:
                         us = time_us(run, args.layers)
                         splits = num_splits(batch * kv_heads, width * page, blocks[0], programs) if programs else 1
                         rows.append(
-                            dict(shape=name, batch=batch, context=context, blocks=blocks, programs=programs,
-                                 splits=splits, us=us)
-                        )  # fmt: skip
+                            dict(
+                                shape=name,
+                                batch=batch,
+                                context=context,
+                                blocks=blocks,
+                                programs=programs,
+                                splits=splits,
+                                us=us,
+                            )
+                        )
                         print(
                             f"{name:14s} B={batch:2d} keys={context:4d} blocks={blocks} programs={programs:3d} "
                             f"splits={splits}: {us:6.2f} µs",

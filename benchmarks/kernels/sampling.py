@@ -97,9 +97,10 @@ def main() -> None:
     args = parser.parse_args()
     rows = [measure(name, batch) for name in CASES for batch in args.batches]
     keys = ["kernels_before", "kernels_after", "eager_us_before", "eager_us_after", "graph_us_before", "graph_us_after"]
-    table = markdown_table(["case", "V", "B", *keys, "first_call_s"], [
-        [r["case"], r["vocab"], r["batch"], *[r[k] for k in keys], r["first_call_s"]] for r in rows
-    ])  # fmt: skip
+    table = markdown_table(
+        ["case", "V", "B", *keys, "first_call_s"],
+        [[r["case"], r["vocab"], r["batch"], *[r[k] for k in keys], r["first_call_s"]] for r in rows],
+    )
     write_report(args.out, "sampling", {"device": torch.cuda.get_device_name(), "rows": rows}, table + "\n")
     print(table)
 

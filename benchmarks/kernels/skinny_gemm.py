@@ -185,8 +185,11 @@ def tune(results: list[dict], rows: list[int]) -> dict:
             complete = {key: us for key, (us, count) in total.items() if count == len(ms)}
             choice = min(complete, key=complete.get)
             tuned.append([[bucket, n // 2 if gated else n, k, gated, kind == "partials"], choice and list(choice)])
-    variants = {(key[0] if not blocks[5] else blocks[5], key[3], key[4] and blocks[2] > 1, *blocks[:2], *blocks[3:5])
-                for key, blocks in tuned if blocks}  # fmt: skip
+    variants = {
+        (key[0] if not blocks[5] else blocks[5], key[3], key[4] and blocks[2] > 1, *blocks[:2], *blocks[3:5])
+        for key, blocks in tuned
+        if blocks
+    }
     return dict(max_rows=max(rows), tuned=tuned, compiled_variants=len(variants))
 
 

@@ -63,12 +63,16 @@ async def session(client, args, index: int, records: list) -> None:
         await conn.session.update(
             session={
                 "type": "realtime",
-                "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": args.silence_ms}},
-                          "output": {"voice": args.voice}},
-                "max_output_tokens": args.max_tokens, "ignore_eos": True,
-                "min_audio_frames": args.audio_frames, "max_audio_frames": args.audio_frames,
+                "audio": {
+                    "input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": args.silence_ms}},
+                    "output": {"voice": args.voice},
+                },
+                "max_output_tokens": args.max_tokens,
+                "ignore_eos": True,
+                "min_audio_frames": args.audio_frames,
+                "max_audio_frames": args.audio_frames,
             }
-        )  # fmt: skip
+        )
         mic = Microphone(conn, index)
         mic.speech_sent_at = 0.0  # (no speech queued yet)
         streaming = asyncio.create_task(mic.run())
@@ -88,8 +92,15 @@ async def session(client, args, index: int, records: list) -> None:
                     elif event.type == "response.done":
                         break
                 end = mic.speech_sent_at
-                records.append({"session": index, "turn": turn, "vad_ms": 1000 * (stopped - end),
-                                "first_audio_ms": 1000 * (audio - end), "status": event.response.status})  # fmt: skip
+                records.append(
+                    {
+                        "session": index,
+                        "turn": turn,
+                        "vad_ms": 1000 * (stopped - end),
+                        "first_audio_ms": 1000 * (audio - end),
+                        "status": event.response.status,
+                    }
+                )
                 await asyncio.sleep(0.3)
         finally:
             streaming.cancel()
@@ -122,9 +133,12 @@ async def main() -> None:
         await asyncio.gather(*(session(client, args, i, records) for i in range(n)))
         cell = {key: summary([r[key] for r in records]) for key in ("vad_ms", "first_audio_ms")}
         results[n] = {**cell, "turns": len(records), "records": records}
-        print(f"{n} sessions, {len(records)} turns: VAD stop {cell['vad_ms']['p50']:.0f} ms (p50), first audio "
-              f"{cell['first_audio_ms']['p50']:.0f} ms p50 / {cell['first_audio_ms']['p90']:.0f} ms p90 after the end "
-              f"of speech", flush=True)  # fmt: skip
+        print(
+            f"{n} sessions, {len(records)} turns: VAD stop {cell['vad_ms']['p50']:.0f} ms (p50), first audio "
+            f"{cell['first_audio_ms']['p50']:.0f} ms p50 / {cell['first_audio_ms']['p90']:.0f} ms p90 after the end "
+            f"of speech",
+            flush=True,
+        )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "results": results}, indent=1))

@@ -54,9 +54,15 @@ def markdown(cells: dict[tuple[str, int], dict]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for (path, b), s in sorted(cells.items()):
         cols = [
-            f"{s['req_per_s']:.2f}", f"{s['tok_per_s']:.1f}", f"{s['audio_s_per_s']:.2f}",
-            _fmt(s, "ttft_text_p50", 3), _fmt(s, "ttft_audio_p50", 3), _fmt(s, "itl_text_mean", 1, 1000),
-            _fmt(s, "e2e_p50", 3), _fmt(s, "rtf_p50", 3), str(s["errors"]),
+            f"{s['req_per_s']:.2f}",
+            f"{s['tok_per_s']:.1f}",
+            f"{s['audio_s_per_s']:.2f}",
+            _fmt(s, "ttft_text_p50", 3),
+            _fmt(s, "ttft_audio_p50", 3),
+            _fmt(s, "itl_text_mean", 1, 1000),
+            _fmt(s, "e2e_p50", 3),
+            _fmt(s, "rtf_p50", 3),
+            str(s["errors"]),
         ]
         lines.append(f"| {path} | {b} | " + " | ".join(cols) + " |")
     return "\n".join(lines)

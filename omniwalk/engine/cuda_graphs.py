@@ -173,8 +173,10 @@ class GraphedStep:
     def _pads(self, b: int) -> dict[str, torch.Tensor]:
         self.packed[b] = PackedInputs(self.small, b, self.device)
         large = {k: s for k, s in self.inputs.items() if k not in self.small}
-        return {**self.packed[b].views, **{k: torch.full((b, *s.shape), s.pad, dtype=s.dtype, device=self.device)
-                                           for k, s in large.items()}}  # fmt: skip
+        return {
+            **self.packed[b].views,
+            **{k: torch.full((b, *s.shape), s.pad, dtype=s.dtype, device=self.device) for k, s in large.items()},
+        }
 
     @property
     def max_batch(self) -> int:

@@ -117,8 +117,16 @@ class PrefillGraphs:
     """Graphs of ``fn(kv: PrefillKV, **rows) -> dict of [T, ...]`` per bucket; ``specs`` are the
     row inputs (per-row shape, dtype, pad value). Nothing is captured until ``capture``."""
 
-    def __init__(self, name: str, fn: Callable[..., dict], specs: dict[str, StaticInput], storage: KVStorage,
-                 backend: str, max_tokens: int, device):  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        fn: Callable[..., dict],
+        specs: dict[str, StaticInput],
+        storage: KVStorage,
+        backend: str,
+        max_tokens: int,
+        device,
+    ):
         self.name, self.fn, self.specs, self.storage, self.backend = name, fn, specs, storage, backend
         self.buckets, self.device = prefill_buckets(max_tokens), device
         self.captured: KeyedGraphs | None = None
@@ -138,8 +146,10 @@ class PrefillGraphs:
 
     def _empty(self, bucket: Bucket) -> dict[str, torch.Tensor]:
         """All padding: a valid layout to warm up and record on."""
-        rows = {k: torch.full((bucket.num_tokens, *s.shape), s.pad, dtype=s.dtype, device=self.device)
-                for k, s in self.specs.items()}  # fmt: skip
+        rows = {
+            k: torch.full((bucket.num_tokens, *s.shape), s.pad, dtype=s.dtype, device=self.device)
+            for k, s in self.specs.items()
+        }
         return {**kv_inputs(bucket, self.storage, [], self.device), **rows}
 
     def pick(self, kv: PagedBatch) -> Bucket | None:
@@ -160,8 +170,10 @@ class PrefillGraphs:
         return self.captured.replay(bucket)
 
     def stats(self) -> dict:
-        return {"prefill_graph_replays": self.captured.num_replays if self.captured else 0,
-                "eager_prefill_steps": self.num_eager_steps}  # fmt: skip
+        return {
+            "prefill_graph_replays": self.captured.num_replays if self.captured else 0,
+            "eager_prefill_steps": self.num_eager_steps,
+        }
 
 
 def prefill_layers(

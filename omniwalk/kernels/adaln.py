@@ -30,9 +30,20 @@ EPS = 1e-6  # the DiT's LayerNorm (``dit.adaln_reference``)
 
 @triton.jit
 def adaln_kernel(
-    h_ptr, d_ptr, g_ptr, scale_ptr, shift_ptr, h_out_ptr, out_ptr, frames, dim, stride_m, eps,
-    HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
+    h_ptr,
+    d_ptr,
+    g_ptr,
+    scale_ptr,
+    shift_ptr,
+    h_out_ptr,
+    out_ptr,
+    frames,
+    dim,
+    stride_m,
+    eps,
+    HAS_DELTA: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     m = row // frames  # the batch row whose modulation vectors apply
     cols = tl.arange(0, BLOCK)
@@ -69,7 +80,19 @@ def adaln_triton(
     d = h if delta is None else delta.contiguous()
     if h.numel():
         adaln_kernel[(m * frames,)](
-            h, d, scale if gate is None else gate, scale, shift, h_out, out, frames, dim, stride_m, EPS,
-            HAS_DELTA=delta is not None, BLOCK=1 << (dim - 1).bit_length(), **COMPILE_OPTIONS,
-        )  # fmt: skip
+            h,
+            d,
+            scale if gate is None else gate,
+            scale,
+            shift,
+            h_out,
+            out,
+            frames,
+            dim,
+            stride_m,
+            EPS,
+            HAS_DELTA=delta is not None,
+            BLOCK=1 << (dim - 1).bit_length(),
+            **COMPILE_OPTIONS,
+        )
     return h_out, out

@@ -16,9 +16,20 @@ from omniwalk.kernels import pdl
 
 @triton.jit
 def add_rms_norm_kernel(
-    h_ptr, d_ptr, w_ptr, h_out_ptr, out_ptr, dim, eps, stride_dn, stride_dk,
-    PARTS: tl.constexpr, ROUND_EACH: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
-):  # fmt: skip
+    h_ptr,
+    d_ptr,
+    w_ptr,
+    h_out_ptr,
+    out_ptr,
+    dim,
+    eps,
+    stride_dn,
+    stride_dk,
+    PARTS: tl.constexpr,
+    ROUND_EACH: tl.constexpr,
+    BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < dim
@@ -61,7 +72,18 @@ def add_rms_norm_triton(
         d = flat
     if flat.shape[0]:
         add_rms_norm_kernel[(flat.shape[0],)](
-            flat, d, weight, h_out, out, dim, eps, d.stride(0), d.stride(1) if d.dim() == 3 else 0,
-            PARTS=parts, ROUND_EACH=d.dtype == h.dtype, BLOCK=1 << (dim - 1).bit_length(), **pdl.launch(h.device),
-        )  # fmt: skip
+            flat,
+            d,
+            weight,
+            h_out,
+            out,
+            dim,
+            eps,
+            d.stride(0),
+            d.stride(1) if d.dim() == 3 else 0,
+            PARTS=parts,
+            ROUND_EACH=d.dtype == h.dtype,
+            BLOCK=1 << (dim - 1).bit_length(),
+            **pdl.launch(h.device),
+        )
     return (h if delta is None else h_out.view(h.shape)), out.view(h.shape)

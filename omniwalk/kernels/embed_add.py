@@ -39,7 +39,14 @@ def embed_add_triton(table: torch.Tensor, ids: torch.Tensor, total: torch.Tensor
     embedding, summed = torch.empty_like(total), torch.empty_like(total)
     if ids.numel():
         embed_add_kernel[(ids.numel(),)](
-            table, ids.contiguous(), total, embedding, summed, dim, table.stride(0),
-            BLOCK=1 << (dim - 1).bit_length(), **pdl.launch(table.device),
-        )  # fmt: skip
+            table,
+            ids.contiguous(),
+            total,
+            embedding,
+            summed,
+            dim,
+            table.stride(0),
+            BLOCK=1 << (dim - 1).bit_length(),
+            **pdl.launch(table.device),
+        )
     return embedding, summed

@@ -39,15 +39,28 @@ def widen(w):
         cvt.f32.f16 $1, h1;
         cvt.f32.f16 $2, h2;
         cvt.f32.f16 $3, h3; }""",
-        "=r,=r,=r,=r,r", [w], dtype=tl.float32, is_pure=True, pack=4,
-    )  # fmt: skip
+        "=r,=r,=r,=r,r",
+        [w],
+        dtype=tl.float32,
+        is_pure=True,
+        pack=4,
+    )
 
 
 @triton.jit
 def dequantize_kernel(
-    q_ptr, s_ptr, out_ptr, N, K, stride_q, stride_s,
-    SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
+    q_ptr,
+    s_ptr,
+    out_ptr,
+    N,
+    K,
+    stride_q,
+    stride_s,
+    SCALE_N: tl.constexpr,
+    SCALE_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     ok = (rows < N)[:, None] & (cols < K)[None, :]
@@ -67,7 +80,16 @@ def dequantize_triton(q: torch.Tensor, scale_inv: torch.Tensor, block: Block, dt
     if q.numel():
         rows, cols = 32, 128
         dequantize_kernel[(-(-n // rows), -(-k // cols))](
-            q, scale_inv, out, n, k, q.stride(0), scale_inv.stride(0), SCALE_N=block[0], SCALE_K=block[1],
-            BLOCK_N=rows, BLOCK_K=cols,
-        )  # fmt: skip
+            q,
+            scale_inv,
+            out,
+            n,
+            k,
+            q.stride(0),
+            scale_inv.stride(0),
+            SCALE_N=block[0],
+            SCALE_K=block[1],
+            BLOCK_N=rows,
+            BLOCK_K=cols,
+        )
     return out

@@ -110,9 +110,13 @@ def grouped_experts(
 
 
 def expert_gemv(
-    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
     scales: ExpertScales | None = None,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """x [N, H], gate_up [E, 2I, H], down [E, H, I], weights/ids [N, P] -> weighted expert outputs
     [N, P, H] in x's dtype (sum over P = the MoE output). FP8 experts come with their ``scales``."""
     ids = ids.contiguous()
@@ -121,9 +125,12 @@ def expert_gemv(
 
 
 def expert_gate_up(
-    x: torch.Tensor, gate_up: torch.Tensor, ids: torch.Tensor, blocks: tuple[int, int, int] | None = None,
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    ids: torch.Tensor,
+    blocks: tuple[int, int, int] | None = None,
     scales: ExpertScales | None = None,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """x [N, H], gate_up [E, 2I, H], ids [N, P] -> act [N * P, I]: silu(gate·x) * (up·x) per (token, expert) pair."""
     assert x.dim() == 2 and gate_up.dim() == 3 and gate_up.shape[2] == x.shape[1], "x [N, H], gate_up [E, 2I, H]"
     blocks = blocks or _blocks("gate_up", scales, x.device)
@@ -137,17 +144,35 @@ def expert_gate_up(
         strides = (0, 0, 0) if scales is None else (s.stride(0), s.stride(1), s.stride(2))
         step = min(columns, _pow2(hidden))
         expert_gate_up_kernel[(n * p, -(-inter // rows))](
-            x, gate_up, s, ids, act, gate_up.stride(0), gate_up.stride(1), *strides,
-            H=hidden, INTER=inter, P=p, BLOCK_I=rows, BLOCK_H=step, **_scaling(scales), SUB_H=_sub(step, scales),
-            num_warps=warps, **pdl.launch(x.device),
-        )  # fmt: skip
+            x,
+            gate_up,
+            s,
+            ids,
+            act,
+            gate_up.stride(0),
+            gate_up.stride(1),
+            *strides,
+            H=hidden,
+            INTER=inter,
+            P=p,
+            BLOCK_I=rows,
+            BLOCK_H=step,
+            **_scaling(scales),
+            SUB_H=_sub(step, scales),
+            num_warps=warps,
+            **pdl.launch(x.device),
+        )
     return act
 
 
 def expert_down(
-    act: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-    blocks: tuple[int, int, int] | None = None, scales: ExpertScales | None = None,
-) -> torch.Tensor:  # fmt: skip
+    act: torch.Tensor,
+    down: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    blocks: tuple[int, int, int] | None = None,
+    scales: ExpertScales | None = None,
+) -> torch.Tensor:
     """act [N * P, I], down [E, H, I] -> [N, P, H]: each pair's expert output times its routing weight."""
     assert down.dim() == 3 and act.shape == (ids.numel(), down.shape[2]), "expert_down: act [N * P, I], down [E, H, I]"
     blocks = blocks or _blocks("down", scales, act.device)
@@ -160,10 +185,24 @@ def expert_down(
         strides = (0, 0) if scales is None else (s.stride(0), s.stride(1))
         step = min(units, _pow2(inter))
         expert_down_kernel[(n * p, -(-hidden // columns))](
-            act, down, s, ids, weights.contiguous(), out, down.stride(0), down.stride(1), *strides,
-            H=hidden, INTER=inter, BLOCK_N=columns, BLOCK_I=step, **_scaling(scales), SUB_I=_sub(step, scales),
-            num_warps=warps, **pdl.launch(act.device),
-        )  # fmt: skip
+            act,
+            down,
+            s,
+            ids,
+            weights.contiguous(),
+            out,
+            down.stride(0),
+            down.stride(1),
+            *strides,
+            H=hidden,
+            INTER=inter,
+            BLOCK_N=columns,
+            BLOCK_I=step,
+            **_scaling(scales),
+            SUB_I=_sub(step, scales),
+            num_warps=warps,
+            **pdl.launch(act.device),
+        )
     return out
 
 
@@ -209,11 +248,27 @@ def sub_block_scales(
 
 @triton.jit
 def expert_gate_up_kernel(
-    x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, stride_we, stride_wr, stride_se, stride_sh, stride_sr,
-    H: tl.constexpr, INTER: tl.constexpr, P: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
-    SCALED: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, SUB_H: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    ids_ptr,
+    act_ptr,
+    stride_we,
+    stride_wr,
+    stride_se,
+    stride_sh,
+    stride_sr,
+    H: tl.constexpr,
+    INTER: tl.constexpr,
+    P: tl.constexpr,
+    BLOCK_I: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    SCALED: tl.constexpr,
+    SCALE_N: tl.constexpr,
+    SCALE_K: tl.constexpr,
+    SUB_H: tl.constexpr,
     USE_PDL: tl.constexpr,
-):  # fmt: skip
+):
     pair, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
     expert = routed_expert(ids_ptr, pair, USE_PDL)
     token = pair // P
@@ -248,11 +303,26 @@ def expert_gate_up_kernel(
 
 @triton.jit
 def expert_down_kernel(
-    act_ptr, w_ptr, s_ptr, ids_ptr, weights_ptr, out_ptr, stride_we, stride_wr, stride_se, stride_sr,
-    H: tl.constexpr, INTER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_I: tl.constexpr,
-    SCALED: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, SUB_I: tl.constexpr,
+    act_ptr,
+    w_ptr,
+    s_ptr,
+    ids_ptr,
+    weights_ptr,
+    out_ptr,
+    stride_we,
+    stride_wr,
+    stride_se,
+    stride_sr,
+    H: tl.constexpr,
+    INTER: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_I: tl.constexpr,
+    SCALED: tl.constexpr,
+    SCALE_N: tl.constexpr,
+    SCALE_K: tl.constexpr,
+    SUB_I: tl.constexpr,
     USE_PDL: tl.constexpr,
-):  # fmt: skip
+):
     pair, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
     expert = routed_expert(ids_ptr, pair, USE_PDL)
     cols = block * BLOCK_N + tl.arange(0, BLOCK_N)

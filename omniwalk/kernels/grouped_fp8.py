@@ -76,9 +76,17 @@ def quantize_rows(x: torch.Tensor, group: int) -> Quantized:
     scale_inv = torch.empty(t, groups, dtype=torch.float32, device=x.device)
     if t:
         quantize_rows_kernel[(t,)](
-            x, q, scale_inv, k, x.stride(0), q.stride(0), scale_inv.stride(0), GROUP=group,
-            GROUPS=pow2(groups), GROUP_PAD=pow2(group),
-        )  # fmt: skip
+            x,
+            q,
+            scale_inv,
+            k,
+            x.stride(0),
+            q.stride(0),
+            scale_inv.stride(0),
+            GROUP=group,
+            GROUPS=pow2(groups),
+            GROUP_PAD=pow2(group),
+        )
     return Quantized(q, scale_inv, group)
 
 
@@ -90,9 +98,14 @@ def activation_group(block: tuple[int, int], group: int = GROUP) -> int:
 
 
 def grouped_gemm(
-    rows: Quantized, tokens: torch.Tensor | None, weight: torch.Tensor, scale: torch.Tensor,
-    block: tuple[int, int], ends: torch.Tensor, dtype: torch.dtype,
-) -> Quantized | torch.Tensor:  # fmt: skip
+    rows: Quantized,
+    tokens: torch.Tensor | None,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    block: tuple[int, int],
+    ends: torch.Tensor,
+    dtype: torch.dtype,
+) -> Quantized | torch.Tensor:
     """Quantised rows (K steps of ``rows.group``) and FP8 weight [E, N (gated: 2I), K] with its scale grid,
     over P pairs sorted by expert (expert e's end at ``ends[e]``) -> gated (``tokens``: pair i reads row
     ``tokens[i]``): silu(gate) * up quantised [P, I] (a group per program's columns); otherwise (pair i
@@ -113,23 +126,50 @@ def grouped_gemm(
         # (scales: gate_up [E, 2, rows, cols], down [E, rows, cols])
         strides = scale.stride()[:3] if gated else (scale.stride(0), 0, scale.stride(1))
         grouped_kernel[(weight.shape[0], -(-n // tile_n))](
-            rows.q, rows.scale_inv, tokens if gated else ends, weight, scale, ends, out, out_scale, n, k,
-            rows.q.stride(0), rows.scale_inv.stride(0), weight.stride(0), weight.stride(1), *strides, out.stride(0),
-            out_scale.stride(0), BLOCK_M=tile_m, BLOCK_N=tile_n, BLOCK_K=rows.group, GATED=gated,
-            SCALE_N=block[0], SCALE_K=block[1], ROUND=_round_type(dtype), num_warps=warps, num_stages=stages,
-        )  # fmt: skip
+            rows.q,
+            rows.scale_inv,
+            tokens if gated else ends,
+            weight,
+            scale,
+            ends,
+            out,
+            out_scale,
+            n,
+            k,
+            rows.q.stride(0),
+            rows.scale_inv.stride(0),
+            weight.stride(0),
+            weight.stride(1),
+            *strides,
+            out.stride(0),
+            out_scale.stride(0),
+            BLOCK_M=tile_m,
+            BLOCK_N=tile_n,
+            BLOCK_K=rows.group,
+            GATED=gated,
+            SCALE_N=block[0],
+            SCALE_K=block[1],
+            ROUND=_round_type(dtype),
+            num_warps=warps,
+            num_stages=stages,
+        )
     return Quantized(out, out_scale, tile_n) if gated else out
 
 
 def grouped_fp8_experts(
-    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, scales: ExpertScales, weights: torch.Tensor,
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    scales: ExpertScales,
+    weights: torch.Tensor,
     ids: torch.Tensor,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """``fused_moe.grouped_experts`` for FP8 experts: -> [N, k, H] weighted per-pair outputs."""
     num_tokens, top_k = ids.shape
     pairs, block = sort_pairs(ids, weights, gate_up.shape[0]), scales.block
-    act = grouped_gemm(quantize_rows(x, activation_group(block)), pairs.tokens, gate_up, scales.gate_up, block,
-                       pairs.ends, x.dtype)  # fmt: skip
+    act = grouped_gemm(
+        quantize_rows(x, activation_group(block)), pairs.tokens, gate_up, scales.gate_up, block, pairs.ends, x.dtype
+    )
     y = grouped_gemm(act, None, down, scales.down, block, pairs.ends, x.dtype)
     return unsort_pairs(y, pairs).view(num_tokens, top_k, x.shape[1])
 
@@ -151,9 +191,17 @@ def _quantize(x):
 
 @triton.jit
 def quantize_rows_kernel(
-    x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_s,
-    GROUP: tl.constexpr, GROUPS: tl.constexpr, GROUP_PAD: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    K,
+    stride_x,
+    stride_q,
+    stride_s,
+    GROUP: tl.constexpr,
+    GROUPS: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+):
     """Row ``program_id`` of x, each GROUP columns with their own scale -> e4m3 row and scales."""
     row = tl.program_id(0).to(tl.int64)
     groups = tl.arange(0, GROUPS)
@@ -168,11 +216,33 @@ def quantize_rows_kernel(
 
 @triton.jit
 def grouped_kernel(
-    a_ptr, a_s_ptr, tokens_ptr, w_ptr, s_ptr, ends_ptr, out_ptr, out_s_ptr, N, K,
-    stride_am, stride_asm, stride_we, stride_wn, stride_se, stride_sh, stride_sn, stride_om, stride_osm,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr,
-    SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, ROUND: tl.constexpr,
-):  # fmt: skip
+    a_ptr,
+    a_s_ptr,
+    tokens_ptr,
+    w_ptr,
+    s_ptr,
+    ends_ptr,
+    out_ptr,
+    out_s_ptr,
+    N,
+    K,
+    stride_am,
+    stride_asm,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sh,
+    stride_sn,
+    stride_om,
+    stride_osm,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GATED: tl.constexpr,
+    SCALE_N: tl.constexpr,
+    SCALE_K: tl.constexpr,
+    ROUND: tl.constexpr,
+):
     """Program (expert, block of BLOCK_N output columns) over that expert's rows, BLOCK_M at a time.
     Rows are e4m3 with a scale per BLOCK_K columns (``a_s``); gated, row i is token ``tokens[i]``'s."""
     expert, block = tl.program_id(0).to(tl.int64), tl.program_id(1)

@@ -63,17 +63,38 @@ def route_topk(
     weights, ids = _outputs(n, top_k + num_shared, dtype or logits.dtype, logits.device)
     if n:
         route_kernel[(n, 1)](
-            logits, logits, logits, ids, weights, ids, 0, 0, logits.stride(0),
-            H=1, E=num_experts, E_PAD=pow2(num_experts), K=top_k, SHARED=num_shared, RENORM=renormalize,
-            FOLDED=False, BLOCK_E=1, BLOCK_H=1, **pdl.launch(logits.device),
-        )  # fmt: skip
+            logits,
+            logits,
+            logits,
+            ids,
+            weights,
+            ids,
+            0,
+            0,
+            logits.stride(0),
+            H=1,
+            E=num_experts,
+            E_PAD=pow2(num_experts),
+            K=top_k,
+            SHARED=num_shared,
+            RENORM=renormalize,
+            FOLDED=False,
+            BLOCK_E=1,
+            BLOCK_H=1,
+            **pdl.launch(logits.device),
+        )
     return weights, ids
 
 
 def route_folded(
-    x: torch.Tensor, router: torch.Tensor, counters: torch.Tensor, top_k: int, renormalize: bool,
-    num_shared: int = 0, blocks: tuple[int, int] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    x: torch.Tensor,
+    router: torch.Tensor,
+    counters: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    num_shared: int = 0,
+    blocks: tuple[int, int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """x [N, H], router [E + (1 if num_shared else 0), H] -> the same as
     ``route_topk(F.linear(x, router), ...)``. counters: int32 [>= N], zero, and zero again after
     (one set per caller that may run concurrently with another, e.g. per MoE layer)."""
@@ -89,10 +110,27 @@ def route_folded(
         scratch = torch.empty(n, e_pad + 1, dtype=torch.float32, device=x.device)
         x = x.contiguous()
         route_kernel[(n, -(-router.shape[0] // rows))](
-            x, router, scratch, counters, weights, ids, x.stride(0), router.stride(0), scratch.stride(0),
-            H=hidden, E=num_experts, E_PAD=e_pad, K=top_k, SHARED=num_shared, RENORM=renormalize,
-            FOLDED=True, BLOCK_E=rows, BLOCK_H=min(pow2(hidden), 4096), num_warps=warps, **pdl.launch(x.device),
-        )  # fmt: skip
+            x,
+            router,
+            scratch,
+            counters,
+            weights,
+            ids,
+            x.stride(0),
+            router.stride(0),
+            scratch.stride(0),
+            H=hidden,
+            E=num_experts,
+            E_PAD=e_pad,
+            K=top_k,
+            SHARED=num_shared,
+            RENORM=renormalize,
+            FOLDED=True,
+            BLOCK_E=rows,
+            BLOCK_H=min(pow2(hidden), 4096),
+            num_warps=warps,
+            **pdl.launch(x.device),
+        )
     return weights, ids
 
 
@@ -121,9 +159,17 @@ def sort_pairs(ids: torch.Tensor, weights: torch.Tensor, num_experts: int) -> So
     ends = (torch.empty if pairs else torch.zeros)(num_experts, dtype=torch.int32, device=ids.device)
     if pairs:
         sort_pairs_kernel[(num_experts,)](
-            flat_ids, flat_weights, order, tokens, sorted_weights, ends, pairs, P=p,
-            BLOCK=min(1024, pow2(pairs)), **pdl.launch(ids.device),
-        )  # fmt: skip
+            flat_ids,
+            flat_weights,
+            order,
+            tokens,
+            sorted_weights,
+            ends,
+            pairs,
+            P=p,
+            BLOCK=min(1024, pow2(pairs)),
+            **pdl.launch(ids.device),
+        )
     return SortedPairs(order, tokens, sorted_weights, ends)
 
 
@@ -144,18 +190,31 @@ def pow2(n: int) -> int:
 
 @triton.jit
 def router_logits(
-    x_ptr, router_ptr, logits_ptr, n, stride_x, stride_r, stride_l,
-    H: tl.constexpr, E: tl.constexpr, SHARED: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
+    x_ptr,
+    router_ptr,
+    logits_ptr,
+    n,
+    stride_x,
+    stride_r,
+    stride_l,
+    H: tl.constexpr,
+    E: tl.constexpr,
+    SHARED: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_H: tl.constexpr,
     USE_PDL: tl.constexpr,
-):  # fmt: skip
+):
     """This program's block of router rows times token n's x -> its logits (fp32 scratch row n); the
     shared gate is row E."""
     rows = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
     row_ok = rows < E + (1 if SHARED > 0 else 0)
     acc = tl.zeros((BLOCK_E,), tl.float32)
     # each step's router tile is loaded one step ahead: the first before the PDL wait
-    w = tl.load(router_ptr + rows[:, None] * stride_r + tl.arange(0, BLOCK_H)[None, :],
-                mask=row_ok[:, None] & (tl.arange(0, BLOCK_H) < H)[None, :], other=0.0)  # fmt: skip
+    w = tl.load(
+        router_ptr + rows[:, None] * stride_r + tl.arange(0, BLOCK_H)[None, :],
+        mask=row_ok[:, None] & (tl.arange(0, BLOCK_H) < H)[None, :],
+        other=0.0,
+    )
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -171,9 +230,17 @@ def router_logits(
 
 @triton.jit
 def store_top_k(
-    logits_ptr, weights_ptr, ids_ptr, n, stride_l,
-    E: tl.constexpr, E_PAD: tl.constexpr, K: tl.constexpr, SHARED: tl.constexpr, RENORM: tl.constexpr,
-):  # fmt: skip
+    logits_ptr,
+    weights_ptr,
+    ids_ptr,
+    n,
+    stride_l,
+    E: tl.constexpr,
+    E_PAD: tl.constexpr,
+    K: tl.constexpr,
+    SHARED: tl.constexpr,
+    RENORM: tl.constexpr,
+):
     """Token n's logits -> softmax, top-k by rank -> its weights and ids (ascending expert id), then
     the shared expert's slots (weight sigmoid(gate))."""
     e = tl.arange(0, E_PAD)
@@ -200,11 +267,26 @@ def store_top_k(
 
 @triton.jit
 def route_kernel(
-    x_ptr, router_ptr, logits_ptr, counter_ptr, weights_ptr, ids_ptr, stride_x, stride_r, stride_l,
-    H: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr, K: tl.constexpr, SHARED: tl.constexpr,
-    RENORM: tl.constexpr, FOLDED: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
+    x_ptr,
+    router_ptr,
+    logits_ptr,
+    counter_ptr,
+    weights_ptr,
+    ids_ptr,
+    stride_x,
+    stride_r,
+    stride_l,
+    H: tl.constexpr,
+    E: tl.constexpr,
+    E_PAD: tl.constexpr,
+    K: tl.constexpr,
+    SHARED: tl.constexpr,
+    RENORM: tl.constexpr,
+    FOLDED: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_H: tl.constexpr,
     USE_PDL: tl.constexpr,
-):  # fmt: skip
+):
     n, last = tl.program_id(0).to(tl.int64), tl.num_programs(1) - 1
     if FOLDED:  # this program's block of router rows -> logits (fp32 scratch); the shared gate is row E
         router_logits(
@@ -225,9 +307,17 @@ def route_kernel(
 
 @triton.jit
 def sort_pairs_kernel(
-    ids_ptr, weights_ptr, order_ptr, tokens_ptr, sorted_weights_ptr, ends_ptr, pairs,
-    P: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
-):  # fmt: skip
+    ids_ptr,
+    weights_ptr,
+    order_ptr,
+    tokens_ptr,
+    sorted_weights_ptr,
+    ends_ptr,
+    pairs,
+    P: tl.constexpr,
+    BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
     """Program e: the pairs routed to expert e, in pair order, at positions start(e) .. end(e) - 1 of the
     expert-sorted order, start(e) = pairs routed to a lower id (a first pass over the ids)."""
     expert = tl.program_id(0)

@@ -44,9 +44,16 @@ def num_splits(rows: int, max_keys: int, block: int, programs: int = DECODE_PROG
 
 
 def paged_decode_triton(
-    q, keys, values, table, lens, page_size: int, semaphores: torch.Tensor | None = None,
-    blocks: tuple[int, int] | None = None, programs: int = DECODE_PROGRAMS,
-) -> torch.Tensor:  # fmt: skip
+    q,
+    keys,
+    values,
+    table,
+    lens,
+    page_size: int,
+    semaphores: torch.Tensor | None = None,
+    blocks: tuple[int, int] | None = None,
+    programs: int = DECODE_PROGRAMS,
+) -> torch.Tensor:
     """q [B, heads, d], keys/values [slots, kv_heads, d], table [B, pages] int32, lens [B] int32 -> [B, heads, d].
     ``semaphores``: int32 zeros [>= programs // 2], left zero, one set per concurrently running
     caller (``KVStorage.semaphores``): rows are then split over programs; None: one program per row.
@@ -70,12 +77,32 @@ def paged_decode_triton(
             raise ValueError(f"paged decode: {rows} rows split but {semaphores.numel()} semaphores")
         parts = torch.empty(rows * splits * group_pad * (d + 2), dtype=torch.float32, device=q.device)
     paged_decode_kernel[(batch, kv_heads, splits)](
-        q, keys, values, table, lens, out, parts, semaphores if splits > 1 else lens,
-        q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), table.stride(0), out.stride(0), out.stride(1),
+        q,
+        keys,
+        values,
+        table,
+        lens,
+        out,
+        parts,
+        semaphores if splits > 1 else lens,
+        q.stride(0),
+        q.stride(1),
+        keys.stride(0),
+        keys.stride(1),
+        table.stride(0),
+        out.stride(0),
+        out.stride(1),
         d**-0.5,
-        KV_HEADS=kv_heads, GROUP=group, GROUP_PAD=group_pad, D=d, PAGE=page_size, BLOCK=block, SPLITS=splits,
-        num_warps=warps, **pdl.launch(q.device),
-    )  # fmt: skip
+        KV_HEADS=kv_heads,
+        GROUP=group,
+        GROUP_PAD=group_pad,
+        D=d,
+        PAGE=page_size,
+        BLOCK=block,
+        SPLITS=splits,
+        num_warps=warps,
+        **pdl.launch(q.device),
+    )
     return out
 
 
@@ -87,9 +114,21 @@ def decode_blocks(device) -> tuple[int, int]:
 
 @triton.jit
 def attend_span(
-    q, k_ptr, v_ptr, pages, kvh, begin, end, scale, stride_ks, stride_kh,
-    GROUP_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
+    q,
+    k_ptr,
+    v_ptr,
+    pages,
+    kvh,
+    begin,
+    end,
+    scale,
+    stride_ks,
+    stride_kh,
+    GROUP_PAD: tl.constexpr,
+    D: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """Online softmax of one row's queries q [GROUP_PAD, D] over its keys [begin, end) (kv head
     ``kvh``, pages listed at ``pages``) -> (m, total, acc): running max, sum of weights, weighted
     values (fp32)."""
@@ -141,12 +180,31 @@ def merge_splits(parts, used, GROUP_PAD: tl.constexpr, D: tl.constexpr, SPLITS: 
 
 @triton.jit
 def paged_decode_kernel(
-    q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, part_ptr, sem_ptr,
-    stride_qb, stride_qh, stride_ks, stride_kh, stride_tb, stride_ob, stride_oh,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    table_ptr,
+    lens_ptr,
+    out_ptr,
+    part_ptr,
+    sem_ptr,
+    stride_qb,
+    stride_qh,
+    stride_ks,
+    stride_kh,
+    stride_tb,
+    stride_ob,
+    stride_oh,
     scale,
-    KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK: tl.constexpr, SPLITS: tl.constexpr, USE_PDL: tl.constexpr,
-):  # fmt: skip
+    KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    D: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SPLITS: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if USE_PDL:
         gdc_wait()
@@ -163,9 +221,21 @@ def paged_decode_kernel(
         begin = split * span
         end = tl.minimum(n, begin + span)
         m, total, acc = attend_span(
-            q, k_ptr, v_ptr, table_ptr + b * stride_tb, kvh, begin, end, scale, stride_ks, stride_kh,
-            GROUP_PAD, D, PAGE, BLOCK,
-        )  # fmt: skip
+            q,
+            k_ptr,
+            v_ptr,
+            table_ptr + b * stride_tb,
+            kvh,
+            begin,
+            end,
+            scale,
+            stride_ks,
+            stride_kh,
+            GROUP_PAD,
+            D,
+            PAGE,
+            BLOCK,
+        )
         out_rows = out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :]
         if used == 1:
             out = acc / tl.where(total == 0.0, 1.0, total)[:, None]

@@ -36,11 +36,27 @@ COMPILE_OPTIONS = {"enable_fp_fusion": False}  # the kernel's compile options (t
 
 @triton.jit
 def qk_norm_rope_kernel(
-    qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, slots_ptr,
-    stride_qkv, stride_cos, stride_kn, stride_kh, eps,
-    HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr, HAS_SLOTS: tl.constexpr, NORM: tl.constexpr,
+    qkv_ptr,
+    qw_ptr,
+    kw_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    slots_ptr,
+    stride_qkv,
+    stride_cos,
+    stride_kn,
+    stride_kh,
+    eps,
+    HEADS: tl.constexpr,
+    KV_HEADS: tl.constexpr,
+    D: tl.constexpr,
+    HAS_SLOTS: tl.constexpr,
+    NORM: tl.constexpr,
     USE_PDL: tl.constexpr,
-):  # fmt: skip
+):
     n, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
     if USE_PDL:
         gdc_wait()
@@ -89,11 +105,26 @@ def qk_norm_rope_triton(qkv, q_weight, k_weight, eps, cos, sin, heads, kv_heads,
     cos_stride = cos.stride(0) if cos.shape[0] > 1 else 0  # one table row broadcast over the tokens
     if n:
         qk_norm_rope_kernel[(n, heads + 2 * kv_heads)](
-            qkv, qkv if q_weight is None else q_weight, qkv if k_weight is None else k_weight, cos, sin, q, keys,
-            values, slots, qkv.stride(0), cos_stride, keys.stride(0), keys.stride(1), eps,
-            HEADS=heads, KV_HEADS=kv_heads, D=d, HAS_SLOTS=kv_out is not None, NORM=q_weight is not None,
+            qkv,
+            qkv if q_weight is None else q_weight,
+            qkv if k_weight is None else k_weight,
+            cos,
+            sin,
+            q,
+            keys,
+            values,
+            slots,
+            qkv.stride(0),
+            cos_stride,
+            keys.stride(0),
+            keys.stride(1),
+            eps,
+            HEADS=heads,
+            KV_HEADS=kv_heads,
+            D=d,
+            HAS_SLOTS=kv_out is not None,
+            NORM=q_weight is not None,
             **COMPILE_OPTIONS,
             **pdl.launch(qkv.device),
-        )  # fmt: skip
+        )
     return q, k, v
-

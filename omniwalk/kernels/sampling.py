@@ -56,18 +56,37 @@ def draw(logits: torch.Tensor, p, step_offset: int = 0, processed: bool = False)
     if vocab <= SMALL_VOCAB_MAX:
         block = 1 << (vocab - 1).bit_length()
         draw_rows[(num_rows,)](
-            logits, logits.stride(0), *args, out, vocab, flags, step_offset,
-            BLOCK=block, CANDIDATES=min(TOP_CANDIDATES, block), num_warps=16 if block >= 2048 else 4,
+            logits,
+            logits.stride(0),
+            *args,
+            out,
+            vocab,
+            flags,
+            step_offset,
+            BLOCK=block,
+            CANDIDATES=min(TOP_CANDIDATES, block),
+            num_warps=16 if block >= 2048 else 4,
             **pdl.launch(logits.device),
-        )  # fmt: skip
+        )
         return out
     num_blocks = -(-vocab // LARGE_BLOCK)
     best = torch.empty(num_rows, num_blocks, dtype=torch.float32, device=logits.device)
     best_at = torch.empty(num_rows, num_blocks, dtype=torch.int32, device=logits.device)
     draw_blocks[(num_rows, num_blocks)](
-        logits, logits.stride(0), *args, best, best_at, vocab, flags, step_offset,
-        PROCESS=not processed, PICK=True, BLOCK=LARGE_BLOCK, num_warps=4, **pdl.launch(logits.device),
-    )  # fmt: skip
+        logits,
+        logits.stride(0),
+        *args,
+        best,
+        best_at,
+        vocab,
+        flags,
+        step_offset,
+        PROCESS=not processed,
+        PICK=True,
+        BLOCK=LARGE_BLOCK,
+        num_warps=4,
+        **pdl.launch(logits.device),
+    )
     pad = 1 << (num_blocks - 1).bit_length()
     pick_blocks[(num_rows,)](best, best_at, out, num_blocks, BLOCKS_PAD=pad, num_warps=1, **pdl.launch(logits.device))
     return out
@@ -83,9 +102,20 @@ def process(logits: torch.Tensor, p) -> torch.Tensor:
     logits = logits if logits.stride(1) == 1 else logits.contiguous()
     args, flags = _param_args(p, logits.device, skip_front=False)
     draw_blocks[(num_rows, -(-vocab // LARGE_BLOCK))](
-        logits, logits.stride(0), *args, scores, scores, vocab, flags, 0,
-        PROCESS=True, PICK=False, BLOCK=LARGE_BLOCK, num_warps=4, **pdl.launch(logits.device),
-    )  # fmt: skip
+        logits,
+        logits.stride(0),
+        *args,
+        scores,
+        scores,
+        vocab,
+        flags,
+        0,
+        PROCESS=True,
+        PICK=False,
+        BLOCK=LARGE_BLOCK,
+        num_warps=4,
+        **pdl.launch(logits.device),
+    )
     return scores
 
 
@@ -112,12 +142,14 @@ def _param_args(p, device, skip_front: bool) -> tuple[list, int]:
     args = [
         p.temperature if front else empty[torch.float32],
         p.penalty if present[_PENALTY] else empty[torch.float32],
-        seen, seen.stride(0) if seen.dim() == 2 else 0,
-        banned, banned.stride(0) if banned.dim() == 2 else 0,
+        seen,
+        seen.stride(0) if seen.dim() == 2 else 0,
+        banned,
+        banned.stride(0) if banned.dim() == 2 else 0,
         p.top_k if present[_TOP] else empty[torch.long],
         p.top_p if present[_TOP] else empty[torch.float32],
         *((p.sampled, p.seeds, p.steps) if present[_SAMPLED] else (empty[torch.bool], *[empty[torch.long]] * 2)),
-    ]  # fmt: skip
+    ]
     return args, sum(bit for bit, on in present.items() if on)
 
 
@@ -204,10 +236,27 @@ def top_k_top_p(x, row, cols, vocab, top_k_ptr, top_p_ptr, BLOCK: tl.constexpr, 
 
 @triton.jit(do_not_specialize=["flags", "step_offset"])
 def draw_rows(
-    logits_ptr, logits_stride, temperature_ptr, penalty_ptr, seen_ptr, seen_stride, banned_ptr, banned_stride,
-    top_k_ptr, top_p_ptr, sampled_ptr, seeds_ptr, steps_ptr, out_ptr, vocab, flags, step_offset,
-    BLOCK: tl.constexpr, CANDIDATES: tl.constexpr, USE_PDL: tl.constexpr,
-):  # fmt: skip
+    logits_ptr,
+    logits_stride,
+    temperature_ptr,
+    penalty_ptr,
+    seen_ptr,
+    seen_stride,
+    banned_ptr,
+    banned_stride,
+    top_k_ptr,
+    top_p_ptr,
+    sampled_ptr,
+    seeds_ptr,
+    steps_ptr,
+    out_ptr,
+    vocab,
+    flags,
+    step_offset,
+    BLOCK: tl.constexpr,
+    CANDIDATES: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     if USE_PDL:  # (omniwalk.kernels.pdl)
         gdc_wait()
@@ -226,10 +275,29 @@ def draw_rows(
 
 @triton.jit(do_not_specialize=["flags", "step_offset"])
 def draw_blocks(
-    logits_ptr, logits_stride, temperature_ptr, penalty_ptr, seen_ptr, seen_stride, banned_ptr, banned_stride,
-    top_k_ptr, top_p_ptr, sampled_ptr, seeds_ptr, steps_ptr, best_ptr, best_at_ptr, vocab, flags, step_offset,
-    PROCESS: tl.constexpr, PICK: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
-):  # fmt: skip
+    logits_ptr,
+    logits_stride,
+    temperature_ptr,
+    penalty_ptr,
+    seen_ptr,
+    seen_stride,
+    banned_ptr,
+    banned_stride,
+    top_k_ptr,
+    top_p_ptr,
+    sampled_ptr,
+    seeds_ptr,
+    steps_ptr,
+    best_ptr,
+    best_at_ptr,
+    vocab,
+    flags,
+    step_offset,
+    PROCESS: tl.constexpr,
+    PICK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
     """PICK: each block's best (perturbed) score and its first index; else the processed scores."""
     row, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
     if USE_PDL:  # (omniwalk.kernels.pdl)

@@ -70,11 +70,9 @@ class Blocks(NamedTuple):
     rows: int = 0
 
 
-
 def padded_rows(m: int) -> int:
     """1 (a GEMV: no tensor-core dot), else M padded to a power of two >= 16 (``tl.dot``'s minimum)."""
     return 1 if m == 1 else max(16, 1 << (m - 1).bit_length())
-
 
 
 def _key(rows: int, n: int, k: int, gated: bool, may_split: bool) -> str:
@@ -91,9 +89,7 @@ def tuned_blocks(kernel: str, device: tuned.Device) -> dict[str, Blocks | str]:
     return {key: _entry(value) for key, value in tuned.configs(kernel, device).items()}
 
 
-def pick_blocks(
-    m: int, n: int, k: int, gated: bool, may_split: bool, fp8: bool = False, device=None
-) -> Blocks | None:
+def pick_blocks(m: int, n: int, k: int, gated: bool, may_split: bool, fp8: bool = False, device=None) -> Blocks | None:
     """The launch configuration of an M x N x K product (N: output columns; I for a gated one) on
     ``device`` (None: the current CUDA device): the tuned tile (FP8 weights: ``skinny_gemm_fp8``'s
     first, then ``skinny_gemm``'s), None where the bf16 entry is "cublas" (never for FP8 weights,
@@ -130,9 +126,16 @@ class InputNorm(NamedTuple):
 
 
 def skinny_gemm(
-    x: torch.Tensor, weight: torch.Tensor, *, gated: bool = False, partials: bool = False, blocks: Blocks | None = None,
-    scale: torch.Tensor | None = None, scale_block: Block | None = None, bias: torch.Tensor | None = None,
-) -> torch.Tensor:  # fmt: skip
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    gated: bool = False,
+    partials: bool = False,
+    blocks: Blocks | None = None,
+    scale: torch.Tensor | None = None,
+    scale_block: Block | None = None,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
     """x [M, K], weight [N, K] -> x @ weight^T (+ ``bias`` [N]) [M, N] in x's dtype, or with ``gated``
     silu(gate) * up [M, N / 2]. With ``partials`` (and a split > 1) fp32 partial sums [M, S, N] (see the
     module docstring); ``partials`` never splits a gated or biased product. An FP8 ``weight`` comes with
@@ -147,9 +150,15 @@ def skinny_gemm(
 
 
 def normed_skinny_gemm(
-    norm: InputNorm, weight: torch.Tensor, *, gated: bool = False, blocks: Blocks | None = None,
-    scale: torch.Tensor | None = None, scale_block: Block | None = None, bias: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    norm: InputNorm,
+    weight: torch.Tensor,
+    *,
+    gated: bool = False,
+    blocks: Blocks | None = None,
+    scale: torch.Tensor | None = None,
+    scale_block: Block | None = None,
+    bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``norm.RMSNorm.add`` folded into the GEMV that takes its output: -> (h + delta [1, K], the product
     of RMSNorm(h + delta) as ``skinny_gemm``'s [1, N]), one kernel. One row only, through the GEMV lanes
     (a configuration with ``rows`` > 1 is refused); never split."""
@@ -168,17 +177,25 @@ def _columns(weight: torch.Tensor, gated: bool) -> int:
 
 
 def _configuration(
-    m: int, k: int, weight: torch.Tensor, gated: bool, partials: bool, blocks: Blocks | None, fp8: bool,
+    m: int,
+    k: int,
+    weight: torch.Tensor,
+    gated: bool,
+    partials: bool,
+    blocks: Blocks | None,
+    fp8: bool,
     bias: torch.Tensor | None = None,
-) -> tuple[Blocks, int]:  # fmt: skip
+) -> tuple[Blocks, int]:
     """The launch configuration (``blocks``, else the pick for the shape) and its split along K."""
     if weight.stride(-1) != 1:
         raise ValueError("skinny_gemm wants a weight with contiguous rows")
     if bias is not None and (gated or bias.shape != (weight.shape[0],) or bias.stride(0) != 1):
         raise ValueError(f"a bias is one contiguous [N] vector of an ungated product (got {tuple(bias.shape)})")
     n, may_split = _columns(weight, gated), partials and not gated and bias is None
-    blocks = blocks or pick_blocks(m, n, k, gated, may_split, fp8, weight.device) or default_blocks(
-        m, n, k, may_split, fp8, gated
+    blocks = (
+        blocks
+        or pick_blocks(m, n, k, gated, may_split, fp8, weight.device)
+        or default_blocks(m, n, k, may_split, fp8, gated)
     )
     split = 1 if gated else blocks.split
     if split > 1 and not partials:
@@ -189,10 +206,18 @@ def _configuration(
 
 
 def _launch(
-    x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, blocks: Blocks, split: int, gated: bool,
-    scale: torch.Tensor | None, scale_block: Block | None, bias: torch.Tensor | None,
-    norm: InputNorm | None = None, h_out: torch.Tensor | None = None,
-) -> None:  # fmt: skip
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    out: torch.Tensor,
+    blocks: Blocks,
+    split: int,
+    gated: bool,
+    scale: torch.Tensor | None,
+    scale_block: Block | None,
+    bias: torch.Tensor | None,
+    norm: InputNorm | None = None,
+    h_out: torch.Tensor | None = None,
+) -> None:
     """The kernel over x [M, K] (with ``norm``: its h) into ``out``."""
     (m, k), n = x.shape, out.shape[-1]
     block_m = blocks.rows or padded_rows(m)
@@ -201,17 +226,40 @@ def _launch(
     scale_n, scale_k = scale_block or (1, 1)
     prologue, prologue_constants = _prologue(norm, x, h_out, k)
     skinny_gemm_kernel[(-(-n // blocks.n), split)](
-        x, weight, weight if scale is None else scale, out, m, n, k, k_chunk, x.stride(0), weight.stride(0),
-        0 if scale is None else scale.stride(0), out.stride(0), out.stride(1) if split > 1 else 0,
-        n * weight.stride(0), 0 if scale is None else n // scale_n * scale.stride(0), *prologue,
+        x,
+        weight,
+        weight if scale is None else scale,
+        out,
+        m,
+        n,
+        k,
+        k_chunk,
+        x.stride(0),
+        weight.stride(0),
+        0 if scale is None else scale.stride(0),
+        out.stride(0),
+        out.stride(1) if split > 1 else 0,
+        n * weight.stride(0),
+        0 if scale is None else n // scale_n * scale.stride(0),
+        *prologue,
         x if bias is None else bias,
-        BLOCK_M=block_m, BLOCK_N=blocks.n, BLOCK_K=block_k, GATED=gated, SCALED=scale is not None,
-        BIAS=bias is not None, SCALE_N=scale_n, SCALE_K=scale_k, ROWS_SHARE_SCALE=scale_n % blocks.n == 0,
-        SUB_K=block_k if scale is None else min(block_k, scale_k), WIDEN_ASM=asm_widening(x.device),
+        BLOCK_M=block_m,
+        BLOCK_N=blocks.n,
+        BLOCK_K=block_k,
+        GATED=gated,
+        SCALED=scale is not None,
+        BIAS=bias is not None,
+        SCALE_N=scale_n,
+        SCALE_K=scale_k,
+        ROWS_SHARE_SCALE=scale_n % blocks.n == 0,
+        SUB_K=block_k if scale is None else min(block_k, scale_k),
+        WIDEN_ASM=asm_widening(x.device),
         **prologue_constants,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # (fp32 as F.linear's; 16-bit ignores it)
-        num_warps=blocks.warps, num_stages=blocks.stages, **pdl.launch(x.device),
-    )  # fmt: skip
+        num_warps=blocks.warps,
+        num_stages=blocks.stages,
+        **pdl.launch(x.device),
+    )
 
 
 def _prologue(norm: InputNorm | None, x: torch.Tensor, h_out: torch.Tensor | None, k: int) -> tuple[tuple, dict]:
@@ -231,7 +279,6 @@ def _prologue(norm: InputNorm | None, x: torch.Tensor, h_out: torch.Tensor | Non
     return operands, constants
 
 
-
 @triton.jit
 def load_weights(ptrs, ok, SCALED: tl.constexpr, WIDEN_ASM: tl.constexpr):
     """A weight tile; FP8 widened to fp32 as loaded (``fp8.widen``), bf16 as stored."""
@@ -243,9 +290,16 @@ def load_weights(ptrs, ok, SCALED: tl.constexpr, WIDEN_ASM: tl.constexpr):
 
 @triton.jit
 def scale_pointers(
-    s_ptr, block, cols, col_ok, stride_sn, up_scale_offset,
-    BLOCK_N: tl.constexpr, SCALE_N: tl.constexpr, ROWS_SHARE_SCALE: tl.constexpr,
-):  # fmt: skip
+    s_ptr,
+    block,
+    cols,
+    col_ok,
+    stride_sn,
+    up_scale_offset,
+    BLOCK_N: tl.constexpr,
+    SCALE_N: tl.constexpr,
+    ROWS_SHARE_SCALE: tl.constexpr,
+):
     """FP8 weights: scale_inv of weight (n, k) is at s_ptr + (n // SCALE_N) * stride_sn + k // SCALE_K.
     -> (gate scale rows, up scale rows, their mask), each [1 or BLOCK_N, 1]."""
     if ROWS_SHARE_SCALE:  # (every row of the block in one scale row: one scale row broadcast over them)
@@ -276,9 +330,17 @@ def residual(h_ptr, d_ptr, ks, ok, stride_dk, PARTS: tl.constexpr, ROUND_EACH: t
 
 @triton.jit
 def row_rstd(
-    h_ptr, d_ptr, h_out_ptr, K, eps, stride_dk, writes_residual,
-    PARTS: tl.constexpr, ROUND_EACH: tl.constexpr, K_ROW: tl.constexpr,
-):  # fmt: skip
+    h_ptr,
+    d_ptr,
+    h_out_ptr,
+    K,
+    eps,
+    stride_dk,
+    writes_residual,
+    PARTS: tl.constexpr,
+    ROUND_EACH: tl.constexpr,
+    K_ROW: tl.constexpr,
+):
     """The folded norm's prologue, over the whole row (K_ROW: K padded to a power of two, as the norm
     kernel's block): 1 / rms of h + delta, as ``add_rms_norm`` computes it; the program with
     ``writes_residual`` stores h + delta (the decoder's next residual stream)."""
@@ -301,12 +363,36 @@ def normed(h_ptr, d_ptr, nw_ptr, ks, ok, rstd, stride_dk, PARTS: tl.constexpr, R
 
 @triton.jit
 def gemv(
-    x_ptr, gate_rows, up_rows, gate_scales, up_scales, scale_ok, col_ok, k_start, k_end,
-    h_ptr, d_ptr, nw_ptr, h_out_ptr, K, eps, stride_dk, writes_residual,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr, SCALED: tl.constexpr,
-    SCALE_K: tl.constexpr, SUB_K: tl.constexpr, WIDEN_ASM: tl.constexpr,
-    NORM: tl.constexpr, PARTS: tl.constexpr, ROUND_EACH: tl.constexpr, K_ROW: tl.constexpr, USE_PDL: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    gate_rows,
+    up_rows,
+    gate_scales,
+    up_scales,
+    scale_ok,
+    col_ok,
+    k_start,
+    k_end,
+    h_ptr,
+    d_ptr,
+    nw_ptr,
+    h_out_ptr,
+    K,
+    eps,
+    stride_dk,
+    writes_residual,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GATED: tl.constexpr,
+    SCALED: tl.constexpr,
+    SCALE_K: tl.constexpr,
+    SUB_K: tl.constexpr,
+    WIDEN_ASM: tl.constexpr,
+    NORM: tl.constexpr,
+    PARTS: tl.constexpr,
+    ROUND_EACH: tl.constexpr,
+    K_ROW: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
     """One row (M = 1): fp32 products summed in lanes, reduced once at the end; K steps cut into
     sub-blocks, each inside one scale column. bf16: a lane per weight of the tile, [BLOCK_N, BLOCK_K / SUB_K,
     SUB_K]; FP8: a lane per V = 16 weights (a thread's 16-byte load), [BLOCK_N, BLOCK_K / SUB_K, SUB_K / 16],
@@ -318,8 +404,11 @@ def gemv(
     own shape). NORM: x is RMSNorm(h + delta), computed here
     (``row_rstd``, ``normed``). -> (gate or plain sums, up sums), each [BLOCK_N, 1]."""
     V: tl.constexpr = 16 if SCALED else 1
-    steps = (tl.arange(0, BLOCK_K // SUB_K)[None, :, None, None] * SUB_K
-             + tl.arange(0, SUB_K // V)[None, None, :, None] * V + tl.arange(0, V)[None, None, None, :])  # fmt: skip
+    steps = (
+        tl.arange(0, BLOCK_K // SUB_K)[None, :, None, None] * SUB_K
+        + tl.arange(0, SUB_K // V)[None, None, :, None] * V
+        + tl.arange(0, V)[None, None, None, :]
+    )
     gate3, up3 = gate_rows[:, :, None, None], up_rows[:, :, None, None]
     lanes = tl.zeros((BLOCK_N, BLOCK_K // SUB_K, SUB_K // V), tl.float32)
     lanes_up = tl.zeros((BLOCK_N, BLOCK_K // SUB_K, SUB_K // V), tl.float32)
@@ -359,10 +448,27 @@ def gemv(
 
 @triton.jit
 def dot_tiles(
-    x_ptr, gate_rows, up_rows, gate_scales, up_scales, scale_ok, col_ok, rows, row_ok, k_start, k_end, stride_xm,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr,
-    SCALED: tl.constexpr, SCALE_K: tl.constexpr, PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    gate_rows,
+    up_rows,
+    gate_scales,
+    up_scales,
+    scale_ok,
+    col_ok,
+    rows,
+    row_ok,
+    k_start,
+    k_end,
+    stride_xm,
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GATED: tl.constexpr,
+    SCALED: tl.constexpr,
+    SCALE_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
     """Several rows: ``tl.dot`` of each weight tile [BLOCK_N, BLOCK_K] with x^T [BLOCK_K, BLOCK_M] (FP8: the
     tile dequantised to x's dtype first, ``fp8.dequantize``'s values: the K step is inside one scale column).
     -> (gate or plain sums, up sums), each [BLOCK_N, BLOCK_M]."""
@@ -408,13 +514,46 @@ def store_output(acc, acc_up, out, ok, b_ptr, cols, col_ok, GATED: tl.constexpr,
 
 @triton.jit(do_not_specialize=["M"])  # (M only masks rows: one compile for every M of a padding)
 def skinny_gemm_kernel(
-    x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_chunk, stride_xm, stride_wn, stride_sn, stride_om, stride_os,
-    up_offset, up_scale_offset, h_ptr, d_ptr, nw_ptr, h_out_ptr, eps, stride_dk, b_ptr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr, BIAS: tl.constexpr,
-    SCALED: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, ROWS_SHARE_SCALE: tl.constexpr,
-    SUB_K: tl.constexpr, WIDEN_ASM: tl.constexpr, NORM: tl.constexpr, PARTS: tl.constexpr,
-    ROUND_EACH: tl.constexpr, K_ROW: tl.constexpr, PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    k_chunk,
+    stride_xm,
+    stride_wn,
+    stride_sn,
+    stride_om,
+    stride_os,
+    up_offset,
+    up_scale_offset,
+    h_ptr,
+    d_ptr,
+    nw_ptr,
+    h_out_ptr,
+    eps,
+    stride_dk,
+    b_ptr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GATED: tl.constexpr,
+    BIAS: tl.constexpr,
+    SCALED: tl.constexpr,
+    SCALE_N: tl.constexpr,
+    SCALE_K: tl.constexpr,
+    ROWS_SHARE_SCALE: tl.constexpr,
+    SUB_K: tl.constexpr,
+    WIDEN_ASM: tl.constexpr,
+    NORM: tl.constexpr,
+    PARTS: tl.constexpr,
+    ROUND_EACH: tl.constexpr,
+    K_ROW: tl.constexpr,
+    PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
     """A program: BLOCK_N weight rows (output columns) x one K range (``split``) x all M rows."""
     block, split = tl.program_id(0), tl.program_id(1)
     cols = block * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns = weight rows
@@ -430,14 +569,58 @@ def skinny_gemm_kernel(
     )
     if BLOCK_M == 1:
         acc, acc_up = gemv(
-            x_ptr, gate_rows, up_rows, gate_scales, up_scales, scale_ok, col_ok, k_start, k_end,
-            h_ptr, d_ptr, nw_ptr, h_out_ptr, K, eps, stride_dk, (block == 0) & (split == 0),
-            BLOCK_N, BLOCK_K, GATED, SCALED, SCALE_K, SUB_K, WIDEN_ASM, NORM, PARTS, ROUND_EACH, K_ROW, USE_PDL,
-        )  # fmt: skip
+            x_ptr,
+            gate_rows,
+            up_rows,
+            gate_scales,
+            up_scales,
+            scale_ok,
+            col_ok,
+            k_start,
+            k_end,
+            h_ptr,
+            d_ptr,
+            nw_ptr,
+            h_out_ptr,
+            K,
+            eps,
+            stride_dk,
+            (block == 0) & (split == 0),
+            BLOCK_N,
+            BLOCK_K,
+            GATED,
+            SCALED,
+            SCALE_K,
+            SUB_K,
+            WIDEN_ASM,
+            NORM,
+            PARTS,
+            ROUND_EACH,
+            K_ROW,
+            USE_PDL,
+        )
     else:
         acc, acc_up = dot_tiles(
-            x_ptr, gate_rows, up_rows, gate_scales, up_scales, scale_ok, col_ok, rows, row_ok, k_start, k_end,
-            stride_xm, BLOCK_N, BLOCK_M, BLOCK_K, GATED, SCALED, SCALE_K, PRECISION, USE_PDL,
-        )  # fmt: skip
+            x_ptr,
+            gate_rows,
+            up_rows,
+            gate_scales,
+            up_scales,
+            scale_ok,
+            col_ok,
+            rows,
+            row_ok,
+            k_start,
+            k_end,
+            stride_xm,
+            BLOCK_N,
+            BLOCK_M,
+            BLOCK_K,
+            GATED,
+            SCALED,
+            SCALE_K,
+            PRECISION,
+            USE_PDL,
+        )
     out = out_ptr + split * stride_os + rows[None, :] * stride_om + cols[:, None]
     store_output(acc, acc_up, out, col_ok[:, None] & row_ok[None, :], b_ptr, cols, col_ok, GATED, BIAS)

@@ -87,8 +87,11 @@ def configs(kernel: str, device: Device, directory: Path = CONFIG_DIR) -> dict[s
             log.warning(
                 "%s: no configs tuned on %s; using %s's (same compute capability %s: correct, maybe slower; "
                 "tune with benchmarks/kernels/)",
-                kernel, device.name, data["device_name"], ".".join(map(str, device.capability)),
-            )  # fmt: skip
+                kernel,
+                device.name,
+                data["device_name"],
+                ".".join(map(str, device.capability)),
+            )
             return data["configs"]
     log.warning("%s: no configs tuned for %s; generic defaults (tune with benchmarks/kernels/)", kernel, device.name)
     return {}
@@ -99,9 +102,7 @@ def _read(path: Path) -> dict[str, Any]:
         return json.load(f)
 
 
-def save(
-    kernel: str, device: Device, entries: dict[str, Any], written_by: str, directory: Path = CONFIG_DIR
-) -> Path:
+def save(kernel: str, device: Device, entries: dict[str, Any], written_by: str, directory: Path = CONFIG_DIR) -> Path:
     """Write ``kernel``'s configurations for ``device`` (what the tuning benchmarks call); -> the file.
     Entries already in the file for other keys are kept."""
     if device.capability is None:

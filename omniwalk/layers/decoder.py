@@ -121,9 +121,16 @@ class RowsKVCache:
     """
 
     def __init__(
-        self, rows: int, num_layers: int, num_kv_heads: int, head_dim: int, dtype, device, capacity: int,
+        self,
+        rows: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype,
+        device,
+        capacity: int,
         paged_decode: Callable | None = None,
-    ):  # fmt: skip
+    ):
         self.rows, self.capacity, self.num_tokens = rows, capacity, 0
         shape = (rows * capacity, num_kv_heads, head_dim)
         self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
@@ -233,9 +240,16 @@ class Attention(MergesProjections):
         normed = isinstance(self.q_norm, RMSNorm)  # (else Qwen2-style: rope only)
         q_weight, k_weight = (self.q_norm.weight, self.k_norm.weight) if normed else (None, None)
         q, k, v = self.qk_norm_rope(
-            qkv, q_weight, k_weight, self.q_norm.eps if normed else 0.0, cos, sin, self.num_heads, self.num_kv_heads,
+            qkv,
+            q_weight,
+            k_weight,
+            self.q_norm.eps if normed else 0.0,
+            cos,
+            sin,
+            self.num_heads,
+            self.num_kv_heads,
             target,
-        )  # fmt: skip
+        )
         out = cache.attend(layer, q, k, v) if target is None else cache.attend_stored(layer, q)
         return out.reshape(n, self.num_heads * self.head_dim)
 

@@ -58,9 +58,14 @@ class SkinnyLinear(nn.Module):
     """
 
     def __init__(
-        self, weight: torch.Tensor, gated: bool = False, partials: bool = False,
-        scale: torch.Tensor | None = None, block: Block | None = None, bias: torch.Tensor | None = None,
-    ):  # fmt: skip
+        self,
+        weight: torch.Tensor,
+        gated: bool = False,
+        partials: bool = False,
+        scale: torch.Tensor | None = None,
+        block: Block | None = None,
+        bias: torch.Tensor | None = None,
+    ):
         super().__init__()
         if bias is not None and (gated or partials):
             raise ValueError("a SkinnyLinear with a bias is a plain product (neither gated nor partial sums)")
@@ -95,9 +100,14 @@ class SkinnyLinear(nn.Module):
             h, x = norm.add(h, delta)
             return h, self(x)
         h_out, y = sg.normed_skinny_gemm(
-            sg.InputNorm(h.reshape(1, k), delta, norm.weight, norm.eps), self.weight, gated=self.gated, blocks=blocks,
-            scale=self.weight_scale_inv, scale_block=self.block, bias=self.bias,
-        )  # fmt: skip
+            sg.InputNorm(h.reshape(1, k), delta, norm.weight, norm.eps),
+            self.weight,
+            gated=self.gated,
+            blocks=blocks,
+            scale=self.weight_scale_inv,
+            scale_block=self.block,
+            bias=self.bias,
+        )
         return h_out.view(h.shape), y.view(*h.shape[:-1], y.shape[-1])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -116,7 +126,13 @@ class SkinnyLinear(nn.Module):
             y = F.linear(x, w, self.bias)
             return silu_mul.silu_mul_triton(y) if self.gated else y
         y = sg.skinny_gemm(
-            flat, self.weight, gated=self.gated, partials=partials, blocks=blocks, scale=self.weight_scale_inv,
-            scale_block=self.block, bias=self.bias,
-        )  # fmt: skip
+            flat,
+            self.weight,
+            gated=self.gated,
+            partials=partials,
+            blocks=blocks,
+            scale=self.weight_scale_inv,
+            scale_block=self.block,
+            bias=self.bias,
+        )
         return y if y.dim() == 3 else y.view(*x.shape[:-1], y.shape[-1])

@@ -220,10 +220,13 @@ class SparseMoE(nn.Module):
             e.down_proj = nn.Parameter(down, requires_grad=False)
         else:
             (gate_up, gate_up_s), (down, down_s) = self._shared_units_fp8(e.block)
-            e._set([
-                (torch.cat([e.gate_up_proj.data, gate_up]), torch.cat([e.gate_up_proj_scale_inv.data, gate_up_s])),
-                (torch.cat([e.down_proj.data, down]), torch.cat([e.down_proj_scale_inv.data, down_s])),
-            ], e.block)  # fmt: skip
+            e._set(
+                [
+                    (torch.cat([e.gate_up_proj.data, gate_up]), torch.cat([e.gate_up_proj_scale_inv.data, gate_up_s])),
+                    (torch.cat([e.down_proj.data, down]), torch.cat([e.down_proj_scale_inv.data, down_s])),
+                ],
+                e.block,
+            )
         self.num_shared = -(-self.shared_expert.down_proj.weight.shape[1] // inter)
         self.gate = merged_linear(self.gate, self.shared_expert_gate)
         self.shared_expert = self.shared_expert_gate = None

@@ -23,9 +23,23 @@ def test_inputs_are_realistic_and_work_is_fixed():
 def test_bench_against_a_live_server(tmp_path):
     with server() as base:
         cmd = [
-            sys.executable, "-m", "omniwalk.cli", "bench", "--base-url", f"{base}/v1", "--paths", "s2t,t2s",
-            "--concurrency", "1,3", "--min-requests", "4", "--requests-per-concurrency", "2", "--out", str(tmp_path),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "omniwalk.cli",
+            "bench",
+            "--base-url",
+            f"{base}/v1",
+            "--paths",
+            "s2t,t2s",
+            "--concurrency",
+            "1,3",
+            "--min-requests",
+            "4",
+            "--requests-per-concurrency",
+            "2",
+            "--out",
+            str(tmp_path),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads((tmp_path / "results.json").read_text())

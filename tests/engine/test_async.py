@@ -139,8 +139,11 @@ class LookaheadToy(KVProgram):
         kv.advance(len(ids))
         ends = torch.tensor([n for _, _, n in batch]).cumsum(0) - 1
         picks = (h[ends] @ m.head).argmax(-1)
-        ready = [(req, picks[row : row + 1]) for row, (req, s, n) in enumerate(batch)
-                 if s + n == len(req.state["seq"]) + len(req.state["inflight"])]  # fmt: skip
+        ready = [
+            (req, picks[row : row + 1])
+            for row, (req, s, n) in enumerate(batch)
+            if s + n == len(req.state["seq"]) + len(req.state["inflight"])
+        ]
         for req, pick in ready:
             req.state["inflight"].append(pick)
 

@@ -4,7 +4,6 @@ The toy is a real one-layer attention LM whose keys/values live in the paged KV,
 or paging bug changes its greedy tokens.
 """
 
-
 import numpy as np
 import pytest
 import torch

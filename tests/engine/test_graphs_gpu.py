@@ -246,8 +246,9 @@ def test_prefill_graph_equals_eager_on_the_same_padded_layout():
     graphed = program.prefill_graphs.run(bucket, kv, {"x": x, "positions": positions})["hidden"][:60].clone()
 
     t = bucket.num_tokens
-    padded_kv = PrefillKV(storage, *kv_inputs(bucket, storage, segments, "cuda").values(), bucket.max_seqlen, 2 * t,
-                          "torch_varlen")  # fmt: skip
+    padded_kv = PrefillKV(
+        storage, *kv_inputs(bucket, storage, segments, "cuda").values(), bucket.max_seqlen, 2 * t, "torch_varlen"
+    )
     pad = lambda r: torch.cat([r, r.new_zeros(t - 60, *r.shape[1:])])  # noqa: E731
     deepstack = x.new_zeros(t, program.deepstack_levels, hidden)
     eager_padded = program._decoder(padded_kv, pad(x), pad(positions), deepstack)["hidden"][:60]
@@ -273,6 +274,8 @@ def test_prefill_graphs_through_the_engine():
         err = max(abs(p.logprob - q.logprob) for p, q in pairs[: split + 1])
         margin = y.logprobs[split].top[0][1] - y.logprobs[split].top[1][1] if split < len(pairs) else None
         codes = None if x.codes is None else torch.equal(x.codes, y.codes)
-        print(f"GPU-PREFILL-GRAPH request {i}: ids equal for {split} of {len(pairs)}, max logprob difference "
-              f"{err:.2e}, codes equal {codes}")  # fmt: skip
+        print(
+            f"GPU-PREFILL-GRAPH request {i}: ids equal for {split} of {len(pairs)}, max logprob difference "
+            f"{err:.2e}, codes equal {codes}"
+        )
         assert err < 0.1 and (margin is None or margin < 0.1)

@@ -2,7 +2,6 @@
 workload for it."""
 
 
-
 def gpu_omni(graphs: int, **options):
     from helpers.qwen3_omni import checkpoint
 

@@ -1,8 +1,6 @@
 """Hostile and unsupported request bodies with the answer each must get (status, param, code), and a
 process's resident memory."""
 
-
-
 USER = [{"role": "user", "content": "hi"}]
 
 
@@ -39,7 +37,7 @@ HOSTILE = [
     ({"messages": [{"role": "bot", "content": "x"}]}, 400, "messages[0]", "invalid_value"),
     ({"messages": [{"role": "assistant", "audio": {"id": "audio_nope"}}]}, 400, "messages[0].audio.id", BAD),
     ([1, 2], 400, None, "invalid_type"),
-]  # fmt: skip
+]
 
 
 RAW = [

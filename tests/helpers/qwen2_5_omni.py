@@ -55,7 +55,7 @@ REQUESTS = {
         {"type": "audio", "audio": AUDIO_B},
         {"type": "image", "image": IMAGE},
         "compare",
-    ),  # fmt: skip
+    ),
     "audio_in_video": _user(
         {"type": "video", "video": VIDEO, "fps": 1.0, "audio": AUDIO}, "listen", use_audio_in_video=True
     ),

@@ -31,10 +31,14 @@ def random_states(num_rows: int, vocab: int, gen: torch.Generator) -> list[Sampl
     states = []
     for _ in range(num_rows):
         params = SamplingParams(
-            temperature=pick((0.0, 0.5, 0.9, 1.0, 1.3)), top_k=min(pick(TOP_KS), vocab), top_p=pick(TOP_PS),
-            repetition_penalty=pick((1.0, 1.0, 0.8, 1.05, 1.3)), min_tokens=pick((0, 0, 4)), max_tokens=8,
+            temperature=pick((0.0, 0.5, 0.9, 1.0, 1.3)),
+            top_k=min(pick(TOP_KS), vocab),
+            top_p=pick(TOP_PS),
+            repetition_penalty=pick((1.0, 1.0, 0.8, 1.05, 1.3)),
+            min_tokens=pick((0, 0, 4)),
+            max_tokens=8,
             seed=int(torch.randint(-(2**62), 2**62, (), generator=gen)),
-        )  # fmt: skip
+        )
         prompt = torch.randint(vocab, (int(torch.randint(0, vocab // 4 + 2, (), generator=gen)),), generator=gen)
         state = SamplerState(params, (int(torch.randint(vocab, (), generator=gen)), 0), prompt.tolist())
         state.num_generated = int(torch.randint(0, 6, (), generator=gen))

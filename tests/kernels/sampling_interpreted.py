@@ -54,9 +54,13 @@ def _pad(logits: torch.Tensor, p: BatchParams) -> tuple[torch.Tensor, BatchParam
 
 def _one_row(logits, top_k, sampled, seed):
     return BatchParams(
-        temperature=torch.ones(1), top_k=torch.tensor([top_k]), top_p=torch.ones(1),
-        sampled=torch.tensor([sampled]), seeds=torch.tensor([seed]), steps=torch.tensor([0]),
-    )  # fmt: skip
+        temperature=torch.ones(1),
+        top_k=torch.tensor([top_k]),
+        top_p=torch.ones(1),
+        sampled=torch.tensor([sampled]),
+        seeds=torch.tensor([seed]),
+        steps=torch.tensor([0]),
+    )
 
 
 @pytest.mark.parametrize("sampled", [False, True])

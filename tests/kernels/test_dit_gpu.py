@@ -56,8 +56,10 @@ def build_models():
     """(the fp32 reference with random audible weights, {(dtype, fast): a copy}, the voice's speaker rows)."""
     cfg = Qwen25OmniConfig.from_hf(load_config_dict("qwen2.5-omni-7b")).token2wav
     g = torch.Generator().manual_seed(3)
-    voice = {"cond": torch.randn(1, cfg.dit.enc_emb_dim, generator=g),
-             "ref_mel": torch.randn(1, 30, cfg.dit.mel_dim, generator=g) - 4.0}  # fmt: skip
+    voice = {
+        "cond": torch.randn(1, cfg.dit.enc_emb_dim, generator=g),
+        "ref_mel": torch.randn(1, 30, cfg.dit.mel_dim, generator=g) - 4.0,
+    }
     reference = Token2Wav(cfg).cuda().eval()
     audible_token2wav(reference, voice, 0)
     variants = {}
@@ -78,8 +80,10 @@ def test_fast_velocity_matches_the_reference(models):
     reference, variants, speaker = models
     cfg, lengths, total = reference.cfg.dit, [144, 96, 50], 144
     g = torch.Generator().manual_seed(5)
-    rows = [reference.dit.condition_rows(speaker, torch.randint(0, cfg.num_embeds, (n // 2,), generator=g).cuda())
-            for n in lengths]  # fmt: skip
+    rows = [
+        reference.dit.condition_rows(speaker, torch.randint(0, cfg.num_embeds, (n // 2,), generator=g).cuda())
+        for n in lengths
+    ]
     padded = torch.stack([F.pad(r, (0, 0, 0, total - r.shape[1])) for r in rows])
     conditions = torch.cat([padded[:, 0], padded[:, 1]])
     x = torch.randn(3, total, cfg.mel_dim, generator=g).cuda()

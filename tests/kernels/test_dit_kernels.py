@@ -64,8 +64,10 @@ def test_head_rope_rotates_head_zero_of_q_and_k_only():
 def token2wav():
     cfg = Qwen25OmniConfig.from_hf(load_config_dict(TINY_CONFIG)).token2wav
     g = torch.Generator().manual_seed(3)
-    speaker = {"cond": torch.randn(1, cfg.dit.enc_emb_dim, generator=g),
-               "ref_mel": torch.randn(1, 30, cfg.dit.mel_dim, generator=g) - 4.0}  # fmt: skip
+    speaker = {
+        "cond": torch.randn(1, cfg.dit.enc_emb_dim, generator=g),
+        "ref_mel": torch.randn(1, 30, cfg.dit.mel_dim, generator=g) - 4.0,
+    }
     model = Token2Wav(cfg).eval()
     audible_token2wav(model, speaker, 0)
     return model, speaker
@@ -83,8 +85,9 @@ def test_fast_path_velocity_equals_the_reference(token2wav):
     cfg, lengths, total = model.cfg.dit, [96, 70, 48], 96
     g = torch.Generator().manual_seed(5)
     rows = model.speaker_rows(speaker["cond"], speaker["ref_mel"])
-    conditions = [model.dit.condition_rows(rows, torch.randint(0, cfg.num_embeds, (n // 2,), generator=g))
-                  for n in lengths]  # fmt: skip
+    conditions = [
+        model.dit.condition_rows(rows, torch.randint(0, cfg.num_embeds, (n // 2,), generator=g)) for n in lengths
+    ]
     padded = torch.stack([torch.nn.functional.pad(c, (0, 0, 0, total - c.shape[1])) for c in conditions])
     conditions = torch.cat([padded[:, 0], padded[:, 1]])
     x = torch.randn(3, total, cfg.mel_dim, generator=g)

@@ -95,9 +95,13 @@ def test_fp8_skinny_gemm_matches_the_dequantised_product(name, m):
     assert linear.weight.dtype == FP8 and linear.block == BLOCK
     x = torch.randn(m, k, device="cuda", generator=torch.Generator(device="cuda").manual_seed(100 + m)).to(BF16)
     out = skinny_gemm(
-        x, linear.weight, gated=linear.gated, partials=linear.partials, scale=linear.weight_scale_inv,
+        x,
+        linear.weight,
+        gated=linear.gated,
+        partials=linear.partials,
+        scale=linear.weight_scale_inv,
         scale_block=linear.block,
-    )  # fmt: skip
+    )
     w32 = dequantize(linear.weight, linear.weight_scale_inv, linear.block, torch.float32)
     xs = x.float()
     cublas = F.linear(x, w32.to(BF16))  # the bf16 model of the dequantised weights
@@ -144,9 +148,14 @@ def test_fp8_gemv_tiles_match_the_dequantised_product(name, tile, block):
     partials = kind == "partials" and tile.split > 1
     tile = tile if kind == "partials" else tile._replace(split=1)
     out = skinny_gemm(
-        x, linear.weight, gated=linear.gated, partials=partials, blocks=tile, scale=linear.weight_scale_inv,
+        x,
+        linear.weight,
+        gated=linear.gated,
+        partials=partials,
+        blocks=tile,
+        scale=linear.weight_scale_inv,
         scale_block=linear.block,
-    )  # fmt: skip
+    )
     w32 = dequantize(linear.weight, linear.weight_scale_inv, linear.block, torch.float32)
     if kind == "gated":
         torch.testing.assert_close(out, silu_mul_reference(F.linear(x.float(), w32).to(BF16)), rtol=2**-6, atol=2**-8)
@@ -207,8 +216,9 @@ def test_fp8_grouped_gemm_is_its_emulation(name, hidden, experts, top_k, inter, 
     x = torch.randn(tokens, hidden, device="cuda", generator=g).to(BF16)
     weights, ids = moe.route(layer.gate(x), top_k, True)
     fp8_experts = layer.experts
-    parts = grouped_fp8_experts(x, fp8_experts.gate_up_proj, fp8_experts.down_proj, fp8_experts.scales(), weights,
-                                ids.int())  # fmt: skip
+    parts = grouped_fp8_experts(
+        x, fp8_experts.gate_up_proj, fp8_experts.down_proj, fp8_experts.scales(), weights, ids.int()
+    )
     dequantized = fp8_experts.dequantized(torch.float32)
     size = 16 if tokens * top_k <= 8 * experts else 64  # (grouped_gemm's pick)
     emulated = w8a8_experts(x, *dequantized, weights, ids, 128, min(128, grouped_fp8.GATE_UP_BLOCKS[size][1]))

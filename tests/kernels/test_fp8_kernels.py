@@ -200,8 +200,9 @@ def test_fp8_grouped_experts(monkeypatch, tokens, block, dtype, cols):
     g = torch.Generator().manual_seed(9)
     x = torch.randn(tokens, h, generator=g).to(dtype)
     weights, ids = route(torch.randn(tokens, num_experts, generator=g), 2, True)
-    parts = grouped_fp8_experts(x, experts.gate_up_proj, experts.down_proj, experts.scales(), weights.to(dtype),
-                                ids.int())  # fmt: skip
+    parts = grouped_fp8_experts(
+        x, experts.gate_up_proj, experts.down_proj, experts.scales(), weights.to(dtype), ids.int()
+    )
     assert parts.shape == (tokens, 2, h) and parts.dtype == dtype
     dequantized = experts.dequantized(torch.float32)
     emulated = w8a8_experts(x, *dequantized, weights, ids, block[1], min(cols, block[1]))

@@ -113,8 +113,12 @@ def _grouped_usage(gated: bool, size: int, tile=None) -> tuple[int, int]:
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "benchmarks"), env.get("PYTHONPATH", "")])
     done = subprocess.run(
         [sys.executable, "-c", GROUPED, str(int(gated)), str(size), repr(tile)],
-        env=env, capture_output=True, text=True, timeout=600, cwd=ROOT,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     registers, stack = map(int, done.stdout.split()[-2:])
     return registers, stack

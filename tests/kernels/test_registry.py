@@ -104,11 +104,21 @@ def test_reference_moe_and_decoder_kernels_run_on_the_cpu():
     from omniwalk.layers.moe import ReferenceMoE, SparseMoE
 
     cfg = DecoderConfig(
-        vocab_size=16, hidden_size=32, intermediate_size=0, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6, max_position_embeddings=64,
-        rope=RopeConfig(theta=10000.0), num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+        vocab_size=16,
+        hidden_size=32,
+        intermediate_size=0,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=64,
+        rope=RopeConfig(theta=10000.0),
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
         shared_expert_intermediate_size=24,
-    )  # fmt: skip
+    )
     decoder = Decoder(cfg, "reference")
     for p in decoder.parameters():
         torch.nn.init.normal_(p, 0.0, 0.2, generator=torch.Generator().manual_seed(2))

@@ -155,9 +155,15 @@ def test_folded_norm_wants_one_unpadded_row():
 
 @pytest.mark.parametrize(
     "rows, parts, backend, folds",
-    [(1, None, "triton", True), (1, 0, "triton", True), (1, 0, "reference", False), (2, 0, "triton", False),
-     (1, 4, "triton", False), (1, 8, "triton", False)],  # (4 split-K partials; 8 in h's dtype: the MoE's)
-)  # fmt: skip
+    [
+        (1, None, "triton", True),
+        (1, 0, "triton", True),
+        (1, 0, "reference", False),
+        (2, 0, "triton", False),
+        (1, 4, "triton", False),
+        (1, 8, "triton", False),
+    ],  # (4 split-K partials; 8 in h's dtype: the MoE's)
+)
 def test_module_folds_the_norm_at_one_row(monkeypatch, rows, parts, backend, folds):
     h, delta, norm = _norm_operands(parts, seed=7)
     if parts == 8:

@@ -101,9 +101,17 @@ def test_remote_urls_when_allowed(http_server):
 
 @pytest.mark.parametrize(
     "url",
-    ["http://127.0.0.1:9/a.png", "http://localhost:9/a.png", "http://[::1]:9/a.png", "http://169.254.169.254/x",
-     "http://10.0.0.1/x", "http://192.168.1.1/x", "http://[::ffff:127.0.0.1]:9/x", "http://0.0.0.0:9/x"],
-)  # fmt: skip
+    [
+        "http://127.0.0.1:9/a.png",
+        "http://localhost:9/a.png",
+        "http://[::1]:9/a.png",
+        "http://169.254.169.254/x",
+        "http://10.0.0.1/x",
+        "http://192.168.1.1/x",
+        "http://[::ffff:127.0.0.1]:9/x",
+        "http://0.0.0.0:9/x",
+    ],
+)
 def test_private_targets_are_refused_unless_allow_listed(url):
     with pytest.raises(InvalidRequestError, match="not an allowed address"):
         fetch(url, "image_url", LOOPBACK)

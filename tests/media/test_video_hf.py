@@ -52,8 +52,10 @@ def test_video_patches_equal_hf_image_processor_frame_by_frame(num_frames, heigh
     expected, expected_grid = hf_frame_patches(frames)
     assert list(grid) == expected_grid and pixels.shape == expected.shape
     err = (pixels.float() - expected.float()).abs()
-    print(f"VIDEO-HF-PIL {num_frames}x{height}x{width}: max {err.max() / LEVEL:.2f} levels, "
-          f"{(err > 1e-6).float().mean():.4f} of values differ")
+    print(
+        f"VIDEO-HF-PIL {num_frames}x{height}x{width}: max {err.max() / LEVEL:.2f} levels, "
+        f"{(err > 1e-6).float().mean():.4f} of values differ"
+    )
     assert err.max() <= 2 * LEVEL + 1e-6 and (err > 1e-6).float().mean() < 0.02
 
 

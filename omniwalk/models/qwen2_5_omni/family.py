@@ -29,16 +29,23 @@ SPEAKERS_FILE = "spk_dict.pt"
 PROMPT_FIELDS = {"use_audio_in_video": "flag", "use_default_system_prompt": "flag"}
 # speech sampling: request field -> (SamplingParams field of the talker's draws, default: HF's generate)
 SPEECH_FIELDS = {
-    "talker_temperature": ("temperature", 0.9), "talker_top_k": ("top_k", 40), "talker_top_p": ("top_p", 0.8),
-    "talker_repetition_penalty": ("repetition_penalty", 1.05), "max_audio_frames": ("max_tokens", 4096),
+    "talker_temperature": ("temperature", 0.9),
+    "talker_top_k": ("top_k", 40),
+    "talker_top_p": ("top_p", 0.8),
+    "talker_repetition_penalty": ("repetition_penalty", 1.05),
+    "max_audio_frames": ("max_tokens", 4096),
     "min_audio_frames": ("min_tokens", 0),
-}  # fmt: skip
+}
 # request fields of audio out -> their kinds (serve/schemas.py FIELD_KINDS); ``seed`` also seeds token2wav's noise
 AUDIO_FIELDS = {
-    "talker_temperature": "temperature", "talker_top_k": "top_k", "talker_top_p": "top_p",
-    "talker_repetition_penalty": "penalty", "max_audio_frames": "count", "min_audio_frames": "count0",
+    "talker_temperature": "temperature",
+    "talker_top_k": "top_k",
+    "talker_top_p": "top_p",
+    "talker_repetition_penalty": "penalty",
+    "max_audio_frames": "count",
+    "min_audio_frames": "count0",
     "token2wav_num_steps": "count",
-}  # fmt: skip
+}
 MAX_TOKEN2WAV_STEPS = 64  # ODE time points a request may ask for (the checkpoint's default: 10)
 
 
@@ -122,8 +129,17 @@ class Qwen25OmniFamily(ModelFamily):
         aiv = bool(request.get("use_audio_in_video", False))
         detok = self.tokenizer.detokenizer()
         max_tokens = len(answer) if answer else min(params.max_tokens, room)
-        walk, state = new_state(prompt, params, max_tokens, detok, self.cfg, use_audio_in_video=aiv,
-                                speech=speech, speaker_bos=bos, token2wav=token2wav)  # fmt: skip
+        walk, state = new_state(
+            prompt,
+            params,
+            max_tokens,
+            detok,
+            self.cfg,
+            use_audio_in_video=aiv,
+            speech=speech,
+            speaker_bos=bos,
+            token2wav=token2wav,
+        )
         state.thinker.forced_answer = answer
         state.thinker.speaks = "audio" in (request.get("modalities") or ())  # (on every rank alike)
         return walk, state
@@ -182,12 +198,14 @@ class Qwen25OmniFamily(ModelFamily):
     @classmethod
     def describe(cls, path) -> str:
         cfg = Qwen25OmniConfig.from_hf(path)
-        return "\n".join([
-            f"thinker:  {cfg.text}",
-            f"audio:    {cfg.audio}",
-            f"vision:   {cfg.vision}",
-            f"talker:   {cfg.talker.text if cfg.talker else None}",
-            f"token2wav: {cfg.token2wav}",
-            f"voices:   {', '.join(sorted(read_speakers(path))) if (Path(path) / SPEAKERS_FILE).exists() else '-'}",
-            f"parameters (thinker, encoders, talker, token2wav): {num_parameters(cfg):,}",
-        ])  # fmt: skip
+        return "\n".join(
+            [
+                f"thinker:  {cfg.text}",
+                f"audio:    {cfg.audio}",
+                f"vision:   {cfg.vision}",
+                f"talker:   {cfg.talker.text if cfg.talker else None}",
+                f"token2wav: {cfg.token2wav}",
+                f"voices:   {', '.join(sorted(read_speakers(path))) if (Path(path) / SPEAKERS_FILE).exists() else '-'}",
+                f"parameters (thinker, encoders, talker, token2wav): {num_parameters(cfg):,}",
+            ]
+        )

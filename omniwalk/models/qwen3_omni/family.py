@@ -40,15 +40,25 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 # speech sampling (``TalkerSamplingParams``) and prompt options; kinds as in serve/schemas.py
 SPEECH_FIELDS = {
-    "talker_temperature": "temperature", "talker_top_k": "top_k", "talker_top_p": "top_p",
-    "talker_repetition_penalty": "penalty", "code_predictor_temperature": "temperature",
-    "code_predictor_top_k": "top_k", "code_predictor_top_p": "top_p", "min_audio_frames": "count0",
+    "talker_temperature": "temperature",
+    "talker_top_k": "top_k",
+    "talker_top_p": "top_p",
+    "talker_repetition_penalty": "penalty",
+    "code_predictor_temperature": "temperature",
+    "code_predictor_top_k": "top_k",
+    "code_predictor_top_p": "top_p",
+    "min_audio_frames": "count0",
     "max_audio_frames": "count",
-}  # fmt: skip
+}
 PROMPT_FIELDS = {"use_audio_in_video": "flag", "use_default_system_prompt": "flag"}
 PATCH_SPECS = {"image": IMAGE_PATCHES, "video": VIDEO_PATCHES}  # its processor's resizing (the media defaults)
-COMPONENTS = {"audio_encoder": "audio_encoder", "vision_encoder": "vision_encoder", "thinker": "thinker",
-              "talker": "talker", "vocoder": "code2wav"}  # stage -> its checkpoint component  # fmt: skip
+COMPONENTS = {
+    "audio_encoder": "audio_encoder",
+    "vision_encoder": "vision_encoder",
+    "thinker": "thinker",
+    "talker": "talker",
+    "vocoder": "code2wav",
+}  # stage -> its checkpoint component
 
 
 @dataclass
@@ -183,13 +193,15 @@ class Qwen3OmniFamily(ModelFamily):
     @classmethod
     def describe(cls, path) -> str:
         cfg = Qwen3OmniConfig.from_hf(path)
-        return "\n".join([
-            f"thinker:  {cfg.text}",
-            f"audio:    {cfg.audio}",
-            f"vision:   {cfg.vision}",
-            f"talker:   {cfg.talker.text}",
-            f"code predictor: {cfg.talker.code_predictor}",
-            f"code2wav: {cfg.code2wav}",
-            f"voices:   {', '.join(name for name, _ in cfg.talker.speakers)}",
-            f"tensors:  {len(checkpoint_layout(cfg)):,}   parameters: {num_parameters(cfg):,}",
-        ])  # fmt: skip
+        return "\n".join(
+            [
+                f"thinker:  {cfg.text}",
+                f"audio:    {cfg.audio}",
+                f"vision:   {cfg.vision}",
+                f"talker:   {cfg.talker.text}",
+                f"code predictor: {cfg.talker.code_predictor}",
+                f"code2wav: {cfg.code2wav}",
+                f"voices:   {', '.join(name for name, _ in cfg.talker.speakers)}",
+                f"tensors:  {len(checkpoint_layout(cfg)):,}   parameters: {num_parameters(cfg):,}",
+            ]
+        )

@@ -22,8 +22,13 @@ from omniwalk.serve.audio_format import pcm16_bytes
 # server and then to 28s by the engine, 37x50 would keep its grid with other pixels and 45x70 gain a column
 # (video: 38x50 frames, even sides for yuv420p, would gain a row and two columns of merged patches)
 ODD_SIZES = [(37, 50), (45, 70)]
-SPEECH = {"talker_temperature": 0.0, "min_audio_frames": 30, "max_audio_frames": 30, "seed": 5,
-          "token2wav_num_steps": 3}  # fmt: skip
+SPEECH = {
+    "talker_temperature": 0.0,
+    "min_audio_frames": 30,
+    "max_audio_frames": 30,
+    "seed": 5,
+    "token2wav_num_steps": 3,
+}
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -63,11 +68,16 @@ def _greedy_media_chat(client, part: dict):
     """The server's answer and ``Omni``'s (in process, from the same bytes) to one media part + a question."""
     messages = [{"role": "user", "content": [part, {"type": "text", "text": "what is it"}]}]
     r = client.chat.completions.create(
-        model="qwen2.5-omni", messages=messages, max_tokens=8, temperature=0.0, logprobs=True,
+        model="qwen2.5-omni",
+        messages=messages,
+        max_tokens=8,
+        temperature=0.0,
+        logprobs=True,
         extra_body={"ignore_eos": True},
-    )  # fmt: skip
-    ref = omni().generate({"messages": messages, "max_tokens": 8, "temperature": 0.0, "ignore_eos": True,
-                           "logprobs": True})  # fmt: skip
+    )
+    ref = omni().generate(
+        {"messages": messages, "max_tokens": 8, "temperature": 0.0, "ignore_eos": True, "logprobs": True}
+    )
     return r, ref
 
 
@@ -99,16 +109,28 @@ def test_streamed_text_equals_the_whole_answer(client):
 
 def _speech_request(stream: bool = False) -> dict:
     messages = [{"role": "user", "content": "tell me a story"}]
-    return {"messages": messages, "max_tokens": 5, "temperature": 0.0, "ignore_eos": True,
-            "modalities": ["text", "audio"], "voice": "Ethan", "stream": stream, **SPEECH}  # fmt: skip
+    return {
+        "messages": messages,
+        "max_tokens": 5,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "modalities": ["text", "audio"],
+        "voice": "Ethan",
+        "stream": stream,
+        **SPEECH,
+    }
 
 
 def test_chat_audio_out_is_the_offline_decode(client):
     r = client.chat.completions.create(
-        model="qwen2.5-omni", messages=_speech_request()["messages"], max_tokens=5, temperature=0.0,
-        modalities=["text", "audio"], audio={"voice": "ETHAN", "format": "wav"},
+        model="qwen2.5-omni",
+        messages=_speech_request()["messages"],
+        max_tokens=5,
+        temperature=0.0,
+        modalities=["text", "audio"],
+        audio={"voice": "ETHAN", "format": "wav"},
         extra_body={"ignore_eos": True, **SPEECH},
-    )  # fmt: skip
+    )
     message, ref = r.choices[0].message, omni().generate(_speech_request())
     samples, rate = soundfile.read(io.BytesIO(base64.b64decode(message.audio.data)), dtype="float32")
     assert rate == 24000 and len(samples) == len(ref.audio) == 30 * 480
@@ -118,10 +140,15 @@ def test_chat_audio_out_is_the_offline_decode(client):
 
 def test_streamed_chat_audio_is_the_windowed_decode(client):
     stream = client.chat.completions.create(
-        model="qwen2.5-omni", messages=_speech_request()["messages"], max_tokens=5, temperature=0.0, stream=True,
-        modalities=["text", "audio"], audio={"voice": "ethan", "format": "pcm16"},
+        model="qwen2.5-omni",
+        messages=_speech_request()["messages"],
+        max_tokens=5,
+        temperature=0.0,
+        stream=True,
+        modalities=["text", "audio"],
+        audio={"voice": "ethan", "format": "pcm16"},
         extra_body={"ignore_eos": True, **SPEECH},
-    )  # fmt: skip
+    )
     pcm = [
         base64.b64decode(getattr(choice.delta.audio, "data", None) or "")
         for chunk in stream
@@ -142,9 +169,12 @@ def test_audio_speech_endpoint(client):
 
 @pytest.mark.parametrize(
     ("extra", "param"),
-    [({"audio": {"voice": "nobody", "format": "wav"}}, "audio.voice"),
-     ({"extra_body": {"token2wav_num_steps": 1}}, None), ({"extra_body": {"token2wav_num_steps": "many"}}, None)],
-)  # fmt: skip
+    [
+        ({"audio": {"voice": "nobody", "format": "wav"}}, "audio.voice"),
+        ({"extra_body": {"token2wav_num_steps": 1}}, None),
+        ({"extra_body": {"token2wav_num_steps": "many"}}, None),
+    ],
+)
 def test_bad_voice_and_fields_are_400(client, extra, param):
     kw = {"audio": {"voice": "ethan", "format": "wav"}, **extra}
     with pytest.raises(openai.BadRequestError) as e:

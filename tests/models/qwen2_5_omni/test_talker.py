@@ -30,10 +30,15 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 def speech_request(case: str, voice: str = "Ethan") -> dict:
     return {
         **REQUESTS[case],
-        "max_tokens": THINKER_STEPS, "min_tokens": THINKER_STEPS, "temperature": 0.0,
-        "modalities": ["text", "audio"], "voice": voice, "talker_temperature": 0.0,
-        "max_audio_frames": CODES, "min_audio_frames": CODES,
-    }  # fmt: skip
+        "max_tokens": THINKER_STEPS,
+        "min_tokens": THINKER_STEPS,
+        "temperature": 0.0,
+        "modalities": ["text", "audio"],
+        "voice": voice,
+        "talker_temperature": 0.0,
+        "max_audio_frames": CODES,
+        "min_audio_frames": CODES,
+    }
 
 
 def unspeakable(name: str) -> list[list[int]]:
@@ -69,10 +74,17 @@ def hf_speech(name: str, prompt, aiv: bool, seed: int | None = None, steps: int 
     model.token2wav.forward = reseeded if seed is not None else lambda *a, **k: torch.zeros(4)
     try:
         ids, wav = model.generate(
-            **inputs, speaker="Ethan", thinker_max_new_tokens=THINKER_STEPS, thinker_min_new_tokens=THINKER_STEPS,
-            thinker_do_sample=False, talker_do_sample=False, talker_max_new_tokens=CODES, talker_min_new_tokens=CODES,
-            talker_bad_words_ids=unspeakable(name), token2wav_num_steps=steps,
-        )  # fmt: skip
+            **inputs,
+            speaker="Ethan",
+            thinker_max_new_tokens=THINKER_STEPS,
+            thinker_min_new_tokens=THINKER_STEPS,
+            thinker_do_sample=False,
+            talker_do_sample=False,
+            talker_max_new_tokens=CODES,
+            talker_min_new_tokens=CODES,
+            talker_bad_words_ids=unspeakable(name),
+            token2wav_num_steps=steps,
+        )
     finally:
         del model.talker.generate, model.token2wav.forward
     start = inputs["input_ids"].shape[1]

@@ -2,7 +2,6 @@
 (the oracle), on two tiny configs: greedy ids identical over 32+ steps for text, audio, image,
 video and audio-in-video prompts, logprobs within 1e-4 (fp32 on the CPU)."""
 
-
 import numpy as np
 import pytest
 import torch
@@ -22,9 +21,13 @@ def test_greedy_thinker_matches_hf(name, case):
     prompt = omni(name).family.prompt(request)
     out = omni(name).generate(request)
     gen = hf(name).thinker.generate(
-        **hf_inputs(prompt, aiv), max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False,
-        output_logits=True, return_dict_in_generate=True,
-    )  # fmt: skip
+        **hf_inputs(prompt, aiv),
+        max_new_tokens=STEPS,
+        min_new_tokens=STEPS,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
     assert out.prompt_token_ids == prompt.token_ids
     assert out.token_ids == gen.sequences[0, len(prompt.token_ids) :].tolist()
     hf_logprobs = [
@@ -51,9 +54,14 @@ def test_tmrope_positions_equal_hf_get_rope_index(case):
     inputs = hf_inputs(prompt, aiv)
     audio_lengths = inputs["feature_attention_mask"].sum(-1) if "feature_attention_mask" in inputs else None
     positions, delta = hf("uneven").thinker.model.get_rope_index(
-        inputs["input_ids"], inputs.get("image_grid_thw"), inputs.get("video_grid_thw"), inputs["attention_mask"],
-        aiv, audio_lengths, inputs.get("video_second_per_grid"),
-    )  # fmt: skip
+        inputs["input_ids"],
+        inputs.get("image_grid_thw"),
+        inputs.get("video_grid_thw"),
+        inputs["attention_mask"],
+        aiv,
+        audio_lengths,
+        inputs.get("video_second_per_grid"),
+    )
     assert torch.equal(prompt.rope.positions, positions[:, 0].float())
     assert prompt.rope.delta == float(delta)
 

@@ -26,10 +26,12 @@ def model_and_voices():
     cfg = Qwen25OmniConfig.from_hf(load_config_dict("qwen2.5-omni-7b")).token2wav
     g = torch.Generator().manual_seed(3)
     voices = {
-        name: {"cond": torch.randn(1, cfg.dit.enc_emb_dim, generator=g),
-               "ref_mel": torch.randn(1, 30, cfg.dit.mel_dim, generator=g) - 4.0}
+        name: {
+            "cond": torch.randn(1, cfg.dit.enc_emb_dim, generator=g),
+            "ref_mel": torch.randn(1, 30, cfg.dit.mel_dim, generator=g) - 4.0,
+        }
         for name in ("chelsie", "ethan")
-    }  # fmt: skip
+    }
     model = Token2Wav(cfg).cuda().eval()
     audible_token2wav(model, voices["chelsie"], 0)
     use_kernels(model, "fused")  # (the served fast path: the graphs record its kernels)

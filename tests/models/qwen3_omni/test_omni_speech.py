@@ -48,9 +48,14 @@ def run_hf(name: str, inputs: dict, voice: str):
 
 
 SPEECH_CASES = [
-    ("text", "Chelsie"), ("audio_image", "Chelsie"), ("image", "ethan"), ("audio", "AIDEN"),
-    ("video", "chelsie"), ("multi_turn", "Ethan"), ("image_audio_image", "aiden"),
-]  # fmt: skip
+    ("text", "Chelsie"),
+    ("audio_image", "Chelsie"),
+    ("image", "ethan"),
+    ("audio", "AIDEN"),
+    ("video", "chelsie"),
+    ("multi_turn", "Ethan"),
+    ("image_audio_image", "aiden"),
+]
 
 
 @pytest.mark.parametrize("case, voice", SPEECH_CASES)

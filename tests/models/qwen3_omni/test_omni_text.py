@@ -1,6 +1,5 @@
 """``Omni`` end to end on make-tiny checkpoints: HF parity for text chat, and request semantics."""
 
-
 import pytest
 import torch
 from helpers.qwen3_omni import MESSAGES, checkpoint, greedy, omni

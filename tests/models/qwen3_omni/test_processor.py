@@ -6,7 +6,6 @@ are already multiples of 32 pixels (no resize); everything else is HF's own code
 Media are measured from HF's outputs: this tests layout and expansion, not resize / mel maths.
 """
 
-
 import pytest
 import torch
 from helpers.hf_oracle import hf_model

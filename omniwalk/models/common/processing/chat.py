@@ -219,8 +219,15 @@ def _time_order(grid, seconds_per_grid: float, num_audio: int, pos_per_s: float)
     return interleave_audio_video(video_times(grid, seconds_per_grid, pos_per_s), num_audio)
 
 
-def _expand(item: MediaItem, start: int, t: TokenIds, merge: int, use_audio_in_video: bool, pos_per_s: float,
-            audio_video_order=None):  # fmt: skip
+def _expand(
+    item: MediaItem,
+    start: int,
+    t: TokenIds,
+    merge: int,
+    use_audio_in_video: bool,
+    pos_per_s: float,
+    audio_video_order=None,
+):
     """-> (span, ids replacing the single placeholder)."""
     gt, gh, gw = item.grid_thw
     grid = (gt, gh // merge, gw // merge)

@@ -286,8 +286,10 @@ class DiT(MergesProjections):
         *layers, (scale, shift) = self._modulations(t_emb)
         adaln = self.adaln
         if self.modulation is not None:  # (sdpa's own conversion of a bool mask, once a forward, not a layer)
-            masks = {k: torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, -math.inf)
-                     for k, m in masks.items()}  # fmt: skip
+            masks = {
+                k: torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, -math.inf)
+                for k, m in masks.items()
+            }
         delta = gate = None  # the previous sub-block's output and gate: its residual add is the next norm's
         for i, (block, (shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp)) in enumerate(
             zip(self.transformer_blocks, layers, strict=True)

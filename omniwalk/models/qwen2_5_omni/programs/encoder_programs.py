@@ -25,10 +25,13 @@ class VisionEncoderProgram(encoder_programs.VisionEncoderProgram):
         buckets = layout_buckets(graph_max_tokens, window, window)
         specs = vision_graph_specs(encoder.cfg.hidden_size, encoder.cfg.head_dim, dtype)
         self.graphs = [  # (None: an empty run, between two full-attention blocks)
-            PackedGraphs(f"vision encoder blocks {first}-{last - 1}", self._run(first, last), specs, buckets, device,
-                         GRAPH_KNOB) if last > first else None
+            PackedGraphs(
+                f"vision encoder blocks {first}-{last - 1}", self._run(first, last), specs, buckets, device, GRAPH_KNOB
+            )
+            if last > first
+            else None
             for first, last in encoder.window_runs()
-        ]  # fmt: skip
+        ]
         self.first = next((g for g in self.graphs if g is not None), None)  # (its counters are the program's)
 
     def _run(self, first: int, last: int):

@@ -76,7 +76,7 @@ def build_stages(parts: dict, cfg: Qwen25OmniConfig, config: OmniConfig, voices:
             KVStage("talker", talker, storage, KVStageConfig(budget, engine.max_running, decode, prefill), device),
             BatchStage(
                 "token2wav", token2wav, BatchStageConfig(opts.token2wav_batch_frames, engine.max_running), device
-            ),  # fmt: skip
+            ),
         ]
     return stages
 

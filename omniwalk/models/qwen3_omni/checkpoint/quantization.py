@@ -30,10 +30,17 @@ __all__ = ["QUANTIZATIONS", "QUANTIZED_COMPONENTS", "checkpoint_block", "quantiz
 QUANTIZED_COMPONENTS = ("thinker", "talker")
 # module-name patterns Hugging Face's FP8 loader leaves in the model dtype (its ``modules_to_not_convert``)
 NOT_CONVERTED = (
-    "thinker.audio_tower", "thinker.visual", "thinker.lm_head", "mlp.gate", "shared_expert_gate",
-    "talker.codec_head", "talker.text_projection", "talker.hidden_projection", "talker.code_predictor.lm_head",
+    "thinker.audio_tower",
+    "thinker.visual",
+    "thinker.lm_head",
+    "mlp.gate",
+    "shared_expert_gate",
+    "talker.codec_head",
+    "talker.text_projection",
+    "talker.hidden_projection",
+    "talker.code_predictor.lm_head",
     "code2wav",
-)  # fmt: skip
+)
 
 
 def checkpoint_block(ckpt_dir: str | Path) -> Block | None:

@@ -148,9 +148,15 @@ class CodePredictor(MergesProjections):
         cfg = self.cfg
         embed_add = self.embed_add
         cache = RowsKVCache(
-            b, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, p.dtype, p.device,
-            self.num_code_groups + 1, self.paged_decode,
-        )  # fmt: skip
+            b,
+            cfg.num_hidden_layers,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            p.dtype,
+            p.device,
+            self.num_code_groups + 1,
+            self.paged_decode,
+        )
         x = torch.stack([talker_hidden, code0_embedding], dim=1).reshape(2 * b, -1)  # row-major [B * 2]
         h = self.model(x, torch.arange(2, device=p.device).repeat(b), cache).view(b, 2, -1)[:, -1]
         logits = self.lm_head[0](h)

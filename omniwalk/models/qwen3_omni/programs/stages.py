@@ -71,8 +71,16 @@ def build_stages(parts: dict, cfg: Qwen3OmniConfig, config: OmniConfig, devices:
     if "talker" in parts:
         budget = opts.talker_max_batch_tokens or engine.max_batch_tokens
         device, voice = devices["talker"], devices["vocoder"]
-        talker = TalkerProgram(parts["talker"], parts["text_embedding"], cfg.tokens, cfg.position_id_per_seconds,
-                               device, decode, graphs, _prefill(engine, budget, prefill))  # fmt: skip
+        talker = TalkerProgram(
+            parts["talker"],
+            parts["text_embedding"],
+            cfg.tokens,
+            cfg.position_id_per_seconds,
+            device,
+            decode,
+            graphs,
+            _prefill(engine, budget, prefill),
+        )
         storage = kv_storage(cfg.talker.text, opts.talker_kv_bytes, engine.page_size, dtype, device)
         stream = VocoderStreamConfig(opts.vocoder_chunk_frames, opts.vocoder_first_chunk_frames)
         vocoder = VocoderProgram(parts["code2wav"], stream, voice, engine.max_running, opts.vocoder_max_batch, graphs)
