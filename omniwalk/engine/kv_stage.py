@@ -33,7 +33,7 @@ from omniwalk.engine.request import Chunk, EngineRequest, Status, Work
 class KVStageConfig:
     max_batch_tokens: int = 512  # prefill chunk tokens + decode tokens per step
     max_running: int = 64  # requests holding KV pages at once
-    decode_attention: str = "reference"  # the kernel of pure decode steps (layers/paged_decode.py)
+    decode_attention: str = "reference"  # the kernel of pure decode steps (a name of kernels/registry.DECODE_ATTENTION)
     prefill_attention: str = "reference"  # other steps: per request, or one packed varlen call (layers/attention.py)
     prefix_cache: bool = False  # reuse prefix pages across requests (where the program names them)
 
