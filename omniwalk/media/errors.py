@@ -13,3 +13,8 @@ class EmptyMediaError(MediaError):
 
 class MediaLimitError(MediaError):
     """Media that decodes but violates a configured limit (duration, pixels, aspect ratio, ...)."""
+
+
+class DecodeCancelled(Exception):  # noqa: N818 - not an error of the media: its request is gone
+    """The request whose media this is was abandoned (its client hung up): decoding stops. Not a
+    ``MediaError``: it is no 400, and the HTTP layer answers (and counts) a 499."""

@@ -2,8 +2,8 @@
 
 EXIF orientation is applied; animated images give their first frame; every other mode
 (palette, greyscale, alpha, CMYK, 16-bit) becomes RGB the way the HF processor converts it:
-through RGBA composited over white. Size limits are checked from the header, before pixels
-are decoded.
+through RGBA composited over white. Size limits and the decoded-size budget (width x height x 3,
+``max_image_decoded_bytes``) are checked from the header, before pixels are decoded.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from omniwalk.errors import MediaError
+from omniwalk.media.budget import DecodeTicket, admit
 from omniwalk.media.errors import CorruptMediaError, MediaLimitError
 from omniwalk.media.limits import DEFAULT_LIMITS, MediaLimits
 
@@ -29,7 +30,9 @@ def check_frame_size(height: int, width: int, limits: MediaLimits, max_pixels: i
         raise MediaLimitError(f"image aspect ratio {width}x{height} exceeds {limits.max_aspect_ratio:g}:1")
 
 
-def decode_image(data: bytes | np.ndarray, limits: MediaLimits = DEFAULT_LIMITS) -> np.ndarray:
+def decode_image(
+    data: bytes | np.ndarray, limits: MediaLimits = DEFAULT_LIMITS, *, ticket: DecodeTicket | None = None
+) -> np.ndarray:
     """Encoded bytes (png, jpeg, webp, gif, bmp, ...) or a uint8 [H, W, 3] array -> uint8 [H, W, 3]."""
     if isinstance(data, np.ndarray):
         if data.dtype != np.uint8 or data.ndim != 3 or data.shape[2] != 3:
@@ -43,6 +46,7 @@ def decode_image(data: bytes | np.ndarray, limits: MediaLimits = DEFAULT_LIMITS)
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own limit applies
             image = Image.open(io.BytesIO(bytes(data)))
             check_frame_size(image.height, image.width, limits, limits.max_image_pixels)
+            admit(image.height * image.width * 3, limits, "image", ticket)
             image.seek(0)  # animated formats: first frame
             image = ImageOps.exif_transpose(image)
             return np.asarray(_to_rgb(image))

@@ -21,6 +21,12 @@ class MediaLimits:
     min_frames: int = 4
     max_frames: int = 768
     max_video_decoded_frames: int = 100_000  # frames the demuxer may walk through
+    # Decoded-size budgets in bytes, computed from the container's header before decoding (budget.py
+    # says how each kind counts): what a small file may expand to in memory and decoding work.
+    max_audio_decoded_bytes: int = 256 * 2**20  # float32 samples x channels: 600 s of 48 kHz stereo fits
+    max_image_decoded_bytes: int = 64 * 2**20  # width x height x 3: ~22 M pixels
+    max_video_decoded_bytes: int = 256 * 2**20  # sampled frames x pixels x 3 after the family's resize
+    max_request_decoded_bytes: int = 512 * 2**20  # all of one request's media items together
     # Where media may come from besides inline base64 / data: URLs. Both are off by default.
     allow_remote_urls: bool = False  # http(s) URLs, fetched within fetch_timeout_s and max_input_bytes
     local_media_dir: str | None = None  # file paths / file:// URLs inside this directory only
@@ -34,6 +40,9 @@ class MediaLimits:
 
         from omniwalk.errors import ConfigError
 
+        for name in ("max_audio_decoded_bytes", "max_image_decoded_bytes", "max_video_decoded_bytes"):
+            if getattr(self, name) < 1 or getattr(self, name) > self.max_request_decoded_bytes:
+                raise ConfigError(f"{name} must be at least 1 and at most max_request_decoded_bytes")
         networks = self.fetch_allow_networks
         networks = networks.split(",") if isinstance(networks, str) else networks  # (a CLI value)
         object.__setattr__(self, "fetch_allow_networks", tuple(n.strip() for n in networks if n.strip()))

@@ -16,26 +16,28 @@ sampled frame (``tests/media/test_preprocess.py``).
 
 from __future__ import annotations
 
-import torch
-
 from omniwalk.media.audio import decode_audio
+from omniwalk.media.budget import DecodeTicket
 from omniwalk.media.image import decode_image
 from omniwalk.media.limits import DEFAULT_LIMITS, MediaLimits
 from omniwalk.media.patch_spec import PatchSpec
-from omniwalk.media.patches import resize_image, resize_video
+from omniwalk.media.patches import resize_image
 from omniwalk.media.video import decode_video
 
 
-def preprocess(kind: str, data: bytes, limits: MediaLimits = DEFAULT_LIMITS, spec: PatchSpec | None = None) -> dict:
+def preprocess(
+    kind: str,
+    data: bytes,
+    limits: MediaLimits = DEFAULT_LIMITS,
+    spec: PatchSpec | None = None,
+    ticket: DecodeTicket | None = None,
+) -> dict:
     """One media item's bytes -> its array content part, an image or video resized by ``spec``
-    (raises ``MediaError`` subclasses)."""
+    (raises ``MediaError`` subclasses, or ``DecodeCancelled`` once ``ticket`` is cancelled)."""
     if kind == "audio":
-        return {"type": "audio", "audio": decode_audio(data, limits)}
+        return {"type": "audio", "audio": decode_audio(data, limits, ticket=ticket)}
     if kind == "image":
-        image = decode_image(data, limits)
+        image = decode_image(data, limits, ticket=ticket)
         return {"type": "image", "image": image if spec is None else resize_image(image, spec)}
-    video = decode_video(data, limits)
-    frames = video.frames
-    if spec is not None:
-        frames = resize_video(torch.from_numpy(frames), spec).permute(0, 2, 3, 1).contiguous().numpy()
-    return {"type": "video", "video": frames, "fps": video.sampled_fps, "audio": video.audio}
+    video = decode_video(data, limits, spec=spec, ticket=ticket)  # (frames resized as they are decoded)
+    return {"type": "video", "video": video.frames, "fps": video.sampled_fps, "audio": video.audio}

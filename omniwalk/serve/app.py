@@ -137,7 +137,7 @@ def _generation_routes(app: FastAPI, served: Served) -> None:
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         body = await served.body(request, schemas.ChatRequest)
-        engine_request, options = await api.chat_request(body, served.context())
+        engine_request, options = await api.chat_request(body, served.context(), request.receive)
         run = EngineRun(served.client, engine_request, served.metrics)
         first = await run.first_event()  # engine-side validation errors still become 4xx here
         if options.stream:

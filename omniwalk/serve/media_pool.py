@@ -12,16 +12,26 @@ also pay a copy of every decoded array back to this process.
 
 Bounds: ``media_workers`` threads; at most ``max_media_queue`` items submitted and not done (the
 next request's media is refused with a 429). Bad media fails only its request: a 400 naming the
-content part.
+content part. Each item's decoded size is admitted from its header against its kind's budget and
+its request's (``omniwalk.media.budget``), so the pool's media memory is at most
+``max_media_queue x max_{kind}_decoded_bytes`` of arrays being made (plus their encoded bytes).
+
+Cancellation: a request's items share a ``DecodeTicket``; when the request ends early (its client
+hung up, another of its items was refused, its task was cancelled), the ticket is cancelled: an
+item not started yet is dropped, a running one stops at its next frame or chunk. Either is
+counted in ``omniwalk_media_cancelled_total{kind}``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from omniwalk.errors import InvalidRequestError
+from omniwalk.media.budget import DecodeTicket
+from omniwalk.media.errors import DecodeCancelled
 from omniwalk.media.fetch import fetch_remote, is_remote, read_local
 from omniwalk.media.limits import MediaLimits
 from omniwalk.media.patch_spec import PatchSpec
@@ -29,6 +39,8 @@ from omniwalk.media.payload import b64decode
 from omniwalk.media.preprocess import preprocess
 from omniwalk.serve.errors import APIError, bad_request
 from omniwalk.serve.metrics import Metrics
+
+log = logging.getLogger("omniwalk.media")
 
 
 class MediaPool:
@@ -38,10 +50,18 @@ class MediaPool:
         self.num_queued = 0  # submitted, not done
 
     async def decode(
-        self, kind: str, source: str, where: str, *, is_base64: bool = False, spec: PatchSpec | None = None
+        self,
+        kind: str,
+        source: str,
+        where: str,
+        *,
+        is_base64: bool = False,
+        spec: PatchSpec | None = None,
+        ticket: DecodeTicket | None = None,
     ) -> dict:
         """One content part -> its array part (``preprocess``, resizing by ``spec``). ``source`` is
-        base64 data (``is_base64``) or a URL / path; ``where`` names the part in error messages."""
+        base64 data (``is_base64``) or a URL / path; ``where`` names the part in error messages;
+        ``ticket`` is its request's (budget and cancel flag)."""
         if self.num_queued >= self.max_queued:
             raise APIError(
                 429,
@@ -53,8 +73,13 @@ class MediaPool:
         self.metrics.media_queue.inc()
         try:
             payload = await fetch_remote(source, where, self.limits) if is_remote(source) else None
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self.executor, self._work, kind, source, payload, where, is_base64, spec)
+            work = self.executor.submit(self._work, kind, source, payload, where, is_base64, spec, ticket)
+            try:
+                return await asyncio.wrap_future(work)
+            except asyncio.CancelledError:
+                if work.cancel():  # not started: dropped (a running one stops itself at its ticket)
+                    self.metrics.media_cancelled.labels(kind).inc()
+                raise
         except InvalidRequestError as e:  # media errors included
             message = str(e) if str(e).startswith(where) else f"{where}: {e}"
             raise bad_request(message, param=where) from None
@@ -62,14 +87,21 @@ class MediaPool:
             self.num_queued -= 1
             self.metrics.media_queue.dec()
 
-    def _work(
-        self, kind: str, source: str, payload: bytes | None, where: str, is_base64: bool, spec: PatchSpec | None
-    ) -> dict:
+    def _work(self, kind: str, source: str, payload: bytes | None, where: str, is_base64: bool, spec, ticket) -> dict:
         """In a worker thread: the bytes, then the arrays."""
         start = time.perf_counter()
-        if payload is None:
-            payload = b64decode(source, where) if is_base64 else self._inline_or_local(source, where)
-        part = preprocess(kind, payload, self.limits, spec)
+        try:
+            if ticket is not None:
+                ticket.check()
+            if payload is None:
+                payload = b64decode(source, where) if is_base64 else self._inline_or_local(source, where)
+            part = preprocess(kind, payload, self.limits, spec, ticket)
+        except DecodeCancelled:
+            self.metrics.media_cancelled.labels(kind).inc()
+            log.info(
+                "%s: %s decoding stopped after %.3f s: its request ended", where, kind, time.perf_counter() - start
+            )
+            raise
         self.metrics.media_seconds.labels(kind).observe(time.perf_counter() - start)
         return part
 

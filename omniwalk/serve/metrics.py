@@ -9,6 +9,9 @@ Counters are counters (``*_total``), levels are gauges:
     omniwalk_realtime_sessions                     open /v1/realtime WebSocket sessions
     omniwalk_media_queue_depth                     media items submitted to the pool, not yet done
     omniwalk_media_decode_seconds{kind}            one item's decode + preprocessing in a worker
+    omniwalk_media_cancelled_total{kind}           media items stopped (mid-decode) or dropped (queued)
+                                                   because their request ended first: the client hung
+                                                   up (a 499) or another of its items was refused
     omniwalk_engine{replica, stage, quantity}      engine levels (KV pages, running, waiting, ...); per
                                                    replica also stage="replica": up (1/0), unfinished
     omniwalk_engine_events_total{replica, stage, quantity}  engine counts (preemptions, graph replays, ...)
@@ -77,6 +80,9 @@ class Metrics:
         self.media_queue = Gauge("omniwalk_media_queue_depth", "Media items in the decode pool", registry=r)
         self.media_seconds = Histogram(
             "omniwalk_media_decode_seconds", "Media decode + preprocessing time", ["kind"], buckets=_LATENCY, registry=r
+        )
+        self.media_cancelled = Counter(
+            "omniwalk_media_cancelled", "Media items stopped because their request ended", ["kind"], registry=r
         )
         self.realtime_sessions = Gauge("omniwalk_realtime_sessions", "Open /v1/realtime sessions", registry=r)
         self._engine = _EngineCollector()

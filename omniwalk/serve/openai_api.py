@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from omniwalk.config import ServerConfig
+from omniwalk.media.budget import DecodeTicket
 from omniwalk.models.family import ModelInfo
 from omniwalk.serve import schemas as s
 from omniwalk.serve.audio_format import encode_audio, pcm16_bytes
@@ -105,8 +106,9 @@ def check_speech(body, ctx: Context, voice: str | None, voice_param: str, audio_
     return speech
 
 
-async def chat_request(body: s.ChatRequest, ctx: Context) -> tuple[dict, ChatOptions]:
-    """A validated chat body -> (engine request, response options); APIError when it cannot be served."""
+async def chat_request(body: s.ChatRequest, ctx: Context, receive=None) -> tuple[dict, ChatOptions]:
+    """A validated chat body -> (engine request, response options); APIError when it cannot be served.
+    ``receive`` (the ASGI channel, its body read) tells of a client hanging up while media decodes."""
     model = check_model(body.model, ctx)
     _check_unsupported(body)
     modalities = sorted(set(body.modalities or ["text"]))
@@ -127,7 +129,7 @@ async def chat_request(body: s.ChatRequest, ctx: Context) -> tuple[dict, ChatOpt
         audio = body.audio or s.AudioOutput()
         audio_format = audio.format
         request.update(check_speech(body, ctx, audio.voice, "audio.voice", "modalities"))
-    request["messages"] = await engine_messages(body.messages, ctx)
+    request["messages"] = await engine_messages(body.messages, ctx, receive)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return request, ChatOptions(request["request_id"], model, bool(body.stream), include_usage, audio_format)
 
@@ -154,10 +156,11 @@ def _check_limit(name: str, value: int, limit: int) -> None:
         raise bad_request(f"{name} = {value} exceeds this server's limit of {limit}", name)
 
 
-async def engine_messages(messages: list, ctx: Context) -> list[dict]:
+async def engine_messages(messages: list, ctx: Context, receive=None) -> list[dict]:
     """Validated messages -> the engine's (developer as system, assistant audio as its transcript,
-    every media part decoded to arrays by the pool, all of a request's parts concurrently)."""
-    out, jobs = [], []
+    every media part decoded to arrays by the pool, all of a request's parts concurrently, within
+    one request budget: ``DecodeTicket``)."""
+    out, jobs, ticket = [], [], DecodeTicket(ctx.pool.limits.max_request_decoded_bytes)
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if isinstance(m, s.ToolMessage) or (isinstance(m, s.AssistantMessage) and m.tool_calls):
@@ -176,22 +179,52 @@ async def engine_messages(messages: list, ctx: Context) -> list[dict]:
                     parts.append({"type": "text", "text": part.text})
                 else:
                     parts.append(None)
-                    jobs.append((parts, len(parts) - 1, _decode(part, f"{where}.content[{j}]", ctx)))
+                    jobs.append((parts, len(parts) - 1, _decode(part, f"{where}.content[{j}]", ctx, ticket)))
             out.append({"role": "user", "content": parts})
-    decoded = await asyncio.gather(*(job for _, _, job in jobs))
+    decoded = await _decode_all([job for _, _, job in jobs], ticket, receive)
     for (parts, index, _), part in zip(jobs, decoded, strict=True):
         parts[index] = part
     return out
 
 
-def _decode(part, where: str, ctx: Context):
+async def _decode_all(jobs: list, ticket: DecodeTicket, receive) -> list[dict]:
+    """All of a request's media parts at once. If the request ends first (a part refused, its task
+    cancelled, or its client gone: a 499), the ticket stops the other parts' decoding."""
+    decoding = asyncio.gather(*jobs)
+    hangup = asyncio.ensure_future(_hung_up(receive)) if receive is not None and jobs else None
+    try:
+        if hangup is not None:
+            await asyncio.wait({decoding, hangup}, return_when=asyncio.FIRST_COMPLETED)
+        if not decoding.done():
+            ticket.cancel()  # (first: running items stop at their next frame or chunk)
+            decoding.cancel()
+            await asyncio.gather(decoding, return_exceptions=True)
+            raise APIError(499, "the client closed the request while its media was decoded", code="client_closed")
+        return await decoding
+    except BaseException:
+        ticket.cancel()
+        decoding.cancel()
+        raise
+    finally:
+        if hangup is not None:
+            hangup.cancel()
+
+
+async def _hung_up(receive) -> None:
+    """Returns when the client disconnects (the body is read: nothing else comes)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _decode(part, where: str, ctx: Context, ticket: DecodeTicket):
     """A media part -> its array part, from the pool (images and video resized for the served family)."""
     kind = s.MEDIA_PART_KINDS[part.type]
     spec = ctx.info.patch_specs.get(kind)
     if isinstance(part, s.InputAudioPart):
-        return ctx.pool.decode(kind, part.input_audio.data, f"{where}.input_audio.data", is_base64=True)
+        return ctx.pool.decode(kind, part.input_audio.data, f"{where}.input_audio.data", is_base64=True, ticket=ticket)
     ref = getattr(part, part.type)
-    return ctx.pool.decode(kind, ref if isinstance(ref, str) else ref.url, f"{where}.{part.type}", spec=spec)
+    url = ref if isinstance(ref, str) else ref.url
+    return ctx.pool.decode(kind, url, f"{where}.{part.type}", spec=spec, ticket=ticket)
 
 
 def _text(content: str | list | None) -> str:
