@@ -63,20 +63,26 @@ def checkpoint(tmp="processor"):
     return make_tiny_checkpoint(tempfile.mkdtemp(prefix=tmp, dir=TEST_ROOT))
 
 
+def hf_image_processor(size: dict | None = None) -> Qwen2VLImageProcessorPil:
+    """HF's PIL image processor with Qwen3-Omni's settings (16-pixel patches, 2-frame groups, 2x2 merge,
+    mean/std 0.5); ``size`` overrides the pixel bounds (the video processor's are 128..768 merged tokens)."""
+    return Qwen2VLImageProcessorPil(
+        patch_size=16,
+        temporal_patch_size=2,
+        merge_size=2,
+        image_mean=[0.5] * 3,
+        image_std=[0.5] * 3,
+        size=size or {"shortest_edge": 3136, "longest_edge": 12845056},
+    )
+
+
 @cache
 def hf_processor():
     tok = AutoTokenizer.from_pretrained(checkpoint(), extra_special_tokens=HF_TOKEN_NAMES)
     p = object.__new__(Qwen3OmniMoeProcessor)  # skips the class checks that want torchvision
     p.tokenizer, p.chat_template, p.video_processor = tok, tok.chat_template, GridOnlyVideoProcessor()
     p.feature_extractor = whisper_extractor()
-    p.image_processor = Qwen2VLImageProcessorPil(
-        patch_size=16,
-        temporal_patch_size=2,
-        merge_size=2,
-        image_mean=[0.5] * 3,
-        image_std=[0.5] * 3,
-        size={"shortest_edge": 3136, "longest_edge": 12845056},
-    )
+    p.image_processor = hf_image_processor()
     for name in [*HF_TOKEN_NAMES, "image_token_id", "audio_token_id", "video_token_id"]:
         setattr(p, name, getattr(tok, name))
     return p

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.media_samples import encode_image, gradient_image
+from helpers.processor_oracle import hf_image_processor
 from PIL import Image
 
 from omniwalk.media.errors import CorruptMediaError, MediaLimitError
@@ -14,16 +15,7 @@ from omniwalk.media.patches import IMAGE_PATCHES, image_patches, resize_image, s
 
 @pytest.fixture(scope="module")
 def processor():
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    return Qwen2VLImageProcessorPil(
-        patch_size=16,
-        temporal_patch_size=2,
-        merge_size=2,
-        image_mean=[0.5] * 3,
-        image_std=[0.5] * 3,
-        size={"shortest_edge": 3136, "longest_edge": 12845056},
-    )
+    return hf_image_processor()
 
 
 SIZES = [(10, 10), (100, 150), (448, 448), (720, 1280), (3000, 4000), (30, 5000), (5000, 30), (7, 1300), (33, 65)]

@@ -13,27 +13,20 @@ GPU machine), HF's real ``Qwen2VLVideoProcessor`` is compared bit for bit, and t
 import numpy as np
 import pytest
 import torch
+from helpers.processor_oracle import hf_image_processor
 from helpers.single_request import video_patches
 
 SIZES = [(4, 64, 96), (5, 100, 150), (6, 360, 640), (2, 33, 47), (8, 720, 1280)]
 
 
+VIDEO_SIZE = {"shortest_edge": 128 * 32 * 32, "longest_edge": 768 * 32 * 32}  # 128..768 merged tokens a frame
 LEVEL = 2 / 255  # one uint8 level after the processor's normalisation ((x / 255 - 0.5) / 0.5)
 
 
 def hf_frame_patches(frames: np.ndarray) -> tuple[torch.Tensor, list[int]]:
     """HF's PIL image processor on each frame (the Qwen3-Omni processor's video settings) -> the video's
     patch rows [T/2 * H * W, C * 2 * 16 * 16] and grid [T/2, H, W]."""
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    processor = Qwen2VLImageProcessorPil(
-        patch_size=16,
-        temporal_patch_size=2,
-        merge_size=2,
-        image_mean=[0.5] * 3,
-        image_std=[0.5] * 3,
-        size={"shortest_edge": 128 * 32 * 32, "longest_edge": 768 * 32 * 32},
-    )
+    processor = hf_image_processor(size=VIDEO_SIZE)
     outs = [processor(images=[frame], return_tensors="pt") for frame in frames]
     # an image's row is (C, 2, 16, 16) with the frame broadcast over its 2 time steps: keep one
     rows = [out["pixel_values"].reshape(-1, 3, 2, 16, 16)[:, :, 0] for out in outs]
@@ -75,7 +68,7 @@ def hf_video_processor():
         merge_size=2,
         image_mean=[0.5] * 3,
         image_std=[0.5] * 3,
-        size={"shortest_edge": 128 * 32 * 32, "longest_edge": 768 * 32 * 32},
+        size=VIDEO_SIZE,
     )
 
 

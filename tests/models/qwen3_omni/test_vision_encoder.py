@@ -5,6 +5,7 @@ import pytest
 import torch
 from helpers.hf_oracle import assert_parity, config_dict, hf_checkpoint, hf_model
 from helpers.media_samples import gradient_image
+from helpers.processor_oracle import hf_image_processor
 from helpers.single_request import video_patches
 
 from omniwalk.media.patches import image_patches, resize_image
@@ -61,17 +62,8 @@ def test_packed_equals_one_at_a_time(encoders):
 
 @torch.no_grad()
 def test_real_image_and_video_end_to_end(encoders):
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
     ours, visual = encoders
-    processor = Qwen2VLImageProcessorPil(
-        patch_size=16,
-        temporal_patch_size=2,
-        merge_size=2,
-        image_mean=[0.5] * 3,
-        image_std=[0.5] * 3,
-        size={"shortest_edge": 3136, "longest_edge": 12845056},
-    )
+    processor = hf_image_processor()
     image = gradient_image(100, 150)
     ref_in = processor(images=[image], return_tensors="pt")
     pixels, grid = image_patches(torch.from_numpy(resize_image(image)))
