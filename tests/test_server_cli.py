@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from omniwalk.cli import build_parser, parse_size
+from omniwalk.cli import build_parser, format_size, parse_size
 
 
 def test_help_does_not_import_torch():
@@ -15,6 +15,8 @@ def test_help_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "--dtype {float32,bfloat16,float16}" in out.stdout and "--log-level {debug,info,warning,error}" in out.stdout
+    help_text = " ".join(out.stdout.split())  # argparse wraps lines
+    assert "ServerConfig.max_body_bytes: a size in bytes, units allowed (default: 64MiB)" in help_text
 
 
 def test_booleans_are_flags_and_sizes_have_units():
@@ -25,6 +27,9 @@ def test_booleans_are_flags_and_sizes_have_units():
     assert parse("--thinker-kv-bytes", "16GiB", "--max-body-bytes", "512KiB").thinker_kv_bytes == 16 * 2**30
     assert parse("--max-body-bytes", "512KiB").max_body_bytes == 512 * 2**10
     assert parse_size("1.5GB") == 1_500_000_000 and parse_size("4096") == 4096
+    for size in (64 * 2**20, 16 * 2**30, 512 * 2**10, 3 * 2**20 + 1, 0):
+        assert parse_size(format_size(size)) == size
+    assert format_size(64 * 2**20) == "64MiB" and format_size(1000) == "1000"
     with pytest.raises(SystemExit):
         parse("--thinker-kv-bytes", "lots")
 

@@ -41,7 +41,18 @@ def test_bench_against_a_live_server(tmp_path):
             str(tmp_path),
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        # without matplotlib (the main command does not install the [bench] extra): tables and JSON, a hint
+        bare = tmp_path / "no_charts"
+        blocked = "import sys; sys.modules['matplotlib'] = None; from omniwalk.cli import main; main(sys.argv[1:])"
+        one_cell = [*cmd[3:6], "--paths", "s2t", "--concurrency", "1", "--min-requests", "2"]
+        one_cell += ["--requests-per-concurrency", "2", "--out", str(bare)]
+        no_charts = subprocess.run(
+            [sys.executable, "-c", blocked, *one_cell], capture_output=True, text=True, timeout=600
+        )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert no_charts.returncode == 0, no_charts.stdout + no_charts.stderr
+    assert "pip install 'omniwalk[bench]'" in no_charts.stderr and "s2t B=1: 3 requests (1 warm-up)" in no_charts.stderr
+    assert sorted(f.name for f in bare.iterdir()) == ["results.json", "results.md"]
     data = json.loads((tmp_path / "results.json").read_text())
     assert set(data) == {"s2t@1", "s2t@3", "t2s@1", "t2s@3"}
     for key, cell in data.items():
