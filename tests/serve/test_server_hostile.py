@@ -142,5 +142,3 @@ def test_a_256_mib_body_is_refused_without_reading_it_into_memory(served):
     metrics = urllib.request.urlopen(f"{live}/metrics").read().decode()
     for status in ("400", "404", "405", "413", "500"):
         assert f'status="{status}"' in metrics
-
-
