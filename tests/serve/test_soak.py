@@ -54,8 +54,13 @@ def _valid(kind: str, rng: random.Random) -> dict:
         return {**common, "messages": _user({"type": "video_url", "video_url": {"url": VIDEO}})}
     messages = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": f"tell me {rng.random()}"}]
     if kind in ("stream_speech", "dropped_stream"):
-        return {**common, "messages": messages, "modalities": ["text", "audio"], "audio": {"voice": "ethan",
-                "format": "pcm16"}, "stream": True}  # fmt: skip
+        return {
+            **common,
+            "messages": messages,
+            "modalities": ["text", "audio"],
+            "audio": {"voice": "ethan", "format": "pcm16"},
+            "stream": True,
+        }
     return {**common, "messages": messages}
 
 
@@ -79,8 +84,9 @@ async def _chat(a: openai.AsyncOpenAI, kind: str, rng: random.Random) -> str:
 
 
 async def _speech(a: openai.AsyncOpenAI) -> str:
-    r = await a.audio.speech.create(model="qwen3-omni", input="good morning", voice="ethan", response_format="wav",
-                                    extra_body=SPEECH)  # fmt: skip
+    r = await a.audio.speech.create(
+        model="qwen3-omni", input="good morning", voice="ethan", response_format="wav", extra_body=SPEECH
+    )
     assert r.content[:4] == b"RIFF"
     return "ok"
 
@@ -98,8 +104,16 @@ async def _hostile(h: httpx.AsyncClient, base: str, rng: random.Random) -> str:
 
 
 # percent of the requests: a fifth of the streams are dropped, a fifth of all requests are hostile
-MIX = [("text", 22), ("stream_speech", 20), ("dropped_stream", 5), ("audio_in", 10), ("image_in", 10),
-       ("video_in", 5), ("speech", 8), ("hostile", 20)]  # fmt: skip
+MIX = [
+    ("text", 22),
+    ("stream_speech", 20),
+    ("dropped_stream", 5),
+    ("audio_in", 10),
+    ("image_in", 10),
+    ("video_in", 5),
+    ("speech", 8),
+    ("hostile", 20),
+]
 
 
 async def soak(base: str, num_requests: int, concurrency: int, seed: int = 0) -> dict:
@@ -141,8 +155,12 @@ async def idle_metrics(base: str, timeout: float = 60) -> dict[str, float]:
     async with httpx.AsyncClient() as h:
         while True:
             text = (await h.get(f"{base}/metrics")).text
-            values = {k: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() for k in wanted
-                      if line.startswith(k + " ")}  # fmt: skip
+            values = {
+                k: float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                for k in wanted
+                if line.startswith(k + " ")
+            }
             if values == wanted or time.monotonic() > deadline:
                 return values
             await asyncio.sleep(0.5)
