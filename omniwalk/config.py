@@ -221,6 +221,12 @@ class ServerConfig:
     realtime_max_session_s: float = 1800.0  # then the session gets an "error" event and is closed
     realtime_max_append_bytes: int = 4 * 2**20  # decoded audio per input_audio_buffer.append (87 s of PCM16)
     realtime_max_buffer_s: float = 600.0  # audio the input buffer holds until it is committed
+    # a session's conversation: past either bound its oldest items are dropped (conversation.item.deleted)
+    realtime_max_conversation_audio_s: float = 600.0  # seconds of audio in its items (28.8 MB of PCM16)
+    realtime_max_conversation_bytes: int = 32 * 2**20  # audio + text of its items (+256 bytes an item)
+    # conversation audio all sessions hold together; an item past it is refused with an "error" event
+    realtime_max_total_audio_bytes: int = 2**30
+    realtime_idle_timeout_s: float = 300.0  # no client event this long (no answer playing): "error" event, close
     realtime_vad_threshold: float = 0.5  # fraction of voiced 20 ms frames in the window that is speech
     realtime_vad_window_ms: int = 300  # the window those votes are counted over (a multiple of 20)
     realtime_vad_prefix_padding_ms: int = 300  # audio kept before the detected start of speech
@@ -242,10 +248,12 @@ class ServerConfig:
         self._check_realtime()
 
     def _check_realtime(self) -> None:
-        for name in ("realtime_max_sessions", "realtime_max_append_bytes", "realtime_vad_silence_ms"):
+        ints = ("realtime_max_sessions", "realtime_max_append_bytes", "realtime_vad_silence_ms")
+        for name in ints + ("realtime_max_conversation_bytes", "realtime_max_total_audio_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("realtime_max_session_s", "realtime_max_buffer_s"):
+        seconds = ("realtime_max_session_s", "realtime_max_buffer_s", "realtime_max_conversation_audio_s")
+        for name in seconds + ("realtime_idle_timeout_s",):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if not 0.0 <= self.realtime_vad_threshold <= 1.0:

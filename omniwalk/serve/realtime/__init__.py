@@ -5,6 +5,7 @@ session.py       one session: client events in order -> handlers -> server event
 protocol.py      client events (strict models, GA + beta spellings), server event names per dialect
 settings.py      what session.update sets (instructions, voice, modalities, turn detection, ...)
 conversation.py  items, and the chat messages a turn's prompt is built from
+bounds.py        what a conversation may hold, and the audio budget all sessions share
 input_audio.py   the input audio buffer, cut into turns by the VAD
 vad.py           server VAD (WebRTC VAD over 20 ms frames, a vote over a window)
 response.py      one response: a chat-completions engine request streamed as response events

@@ -21,6 +21,7 @@ import numpy as np
 
 from omniwalk.serve.errors import bad_request
 from omniwalk.serve.realtime import protocol as p
+from omniwalk.serve.realtime.bounds import AudioBudget, ConversationLimits, Size, item_size, oldest_to_drop
 from omniwalk.serve.realtime.vad import INPUT_RATE
 
 ASSISTANT_TYPES = {"text": ("output_text", "text"), "audio": ("output_audio", "audio")}  # kind -> (GA, beta)
@@ -134,8 +135,35 @@ def item_from_client(item: p.Item, where: str, max_bytes: int) -> Item:
 
 
 class Conversation:
-    def __init__(self):
+    """The items, within the session's limits and the server's audio budget (``bounds.py``)."""
+
+    def __init__(self, limits: ConversationLimits, budget: AudioBudget):
         self.items: list[Item] = []
+        self.limits, self.budget = limits, budget
+
+    @property
+    def num_audio_bytes(self) -> int:
+        return sum(item_size(item).audio_bytes for item in self.items)
+
+    def plan(self, new: Size, keep: set[str] = frozenset()) -> list[Item]:
+        """The oldest items to drop for an item of size ``new`` (none of ``keep``); raises the
+        APIError that refuses it (too large alone, or past the server's budget)."""
+        dropped = oldest_to_drop(self.items, new, self.limits, set(keep))
+        self.budget.check(new.audio_bytes, sum(item_size(item).audio_bytes for item in dropped))
+        return dropped
+
+    def admit(self, item: Item, previous_item_id: str | None = None, keep: set[str] = frozenset()) -> list[str]:
+        """Add ``item`` (after ``previous_item_id``, default: at the end), first dropping the oldest
+        items it needs room for; returns the dropped items' ids. Nothing changes when it is refused."""
+        if any(i.id == item.id for i in self.items):
+            raise bad_request(f"an item with id {item.id!r} already exists", "item.id")
+        if previous_item_id is not None:
+            self.index(previous_item_id, "previous_item_id")
+        dropped = self.plan(item_size(item), keep | {previous_item_id})
+        for old in dropped:
+            self.delete(old.id)
+        self.add(item, previous_item_id)
+        return [old.id for old in dropped]
 
     def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
         """Insert ``item`` after ``previous_item_id`` (default: at the end); returns its predecessor's id."""
@@ -143,6 +171,11 @@ class Conversation:
             raise bad_request(f"an item with id {item.id!r} already exists", "item.id")
         index = len(self.items) if previous_item_id is None else self.index(previous_item_id, "previous_item_id") + 1
         self.items.insert(index, item)
+        self.budget.hold(item_size(item).audio_bytes)
+        return self.items[index - 1].id if index else None
+
+    def previous_id(self, item_id: str) -> str | None:
+        index = self.index(item_id)
         return self.items[index - 1].id if index else None
 
     def index(self, item_id: str, param: str = "item_id") -> int:
@@ -152,7 +185,14 @@ class Conversation:
         raise bad_request(f"no item with id {item_id!r} in the conversation", param, "item_not_found")
 
     def delete(self, item_id: str) -> None:
-        del self.items[self.index(item_id)]
+        item = self.items.pop(self.index(item_id))
+        self.budget.release(item_size(item).audio_bytes)
+
+    def close(self) -> None:
+        """Give the items' audio back to the server's budget (the session ends)."""
+        for item in self.items:
+            self.budget.release(item_size(item).audio_bytes)
+        self.items = []
 
     def truncate(self, item_id: str, content_index: int, audio_end_ms: int) -> None:
         item = self.items[self.index(item_id)]

@@ -5,7 +5,10 @@ HTTP response carrying OpenAI's error body: 401 a missing or wrong API key (``Au
 Bearer``, or, for browsers, which cannot set headers, the subprotocol
 ``openai-insecure-api-key.<key>``), 503 the engine is not ready, 404 an unknown ``?model=``, 429
 ``realtime_max_sessions`` open already. An accepted session lasts at most
-``realtime_max_session_s`` (an ``error`` event with code ``session_expired``, then the close).
+``realtime_max_session_s`` (an ``error`` event with code ``session_expired``, then the close), and
+ends when the client sends no event for ``realtime_idle_timeout_s`` while no answer is being
+generated (an ``error`` event with code ``idle_timeout``, then the close). The sessions share one
+``AudioBudget`` for their conversations' audio (``bounds.py``).
 A client that goes away ends its session: a response in progress is aborted in the engine.
 Sessions are counted in ``omniwalk_realtime_sessions`` and, when they end, in
 ``omniwalk_http_responses_total{route="/v1/realtime",status="101"}`` and the access log.
@@ -24,6 +27,7 @@ from fastapi import FastAPI, WebSocket
 from omniwalk.serve import openai_api as api
 from omniwalk.serve.errors import APIError
 from omniwalk.serve.realtime import protocol as p
+from omniwalk.serve.realtime.bounds import AudioBudget
 from omniwalk.serve.realtime.response import is_disconnect
 from omniwalk.serve.realtime.session import Emitter, Session
 from omniwalk.serve.run import EngineRun
@@ -39,6 +43,7 @@ class Sessions:
 
     def __init__(self, served):
         self.served, self.num_open = served, 0
+        self.budget = AudioBudget(served.cfg.realtime_max_total_audio_bytes)
 
     def check(self, ws: WebSocket) -> None:
         """Raise the APIError that refuses this handshake, if any."""
@@ -80,42 +85,59 @@ def add_realtime_route(app: FastAPI, served) -> None:
         sessions.num_open += 1
         served.metrics.realtime_sessions.inc()
         try:
-            await _serve(ws, served)
+            await _serve(ws, served, sessions.budget)
         finally:
             sessions.num_open -= 1
             served.metrics.realtime_sessions.dec()
             sessions.count(101, rid, ws, start)
 
 
-async def _serve(ws: WebSocket, served) -> None:
+async def _serve(ws: WebSocket, served, budget: AudioBudget) -> None:
     offered = _subprotocols(ws)
     await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
     is_beta = "realtime=v1" in ws.headers.get("openai-beta", "") or "openai-beta.realtime-v1" in offered
     cfg = served.cfg
     expires_at = int(time.time() + cfg.realtime_max_session_s)
     run_engine = lambda request: EngineRun(served.client, request, served.metrics)  # noqa: E731
-    session = Session(Emitter(ws.send_text, is_beta), cfg, served.context(), run_engine, expires_at)
+    session = Session(Emitter(ws.send_text, is_beta), cfg, served.context(), run_engine, expires_at, budget)
     try:
         await session.start()
         async with asyncio.timeout(cfg.realtime_max_session_s):
-            while True:
-                message = await ws.receive()
-                if message["type"] == "websocket.disconnect":
-                    return
-                await session.handle(message["text"] if message.get("text") is not None else message.get("bytes"))
+            is_idle = await _receive_until_idle(ws, session, cfg.realtime_idle_timeout_s)
+        if is_idle:
+            idle = f"no client event for {cfg.realtime_idle_timeout_s:g} s"
+            await _end(ws, session, APIError(400, idle, code="idle_timeout"))
     except TimeoutError:
-        await session.close()
-        expired = APIError(
-            400, f"the session reached its limit of {cfg.realtime_max_session_s:.0f} s", code="session_expired"
-        )
-        await session.emit.send(p.error_event(expired))
-        await ws.close(1000)
+        limit = f"the session reached its limit of {cfg.realtime_max_session_s:g} s"
+        await _end(ws, session, APIError(400, limit, code="session_expired"))
     except Exception as e:
         if not is_disconnect(e):
             raise
         # the client went away (sending to it failed)
     finally:
         await session.close()
+
+
+async def _receive_until_idle(ws: WebSocket, session: Session, idle_s: float) -> bool:
+    """Handle client events until the client goes away (False) or is idle (True): no event for
+    ``idle_s`` while no answer is generated (a client listening to a long answer is not idle)."""
+    while True:
+        try:
+            message = await asyncio.wait_for(ws.receive(), idle_s)
+        except TimeoutError:
+            if session.is_responding:
+                continue
+            return True
+        if message["type"] == "websocket.disconnect":
+            return False
+        await session.handle(message["text"] if message.get("text") is not None else message.get("bytes"))
+
+
+async def _end(ws: WebSocket, session: Session, reason: APIError) -> None:
+    """Close the session from our side: its work stops, the client gets the reason as an ``error`` event."""
+    await session.close()
+    await session.emit.send(p.error_event(reason))
+    await ws.close(1000)
 
 
 async def _refuse(ws: WebSocket, e: APIError) -> None:

@@ -14,6 +14,8 @@
     conversation.item.delete     -> conversation.item.deleted
     response.create / .cancel    -> the response's events (``response.py``)
 
+An item that takes the conversation past its bounds first drops the oldest items (a
+``conversation.item.deleted`` each), or is refused with an ``error`` event (``bounds.py``).
 A bad event gets an ``error`` event naming the field (and the client's ``event_id``); the
 session goes on. Events are handled one at a time, so what a handler emits (a barge-in's
 ``response.done`` included) is sent before anything a later client event causes.
@@ -28,6 +30,7 @@ import logging
 from omniwalk.config import ServerConfig
 from omniwalk.serve.errors import APIError, bad_request
 from omniwalk.serve.realtime import protocol as p
+from omniwalk.serve.realtime.bounds import AudioBudget, ConversationLimits, audio_size, item_size
 from omniwalk.serve.realtime.conversation import Conversation, Item, Part, item_from_client, pcm16
 from omniwalk.serve.realtime.input_audio import InputAudio, samples_to_ms
 from omniwalk.serve.realtime.response import Response, engine_request, is_disconnect
@@ -64,10 +67,10 @@ class Emitter:
 
 
 class Session:
-    def __init__(self, emit: Emitter, cfg: ServerConfig, context, run_engine, expires_at: int):
+    def __init__(self, emit: Emitter, cfg: ServerConfig, context, run_engine, expires_at: int, budget: AudioBudget):
         self.emit, self.cfg, self.context, self.run_engine = emit, cfg, context, run_engine
         self.settings = Settings.defaults(cfg, context.model_name, expires_at)
-        self.conversation = Conversation()
+        self.conversation = Conversation(ConversationLimits.from_config(cfg), budget)
         self.audio = InputAudio(int(cfg.realtime_max_buffer_s * INPUT_RATE))
         self.audio.set_vad(self.settings.turn_detection.vad if self.settings.turn_detection else None)
         self.speech_item_id: str | None = None  # the user item VAD is hearing
@@ -100,6 +103,7 @@ class Session:
             task.cancel()
         if self.response is not None:
             await self.response.cancel(None)
+        self.conversation.close()
 
     # ---- session and input audio ----
 
@@ -144,6 +148,7 @@ class Session:
                 None,
                 "input_audio_buffer_commit_empty",
             )
+        self.conversation.plan(audio_size(self.audio.num_buffered), self._kept())  # refused: the buffer stays
         item_id, self.speech_item_id = self.speech_item_id or p.new_id("item"), None
         await self._commit(self.audio.take(), item_id)
 
@@ -154,7 +159,8 @@ class Session:
 
     async def _commit(self, audio, item_id: str) -> None:
         item = Item(item_id, "user", [Part("audio", audio=audio)])
-        previous = self.conversation.add(item)
+        await self._deleted(self.conversation.admit(item, keep=self._kept()))
+        previous = self.conversation.previous_id(item_id)
         await self.emit("input_audio_buffer.committed", previous_item_id=previous, item_id=item_id)
         await self._item_added(item, previous)
         if self.settings.transcription is not None:
@@ -176,7 +182,16 @@ class Session:
 
     async def on_conversation_item_create(self, event: p.ItemCreate) -> None:
         item = item_from_client(event.item, "item", self.cfg.realtime_max_append_bytes)
-        await self._item_added(item, self.conversation.add(item, event.previous_item_id))
+        await self._deleted(self.conversation.admit(item, event.previous_item_id, self._kept()))
+        await self._item_added(item, self.conversation.previous_id(item.id))
+
+    def _kept(self) -> set[str]:
+        """Items the conversation's bounds never drop: the answer being generated."""
+        return {self.response.item.id} if self.is_responding else set()
+
+    async def _deleted(self, item_ids: list[str]) -> None:
+        for item_id in item_ids:  # the oldest items, dropped to keep the conversation within its bounds
+            await self.emit("conversation.item.deleted", item_id=item_id)
 
     async def on_conversation_item_truncate(self, event: p.ItemTruncate) -> None:
         self._check_not_responding(event.item_id)
@@ -222,6 +237,7 @@ class Session:
         max_tokens = output_max_tokens(fields)
         max_tokens = settings.max_output_tokens if max_tokens is ... else max_tokens
         instructions = fields.instructions if "instructions" in given else settings.instructions
+        self._check_prompt_size()
         messages = [{"role": "system", "content": instructions}] if instructions else []
         messages += self.conversation.chat_messages()
         if not any(m["role"] == "user" for m in messages):
@@ -241,3 +257,16 @@ class Session:
         previous = self.conversation.add(item)
         self.response = Response(self.emit, self.run_engine, request, item, previous, speaks, fields.metadata)
         self.response.start()
+
+    def _check_prompt_size(self) -> None:
+        """Refuse a prompt the chat route would refuse as a body (its audio as base64 WAV), before
+        building it: the base64, the JSON and the decoded arrays are never made."""
+        num_bytes = sum(item_size(item).num_bytes for item in self.conversation.items)
+        estimate = num_bytes + self.conversation.num_audio_bytes // 3  # base64: 4 bytes per 3
+        if estimate > self.cfg.max_body_bytes:
+            raise bad_request(
+                f"the conversation's prompt would be ~{estimate} bytes, past the server's {self.cfg.max_body_bytes}; "
+                "delete items first",
+                None,
+                "conversation_too_large",
+            )
