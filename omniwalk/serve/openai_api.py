@@ -193,8 +193,9 @@ async def _decode_all(jobs: list, ticket: DecodeTicket, receive) -> list[dict]:
     decoding = asyncio.gather(*jobs)
     hangup = asyncio.ensure_future(_hung_up(receive)) if receive is not None and jobs else None
     try:
-        if hangup is not None:
-            await asyncio.wait({decoding, hangup}, return_when=asyncio.FIRST_COMPLETED)
+        if hangup is None:  # (no connection to watch: the realtime path, a request without media)
+            return await decoding
+        await asyncio.wait({decoding, hangup}, return_when=asyncio.FIRST_COMPLETED)
         if not decoding.done():
             ticket.cancel()  # (first: running items stop at their next frame or chunk)
             decoding.cancel()
