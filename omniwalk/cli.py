@@ -65,6 +65,28 @@ def _listening_socket(host: str, port: int):
     return sock
 
 
+API_KEY_ENV = "OMNIWALK_API_KEY"  # (a secret, not a knob: the environment keeps it out of ``ps``)
+
+
+def _api_key(server) -> str | None:
+    """The key from one of ``--api-key``, ``--api-key-file`` (its first line) or $OMNIWALK_API_KEY."""
+    import os
+
+    given = {"--api-key": server.api_key, API_KEY_ENV: os.environ.get(API_KEY_ENV) or None}
+    if server.api_key_file:
+        try:
+            lines = Path(server.api_key_file).read_text().splitlines()
+        except OSError as e:
+            raise ConfigError(f"cannot read the API key file {server.api_key_file}: {e.strerror}") from None
+        given["--api-key-file"] = (lines[0].strip() if lines else "") or None
+        if given["--api-key-file"] is None:
+            raise ConfigError(f"the API key file {server.api_key_file} is empty")
+    named = [name for name, key in given.items() if key]
+    if len(named) > 1:
+        raise ConfigError(f"the API key is given more than once ({', '.join(named)}): give one")
+    return given[named[0]] if named else None
+
+
 def _serve(args: argparse.Namespace) -> int:
     import dataclasses
     import logging
@@ -75,6 +97,7 @@ def _serve(args: argparse.Namespace) -> int:
     from omniwalk.models.locate import locate
 
     server = ServerConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServerConfig)})
+    server = dataclasses.replace(server, api_key=_api_key(server))
     model = locate(args.model, args.random_weights, args.hf_cache) if args.model else None
     family = registry.family_module(model) if model else registry.default_family()
     family_options = getattr(family, "Options", None)
@@ -98,6 +121,7 @@ def _run_server(server, limits, options: dict, model, sock) -> int:
     import uvicorn
 
     from omniwalk.serve.app import create_app
+    from omniwalk.serve.guard import header_deadline
     from omniwalk.serve.replicas import Replicas
     from omniwalk.serve.supervisor import Server, Supervisor
 
@@ -111,6 +135,8 @@ def _run_server(server, limits, options: dict, model, sock) -> int:
         app,
         log_level=server.log_level,
         access_log=False,  # (omniwalk.access logs every response with its request id)
+        http=header_deadline(server.header_timeout_s, app.metrics),
+        limit_concurrency=server.max_connections,  # (beyond it uvicorn answers 503)
         timeout_graceful_shutdown=server.shutdown_grace_s + 5,  # (a backstop: the supervisor fails them first)
     )
     try:

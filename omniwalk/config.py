@@ -196,7 +196,17 @@ class ServerConfig:
 
     host: str = "127.0.0.1"
     port: int = 8000
-    api_key: str | None = None  # when set, requests need "Authorization: Bearer <key>"
+    # when set, requests need "Authorization: Bearer <key>"; a flag shows in ``ps``: prefer api_key_file or
+    # the OMNIWALK_API_KEY environment variable (a secret, so the environment may carry it)
+    api_key: str | None = None
+    api_key_file: str | None = None  # a file whose first line is the API key (the CLI reads it into api_key)
+    # Origins (scheme://host[:port], comma-separated) a browser may open /v1/realtime from besides the
+    # server's own; a handshake with another Origin header is refused with 403 (clients without one pass)
+    allowed_origins: str = ""
+    header_timeout_s: float = 10.0  # a request's headers must be complete this long after it starts: else 408
+    body_timeout_s: float = 30.0  # its whole body must arrive this long after its headers: else 408
+    # open connections (HTTP and WebSocket); a request on one beyond it is answered 503
+    max_connections: int = 1024
     served_model_name: str | None = None  # the name requests give as "model"; None = the model family's
     max_body_bytes: int = 64 * 2**20  # larger bodies: 413, refused from Content-Length or while read
     max_tokens_limit: int = 8192  # requests asking for more: 400
@@ -236,6 +246,7 @@ class ServerConfig:
     def __post_init__(self):
         positive = ("port", "max_body_bytes", "max_tokens_limit", "max_audio_frames_limit", "default_max_tokens")
         positive += ("data_parallel", "media_workers", "max_media_queue", "audio_store_size", "audio_expiry_s")
+        positive += ("max_connections",)
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -245,6 +256,12 @@ class ServerConfig:
             raise ConfigError(f"log_level must be one of {list(LOG_LEVELS)}, got {self.log_level!r}")
         if self.shutdown_grace_s < 0:
             raise ConfigError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
+        for name in ("header_timeout_s", "body_timeout_s"):
+            if not 0 < getattr(self, name) <= 3600:
+                raise ConfigError(f"{name} must be in (0, 3600], got {getattr(self, name)}")
+        for origin in filter(None, (o.strip() for o in self.allowed_origins.split(","))):
+            if not origin.startswith(("http://", "https://")) or origin.count("/") != 2:
+                raise ConfigError(f"allowed_origins: {origin!r} is not an origin (scheme://host[:port])")
         self._check_realtime()
 
     def _check_realtime(self) -> None:

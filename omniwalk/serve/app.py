@@ -2,13 +2,15 @@
 
 Routes: POST /v1/chat/completions, POST /v1/audio/speech, GET /v1/models, GET /v1/models/{id},
 GET /health (200 ready, or degraded: a data-parallel replica is dead; 503 starting / failed /
-engine_dead / draining, with the reason; each replica's status), GET /metrics (Prometheus),
-the WebSocket GET /v1/realtime (``realtime/``), the talk page at /.
+engine_dead / draining, with the reason; each replica's status; no process ids), GET /metrics
+(Prometheus), the WebSocket GET /v1/realtime (``realtime/``), the talk page at /. With an API
+key set, every route but /health and the page needs it (/v1/models and /metrics too).
 Every error has OpenAI's body ``{"error": {"message", "type", "param", "code"}}`` (``errors.py``):
 400 invalid body (``param`` names the field), 401 bad key, 404 unknown route or model, 405 wrong
-method, 413 body too large, 429 engine or media queue full (Retry-After), 500 a request that
+method, 408 headers or body too slow (``guard.py``), 413 body too large, 415 a body that is not
+``application/json``, 429 engine or media queue full (Retry-After), 500 a request that
 failed in the engine or an unexpected fault (with the request id, logged with its traceback),
-503 engine starting or gone. Order of checks: route, auth, readiness, body size, JSON + schema,
+503 engine starting or gone. Order of checks: route, auth, readiness, body size, content type, JSON + schema,
 semantics, media decoding, engine. A client that hangs up (streaming or not) aborts its request.
 """
 
@@ -25,6 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from omniwalk.config import ServerConfig
 from omniwalk.media.limits import MediaLimits
@@ -33,7 +36,7 @@ from omniwalk.serve import schemas
 from omniwalk.serve.audio_format import encode_audio, mime_type
 from omniwalk.serve.audio_store import AudioStore
 from omniwalk.serve.errors import APIError, validation_error
-from omniwalk.serve.guard import Guard
+from omniwalk.serve.guard import ClientGone, Guard
 from omniwalk.serve.media_pool import MediaPool
 from omniwalk.serve.metrics import Metrics
 from omniwalk.serve.page import add_page_routes
@@ -61,14 +64,18 @@ class Served:
     def context(self) -> api.Context:
         return api.Context(self.cfg, self.pool, self.store, self.client.info)
 
-    async def body(self, request: Request, base: type[schemas.Strict]):
-        """Auth, readiness, then the body (size-capped by the guard) parsed by ``base`` with the
-        model family's own request fields."""
+    def authorize(self, request: Request) -> None:
         given, key = request.headers.get("authorization", "").encode(), self.cfg.api_key
         if key and not hmac.compare_digest(given, f"Bearer {key}".encode()):
             raise APIError(401, "invalid or missing API key", code="invalid_api_key")
+
+    async def body(self, request: Request, base: type[schemas.Strict]):
+        """Auth, readiness, the content type, then the body (size-capped and timed by the guard)
+        parsed by ``base`` with the model family's own request fields."""
+        self.authorize(request)
         if self.supervisor.state != "ready":
             raise APIError(503, f"the server is not ready ({self.supervisor.state})", code="engine_unavailable")
+        _require_json(request)
         if base not in self.schemas:
             info = self.client.info
             fields = info.request_fields if base is schemas.ChatRequest else info.speech_fields
@@ -77,6 +84,15 @@ class Served:
             return self.schemas[base].model_validate_json(await request.body())
         except ValidationError as e:
             raise validation_error(e) from None
+
+
+def _require_json(request: Request) -> None:
+    """A JSON body must say so: a browser page of another site can send ``text/plain`` (or no type)
+    without asking the server first (no CORS preflight), but not ``application/json``."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json" and not (kind.startswith("application/") and kind.endswith("+json")):
+        message = f"the body must be sent as application/json, not {kind or 'without a content type'}"
+        raise APIError(415, message, code="unsupported_media_type")
 
 
 def create_app(client: Replicas, cfg: ServerConfig, limits: MediaLimits, supervisor: Supervisor):
@@ -109,7 +125,7 @@ def create_app(client: Replicas, cfg: ServerConfig, limits: MediaLimits, supervi
     _generation_routes(app, served)
     add_realtime_route(app, served)
     add_page_routes(app)
-    return Guard(app, cfg.max_body_bytes, metrics)
+    return Guard(app, cfg, metrics)
 
 
 def _info_routes(app: FastAPI, served: Served) -> None:
@@ -119,16 +135,19 @@ def _info_routes(app: FastAPI, served: Served) -> None:
         return JSONResponse(body, status_code=status)
 
     @app.get("/v1/models")
-    async def models():
+    async def models(request: Request):
+        served.authorize(request)
         return {"object": "list", "data": [_model_entry(served)]}
 
     @app.get("/v1/models/{model_id:path}")
-    async def model(model_id: str):
+    async def model(request: Request, model_id: str):
+        served.authorize(request)
         api.check_model(model_id, served.context())
         return _model_entry(served)
 
     @app.get("/metrics")
-    async def prometheus():
+    async def prometheus(request: Request):
+        served.authorize(request)  # (Prometheus sends the key with ``authorization: {credentials: ...}``)
         served.metrics.update_engine(served.client.stats)
         return Response(served.metrics.render(), media_type="text/plain; version=0.0.4")
 
@@ -186,6 +205,10 @@ def _install_error_handlers(app: FastAPI) -> None:
             error = APIError(405, f"{request.method} is not allowed on {request.url.path}", code="method_not_allowed")
             return JSONResponse(error.body(), status_code=405, headers=e.headers)
         return APIError(e.status_code, str(e.detail), code=None).response()
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, e: ClientDisconnect):
+        return ClientGone().response()  # (read past the guard: still the client's hang-up, not a fault)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, e: Exception):

@@ -70,7 +70,7 @@ class Supervisor:
         body = {"status": "degraded" if degraded else self.state}
         if self.reason:
             body["reason"] = self.reason
-        body["replicas"] = replicas
+        body["replicas"] = [{k: v for k, v in r.items() if k != "pid"} for r in replicas]  # (no pids for anyone)
         return (200 if self.state == "ready" else 503), body
 
 

@@ -43,6 +43,13 @@ def launch(*flags: str, entry=("-m", "omniwalk.cli", "serve"), model=None, env=N
         time.sleep(0.5)
 
 
+def engine_pids(server_pid: int) -> list[int]:
+    """The server's engine processes (multiprocessing spawns them: ``spawn_main`` in their command
+    line), oldest first; /health shows no process ids."""
+    ps = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(server_pid)], capture_output=True, text=True)
+    return sorted(int(line.split()[0]) for line in ps.stdout.splitlines() if "spawn_main" in line)
+
+
 @contextmanager
 def server(*flags: str, entry=("-m", "omniwalk.cli", "serve")):
     proc, base = launch(*flags, entry=entry)

@@ -9,18 +9,16 @@
 - ``omniwalk serve --tensor-parallel 2`` answers the ``openai`` client as one rank does.
 """
 
-import json
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import openai
 import pytest
 import torch
-from helpers.live_server import launch
+from helpers.live_server import engine_pids, launch
 from helpers.qwen3_omni import MESSAGES, REQUESTS, checkpoint, greedy, greedy_speech
 from helpers.tp_rank import thinker_logits
 
@@ -120,7 +118,7 @@ def test_server_with_two_ranks_answers_as_one():
     expected = Omni(model=checkpoint("tiny")).generate(greedy(8)).text
     proc, base = launch("--tensor-parallel", "2")
     try:
-        engine = json.loads(urllib.request.urlopen(f"{base}/health").read())["replicas"][0]["pid"]
+        (engine,) = engine_pids(proc.pid)
         children = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(engine)], capture_output=True, text=True)
         workers = [int(line.split()[0]) for line in children.stdout.splitlines() if "omniwalk.parallel.worker" in line]
         assert len(workers) == 1, children.stdout

@@ -13,7 +13,7 @@ import urllib.request
 import httpx
 import openai
 import pytest
-from helpers.live_server import launch
+from helpers.live_server import engine_pids, launch
 from helpers.qwen3_omni import omni
 
 LONG = {"model": "qwen3-omni", "messages": [{"role": "user", "content": "go"}], "max_tokens": 4000, "ignore_eos": True}
@@ -61,7 +61,7 @@ def test_two_replicas_serve_route_to_the_least_loaded_and_survive_a_killed_one()
         status, health = _health(base)
         assert status == 200 and health["status"] == "ready", health
         assert [r["status"] for r in health["replicas"]] == ["ready", "ready"]
-        pids = [r["pid"] for r in health["replicas"]]
+        pids = engine_pids(proc.pid)
         assert len(set(pids)) == 2 and proc.pid not in pids
         metrics = lambda: httpx.get(f"{base}/metrics").text  # noqa: E731
 

@@ -117,7 +117,8 @@ def chat(base_url: str, content, modalities, **extra) -> dict:
 
 
 def metrics(base_url: str) -> str:
-    return urllib.request.urlopen(f"{base_url}/metrics").read().decode()
+    request = urllib.request.Request(f"{base_url}/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    return urllib.request.urlopen(request).read().decode()
 
 
 def wait_idle(base_url: str) -> str:

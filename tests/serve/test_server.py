@@ -108,7 +108,8 @@ def test_audio_speech_endpoint(client):
 
 def post(base_url: str, body, headers=None, raw: bytes | None = None) -> httpx.Response:
     data = raw if raw is not None else json.dumps(body).encode()
-    return httpx.post(f"{base_url}/v1/chat/completions", content=data, headers=headers or {}, timeout=60)
+    headers = {"content-type": "application/json", **(headers or {})}  # (JSON routes require the type)
+    return httpx.post(f"{base_url}/v1/chat/completions", content=data, headers=headers, timeout=60)
 
 
 USER = [{"role": "user", "content": "hi"}]
@@ -166,7 +167,7 @@ def test_api_key_and_body_limit_and_queue_full():
                 body = {"messages": USER, "max_tokens": 1500, "ignore_eos": True}
                 first = asyncio.create_task(h.post(f"{base}/v1/chat/completions", json=body, headers=ok))
                 running = 'omniwalk_engine{quantity="requests",replica="0",stage="engine"} 1.0'
-                while running not in (await h.get(f"{base}/metrics")).text:  # the first is in the engine
+                while running not in (await h.get(f"{base}/metrics", headers=ok)).text:  # the first is in the engine
                     assert not first.done(), first.result()
                     await asyncio.sleep(0.05)
                 second = await h.post(f"{base}/v1/chat/completions", json=body, headers=ok)
