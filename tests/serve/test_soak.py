@@ -1,6 +1,8 @@
 """A mixed soak against a live server on the embedded tiny model (official ``openai`` client + raw
 httpx): valid text / audio / image / video / speech requests, streams dropped mid-way, hostile
-bodies. Checks: no valid request lost, none hung, every hostile body a 4xx, the engine idle after.
+bodies, and clients hostile at the front door (headers sent a byte at a time, bodies cut short,
+JSON sent as text/plain). Checks: no valid request lost, none hung, every hostile body a 4xx, every
+slow client a 408 within the header timeout, no 500, the engine idle after.
 
 CI runs a small soak (``test_soak``); the full one is a script:
 
@@ -35,6 +37,7 @@ VIDEO = (
     "data:video/mp4;base64,"
     + base64.b64encode(encode_video(np.stack([gradient_image(64, 64, seed=i) for i in range(4)]), 2)).decode()
 )
+HEADER_TIMEOUT_S = 5.0  # the soak server's --header-timeout-s and --body-timeout-s
 REFUSED_SOURCES = ["http://127.0.0.1:1/a.png", "file:///etc/passwd", "/etc/passwd", "http://169.254.169.254/x"]
 
 
@@ -103,7 +106,41 @@ async def _hostile(h: httpx.AsyncClient, base: str, rng: random.Random) -> str:
     return "refused"
 
 
-# percent of the requests: a fifth of the streams are dropped, a fifth of all requests are hostile
+async def _front_door(base: str, rng: random.Random) -> str:
+    """A slowloris client (a 408 within the header timeout, then the close), a body cut short (the
+    server counts a 499) or JSON as text/plain (a 415)."""
+    host, port = base.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
+    try:
+        choice = rng.random()
+        if choice < 0.4:
+            start, answer = time.monotonic(), asyncio.create_task(reader.read())  # (until the server closes)
+            for byte in head:  # (a byte a second: the deadline falls among them)
+                if answer.done():
+                    break
+                writer.write(bytes([byte]))
+                await asyncio.sleep(1.0)
+            answer = await asyncio.wait_for(answer, HEADER_TIMEOUT_S + 30)
+            assert answer.startswith(b"HTTP/1.1 408 "), answer[:100]
+            assert time.monotonic() - start < HEADER_TIMEOUT_S + 30
+            return "timed_out"
+        if choice < 0.7:
+            writer.write(head + b"Content-Type: application/json\r\n\r\n" + b'{"messages": [')
+            await writer.drain()
+            return "cut"  # (the close below: the client hangs up mid-body)
+        body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
+        writer.write(head.replace(b"100", str(len(body)).encode()) + b"Content-Type: text/plain\r\n\r\n" + body)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(4096), HANG_S)
+        assert answer.startswith(b"HTTP/1.1 415 "), answer[:100]
+        return "refused"
+    finally:
+        writer.close()
+
+
+# percent of the requests: a fifth of the streams are dropped, a fifth of all requests are hostile (a quarter
+# of those at the front door)
 MIX = [
     ("text", 22),
     ("stream_speech", 20),
@@ -112,7 +149,8 @@ MIX = [
     ("image_in", 10),
     ("video_in", 5),
     ("speech", 8),
-    ("hostile", 20),
+    ("hostile", 15),
+    ("front_door", 5),
 ]
 
 
@@ -127,6 +165,7 @@ async def soak(base: str, num_requests: int, concurrency: int, seed: int = 0) ->
             async with gate:
                 r = random.Random(seed * 100_003 + i)
                 call = {"hostile": lambda: _hostile(h, base, r), "speech": lambda: _speech(a)}.get(kind)
+                call = (lambda: _front_door(base, r)) if kind == "front_door" else call
                 call = call() if call else _chat(a, kind, r)
                 try:
                     outcomes[await asyncio.wait_for(call, HANG_S)] += 1
@@ -167,11 +206,14 @@ async def idle_metrics(base: str, timeout: float = 60) -> dict[str, float]:
 
 
 def run_soak(num_requests: int, concurrency: int) -> dict:
-    proc, base = launch("--max-requests", "512")
+    timeouts = ("--header-timeout-s", str(HEADER_TIMEOUT_S), "--body-timeout-s", str(HEADER_TIMEOUT_S))
+    proc, base = launch("--max-requests", "512", *timeouts)
     try:
         before = rss_mb(proc.pid)
         result = asyncio.run(soak(base, num_requests, concurrency))
         result["idle"] = asyncio.run(idle_metrics(base))
+        lines = httpx.get(f"{base}/metrics").text.splitlines()
+        result["http_500"] = sum(float(x.rsplit(" ", 1)[1]) for x in lines if 'status="500"' in x and x[0] != "#")
         result["rss_mb"] = (before, rss_mb(proc.pid))
         return result
     finally:
@@ -182,7 +224,8 @@ def run_soak(num_requests: int, concurrency: int) -> dict:
 def check(result: dict) -> None:
     outcomes, kinds = result["outcomes"], result["kinds"]
     assert outcomes["lost"] == 0 and outcomes["hung"] == 0, result["failures"]
-    assert outcomes["refused"] == kinds["hostile"]
+    assert outcomes["refused"] + outcomes["timed_out"] + outcomes["cut"] == kinds["hostile"] + kinds["front_door"]
+    assert result["http_500"] == 0, "a 500 in the soak"
     assert outcomes["dropped"] == kinds["dropped_stream"]
     assert set(result["idle"].values()) == {0.0}, result["idle"]
 
