@@ -77,8 +77,12 @@ class VideoURLPart(Strict):
 UserPart = Annotated[
     TextPart | InputAudioPart | ImageURLPart | AudioURLPart | VideoURLPart, Field(discriminator="type")
 ]
-MEDIA_PART_KINDS = {"input_audio": Modality.AUDIO, "audio_url": Modality.AUDIO, "image_url": Modality.IMAGE,
-                    "video_url": Modality.VIDEO}
+MEDIA_PART_KINDS = {
+    "input_audio": Modality.AUDIO,
+    "audio_url": Modality.AUDIO,
+    "image_url": Modality.IMAGE,
+    "video_url": Modality.VIDEO,
+}
 
 
 # ---- messages ----
@@ -123,8 +127,14 @@ Message = Annotated[SystemMessage | UserMessage | AssistantMessage | ToolMessage
 
 # kinds a family names for its extra request fields (``ModelInfo.request_fields``)
 FIELD_KINDS = {
-    "seed": Seed, "temperature": Temperature, "top_k": TopK, "top_p": TopP, "penalty": Penalty,
-    "count": Count, "count0": NonNegativeCount, "flag": bool,
+    "seed": Seed,
+    "temperature": Temperature,
+    "top_k": TopK,
+    "top_p": TopP,
+    "penalty": Penalty,
+    "count": Count,
+    "count0": NonNegativeCount,
+    "flag": bool,
 }
 
 
