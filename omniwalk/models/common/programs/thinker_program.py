@@ -250,7 +250,7 @@ class ThinkerProgram(KVProgram):
             st = req.state.thinker
             if start >= st.prompt.num_prompt_tokens:
                 continue
-            if st.media is None:  # (here, on the stage's stream: after the encoders' rows, see lanes.py)
+            if st.media is None:  # (on the device's one stream, after the encoders' rows: engine/inflight.py)
                 st.media = _moved(req.state.media.embeddings(), self.device)
             if st.media is None:
                 continue
