@@ -36,9 +36,9 @@ START_TIMEOUT_S = 600.0
 
 
 class EngineRequestError(OmniwalkError):
-    def __init__(self, message: str, error_type: str, bad_request: bool):
+    def __init__(self, message: str, error_type: str, bad_request: bool, param: str | None = None):
         super().__init__(message)
-        self.error_type, self.bad_request = error_type, bad_request
+        self.error_type, self.bad_request, self.param = error_type, bad_request, param
 
 
 class EngineUnavailableError(OmniwalkError):
@@ -131,7 +131,7 @@ class EngineClient:
                     raise EngineUnavailableError(self.unavailable)
                 if isinstance(message, Failed):
                     done = True
-                    raise EngineRequestError(message.error, message.error_type, message.bad_request)
+                    raise EngineRequestError(message.error, message.error_type, message.bad_request, message.param)
                 yield message
                 if isinstance(message, Finished):
                     done = True

@@ -143,4 +143,5 @@ class _EngineLoop:
 
     def _send_error(self, rid: str | None, error: BaseException) -> None:
         bad_request = isinstance(error, InvalidRequestError)
-        self.outbox.send(pack(Failed(rid, str(error), type(error).__name__, bad_request)))
+        param = error.param if bad_request else None
+        self.outbox.send(pack(Failed(rid, str(error), type(error).__name__, bad_request, param)))

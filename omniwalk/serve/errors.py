@@ -64,21 +64,24 @@ def field_path(loc: tuple) -> str | None:
     return out or None
 
 
-# tags of the discriminated unions: pydantic puts them in a location right after the list index
-_TAGS = {"text", "input_audio", "image_url", "audio_url", "video_url", "system", "developer", "user", "assistant"}
-_TAGS |= {"tool", "function"}
+# the discriminated unions' list fields -> their tags (pydantic puts the tag right after the list index:
+# ('messages', 0, 'user', 'content', 1, 'input_audio', 'input_audio', 'data'))
+_ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
+_TAGGED = {"messages": _ROLES, "content": {"text", "input_audio", "image_url", "audio_url", "video_url"}}
 _BRANCHES = {"str", "int", "float", "bool", "none", "dict", "list"}
+
+
+def _is_branch_label(part) -> bool:
+    return isinstance(part, str) and (part in _BRANCHES or part[:1].isupper() or "[" in part or "-" in part)
 
 
 def _field_loc(loc: tuple) -> tuple:
     """A pydantic location without union branch labels ('str', 'list[...]', 'URLRef', tags)."""
+    fields = [part for part in loc if not _is_branch_label(part)]
     out = []
-    for i, part in enumerate(loc):
-        if i and isinstance(loc[i - 1], int) and part in _TAGS:
-            continue
-        if isinstance(part, str) and (part in _BRANCHES or part[:1].isupper() or "[" in part or "-" in part):
-            continue
-        out.append(part)
+    for i, part in enumerate(fields):
+        if not (i >= 2 and isinstance(fields[i - 1], int) and part in _TAGGED.get(fields[i - 2], ())):
+            out.append(part)
     return tuple(out)
 
 

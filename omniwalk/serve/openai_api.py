@@ -1,6 +1,9 @@
 """OpenAI chat-completions semantics: a validated body -> engine request, engine output -> response.
 
-One choice per response. Text only: ``message.content`` / ``delta.content``. With audio output,
+One choice per response. Text only: ``message.content`` / ``delta.content``. Tools and structured
+outputs pass to the engine as OpenAI shapes them; their grammar is checked here first (a 400 naming
+the field), and a request with tools has its answer read as content and tool calls
+(``tool_responses``). With audio output,
 as OpenAI does, the text is the audio's transcript only (``content`` is null):
 ``message.audio`` = {id, data = the whole file in the requested format, expires_at, transcript};
 streamed, ``delta.audio`` = {id, transcript} for text and {id, data = base64 PCM16 at the model's
@@ -16,15 +19,19 @@ import uuid
 from dataclasses import dataclass
 
 import numpy as np
+from pydantic import BaseModel
 
 from omniwalk.config import ServerConfig
+from omniwalk.errors import InvalidRequestError
 from omniwalk.media.budget import DecodeTicket
 from omniwalk.models.family import ModelInfo
 from omniwalk.serve import schemas as s
+from omniwalk.serve import tool_responses
 from omniwalk.serve.audio_format import encode_audio, pcm16_bytes
 from omniwalk.serve.audio_store import AudioStore
 from omniwalk.serve.errors import APIError, bad_request, unsupported
 from omniwalk.serve.media_pool import MediaPool
+from omniwalk.structured import grammars
 
 # Body fields passed to the engine as they are (sampling), beside the family's own (ModelInfo.request_fields).
 PASSTHROUGH = (
@@ -39,12 +46,14 @@ PASSTHROUGH = (
     "logprobs",
     "top_logprobs",
 )
+# Tools and structured outputs, passed to the engine as plain dicts in OpenAI's shapes.
+STRUCTURED = ("tools", "tool_choice", "parallel_tool_calls", "response_format", "structured_outputs")
+# The longest a request's grammar may take to be checked (compiled) before the engine sees it.
+GRAMMAR_CHECK_TIMEOUT_S = 10.0
 # OpenAI features this server does not have (a 400 that says so when one is set)
 UNSUPPORTED = {
-    "tools": "tool calling",
-    "tool_choice": "tool calling",
-    "functions": "function calling",
-    "function_call": "function calling",
+    "functions": "the legacy function calling (use tools)",
+    "function_call": "the legacy function calling (use tool_choice)",
     "logit_bias": "logit_bias",
     "prediction": "predicted outputs",
     "reasoning_effort": "reasoning_effort",
@@ -61,6 +70,7 @@ class ChatOptions:
     stream: bool
     include_usage: bool
     audio_format: str | None  # None: text only
+    parses_tools: bool = False  # the answer is read as content and tool calls (tools, tool_choice not "none")
 
 
 @dataclass
@@ -129,9 +139,58 @@ async def chat_request(body: s.ChatRequest, ctx: Context, receive=None) -> tuple
         audio = body.audio or s.AudioOutput()
         audio_format = audio.format
         request.update(check_speech(body, ctx, audio.voice, "audio.voice", "modalities"))
+    structured = structured_fields(body)
+    await check_grammar(structured)
+    request.update(structured)
     request["messages"] = await engine_messages(body.messages, ctx, receive)
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return request, ChatOptions(request["request_id"], model, bool(body.stream), include_usage, audio_format)
+    options = ChatOptions(
+        id=request["request_id"],
+        model=model,
+        stream=bool(body.stream),
+        include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        audio_format=audio_format,
+        parses_tools=bool(body.tools) and body.tool_choice != "none",
+    )
+    return request, options
+
+
+def structured_fields(body: s.ChatRequest) -> dict:
+    """The body's tools and structured-output fields that are set, as plain dicts and lists."""
+    out = {}
+    for name in STRUCTURED:
+        value = getattr(body, name)
+        if isinstance(value, list):
+            out[name] = [_plain(item) for item in value]
+        elif value is not None:
+            out[name] = _plain(value)
+    return out
+
+
+def _plain(value):
+    return value.model_dump(by_alias=True, exclude_none=True) if isinstance(value, BaseModel) else value
+
+
+async def check_grammar(structured: dict) -> None:
+    """The constraint of a request's ``structured_fields``, compiled off the event loop within
+    ``GRAMMAR_CHECK_TIMEOUT_S``: a schema, regex or grammar that cannot be compiled (or takes too
+    long to), or an unknown tool name, is a 400 naming the field before the engine sees it."""
+    if not structured:
+        return
+    try:
+        await asyncio.wait_for(asyncio.to_thread(grammars.constraint_of, structured), GRAMMAR_CHECK_TIMEOUT_S)
+    except InvalidRequestError as e:
+        raise bad_request(str(e), e.param) from None
+    except TimeoutError:
+        raise bad_request("the grammar took too long to compile", _constrained_field(structured)) from None
+
+
+def _constrained_field(structured: dict) -> str:
+    """The field a request's grammar comes from (for a 400 about it)."""
+    if "structured_outputs" in structured:
+        return f"structured_outputs.{next(iter(structured['structured_outputs']))}"
+    if structured.get("response_format", {}).get("type", "text") != "text":
+        return "response_format"
+    return "tools"
 
 
 def _check_unsupported(body: s.ChatRequest) -> None:
@@ -140,15 +199,11 @@ def _check_unsupported(body: s.ChatRequest) -> None:
             raise unsupported(name, what)
     if body.n not in (None, 1):
         raise APIError(400, "only n=1 is supported", param="n", code="unsupported_value")
-    if body.response_format is not None and body.response_format.type != "text":
-        raise unsupported("response_format", f"response_format {body.response_format.type!r}")
     for name in ("frequency_penalty", "presence_penalty"):
         if getattr(body, name) not in (None, 0, 0.0):
             raise APIError(
                 400, f"{name} is not supported (use repetition_penalty)", param=name, code="unsupported_value"
             )
-    if body.parallel_tool_calls:
-        raise unsupported("parallel_tool_calls", "tool calling")
 
 
 def _check_limit(name: str, value: int, limit: int) -> None:
@@ -163,13 +218,14 @@ async def engine_messages(messages: list, ctx: Context, receive=None) -> list[di
     out, jobs, ticket = [], [], DecodeTicket(ctx.pool.limits.max_request_decoded_bytes)
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
-        if isinstance(m, s.ToolMessage) or (isinstance(m, s.AssistantMessage) and m.tool_calls):
-            field = "role" if isinstance(m, s.ToolMessage) else "tool_calls"
-            raise unsupported(f"{where}.{field}", "tool calling")
+        if isinstance(m, s.FunctionMessage):
+            raise unsupported(f"{where}.role", "the legacy function calling (use tool messages)")
         if isinstance(m, s.SystemMessage):
             out.append({"role": "system", "content": _text(m.content)})
         elif isinstance(m, s.AssistantMessage):
-            out.append({"role": "assistant", "content": _assistant_text(m, where, ctx.store)})
+            out.append(_assistant_message(m, where, ctx.store))
+        elif isinstance(m, s.ToolMessage):
+            out.append({"role": "tool", "tool_call_id": m.tool_call_id, "content": _text(m.content)})
         elif isinstance(m.content, str):
             out.append({"role": "user", "content": m.content})
         else:
@@ -232,15 +288,19 @@ def _text(content: str | list | None) -> str:
     return content if isinstance(content, str) else "".join(p.text for p in content or [])
 
 
-def _assistant_text(m: s.AssistantMessage, where: str, store: AudioStore) -> str:
+def _assistant_message(m: s.AssistantMessage, where: str, store: AudioStore) -> dict:
+    """An assistant turn: its text (its audio's transcript, for audio by id) and its tool calls."""
     if m.audio is not None:
-        transcript = store.get(m.audio.id)
-        if transcript is None:
+        content = store.get(m.audio.id)
+        if content is None:
             raise bad_request(f"{where}.audio.id: no audio with this id (unknown or expired)", f"{where}.audio.id")
-        return transcript
-    if m.content is None:
-        raise bad_request(f"{where}: an assistant message needs content or audio", f"{where}.content")
-    return _text(m.content)
+    elif m.content is None and not m.tool_calls:
+        raise bad_request(f"{where}: an assistant message needs content, audio or tool_calls", f"{where}.content")
+    else:
+        content = None if m.content is None else _text(m.content)
+    if not m.tool_calls:
+        return {"role": "assistant", "content": content}
+    return {"role": "assistant", "content": content, "tool_calls": [_plain(call) for call in m.tool_calls]}
 
 
 def usage(output: dict) -> dict:
@@ -265,22 +325,27 @@ def logprobs_block(output: dict) -> dict | None:
 
 def completion(output: dict, options: ChatOptions, store: AudioStore, sample_rate: int) -> dict:
     """The non-streaming response body."""
-    message = {"role": "assistant", "content": output["text"]}
+    content, tool_calls = output["text"], []
+    if options.parses_tools:
+        content, tool_calls = tool_responses.read_message(output["text"])
+    message = {"role": "assistant", "content": content}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
     if options.audio_format is not None:
-        audio_id = f"audio_{uuid.uuid4().hex}"
+        audio_id, transcript = f"audio_{uuid.uuid4().hex}", content or ""
         data = encode_audio(np.asarray(output["audio"], np.float32), options.audio_format, sample_rate)
         message["content"] = None  # the text is the audio's transcript (OpenAI's shape)
         message["audio"] = {
             "id": audio_id,
             "data": base64.b64encode(data).decode(),
-            "expires_at": store.put(audio_id, output["text"]),
-            "transcript": output["text"],
+            "expires_at": store.put(audio_id, transcript),
+            "transcript": transcript,
         }
     choice = {
         "index": 0,
         "message": message,
         "logprobs": logprobs_block(output),
-        "finish_reason": output["finish_reason"],
+        "finish_reason": tool_responses.finish_reason(output["finish_reason"], bool(tool_calls)),
     }
     return _envelope("chat.completion", options, choices=[choice], usage=usage(output))
 

@@ -14,6 +14,7 @@ import time
 import uuid
 
 from omniwalk.serve import openai_api as api
+from omniwalk.serve import tool_responses
 from omniwalk.serve.audio_store import AudioStore
 from omniwalk.serve.engine_client import EngineRequestError, EngineUnavailableError
 from omniwalk.serve.errors import APIError
@@ -28,7 +29,7 @@ def engine_error(e: Exception, request_id: str) -> APIError:
     if e.error_type == "QueueFullError":
         return APIError(429, str(e), code="engine_full", headers={"Retry-After": "1"})
     if e.bad_request:
-        return APIError(400, str(e), code="invalid_value")
+        return APIError(400, str(e), param=e.param, code="invalid_value")
     return APIError(500, f"the request failed in the engine: {e} (request id {request_id})", code="engine_error")
 
 
@@ -123,23 +124,24 @@ class EngineRun:
         """Server-sent events: role, text (or transcript) and audio deltas, the finish chunk,
         usage, [DONE]. A client that hangs up cancels this generator: the engine aborts."""
         speaks, audio_id = options.audio_format is not None, f"audio_{uuid.uuid4().hex}"
+
+        def content_delta(text: str) -> dict:
+            return {"audio": {"id": audio_id, "transcript": text}} if speaks else {"content": text}
+
+        tools = tool_responses.ToolDeltas(content_delta) if options.parses_tools else None
         yield _sse(api.chunk(options, {"role": "assistant", "content": None if speaks else ""}))
         try:
             while True:
                 if isinstance(event, Delta) and event.kind == "text":
-                    delta = {"audio": {"id": audio_id, "transcript": event.data}} if speaks else None
-                    yield _sse(api.chunk(options, delta or {"content": event.data}))
+                    for delta in tools.feed(event.data) if tools else [content_delta(event.data)]:
+                        yield _sse(api.chunk(options, delta))
                 elif isinstance(event, Delta):
                     yield _sse(api.chunk(options, api.audio_data_delta(audio_id, event.data)))
                 else:
-                    output = event.output
-                    delta = {}
-                    if speaks:  # the audio's end: its expiry, and its transcript kept for later turns
-                        delta = {"audio": {"id": audio_id, "expires_at": store.put(audio_id, output["text"])}}
-                    logprobs = api.logprobs_block(output)
-                    yield _sse(api.chunk(options, delta, output["finish_reason"], logprobs))
-                    if options.include_usage:
-                        yield _sse({**api.chunk(options, {}), "choices": [], "usage": api.usage(output)})
+                    for delta in tools.finish() if tools else []:
+                        yield _sse(api.chunk(options, delta))
+                    for chunk in self._last_chunks(event.output, options, store, audio_id, tools):
+                        yield _sse(chunk)
                     break
                 event = await self._next()
         except APIError as e:
@@ -147,6 +149,21 @@ class EngineRun:
         finally:
             await self.close()
         yield "data: [DONE]\n\n"
+
+    @staticmethod
+    def _last_chunks(output: dict, options: api.ChatOptions, store: AudioStore, audio_id: str, tools) -> list[dict]:
+        """The finish chunk (with the audio's end: its expiry, its transcript kept for later turns)
+        and the usage chunk when asked for."""
+        delta, transcript = {}, output["text"]
+        if tools is not None:
+            transcript = tool_responses.read_message(output["text"])[0] or ""
+        if options.audio_format is not None:
+            delta = {"audio": {"id": audio_id, "expires_at": store.put(audio_id, transcript)}}
+        reason = tool_responses.finish_reason(output["finish_reason"], bool(tools and tools.has_calls))
+        chunks = [api.chunk(options, delta, reason, api.logprobs_block(output))]
+        if options.include_usage:
+            chunks.append({**api.chunk(options, {}), "choices": [], "usage": api.usage(output)})
+        return chunks
 
 
 async def _disconnected(receive) -> None:

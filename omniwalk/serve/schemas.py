@@ -28,6 +28,12 @@ ModelName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 VoiceName = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 # Base64 data and URLs are bounded by the body size; other short strings explicitly.
 ShortText = Annotated[str, StringConstraints(max_length=256)]
+# OpenAI's rule for function and schema names
+FunctionName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+CallId = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+Description = Annotated[str, StringConstraints(max_length=8192)]
+MAX_TOOLS = 128  # OpenAI's limit on a request's tools (and so on one message's calls)
+Pattern = Annotated[str, StringConstraints(min_length=1, max_length=16384)]  # a regex or a grammar's text
 
 AUDIO_FORMATS = ("wav", "pcm16", "flac", "mp3", "opus")
 
@@ -104,23 +110,44 @@ class AudioRef(Strict):
     id: Annotated[str, StringConstraints(min_length=1, max_length=128)]
 
 
+class FunctionCall(Strict):
+    name: FunctionName
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCall(Strict):
+    id: CallId
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class AssistantMessage(Strict):
     role: Literal["assistant"]
     content: str | list[TextPart] | None = None
     audio: AudioRef | None = None  # a previous answer's audio, by its id (resolved to its transcript)
     name: ShortText | None = None
     refusal: str | None = None
-    tool_calls: list[dict] | None = None  # refused: tools are not supported
+    tool_calls: Annotated[list[ToolCall], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
 
 
 class ToolMessage(Strict):
-    role: Literal["tool", "function"]  # refused: tools are not supported
-    content: str | list[TextPart] | None = None
-    tool_call_id: str | None = None
-    name: str | None = None
+    """A tool's result, answering the assistant's call ``tool_call_id``."""
+
+    role: Literal["tool"]
+    content: str | list[TextPart]
+    tool_call_id: CallId
+    name: ShortText | None = None  # sent by some clients; the call id says which function it was
 
 
-Message = Annotated[SystemMessage | UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")]
+class FunctionMessage(Strict):
+    role: Literal["function"]  # refused: the legacy function-calling API (``tools`` replaced it)
+    content: str | None = None
+    name: ShortText | None = None
+
+
+Message = Annotated[
+    SystemMessage | UserMessage | AssistantMessage | ToolMessage | FunctionMessage, Field(discriminator="role")
+]
 
 
 # ---- the model family's own request fields ----
@@ -153,9 +180,47 @@ class StreamOptions(Strict):
     include_obfuscation: bool | None = None  # accepted, ignored (nothing is obfuscated)
 
 
+class JSONSchemaFormat(Strict):
+    name: FunctionName
+    description: Description | None = None
+    # (``schema`` would shadow a pydantic method: the field is named ``schema_``, read as "schema")
+    schema_: dict | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
 class ResponseFormat(Strict):
-    type: str
-    json_schema: dict | None = None
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None  # with type "json_schema" (``grammars.constraint_of`` checks)
+
+
+class StructuredOutputs(Strict):
+    """vLLM's extra body field: exactly one of these (``grammars.constraint_of`` checks)."""
+
+    json_: dict | bool | None = Field(None, alias="json")  # a JSON Schema
+    regex: Pattern | None = None
+    choice: Annotated[list[ShortText], Field(min_length=1, max_length=1024)] | None = None
+    grammar: Pattern | None = None  # EBNF (GBNF) or Lark
+
+
+class Function(Strict):
+    name: FunctionName
+    description: Description | None = None
+    parameters: dict | None = None  # a JSON Schema of the arguments object
+    strict: bool | None = None
+
+
+class Tool(Strict):
+    type: Literal["function"]
+    function: Function
+
+
+class FunctionRef(Strict):
+    name: FunctionName
+
+
+class NamedToolChoice(Strict):
+    type: Literal["function"]
+    function: FunctionRef
 
 
 class ChatRequest(Strict):
@@ -188,13 +253,15 @@ class ChatRequest(Strict):
     service_tier: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    # OpenAI features this server does not have: refused with a 400 that says so when set
-    tools: list | None = None
-    tool_choice: str | dict | None = None
+    # tools and structured outputs (``structured_outputs``: vLLM's extra field)
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    # OpenAI features this server does not have: refused with a 400 that says so when set
     functions: list | None = None
     function_call: str | dict | None = None
-    response_format: ResponseFormat | None = None
     logit_bias: dict | None = None
     prediction: dict | None = None
     reasoning_effort: str | None = None

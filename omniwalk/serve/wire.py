@@ -3,7 +3,7 @@
     HTTP -> engine   Add(request, sent_at) | Abort(id) | Shutdown()
     engine -> HTTP   Ready(info) once the model is loaded (Fatal(error) if it fails to), then per
                      request Delta(id, "text" | "audio", data, timing on the first)..., and Finished(id, output) or
-                     Failed(id, error, error_type, bad_request); Stats(data) now and then; Fatal(error)
+                     Failed(id, error, error_type, bad_request, param); Stats(data) now and then; Fatal(error)
                      before the process exits on a fault outside any request
 
 A request and an output are plain dicts (``omni.py``'s request keys, ``RequestOutput``'s fields);
@@ -66,6 +66,7 @@ class Failed:
     error: str
     error_type: str
     bad_request: bool  # the client's fault (a 4xx), not the server's
+    param: str | None = None  # the request field at fault, for a bad request that names one
 
 
 @dataclass

@@ -1,0 +1,160 @@
+"""Tool calling over HTTP with the official `openai` client, on the tiny random-weight checkpoint
+(every well-formed call is the grammar's doing): forced calls parse and their arguments validate
+against the declared parameters, streamed calls equal the whole ones, a history with calls and
+their results is served, bad tools are 400s naming the field, and a spoken answer never voices a call."""
+
+import base64
+import io
+import json
+import re
+
+import httpx
+import jsonschema
+import openai
+import pytest
+import soundfile
+from helpers.live_server import server
+
+from omniwalk.bench.schemas import SCHEMAS
+
+USER = [{"role": "user", "content": "what is the weather in paris, and book me a table"}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "the forecast for a city",
+            "parameters": SCHEMAS["weather_tool_args"],
+        },
+    },
+    {"type": "function", "function": {"name": "book_table", "parameters": SCHEMAS["booking"]}},
+    {"type": "function", "function": {"name": "ping"}},  # no parameters: arguments {}
+]
+PARAMETERS = {t["function"]["name"]: t["function"].get("parameters", {"type": "object"}) for t in TOOLS}
+SPEECH = {"talker_temperature": 0.0, "code_predictor_temperature": 0.0, "max_audio_frames": 12}
+
+
+@pytest.fixture(scope="module")
+def base_url():
+    with server() as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def client(base_url):
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+
+
+def create(client, messages=USER, extra=None, **fields):
+    fields = {"model": "qwen3-omni", "tools": TOOLS, "max_tokens": 300, **fields}
+    return client.chat.completions.create(messages=messages, extra_body=extra, **fields)
+
+
+def check_calls(calls, names=None) -> None:
+    """Each call names a declared function and its arguments validate against its parameters."""
+    assert calls
+    for call in calls:
+        assert re.fullmatch(r"call_[0-9a-f]{24}", call.id) and call.type == "function"
+        assert call.function.name in (names or PARAMETERS)
+        jsonschema.validate(json.loads(call.function.arguments), PARAMETERS[call.function.name])
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_required_calls_parse_and_validate(client, seed):
+    r = create(client, tool_choice="required", parallel_tool_calls=False, temperature=1.0, seed=seed)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert len(choice.message.tool_calls) == 1
+    check_calls(choice.message.tool_calls)
+
+
+@pytest.mark.parametrize("name", ["get_weather", "book_table", "ping"])
+def test_a_named_choice_calls_that_function(client, name):
+    choice = {"type": "function", "function": {"name": name}}
+    r = create(client, tool_choice=choice, temperature=1.0, seed=5)
+    assert r.choices[0].finish_reason == "tool_calls"
+    check_calls(r.choices[0].message.tool_calls, names=[name])
+
+
+def test_streamed_tool_calls_concatenate_to_the_whole_ones(client):
+    fields = dict(tool_choice="required", temperature=0.0, extra={"seed": 3}, max_tokens=400)
+    whole = create(client, **fields).choices[0]
+    calls, content, reasons = {}, [], []
+    for chunk in create(client, stream=True, **fields):
+        for choice in chunk.choices:
+            content.append(choice.delta.content or "")
+            reasons.append(choice.finish_reason)
+            for delta in choice.delta.tool_calls or []:
+                call = calls.setdefault(delta.index, {"id": None, "name": None, "arguments": ""})
+                if delta.id is not None:
+                    assert call["id"] is None  # the call's start comes once, with its id, type and name
+                    call.update(id=delta.id, name=delta.function.name)
+                call["arguments"] += delta.function.arguments or ""
+    expected = [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+    assert [(calls[i]["name"], calls[i]["arguments"]) for i in sorted(calls)] == expected
+    assert ("".join(content) or None) == whole.message.content
+    assert reasons[-1] == whole.finish_reason
+    check_calls(whole.message.tool_calls)
+
+
+def test_a_history_with_calls_and_results_is_served(client):
+    first = create(client, tool_choice={"type": "function", "function": {"name": "get_weather"}}, temperature=0.0)
+    call = first.choices[0].message.tool_calls[0]
+    history = [
+        *USER,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"sky": "clear", "high": 21})},
+    ]
+    r = create(client, messages=history, max_tokens=8, extra={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 8
+    assert r.usage.prompt_tokens > first.usage.prompt_tokens  # the call and its result are in the prompt
+
+
+def test_tool_choice_none_and_auto_answer_text(client):
+    for choice in ("none", "auto"):
+        r = create(client, tool_choice=choice, max_tokens=6, extra={"ignore_eos": True})
+        assert r.choices[0].finish_reason == "length" and r.choices[0].message.tool_calls is None
+        assert r.choices[0].message.content
+
+
+BAD = [
+    ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    (
+        {
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objec"}}}],
+            "tool_choice": "required",
+        },
+        "tools",
+    ),
+    ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0].function.name"),
+    ({"tools": [], "tool_choice": "required"}, "tool_choice"),
+    ({"functions": [{"name": "f"}]}, "functions"),
+    ({"messages": [*USER, {"role": "tool", "content": "x"}]}, "messages[1].tool_call_id"),
+    ({"messages": [*USER, {"role": "function", "name": "f", "content": "x"}]}, "messages[1].role"),
+]
+
+
+def test_bad_tools_are_400s_naming_the_field(base_url):
+    for body, param in BAD:
+        full = {"messages": USER, "tools": TOOLS, "max_tokens": 2, **body}
+        r = httpx.post(f"{base_url}/v1/chat/completions", json=full, timeout=60)
+        assert r.status_code == 400, (body, r.text)
+        assert r.json()["error"]["param"].startswith(param), (body, r.json())
+
+
+def test_spoken_answer_never_voices_a_call(client):
+    fields = dict(tool_choice="required", parallel_tool_calls=False, temperature=0.0, modalities=["text", "audio"])
+    r = create(client, audio={"voice": "ethan", "format": "wav"}, extra=SPEECH, **fields)
+    message = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls" and message.content is None
+    check_calls(message.tool_calls)
+    samples, _ = soundfile.read(io.BytesIO(base64.b64decode(message.audio.data)), dtype="float32")
+    assert message.audio.transcript == "" and len(samples) == 0
+    pcm, transcript, calls = b"", "", []
+    for chunk in create(client, audio={"voice": "ethan", "format": "pcm16"}, extra=SPEECH, stream=True, **fields):
+        for choice in chunk.choices:
+            audio = getattr(choice.delta, "audio", None)
+            pcm += base64.b64decode(getattr(audio, "data", None) or "")
+            transcript += getattr(audio, "transcript", None) or ""
+            calls += choice.delta.tool_calls or []
+    assert pcm == b"" and transcript == "" and calls
