@@ -41,9 +41,8 @@ class Size:
 
 
 def item_size(item) -> Size:
-    audio = sum(part.audio.nbytes for part in item.parts if part.audio is not None)
-    text = sum(len(part.text.encode()) for part in item.parts)
-    return Size(audio, audio + text + ITEM_OVERHEAD_BYTES)
+    """An item's size (any item of ``conversation.py``: they count their audio and text bytes)."""
+    return Size(item.num_audio_bytes, item.num_audio_bytes + item.num_text_bytes + ITEM_OVERHEAD_BYTES)
 
 
 def audio_size(num_samples: int) -> Size:

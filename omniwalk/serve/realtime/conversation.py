@@ -1,12 +1,15 @@
 """A session's conversation: its items, their JSON, and the chat messages the next turn's prompt
 is built from.
 
-Items are messages (user, assistant, system). A user item holds text and/or audio (PCM16 24 kHz,
-kept whole: the model hears it again at every later turn); an assistant item holds its text (or
-its audio's transcript) and the length of the audio it spoke. As in chat completions, earlier
-answers reach the prompt as their text. A truncated answer (barge-in, ``conversation.item.truncate``)
-keeps the part of its transcript that was heard: the share of its words equal to the share of
-its audio played (the model streams no word timings; an estimate, said so in docs/realtime.md).
+Items are messages (user, assistant, system), function calls and function call outputs. A user
+message holds text and/or audio (PCM16 24 kHz, kept whole: the model hears it again at every later
+turn); an assistant message holds its text (or its audio's transcript) and the length of the audio
+it spoke. As in chat completions, earlier answers reach the prompt as their text, function calls
+as the ``tool_calls`` of the assistant message they follow (a turn's spoken text and its calls are
+one chat message), and function call outputs as ``tool`` messages. A truncated answer (barge-in,
+``conversation.item.truncate``) keeps the part of its transcript that was heard: the share of its
+words equal to the share of its audio played (the model streams no word timings; an estimate,
+said so in docs/realtime.md).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import json
 import wave
 from dataclasses import dataclass, field
 
@@ -24,6 +28,12 @@ from omniwalk.serve.realtime import protocol as p
 from omniwalk.serve.realtime.bounds import AudioBudget, ConversationLimits, Size, item_size, oldest_to_drop
 from omniwalk.serve.realtime.vad import INPUT_RATE
 
+# the fields each item type needs
+ITEM_FIELDS = {
+    "message": ("role", "content"),
+    "function_call": ("name", "arguments"),
+    "function_call_output": ("call_id", "output"),
+}
 ASSISTANT_TYPES = {"text": ("output_text", "text"), "audio": ("output_audio", "audio")}  # kind -> (GA, beta)
 
 
@@ -36,11 +46,19 @@ class Part:
 
 
 @dataclass
-class Item:
+class Message:
     id: str
     role: str  # "user" | "assistant" | "system"
     parts: list[Part] = field(default_factory=list)
     status: str = "completed"  # | "in_progress" | "incomplete"
+
+    @property
+    def num_audio_bytes(self) -> int:
+        return sum(part.audio.nbytes for part in self.parts if part.audio is not None)
+
+    @property
+    def num_text_bytes(self) -> int:
+        return sum(len(part.text.encode()) for part in self.parts)
 
     def to_json(self, is_beta: bool) -> dict:
         content = []
@@ -79,6 +97,68 @@ class Item:
         return {"role": "user", "content": content}
 
 
+@dataclass
+class FunctionCall:
+    """The model calling a function (``arguments``: the JSON text of its arguments)."""
+
+    id: str
+    call_id: str
+    name: str
+    arguments: str = ""
+    status: str = "completed"
+    num_audio_bytes = 0
+
+    @property
+    def num_text_bytes(self) -> int:
+        return len(self.call_id) + len(self.name.encode()) + len(self.arguments.encode())
+
+    def to_json(self, is_beta: bool) -> dict:
+        return {
+            "id": self.id,
+            "object": "realtime.item",
+            "type": "function_call",
+            "status": self.status,
+            "name": self.name,
+            "call_id": self.call_id,
+            "arguments": self.arguments,
+        }
+
+    def tool_call(self) -> dict:
+        """As an entry of a chat assistant message's ``tool_calls``."""
+        return {"id": self.call_id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass
+class FunctionCallOutput:
+    """What a function call returned (the client ran it): a chat ``tool`` message."""
+
+    id: str
+    call_id: str
+    output: str
+    status: str = "completed"
+    num_audio_bytes = 0
+
+    @property
+    def num_text_bytes(self) -> int:
+        return len(self.call_id) + len(self.output.encode())
+
+    def to_json(self, is_beta: bool) -> dict:
+        return {
+            "id": self.id,
+            "object": "realtime.item",
+            "type": "function_call_output",
+            "status": self.status,
+            "call_id": self.call_id,
+            "output": self.output,
+        }
+
+    def chat_message(self) -> dict:
+        return {"role": "tool", "tool_call_id": self.call_id, "content": self.output}
+
+
+Item = Message | FunctionCall | FunctionCallOutput
+
+
 def wav_bytes(samples: np.ndarray) -> bytes:
     buf = io.BytesIO()
     with wave.open(buf, "wb") as w:
@@ -105,7 +185,36 @@ def pcm16(data: str, param: str, max_bytes: int) -> np.ndarray:
 
 
 def item_from_client(item: p.Item, where: str, max_bytes: int) -> Item:
-    """A ``conversation.item.create`` item -> an Item (refusing parts its role cannot have)."""
+    """A ``conversation.item.create`` item -> an Item (refusing fields its type cannot have)."""
+    required = ITEM_FIELDS[item.type]
+    allowed = (*required, "call_id") if item.type == "function_call" else required  # (a call's id: ours if none)
+    for name in ("role", "content", "call_id", "name", "arguments", "output"):
+        if getattr(item, name) is not None and name not in allowed:
+            raise bad_request(f"a {item.type} item has no {name}", f"{where}.{name}", "unknown_parameter")
+        if getattr(item, name) is None and name in required:
+            raise bad_request(f"a {item.type} item needs its {name}", f"{where}.{name}", "missing_required_parameter")
+    item_id = item.id or p.new_id("item")
+    if item.type == "function_call":
+        _check_arguments(item.arguments, f"{where}.arguments")
+        call_id = item.call_id or p.new_id("call")
+        status = item.status or "completed"
+        return FunctionCall(id=item_id, call_id=call_id, name=item.name, arguments=item.arguments, status=status)
+    if item.type == "function_call_output":
+        return FunctionCallOutput(item_id, item.call_id, item.output)
+    status = item.status or "completed" if item.role == "assistant" else "completed"
+    return Message(item_id, item.role, _parts(item, where, max_bytes), status)
+
+
+def _check_arguments(arguments: str, param: str) -> None:
+    try:
+        value = json.loads(arguments)
+    except (ValueError, RecursionError):
+        value = None
+    if not isinstance(value, dict):
+        raise bad_request("a function call's arguments are a JSON object (as text)", param)
+
+
+def _parts(item: p.Item, where: str, max_bytes: int) -> list[Part]:
     allowed = {
         "user": ("input_text", "input_audio"),
         "system": ("input_text",),
@@ -126,12 +235,7 @@ def item_from_client(item: p.Item, where: str, max_bytes: int) -> Item:
             raise bad_request(f"{c.type} content needs its text", f"{param}.text", "missing_required_parameter")
         else:
             parts.append(Part("text", text=c.text))
-    return Item(
-        item.id or p.new_id("item"),
-        item.role,
-        parts,
-        "completed" if item.role != "assistant" else item.status or "completed",
-    )
+    return parts
 
 
 class Conversation:
@@ -196,7 +300,12 @@ class Conversation:
 
     def truncate(self, item_id: str, content_index: int, audio_end_ms: int) -> None:
         item = self.items[self.index(item_id)]
-        if item.role != "assistant" or content_index >= len(item.parts) or item.parts[content_index].kind != "audio":
+        if (
+            not isinstance(item, Message)
+            or item.role != "assistant"
+            or content_index >= len(item.parts)
+            or item.parts[content_index].kind != "audio"
+        ):
             raise bad_request("only an assistant item's audio content can be truncated", "content_index")
         part = item.parts[content_index]
         if audio_end_ms > part.audio_ms:
@@ -208,4 +317,23 @@ class Conversation:
         part.text, part.audio_ms = " ".join(words[:kept]), audio_end_ms
 
     def chat_messages(self) -> list[dict]:
-        return [m for m in (item.chat_message() for item in self.items) if m is not None]
+        """The items as chat messages: function calls join the assistant message just before them
+        (its text stripped, as a chat completion's content is beside its tool calls), or make one;
+        an incomplete call (cut off, malformed, cancelled) was never made and is left out."""
+        messages, turn = [], None  # turn: the assistant message the next function call joins
+        for item in self.items:
+            if isinstance(item, FunctionCall) and item.status == "incomplete":
+                continue
+            if isinstance(item, FunctionCall):
+                if turn is None:
+                    turn = {"role": "assistant", "content": None}
+                    messages.append(turn)
+                elif "tool_calls" not in turn:
+                    turn["content"] = turn["content"].strip() or None
+                turn.setdefault("tool_calls", []).append(item.tool_call())
+                continue
+            message = item.chat_message()
+            turn = message if isinstance(item, Message) and item.role == "assistant" else None
+            if message is not None:
+                messages.append(message)
+        return messages

@@ -29,6 +29,9 @@ from omniwalk.serve.errors import APIError, bad_request, validation_error
 
 ItemId = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 MaxTokens = s.Count | Literal["inf"]
+FunctionName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+ToolChoiceOption = Literal["auto", "none", "required"]
+MAX_TOOLS = 128
 
 
 # ---- session and response fields ----
@@ -68,6 +71,20 @@ class AudioConfig(s.Strict):
     output: AudioOutput | None = None
 
 
+class FunctionTool(s.Strict):
+    """A function the model may call (realtime's flat shape; chat nests it under ``function``)."""
+
+    type: Literal["function"] | None = None
+    name: FunctionName
+    description: str | None = None
+    parameters: dict | None = None  # a JSON Schema (checked by the grammar engine when a response is built)
+
+
+class ToolChoiceFunction(s.Strict):
+    type: Literal["function"]
+    name: FunctionName
+
+
 class Sampling(s.Strict):
     """omniwalk's sampling fields, accepted in a session and a response as in chat's extra body. The
     model family's own fields (``ModelInfo.request_fields``, e.g. a speech sampler's temperature) pass as
@@ -96,8 +113,8 @@ class ResponseFields(Sampling):
     conversation: str | None = None  # "auto" only: out-of-band responses are not served
     input: list | None = None  # refused when set (out-of-band input)
     metadata: dict[str, str] | None = None
-    tools: list | None = None  # refused when not empty
-    tool_choice: str | dict | None = None
+    tools: Annotated[list[FunctionTool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: ToolChoiceOption | ToolChoiceFunction | None = None
 
 
 class SessionFields(ResponseFields):
@@ -130,12 +147,19 @@ class ContentPart(s.Strict):
 
 
 class Item(s.Strict):
+    """A message, a function call or a function call's output: one flat model (as beta's), so that
+    a field a type needs is named by itself when missing (``conversation.item_from_client``)."""
+
     id: ItemId | None = None
-    type: Literal["message"]  # function calls are not served
+    type: Literal["message", "function_call", "function_call_output"]
     object: Literal["realtime.item"] | None = None
-    role: Literal["user", "assistant", "system"]
     status: Literal["completed", "incomplete", "in_progress"] | None = None
-    content: Annotated[list[ContentPart], Field(min_length=1, max_length=64)]
+    role: Literal["user", "assistant", "system"] | None = None  # a message's
+    content: Annotated[list[ContentPart], Field(min_length=1, max_length=64)] | None = None  # a message's
+    call_id: ItemId | None = None  # a function call's (or its output's)
+    name: FunctionName | None = None  # a function call's
+    arguments: str | None = None  # a function call's: a JSON object
+    output: str | None = None  # a function call output's
 
 
 # ---- client events ----

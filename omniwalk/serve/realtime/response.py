@@ -3,18 +3,36 @@
 The prompt is built exactly as ``POST /v1/chat/completions`` builds a chat with audio input
 (``openai_api.chat_request``: the same checks, limits, media pool and engine request): the
 session's instructions as the system turn, then every item (user audio as ``input_audio``
-parts, earlier answers as their text). Events, in order:
+parts, earlier answers as their text, function calls and their outputs as chat's tool calls and
+tool messages). Its output items, in order of appearance:
+
+- the message (the spoken or written answer), opened at its first text that is not blank or its
+  first audio; a response without function calls always has it, with all its text (blank text is
+  streamed once text follows it: around calls it is dropped);
+- a function call per ``<tool_call>`` the model writes (when the request has tools and
+  ``tool_choice`` is not "none"; the text is parsed as chat's is, by ``ToolCallStream``), whose
+  text never reaches the message (nor its audio: the talker does not voice a call). A call cut
+  off (max tokens, cancel) or found malformed after it started ends ``incomplete``; the parser
+  gives a malformed call's text back as the message's, and the prompt leaves incomplete calls out.
+
+Events, in order:
 
     response.created
-    response.output_item.added, conversation.item.added (beta: .created), response.content_part.added
+    for the message, when it opens:
+        response.output_item.added, conversation.item.added (beta: .created), response.content_part.added
     (response.output_audio_transcript.delta | response.output_audio.delta)*   or  response.output_text.delta*
-    response.output_audio.done, response.output_audio_transcript.done         or  response.output_text.done
-    response.content_part.done, response.output_item.done, conversation.item.done (GA only)
-    response.done  {status: completed | incomplete (max tokens) | cancelled | failed, usage}
+    for each function call, when it opens:
+        response.output_item.added, conversation.item.added, response.function_call_arguments.delta*
+    at the end, for each output item in order: the message's
+        response.output_audio.done, response.output_audio_transcript.done     or  response.output_text.done
+        response.content_part.done, response.output_item.done, conversation.item.done (GA only)
+    and each call's
+        response.function_call_arguments.done, response.output_item.done, conversation.item.done (GA only)
+    response.done  {status: completed | incomplete (max tokens) | cancelled | failed, output, usage}
 
 ``cancel`` (``response.cancel``, or speech starting while it plays) aborts the engine request at
 once (its pages are freed at the engine's next step) and ends with ``response.done`` cancelled;
-the item keeps what was streamed so far, marked incomplete.
+the items keep what was streamed so far, marked incomplete.
 """
 
 from __future__ import annotations
@@ -33,9 +51,10 @@ from omniwalk.serve import schemas
 from omniwalk.serve.audio_format import pcm16_bytes
 from omniwalk.serve.errors import APIError, validation_error
 from omniwalk.serve.realtime import protocol as p
-from omniwalk.serve.realtime.conversation import Item, Part
+from omniwalk.serve.realtime.conversation import Conversation, FunctionCall, Message, Part
 from omniwalk.serve.run import EngineRun
 from omniwalk.serve.wire import Delta, Finished
+from omniwalk.structured.tools import Arguments, CallStart, Content, ToolCallStream
 
 SAMPLES_PER_MS = 24  # output PCM16 at 24 kHz
 error_log = logging.getLogger("omniwalk.error")
@@ -46,16 +65,16 @@ def is_disconnect(e: BaseException) -> bool:
     return isinstance(e, WebSocketDisconnect | OSError | RuntimeError)
 
 
-async def engine_request(body: dict, ctx: api.Context) -> dict:
-    """A chat-completions body (a dict) -> the engine request chat completions would send (the body
-    checked by the chat schema with the model family's own fields, as the HTTP route checks it)."""
+async def engine_request(body: dict, ctx: api.Context) -> tuple[dict, api.ChatOptions]:
+    """A chat-completions body (a dict) -> the engine request chat completions would send and its
+    options (the body checked by the chat schema with the model family's own fields, as the HTTP
+    route checks it)."""
     fields = ctx.info.request_fields if ctx.info is not None else {}
     try:
         chat = schemas.with_fields(schemas.ChatRequest, dict(fields)).model_validate_json(json.dumps(body))
     except ValidationError as e:
         raise validation_error(e) from None
-    request, _ = await api.chat_request(chat, ctx)
-    return request
+    return await api.chat_request(chat, ctx)
 
 
 class Response:
@@ -64,18 +83,28 @@ class Response:
         emit,
         run_engine,
         request: dict,
-        item: Item,
-        previous_item_id: str | None,
+        conversation: Conversation,
         speaks: bool,
+        parses_tools: bool = False,
         metadata: dict | None = None,
     ):
         self.id = p.new_id("resp")
         self.emit, self.run_engine, self.request = emit, run_engine, request
-        self.item, self.previous_item_id, self.speaks, self.metadata = item, previous_item_id, speaks, metadata
+        self.conversation, self.speaks, self.metadata = conversation, speaks, metadata
+        self.items: list[Message | FunctionCall] = []  # the output items, by output_index
+        self.previous_ids: list[str | None] = []  # each output item's predecessor in the conversation
+        self.message: Message | None = None
         self.part = Part("audio" if speaks else "text")
+        self.calls: dict[int, FunctionCall] = {}  # by the parser's call index
+        self.tool_calls = ToolCallStream() if parses_tools else None
+        self.blank = ""  # blank text held until text follows (a call's neighbours go to no message)
         self.num_samples = 0  # audio streamed
         self.cancel_reason: str | None = None
         self.task: asyncio.Task | None = None
+
+    @property
+    def item_ids(self) -> set[str]:
+        return {item.id for item in self.items}
 
     def start(self) -> None:
         self.task = asyncio.create_task(self.run())
@@ -92,7 +121,7 @@ class Response:
             error_log.error("a realtime response failed (%s)", self.id, exc_info=outcome)
 
     async def run(self) -> None:
-        await self._open()
+        await self.emit("response.created", response=self._json("in_progress", None, None, []))
         status, details, usage = "completed", None, None
         try:
             output = await self._stream()
@@ -105,7 +134,16 @@ class Response:
             status, details = "cancelled", {"type": "cancelled", "reason": self.cancel_reason}
         except APIError as e:
             status, details = "failed", {"type": "failed", "error": {"type": e.kind, "code": e.code, "message": str(e)}}
-        self.item.status = "completed" if status == "completed" else "incomplete"
+        if not self.calls:  # an answer: its message, with all its text
+            if self.message is None:
+                await self._open_message()
+            if self.blank:
+                await self._say(self.blank)
+        if self.message is not None:
+            self.message.status = "completed" if status == "completed" else "incomplete"
+        made = {call.id for call in self.tool_calls.calls} if self.tool_calls else set()
+        for call in self.calls.values():
+            call.status = "completed" if call.call_id in made else "incomplete"
         await self._close(status, details, usage)
 
     async def _stream(self) -> dict:
@@ -115,31 +153,95 @@ class Response:
             while not isinstance(event, Finished):
                 await self._delta(event)
                 event = await run.next_event()
+            if self.tool_calls is not None:
+                await self._pieces(self.tool_calls.finish())
             return event.output
         finally:
             await run.close()  # (a run still going is aborted in the engine)
 
     async def _delta(self, event: Delta) -> None:
-        ids = {"response_id": self.id, "item_id": self.item.id, "output_index": 0, "content_index": 0}
-        if event.kind == "text":
-            self.part.text += event.data
-            kind = "response.output_audio_transcript.delta" if self.speaks else "response.output_text.delta"
-            await self.emit(kind, **ids, delta=event.data)
+        if event.kind == "text" and self.tool_calls is None:
+            await self._text(event.data)
+        elif event.kind == "text":
+            await self._pieces(self.tool_calls.feed(event.data))
         elif event.kind == "audio":
+            if self.message is None:
+                await self._open_message()
             samples = np.asarray(event.data, np.float32)
             self.num_samples += len(samples)
             self.part.audio_ms = self.num_samples // SAMPLES_PER_MS
-            await self.emit("response.output_audio.delta", **ids, delta=base64.b64encode(pcm16_bytes(samples)).decode())
+            delta = base64.b64encode(pcm16_bytes(samples)).decode()
+            await self.emit("response.output_audio.delta", **self._ids(), delta=delta)
 
-    async def _open(self) -> None:
-        self.item.parts, self.item.status = [self.part], "in_progress"
-        await self.emit("response.created", response=self._json("in_progress", None, None, []))
-        empty = {**self.item.to_json(self.emit.is_beta), "content": []}
-        await self.emit("response.output_item.added", response_id=self.id, output_index=0, item=empty)
-        await self.emit("conversation.item.added", previous_item_id=self.previous_item_id, item=empty)
+    async def _pieces(self, pieces: list) -> None:
+        for piece in pieces:
+            if isinstance(piece, Content):
+                await self._text(piece.text)
+            elif isinstance(piece, CallStart):
+                await self._open_call(piece.index, piece.id, piece.name)
+            elif isinstance(piece, Arguments):
+                call = self.calls[piece.index]
+                call.arguments += piece.text
+                await self.emit(
+                    "response.function_call_arguments.delta",
+                    response_id=self.id,
+                    item_id=call.id,
+                    output_index=self.items.index(call),
+                    call_id=call.call_id,
+                    delta=piece.text,
+                )
+
+    async def _text(self, text: str) -> None:
+        self.blank += text
+        if not self.blank.strip():
+            return
+        text, self.blank = self.blank, ""
+        if self.message is None:
+            await self._open_message()
+        await self._say(text)
+
+    async def _say(self, text: str) -> None:
+        self.part.text += text
+        kind = "response.output_audio_transcript.delta" if self.speaks else "response.output_text.delta"
+        await self.emit(kind, **self._ids(), delta=text)
+
+    async def _open_message(self) -> None:
+        self.message = Message(p.new_id("item"), "assistant", [self.part], "in_progress")
+        await self._open(self.message, {**self.message.to_json(self.emit.is_beta), "content": []})
         await self.emit("response.content_part.added", **self._ids(), part=self._part_json(""))
 
+    async def _open_call(self, index: int, call_id: str, name: str) -> None:
+        call = self.calls[index] = FunctionCall(id=p.new_id("item"), call_id=call_id, name=name, status="in_progress")
+        await self._open(call, call.to_json(self.emit.is_beta))
+
+    async def _open(self, item: Message | FunctionCall, shown: dict) -> None:
+        """An output item joins the conversation (at its end) and the response."""
+        previous = self.conversation.add(item)
+        self.items.append(item)
+        self.previous_ids.append(previous)
+        await self.emit("response.output_item.added", response_id=self.id, output_index=len(self.items) - 1, item=shown)
+        await self.emit("conversation.item.added", previous_item_id=previous, item=shown)
+
     async def _close(self, status: str, details: dict | None, usage: dict | None) -> None:
+        shown = []
+        for index, (item, previous) in enumerate(zip(self.items, self.previous_ids, strict=True)):
+            ids = {"response_id": self.id, "item_id": item.id, "output_index": index}
+            if isinstance(item, Message):
+                await self._close_message()
+            else:
+                await self.emit(
+                    "response.function_call_arguments.done",
+                    **ids,
+                    call_id=item.call_id,
+                    name=item.name,
+                    arguments=item.arguments,
+                )
+            shown.append(item.to_json(self.emit.is_beta))
+            await self.emit("response.output_item.done", response_id=self.id, output_index=index, item=shown[-1])
+            await self.emit("conversation.item.done", previous_item_id=previous, item=shown[-1])
+        await self.emit("response.done", response=self._json(status, details, usage, shown))
+
+    async def _close_message(self) -> None:
         ids, text = self._ids(), self.part.text
         if self.speaks:
             await self.emit("response.output_audio.done", **ids)
@@ -147,13 +249,10 @@ class Response:
         else:
             await self.emit("response.output_text.done", **ids, text=text)
         await self.emit("response.content_part.done", **ids, part=self._part_json(text))
-        item = self.item.to_json(self.emit.is_beta)
-        await self.emit("response.output_item.done", response_id=self.id, output_index=0, item=item)
-        await self.emit("conversation.item.done", previous_item_id=self.previous_item_id, item=item)
-        await self.emit("response.done", response=self._json(status, details, usage, [item]))
 
     def _ids(self) -> dict:
-        return {"response_id": self.id, "item_id": self.item.id, "output_index": 0, "content_index": 0}
+        index = self.items.index(self.message)
+        return {"response_id": self.id, "item_id": self.message.id, "output_index": index, "content_index": 0}
 
     def _part_json(self, text: str) -> dict:
         return {"type": "audio", "transcript": text} if self.speaks else {"type": "text", "text": text}

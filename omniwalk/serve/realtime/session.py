@@ -31,7 +31,7 @@ from omniwalk.config import ServerConfig
 from omniwalk.serve.errors import APIError, bad_request
 from omniwalk.serve.realtime import protocol as p
 from omniwalk.serve.realtime.bounds import AudioBudget, ConversationLimits, audio_size, item_size
-from omniwalk.serve.realtime.conversation import Conversation, Item, Part, item_from_client, pcm16
+from omniwalk.serve.realtime.conversation import Conversation, Item, Message, Part, item_from_client, pcm16
 from omniwalk.serve.realtime.input_audio import InputAudio, samples_to_ms
 from omniwalk.serve.realtime.response import Response, engine_request, is_disconnect
 from omniwalk.serve.realtime.settings import (
@@ -41,6 +41,13 @@ from omniwalk.serve.realtime.settings import (
     output_max_tokens,
     output_speaks,
     output_voice,
+)
+from omniwalk.serve.realtime.tools import (
+    chat_tool_choice,
+    chat_tools,
+    check_tool_grammar,
+    check_tools,
+    realtime_param,
 )
 from omniwalk.serve.realtime.transcription import transcribe
 from omniwalk.serve.realtime.vad import INPUT_RATE
@@ -109,7 +116,10 @@ class Session:
 
     async def on_session_update(self, event: p.SessionUpdate) -> None:
         before = self.settings.turn_detection
-        self.settings.apply(event.session, self.context.voices)
+        settings = self.settings.updated(event.session, self.context.voices)
+        if settings.tools and {"tools", "tool_choice"} & event.session.model_fields_set:
+            await check_tool_grammar(settings.tools, settings.tool_choice, "session")
+        self.settings = settings
         after = self.settings.turn_detection
         if (before and before.vad) != (after and after.vad):
             self.audio.set_vad(after.vad if after else None)
@@ -158,7 +168,7 @@ class Session:
         await self.emit("input_audio_buffer.cleared")
 
     async def _commit(self, audio, item_id: str) -> None:
-        item = Item(item_id, "user", [Part("audio", audio=audio)])
+        item = Message(item_id, "user", [Part("audio", audio=audio)])
         await self._deleted(self.conversation.admit(item, keep=self._kept()))
         previous = self.conversation.previous_id(item_id)
         await self.emit("input_audio_buffer.committed", previous_item_id=previous, item_id=item_id)
@@ -187,7 +197,7 @@ class Session:
 
     def _kept(self) -> set[str]:
         """Items the conversation's bounds never drop: the answer being generated."""
-        return {self.response.item.id} if self.is_responding else set()
+        return self.response.item_ids if self.is_responding else set()
 
     async def _deleted(self, item_ids: list[str]) -> None:
         for item_id in item_ids:  # the oldest items, dropped to keep the conversation within its bounds
@@ -209,7 +219,7 @@ class Session:
         await self.emit("conversation.item.deleted", item_id=event.item_id)
 
     def _check_not_responding(self, item_id: str) -> None:
-        if self.is_responding and self.response.item.id == item_id:
+        if self.is_responding and item_id in self.response.item_ids:
             raise bad_request("the item is being generated; cancel its response first", "item_id")
 
     # ---- responses ----
@@ -252,11 +262,31 @@ class Session:
             **{k: getattr(fields, k) for k in SAMPLING if k in given},
             **(fields.model_extra or {}),  # the family's own fields
         }
-        request = await engine_request(body, self.context)
-        item = Item(p.new_id("item"), "assistant")
-        previous = self.conversation.add(item)
-        self.response = Response(self.emit, self.run_engine, request, item, previous, speaks, fields.metadata)
+        body.update(self._tools(fields))
+        try:
+            request, options = await engine_request(body, self.context)
+        except APIError as e:
+            where = {k: "response" if k in given else "session" for k in ("tools", "tool_choice")}
+            raise realtime_param(e, where["tools"], where["tool_choice"]) from None
+        self.response = Response(
+            self.emit,
+            self.run_engine,
+            request,
+            self.conversation,
+            speaks=speaks,
+            parses_tools=options.parses_tools,
+            metadata=fields.metadata,
+        )
         self.response.start()
+
+    def _tools(self, fields: p.ResponseFields) -> dict:
+        """The response's ``tools`` and ``tool_choice`` in chat's shape (the response's own, else the
+        session's); none when there are no tools."""
+        given = fields.model_fields_set
+        tools = list(fields.tools or []) if "tools" in given else self.settings.tools
+        choice = (fields.tool_choice or "auto") if "tool_choice" in given else self.settings.tool_choice
+        check_tools(tools, choice, "response")
+        return {"tools": chat_tools(tools), "tool_choice": chat_tool_choice(choice)} if tools else {}
 
     def _check_prompt_size(self) -> None:
         """Refuse a prompt the chat route would refuse as a body (its audio as base64 WAV), before

@@ -5,7 +5,8 @@ One set of fields whatever the dialect; ``apply`` reads both spellings (GA ``aud
 ``voice``, ``turn_detection``, ``max_response_output_tokens``) and ``to_json`` writes the client's.
 Only fields present in an update change (an explicit ``null`` turns turn detection off). Values
 this server cannot honour are refused naming the field: audio other than PCM16 at 24 kHz,
-noise reduction, tools, semantic VAD, a speed other than 1.0. Transcription, whatever model it
+noise reduction, semantic VAD, a speed other than 1.0. Tools and ``tool_choice`` are checked
+(``tools.py``) and kept in realtime's shape. Transcription, whatever model it
 names, is done by the served model (``transcription.py``).
 """
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from omniwalk.config import ServerConfig
 from omniwalk.serve.errors import bad_request, unsupported
 from omniwalk.serve.realtime import protocol as p
+from omniwalk.serve.realtime.tools import ToolChoice, check_tools, tool_choice_json, tools_json
 from omniwalk.serve.realtime.vad import VADParams
 
 PCM = {"type": "audio/pcm", "rate": 24000}
@@ -53,6 +55,8 @@ class Settings:
     max_output_tokens: int | None = None  # None: the server's default_max_tokens
     sampling: dict = field(default_factory=dict)  # omniwalk's sampling fields set on the session
     transcription: dict | None = None  # {"model", ...}: user audio is transcribed (``transcription.py``)
+    tools: list[p.FunctionTool] = field(default_factory=list)
+    tool_choice: ToolChoice = "auto"
     vad_defaults: VADParams = VADParams()  # the server's (turning VAD on starts from these)
 
     @classmethod
@@ -66,8 +70,8 @@ class Settings:
         )
         return cls(p.new_id("sess"), model, expires_at, turn_detection=TurnDetection(vad), vad_defaults=vad)
 
-    def apply(self, update: p.SessionFields, voices: tuple[str, ...]) -> None:
-        """Change what ``update`` sets (all or nothing: a refused field changes none)."""
+    def updated(self, update: p.SessionFields, voices: tuple[str, ...]) -> Settings:
+        """These settings with what ``update`` sets (refused: an APIError naming the field)."""
         new = dataclasses.replace(self, sampling=dict(self.sampling))
         given = update.model_fields_set
         _check_refused(update, "session")
@@ -86,11 +90,16 @@ class Settings:
             where = "session.turn_detection" if "turn_detection" in given else "session.audio.input.turn_detection"
             new.turn_detection = _turn_detection(td, new.turn_detection or TurnDetection(self.vad_defaults), where)
         new.sampling.update({k: getattr(update, k) for k in SAMPLING if k in given} | (update.model_extra or {}))
+        if "tools" in given:
+            new.tools = list(update.tools or [])
+        if "tool_choice" in given:
+            new.tool_choice = update.tool_choice or "auto"
+        check_tools(new.tools, new.tool_choice, "session")
         if "input_audio_transcription" in given:
             new.transcription = update.input_audio_transcription
         elif audio_input and "transcription" in audio_input.model_fields_set:
             new.transcription = audio_input.transcription
-        self.__dict__.update(new.__dict__)
+        return new
 
     def to_json(self, is_beta: bool) -> dict:
         td = self.turn_detection.to_json() if self.turn_detection else None
@@ -100,8 +109,8 @@ class Settings:
             "object": "realtime.session",
             "model": self.model,
             "instructions": self.instructions,
-            "tools": [],
-            "tool_choice": "auto",
+            "tools": tools_json(self.tools),
+            "tool_choice": tool_choice_json(self.tool_choice),
             "expires_at": self.expires_at,
             **self.sampling,
         }
@@ -178,10 +187,6 @@ def check_response_refused(fields: p.ResponseFields, where: str) -> None:
         raise unsupported(f"{where}.conversation", "out-of-band responses (conversation other than 'auto')")
     if fields.input is not None:
         raise unsupported(f"{where}.input", "out-of-band input")
-    if fields.tools:
-        raise unsupported(f"{where}.tools", "tool calling")
-    if fields.tool_choice not in (None, "auto", "none"):
-        raise unsupported(f"{where}.tool_choice", "tool calling")
 
 
 def _check_refused(update: p.SessionFields, where: str) -> None:

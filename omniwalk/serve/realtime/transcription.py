@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from omniwalk.serve.errors import APIError
-from omniwalk.serve.realtime.conversation import Item
+from omniwalk.serve.realtime.conversation import Message
 from omniwalk.serve.realtime.response import engine_request
 from omniwalk.serve.realtime.vad import INPUT_RATE
 from omniwalk.serve.wire import Finished
@@ -24,7 +24,7 @@ PROMPT = "Transcribe the audio exactly, in its language. Reply with the transcri
 MAX_TOKENS_PER_SECOND, MIN_MAX_TOKENS = 8, 16
 
 
-async def transcribe(emit, run_engine, context, item: Item) -> None:
+async def transcribe(emit, run_engine, context, item: Message) -> None:
     """Emit the transcription events of ``item``'s audio (its first audio part)."""
     index = next(i for i, part in enumerate(item.parts) if part.kind == "audio")
     message = item.chat_message()
@@ -36,7 +36,8 @@ async def transcribe(emit, run_engine, context, item: Item) -> None:
     ids = {"item_id": item.id, "content_index": index}
     text = ""
     try:
-        run = run_engine(await engine_request(body, context))
+        request, _ = await engine_request(body, context)
+        run = run_engine(request)
         try:
             event = await run.first_event()
             while not isinstance(event, Finished):
