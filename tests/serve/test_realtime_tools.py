@@ -20,6 +20,7 @@ import pydantic
 import pytest
 import websockets
 from helpers.live_server import server
+from openai.types.beta.realtime.realtime_server_event import RealtimeServerEvent as BetaServerEvent
 from openai.types.realtime import RealtimeServerEvent
 
 from omniwalk.serve.errors import APIError
@@ -274,21 +275,21 @@ class ScriptedRun:
 
 
 class Events:
-    """Collects server events (GA) as the session's emitter sends them."""
+    """Collects server events as the session's emitter sends them (in the dialect asked for)."""
 
-    is_beta = False
-
-    def __init__(self):
-        self.sent = []
+    def __init__(self, is_beta: bool):
+        self.is_beta, self.sent = is_beta, []
 
     async def __call__(self, kind: str, **fields) -> None:
-        self.sent.append(p.server_event(kind, self.is_beta, **fields))
+        event = p.server_event(kind, self.is_beta, **fields)
+        if event is not None:
+            self.sent.append(event)
 
 
-SERVER_EVENT = pydantic.TypeAdapter(RealtimeServerEvent)
+SERVER_EVENT = {False: pydantic.TypeAdapter(RealtimeServerEvent), True: pydantic.TypeAdapter(BetaServerEvent)}
 
 
-def scripted_response(texts: list[str], finish_reason: str = "stop", audio: bool = True):
+def scripted_response(texts: list[str], finish_reason: str = "stop", audio: bool = True, is_beta: bool = False):
     """A spoken response with tools whose engine writes ``texts`` (audio after the first, if ``audio``)."""
     deltas = [Delta("r", "text", text) for text in texts]
     if audio:
@@ -296,20 +297,21 @@ def scripted_response(texts: list[str], finish_reason: str = "stop", audio: bool
     output = {"finish_reason": finish_reason, "token_ids": [1, 2], "prompt_token_ids": [3], "codes": None}
     conversation = Conversation(ConversationLimits(10**6, 10**6), AudioBudget(10**6))
     conversation.add(Message("u", "user", [Part("text", "weather?")]))
-    events = Events()
+    events = Events(is_beta)
     request = {"tools": [CHAT_TOOL], "tool_choice": "auto"}
     run = ScriptedRun([*deltas, Finished("r", output)])
     response = Response(events, lambda _: run, request, conversation, speaks=True, parses_tools=True)
     return response, events, conversation
 
 
-def test_a_response_with_speech_and_two_calls_as_the_sdk_types_read_it():
+@pytest.mark.parametrize("is_beta", [False, True], ids=["ga", "beta"])
+def test_a_response_with_speech_and_two_calls_as_the_sdk_types_read_it(is_beta):
     call = '<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{}", "days": 2}}}}\n</tool_call>'
     text = "Let me look.\n" + call.format("Paris") + "\n" + call.format("Lima")
-    response, events, conversation = scripted_response([text[:9], text[9:30], text[30:]])
+    response, events, conversation = scripted_response([text[:9], text[9:30], text[30:]], is_beta=is_beta)
     asyncio.run(response.run())
     for event in events.sent:  # strictly, as the SDK's own models declare them
-        SERVER_EVENT.validate_python(event)
+        SERVER_EVENT[is_beta].validate_python(event)
     done = events.sent[-1]["response"]
     message, *calls = done["output"]
     assert done["status"] == "completed" and message["content"][0]["transcript"] == "Let me look.\n"
@@ -338,7 +340,7 @@ def test_a_call_cut_off_is_incomplete_and_its_text_is_the_message():
     response, events, conversation = scripted_response(["\n", cut], finish_reason="length", audio=False)
     asyncio.run(response.run())
     for event in events.sent:
-        SERVER_EVENT.validate_python(event)
+        SERVER_EVENT[False].validate_python(event)
     done = events.sent[-1]["response"]
     call, message = done["output"]
     assert done["status"] == "incomplete" and call["status"] == message["status"] == "incomplete"
