@@ -29,11 +29,7 @@ class Tokenizer:
         path = ckpt_dir / "tokenizer.json"
         if not path.exists():
             raise CheckpointError(f"{ckpt_dir}: no tokenizer.json")
-        template = None
-        cfg_path = ckpt_dir / "tokenizer_config.json"
-        if cfg_path.exists():
-            template = json.loads(cfg_path.read_text()).get("chat_template")
-        return cls(_HFTokenizer.from_file(str(path)), template)
+        return cls(_HFTokenizer.from_file(str(path)), read_chat_template(ckpt_dir))
 
     @property
     def vocab_size(self) -> int:
@@ -51,6 +47,27 @@ class Tokenizer:
 
     def detokenizer(self, skip_special_tokens: bool = True) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self, skip_special_tokens)
+
+
+def read_chat_template(ckpt_dir: Path) -> str | None:
+    """The checkpoint's chat template, found where transformers looks for it (published checkpoints
+    differ). The processor's places come first, in the order ``AutoProcessor`` reads them:
+    processor_config.json's ``chat_template``, then chat_template.json (``{"chat_template": ...}``),
+    then chat_template.jinja; last, tokenizer_config.json's ``chat_template``, which ``AutoTokenizer``
+    reads when there is no chat_template.jinja. None when there is none."""
+    jinja = ckpt_dir / "chat_template.jinja"
+    for name in ("processor_config.json", "chat_template.json", jinja.name, "tokenizer_config.json"):
+        path = ckpt_dir / name
+        if not path.exists():
+            continue
+        text = path.read_text(encoding="utf-8")
+        template = text if path == jinja else json.loads(text).get("chat_template")
+        if template is None:
+            continue
+        if not isinstance(template, str):
+            raise CheckpointError(f"{path}: chat_template must be one template (a string), not named templates")
+        return template
+    return None
 
 
 class IncrementalDetokenizer:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import string
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -30,27 +31,61 @@ def load_config_dict(config: str | Path | dict | None, presets: dict[str, Path],
     return json.loads(presets.get(str(config), Path(config)).read_text())
 
 
+# The published Qwen3 chat layout; ``$name`` marks a family's special-token spelling. With ``tools``
+# the system turn (the system prompt, if any, + "\n\n") carries the tools block; an assistant turn
+# renders each of its ``tool_calls`` as a <tool_call> block ("\n" before each but a first one that
+# follows no content); a run of ``tool`` messages renders as one user turn of <tool_response> blocks.
+CHAT_TEMPLATE = string.Template(r"""
+{%- macro render_content(content) -%}
+  {%- if content is string -%}{{- content -}}
+  {%- else -%}
+    {%- for part in content -%}
+      {%- if part['type'] == 'text' -%}{{- part['text'] -}}
+      {%- elif part['type'] in ('audio', 'input_audio', 'audio_url') -%}{{- '$audio_start$audio_pad$audio_end' -}}
+      {%- elif part['type'] in ('image', 'image_url') -%}{{- '$vision_start$image_pad$vision_end' -}}
+      {%- elif part['type'] in ('video', 'video_url') -%}{{- '$vision_start$video_pad$vision_end' -}}
+      {%- endif -%}
+    {%- endfor -%}
+  {%- endif -%}
+{%- endmacro -%}
+{%- if tools -%}
+  {{- '${im_start}system\n' -}}
+  {%- if messages[0]['role'] == 'system' -%}{{- render_content(messages[0]['content']) + '\n\n' -}}{%- endif -%}
+  {{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\n' -}}
+  {{- 'You are provided with function signatures within <tools></tools> XML tags:\n<tools>' -}}
+  {%- for tool in tools -%}{{- '\n' + (tool | tojson) -}}{%- endfor -%}
+  {{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments within ' -}}
+  {{- '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}' -}}
+  {{- '\n</tool_call>${im_end}\n' -}}
+{%- endif -%}
+{%- for message in messages -%}
+  {%- if message['role'] == 'tool' -%}
+    {%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' -%}{{- '${im_start}user' -}}{%- endif -%}
+    {{- '\n<tool_response>\n' + render_content(message['content']) + '\n</tool_response>' -}}
+    {%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' -%}{{- '${im_end}\n' -}}{%- endif -%}
+  {%- elif not (tools and loop.first and message['role'] == 'system') -%}
+    {%- set content = render_content(message['content']) -%}
+    {{- '$im_start' + message['role'] + '\n' + content -}}
+    {%- for call in message['tool_calls'] or [] -%}
+      {%- if content or not loop.first -%}{{- '\n' -}}{%- endif -%}
+      {%- set function = call['function'] if call['function'] is defined else call -%}
+      {{- '<tool_call>\n{"name": "' + function['name'] + '", "arguments": ' -}}
+      {%- if function['arguments'] is string -%}{{- function['arguments'] -}}
+      {%- else -%}{{- function['arguments'] | tojson -}}{%- endif -%}
+      {{- '}\n</tool_call>' -}}
+    {%- endfor -%}
+    {{- '${im_end}\n' -}}
+  {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '${im_start}assistant\n' -}}{%- endif -%}
+""")
+
+
 def chat_template(names: dict[str, str]) -> str:
-    """The published chat layout with a family's special-token spellings (``names``: ``TokenIds``
-    field -> string): media parts become one placeholder each, in content order, inside their
-    turn; the processor expands each placeholder to the encoder's count."""
-    audio = names["audio_start"] + names["audio_pad"] + names["audio_end"]
-    image = names["vision_start"] + names["image_pad"] + names["vision_end"]
-    video = names["vision_start"] + names["video_pad"] + names["vision_end"]
-    return (
-        "{%- for message in messages -%}"
-        "{{- '" + names["im_start"] + "' + message['role'] + '\\n' -}}"
-        "{%- if message['content'] is string -%}{{- message['content'] -}}"
-        "{%- else -%}{%- for part in message['content'] -%}"
-        "{%- if part['type'] == 'text' -%}{{- part['text'] -}}"
-        f"{{%- elif part['type'] in ('audio', 'input_audio', 'audio_url') -%}}{{{{- '{audio}' -}}}}"
-        f"{{%- elif part['type'] in ('image', 'image_url') -%}}{{{{- '{image}' -}}}}"
-        f"{{%- elif part['type'] in ('video', 'video_url') -%}}{{{{- '{video}' -}}}}"
-        "{%- endif -%}{%- endfor -%}{%- endif -%}"
-        "{{- '" + names["im_end"] + "\\n' -}}"
-        "{%- endfor -%}"
-        "{%- if add_generation_prompt -%}{{- '" + names["im_start"] + "assistant\\n' -}}{%- endif -%}"
-    )
+    """``CHAT_TEMPLATE`` with a family's special-token spellings (``names``: ``TokenIds`` field ->
+    string): media parts become one placeholder each, in content order, inside their turn; the
+    processor expands each placeholder to the encoder's count."""
+    return CHAT_TEMPLATE.substitute(names).strip()
 
 
 def random_tensor(
@@ -123,11 +158,18 @@ def write_weights(
 
 
 def write_tokenizer_files(
-    out: Path, tokens: TokenIds, names: dict[str, str], max_length: int, tokenizer_class: str, preprocessor: dict
+    out: Path,
+    tokens: TokenIds,
+    names: dict[str, str],
+    max_length: int,
+    tokenizer_class: str,
+    preprocessor: dict,
+    text_tokens: dict[str, int] | None = None,
 ) -> None:
-    """tokenizer.json, tokenizer_config.json (HF's ``tokenizer_class``) + chat_template.jinja
-    (``chat_template(names)``), ``preprocessor`` as preprocessor_config.json, generation_config.json."""
-    tokenizer = build_tokenizer(tokens, names)
+    """tokenizer.json (``text_tokens``: its non-special added tokens -> ids), tokenizer_config.json
+    (HF's ``tokenizer_class``) + chat_template.jinja (``chat_template(names)``), ``preprocessor`` as
+    preprocessor_config.json, generation_config.json."""
+    tokenizer = build_tokenizer(tokens, names, text_tokens)
     tokenizer.save(str(out / "tokenizer.json"))
     template = chat_template(names)
     tokenizer_config = {

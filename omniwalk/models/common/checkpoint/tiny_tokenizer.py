@@ -6,13 +6,15 @@ Built with the ``tokenizers`` library from a small built-in corpus, then re-numb
 - the role words ``system``/``user``/``assistant`` are single tokens at the ids config.json
   names, so ``<|im_start|>assistant\\n`` is exactly three tokens;
 - every special token sits at its configured id (the family's spellings);
+- the family's text tokens (``<tool_call>``, ``<think>``, ...) are added tokens that are not special,
+  as published: atomic when encoding, kept as text by ``decode(skip_special_tokens=True)``;
 - the ids up to the first special token are filled with decodable filler words, so any id a
   random model samples decodes to text.
 """
 
 from __future__ import annotations
 
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from omniwalk.models.common.checkpoint.config import TokenIds
 
@@ -94,9 +96,10 @@ def _filler(i: int) -> str:
             return "Ġzz" + letters
 
 
-def build_tokenizer(tokens: TokenIds, names: dict[str, str]) -> Tokenizer:
+def build_tokenizer(tokens: TokenIds, names: dict[str, str], text_tokens: dict[str, int] | None = None) -> Tokenizer:
     """A byte-level BPE tokenizer whose special and role tokens sit at ``tokens``' ids; ``names``:
-    each special ``TokenIds`` field's string (a model family's own spelling)."""
+    each special ``TokenIds`` field's string (a model family's own spelling); ``text_tokens``:
+    non-special added tokens -> their ids (inside the special tokens' id range)."""
     trained_vocab, merges = _trained_bpe()
     fixed = {"system": tokens.system, "user": tokens.user, "assistant": tokens.assistant}
     specials = {name: getattr(tokens, field) for field, name in names.items()}
@@ -129,19 +132,24 @@ def build_tokenizer(tokens: TokenIds, names: dict[str, str]) -> Tokenizer:
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = _pre_tokenizer()
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(_added_tokens(specials))
-    for name, token_id in specials.items():
+    text_tokens = text_tokens or {}
+    _add_tokens(tok, specials, text_tokens)
+    for name, token_id in {**specials, **text_tokens}.items():
         if tok.token_to_id(name) != token_id:
-            raise RuntimeError(f"special token {name} landed at {tok.token_to_id(name)}, expected {token_id}")
+            raise RuntimeError(f"added token {name} landed at {tok.token_to_id(name)}, expected {token_id}")
     return tok
 
 
-def _added_tokens(specials: dict[str, int]):
-    """Special tokens in id order; ids between them are filled with reserved placeholders."""
-    from tokenizers import AddedToken
-
-    out, by_id = [], {v: k for k, v in specials.items()}
+def _add_tokens(tok: Tokenizer, specials: dict[str, int], text_tokens: dict[str, int]) -> None:
+    """Add ``specials`` and ``text_tokens`` (not special) in id order; the other ids between them
+    are filled with reserved special placeholders. Each added token takes the next id."""
+    by_id = {v: k for k, v in specials.items()}
+    if any(i in by_id or not min(by_id) < i < max(by_id) for i in text_tokens.values()):
+        raise RuntimeError(f"text tokens {text_tokens} must take free ids inside the special tokens' range")
+    by_id.update({v: k for k, v in text_tokens.items()})
     for token_id in range(min(by_id), max(by_id) + 1):
         name = by_id.get(token_id, f"<|reserved_special_token_{token_id}|>")
-        out.append(AddedToken(name, special=True, normalized=False))
-    return out
+        if name in text_tokens:
+            tok.add_tokens([AddedToken(name, special=False, normalized=False)])
+        else:
+            tok.add_special_tokens([AddedToken(name, special=True, normalized=False)])

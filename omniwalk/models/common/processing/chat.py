@@ -4,8 +4,10 @@ Three steps, each equal to what HF's chat template + the family's HF processor d
 
 1. ``normalize_messages``: OpenAI-style messages -> messages whose parts are canonical
    (``text`` / ``audio`` / ``image`` / ``video``), plus the media payloads in content order.
-   A default system prompt is prepended unless the conversation starts with its own.
-2. ``render_chat``: the checkpoint's Jinja chat template (HF's rendering settings) -> text,
+   Assistant ``tool_calls`` and ``tool`` results pass through in OpenAI's shape (the template
+   lays them out). A default system prompt is prepended unless the conversation starts with its own.
+2. ``render_chat``: the checkpoint's Jinja chat template (HF's rendering settings), given the
+   request's ``tools`` as HF's ``apply_chat_template(messages, tools=...)`` passes them -> text,
    tokenised. Every media part renders as ONE placeholder token between its sentinels.
 3. ``expand_placeholders``: each placeholder becomes its encoder's token count; with
    ``use_audio_in_video`` a video that carries an audio track becomes
@@ -40,7 +42,7 @@ from omniwalk.models.common.processing.positions import (
 )
 from omniwalk.tokenizer import Tokenizer
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 # content part type -> canonical media kind; "text" stays text
 PART_KINDS = {
     "audio": AUDIO,
@@ -95,16 +97,28 @@ class ChatProcessor:
 
     def __init__(self, cfg, tokenizer: Tokenizer, default_system_prompt: str | None):
         if not tokenizer.chat_template:
-            raise CheckpointError("the checkpoint has no chat template (tokenizer_config.json chat_template)")
+            raise CheckpointError(
+                "the checkpoint has no chat template (chat_template.jinja, chat_template.json or "
+                "tokenizer_config.json's chat_template)"
+            )
         self.cfg, self.tokenizer, self.default_system_prompt = cfg, tokenizer, default_system_prompt
 
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the chat template renders ``tools`` (a template that never reads the variable
+        would drop them silently)."""
+        return "tools" in template_variables(self.tokenizer.chat_template)
+
     def tokenize(
-        self, messages: list[dict], use_default_system_prompt: bool = True
+        self, messages: list[dict], use_default_system_prompt: bool = True, tools: list[dict] | None = None
     ) -> tuple[list[int], list[MediaPart]]:
-        """Messages -> (ids with one placeholder per media part, media parts in content order)."""
+        """Messages (+ the request's OpenAI ``tools``, validated by the caller) -> (ids with one
+        placeholder per media part, media parts in content order)."""
+        if tools and not self.supports_tools:
+            raise InvalidRequestError("this model's chat template does not support tools", param="tools")
         system = self.default_system_prompt if use_default_system_prompt else None
         messages, media = normalize_messages(messages, system)
-        return self.tokenizer.encode(render_chat(self.tokenizer.chat_template, messages)), media
+        return self.tokenizer.encode(render_chat(self.tokenizer.chat_template, messages, tools=tools)), media
 
     def build(self, ids: list[int], items: list[MediaItem], use_audio_in_video: bool = False) -> Prompt:
         c = self.cfg
@@ -119,23 +133,65 @@ def normalize_messages(messages: list[dict], system_prompt: str | None) -> tuple
         raise InvalidRequestError("messages must be a non-empty list")
     out, media = [], []
     for i, message in enumerate(messages):
+        where = f"messages[{i}]"
         if not isinstance(message, dict) or message.get("role") not in ROLES:
-            raise InvalidRequestError(f"messages[{i}].role must be one of {ROLES}")
+            raise InvalidRequestError(f"{where}.role must be one of {ROLES}")
+        if message["role"] == "tool":
+            out.append(_tool_result(message, where))
+            continue
         content = message.get("content")
         if content is None or isinstance(content, str):
             out.append({"role": message["role"], "content": content or ""})
-            continue
-        if not isinstance(content, list):
-            raise InvalidRequestError(f"messages[{i}].content must be a string or a list of content parts")
-        out.append(
-            {
-                "role": message["role"],
-                "content": [_canonical_part(p, f"messages[{i}].content[{j}]", media) for j, p in enumerate(content)],
-            }
-        )
+        elif isinstance(content, list):
+            parts = [_canonical_part(p, f"{where}.content[{j}]", media) for j, p in enumerate(content)]
+            out.append({"role": message["role"], "content": parts})
+        else:
+            raise InvalidRequestError(f"{where}.content must be a string or a list of content parts")
+        if message.get("tool_calls") is not None:
+            if message["role"] != "assistant":
+                raise _invalid(f"{where}.tool_calls", "is only allowed on assistant messages")
+            out[-1]["tool_calls"] = _tool_calls(message["tool_calls"], f"{where}.tool_calls")
     if system_prompt and out[0]["role"] != "system":
         out.insert(0, {"role": "system", "content": system_prompt})
     return out, media
+
+
+def _tool_calls(calls: Any, where: str) -> list[dict]:
+    """An assistant's OpenAI ``tool_calls`` -> the same shape, checked (arguments: the JSON text)."""
+    if not isinstance(calls, list):
+        raise _invalid(where, "must be a list of tool calls")
+    out = []
+    for i, call in enumerate(calls):
+        at = f"{where}[{i}]"
+        if not isinstance(call, dict):
+            raise _invalid(at, "must be an object")
+        if not isinstance(call.get("id"), str):
+            raise _invalid(f"{at}.id", "must be a string")
+        if call.get("type", "function") != "function":
+            raise _invalid(f"{at}.type", "must be 'function'")
+        function = call.get("function")
+        if not isinstance(function, dict):
+            raise _invalid(f"{at}.function", "must be an object with name and arguments")
+        name, arguments = function.get("name"), function.get("arguments")
+        if not isinstance(name, str) or not name:
+            raise _invalid(f"{at}.function.name", "must be a non-empty string")
+        if not isinstance(arguments, str):
+            raise _invalid(f"{at}.function.arguments", "must be a string (the arguments' JSON)")
+        out.append({"id": call["id"], "type": "function", "function": {"name": name, "arguments": arguments}})
+    return out
+
+
+def _tool_result(message: dict, where: str) -> dict:
+    """A ``tool`` message: the result (a string) of the call ``tool_call_id`` names."""
+    if not isinstance(message.get("tool_call_id"), str):
+        raise _invalid(f"{where}.tool_call_id", "must be a string")
+    if not isinstance(message.get("content"), str):
+        raise _invalid(f"{where}.content", "must be a string (the tool's result)")
+    return {"role": "tool", "tool_call_id": message["tool_call_id"], "content": message["content"]}
+
+
+def _invalid(param: str, why: str) -> InvalidRequestError:
+    return InvalidRequestError(f"{param} {why}", param=param)
 
 
 def _canonical_part(part: Any, where: str, media: list[MediaPart]) -> dict:
@@ -151,9 +207,21 @@ def _canonical_part(part: Any, where: str, media: list[MediaPart]) -> dict:
     return {"type": PART_KINDS[kind]}
 
 
-def render_chat(template: str, messages: list[dict], add_generation_prompt: bool = True) -> str:
-    """Render the checkpoint's chat template as HF's ``apply_chat_template`` does."""
-    return _compiled(template).render(messages=messages, add_generation_prompt=add_generation_prompt)
+def render_chat(
+    template: str, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+) -> str:
+    """Render the checkpoint's chat template as HF's ``apply_chat_template(messages, tools=tools)``
+    does (``tools``: OpenAI's ``[{"type": "function", "function": {...}}]``, passed as they are)."""
+    return _compiled(template).render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt)
+
+
+@cache
+def template_variables(template: str) -> frozenset[str]:
+    """The variables a chat template reads from its caller (``messages``, ``tools``, ...)."""
+    from jinja2 import meta
+
+    compiled = _compiled(template)
+    return frozenset(meta.find_undeclared_variables(compiled.environment.parse(template)))
 
 
 @cache

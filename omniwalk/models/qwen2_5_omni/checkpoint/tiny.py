@@ -46,6 +46,8 @@ SPECIAL_NAMES = {
     "tts_bos": "<|tts_bos|>",
     "tts_eos": "<|tts_eos|>",
 }
+# The published vocabulary's added tokens that are not special (decoding keeps them as text).
+TEXT_TOKENS = {"<tool_call>": 151657, "</tool_call>": 151658}
 SPEAKERS = {"Chelsie": 151870, "Ethan": 151871}  # name -> the talker's text bos (a thinker id), tiny checkpoints
 REF_MEL_FRAMES = 30
 TOKEN2WAV = "token2wav."
@@ -133,4 +135,4 @@ def write_tokenizer_files(out: Path, cfg: Qwen25OmniConfig) -> None:
     processor = "Qwen2_5OmniProcessor", "Qwen2VLImageProcessor"
     preprocessor = tiny.preprocessor_config(*processor, cfg.audio.num_mel_bins, cfg.vision, CLIP_MEAN, CLIP_STD)
     max_length = cfg.text.max_position_embeddings
-    tiny.write_tokenizer_files(out, cfg.tokens, SPECIAL_NAMES, max_length, "Qwen2Tokenizer", preprocessor)
+    tiny.write_tokenizer_files(out, cfg.tokens, SPECIAL_NAMES, max_length, "Qwen2Tokenizer", preprocessor, TEXT_TOKENS)

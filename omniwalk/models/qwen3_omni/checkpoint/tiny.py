@@ -40,6 +40,15 @@ SPECIAL_NAMES = {
     "tts_bos": "<tts_text_bos>",
     "tts_eos": "<tts_text_eod>",
 }
+# The published vocabulary's added tokens that are not special (decoding keeps them as text).
+TEXT_TOKENS = {
+    "<tool_call>": 151657,
+    "</tool_call>": 151658,
+    "<tool_response>": 151665,
+    "</tool_response>": 151666,
+    "<think>": 151667,
+    "</think>": 151668,
+}
 
 
 def make_tiny_checkpoint(
@@ -92,7 +101,8 @@ def random_tensor(name: str, shape: tuple[int, ...], g: torch.Generator) -> torc
 
 def write_tokenizer_files(out: Path, cfg: Qwen3OmniConfig) -> None:
     max_length = cfg.text.max_position_embeddings
-    tiny.write_tokenizer_files(out, cfg.tokens, SPECIAL_NAMES, max_length, "Qwen2Tokenizer", _preprocessor_config(cfg))
+    preprocessor = _preprocessor_config(cfg)
+    tiny.write_tokenizer_files(out, cfg.tokens, SPECIAL_NAMES, max_length, "Qwen2Tokenizer", preprocessor, TEXT_TOKENS)
 
 
 def _preprocessor_config(cfg: Qwen3OmniConfig) -> dict:
