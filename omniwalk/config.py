@@ -119,6 +119,11 @@ class EngineConfig:
     # prefix (ids and positions, up to the first media item; e.g. the system prompt), kept until
     # the pages are needed
     prefix_cache: bool = True
+    # structured outputs: compiled grammars kept (keyed by content), the threads that compile them off
+    # the engine loop, and the seconds a compile may take before its request fails
+    grammar_cache_size: int = 256
+    grammar_threads: int = 2
+    grammar_timeout_s: float = 10.0
 
     def __post_init__(self):
         for f in fields(self):

@@ -18,7 +18,12 @@ class CheckpointError(OmniwalkError):
 
 
 class InvalidRequestError(OmniwalkError, ValueError):
-    """A request cannot be served as written (bad content, unknown voice, too long, ...)."""
+    """A request cannot be served as written (bad content, unknown voice, too long, ...). ``param``
+    names the request field at fault where one is (an OpenAI error body's ``param``)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 class MediaError(InvalidRequestError):

@@ -2,9 +2,9 @@
 
 Order of operations on a step's raw logits [B, vocab] (HF's processor order, so greedy decoding
 matches ``generate``): repetition penalty over each request's prompt + generated ids -> EOS
-masked until ``min_tokens`` tokens exist -> temperature (0 = greedy argmax) -> top-k -> top-p ->
-draw. Logprobs are reported from the *raw* logits (log-softmax in fp32), i.e. the model's
-distribution, not the processed one.
+masked until ``min_tokens`` tokens exist, and ids a request's grammar forbids (``allowed``, a
+bitmask) -> temperature (0 = greedy argmax) -> top-k -> top-p -> draw. Logprobs are reported from
+the *raw* logits (log-softmax in fp32), i.e. the model's distribution, not the processed one.
 
 The draw is Gumbel-max with noise from a counter-based hash of (request seed, token index,
 vocabulary index), so a request's tokens depend only on its own seed and logits, never on which
@@ -84,8 +84,9 @@ class TokenLogprob:
 class SamplerState:
     """One request's sampling state: parameters, stop ids, seed, and its seen-token mask."""
 
-    def __init__(self, params: SamplingParams, eos_token_ids: tuple[int, ...], prompt_ids: list[int]):
+    def __init__(self, params: SamplingParams, eos_token_ids: tuple[int, ...], prompt_ids: list[int], grammar=None):
         self.params = params
+        self.grammar = grammar  # a ``structured.matchers.GrammarState`` when the output must follow one
         eos = () if params.ignore_eos else eos_token_ids
         self.stop_ids = tuple(sorted({*eos, *params.stop_token_ids}))
         self.seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
@@ -118,6 +119,7 @@ class BatchParams:
     penalty: torch.Tensor | None = None  # [B] fp32 repetition penalty
     seen: torch.Tensor | None = None  # [B, V] bool: prompt + generated ids (where the penalty applies)
     banned: torch.Tensor | None = None  # [B, V] bool: stop ids masked until min_tokens
+    allowed: torch.Tensor | None = None  # [B, ceil(V / 32)] int32 bitmask: bit i % 32 of word i // 32 = id i allowed
     top_k: torch.Tensor | None = None  # [B] int64 (V = off)
     top_p: torch.Tensor | None = None  # [B] fp32 (1 = off)
     sampled: torch.Tensor | None = None  # [B] bool: draw (else greedy argmax)
@@ -152,23 +154,30 @@ class BatchParams:
         """Every field present, absent ones at their neutral values (a CUDA graph's inputs)."""
         rows, device = self.temperature.shape[0], self.temperature.device
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        for name, (value, dtype, per_id) in _NEUTRAL.items():
+        for name, (value, dtype, width) in _NEUTRAL.items():
             if out[name] is None:
-                shape = (rows, vocab) if per_id else (rows,)
+                shape = (rows, width(vocab)) if width else (rows,)
                 out[name] = torch.full(shape, vocab if value is None else value, dtype=dtype, device=device)
         return BatchParams(**out)
 
 
-# optional BatchParams fields: (neutral value (None: the vocabulary size), dtype, one per vocabulary id)
+def bitmask_width(vocab: int) -> int:
+    """int32 words of a row's ``allowed`` bitmask."""
+    return -(-vocab // 32)
+
+
+_PER_ID, _SCALAR = (lambda vocab: vocab), None
+# optional BatchParams fields: (neutral value (None: the vocabulary size), dtype, row width (None: one per row))
 _NEUTRAL = {
-    "penalty": (1.0, torch.float32, False),
-    "seen": (False, torch.bool, True),
-    "banned": (False, torch.bool, True),
-    "top_k": (None, torch.long, False),
-    "top_p": (1.0, torch.float32, False),
-    "sampled": (False, torch.bool, False),
-    "seeds": (0, torch.long, False),
-    "steps": (0, torch.long, False),
+    "penalty": (1.0, torch.float32, _SCALAR),
+    "seen": (False, torch.bool, _PER_ID),
+    "banned": (False, torch.bool, _PER_ID),
+    "allowed": (-1, torch.int32, bitmask_width),  # every bit set
+    "top_k": (None, torch.long, _SCALAR),
+    "top_p": (1.0, torch.float32, _SCALAR),
+    "sampled": (False, torch.bool, _SCALAR),
+    "seeds": (0, torch.long, _SCALAR),
+    "steps": (0, torch.long, _SCALAR),
 }
 
 
@@ -184,10 +193,18 @@ def process_tensors(logits: torch.Tensor, p: BatchParams) -> torch.Tensor:
         scores = torch.where(p.seen, torch.where(scores > 0, scores / penalty, scores * penalty), scores)
     if p.banned is not None:
         scores = scores.masked_fill(p.banned, -float("inf"))
+    if p.allowed is not None:
+        scores = scores.masked_fill(~unpack_bitmask(p.allowed, scores.shape[1]), -float("inf"))
     scores = scores / p.temperature[:, None]  # greedy rows divide by 1: their argmax is unchanged
     if p.top_k is not None:
         scores = _top_k_top_p(scores, p.top_k, p.top_p)
     return scores
+
+
+def unpack_bitmask(words: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[B, ceil(V / 32)] int32 bitmask -> [B, V] bool."""
+    ids = torch.arange(vocab, device=words.device)
+    return ((words[:, ids >> 5] >> (ids & 31)) & 1).bool()
 
 
 def _top_k_top_p(scores: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -275,9 +292,14 @@ def advance(states: list[SamplerState], ids: torch.Tensor | None, num_drawn: int
         s.num_generated += num_drawn
 
 
-def sample_on_device(logits: torch.Tensor, states: list[SamplerState]) -> torch.Tensor:
-    """Draw one token per row [B] (int64, on the logits' device) and advance each state."""
-    ids = draw(logits, BatchParams.of(states, logits.shape[1], logits.device))
+def sample_on_device(
+    logits: torch.Tensor, states: list[SamplerState], allowed: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Draw one token per row [B] (int64, on the logits' device) and advance each state. ``allowed``:
+    the rows' grammar bitmasks (``BatchParams.allowed``), or None."""
+    params = BatchParams.of(states, logits.shape[1], logits.device)
+    params.allowed = allowed
+    ids = draw(logits, params)
     advance(states, ids)
     return ids
 
@@ -287,10 +309,12 @@ def sample(logits: torch.Tensor, states: list[SamplerState]) -> list[TokenLogpro
     return sample_async(logits, states)()
 
 
-def sample_async(logits: torch.Tensor, states: list[SamplerState]) -> Callable[[], list[TokenLogprob]]:
+def sample_async(
+    logits: torch.Tensor, states: list[SamplerState], allowed: torch.Tensor | None = None
+) -> Callable[[], list[TokenLogprob]]:
     """``sample`` in two halves: draw and queue the copy to the host now; the returned function
     waits for the copy and builds the picks (so other work can be launched in between)."""
-    ids = sample_on_device(logits, states)
+    ids = sample_on_device(logits, states, allowed)
     columns = [ids[:, None].double()]
     k = max((s.params.top_logprobs for s in states if s.params.logprobs), default=0)
     want = any(s.params.logprobs for s in states)

@@ -10,6 +10,10 @@ codec EOS) is dropped at its completion (its KV goes with the request's pages).
 ``complete`` finishes every step's work but the newest, or all of it when the newest step
 launched nothing (nothing left to overlap with: the last results must come out).
 
+A launch may hold back part of its work until the step before it is committed (``Deferred``: a
+grammar's bitmask needs the request's last token on the host). The forward goes first; the rest
+launches right after ``complete`` commits that step, while the device still runs the forward.
+
 Every stage launches on its device's current stream, so what a stage launches is ordered after
 what the stages before it launched, and a request's inputs need no event between stages. Stages
 overlap only through the lookahead above. NOTE: per-stage CUDA streams with events on the data
@@ -32,9 +36,18 @@ Items = list[Work]
 
 
 @dataclass
+class Deferred:
+    """What a program's ``run`` returns when part of its launch needs the step before committed."""
+
+    launch: Callable[[], None]  # launches the rest (after the previous step's commits)
+    done: Callable[[], None]  # as a plain return value: waits for the host read and commits
+
+
+@dataclass
 class Launch:
     items: Items  # (request, units of work) it carried
     done: Callable[[], None] | None  # waits for its host read and commits; None: nothing to complete
+    then: Callable[[], None] | None = None  # the deferred rest of the launch, not yet launched
 
 
 class InFlight:
@@ -65,9 +78,12 @@ class InFlight:
                     item[0].fail(e)
                     remove(item[0])
 
-    def add(self, items: Items, done: Callable[[], None] | None) -> None:
+    def add(self, items: Items, done: Callable[[], None] | Deferred | None) -> None:
         """A launch of this step; one with nothing to complete has made its outputs visible already."""
-        self.steps[-1].append(Launch(items, done))
+        if isinstance(done, Deferred):
+            self.steps[-1].append(Launch(items, done.done, done.launch))
+        else:
+            self.steps[-1].append(Launch(items, done))
 
     @property
     def is_empty(self) -> bool:
@@ -79,15 +95,23 @@ class InFlight:
         keep = 1 if self.steps and self.steps[-1] else 0
         while len(self.steps) > keep:
             for launch in self.steps.popleft():
-                _complete(launch, remove)
+                _run(launch, "then", remove)
+                _run(launch, "done", remove)
+        for launch in self.steps[-1] if self.steps else ():  # the newest step's deferred rest, now its turn
+            _run(launch, "then", remove)
 
 
-def _complete(launch: Launch, remove: Callable[[EngineRequest], None]) -> None:
-    if launch.done is None:
+def _run(launch: Launch, part: str, remove: Callable[[EngineRequest], None]) -> None:
+    """Run ``launch.then`` or ``launch.done`` once (if set). If it raises, the requests it carried fail
+    and nothing more of it runs."""
+    fn = getattr(launch, part)
+    if fn is None:
         return
+    launch.then = None if part == "then" else launch.then
     try:
-        launch.done()
-    except Exception as e:  # noqa: BLE001 - a failed read fails the requests it carried
+        fn()
+    except Exception as e:  # noqa: BLE001 - a failed launch or read fails the requests it carried
+        launch.done = None
         for req, _ in launch.items:
             req.fail(e)
             remove(req)

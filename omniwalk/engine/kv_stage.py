@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from omniwalk.engine.inflight import InFlight
+from omniwalk.engine.inflight import Deferred, InFlight
 from omniwalk.engine.kv_pages import KVStorage, PageTable
 from omniwalk.engine.paged_attention import PagedBatch, Segment
 from omniwalk.engine.request import Chunk, EngineRequest, Status, Work
@@ -46,7 +46,7 @@ class KVProgram:
         """Tokens of ``req`` that can run now, given ``num_cached`` are in its KV (0 = wait)."""
         raise NotImplementedError
 
-    def run(self, batch: list[Chunk], kv: PagedBatch) -> Callable[[], None] | None:
+    def run(self, batch: list[Chunk], kv: PagedBatch) -> Callable[[], None] | Deferred | None:
         """Run each chunk's tokens (packed in batch order) and consume the outputs (sample where a
         request's ready tokens end).
 
@@ -55,7 +55,8 @@ class KVProgram:
         step's batch (``engine/inflight.py``): so ``num_ready`` and the next ``run`` must count
         what was sampled but not read yet, and take it from the device; a commit that ends a
         request (a stop) drops what the next step already did for it. Must leave request state
-        untouched if it raises: the stage then reruns requests alone.
+        untouched if it raises: the stage then reruns requests alone. A ``Deferred`` instead holds back
+        the part of the launch that needs the step before committed (``engine/inflight.py``).
         """
         raise NotImplementedError
 

@@ -1,7 +1,7 @@
 """Fused sampling kernels (Triton, CUDA): ``omniwalk/sampling.draw`` in one or two launches per draw.
 
 They compute the ids of ``sampling.draw_reference`` (the PyTorch expression, the oracle) from the
-same ``BatchParams``: repetition penalty, banned ids and temperature with the same fp32 rounding
+same ``BatchParams``: repetition penalty, banned ids, the grammar bitmask and temperature with the same fp32 rounding
 steps, top-k by rank then top-p, the same splitmix64 Gumbel noise (libdevice ``logf`` on CUDA,
 as torch's ``log``), argmax with the first index winning ties. Optional fields that are None
 are skipped by runtime branches inside one compiled kernel per (logits dtype, block), so eager
@@ -38,7 +38,7 @@ from omniwalk.kernels import pdl
 SMALL_VOCAB_MAX = 4096  # rows up to this many ids are one program each
 TOP_CANDIDATES = 64  # top_k up to this takes the partial sort (talker and code predictor: 50)
 LARGE_BLOCK = 2048  # ids per program for larger vocabularies
-_PENALTY, _BANNED, _TOP, _SAMPLED = 1, 2, 4, 8  # bits of ``flags``: which BatchParams fields are present
+_PENALTY, _BANNED, _TOP, _SAMPLED, _ALLOWED = 1, 2, 4, 8, 16  # bits of ``flags``: BatchParams fields present
 
 
 def draw(logits: torch.Tensor, p, step_offset: int = 0, processed: bool = False) -> torch.Tensor:
@@ -93,7 +93,7 @@ def draw(logits: torch.Tensor, p, step_offset: int = 0, processed: bool = False)
 
 
 def process(logits: torch.Tensor, p) -> torch.Tensor:
-    """Penalty, banned ids and temperature of ``p`` applied: fp32 scores [B, V], one launch
+    """Penalty, banned and disallowed ids and temperature of ``p`` applied: fp32 scores [B, V], one launch
     (the large-vocabulary path's input to the PyTorch top-k/top-p)."""
     num_rows, vocab = logits.shape
     scores = torch.empty(num_rows, vocab, dtype=torch.float32, device=logits.device)
@@ -136,9 +136,11 @@ def _param_args(p, device, skip_front: bool) -> tuple[list, int]:
         _BANNED: front and p.banned is not None,
         _TOP: front and p.top_k is not None,
         _SAMPLED: p.sampled is not None,
+        _ALLOWED: front and p.allowed is not None,
     }
     seen = p.seen if present[_PENALTY] else empty[torch.bool]
     banned = p.banned if present[_BANNED] else empty[torch.bool]
+    allowed = p.allowed if present[_ALLOWED] else torch.empty(0, dtype=torch.int32, device=device)
     args = [
         p.temperature if front else empty[torch.float32],
         p.penalty if present[_PENALTY] else empty[torch.float32],
@@ -146,6 +148,8 @@ def _param_args(p, device, skip_front: bool) -> tuple[list, int]:
         seen.stride(0) if seen.dim() == 2 else 0,
         banned,
         banned.stride(0) if banned.dim() == 2 else 0,
+        allowed,
+        allowed.stride(0) if allowed.dim() == 2 else 0,
         p.top_k if present[_TOP] else empty[torch.long],
         p.top_p if present[_TOP] else empty[torch.float32],
         *((p.sampled, p.seeds, p.steps) if present[_SAMPLED] else (empty[torch.bool], *[empty[torch.long]] * 2)),
@@ -170,8 +174,22 @@ def gumbel(seed, step, cols):
 
 
 @triton.jit
-def front(x, row, cols, valid, flags, temperature_ptr, penalty_ptr, seen_ptr, seen_stride, banned_ptr, banned_stride):
-    """Repetition penalty, banned ids, temperature: the reference's fp32 steps, in its order."""
+def front(
+    x,
+    row,
+    cols,
+    valid,
+    flags,
+    temperature_ptr,
+    penalty_ptr,
+    seen_ptr,
+    seen_stride,
+    banned_ptr,
+    banned_stride,
+    allowed_ptr,
+    allowed_stride,
+):
+    """Repetition penalty, banned ids, the grammar's bitmask, temperature: the reference's fp32 steps, in its order."""
     if (flags & 1) != 0:
         penalty = tl.load(penalty_ptr + row)
         seen = tl.load(seen_ptr + row * seen_stride + cols, mask=valid, other=0) != 0
@@ -179,6 +197,9 @@ def front(x, row, cols, valid, flags, temperature_ptr, penalty_ptr, seen_ptr, se
     if (flags & 2) != 0:
         banned = tl.load(banned_ptr + row * banned_stride + cols, mask=valid, other=0) != 0
         x = tl.where(banned, float("-inf"), x)
+    if (flags & 16) != 0:
+        words = tl.load(allowed_ptr + row * allowed_stride + (cols >> 5), mask=valid, other=0)
+        x = tl.where(((words >> (cols & 31)) & 1) != 0, x, float("-inf"))
     return tl.div_rn(x, tl.load(temperature_ptr + row))
 
 
@@ -244,6 +265,8 @@ def draw_rows(
     seen_stride,
     banned_ptr,
     banned_stride,
+    allowed_ptr,
+    allowed_stride,
     top_k_ptr,
     top_p_ptr,
     sampled_ptr,
@@ -265,7 +288,19 @@ def draw_rows(
     valid = cols < vocab
     x = tl.load(logits_ptr + row * logits_stride + cols, mask=valid, other=float("-inf")).to(tl.float32)
     x = front(
-        x, row, cols, valid, flags, temperature_ptr, penalty_ptr, seen_ptr, seen_stride, banned_ptr, banned_stride
+        x,
+        row,
+        cols,
+        valid,
+        flags,
+        temperature_ptr,
+        penalty_ptr,
+        seen_ptr,
+        seen_stride,
+        banned_ptr,
+        banned_stride,
+        allowed_ptr,
+        allowed_stride,
     )
     if (flags & 4) != 0:
         x = top_k_top_p(x, row, cols, vocab, top_k_ptr, top_p_ptr, BLOCK, CANDIDATES)
@@ -283,6 +318,8 @@ def draw_blocks(
     seen_stride,
     banned_ptr,
     banned_stride,
+    allowed_ptr,
+    allowed_stride,
     top_k_ptr,
     top_p_ptr,
     sampled_ptr,
@@ -308,7 +345,19 @@ def draw_blocks(
     x = tl.load(logits_ptr + row * logits_stride + cols, mask=valid, other=float("-inf")).to(tl.float32)
     if PROCESS:
         x = front(
-            x, row, cols, valid, flags, temperature_ptr, penalty_ptr, seen_ptr, seen_stride, banned_ptr, banned_stride
+            x,
+            row,
+            cols,
+            valid,
+            flags,
+            temperature_ptr,
+            penalty_ptr,
+            seen_ptr,
+            seen_stride,
+            banned_ptr,
+            banned_stride,
+            allowed_ptr,
+            allowed_stride,
         )
     if PICK:
         x = perturb(x, row, cols, flags, step_offset, sampled_ptr, seeds_ptr, steps_ptr)

@@ -46,6 +46,18 @@ def random_states(num_rows: int, vocab: int, gen: torch.Generator) -> list[Sampl
     return states
 
 
+def random_bitmask(num_rows: int, vocab: int, gen: torch.Generator, device="cpu") -> torch.Tensor:
+    """Grammar bitmasks (``BatchParams.allowed``): odd rows allow every id, even rows about a third
+    of them (at least one, and the bits past the vocabulary set, as a grammar engine may leave them)."""
+    bits = torch.rand(num_rows, -(-vocab // 32) * 32, generator=gen) < 0.3
+    bits[:, int(torch.randint(vocab, (), generator=gen))] = True
+    bits[1::2] = True
+    bits[:, vocab:] = True
+    weights = 2 ** torch.arange(32, dtype=torch.int64)
+    words = (bits.view(num_rows, -1, 32).long() * weights).sum(-1)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32).to(device)
+
+
 def unexplained_rows(ids: torch.Tensor, logits: torch.Tensor, p: BatchParams, step_offset: int, noise_tol: float):
     """Rows where ``ids`` differ from the reference for no stated reason, and the number that
     differ where a difference is allowed: a top-p cut within 1e-5 of ``top_p`` (the kernel sums

@@ -10,7 +10,7 @@ import os
 
 import pytest
 import torch
-from helpers.sampling_cases import random_logits, random_states, unexplained_rows
+from helpers.sampling_cases import random_bitmask, random_logits, random_states, unexplained_rows
 
 from omniwalk.kernels import sampling as sampling_kernels
 from omniwalk.sampling import BatchParams, draw_fused, draw_reference, gumbel_noise
@@ -31,12 +31,14 @@ if os.environ.get("TRITON_INTERPRET") != "1":
     ],
 )
 def test_kernel_ids_equal_the_reference(vocab, dtype, graph, step_offset):
-    """Greedy and sampled rows, penalties, bans, top-k either side of the partial sort, top-p,
-    ties (integer logits), -inf ids; eager fields (None = skipped) or a graph's full, neutral ones."""
+    """Greedy and sampled rows, penalties, bans, grammar bitmasks, top-k either side of the partial
+    sort, top-p, ties (integer logits), -inf ids; eager fields (None = skipped) or a graph's full,
+    neutral ones."""
     gen = torch.Generator().manual_seed(vocab + step_offset)
     num_rows = 16
     logits = random_logits(num_rows, vocab, gen, dtype)
     p = BatchParams.of(random_states(num_rows, vocab, gen), vocab, "cpu")
+    p.allowed = random_bitmask(num_rows, vocab, gen) if vocab != 64 else None
     if graph:
         p = p.with_all_fields(vocab)
         logits, p = _pad(logits, p)  # a bucket's padding row: neutral and greedy
@@ -46,7 +48,8 @@ def test_kernel_ids_equal_the_reference(vocab, dtype, graph, step_offset):
 
 
 def _pad(logits: torch.Tensor, p: BatchParams) -> tuple[torch.Tensor, BatchParams]:
-    neutral = {"temperature": 1.0, "penalty": 1.0, "seen": False, "banned": False, "top_k": logits.shape[1]}
+    neutral = {"temperature": 1.0, "penalty": 1.0, "seen": False, "banned": False, "allowed": -1}
+    neutral["top_k"] = logits.shape[1]
     neutral |= {"top_p": 1.0, "sampled": False, "seeds": 3, "steps": 3}
     rows = {k: torch.cat([v, torch.full_like(v[:1], neutral[k])]) for k, v in vars(p).items()}
     return torch.cat([logits, logits[:1]]), BatchParams(**rows)

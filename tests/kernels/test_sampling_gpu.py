@@ -5,7 +5,7 @@ ones, and 16 draws inside one captured CUDA graph (the talker frame's form)."""
 
 import pytest
 import torch
-from helpers.sampling_cases import random_logits, random_states, unexplained_rows
+from helpers.sampling_cases import random_bitmask, random_logits, random_states, unexplained_rows
 
 from omniwalk.kernels import sampling as sampling_kernels
 from omniwalk.sampling import BatchParams, draw, gumbel_noise
@@ -28,6 +28,7 @@ def test_ids_equal_the_reference(vocab, dtype, graph_fields):
     num_rows = 64
     logits = random_logits(num_rows, vocab, gen, dtype, "cuda")
     p = BatchParams.of(random_states(num_rows, vocab, gen), vocab, "cuda")
+    p.allowed = random_bitmask(num_rows, vocab, gen, "cuda") if vocab == 152064 else None  # (the thinker's)
     if graph_fields:
         p = p.with_all_fields(vocab)
     for step_offset in (0, 7):

@@ -13,6 +13,7 @@ from omniwalk.engine.request import EngineRequest
 from omniwalk.errors import CheckpointError, ConfigError, InvalidRequestError
 from omniwalk.models.common.checkpoint.loader import Backends
 from omniwalk.models.common.processing.chat import Prompt
+from omniwalk.models.common.programs.request_state import constrain, grammars_for, prompt_tools
 from omniwalk.models.family import ModelFamily, ModelInfo, RequestOutput
 from omniwalk.models.qwen2_5_omni.checkpoint.config import Qwen25OmniConfig
 from omniwalk.models.qwen2_5_omni.checkpoint.loader import components, load_components, num_parameters
@@ -80,6 +81,7 @@ class Qwen25OmniFamily(ModelFamily):
                 raise ConfigError(f"{name}={getattr(mc, name)!r} is not supported for Qwen2.5-Omni yet")
         self.cfg = cfg = Qwen25OmniConfig.from_hf(mc.model)
         self.tokenizer = Tokenizer.from_dir(mc.model)
+        self.grammars = grammars_for(config, mc.model, cfg.text.vocab_size, (cfg.tokens.im_end,))
         system = DEFAULT_SYSTEM_PROMPT if mc.default_system_prompt is None else mc.default_system_prompt
         self.processor = ChatProcessor(cfg, self.tokenizer, system)
         self.speakers = read_speakers(mc.model) if cfg.enable_audio_output else {}
@@ -111,7 +113,10 @@ class Qwen25OmniFamily(ModelFamily):
         """Request -> thinker prompt: ids, media spans, measured media items, TMRoPE positions."""
         if "messages" not in request:
             raise InvalidRequestError("a request is a dict with 'messages'")
-        ids, parts = self.processor.tokenize(request["messages"], bool(request.get("use_default_system_prompt", True)))
+        tools = prompt_tools(request, self.processor)
+        ids, parts = self.processor.tokenize(
+            request["messages"], bool(request.get("use_default_system_prompt", True)), **tools
+        )
         items = [measure(part, self.config.media) for part in parts]
         return self.processor.build(ids, items, bool(request.get("use_audio_in_video", False)))
 
@@ -141,6 +146,7 @@ class Qwen25OmniFamily(ModelFamily):
             token2wav=token2wav,
         )
         state.thinker.forced_answer = answer
+        constrain(state.thinker, request, self.grammars, self.tokenizer)
         state.thinker.speaks = "audio" in (request.get("modalities") or ())  # (on every rank alike)
         return walk, state
 

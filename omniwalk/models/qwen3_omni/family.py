@@ -13,6 +13,7 @@ from omniwalk.errors import InvalidRequestError
 from omniwalk.media.patches import IMAGE_PATCHES, VIDEO_PATCHES
 from omniwalk.models.common.checkpoint.loader import Backends
 from omniwalk.models.common.processing.chat import ChatProcessor, Prompt
+from omniwalk.models.common.programs.request_state import constrain, grammars_for, prompt_tools
 from omniwalk.models.family import ModelFamily, ModelInfo, RequestOutput
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.checkpoint.loader import (
@@ -71,6 +72,7 @@ class Qwen3OmniFamily(ModelFamily):
         self.config, mc = config, config.model
         self.cfg = cfg = Qwen3OmniConfig.from_hf(mc.model)
         self.tokenizer = Tokenizer.from_dir(mc.model)
+        self.grammars = grammars_for(config, mc.model, cfg.text.vocab_size, (cfg.tokens.im_end,))
         system = DEFAULT_SYSTEM_PROMPT if mc.default_system_prompt is None else mc.default_system_prompt
         self.processor = ChatProcessor(cfg, self.tokenizer, system)
         speaks = cfg.enable_audio_output
@@ -127,7 +129,10 @@ class Qwen3OmniFamily(ModelFamily):
         """Request -> thinker prompt: ids, media spans, measured media items, MRoPE positions."""
         if "messages" not in request:
             raise InvalidRequestError("a request is a dict with 'messages'")
-        ids, parts = self.processor.tokenize(request["messages"], bool(request.get("use_default_system_prompt", True)))
+        tools = prompt_tools(request, self.processor)
+        ids, parts = self.processor.tokenize(
+            request["messages"], bool(request.get("use_default_system_prompt", True)), **tools
+        )
         items = [measure(part, self.cfg.audio.n_window, self.config.media) for part in parts]
         return self.processor.build(ids, items, bool(request.get("use_audio_in_video", False)))
 
@@ -154,6 +159,7 @@ class Qwen3OmniFamily(ModelFamily):
             speaker=speaker,
         )
         state.thinker.forced_answer = answer
+        constrain(state.thinker, request, self.grammars, self.tokenizer)
         state.thinker.speaks = "audio" in (request.get("modalities") or ())  # (on every rank alike)
         return walk, state
 

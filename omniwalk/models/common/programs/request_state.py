@@ -12,16 +12,20 @@ reads what the stages before it produced and writes its own part:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from omniwalk.errors import InvalidRequestError
 from omniwalk.models.common.networks.thinker import MediaEmbeddings
 from omniwalk.models.common.processing.chat import Prompt
 from omniwalk.models.common.processing.positions import AUDIO, IMAGE, VIDEO
 from omniwalk.sampling import SamplerState, SamplingParams, TokenLogprob
-from omniwalk.tokenizer import IncrementalDetokenizer
+from omniwalk.structured.grammars import TOOL_CALL_START, check_tools, constraint_of
+from omniwalk.structured.matchers import Grammars
+from omniwalk.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
 @dataclass
@@ -81,6 +85,21 @@ class ThinkerState:
     # The request asked for speech: its talker reads the prompt rows, so it takes no prefix pages. Set from
     # the request on every tensor-parallel rank alike (a follower rank builds no talker: state.talker is None).
     speaks: bool = False
+    # The id that opens a tool call (requests with tools; None otherwise) and the index in ``generated``
+    # of the first one the model wrote: speech ends there (a call is never voiced).
+    tool_call_start: int | None = None
+    tool_call_at: int | None = None
+
+    @property
+    def spoken(self) -> list[int]:
+        """The generated ids speech follows: all of them, or those up to the first tool call, its
+        opening id included (where speech ends, as at the end of the turn)."""
+        return self.generated if self.tool_call_at is None else self.generated[: self.tool_call_at + 1]
+
+    @property
+    def speech_ended(self) -> bool:
+        """No more ids for speech: the thinker finished, or wrote a tool call."""
+        return self.is_finished or self.tool_call_at is not None
 
     @property
     def num_generated(self) -> int:
@@ -112,3 +131,40 @@ class OmniRequestState:
     talker: Any = None  # the family's talker state (speech requests)
     vocoder: Any = None  # the family's vocoder state (speech requests)
     use_audio_in_video: bool = False
+
+
+def constrain(st: ThinkerState, request: dict, grammars: Grammars, tokenizer: Tokenizer) -> None:
+    """The request's output grammar (``structured/grammars.py``), if any, on its thinker's sampler, and
+    where its tool calls begin (requests with tools the model may call)."""
+    constraint = constraint_of(request)
+    if constraint is not None:
+        if st.params.min_tokens:
+            raise InvalidRequestError(f"min_tokens cannot be combined with {constraint.param}", "min_tokens")
+        st.sampler.grammar = grammars.start(constraint)
+    if request.get("tools") and request.get("tool_choice") != "none":
+        st.tool_call_start = tokenizer.token_to_id(TOOL_CALL_START)
+
+
+def prompt_tools(request: dict, processor) -> dict:
+    """The chat template's ``tools`` for a request, as keyword arguments of ``ChatProcessor.tokenize``
+    (none without tools); a template without tools support refuses them."""
+    tools = check_tools(request)
+    if not tools:
+        return {}
+    if not processor.supports_tools:
+        raise InvalidRequestError("this model's chat template has no tools support", "tools")
+    return {"tools": tools}
+
+
+def grammars_for(config, tokenizer_dir, vocab: int, eos_ids: tuple[int, ...]) -> Grammars:
+    """The thinker's grammar engine, from the engine config's knobs (``config``: an ``OmniConfig``)."""
+    engine = config.engine
+    return Grammars(
+        (Path(tokenizer_dir) / "tokenizer.json").read_text(),
+        vocab,
+        eos_ids,
+        cache_size=engine.grammar_cache_size,
+        threads=engine.grammar_threads,
+        timeout_s=engine.grammar_timeout_s,
+        synchronous=config.model.tensor_parallel > 1,
+    )

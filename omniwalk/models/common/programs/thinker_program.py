@@ -28,6 +28,7 @@ import torch
 
 from omniwalk.device import to_device
 from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets, rows_in_graph
+from omniwalk.engine.inflight import Deferred
 from omniwalk.engine.kv_pages import KVStorage
 from omniwalk.engine.kv_stage import KVProgram
 from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
@@ -39,6 +40,7 @@ from omniwalk.models.common.networks.thinker import MediaEmbeddings, Thinker
 from omniwalk.models.common.processing.positions import batch_spans
 from omniwalk.models.common.programs.request_state import ThinkerState
 from omniwalk.sampling import TokenLogprob, sample_async
+from omniwalk.structured.matchers import bitmask
 
 
 def kv_storage(cfg: DecoderConfig, budget: int, page_size: int, dtype, device) -> KVStorage:
@@ -125,6 +127,11 @@ class ThinkerProgram(KVProgram):
             return 0
         if st.forced_answer is not None and st.num_sampled:  # its commit replaces that draw: nothing to decode
             return 0
+        grammar = st.sampler.grammar
+        if grammar is not None and grammar.matcher is None:  # its grammar still compiling
+            if not grammar.is_ready():
+                return 0
+            grammar.take()
         if st.placeholders_before is None:  # media not counted yet
             if not req.state.media.is_encoded:
                 return 0
@@ -207,12 +214,29 @@ class ThinkerProgram(KVProgram):
         hooks = {i: functools.partial(tap, i) for i in layers}
         return {"hidden": self.thinker.model(x, positions.T, kv, hooks), **taps}
 
-    def _sample(self, batch, ready: list[int], logits: torch.Tensor) -> Callable[[], None]:
+    def _sample(self, batch, ready: list[int], logits: torch.Tensor) -> Callable[[], None] | Deferred:
         """Draw the next token of the ``ready`` rows of the batch (``logits`` [len(ready), vocab]);
-        the returned function reads the picks back and commits them."""
-        picks = sample_async(logits, [batch[row][0].state.thinker.sampler for row in ready])
+        the returned function reads the picks back and commits them. When a row's output follows a
+        grammar, its bitmask needs the row's last token committed: the draw is deferred until the
+        step before is (``engine/inflight.py``), into ids the next step already reads from."""
+        samplers = [batch[row][0].state.thinker.sampler for row in ready]
+        grammars = [s.grammar for s in samplers]
+        if any(grammars):
+            ids = torch.empty(len(ready), dtype=torch.long, device=logits.device)
+            drawn = []
+
+            @torch.inference_mode()
+            def launch() -> None:
+                allowed = to_device(torch.from_numpy(bitmask(grammars)), logits.device)
+                drawn.append(sample_async(logits, samplers, allowed))
+                ids.copy_(drawn[0].ids)
+
+            picks = lambda: drawn[0]()  # noqa: E731
+        else:
+            picks = sample_async(logits, samplers)
+            ids = picks.ids
         for i, row in enumerate(ready):
-            batch[row][0].state.thinker.inflight.append((picks.ids, i))
+            batch[row][0].state.thinker.inflight.append((ids, i))
 
         def commit() -> None:
             for row, pick in zip(ready, picks(), strict=True):
@@ -224,7 +248,7 @@ class ThinkerProgram(KVProgram):
                 for given in _forced_picks(req.state.thinker) or [pick]:
                     req.guarded(self._commit, req, given)
 
-        return commit
+        return Deferred(launch, commit) if any(grammars) else commit
 
     @staticmethod
     def _host_ids(batch) -> tuple[list[int], list[tuple[torch.Tensor, list[int], list[int]]]]:
@@ -289,6 +313,10 @@ class ThinkerProgram(KVProgram):
     def _commit(req: EngineRequest, pick: TokenLogprob) -> None:
         """Take the sampled token; stream the text that can no longer turn into a stop string."""
         st = req.state.thinker
+        if st.sampler.grammar is not None:
+            st.sampler.grammar.accept(pick.token_id)
+        if pick.token_id == st.tool_call_start and st.tool_call_at is None:
+            st.tool_call_at = st.num_generated
         st.picks.append(pick)
         st.seq.append(pick.token_id)
         detok, stops = st.detok, st.params.stop

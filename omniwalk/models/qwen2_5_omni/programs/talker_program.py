@@ -107,8 +107,8 @@ class TalkerProgram(KVProgram):
     def _stream(self, req: EngineRequest, j: int) -> torch.Tensor | None:
         """S[j], or None while it is not known yet."""
         th, st = req.state.thinker, req.state.talker
-        if th.is_finished:
-            num_reply = th.num_generated - 1
+        if th.speech_ended:  # (a tool call ends speech as the end of the turn does)
+            num_reply = len(th.spoken) - 1
             if j < num_reply:  # (a forced answer's rows come after it is committed)
                 return st.reply[j] if j < len(st.reply) else None
             return self.text_eos if j == num_reply else self.text_pad
@@ -134,6 +134,9 @@ class TalkerProgram(KVProgram):
     def num_ready(self, req: EngineRequest, num_cached: int) -> int:
         st = req.state.talker
         if st.finished or len(st.draws) >= st.max_codes:
+            return 0
+        if req.state.thinker.tool_call_at == 0:  # the answer is a tool call, nothing to say: no audio
+            st.finished = st.token2wav.finished = True
             return 0
         with torch.inference_mode():
             self._build_inputs(req)

@@ -95,7 +95,10 @@ class TalkerProgram(KVProgram):
         if ts.finished or ts.num_frames == ts.params.max_audio_frames:  # (the last may still be in flight)
             return 0
         if ts.prefix is None:
-            if not th.is_finished and th.num_generated < 2:
+            if th.tool_call_at == 0:  # the answer is a tool call, nothing to say: no audio
+                ts.finished = True
+                return 0
+            if not th.speech_ended and len(th.spoken) < 2:
                 return 0
             return self._prefill_rows(ts, ts.prefix_length - num_cached)
         if num_cached < ts.num_inputs:  # prefill chunks, or recompute after preemption
@@ -116,7 +119,7 @@ class TalkerProgram(KVProgram):
 
     def _text(self, req: EngineRequest):
         th = req.state.thinker
-        return text_entry(th.generated, th.is_finished, req.state.talker.num_frames - 1, self.im_end)
+        return text_entry(th.spoken, th.speech_ended, req.state.talker.num_frames - 1, self.im_end)
 
     @torch.inference_mode()
     def run(self, batch: list[Chunk], kv: PagedBatch) -> Callable[[], None] | None:
@@ -161,7 +164,7 @@ class TalkerProgram(KVProgram):
 
     def _build_prefix(self, req: EngineRequest) -> None:
         th, ts = req.state.thinker, req.state.talker
-        first = self.text_embedding(to_device(th.generated[:1], self.device, torch.long))[0]
+        first = self.text_embedding(to_device(th.spoken[:1], self.device, torch.long))[0]
         ts.prefix, ts.positions = talker_prefix(
             self.talker,
             self.tokens,
