@@ -135,7 +135,8 @@ def test_a_function_calling_turn_then_a_spoken_answer(base_url):
     assert "".join(e.delta for e in deltas) == args_done.arguments == call.arguments
     assert args_done.name == "get_weather" and args_done.call_id == call.call_id
     jsonschema.validate(json.loads(call.arguments), WEATHER)
-    assert all(e.item.type == "function_call" for e in calling if e.type.startswith("conversation.item"))
+    items = [e.item for e in calling[types.index("response.created") :] if e.type.startswith("conversation.item")]
+    assert [item.type for item in items] == ["function_call", "function_call"] and items[-1] == call
     assert done.usage.output_token_details.audio_tokens == 0
     assert not any(e.type == "response.output_audio.delta" for e in calling)
     # ... the chat completion's call for the same conversation
