@@ -151,3 +151,15 @@ def test_bad_grammars_name_the_field(engine):
         "min_tokens",
     ]
     assert not engine.engine.has_unfinished()
+
+
+def test_a_grammar_the_engine_cannot_compile_fails_its_request_alone(engine):
+    """A Lark grammar naming a token the vocabulary lacks passes the tokenizer-free check and fails
+    to compile in the engine: that request ends in an error, its neighbour is untouched."""
+    bad = request(0, False, 20, structured_outputs={"grammar": "start: <no_such_token>"})
+    good = request(1, False, 20, ignore_eos=True)
+    alone = engine.generate(dict(good)).token_ids
+    outs = engine.generate([bad, good])
+    assert outs[0].finish_reason == "error" and "no_such_token" in outs[0].error
+    assert outs[1].finish_reason == "length" and outs[1].token_ids == alone
+    assert not engine.engine.has_unfinished()

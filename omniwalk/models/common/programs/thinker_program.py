@@ -129,9 +129,13 @@ class ThinkerProgram(KVProgram):
             return 0
         grammar = st.sampler.grammar
         if grammar is not None and grammar.matcher is None:  # its grammar still compiling
-            if not grammar.is_ready():
+            try:
+                if not grammar.is_ready():
+                    return 0
+                grammar.take()
+            except Exception as e:  # noqa: BLE001 - a grammar that fails (or is late) fails its request alone
+                req.fail(e)
                 return 0
-            grammar.take()
         if st.placeholders_before is None:  # media not counted yet
             if not req.state.media.is_encoded:
                 return 0
