@@ -23,6 +23,7 @@ from helpers.live_server import server
 from openai.types.beta.realtime.realtime_server_event import RealtimeServerEvent as BetaServerEvent
 from openai.types.realtime import RealtimeServerEvent
 
+from omniwalk.bench.workload import speech_like
 from omniwalk.serve.errors import APIError
 from omniwalk.serve.realtime import protocol as p
 from omniwalk.serve.realtime.bounds import AudioBudget, ConversationLimits
@@ -164,6 +165,30 @@ def test_a_function_calling_turn_then_a_spoken_answer(base_url):
     spoken = chat(base_url, history, tool_choice="none", max_tokens=5, ignore_eos=True, **speech)
     assert transcript == spoken["choices"][0]["message"]["audio"]["transcript"]
     assert said.usage.input_tokens == spoken["usage"]["prompt_tokens"] > done.usage.input_tokens
+
+
+def test_a_response_with_its_own_tools_and_a_named_choice_answers_heard_speech(base_url):
+    async def talk():
+        async with sdk(base_url).realtime.connect(model="qwen3-omni") as conn:
+            await conn.recv()
+            await conn.session.update(session={**NO_VAD, "output_modalities": ["text"], **GREEDY})
+            pcm = (np.clip(speech_like(1.0, 1, 24000), -1, 1) * 32767).astype("<i2").tobytes()
+            await conn.input_audio_buffer.append(audio=base64.b64encode(pcm).decode())
+            await conn.input_audio_buffer.commit()
+            await until(conn, "conversation.item.done")
+            other = {"type": "function", "name": "hang_up", "parameters": {"type": "object", "properties": {}}}
+            named = {"type": "function", "name": "get_weather"}
+            one = {"parallel_tool_calls": False, "max_output_tokens": 200}
+            await conn.response.create(response={"tools": [other, TOOL], "tool_choice": named, **one})
+            calling = await until(conn)
+            await conn.session.update(session={"type": "realtime"})
+            return calling, await until(conn, "session.updated")
+
+    calling, updated = asyncio.run(talk())
+    (call,) = calling[-1].response.output
+    assert call.type == "function_call" and call.name == "get_weather" and call.status == "completed"
+    jsonschema.validate(json.loads(call.arguments), WEATHER)
+    assert updated[-1].session.tools == [] and updated[-1].session.tool_choice == "auto"  # the session's own
 
 
 BAD = [
