@@ -300,7 +300,7 @@ def _add_bench(sub) -> None:
     add("--base-url", default="http://127.0.0.1:8000/v1", help="the server's OpenAI API root" + dflt)
     add("--model-name", default=None, help="the model name the server expects (default: the first it lists)")
     add("--api-key", default=None, help="sent as a bearer token (default: none)")
-    add("--paths", default="s2t,i2t,s2s,i2s", help="comma list of s2t,i2t,s2s,i2s,t2t,t2s" + dflt)
+    add("--paths", default="s2t,i2t,s2s,i2s", help="comma list of s2t,i2t,s2s,i2s,t2t,t2s,t2j" + dflt)
     add("--concurrency", default="1,4,16,32", help="comma list of in-flight request counts B" + dflt)
     add("--min-requests", type=int, default=50, help="N = max(min_requests, k * B) per cell" + dflt)
     add("--requests-per-concurrency", type=int, default=10, help="k in N = max(min_requests, k * B)" + dflt)

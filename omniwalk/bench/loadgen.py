@@ -2,7 +2,8 @@
 
 B requests are kept in flight (a semaphore); a cell sends N = max(min_requests,
 requests_per_concurrency * B) measured requests after ``warmup_waves`` waves of B unmeasured
-ones. Every request streams, so first text and first audio are timed where the client sees them.
+ones. Every request streams, so first text and first audio are timed where the client sees them;
+its answer's text is checked where the workload has a notion of a valid answer (JSON out).
 
 Request bodies (synthetic speech as WAV, photos as JPEG, each request its own input) are built and
 JSON-encoded before the cell starts, in a process pool: built on the client's event loop they would
@@ -56,6 +57,7 @@ class RequestRecord:
     audio_times: list[float] = field(default_factory=list)
     completion_tokens: int = 0
     audio_seconds: float = 0.0
+    valid: bool | None = None  # Workload.is_valid_answer of a finished request
     error: str | None = None
 
     @property
@@ -73,11 +75,13 @@ def encoded_bodies(work: Workload, model: str | None, seeds: list[int]) -> list[
         return list(pool.map(partial(encoded_body, work, model), seeds, chunksize=4))
 
 
-async def one_request(http: httpx.AsyncClient, cfg: BenchConfig, work: Workload, b: int, body: bytes) -> RequestRecord:
+async def one_request(
+    http: httpx.AsyncClient, cfg: BenchConfig, work: Workload, b: int, seed: int, body: bytes
+) -> RequestRecord:
     headers = {"Content-Type": "application/json"}
     if cfg.api_key:
         headers["Authorization"] = f"Bearer {cfg.api_key}"
-    record = RequestRecord(work.path, b, time.perf_counter())
+    record, text = RequestRecord(work.path, b, time.perf_counter()), []
     try:
         async with http.stream("POST", f"{cfg.base_url}/chat/completions", content=body, headers=headers) as response:
             if response.status_code != 200:
@@ -85,7 +89,9 @@ async def one_request(http: httpx.AsyncClient, cfg: BenchConfig, work: Workload,
                 return record
             async for line in response.aiter_lines():
                 if line.startswith("data: ") and line != "data: [DONE]":
-                    _consume(record, json.loads(line[6:]), time.perf_counter())
+                    text.append(_consume(record, json.loads(line[6:]), time.perf_counter()))
+        if record.error is None:
+            record.valid = work.is_valid_answer("".join(text), seed)
     except (httpx.HTTPError, json.JSONDecodeError) as e:
         record.error = f"{type(e).__name__}: {e}"
     finally:
@@ -93,7 +99,9 @@ async def one_request(http: httpx.AsyncClient, cfg: BenchConfig, work: Workload,
     return record
 
 
-def _consume(record: RequestRecord, chunk: dict, now: float) -> None:
+def _consume(record: RequestRecord, chunk: dict, now: float) -> str:
+    """Record one streamed chunk; -> its answer text."""
+    text = ""
     if "error" in chunk:
         record.error = str(chunk["error"])
     if chunk.get("usage"):
@@ -101,13 +109,17 @@ def _consume(record: RequestRecord, chunk: dict, now: float) -> None:
     for choice in chunk.get("choices", []):
         delta = choice.get("delta") or {}
         audio = delta.get("audio") or {}
-        if delta.get("content") or audio.get("transcript"):  # (with speech out, OpenAI streams text as the transcript)
+        # (with speech out, OpenAI streams the text as the audio's transcript)
+        piece = delta.get("content") or audio.get("transcript")
+        if piece:
+            text += piece
             record.first_text = record.first_text or now
             record.text_times.append(now)
         if audio.get("data"):
             record.first_audio = record.first_audio or now
             record.audio_times.append(now)
             record.audio_seconds += len(base64.b64decode(audio["data"])) / PCM_BYTES_PER_SECOND
+    return text
 
 
 async def run_cell(
@@ -123,10 +135,10 @@ async def run_cell(
         gate = asyncio.Semaphore(concurrency)
         num_done = 0
 
-        async def gated(body: bytes) -> RequestRecord:
+        async def gated(seed: int, body: bytes) -> RequestRecord:
             nonlocal num_done
             async with gate:
-                record = await one_request(http, cfg, work, concurrency, body)
+                record = await one_request(http, cfg, work, concurrency, seed, body)
             num_done += 1
             return record
 
@@ -139,9 +151,10 @@ async def run_cell(
             ticker = asyncio.create_task(_tick(progress, progress_every_s, lambda: f"{label}: {num_done}/{total}"))
         try:
             bodies = await asyncio.to_thread(encoded_bodies, work, cfg.model, warmup + measured)
-            await asyncio.gather(*(gated(body) for body in bodies[: len(warmup)]))
+            requests = list(zip(warmup + measured, bodies, strict=True))  # (seed, body)
+            await asyncio.gather(*(gated(*request) for request in requests[: len(warmup)]))
             start = time.perf_counter()
-            records = await asyncio.gather(*(gated(body) for body in bodies[len(warmup) :]))
+            records = await asyncio.gather(*(gated(*request) for request in requests[len(warmup) :]))
             return list(records), time.perf_counter() - start
         finally:
             if ticker is not None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from omniwalk.bench.loadgen import RequestRecord
+from omniwalk.bench.workload import VALIDATOR
 
 CHARTS = (  # (file stem, summary key, axis label)
     ("req_per_s", "req_per_s", "requests / s"),
@@ -45,12 +46,21 @@ def summarize(records: list[RequestRecord], wall: float) -> dict:
     out |= _stats("itl_audio", [g for r in ok for g in np.diff(r.audio_times)])
     out |= _stats("e2e", [r.e2e for r in ok])
     out |= _stats("rtf", [r.e2e / r.audio_seconds for r in ok if r.audio_seconds])
+    checked = [r.valid for r in ok if r.valid is not None]
+    if checked:  # (paths with a notion of a valid answer: JSON out)
+        out["valid_pct"] = 100 * sum(checked) / len(checked)
     return {k: float(v) if not isinstance(v, int) else v for k, v in out.items()}
+
+
+VALID_MEANS = {  # what "valid" means, by what checked it (``workload.VALIDATOR``)
+    "jsonschema": "parse as JSON and validate against their schema (jsonschema)",
+    "json.loads": "parse as JSON (not validated against their schema: jsonschema is not installed)",
+}
 
 
 def markdown(cells: dict[tuple[str, int], dict]) -> str:
     columns = ["path", "B", "req/s", "tok/s", "audio s/s", "TTFT text p50 (s)", "TTFT audio p50 (s)"]
-    columns += ["ITL mean (ms)", "E2E p50 (s)", "RTF p50", "errors"]
+    columns += ["ITL mean (ms)", "E2E p50 (s)", "RTF p50", "valid %", "errors"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for (path, b), s in sorted(cells.items()):
         cols = [
@@ -62,9 +72,12 @@ def markdown(cells: dict[tuple[str, int], dict]) -> str:
             _fmt(s, "itl_text_mean", 1, 1000),
             _fmt(s, "e2e_p50", 3),
             _fmt(s, "rtf_p50", 3),
+            _fmt(s, "valid_pct", 1),
             str(s["errors"]),
         ]
         lines.append(f"| {path} | {b} | " + " | ".join(cols) + " |")
+    if any("valid_pct" in s for s in cells.values()):
+        lines.append(f"\nvalid %: finished answers that {VALID_MEANS[VALIDATOR]}.")
     return "\n".join(lines)
 
 

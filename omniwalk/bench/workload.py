@@ -1,33 +1,60 @@
-"""What a benchmark cell asks for: paths with fixed work per request, and synthetic inputs.
+"""What a benchmark cell asks for: paths (input to output: s speech, i image, t text, j JSON), the
+work per request, and synthetic inputs.
 
-Work is fixed so systems are compared on equal work: the model ignores EOS and generates
-exactly ``text_tokens``; speech paths generate exactly ``audio_frames`` codec frames (``PRESETS``
-count 12.5 per second; ``presets_for`` counts them in a served model's own codec frames, so every
-family speaks the same seconds). The presets' sizes (4 s clips, 640x480 images, 16-160 tokens) are
-the matched work of the published serving comparisons whose figures a family ships as anchors
-(``registry.bench_anchors``).
+Work is fixed where it can be, so systems are compared on equal work: the model ignores EOS and
+generates exactly ``text_tokens``; speech paths generate exactly ``audio_frames`` codec frames
+(``PRESETS`` count 12.5 per second; ``presets_for`` counts them in a served model's own codec
+frames, so every family speaks the same seconds). The presets' sizes (4 s clips, 640x480 images,
+16-160 tokens) are the matched work of the published serving comparisons whose figures a family
+ships as anchors (``registry.bench_anchors``).
+
+JSON out (``t2j``) cannot be fixed work: each request carries a ``json_schema`` response format
+(round-robin over ``schemas.SCHEMAS``), and a constrained answer ends when its document is
+complete: EOS is then the grammar's only allowed token, so it cannot be ignored. ``text_tokens``
+is only the cap there, each request's length is recorded, and each answer is checked against its
+schema (``is_valid_json``).
 """
 
 from __future__ import annotations
 
 import base64
 import io
+import json
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from omniwalk.bench.schemas import SCHEMAS
+
+try:
+    import jsonschema
+except ImportError:  # (a test dependency, not a runtime one)
+    jsonschema = None
+
+VALIDATOR = "jsonschema" if jsonschema else "json.loads"  # what JSON answers are checked with
+
 
 @dataclass(frozen=True)
 class Workload:
-    path: str  # s2t, i2t, s2s, i2s, t2t, t2s
-    text_tokens: int
+    path: str  # s2t, i2t, s2s, i2s, t2t, t2s, t2j
+    text_tokens: int  # with fixed work, exactly this many; otherwise the cap (max_tokens)
     audio_seconds: float = 4.0  # input speech (s2*)
     image_size: tuple[int, int] = (640, 480)  # input image width x height (i2*)
     audio_frames: int = 0  # output speech frames (*2s)
+    is_fixed_work: bool = True  # False: the answer ends where the model (or its grammar) ends it
 
     @property
     def speaks(self) -> bool:
         return self.path.endswith("2s")
+
+    @property
+    def writes_json(self) -> bool:
+        return self.path.endswith("2j")
+
+    def is_valid_answer(self, text: str, seed: int) -> bool | None:
+        """Whether request ``seed``'s answer is valid (JSON out: it parses and validates against the
+        request's schema); None where a path has no notion of a valid answer."""
+        return is_valid_json(text, schema_of(seed)[1]) if self.writes_json else None
 
 
 PRESETS = {
@@ -37,6 +64,7 @@ PRESETS = {
     "i2s": Workload("i2s", text_tokens=40, audio_frames=125),  # 10 s of speech
     "t2t": Workload("t2t", text_tokens=128),
     "t2s": Workload("t2s", text_tokens=40, audio_frames=50),
+    "t2j": Workload("t2j", text_tokens=400, is_fixed_work=False),  # (every corpus document fits in 400)
 }
 
 
@@ -77,9 +105,27 @@ def photo_like(width: int, height: int, seed: int) -> np.ndarray:
     return (np.clip(image, 0, 1) * 255).astype(np.uint8)
 
 
+def schema_of(seed: int) -> tuple[str, dict]:
+    """(name, JSON Schema) of request ``seed`` on a JSON path: round-robin over the corpus."""
+    name = list(SCHEMAS)[seed % len(SCHEMAS)]
+    return name, SCHEMAS[name]
+
+
+def is_valid_json(text: str, schema: dict) -> bool:
+    """Whether ``text`` parses as JSON that validates against ``schema`` (parses, only, where the
+    ``jsonschema`` package is not installed: see ``VALIDATOR``)."""
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return jsonschema is None or jsonschema.validators.validator_for(schema)(schema).is_valid(document)
+
+
 def request_body(work: Workload, model: str, seed: int) -> dict:
-    """One OpenAI chat request with this workload's inputs and fixed output length."""
-    content: list[dict] = [{"type": "text", "text": "Please answer in detail."}]
+    """One OpenAI chat request with this workload's inputs and output length (exact with fixed work,
+    a cap otherwise) and, on a JSON path, request ``seed``'s schema as a strict ``json_schema``."""
+    ask = "Please answer in JSON." if work.writes_json else "Please answer in detail."
+    content: list[dict] = [{"type": "text", "text": ask}]
     if work.path.startswith("s"):
         buf = io.BytesIO()
         import soundfile
@@ -98,12 +144,16 @@ def request_body(work: Workload, model: str, seed: int) -> dict:
         "model": model,
         "messages": [{"role": "user", "content": content}],
         "max_tokens": work.text_tokens,
-        "min_tokens": work.text_tokens,
-        "ignore_eos": True,
         "temperature": 0.0,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if work.is_fixed_work:
+        body.update(min_tokens=work.text_tokens, ignore_eos=True)
+    if work.writes_json:
+        name, schema = schema_of(seed)
+        json_schema = {"name": name, "schema": schema, "strict": True}
+        body["response_format"] = {"type": "json_schema", "json_schema": json_schema}
     if work.speaks:
         body.update(
             modalities=["text", "audio"],
