@@ -142,19 +142,36 @@ def test_bad_tools_are_400s_naming_the_field(base_url):
         assert r.json()["error"]["param"].startswith(param), (body, r.json())
 
 
-def test_spoken_answer_never_voices_a_call(client):
-    fields = dict(tool_choice="required", parallel_tool_calls=False, temperature=0.0, modalities=["text", "audio"])
-    r = create(client, audio={"voice": "ethan", "format": "wav"}, extra=SPEECH, **fields)
+def decoded_samples(message) -> int:
+    samples, _ = soundfile.read(io.BytesIO(base64.b64decode(message.audio.data)), dtype="float32")
+    return len(samples)
+
+
+def test_spoken_answer_never_voices_a_call_and_the_follow_up_is_spoken(client):
+    fields = dict(parallel_tool_calls=False, temperature=0.0, modalities=["text", "audio"], extra=SPEECH)
+    wav = {"voice": "ethan", "format": "wav"}
+    r = create(client, tool_choice="required", audio=wav, **fields)
     message = r.choices[0].message
     assert r.choices[0].finish_reason == "tool_calls" and message.content is None
     check_calls(message.tool_calls)
-    samples, _ = soundfile.read(io.BytesIO(base64.b64decode(message.audio.data)), dtype="float32")
-    assert message.audio.transcript == "" and len(samples) == 0
+    assert message.audio.transcript == "" and decoded_samples(message) == 0
     pcm, transcript, calls = b"", "", []
-    for chunk in create(client, audio={"voice": "ethan", "format": "pcm16"}, extra=SPEECH, stream=True, **fields):
+    stream = create(client, tool_choice="required", audio={"voice": "ethan", "format": "pcm16"}, stream=True, **fields)
+    for chunk in stream:
         for choice in chunk.choices:
             audio = getattr(choice.delta, "audio", None)
             pcm += base64.b64decode(getattr(audio, "data", None) or "")
             transcript += getattr(audio, "transcript", None) or ""
             calls += choice.delta.tool_calls or []
     assert pcm == b"" and transcript == "" and calls
+    # the follow-up turn, after the call's result, is spoken
+    call = message.tool_calls[0]
+    history = [
+        *USER,
+        {"role": "assistant", "audio": {"id": message.audio.id}, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "done"},
+    ]
+    extra = {**SPEECH, "ignore_eos": True}
+    follow_up = create(client, messages=history, audio=wav, max_tokens=4, **{**fields, "extra": extra}).choices[0]
+    assert follow_up.finish_reason == "length" and follow_up.message.tool_calls is None
+    assert follow_up.message.audio.transcript and decoded_samples(follow_up.message) > 0
