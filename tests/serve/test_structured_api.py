@@ -5,6 +5,7 @@ checkpoint, whose every valid output is the grammar's doing; bad ones are 400s n
 import asyncio
 import json
 import re
+import time
 
 import httpx
 import jsonschema
@@ -13,6 +14,9 @@ import pytest
 from helpers.live_server import server
 
 from omniwalk.bench.schemas import SCHEMAS
+from omniwalk.serve import openai_api
+from omniwalk.serve.errors import APIError
+from omniwalk.structured import grammars
 
 USER = [{"role": "user", "content": "answer in the format asked"}]
 # a few of the corpus (the grammar tests sweep all of it offline): nesting, bounds, enums, anyOf,
@@ -123,3 +127,16 @@ def test_bad_constraints_are_400s_naming_the_field_and_others_in_flight_are_unaf
     assert during.status_code == 200
     assert during.json()["choices"][0]["message"] == alone["choices"][0]["message"]
     assert during.json()["usage"]["completion_tokens"] == 48
+
+
+def test_a_grammar_that_takes_too_long_to_check_is_a_400_naming_its_field(monkeypatch):
+    monkeypatch.setattr(openai_api, "GRAMMAR_CHECK_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(grammars, "constraint_of", lambda request: time.sleep(0.5))
+    for structured, param in [
+        ({"structured_outputs": {"regex": "a+"}}, "structured_outputs.regex"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"tools": [], "tool_choice": "auto"}, "tools"),
+    ]:
+        with pytest.raises(APIError) as e:
+            asyncio.run(openai_api.check_grammar(structured))
+        assert e.value.status == 400 and e.value.param == param and "too long" in str(e.value)

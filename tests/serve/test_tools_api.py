@@ -16,6 +16,7 @@ import soundfile
 from helpers.live_server import server
 
 from omniwalk.bench.schemas import SCHEMAS
+from omniwalk.serve.tool_responses import ToolDeltas, read_message
 
 USER = [{"role": "user", "content": "what is the weather in paris, and book me a table"}]
 TOOLS = [
@@ -115,6 +116,34 @@ def test_tool_choice_none_and_auto_answer_text(client):
         r = create(client, tool_choice=choice, max_tokens=6, extra={"ignore_eos": True})
         assert r.choices[0].finish_reason == "length" and r.choices[0].message.tool_calls is None
         assert r.choices[0].message.content
+
+
+SCRIPTED = [
+    ' Sure. <tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "g"}\n</tool_call>\n',
+    '<tool_call>{"name": "f", "arguments": {"s": "</tool_call>"}}</tool_call>  then \n more  <tool_call> broken',
+    "no calls at all\n\n",
+    "   ",
+]
+
+
+@pytest.mark.parametrize("text", SCRIPTED)
+def test_streamed_deltas_are_the_whole_message_for_any_split(text):
+    """Content deltas concatenate to the non-streamed content (stripped: whitespace at either end is
+    never sent) and argument deltas to each call's arguments, whether the text comes whole or a
+    character at a time."""
+    content, calls = read_message(text)
+    for pieces in ([text], list(text)):
+        stream = ToolDeltas(lambda piece: {"content": piece})
+        deltas = [delta for piece in pieces for delta in stream.feed(piece)] + stream.finish()
+        assert ("".join(d.get("content", "") for d in deltas) or None) == content
+        streamed = {}
+        for delta in (entry for d in deltas for entry in d.get("tool_calls", [])):
+            call = streamed.setdefault(delta["index"], {"name": None, "arguments": ""})
+            call["name"] = delta["function"].get("name", call["name"])
+            call["arguments"] += delta["function"]["arguments"]
+        assert [streamed[i] for i in sorted(streamed)] == [c["function"] for c in calls]
+        assert stream.has_calls == bool(calls)
 
 
 BAD = [
