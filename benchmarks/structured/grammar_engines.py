@@ -71,7 +71,6 @@ class LLGuidance:
     def __init__(self, ckpt: Path, vocab: int):
         import llguidance
         import llguidance.numpy as llnp
-
         from tokenizers import Tokenizer
 
         eos = Tokenizer.from_file(str(ckpt / "tokenizer.json")).token_to_id("<|im_end|>")
