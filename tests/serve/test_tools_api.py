@@ -7,13 +7,15 @@ import base64
 import io
 import json
 import re
+import shutil
 
 import httpx
 import jsonschema
 import openai
 import pytest
 import soundfile
-from helpers.live_server import server
+from helpers.live_server import launch, server
+from helpers.qwen3_omni import checkpoint
 
 from omniwalk.bench.schemas import SCHEMAS
 from omniwalk.serve.tool_responses import ToolDeltas, read_message
@@ -169,6 +171,31 @@ def test_bad_tools_are_400s_naming_the_field(base_url):
         r = httpx.post(f"{base_url}/v1/chat/completions", json=full, timeout=60)
         assert r.status_code == 400, (body, r.text)
         assert r.json()["error"]["param"].startswith(param), (body, r.json())
+
+
+# a chat template that never reads ``tools``
+NO_TOOLS_TEMPLATE = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
+
+
+def test_a_template_without_tools_answers_400_naming_tools(tmp_path):
+    """The engine refuses tools it cannot render: a 400 whose param crosses the process boundary."""
+    path = shutil.copytree(checkpoint("tiny"), tmp_path / "no_tools")
+    (path / "chat_template.jinja").write_text(NO_TOOLS_TEMPLATE)
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": NO_TOOLS_TEMPLATE}))
+    proc, base = launch(model=path)
+    try:
+        url = f"{base}/v1/chat/completions"
+        r = httpx.post(url, json={"messages": USER, "tools": TOOLS, "max_tokens": 2}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+        assert "chat template" in r.json()["error"]["message"]
+        assert httpx.post(url, json={"messages": USER, "max_tokens": 2}, timeout=60).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def decoded_samples(message) -> int:
