@@ -141,8 +141,9 @@ def check_tools(request: dict) -> list[dict]:
         if name in names:
             raise InvalidRequestError(f"{where}.function.name {name!r} is declared twice", f"{where}.function.name")
         parameters = function.get("parameters")
-        if parameters is not None and not isinstance(parameters, dict):
-            raise InvalidRequestError(f"{where}.function.parameters must be a JSON Schema", f"{where}.function")
+        if parameters is not None:  # (checked whatever tool_choice: an "auto" answer may call it too)
+            param = f"{where}.function.parameters"
+            _validate(Constraint("json_schema", _json_grammar(parameters, param), param))
         names.append(name)
     choice = request.get("tool_choice")
     if choice is None or choice in TOOL_CHOICES:

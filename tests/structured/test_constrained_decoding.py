@@ -133,6 +133,7 @@ def test_bad_grammars_name_the_field(engine):
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "nope"),
         ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "both"),
         ({"response_format": {"type": "json_object"}, "min_tokens": 3}, "min_tokens"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strin"}}}]}, "strin"),
     ]
     params = []
     for fields, word in cases:
@@ -149,6 +150,7 @@ def test_bad_grammars_name_the_field(engine):
         "tool_choice",
         "tools",
         "min_tokens",
+        "tools[0].function.parameters",
     ]
     assert not engine.engine.has_unfinished()
 
