@@ -5,19 +5,15 @@ growing the HTTP process; decoding whose client hung up stops at its next frame 
 ``omniwalk_media_cancelled_total``) and frees the pool for the request behind it.
 """
 
-import base64
-import io
 import json
 import socket
 import threading
 import time
 
 import httpx
-import numpy as np
 import pytest
-import soundfile as sf
+from helpers.hostile import media_body, media_bombs, metric, slow_video, solid_video
 from helpers.live_server import launch
-from PIL import Image
 
 
 @pytest.fixture(scope="module")
@@ -28,63 +24,15 @@ def served():
     proc.wait(timeout=30)
 
 
-def solid_video(width: int, height: int, num_frames: int, fps: int) -> bytes:
-    """An H.264 MP4 of one colour: a few bytes a frame, however many pixels."""
-    import av
-
-    buf = io.BytesIO()
-    with av.open(buf, mode="w", format="mp4") as out:
-        stream = out.add_stream("libx264", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        frame = av.VideoFrame.from_ndarray(np.full((height, width, 3), 90, np.uint8), format="rgb24")
-        for _ in range(num_frames):
-            out.mux(stream.encode(frame))
-        out.mux(stream.encode())
-    return buf.getvalue()
-
-
-def silent_flac(seconds: int, rate: int, channels: int) -> bytes:
-    buf = io.BytesIO()
-    with sf.SoundFile(buf, "w", samplerate=rate, channels=channels, format="FLAC", subtype="PCM_16") as f:
-        block = np.zeros((rate * 10, channels), np.int16)
-        for _ in range(seconds // 10):
-            f.write(block)
-    return buf.getvalue()
-
-
-def one_colour_png(side: int) -> bytes:
-    buf = io.BytesIO()
-    Image.new("RGB", (side, side), (10, 200, 30)).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def media_body(kind: str, mime: str, data: bytes) -> dict:
-    url = f"data:{mime};base64," + base64.b64encode(data).decode()
-    part = {"type": f"{kind}_url", f"{kind}_url": {"url": url}}
-    return {"messages": [{"role": "user", "content": [part, {"type": "text", "text": "what is it?"}]}], "max_tokens": 1}
-
-
 def memory_mib(pid: int) -> dict:
     """The process's own VmRSS and VmHWM (peak) in MiB."""
     lines = [line.split() for line in open(f"/proc/{pid}/status") if line.startswith(("VmRSS", "VmHWM"))]
     return {name.rstrip(":"): int(kb) / 1024 for name, kb, _ in lines}
 
 
-def counter(base: str, name: str, **labels) -> float:
-    """A counter's value from /metrics (0 before its first increment: it has no series yet)."""
-    for line in httpx.get(f"{base}/metrics").text.splitlines():
-        if line.startswith(f"{name}{{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            return float(line.split()[-1])
-    return 0.0
-
-
 def test_media_bombs_are_refused_from_their_headers(served):
     proc, base = served
-    bombs = [
-        ("video", "video/mp4", solid_video(1280, 720, 200, fps=1), "max_video_decoded_bytes"),  # all 200 frames kept
-        ("audio", "audio/flac", silent_flac(600, 96000, 8), "max_audio_decoded_bytes"),
-        ("image", "image/png", one_colour_png(7000), "max_image_decoded_bytes"),
-    ]
+    bombs = media_bombs()
     print("bomb sizes (bytes):", [len(data) for _, _, data, _ in bombs])
     with httpx.Client(base_url=base, timeout=60) as client:
         warm = client.post("/v1/chat/completions", json=media_body("video", "video/mp4", solid_video(64, 64, 8, 4)))
@@ -118,15 +66,14 @@ def _abandon(base: str, body: bytes, after_s: float, closed: list) -> None:
 
 def test_abandoned_videos_stop_decoding_and_free_the_pool(served):
     _, base = served
-    # 40,000 frames of 64x64 at 200 fps (200 s, 400 kept frames, ~180 MB resized: within every limit):
-    # seconds of decoding each, so six of them hold both workers for far longer than the test runs
-    slow = json.dumps(media_body("video", "video/mp4", solid_video(64, 64, 40_000, fps=200))).encode()
+    # seconds of decoding each (``slow_video``), so six of them hold both workers far longer than the test runs
+    slow = json.dumps(media_body("video", "video/mp4", slow_video())).encode()
     valid = media_body("video", "video/mp4", solid_video(64, 64, 8, 4))
     start = time.monotonic()
     assert httpx.post(f"{base}/v1/chat/completions", json=valid, timeout=60).status_code == 200
     alone = time.monotonic() - start  # its own service time, on an idle pool
-    cancelled = counter(base, "omniwalk_media_cancelled_total", kind="video")
-    gone = counter(base, "omniwalk_http_responses_total", route="/v1/chat/completions", status="499")
+    cancelled = metric(base, "omniwalk_media_cancelled_total", kind="video")
+    gone = metric(base, "omniwalk_http_responses_total", route="/v1/chat/completions", status="499")
     closed: list[float] = []
     clients = [threading.Thread(target=_abandon, args=(base, slow, 0.3, closed)) for _ in range(6)]
     for t in clients:
@@ -134,7 +81,7 @@ def test_abandoned_videos_stop_decoding_and_free_the_pool(served):
     for t in clients:
         t.join()
     hung_up = max(closed)
-    while counter(base, "omniwalk_media_cancelled_total", kind="video") < cancelled + 6:
+    while metric(base, "omniwalk_media_cancelled_total", kind="video") < cancelled + 6:
         assert time.monotonic() - hung_up < 0.5, "decoding went on after its clients hung up"
         time.sleep(0.02)
     stopped = time.monotonic() - hung_up
@@ -146,6 +93,6 @@ def test_abandoned_videos_stop_decoding_and_free_the_pool(served):
     assert reply.status_code == 200, reply.text
     assert served_in < alone + 1.0  # within 1 s of its turn: nothing of the abandoned work is left ahead of it
     deadline = time.monotonic() + 5  # (the access counts land as each handler returns)
-    while counter(base, "omniwalk_http_responses_total", route="/v1/chat/completions", status="499") < gone + 6:
+    while metric(base, "omniwalk_http_responses_total", route="/v1/chat/completions", status="499") < gone + 6:
         assert time.monotonic() < deadline, "the abandoned requests were not counted as 499"
         time.sleep(0.05)

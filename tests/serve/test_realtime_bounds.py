@@ -1,10 +1,12 @@
 """/v1/realtime under hostile load, against a live `omniwalk serve` (tiny model), with a raw
 websockets client: a flood of 8 MiB audio items stays within the conversation bounds and the
 server's audio budget (the HTTP process's own RSS), a response on a too-large conversation is
-refused before its prompt is built, and idle and over-long sessions are closed.
+refused before its prompt is built, idle and over-long sessions are closed, and a client that goes
+away while its response's audio is decoded stops that decoding.
 
 One server for the module, with small bounds: a conversation holds 600 s of audio (three 8 MiB
-items), all sessions 36 MiB (four items), a prompt at most 16 MiB; idle after 2 s, sessions of 30 s.
+items), all sessions 36 MiB (four items), a prompt at most 16 MiB; idle after 2 s, sessions of 30 s;
+one media worker (so a long video holds it).
 """
 
 import asyncio
@@ -15,7 +17,7 @@ import time
 import numpy as np
 import pytest
 import websockets
-from helpers.hostile import rss_mb
+from helpers.hostile import media_body, metric, rss_mb, slow_video
 from helpers.live_server import launch
 
 ITEM_BYTES = 8 * 2**20  # PCM16 per item: 174.8 s at 24 kHz
@@ -27,6 +29,7 @@ FLAGS = {
     "--max-body-bytes": "16MiB",
     "--realtime-idle-timeout-s": str(IDLE_S),
     "--realtime-max-session-s": str(SESSION_S),
+    "--media-workers": "1",
 }
 
 
@@ -144,3 +147,55 @@ def test_a_busy_session_is_closed_at_its_lifetime(served):
     event, lived = asyncio.run(run())
     assert event["type"] == "error" and event["error"]["code"] == "session_expired"
     assert SESSION_S - 1 <= lived < SESSION_S + 10
+
+
+async def until(check, timeout: float, what: str) -> float:
+    """Poll ``check()`` until it holds -> the seconds it took; fail after ``timeout``."""
+    start = time.monotonic()
+    while not check():
+        assert time.monotonic() - start < timeout, what
+        await asyncio.sleep(0.02)
+    return time.monotonic() - start
+
+
+def test_a_client_gone_while_its_prompt_decodes_stops_the_decoding(served):
+    """The one media worker decodes a long video (an HTTP request); a realtime response's audio
+    waits behind it. The client closes its session: the audio item leaves the queue at once
+    (counted cancelled), not after the video."""
+    _, base = served
+    host, port = base.removeprefix("http://").split(":")
+    slow = json.dumps(media_body("video", "video/mp4", slow_video())).encode()
+    depth = lambda: metric(base, "omniwalk_media_queue_depth")  # noqa: E731 - items in the pool
+    cancelled = metric(base, "omniwalk_media_cancelled_total", kind="audio")
+    speech = np.random.default_rng(1).integers(-3000, 3000, 24_000, dtype=np.int16).tobytes()  # 1 s
+    item = {
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_audio", "audio": base64.b64encode(speech).decode()}],
+    }
+
+    async def run():
+        ws = await connect(base)
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
+        await events_until(ws, lambda e: e["type"] == "conversation.item.done")
+        reader, writer = await asyncio.open_connection(host, int(port))  # the video's client
+        head = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        writer.write(f"{head}content-length: {len(slow)}\r\n\r\n".encode() + slow)
+        await until(lambda: depth() == 1, 10, "the video did not reach the pool")
+        await ws.send(json.dumps({"type": "response.create", "response": {"output_modalities": ["text"]}}))
+        await until(lambda: depth() == 2, 10, "the response's audio did not reach the pool")
+        await ws.close()  # the client goes away while its prompt's audio waits for the worker
+        stopped = await until(
+            lambda: metric(base, "omniwalk_media_cancelled_total", kind="audio") > cancelled,
+            0.5,
+            "the response's audio was still queued 0.5 s after its client went away",
+        )
+        still_decoding = depth() == 1
+        writer.close()  # (the video's client hangs up too: its decoding stops)
+        await until(lambda: depth() == 0, 5, "the video's decoding went on after its client hung up")
+        return stopped, still_decoding
+
+    stopped, still_decoding = asyncio.run(run())
+    print(f"the response's audio left the queue {stopped:.3f} s after its session closed")
+    assert still_decoding  # (the video was still being decoded: the audio would have waited for it)
+    assert metric(base, "omniwalk_media_cancelled_total", kind="audio") == cancelled + 1

@@ -9,7 +9,8 @@ Bearer``, or, for browsers, which cannot set headers, the subprotocol
 ends when the client sends no event for ``realtime_idle_timeout_s`` while no answer is being
 generated (an ``error`` event with code ``idle_timeout``, then the close). The sessions share one
 ``AudioBudget`` for their conversations' audio (``bounds.py``).
-A client that goes away ends its session: a response in progress is aborted in the engine.
+A client that goes away ends its session: a response in progress is aborted in the engine, and
+the media decoding of the event being handled (a response's prompt) stops.
 Sessions are counted in ``omniwalk_realtime_sessions`` and, when they end, in
 ``omniwalk_http_responses_total{route="/v1/realtime",status="101"}`` and the access log.
 """
@@ -120,17 +121,39 @@ async def _serve(ws: WebSocket, served, budget: AudioBudget) -> None:
 
 async def _receive_until_idle(ws: WebSocket, session: Session, idle_s: float) -> bool:
     """Handle client events until the client goes away (False) or is idle (True): no event for
-    ``idle_s`` while no answer is generated (a client listening to a long answer is not idle)."""
-    while True:
-        try:
-            message = await asyncio.wait_for(ws.receive(), idle_s)
-        except TimeoutError:
-            if session.is_responding:
-                continue
-            return True
-        if message["type"] == "websocket.disconnect":
-            return False
-        await session.handle(message["text"] if message.get("text") is not None else message.get("bytes"))
+    ``idle_s`` while no answer is generated (a client listening to a long answer is not idle).
+
+    The next message is read while an event is handled, so a client that goes away during a
+    handler (a ``response.create`` whose prompt's audio the media pool is decoding) stops that
+    handler at once: its media items are dropped or stop at their next chunk, counted in
+    ``omniwalk_media_cancelled_total`` as an HTTP request's are when its client hangs up. At most
+    one message is read ahead (a client's flood waits in the socket)."""
+    reading = asyncio.ensure_future(ws.receive())
+    handling: asyncio.Future | None = None
+    try:
+        while True:
+            if not (await asyncio.wait({reading}, timeout=idle_s))[0]:
+                if session.is_responding:
+                    continue
+                return True
+            message = reading.result()
+            if message["type"] == "websocket.disconnect":
+                return False
+            reading = asyncio.ensure_future(ws.receive())
+            handling = asyncio.ensure_future(session.handle(_payload(message)))
+            await asyncio.wait({reading, handling}, return_when=asyncio.FIRST_COMPLETED)
+            if not handling.done() and reading.result()["type"] == "websocket.disconnect":
+                return False  # (the handler is cancelled below, its media work with it)
+            await handling
+    finally:
+        for task in (reading, handling):
+            if task is not None and not task.done():
+                task.cancel()
+        await asyncio.gather(*(t for t in (reading, handling) if t is not None), return_exceptions=True)
+
+
+def _payload(message: dict) -> str | bytes:
+    return message["text"] if message.get("text") is not None else message.get("bytes")
 
 
 async def _end(ws: WebSocket, session: Session, reason: APIError) -> None:
