@@ -230,6 +230,11 @@ class ServerConfig:
     # answers' transcripts, each until its expires_at
     audio_store_size: int = 1024
     audio_expiry_s: int = 3600
+    # stored /v1/responses (retrieve, previous_response_id): the newest this many, each this long, their inputs
+    # (media included) and outputs together at most this many bytes
+    response_store_size: int = 1024
+    response_expiry_s: int = 3600
+    response_store_bytes: int = 256 * 2**20
     # /v1/realtime (WebSocket sessions, omniwalk/serve/realtime/): limits, and the server VAD's defaults
     # (a session changes threshold, prefix padding and silence with session.update)
     realtime_max_sessions: int = 64  # open sessions; the next handshake is refused with a 429
@@ -251,7 +256,7 @@ class ServerConfig:
     def __post_init__(self):
         positive = ("port", "max_body_bytes", "max_tokens_limit", "max_audio_frames_limit", "default_max_tokens")
         positive += ("data_parallel", "media_workers", "max_media_queue", "audio_store_size", "audio_expiry_s")
-        positive += ("max_connections",)
+        positive += ("max_connections", "response_store_size", "response_expiry_s", "response_store_bytes")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")

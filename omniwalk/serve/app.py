@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP server (FastAPI) in front of the engine process.
 
-Routes: POST /v1/chat/completions, POST /v1/audio/speech, GET /v1/models, GET /v1/models/{id},
+Routes: POST /v1/chat/completions, POST /v1/audio/speech, /v1/responses (``responses_routes.py``),
+GET /v1/models, GET /v1/models/{id},
 GET /health (200 ready, or degraded: a data-parallel replica is dead; 503 starting / failed /
 engine_dead / draining, with the reason; each replica's status; no process ids), GET /metrics
 (Prometheus), the WebSocket GET /v1/realtime (``realtime/``), the talk page at /. With an API
@@ -42,6 +43,7 @@ from omniwalk.serve.metrics import Metrics
 from omniwalk.serve.page import add_page_routes
 from omniwalk.serve.realtime.route import add_realtime_route
 from omniwalk.serve.replicas import Replicas
+from omniwalk.serve.responses_routes import add_responses_routes
 from omniwalk.serve.run import EngineRun
 from omniwalk.serve.speech import speech_request
 from omniwalk.serve.supervisor import Supervisor
@@ -76,14 +78,18 @@ class Served:
         if self.supervisor.state != "ready":
             raise APIError(503, f"the server is not ready ({self.supervisor.state})", code="engine_unavailable")
         _require_json(request)
-        if base not in self.schemas:
-            info = self.client.info
-            fields = info.request_fields if base is schemas.ChatRequest else info.speech_fields
-            self.schemas[base] = schemas.with_fields(base, {name: info.request_fields[name] for name in fields})
         try:
-            return self.schemas[base].model_validate_json(await request.body())
+            return self.schema(base).model_validate_json(await request.body())
         except ValidationError as e:
             raise validation_error(e) from None
+
+    def schema(self, base: type[schemas.Strict]) -> type[schemas.Strict]:
+        """``base`` with the model family's own request fields (a speech body: its speech fields)."""
+        if base not in self.schemas:
+            info = self.client.info
+            fields = info.speech_fields if base is schemas.SpeechRequest else info.request_fields
+            self.schemas[base] = schemas.with_fields(base, {name: info.request_fields[name] for name in fields})
+        return self.schemas[base]
 
 
 def _require_json(request: Request) -> None:
@@ -123,6 +129,7 @@ def create_app(client: Replicas, cfg: ServerConfig, limits: MediaLimits, supervi
     _install_error_handlers(app)
     _info_routes(app, served)
     _generation_routes(app, served)
+    add_responses_routes(app, served)
     add_realtime_route(app, served)
     add_page_routes(app)
     return Guard(app, cfg, metrics)

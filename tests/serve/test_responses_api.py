@@ -1,0 +1,239 @@
+"""The Responses API (/v1/responses) with the official `openai` client against a live tiny server.
+
+A Responses request is the same engine request as the chat completion it translates to, so the
+references are the chat answers (greedy: equal text and token counts) and the declared schemas
+(every well-formed call or JSON object on the random-weight checkpoint is the grammar's doing)."""
+
+import base64
+import json
+
+import httpx
+import jsonschema
+import openai
+import pydantic
+import pytest
+from helpers.live_server import png_data_url, server
+from helpers.qwen3_omni import AUDIO, IMAGE, wav_data_url
+
+from omniwalk.bench.schemas import SCHEMAS
+
+MODEL = "qwen3-omni"
+GREEDY = {"temperature": 0.0}
+FIXED = {"ignore_eos": True}  # (extra body: the answer runs to max_output_tokens)
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "the forecast for a city",
+    "parameters": SCHEMAS["weather_tool_args"],
+    "strict": True,
+}
+
+
+@pytest.fixture(scope="module")
+def base_url():
+    with server() as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def client(base_url):
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+
+
+def chat_twin(client, content, max_tokens: int):
+    """The chat completion a Responses request with this user content translates to."""
+    messages = [{"role": "user", "content": content}]
+    return client.chat.completions.create(
+        model=MODEL, messages=messages, max_completion_tokens=max_tokens, extra_body=FIXED, **GREEDY
+    )
+
+
+def check_same_as_chat(response, chat) -> None:
+    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    assert response.output_text == chat.choices[0].message.content
+    assert response.usage.input_tokens == chat.usage.prompt_tokens
+    assert response.usage.output_tokens == chat.usage.completion_tokens
+    assert response.usage.total_tokens == chat.usage.total_tokens
+
+
+def test_text_input_is_the_chat_answer(client):
+    r = client.responses.create(model=MODEL, input="hello world", max_output_tokens=6, extra_body=FIXED, **GREEDY)
+    assert r.object == "response" and r.id.startswith("resp_") and r.model == MODEL
+    assert [item.type for item in r.output] == ["message"] and r.output[0].status == "incomplete"
+    assert r.usage.output_tokens == 6
+    check_same_as_chat(r, chat_twin(client, "hello world", 6))
+
+
+def test_image_input_is_the_chat_answer(client):
+    url = png_data_url(IMAGE)
+    content = [{"type": "input_image", "image_url": url, "detail": "auto"}, {"type": "input_text", "text": "what"}]
+    r = client.responses.create(
+        model=MODEL, input=[{"role": "user", "content": content}], max_output_tokens=5, extra_body=FIXED, **GREEDY
+    )
+    chat = chat_twin(client, [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "what"}], 5)
+    check_same_as_chat(r, chat)
+    assert r.usage.input_tokens > 40  # (the image's placeholder tokens are in the prompt)
+
+
+def test_audio_input_is_the_chat_answer(client):
+    data = wav_data_url(AUDIO).split(",", 1)[1]
+    audio = {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
+    r = client.responses.create(
+        model=MODEL, input=[{"role": "user", "content": [audio]}], max_output_tokens=5, extra_body=FIXED, **GREEDY
+    )
+    check_same_as_chat(r, chat_twin(client, [audio], 5))
+
+
+class Verdict(pydantic.BaseModel):
+    answer: bool
+    confidence: int = pydantic.Field(ge=0, le=9)
+
+
+def test_stream_deltas_make_the_final_response(client):
+    fields = dict(model=MODEL, input="is it raining", max_output_tokens=60, **GREEDY)
+    deltas, kinds = [], []
+    with client.responses.stream(text_format=Verdict, **fields) as stream:
+        for event in stream:
+            kinds.append(event.type)
+            if event.type == "response.output_text.delta":
+                deltas.append(event.delta)
+        final = stream.get_final_response()
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added", kinds[3]]
+    assert kinds[-1] == "response.completed" and final.status == "completed"
+    assert "".join(deltas) == final.output_text
+    assert isinstance(final.output_parsed, Verdict)
+    whole = client.responses.create(text={"format": stream_format()}, **fields)
+    assert whole.output_text == final.output_text and whole.usage.output_tokens == final.usage.output_tokens
+    assert client.responses.retrieve(final.id).output_text == final.output_text  # (stored at the end)
+
+
+def stream_format() -> dict:
+    """The text.format the SDK sends for ``text_format=Verdict``."""
+    from openai.lib._pydantic import to_strict_json_schema
+
+    return {"type": "json_schema", "name": "Verdict", "schema": to_strict_json_schema(Verdict), "strict": True}
+
+
+def test_sequence_numbers_count_up_and_items_close(base_url):
+    body = {"model": MODEL, "input": "hi", "max_output_tokens": 4, "stream": True, "tools": [WEATHER]}
+    body["tool_choice"] = "required"
+    with httpx.stream("POST", f"{base_url}/v1/responses", json=body, timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    added = [e["item"]["id"] for e in events if e["type"] == "response.output_item.added"]
+    done = [e["item"]["id"] for e in events if e["type"] == "response.output_item.done"]
+    assert added == done and events[-1]["type"] == "response.incomplete"
+
+
+def test_function_tool_round_trip(client):
+    first = client.responses.create(
+        model=MODEL,
+        input="weather in paris?",
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=200,
+        **GREEDY,
+    )
+    assert first.status == "completed"
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert calls and all(call.name == "get_weather" and call.status == "completed" for call in calls)
+    for call in calls:
+        jsonschema.validate(json.loads(call.arguments), WEATHER["parameters"])
+    results = [{"type": "function_call_output", "call_id": c.call_id, "output": '{"sky": "clear"}'} for c in calls]
+    second = client.responses.create(
+        model=MODEL, previous_response_id=first.id, input=results, tools=[WEATHER], max_output_tokens=6, **GREEDY
+    )
+    assert second.output[0].type == "message" and second.output_text
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    # the same conversation sent whole (the SDKs' way without previous_response_id) is the same prompt
+    history = [{"role": "user", "content": "weather in paris?"}, *[c.model_dump(exclude_none=True) for c in calls], *results]
+    whole = client.responses.create(model=MODEL, input=history, tools=[WEATHER], max_output_tokens=6, **GREEDY)
+    assert whole.usage.input_tokens == second.usage.input_tokens and whole.output_text == second.output_text
+
+
+def test_streamed_calls_are_the_whole_ones(client):
+    fields = dict(model=MODEL, input="weather?", tools=[WEATHER], tool_choice="required", max_output_tokens=200)
+    fields["parallel_tool_calls"] = False
+    whole = client.responses.create(**fields, **GREEDY)
+    arguments = {}
+    with client.responses.stream(**fields, **GREEDY) as stream:
+        for event in stream:
+            if event.type == "response.function_call_arguments.delta":
+                arguments[event.output_index] = arguments.get(event.output_index, "") + event.delta
+        final = stream.get_final_response()
+    expected = [(item.name, item.arguments) for item in whole.output]
+    assert [(item.name, item.arguments) for item in final.output] == expected
+    assert [arguments[i] for i in sorted(arguments)] == [a for _, a in expected]
+
+
+@pytest.mark.parametrize("name", ["booking", "event", "any_of_objects", "array_of_objects"])
+def test_json_schema_output_validates(client, name):
+    fmt = {"type": "json_schema", "name": name, "schema": SCHEMAS[name], "strict": True}
+    r = client.responses.create(
+        model=MODEL, input="json please", text={"format": fmt}, max_output_tokens=400, temperature=1.0, extra_body={"seed": 7}
+    )
+    assert r.status == "completed" and r.text.format.type == "json_schema"
+    jsonschema.validate(json.loads(r.output_text), SCHEMAS[name])
+
+
+def test_previous_response_id_continues_the_conversation(client):
+    first = client.responses.create(
+        model=MODEL, input="my name is ada", instructions="be brief", max_output_tokens=5, extra_body=FIXED
+    )
+    second = client.responses.create(
+        model=MODEL, input="what is my name", previous_response_id=first.id, max_output_tokens=5, extra_body=FIXED
+    )
+    assert second.previous_response_id == first.id
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens - 5  # (less "be brief")
+    alone = client.responses.create(model=MODEL, input="what is my name", max_output_tokens=5, extra_body=FIXED)
+    assert second.usage.input_tokens > alone.usage.input_tokens + first.usage.output_tokens
+
+
+def test_retrieve_delete_and_cancel(client, base_url):
+    r = client.responses.create(model=MODEL, input="hi", max_output_tokens=3, metadata={"k": "v"})
+    got = client.responses.retrieve(r.id)
+    assert got.model_dump() == r.model_dump() and got.metadata == {"k": "v"}
+    with pytest.raises(openai.BadRequestError):
+        client.responses.cancel(r.id)  # (only background responses can be; none runs in the background here)
+    client.responses.delete(r.id)
+    for call in (client.responses.retrieve, client.responses.delete, client.responses.cancel):
+        with pytest.raises(openai.NotFoundError):
+            call(r.id)
+    unstored = client.responses.create(model=MODEL, input="hi", max_output_tokens=3, store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+
+
+AUDIO_PART = {"type": "input_audio", "input_audio": {"data": base64.b64encode(b"not audio").decode(), "format": "wav"}}
+BAD = [
+    ({"text": {"format": {"type": "json_schema", "name": "s", "schema": {"type": "object", "not": {}}}}}, "text.format"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"tools": [{"type": "function", "name": "bad name"}]}, "tools[0].name"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
+    ({"tool_choice": {"type": "file_search"}}, "tool_choice.type"),
+    ({"input": [{"role": "user", "content": [AUDIO_PART]}]}, "input[0].content[0].input_audio.data"),
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input[0].content[0].type"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]}, "input[0].content[0].file_id"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
+    ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0].call_id"),
+    ({"max_output_tokens": 10**6}, "max_output_tokens"),
+    ({"reasoning": {"effort": "low"}}, "reasoning"),
+    ({"background": True}, "background"),
+    ({"unknown_field": 1}, "unknown_field"),
+]
+
+
+@pytest.mark.parametrize(("fields", "param"), BAD)
+def test_bad_input_is_a_400_naming_the_field(base_url, fields, param):
+    r = httpx.post(f"{base_url}/v1/responses", json={"input": "hi", "max_output_tokens": 2, **fields}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"].startswith(param), r.json()
+
+
+def test_an_unknown_previous_response_is_a_400_as_openai_answers(base_url):
+    body = {"input": "hi", "previous_response_id": "resp_unknown"}
+    r = httpx.post(f"{base_url}/v1/responses", json=body, timeout=60)
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "previous_response_id"
+    assert r.json()["error"]["code"] == "previous_response_not_found"
