@@ -268,9 +268,12 @@ def param_name(param: str | None, sources: list[str]) -> str | None:
 
 
 def renamed(e: APIError, sources: list[str]) -> APIError:
-    """``e`` with its param named as the Responses body names it."""
-    e.param = param_name(e.param, sources)
-    return e
+    """``e`` with its param named as the Responses body names it (in its message too)."""
+    param = param_name(e.param, sources)
+    if e.param is None or param == e.param:
+        return e
+    message = str(e).replace(e.param, param, 1)
+    return APIError(e.status, message, param=param, code=e.code, headers=e.headers)
 
 
 def usage(output: dict) -> dict:
