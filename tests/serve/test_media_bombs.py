@@ -5,12 +5,14 @@ growing the HTTP process; decoding whose client hung up stops at its next frame 
 ``omniwalk_media_cancelled_total``) and frees the pool for the request behind it.
 """
 
+import base64
 import json
 import socket
 import threading
 import time
 
 import httpx
+import numpy as np
 import pytest
 from helpers.hostile import media_body, media_bombs, metric, slow_video, solid_video
 from helpers.live_server import launch
@@ -52,6 +54,24 @@ def test_media_bombs_are_refused_from_their_headers(served):
         assert growth < 100
         valid = client.post("/v1/chat/completions", json=media_body("video", "video/mp4", solid_video(64, 64, 8, 4)))
         assert valid.status_code == 200, valid.text
+
+
+def test_a_large_body_costs_a_few_times_its_size(served):
+    """A 60 MiB body (base64 that decodes to no audio: a 400) raises the HTTP process's peak RSS by
+    about 4x its size (the bytes, their parsed JSON, the decoded base64): the factor the resource
+    model in docs/serving.md multiplies ``--max-body-bytes`` by."""
+    proc, base = served
+    data = base64.b64encode(np.random.default_rng(0).bytes(45 * 2**20)).decode()
+    part = {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
+    body = json.dumps({"messages": [{"role": "user", "content": [part]}], "max_tokens": 1}).encode()
+    before = memory_mib(proc.pid)
+    reply = httpx.post(
+        f"{base}/v1/chat/completions", content=body, headers={"content-type": "application/json"}, timeout=120
+    )
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "messages[0].content[0].input_audio.data"
+    growth, size = memory_mib(proc.pid)["VmHWM"] - before["VmRSS"], len(body) / 2**20
+    print(f"a {size:.0f} MiB body: HTTP process peak +{growth:.0f} MiB ({growth / size:.1f}x)")
+    assert growth < 5 * size
 
 
 def _abandon(base: str, body: bytes, after_s: float, closed: list) -> None:

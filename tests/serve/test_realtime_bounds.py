@@ -125,10 +125,10 @@ def test_a_session_without_client_events_is_closed_as_idle(served):
         start = time.monotonic()
         event = json.loads(await asyncio.wait_for(ws.recv(), 10 * IDLE_S))
         await asyncio.wait_for(ws.wait_closed(), 10)
-        return event, time.monotonic() - start
+        return event, time.monotonic() - start, ws.close_code
 
-    event, waited = asyncio.run(run())
-    assert event["type"] == "error" and event["error"]["code"] == "idle_timeout"
+    event, waited, code = asyncio.run(run())
+    assert event["type"] == "error" and event["error"]["code"] == "idle_timeout" and code == 1000
     assert IDLE_S <= waited < 5 * IDLE_S
 
 
@@ -142,10 +142,10 @@ def test_a_busy_session_is_closed_at_its_lifetime(served):
         lived = time.monotonic() - start
         await asyncio.wait_for(ws.wait_closed(), 10)
         await asyncio.gather(alive, return_exceptions=True)  # (it ends when the socket closes)
-        return events[-1], lived
+        return events[-1], lived, ws.close_code
 
-    event, lived = asyncio.run(run())
-    assert event["type"] == "error" and event["error"]["code"] == "session_expired"
+    event, lived, code = asyncio.run(run())
+    assert event["type"] == "error" and event["error"]["code"] == "session_expired" and code == 1000
     assert SESSION_S - 1 <= lived < SESSION_S + 10
 
 
