@@ -51,12 +51,12 @@ UNSUPPORTED = {
     "top_logprobs": "top_logprobs",
     "context_management": "context management",
 }
-# chat param -> Responses param (after ``messages[i]`` is resolved), first match wins
+# chat field names in a param or an error's message -> the Responses ones (after ``messages[i]`` is resolved)
 PARAM_NAMES = (
-    (re.compile(r"^response_format(\.json_schema)?"), "text.format"),
-    (re.compile(r"^tools\[(\d+)\]\.function"), r"tools[\1]"),
-    (re.compile(r"^tool_choice\.function"), "tool_choice"),
-    (re.compile(r"^max_(completion_)?tokens"), "max_output_tokens"),
+    (re.compile(r"\bresponse_format(\.json_schema)?"), "text.format"),
+    (re.compile(r"\btools\[(\d+)\]\.function"), r"tools[\1]"),
+    (re.compile(r"\btool_choice\.function"), "tool_choice"),
+    (re.compile(r"\bmax_(completion_)?tokens"), "max_output_tokens"),
     # (errors.validation_error drops a part's "input_audio", taking it for a union tag)
     (re.compile(r"(content\[\d+\])\.(data|format)$"), r"\1.input_audio.\2"),
 )
@@ -151,6 +151,8 @@ def structured(body: rs.ResponsesRequest) -> dict:
         choice = {"type": "function", "function": {"name": choice.name}}
     out["tool_choice"] = choice
     fmt = body.text.format if body.text is not None else None
+    if choice not in (None, "auto", "none"):
+        return out  # (the answer is calls only: text.format is for text, as an Agent's first turn sends both)
     if fmt is not None and fmt.type == "json_schema":
         out["response_format"] = {"type": "json_schema", "json_schema": fmt.model_dump(by_alias=True, exclude={"type"})}
     elif fmt is not None:
@@ -269,10 +271,11 @@ def param_name(param: str | None, sources: list[str]) -> str | None:
 
 def renamed(e: APIError, sources: list[str]) -> APIError:
     """``e`` with its param named as the Responses body names it (in its message too)."""
-    param = param_name(e.param, sources)
-    if e.param is None or param == e.param:
-        return e
-    message = str(e).replace(e.param, param, 1)
+    param, message = param_name(e.param, sources), str(e)
+    if e.param is not None:
+        message = message.replace(e.param, param, 1)
+    for pattern, name in PARAM_NAMES[:-1]:
+        message = pattern.sub(name, message)
     return APIError(e.status, message, param=param, code=e.code, headers=e.headers)
 
 
