@@ -151,7 +151,8 @@ class BatchParams:
         return out
 
     def with_all_fields(self, vocab: int) -> BatchParams:
-        """Every field present, absent ones at their neutral values (a CUDA graph's inputs)."""
+        """Every field of ``GRAPH_FIELDS`` present, absent ones at their neutral values (a CUDA graph's
+        inputs); ``allowed`` stays as it is (grammar bitmasks are drawn outside graphs)."""
         rows, device = self.temperature.shape[0], self.temperature.device
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         for name, (value, dtype, width) in _NEUTRAL.items():
@@ -161,18 +162,22 @@ class BatchParams:
         return BatchParams(**out)
 
 
+# the fields a CUDA graph's draws take as inputs: all but the grammar bitmask (a constrained draw runs eagerly,
+# after the step before is committed: ``engine/inflight.py``)
+GRAPH_FIELDS = tuple(f.name for f in fields(BatchParams) if f.name != "allowed")
+
+
 def bitmask_width(vocab: int) -> int:
     """int32 words of a row's ``allowed`` bitmask."""
     return -(-vocab // 32)
 
 
 _PER_ID, _SCALAR = (lambda vocab: vocab), None
-# optional BatchParams fields: (neutral value (None: the vocabulary size), dtype, row width (None: one per row))
+# optional graph fields: (neutral value (None: the vocabulary size), dtype, row width (None: one per row))
 _NEUTRAL = {
     "penalty": (1.0, torch.float32, _SCALAR),
     "seen": (False, torch.bool, _PER_ID),
     "banned": (False, torch.bool, _PER_ID),
-    "allowed": (-1, torch.int32, bitmask_width),  # every bit set
     "top_k": (None, torch.long, _SCALAR),
     "top_p": (1.0, torch.float32, _SCALAR),
     "sampled": (False, torch.bool, _SCALAR),

@@ -51,7 +51,7 @@ def _pad(logits: torch.Tensor, p: BatchParams) -> tuple[torch.Tensor, BatchParam
     neutral = {"temperature": 1.0, "penalty": 1.0, "seen": False, "banned": False, "allowed": -1}
     neutral["top_k"] = logits.shape[1]
     neutral |= {"top_p": 1.0, "sampled": False, "seeds": 3, "steps": 3}
-    rows = {k: torch.cat([v, torch.full_like(v[:1], neutral[k])]) for k, v in vars(p).items()}
+    rows = {k: v if v is None else torch.cat([v, torch.full_like(v[:1], neutral[k])]) for k, v in vars(p).items()}
     return torch.cat([logits, logits[:1]]), BatchParams(**rows)
 
 

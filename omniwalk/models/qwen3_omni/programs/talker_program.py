@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import fields
 
 import torch
 from torch import nn
@@ -34,7 +33,7 @@ from omniwalk.models.common.checkpoint.config import TokenIds
 from omniwalk.models.common.processing.positions import batch_spans
 from omniwalk.models.qwen3_omni.networks.talker import Talker
 from omniwalk.models.qwen3_omni.processing.talker_prompt import talker_prefix
-from omniwalk.sampling import BatchParams, advance, draw
+from omniwalk.sampling import GRAPH_FIELDS, BatchParams, advance, draw
 
 EOS, PAD = "eos", "pad"
 
@@ -251,7 +250,7 @@ class TalkerProgram(KVProgram):
         pool = self.layers.capture(self.prefill, storage, pool)
         if self.graph_max_batch == 0:
             return pool
-        names = [f.name for f in fields(BatchParams)]
+        names = GRAPH_FIELDS
 
         def frame_step(x, positions, slots, table, lens, **sampling):
             kv = DecodeKV(storage, slots, table, lens, self.decode_attention)
@@ -283,7 +282,7 @@ class TalkerProgram(KVProgram):
             ("cp", [ts.cp_sampler for ts in states], cfg.code_predictor.vocab_size),
         ):
             params = BatchParams.of(samplers, vocab, self.device)  # (fields it leaves out: neutral)
-            inputs |= {f"{prefix}_{f.name}": getattr(params, f.name) for f in fields(BatchParams)}
+            inputs |= {f"{prefix}_{name}": getattr(params, name) for name in GRAPH_FIELDS}
         out = self.frame_graph.run(len(batch), inputs)
         kv.advance(len(batch))  # (the graph's DecodeKV keeps no host bookkeeping)
         return self._commit_frames(reqs, out["frames"], out["codec_sum"].clone())  # (graph outputs are reused)
