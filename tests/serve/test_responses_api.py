@@ -6,6 +6,7 @@ references are the chat answers (greedy: equal text and token counts) and the de
 
 import base64
 import json
+import time
 
 import httpx
 import jsonschema
@@ -16,6 +17,7 @@ from helpers.live_server import png_data_url, server
 from helpers.qwen3_omni import AUDIO, IMAGE, wav_data_url
 
 from omniwalk.bench.schemas import SCHEMAS
+from omniwalk.serve.response_store import ResponseStore
 
 MODEL = "qwen3-omni"
 GREEDY = {"temperature": 0.0}
@@ -179,16 +181,44 @@ def test_json_schema_output_validates(client, name):
 
 
 def test_previous_response_id_continues_the_conversation(client):
-    first = client.responses.create(
-        model=MODEL, input="my name is ada", instructions="be brief", max_output_tokens=5, extra_body=FIXED
-    )
-    second = client.responses.create(
-        model=MODEL, input="what is my name", previous_response_id=first.id, max_output_tokens=5, extra_body=FIXED
-    )
+    """A continued response's prompt is the stored conversation (never its instructions) plus its input:
+    the same as the conversation sent whole."""
+    fields = dict(model=MODEL, max_output_tokens=5, extra_body=FIXED, **GREEDY)
+
+    def whole(first, question: str):
+        said = first.output[0].model_dump(exclude_none=True)
+        items = [{"role": "user", "content": "my name is ada"}, said, {"role": "user", "content": question}]
+        return client.responses.create(input=items, **fields)
+
+    first = client.responses.create(input="my name is ada", **fields)
+    second = client.responses.create(input="what is my name", previous_response_id=first.id, **fields)
     assert second.previous_response_id == first.id
-    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens - 5  # (less "be brief")
-    alone = client.responses.create(model=MODEL, input="what is my name", max_output_tokens=5, extra_body=FIXED)
-    assert second.usage.input_tokens > alone.usage.input_tokens + first.usage.output_tokens
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    reference = whole(first, "what is my name")
+    assert (second.usage.input_tokens, second.output_text) == (reference.usage.input_tokens, reference.output_text)
+    told = client.responses.create(input="my name is ada", instructions="be brief", **fields)
+    system = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "my name is ada"}]
+    twin = client.chat.completions.create(model=MODEL, messages=system, max_completion_tokens=5, **GREEDY)
+    assert told.instructions == "be brief" and told.usage.input_tokens == twin.usage.prompt_tokens
+    after = client.responses.create(input="and now", previous_response_id=told.id, **fields)
+    assert after.usage.input_tokens == whole(told, "and now").usage.input_tokens
+
+
+def test_a_required_call_with_a_text_format_answers_calls(client):
+    """The answer is calls only, so text.format does not apply (an Agent's first turn sends both)."""
+    fmt = {"type": "json_schema", "name": "s", "schema": SCHEMAS["booking"], "strict": True}
+    r = client.responses.create(
+        model=MODEL,
+        input="weather?",
+        tools=[WEATHER],
+        tool_choice={"type": "function", "name": "get_weather"},
+        parallel_tool_calls=False,
+        text={"format": fmt},
+        max_output_tokens=200,
+        **GREEDY,
+    )
+    assert [item.type for item in r.output] == ["function_call"] and r.text.format.name == "s"
+    jsonschema.validate(json.loads(r.output[0].arguments), WEATHER["parameters"])
 
 
 def test_retrieve_delete_and_cancel(client, base_url):
@@ -243,3 +273,19 @@ def test_an_unknown_previous_response_is_a_400_as_openai_answers(base_url):
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "previous_response_id"
     assert r.json()["error"]["code"] == "previous_response_not_found"
+
+
+def test_the_store_is_bounded_by_count_bytes_and_time(monkeypatch):
+    store = ResponseStore(capacity=2, expiry_s=60, max_bytes=10_000)
+    for name in ("a", "b", "c"):
+        store.put({"id": name}, [{"role": "user", "content": name}])
+    assert store.get("a") is None and store.get("b").items == [{"role": "user", "content": "b"}] and len(store) == 2
+    store.put({"id": "big"}, [{"role": "user", "content": "x" * 9_000}])
+    assert store.get("b") is None and store.get("c") is not None  # (the oldest went to make room)
+    store.put({"id": "huge"}, [{"role": "user", "content": "x" * 20_000}])
+    assert len(store) == 0 and store.num_bytes == 0  # (one over the bound is not kept either)
+    store.put({"id": "d"}, [])
+    now = time.time()
+    monkeypatch.setattr(time, "time", lambda: now + 61)
+    assert store.get("d") is None and store.num_bytes == 0
+    assert not store.delete("d")
