@@ -107,7 +107,8 @@ class Turn:
 def turn_of(body: rs.ResponsesRequest, store: ResponseStore, family_fields) -> Turn:
     """A validated Responses body -> its ``Turn``; APIError when it cannot be served."""
     for name, what in UNSUPPORTED.items():
-        if getattr(body, name) not in (None, False, 0, [], {}):
+        value = getattr(body, name)
+        if value not in (False, 0) and not _is_empty(value):
             raise unsupported(name, what)
     history = []
     if body.previous_response_id is not None:
@@ -134,6 +135,13 @@ def turn_of(body: rs.ResponsesRequest, store: ResponseStore, family_fields) -> T
         echo=echo(body),
         store=body.store is not False,
     )
+
+
+def _is_empty(value) -> bool:
+    """None, an empty list, or an object whose fields are all unset (``"reasoning": {"effort": null}``)."""
+    if isinstance(value, dict):
+        return all(_is_empty(v) for v in value.values())
+    return value is None or value == []
 
 
 def structured(body: rs.ResponsesRequest) -> dict:

@@ -253,7 +253,7 @@ BAD = [
     ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
     ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0].call_id"),
     ({"max_output_tokens": 10**6}, "max_output_tokens"),
-    ({"reasoning": {"effort": "low"}}, "reasoning"),
+    ({"reasoning": {"effort": "low", "summary": None}}, "reasoning"),
     ({"background": True}, "background"),
     ({"unknown_field": 1}, "unknown_field"),
 ]
@@ -265,6 +265,12 @@ def test_bad_input_is_a_400_naming_the_field(base_url, fields, param):
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == param and ".function." not in error["message"], error
+
+
+def test_unset_unsupported_fields_are_accepted(client):
+    fields = dict(reasoning={"effort": None}, background=False, include=[], max_tool_calls=None, truncation="auto")
+    r = client.responses.create(model=MODEL, input="hi", max_output_tokens=2, extra_body=FIXED, **fields)
+    assert r.status == "incomplete" and r.usage.output_tokens == 2
 
 
 def test_an_unknown_previous_response_is_a_400_as_openai_answers(base_url):
