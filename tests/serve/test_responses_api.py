@@ -15,11 +15,13 @@ import pydantic
 import pytest
 from helpers.live_server import png_data_url, server
 from helpers.qwen3_omni import AUDIO, IMAGE, wav_data_url
+from openai.types.responses import Response, ResponseStreamEvent
 
 from omniwalk.bench.schemas import SCHEMAS
 from omniwalk.serve.response_store import ResponseStore
 
 MODEL = "qwen3-omni"
+STREAM_EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
 GREEDY = {"temperature": 0.0}
 FIXED = {"ignore_eos": True}  # (extra body: the answer runs to max_output_tokens)
 WEATHER = {
@@ -116,15 +118,22 @@ def stream_format() -> dict:
     return {"type": "json_schema", "name": "Verdict", "schema": to_strict_json_schema(Verdict), "strict": True}
 
 
-def test_sequence_numbers_count_up_and_items_close(base_url):
-    body = {"model": MODEL, "input": "hi", "max_output_tokens": 4, "stream": True, "tools": [WEATHER]}
-    body["tool_choice"] = "required"
-    with httpx.stream("POST", f"{base_url}/v1/responses", json=body, timeout=60) as r:
+@pytest.mark.parametrize("max_tokens", [4, 200])
+def test_events_and_bodies_are_the_sdk_types(base_url, max_tokens):
+    """Every event and the whole body validate against the `openai` package's types (strictly, not as
+    the client reads them, which accepts missing fields); sequence numbers count up; items close."""
+    body = {"model": MODEL, "input": "hi", "max_output_tokens": max_tokens, "tools": [WEATHER]}
+    body.update(tool_choice="required", parallel_tool_calls=False, temperature=0.0)
+    with httpx.stream("POST", f"{base_url}/v1/responses", json={**body, "stream": True}, timeout=60) as r:
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    for event in events:
+        STREAM_EVENT.validate_python(event)
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     added = [e["item"]["id"] for e in events if e["type"] == "response.output_item.added"]
     done = [e["item"]["id"] for e in events if e["type"] == "response.output_item.done"]
-    assert added == done and events[-1]["type"] == "response.incomplete"
+    assert added == done and events[-1]["type"] == ("response.incomplete" if max_tokens == 4 else "response.completed")
+    whole = httpx.post(f"{base_url}/v1/responses", json=body, timeout=60).json()
+    assert Response.model_validate(whole).status == events[-1]["response"]["status"]
 
 
 def test_function_tool_round_trip(client):
