@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import functools
 import json
 import random
 import sys
@@ -38,10 +39,15 @@ from helpers.qwen3_omni import AUDIO, IMAGE, wav_data_url  # noqa: E402
 
 HANG_S = 600  # a request slower than this counts as hung
 SPEECH = {"talker_temperature": 0.0, "min_audio_frames": 3, "max_audio_frames": 3}
-VIDEO = (
-    "data:video/mp4;base64,"
-    + base64.b64encode(encode_video(np.stack([gradient_image(64, 64, seed=i) for i in range(4)]), 2)).decode()
-)
+
+
+@functools.cache
+def video_url() -> str:
+    """A small valid video (made on first use: the GPU machine, which collects this module, has no PyAV)."""
+    frames = np.stack([gradient_image(64, 64, seed=i) for i in range(4)])
+    return "data:video/mp4;base64," + base64.b64encode(encode_video(frames, 2)).decode()
+
+
 HEADER_TIMEOUT_S = 5.0  # the soak server's --header-timeout-s and --body-timeout-s
 # the soak server's realtime bounds: a conversation holds one flood item (the next replaces it), and so do all
 # sessions together (an item of a session beside the one holding it is refused: server_audio_budget_exceeded)
@@ -68,7 +74,7 @@ def _valid(kind: str, rng: random.Random) -> dict:
     if kind == "image_in":
         return {**common, "messages": _user({"type": "image_url", "image_url": {"url": png_data_url(IMAGE)}})}
     if kind == "video_in":
-        return {**common, "messages": _user({"type": "video_url", "video_url": {"url": VIDEO}})}
+        return {**common, "messages": _user({"type": "video_url", "video_url": {"url": video_url()}})}
     messages = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": f"tell me {rng.random()}"}]
     if kind in ("stream_speech", "dropped_stream"):
         return {
