@@ -16,26 +16,22 @@ engine request, as for ``/v1/chat/completions``: one path for prompts, media, to
     text.format: {type, name, schema, strict}   response_format (json_schema: {name, schema, strict})
     max_output_tokens                           max_completion_tokens
 
-The answer's text is read as an output ``message`` (one ``output_text`` part) and ``function_call``
-items (``{id, call_id, name, arguments, status}``) when the request has tools. ``status`` is
-"completed", or "incomplete" (``incomplete_details.reason`` "max_output_tokens") when the answer ran
-out of tokens. A chat-side 400 names the Responses field (``response_format.json_schema.schema`` ->
-``text.format.schema``, ``messages[3].content[0]`` -> ``input[2].content[0]``: ``param_name``).
+The answer is read back into output items by ``response_body``. A chat-side 400 names the Responses
+field (``response_format.json_schema.schema`` -> ``text.format.schema``, ``messages[3].content[0]``
+-> ``input[2].content[0]``: ``param_name``).
 """
 
 from __future__ import annotations
 
 import re
-import time
 import uuid
-from dataclasses import dataclass, field
 
 from pydantic import TypeAdapter, ValidationError
 
 from omniwalk.serve import responses_schemas as rs
 from omniwalk.serve.errors import APIError, bad_request, unsupported, validation_error
+from omniwalk.serve.response_body import Turn
 from omniwalk.serve.response_store import ResponseStore
-from omniwalk.structured.tools import parse_tool_calls
 
 ITEMS = TypeAdapter(list[rs.Item])
 # chat fields a Responses body sets under the same name
@@ -60,48 +56,6 @@ PARAM_NAMES = (
     # (errors.validation_error drops a part's "input_audio", taking it for a union tag)
     (re.compile(r"(content\[\d+\])\.(data|format)$"), r"\1.input_audio.\2"),
 )
-
-
-@dataclass
-class Turn:
-    """One /v1/responses request: the chat body it becomes, where each chat message came from (for
-    error params), and the conversation a stored response keeps."""
-
-    id: str
-    chat: dict  # the chat body (plain JSON values)
-    sources: list[str]  # per chat message: "instructions", "previous_response_id" or "input[i]"
-    items: list[dict]  # the conversation's items: the previous response's, then this input's
-    echo: dict  # the Response fields that repeat the request (tools, tool_choice, text, ...)
-    store: bool
-    created_at: int = field(default_factory=lambda: int(time.time()))
-
-    def body(self, status: str, output: list[dict], **fields) -> dict:
-        """The Response object."""
-        return {
-            "id": self.id,
-            "object": "response",
-            "created_at": self.created_at,
-            "status": status,
-            "error": None,
-            "incomplete_details": None,
-            "output": output,
-            "usage": None,
-            **self.echo,
-            **fields,
-        }
-
-    def finished(self, output: dict, items: list[dict]) -> dict:
-        """The Response of a finished engine output whose output items are ``items``."""
-        status = "incomplete" if output["finish_reason"] == "length" else "completed"
-        fields = {"completed_at": int(time.time()), "usage": usage(output)}
-        if status == "incomplete":
-            fields["incomplete_details"] = {"reason": "max_output_tokens"}
-        return self.body(status, items, **fields)
-
-    def keep(self, store: ResponseStore, response: dict) -> None:
-        """Store a finished response (unless the request said ``store: false``)."""
-        if self.store:
-            store.put(response, self.items + response["output"])
 
 
 def turn_of(body: rs.ResponsesRequest, store: ResponseStore, family_fields) -> Turn:
@@ -285,39 +239,3 @@ def renamed(e: APIError, sources: list[str]) -> APIError:
     for pattern, name in PARAM_NAMES[:-1]:
         message = pattern.sub(name, message)
     return APIError(e.status, message, param=param, code=e.code, headers=e.headers)
-
-
-def usage(output: dict) -> dict:
-    num_in, num_out = len(output["prompt_token_ids"]), len(output["token_ids"])
-    return {
-        "input_tokens": num_in,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-        "output_tokens": num_out,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": num_in + num_out,
-    }
-
-
-def message_item(text: str, status: str) -> dict:
-    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-    return {
-        "id": f"msg_{uuid.uuid4().hex}",
-        "type": "message",
-        "role": "assistant",
-        "status": status,
-        "content": [part],
-    }
-
-
-def function_call_item(call_id: str, name: str, arguments: str, status: str) -> dict:
-    item = {"id": f"fc_{uuid.uuid4().hex}", "type": "function_call", "call_id": call_id, "name": name}
-    return {**item, "arguments": arguments, "status": status}
-
-
-def output_items(output: dict, parses_tools: bool) -> list[dict]:
-    """A whole answer -> its output items: the text as a message (when there is text, or no call),
-    then its calls."""
-    status = "incomplete" if output["finish_reason"] == "length" else "completed"
-    content, calls = parse_tool_calls(output["text"]) if parses_tools else (output["text"], [])
-    items = [message_item(content or "", status)] if content or not calls else []
-    return items + [function_call_item(call.id, call.name, call.arguments, "completed") for call in calls]

@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from omniwalk.serve import openai_api as api
+from omniwalk.serve import response_body as rb
 from omniwalk.serve import responses_api as ra
 from omniwalk.serve import schemas
 from omniwalk.serve.errors import APIError
@@ -56,7 +57,7 @@ def add_responses_routes(app: FastAPI, served) -> None:
         output = await run.collect_unless_disconnected(first, request.receive)
         if output is None:
             return Response(status_code=499)  # nobody reads it: counted as the client's hang-up
-        response = turn.finished(output, ra.output_items(output, options.parses_tools))
+        response = turn.finished(output, rb.output_items(output, options.parses_tools))
         turn.keep(store, response)
         return response
 

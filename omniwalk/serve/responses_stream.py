@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 
-from omniwalk.serve import responses_api as ra
+from omniwalk.serve import response_body as rb
 from omniwalk.serve.errors import APIError
 from omniwalk.serve.response_store import ResponseStore
 from omniwalk.serve.run import EngineRun
@@ -31,7 +31,7 @@ from omniwalk.serve.wire import Delta, Finished
 class ResponseEvents:
     """One response's events, built from its text deltas."""
 
-    def __init__(self, turn: ra.Turn, parses_tools: bool):
+    def __init__(self, turn: rb.Turn, parses_tools: bool):
         self.turn = turn
         self.tools = ToolDeltas(lambda text: {"content": text}) if parses_tools else None
         self.output: list[dict] = []  # the items so far; the last one may be open
@@ -59,7 +59,7 @@ class ResponseEvents:
         """The last events (the open item closed, the final Response) and that Response."""
         events = self._deltas(self.tools.finish() if self.tools else [])
         if not self.output:
-            events += self._open(ra.message_item("", "in_progress"))
+            events += self._open(rb.message_item("", "in_progress"))
         status = "incomplete" if output["finish_reason"] == "length" else "completed"
         events += self._close(status)
         response = self.turn.finished(output, self.output)
@@ -82,7 +82,7 @@ class ResponseEvents:
     def _content(self, text: str) -> list[str]:
         events = []
         if not (self.is_open and self.output[-1]["type"] == "message"):
-            events = self._close("completed") + self._open(ra.message_item("", "in_progress"))
+            events = self._close("completed") + self._open(rb.message_item("", "in_progress"))
         item = self.output[-1]
         item["content"][0]["text"] += text
         where = {"item_id": item["id"], "output_index": len(self.output) - 1, "content_index": 0}
@@ -94,7 +94,7 @@ class ResponseEvents:
             function = delta["function"]
             events = self._close("completed")
             self.calls[delta["index"]] = len(self.output)
-            return events + self._open(ra.function_call_item(delta["id"], function["name"], "", "in_progress"))
+            return events + self._open(rb.function_call_item(delta["id"], function["name"], "", "in_progress"))
         index = self.calls[delta["index"]]
         item, piece = self.output[index], delta["function"]["arguments"]
         item["arguments"] += piece
