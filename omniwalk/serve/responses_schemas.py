@@ -35,7 +35,8 @@ def _tagged(tags: dict[str, str], role_means: str | None = None):
         kind = get("type") or (role_means if get("role") is not None else None)
         return None if kind is None else tags.get(kind, "Unsupported")
 
-    return Discriminator(tag)
+    what = "a type (or a role)" if role_means else "a type"
+    return Discriminator(tag, custom_error_type="missing_type", custom_error_message=f"needs {what}")
 
 
 # ---- content parts ----

@@ -260,6 +260,8 @@ BAD = [
     ({"input": [{"role": "user", "content": [IMAGE_BY_ID]}]}, "input[0].content[0].file_id"),
     ({"tools": [{**WEATHER, "parameters": {"type": "objec"}}], "tool_choice": "required"}, "tools[0].parameters"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
+    ({"input": [{"content": "no role, no type"}]}, "input[0]"),
+    ({"input": [{"role": "user", "content": [{"text": "no type"}]}]}, "input[0].content[0]"),
     ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0].call_id"),
     ({"max_output_tokens": 10**6}, "max_output_tokens"),
     ({"reasoning": {"effort": "low", "summary": None}}, "reasoning"),
