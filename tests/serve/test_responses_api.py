@@ -306,3 +306,20 @@ def test_the_store_is_bounded_by_count_bytes_and_time(monkeypatch):
     monkeypatch.setattr(time, "time", lambda: now + 61)
     assert store.get("d") is None and store.num_bytes == 0
     assert not store.delete("d")
+
+
+def test_every_responses_route_needs_the_key():
+    with server("--api-key", "secret") as base:
+        keyed = openai.OpenAI(base_url=f"{base}/v1", api_key="secret", max_retries=0)
+        stranger = openai.OpenAI(base_url=f"{base}/v1", api_key="wrong", max_retries=0)
+        r = keyed.responses.create(model=MODEL, input="hi", max_output_tokens=2)
+        calls = [
+            lambda: stranger.responses.create(model=MODEL, input="hi", max_output_tokens=2),
+            lambda: stranger.responses.retrieve(r.id),
+            lambda: stranger.responses.delete(r.id),
+            lambda: stranger.responses.cancel(r.id),
+        ]
+        for call in calls:
+            with pytest.raises(openai.AuthenticationError):
+                call()
+        assert keyed.responses.retrieve(r.id).id == r.id
