@@ -113,8 +113,6 @@ def structured(body: rs.ResponsesRequest) -> dict:
         choice = {"type": "function", "function": {"name": choice.name}}
     out["tool_choice"] = choice
     fmt = body.text.format if body.text is not None else None
-    if choice not in (None, "auto", "none"):
-        return out  # (the answer is calls only: text.format is for text, as an Agent's first turn sends both)
     if fmt is not None and fmt.type == "json_schema":
         out["response_format"] = {"type": "json_schema", "json_schema": fmt.model_dump(by_alias=True, exclude={"type"})}
     elif fmt is not None:

@@ -8,7 +8,9 @@ The fields, as OpenAI and vLLM name them (plain dicts, as the engine request car
     tools + tool_choice  "required" or a named function: the output is Hermes-style calls, each
                          ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, whose
                          arguments follow that function's parameters (up to ``MAX_TOOL_CALLS``, one per
-                         line, with ``parallel_tool_calls``); "auto" and "none" constrain nothing
+                         line, with ``parallel_tool_calls``); a text format beside it has nothing to apply to.
+                         "auto" beside a format: calls, or text of that format; alone, nothing.
+                         "none": the format alone, if any
 
 ``constraint_of`` is pure (no tokenizer) and validates what it builds, so the HTTP layer calls it
 to answer a 400 naming the field before the engine sees the request (the engine calls it again:
@@ -34,6 +36,8 @@ TOOL_CHOICES = ("none", "auto", "required")
 MAX_TOOL_CALLS = 16
 _FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _STRUCTURED_KEYS = ("json", "regex", "choice", "grammar")
+_UNESCAPED_SLASH = re.compile(r"(?<!\\)/")
+_ENGINE_POSITION = re.compile(r"^at \d+\(\d+\): ")  # (where in our own Lark text: no use to the caller)
 # JSON compact and on one line: no whitespace a model could repeat without end
 _JSON_OPTIONS = {"whitespace_flexible": False}
 # the grammar engine's bounds on grammar size and lexer work (a grammar past them is refused, not run)
@@ -42,25 +46,61 @@ LIMITS = llguidance.LLParserLimits(max_grammar_size=500_000, initial_lexer_fuel=
 
 @dataclass(frozen=True)
 class Constraint:
-    kind: str  # "json_object", "json_schema", "regex", "choice", "grammar" or "tool_calls"
-    grammar: str  # the grammar engine's grammar (llguidance's JSON form)
+    kind: str  # "json_object", "json_schema", "regex", "choice", "grammar", "tool_calls" or "tool_calls_or_<kind>"
+    grammar: str  # the grammar engine's grammar (Lark, as llguidance reads it)
     param: str  # the request field it came from
+
+
+@dataclass(frozen=True)
+class _Format:
+    """What the text of an answer must be: one Lark expression (``rule``), or a whole grammar of its
+    own (``grammar``: a user's Lark or GBNF, which does not combine with tool calls)."""
+
+    kind: str
+    param: str
+    rule: str | None = None
+    grammar: str | None = None
 
 
 def constraint_of(request: dict) -> Constraint | None:
     """The grammar a request's output must follow, or None; InvalidRequestError (with ``param``) when
-    a field is malformed, contradicts another or asks what the grammar engine cannot do."""
-    found = [c for c in (_response_format(request), _structured_outputs(request), _tool_calls(request)) if c]
-    if len(found) > 1:
-        names = " and ".join(c.param for c in found)
-        raise InvalidRequestError(f"{names} both constrain the output; send one of them", found[1].param)
-    if not found:
+    a field is malformed, contradicts another or asks what the grammar engine cannot do.
+
+    With tools: a required or named call makes the answer calls only (a text format has nothing to
+    apply to); tools the model may call ("auto") beside a format make the answer either calls or
+    text of that format; "none" leaves the format alone."""
+    formats = [f for f in (_response_format(request), _structured_outputs(request)) if f]
+    if len(formats) > 1:
+        raise InvalidRequestError(
+            "response_format and structured_outputs both constrain the output; send one of them", "structured_outputs"
+        )
+    fmt = formats[0] if formats else None
+    functions = forced_functions(request)  # (also checks tools and tool_choice)
+    may_call = bool(request.get("tools")) and request.get("tool_choice", "auto") == "auto"
+    if functions is not None:
+        constraint = Constraint("tool_calls", _grammar("start: calls", _calls_rules(functions, request)), "tools")
+    elif fmt is None:
         return None
-    _validate(found[0])
-    return found[0]
+    elif may_call:
+        if fmt.rule is None:
+            raise InvalidRequestError(
+                f"{fmt.param} does not combine with tools the model may call; send tool_choice 'none' or 'required'",
+                fmt.param,
+            )
+        functions = [t["function"] for t in request["tools"]]
+        rules = f"answer: {fmt.rule}\n{_calls_rules(functions, request)}"
+        constraint = Constraint(f"tool_calls_or_{fmt.kind}", _grammar("start: calls | answer", rules), fmt.param)
+    else:
+        constraint = Constraint(fmt.kind, fmt.grammar or _grammar(f"start: {fmt.rule}"), fmt.param)
+    _validate(constraint)
+    return constraint
 
 
-def _response_format(request: dict) -> Constraint | None:
+def _grammar(*lines: str) -> str:
+    return llguidance.LLMatcher.grammar_from_lark("\n".join(lines) + "\n")
+
+
+def _response_format(request: dict) -> _Format | None:
     fmt = request.get("response_format")
     if fmt is None:
         return None
@@ -68,7 +108,7 @@ def _response_format(request: dict) -> Constraint | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        return Constraint(kind, _json_grammar({"type": "object"}, "response_format"), "response_format")
+        return _Format(kind, "response_format", _json_rule({"type": "object"}, "response_format"))
     if kind != "json_schema":
         raise InvalidRequestError(
             f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}", "response_format.type"
@@ -79,11 +119,10 @@ def _response_format(request: dict) -> Constraint | None:
             "response_format.json_schema must be an object with a name (and a schema)", "response_format.json_schema"
         )
     param = "response_format.json_schema.schema"
-    schema = spec.get("schema", {})
-    return Constraint(kind, _json_grammar(schema, param), param)
+    return _Format(kind, param, _json_rule(spec.get("schema", {}), param))
 
 
-def _structured_outputs(request: dict) -> Constraint | None:
+def _structured_outputs(request: dict) -> _Format | None:
     spec = request.get("structured_outputs")
     if spec is None:
         return None
@@ -95,30 +134,28 @@ def _structured_outputs(request: dict) -> Constraint | None:
     key = given[0]
     value, param = spec[key], f"structured_outputs.{key}"
     if key == "json":
-        return Constraint("json_schema", _json_grammar(value, param), param)
+        return _Format("json_schema", param, _json_rule(value, param))
     if key == "choice":
         if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
             raise InvalidRequestError(f"{param} must be a non-empty list of non-empty strings", param)
-        return Constraint("choice", llguidance.grammar_from("choice", value), param)
+        return _Format("choice", param, " | ".join(json.dumps(c) for c in value))
     if not isinstance(value, str) or not value:
         raise InvalidRequestError(f"{param} must be a non-empty string", param)
     if key == "regex":
-        return Constraint("regex", llguidance.LLMatcher.grammar_from_regex(value), param)
+        return _Format("regex", param, "/" + _UNESCAPED_SLASH.sub(r"\\/", value) + "/")
     try:
-        return Constraint("grammar", llguidance.grammar_from("grammar", value), param)
+        return _Format("grammar", param, grammar=llguidance.grammar_from("grammar", value))
     except ValueError as e:
         raise InvalidRequestError(f"{param}: {e}", param) from None
 
 
-def _json_grammar(schema, param: str) -> str:
+def _json_rule(schema, param: str) -> str:
+    """A JSON Schema as a Lark expression (compact JSON: no free whitespace)."""
     if isinstance(schema, bool):
         schema = {} if schema else {"not": {}}
     if not isinstance(schema, dict):
         raise InvalidRequestError(f"{param} must be a JSON Schema (an object)", param)
-    try:
-        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)
-    except ValueError as e:
-        raise InvalidRequestError(f"{param}: {e}", param) from None
+    return f"%json {json.dumps({**schema, 'x-guidance': _JSON_OPTIONS})}"
 
 
 # ---- tools ----
@@ -143,7 +180,7 @@ def check_tools(request: dict) -> list[dict]:
         parameters = function.get("parameters")
         if parameters is not None:  # (checked whatever tool_choice: an "auto" answer may call it too)
             param = f"{where}.function.parameters"
-            _validate(Constraint("json_schema", _json_grammar(parameters, param), param))
+            _validate(Constraint("json_schema", _grammar(f"start: {_json_rule(parameters, param)}"), param))
         names.append(name)
     choice = request.get("tool_choice")
     if choice is None or choice in TOOL_CHOICES:
@@ -173,17 +210,15 @@ def forced_functions(request: dict) -> list[dict] | None:
     return functions if choice == "required" else [f for f in functions if f["name"] == choice["function"]["name"]]
 
 
-def _tool_calls(request: dict) -> Constraint | None:
-    functions = forced_functions(request)
-    if functions is None:
-        return None
+def _calls_rules(functions: list[dict], request: dict) -> str:
+    """Lark rules ``calls`` (one call, or up to ``MAX_TOOL_CALLS`` one per line with
+    ``parallel_tool_calls``) and ``call``: a call of one of ``functions``, its arguments following its parameters.
+    (The tags are single tokens of the vocabulary, named as such: the grammar engine keeps added tokens apart
+    from text that spells them.)"""
     call = {"anyOf": [_call_schema(f) for f in functions], "x-guidance": _JSON_OPTIONS}
-    # (the tags are single tokens of the vocabulary, named as such: the grammar engine keeps added
-    # tokens apart from text that spells them)
     several = request.get("parallel_tool_calls", True) is not False
     calls = f'call ("\\n" call){{0,{MAX_TOOL_CALLS - 1}}}' if several else "call"
-    lark = f'start: {calls}\ncall: {TOOL_CALL_START} "\\n" %json {json.dumps(call)} "\\n" {TOOL_CALL_END}\n'
-    return Constraint("tool_calls", llguidance.LLMatcher.grammar_from_lark(lark), "tools")
+    return f'calls: {calls}\ncall: {TOOL_CALL_START} "\\n" %json {json.dumps(call)} "\\n" {TOOL_CALL_END}'
 
 
 def _call_schema(function: dict) -> dict:
@@ -202,5 +237,5 @@ def _validate(constraint: Constraint) -> None:
     within ``LIMITS``); a refusal names the field and the reason."""
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(constraint.grammar, None, limits=LIMITS)
     if is_error:
-        reason = messages[0] if messages else "invalid"
+        reason = _ENGINE_POSITION.sub("", messages[0].splitlines()[0]) if messages else "invalid"
         raise InvalidRequestError(f"{constraint.param}: the grammar engine cannot use it: {reason}", constraint.param)

@@ -104,7 +104,7 @@ BAD = [
     ({"structured_outputs": {"regex": "(unclosed"}}, "structured_outputs.regex"),
     ({"structured_outputs": {"grammar": "root ::= undefined_rule"}}, "structured_outputs.grammar"),
     ({"structured_outputs": {"choice": []}}, "structured_outputs.choice"),
-    ({"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}}, "structured_outputs.regex"),
+    ({"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}}, "structured_outputs"),
 ]
 
 

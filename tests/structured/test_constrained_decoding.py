@@ -113,6 +113,26 @@ def test_required_and_named_tool_calls_parse_and_validate(engine, parallel):
             jsonschema.validate(json.loads(call.arguments), _parameters(call.name))
 
 
+def test_a_format_beside_tools_the_model_may_call(engine):
+    """tool_choice "auto" beside a JSON Schema: each answer is calls (whose arguments validate) or a document
+    of the schema; "required" beside it: calls only (the format has no text to apply to)."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "slot", "schema": SCHEMAS["calendar_slot"]}}
+    reqs = [request(i, True, 1600, tools=TOOLS, response_format=fmt) for i in range(8)]
+    reqs += [request(20, True, 1600, tools=TOOLS, tool_choice="required", response_format=fmt)]
+    kinds = []
+    for out in engine.generate(reqs):
+        assert out.finish_reason == "stop", (out.error, out.text)
+        content, calls = parse_tool_calls(out.text)
+        kinds.append("calls" if calls else "document")
+        if calls:
+            assert content is None
+            for call in calls:
+                jsonschema.validate(json.loads(call.arguments), _parameters(call.name))
+        else:
+            jsonschema.validate(json.loads(out.text), SCHEMAS["calendar_slot"])
+    assert kinds[-1] == "calls"
+
+
 def test_unconstrained_ids_are_the_same_beside_constrained_ones(engine):
     """Greedy and sampled free requests, alone and then in a batch with constrained ones."""
     free = [request(100, False, 24, ignore_eos=True), request(101, True, 24, ignore_eos=True)]
@@ -131,7 +151,8 @@ def test_bad_grammars_name_the_field(engine):
         ({"structured_outputs": {"choice": []}}, ""),
         ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, ""),
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "nope"),
-        ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "both"),
+        ({"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}}, "both"),
+        ({"tools": TOOLS, "structured_outputs": {"grammar": 'root ::= "a"'}}, "tool_choice"),
         ({"response_format": {"type": "json_object"}, "min_tokens": 3}, "min_tokens"),
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strin"}}}]}, "strin"),
     ]
@@ -148,7 +169,8 @@ def test_bad_grammars_name_the_field(engine):
         "structured_outputs.choice",
         "structured_outputs",
         "tool_choice",
-        "tools",
+        "structured_outputs",
+        "structured_outputs.grammar",
         "min_tokens",
         "tools[0].function.parameters",
     ]
