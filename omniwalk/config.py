@@ -217,6 +217,9 @@ class ServerConfig:
     max_tokens_limit: int = 8192  # requests asking for more: 400
     max_audio_frames_limit: int = 4096  # 12.5 frames per second of speech: ~5.5 minutes
     default_max_tokens: int = 512  # when a request names none
+    # a request's output grammar (response_format, structured_outputs, tools) is checked off the event loop
+    # within this long before the request is queued; one that takes longer is a 400
+    grammar_check_timeout_s: float = 10.0
     # "info" adds an access log line per response (request id, route, status, duration)
     log_level: str = field(default="warning", metadata={"choices": LOG_LEVELS})
     # SIGTERM: requests in flight may finish for this long; then they are aborted and the server exits

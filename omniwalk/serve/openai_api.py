@@ -49,7 +49,6 @@ PASSTHROUGH = (
 # Tools and structured outputs, passed to the engine as plain dicts in OpenAI's shapes.
 STRUCTURED = ("tools", "tool_choice", "parallel_tool_calls", "response_format", "structured_outputs")
 # The longest a request's grammar may take to be checked (compiled) before the engine sees it.
-GRAMMAR_CHECK_TIMEOUT_S = 10.0
 # OpenAI features this server does not have (a 400 that says so when one is set)
 UNSUPPORTED = {
     "functions": "the legacy function calling (use tools)",
@@ -140,7 +139,7 @@ async def chat_request(body: s.ChatRequest, ctx: Context, receive=None) -> tuple
         audio_format = audio.format
         request.update(check_speech(body, ctx, audio.voice, "audio.voice", "modalities"))
     structured = structured_fields(body)
-    await check_grammar(structured)
+    await check_grammar(structured, ctx.cfg.grammar_check_timeout_s)
     request.update(structured)
     request["messages"] = await engine_messages(body.messages, ctx, receive)
     options = ChatOptions(
@@ -170,14 +169,14 @@ def _plain(value):
     return value.model_dump(by_alias=True, exclude_none=True) if isinstance(value, BaseModel) else value
 
 
-async def check_grammar(structured: dict) -> None:
-    """The constraint of a request's ``structured_fields``, compiled off the event loop within
-    ``GRAMMAR_CHECK_TIMEOUT_S``: a schema, regex or grammar that cannot be compiled (or takes too
-    long to), or an unknown tool name, is a 400 naming the field before the engine sees it."""
+async def check_grammar(structured: dict, timeout_s: float) -> None:
+    """The constraint of a request's ``structured_fields``, compiled off the event loop within ``timeout_s``
+    (``ServerConfig.grammar_check_timeout_s``): a schema, regex or grammar that cannot be compiled (or takes
+    too long to), or an unknown tool name, is a 400 naming the field before the engine sees it."""
     if not structured:
         return
     try:
-        await asyncio.wait_for(asyncio.to_thread(grammars.constraint_of, structured), GRAMMAR_CHECK_TIMEOUT_S)
+        await asyncio.wait_for(asyncio.to_thread(grammars.constraint_of, structured), timeout_s)
     except InvalidRequestError as e:
         raise bad_request(str(e), e.param) from None
     except TimeoutError:

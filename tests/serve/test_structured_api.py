@@ -130,7 +130,6 @@ def test_bad_constraints_are_400s_naming_the_field_and_others_in_flight_are_unaf
 
 
 def test_a_grammar_that_takes_too_long_to_check_is_a_400_naming_its_field(monkeypatch):
-    monkeypatch.setattr(openai_api, "GRAMMAR_CHECK_TIMEOUT_S", 0.05)
     monkeypatch.setattr(grammars, "constraint_of", lambda request: time.sleep(0.5))
     for structured, param in [
         ({"structured_outputs": {"regex": "a+"}}, "structured_outputs.regex"),
@@ -138,5 +137,5 @@ def test_a_grammar_that_takes_too_long_to_check_is_a_400_naming_its_field(monkey
         ({"tools": [], "tool_choice": "auto"}, "tools"),
     ]:
         with pytest.raises(APIError) as e:
-            asyncio.run(openai_api.check_grammar(structured))
+            asyncio.run(openai_api.check_grammar(structured, 0.05))
         assert e.value.status == 400 and e.value.param == param and "too long" in str(e.value)

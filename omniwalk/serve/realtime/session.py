@@ -118,7 +118,7 @@ class Session:
         before = self.settings.turn_detection
         settings = self.settings.updated(event.session, self.context.voices)
         if settings.tools and {"tools", "tool_choice"} & event.session.model_fields_set:
-            await check_tool_grammar(settings.tools, settings.tool_choice, "session")
+            await check_tool_grammar(settings.tools, settings.tool_choice, "session", self.cfg.grammar_check_timeout_s)
         self.settings = settings
         after = self.settings.turn_detection
         if (before and before.vad) != (after and after.vad):

@@ -61,11 +61,11 @@ def tool_choice_json(choice: ToolChoice) -> str | dict:
 CHAT_TOOL_PARAM = re.compile(r"^tools(\[\d+\])?(?:\.function)?(.*)$")
 
 
-async def check_tool_grammar(tools: list[p.FunctionTool], choice: ToolChoice, where: str) -> None:
+async def check_tool_grammar(tools: list[p.FunctionTool], choice: ToolChoice, where: str, timeout_s: float) -> None:
     """What chat checks of tools (the grammar engine compiles the parameters schemas a forced call
     must follow), at ``session.update`` rather than at each response; errors name realtime's fields."""
     try:
-        await api.check_grammar({"tools": chat_tools(tools), "tool_choice": chat_tool_choice(choice)})
+        await api.check_grammar({"tools": chat_tools(tools), "tool_choice": chat_tool_choice(choice)}, timeout_s)
     except APIError as e:
         raise realtime_param(e, where, where) from None
 
