@@ -1,7 +1,8 @@
 """The fused sampling kernels compiled on CUDA against ``sampling.draw_reference`` on the same
 device and inputs: the noise bit for bit; the ids of random draws at the sizes in use (2048 code
-predictor, 3072 talker, 152064 thinker), fp32 and bf16 logits, eager fields or a graph's full
-ones, and 16 draws inside one captured CUDA graph (the talker frame's form)."""
+predictor, 3072 talker, 152064 thinker; the thinker's with grammar bitmasks), fp32 and bf16 logits,
+eager fields or a graph's full ones, and 16 draws inside one captured CUDA graph (the talker frame's
+form, with a bitmask input)."""
 
 import pytest
 import torch
@@ -50,9 +51,11 @@ def test_draws_inside_a_cuda_graph(vocab, dtype):
     gen = torch.Generator().manual_seed(vocab)
     num_rows, num_draws = 8, 16
 
-    def inputs():
+    def inputs():  # (a grammar bitmask too: graph-compatible, though the engine's constrained draws run eagerly)
         logits = random_logits(num_draws * num_rows, vocab, gen, dtype, "cuda").view(num_draws, num_rows, vocab)
-        return logits, BatchParams.of(random_states(num_rows, vocab, gen), vocab, "cuda").with_all_fields(vocab)
+        p = BatchParams.of(random_states(num_rows, vocab, gen), vocab, "cuda").with_all_fields(vocab)
+        p.allowed = random_bitmask(num_rows, vocab, gen, "cuda")
+        return logits, p
 
     static_logits, static = inputs()
     draw(static_logits[0], static)  # (compiled before the capture)
