@@ -5,7 +5,8 @@ and which of the corpus's JSON Schemas each compiles (omniwalk/bench/schemas.py)
 
 CHECKPOINT: a checkpoint directory with tokenizer.json (`omniwalk make-tiny DIR` writes one with the
 Qwen3-Omni vocabulary's 152,064 ids). Each step fills every row's bitmask, then advances each row
-by one allowed token (a seeded random pick), as a constrained decode does. CPU only.
+by one allowed token (a seeded random pick), as a constrained decode does. CPU only. xgrammar is not a
+dependency of omniwalk: `pip install xgrammar` first.
 """
 
 from __future__ import annotations
