@@ -18,6 +18,7 @@ import pytest
 import soundfile
 import websockets
 from helpers.live_server import server
+from helpers.realtime_client import until
 
 from omniwalk.bench.workload import speech_like
 from omniwalk.serve.realtime.conversation import wav_bytes
@@ -59,20 +60,6 @@ async def append(conn, audio: bytes, chunk_ms: int = 100) -> None:
     step = RATE * 2 * chunk_ms // 1000
     for i in range(0, len(audio), step):
         await conn.input_audio_buffer.append(audio=base64.b64encode(audio[i : i + step]).decode())
-
-
-async def until(conn, last: str = "response.done", timeout: float = 120) -> list:
-    """Server events up to and including the first of type ``last``."""
-    events = []
-
-    async def read():
-        async for event in conn:
-            events.append(event)
-            if event.type == last:
-                return
-
-    await asyncio.wait_for(read(), timeout)
-    return events
 
 
 def response_order(events: list) -> list[str]:

@@ -20,6 +20,7 @@ import pydantic
 import pytest
 import websockets
 from helpers.live_server import server
+from helpers.realtime_client import until
 from openai.types.beta.realtime.realtime_server_event import RealtimeServerEvent as BetaServerEvent
 from openai.types.realtime import RealtimeServerEvent
 
@@ -65,20 +66,6 @@ def base_url():
 
 def sdk(base_url) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
-
-
-async def until(conn, last: str = "response.done", timeout: float = 120) -> list:
-    """Server events up to and including the first of type ``last``."""
-    events = []
-
-    async def read():
-        async for event in conn:
-            events.append(event)
-            if event.type == last:
-                return
-
-    await asyncio.wait_for(read(), timeout)
-    return events
 
 
 def chat(base_url: str, messages: list, **extra) -> dict:

@@ -33,17 +33,6 @@ WEATHER = {
 }
 
 
-@pytest.fixture(scope="module")
-def base_url():
-    with server() as base:
-        yield base
-
-
-@pytest.fixture(scope="module")
-def client(base_url):
-    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
-
-
 def chat_twin(client, content, max_tokens: int):
     """The chat completion a Responses request with this user content translates to."""
     messages = [{"role": "user", "content": content}]

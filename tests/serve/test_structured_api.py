@@ -9,9 +9,7 @@ import time
 
 import httpx
 import jsonschema
-import openai
 import pytest
-from helpers.live_server import server
 
 from omniwalk.bench.schemas import SCHEMAS
 from omniwalk.serve import openai_api
@@ -22,17 +20,6 @@ USER = [{"role": "user", "content": "answer in the format asked"}]
 # a few of the corpus (the grammar tests sweep all of it offline): nesting, bounds, enums, anyOf,
 # patterns, $defs, top-level non-objects
 SOME_SCHEMAS = ("flat_object", "nested_three", "any_of_objects", "string_pattern_code", "defs_ref", "top_level_array")
-
-
-@pytest.fixture(scope="module")
-def base_url():
-    with server() as base:
-        yield base
-
-
-@pytest.fixture(scope="module")
-def client(base_url):
-    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
 
 
 def create(client, **fields):

@@ -11,10 +11,9 @@ import shutil
 
 import httpx
 import jsonschema
-import openai
 import pytest
 import soundfile
-from helpers.live_server import launch, server
+from helpers.live_server import launch
 from helpers.qwen3_omni import checkpoint
 
 from omniwalk.bench.schemas import SCHEMAS
@@ -35,17 +34,6 @@ TOOLS = [
 ]
 PARAMETERS = {t["function"]["name"]: t["function"].get("parameters", {"type": "object"}) for t in TOOLS}
 SPEECH = {"talker_temperature": 0.0, "code_predictor_temperature": 0.0, "max_audio_frames": 12}
-
-
-@pytest.fixture(scope="module")
-def base_url():
-    with server() as base:
-        yield base
-
-
-@pytest.fixture(scope="module")
-def client(base_url):
-    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
 
 
 def create(client, messages=USER, extra=None, **fields):
