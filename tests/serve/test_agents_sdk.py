@@ -1,7 +1,8 @@
 """The OpenAI Agents SDK (``openai-agents``), unmodified, against a live tiny server: an ``Agent`` on
-the SDK's default model provider (the Responses API) calls a function tool, reads its result and
-returns a pydantic ``output_type``. On random weights every call and every parsed answer is the
-grammars' doing (tool_choice "required" for the first turn, the output type's JSON schema after)."""
+the SDK's default model provider (the Responses API), and on ``OpenAIChatCompletionsModel`` (chat
+completions), calls a function tool, reads its result and returns a pydantic ``output_type``. On
+random weights every call and every parsed answer is the grammars' doing (tool_choice "required" for
+the first turn, the output type's JSON schema after)."""
 
 import asyncio
 from typing import Annotated
@@ -12,20 +13,14 @@ import pytest
 from agents import (
     Agent,
     ModelSettings,
+    OpenAIChatCompletionsModel,
     RunConfig,
     Runner,
     function_tool,
     set_default_openai_client,
 )
-from helpers.live_server import server
 
 MODEL = "qwen3-omni"
-
-
-@pytest.fixture(scope="module")
-def base_url():
-    with server() as base:
-        yield base
 
 
 class Forecast(pydantic.BaseModel):
@@ -33,7 +28,8 @@ class Forecast(pydantic.BaseModel):
     warm: bool
 
 
-def test_an_agent_calls_a_tool_and_returns_its_output_type(base_url):
+@pytest.mark.parametrize("api", ["responses", "chat_completions"])
+def test_an_agent_calls_a_tool_and_returns_its_output_type(base_url, api):
     calls = []
 
     @function_tool
@@ -47,7 +43,7 @@ def test_an_agent_calls_a_tool_and_returns_its_output_type(base_url):
     agent = Agent(
         name="forecaster",
         instructions="Look the weather up, then answer.",
-        model=MODEL,
+        model=MODEL if api == "responses" else OpenAIChatCompletionsModel(model=MODEL, openai_client=client),
         tools=[get_weather],
         output_type=Forecast,
         # (the SDK resets tool_choice after a tool has run: the next turn answers)
