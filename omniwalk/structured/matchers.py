@@ -83,7 +83,6 @@ class Grammars:
         self._compiled: OrderedDict[str, Future] = OrderedDict()  # grammar -> its template matcher
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="omniwalk-grammar")
         self._executor: llguidance.LLExecutor | None = None
-        self.num_compiled = 0
 
     def start(self, constraint: Constraint) -> GrammarState:
         """A new request's matcher state; its grammar compiles in the background unless cached."""
@@ -106,16 +105,12 @@ class Grammars:
         matcher = llguidance.LLMatcher(self._tokenizer, constraint.grammar, limits=LIMITS, log_level=0)
         if matcher.is_error():
             raise InvalidRequestError(f"{constraint.param}: {matcher.get_error()}", constraint.param)
-        self.num_compiled += 1
         return matcher
 
     def executor(self) -> llguidance.LLExecutor:
         if self._executor is None:
             self._executor = llguidance.LLExecutor()
         return self._executor
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def bitmask(states: list[GrammarState | None]) -> np.ndarray:
