@@ -18,6 +18,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import llguidance
 import llguidance.numpy
@@ -63,7 +64,7 @@ class GrammarState:
 class Grammars:
     def __init__(
         self,
-        tokenizer_json: str,
+        tokenizer_json: Path,
         vocab: int,
         eos_ids: tuple[int, ...],
         cache_size: int = 256,
@@ -71,8 +72,9 @@ class Grammars:
         timeout_s: float = 10.0,
         synchronous: bool = False,
     ):
-        """``tokenizer_json``: the checkpoint's tokenizer.json text; ``vocab``: the logits' width (ids
-        the tokenizer lacks are never allowed); ``eos_ids``: what ends an output whose grammar is complete.
+        """``tokenizer_json``: the checkpoint's tokenizer.json (read at the first compile); ``vocab``: the
+        logits' width (ids the tokenizer lacks are never allowed); ``eos_ids``: what ends an output whose
+        grammar is complete.
         ``synchronous``: compile within ``start`` (tensor-parallel ranks must all see a grammar ready at
         the same step, which background compiles finishing at their own pace would not give)."""
         self.vocab, self.eos_ids, self.cache_size, self.timeout_s = vocab, list(eos_ids), cache_size, timeout_s
@@ -100,7 +102,8 @@ class Grammars:
     def _compile(self, constraint: Constraint) -> llguidance.LLMatcher:
         with self._lock:
             if self._tokenizer is None:
-                tokenizer = llguidance.LLTokenizer(self._tokenizer_json, n_vocab=self.vocab, eos_token=self.eos_ids)
+                text = self._tokenizer_json.read_text()
+                tokenizer = llguidance.LLTokenizer(text, n_vocab=self.vocab, eos_token=self.eos_ids)
                 self._tokenizer = tokenizer
         matcher = llguidance.LLMatcher(self._tokenizer, constraint.grammar, limits=LIMITS, log_level=0)
         if matcher.is_error():

@@ -147,8 +147,9 @@ def constrain(st: ThinkerState, request: dict, grammars: Grammars, tokenizer: To
 
 def prompt_tools(request: dict, processor) -> dict:
     """The chat template's ``tools`` for a request, as keyword arguments of ``ChatProcessor.tokenize``
-    (none without tools); a template without tools support refuses them."""
-    tools = check_tools(request)
+    (none without tools); a template without tools support refuses them. (Their schemas are checked by
+    ``constrain``'s ``constraint_of``, once.)"""
+    tools = check_tools(request, schemas=False)
     if not tools:
         return {}
     if not processor.supports_tools:
@@ -160,7 +161,7 @@ def grammars_for(config, tokenizer_dir, vocab: int, eos_ids: tuple[int, ...]) ->
     """The thinker's grammar engine, from the engine config's knobs (``config``: an ``OmniConfig``)."""
     engine = config.engine
     return Grammars(
-        (Path(tokenizer_dir) / "tokenizer.json").read_text(),
+        Path(tokenizer_dir) / "tokenizer.json",
         vocab,
         eos_ids,
         cache_size=engine.grammar_cache_size,
