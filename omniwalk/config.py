@@ -192,6 +192,24 @@ def batch_tokens_for(model: ModelConfig) -> int:
     return 1024 if model.on_cuda else 512
 
 
+@dataclass(frozen=True)
+class RoutingConfig:
+    """How requests are spread over engine replicas (``omniwalk/serve/routing.py``, the one policy)."""
+
+    # a request with an affinity key (a realtime session, a chat's prefix) goes to the replica that holds its
+    # prefix pages (rendezvous hash of the key), unless that replica is saturated; else to the least loaded
+    affinity: bool = True
+    saturation: int = 32  # a replica with this many unfinished requests or more is saturated
+    # ... and so is one with more than this many unfinished requests beyond the least loaded replica's
+    max_excess: int = 8
+
+    def __post_init__(self):
+        if self.saturation < 1:
+            raise ConfigError(f"routing_saturation must be >= 1, got {self.saturation}")
+        if self.max_excess < 0:
+            raise ConfigError(f"routing_max_excess must be >= 0, got {self.max_excess}")
+
+
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -255,6 +273,14 @@ class ServerConfig:
     realtime_vad_prefix_padding_ms: int = 300  # audio kept before the detected start of speech
     realtime_vad_silence_ms: int = 500  # quiet this long ends a turn
     realtime_vad_aggressiveness: int = 3  # WebRTC VAD mode, 0 (least) to 3 (most eager to call a frame silence)
+    # OpenAI voice names -> the checkpoint's voices: "NAME=VOICE" entries (``--voice-alias ash=ethan``, repeatable)
+    # over the default table (serve/voice_aliases.py: each OpenAI voice to a like voice of the checkpoint); an entry
+    # naming a voice the checkpoint lacks stops the server at start-up
+    voice_aliases: tuple[str, ...] = field(default=(), metadata={"flag": "--voice-alias", "metavar": "NAME=VOICE"})
+    # routing over the replicas (``RoutingConfig``, read as ``ServerConfig.routing``; flat fields give the flags)
+    routing_affinity: bool = RoutingConfig.affinity
+    routing_saturation: int = RoutingConfig.saturation
+    routing_max_excess: int = RoutingConfig.max_excess
 
     def __post_init__(self):
         positive = ("port", "max_body_bytes", "max_tokens_limit", "max_audio_frames_limit", "default_max_tokens")
@@ -276,6 +302,17 @@ class ServerConfig:
             if not origin.startswith(("http://", "https://")) or origin.count("/") != 2:
                 raise ConfigError(f"allowed_origins: {origin!r} is not an origin (scheme://host[:port])")
         self._check_realtime()
+        for entry in self.voice_aliases:
+            name, _, voice = entry.partition("=")
+            if not name.strip() or not voice.strip():
+                raise ConfigError(f"voice_aliases: {entry!r} is not NAME=VOICE (e.g. ash=ethan)")
+        self.routing  # noqa: B018 (builds it: validates the routing fields)
+
+    @property
+    def routing(self) -> RoutingConfig:
+        return RoutingConfig(
+            affinity=self.routing_affinity, saturation=self.routing_saturation, max_excess=self.routing_max_excess
+        )
 
     def _check_realtime(self) -> None:
         ints = ("realtime_max_sessions", "realtime_max_append_bytes", "realtime_vad_silence_ms")
