@@ -229,6 +229,13 @@ def parse_bool(text: str) -> bool:
     return value
 
 
+class _AppendToTuple(argparse.Action):
+    """A repeatable flag whose values make a tuple (the default, an empty tuple, is never changed in place)."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        setattr(namespace, self.dest, (*getattr(namespace, self.dest), value))
+
+
 def _choices() -> dict[str, tuple[str, ...]]:
     from omniwalk.config import DTYPES, LOG_LEVELS, QUANTIZATIONS, backend_choices
 
@@ -249,7 +256,10 @@ def _add_dataclass_flags(parser: argparse.ArgumentParser, cls, skip=()) -> None:
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         common = {"dest": f.name, "default": default, "help": f"{cls.__name__}.{f.name} (default: {default})"}
-        if kind.startswith("bool"):
+        if kind.startswith("tuple"):  # repeatable: each use adds an entry (the flag may be named in the metadata)
+            flag, metavar = f.metadata.get("flag", flag), f.metadata.get("metavar")
+            parser.add_argument(flag, action=_AppendToTuple, metavar=metavar, **common)
+        elif kind.startswith("bool"):
             parser.add_argument(flag, nargs="?", const=True, type=parse_bool, **common)
         elif f.name.endswith("_bytes"):
             size_help = f"{cls.__name__}.{f.name}: a size in bytes, units allowed (default: {format_size(default)})"
