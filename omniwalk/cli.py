@@ -103,6 +103,11 @@ def _serve(args: argparse.Namespace) -> int:
     family_options = getattr(family, "Options", None)
     sections = (ModelConfig, EngineConfig, MediaLimits, *filter(None, [family_options]))
     options = {f.name: getattr(args, f.name) for c in sections for f in dataclasses.fields(c)}
+    options["loras"] = tuple(args.loras)
+    if server.lora_root and not options["max_loras"]:  # adapters loaded at run time need slots
+        from omniwalk.config import DEFAULT_MAX_LORAS
+
+        options["max_loras"] = DEFAULT_MAX_LORAS
     OmniConfig.from_kwargs(family_options, **{**options, "model": str(model)})  # errors before anything starts
     sock = _listening_socket(server.host, server.port)
     logging.basicConfig(level=server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -297,7 +302,15 @@ def _add_serve(sub) -> None:
     )
     from omniwalk.models.registry import all_options
 
-    seen = {"model"}
+    serve.add_argument(
+        "--lora",
+        dest="loras",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="a LoRA adapter of the thinker (a PEFT directory), served as model NAME; repeatable (EngineConfig.loras)",
+    )
+    seen = {"model", "loras"}
     for cls in (ServerConfig, ModelConfig, EngineConfig, MediaLimits, *all_options()):
         _add_dataclass_flags(serve, cls, skip=seen)  # (families sharing a field share its flag)
         seen |= {f.name for f in dataclasses.fields(cls)}

@@ -24,6 +24,7 @@ from omniwalk.media.limits import MediaLimits
 DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "fp8")
 MIN_GRAPH_TOKENS = 256  # the smallest packed-graph bucket (engine/packed_graphs.py)
+DEFAULT_MAX_LORAS = 4  # adapter slots when adapters are given (``EngineConfig.loras``, a server's adapter root)
 
 
 @dataclass(frozen=True)
@@ -124,18 +125,29 @@ class EngineConfig:
     grammar_cache_size: int = 256
     grammar_threads: int = 2
     grammar_timeout_s: float = 10.0
+    # LoRA adapters of the thinker (omniwalk/lora/): device slots holding adapters' weights at once (0 = adapters
+    # off; requests then pay nothing for them), the largest rank an adapter may have, and adapters loaded at
+    # start-up, each "NAME=PATH" (a PEFT adapter directory; ``--lora``); none given with slots 0: 4 slots
+    max_loras: int = 0
+    max_lora_rank: int = 16
+    loras: tuple[str, ...] = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "loras", tuple(self.loras))  # (a list given in Python)
         for f in fields(self):
-            if isinstance(getattr(self, f.name), bool):
+            if isinstance(getattr(self, f.name), bool | tuple):
                 continue
-            least = 0 if f.name == "max_batch_tokens" or "graph" in f.name else 1
+            least = 0 if f.name in ("max_batch_tokens", "max_loras") or "graph" in f.name else 1
             if getattr(self, f.name) < least:
                 raise ConfigError(f"{f.name} must be >= {least}, got {getattr(self, f.name)}")
         for name in ("encoder_graph_max_tokens", "prefill_graph_max_tokens"):
             n = getattr(self, name)
             if n and (n < MIN_GRAPH_TOKENS or n & (n - 1)):
                 raise ConfigError(f"{name} must be 0 or a power of two >= {MIN_GRAPH_TOKENS}, got {n}")
+        for spec in self.loras:
+            name, _, path = spec.partition("=")
+            if not name or not path:
+                raise ConfigError(f"loras: {spec!r} is not NAME=PATH")
 
 
 @dataclass(frozen=True)
@@ -174,6 +186,7 @@ def resolve_auto(config: OmniConfig) -> OmniConfig:
         cuda_graph_max_batch=graphs,
         encoder_graph_max_tokens=engine.encoder_graph_max_tokens if packed else 0,
         prefill_graph_max_tokens=engine.prefill_graph_max_tokens if packed else 0,
+        max_loras=engine.max_loras or (DEFAULT_MAX_LORAS if engine.loras else 0),
     )
     return replace(config, model=replace(model, **backends), engine=engine)
 
@@ -273,6 +286,9 @@ class ServerConfig:
     realtime_vad_prefix_padding_ms: int = 300  # audio kept before the detected start of speech
     realtime_vad_silence_ms: int = 500  # quiet this long ends a turn
     realtime_vad_aggressiveness: int = 3  # WebRTC VAD mode, 0 (least) to 3 (most eager to call a frame silence)
+    # the directory POST /v1/load_lora_adapter may load adapters from (paths outside it are refused); None: the
+    # API loads none (adapters come from ``--lora`` only)
+    lora_root: str | None = None
     # OpenAI voice names -> the checkpoint's voices: "NAME=VOICE" entries (``--voice-alias ash=ethan``, repeatable)
     # over the default table (serve/voice_aliases.py: each OpenAI voice to a like voice of the checkpoint); an entry
     # naming a voice the checkpoint lacks stops the server at start-up
