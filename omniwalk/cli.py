@@ -103,7 +103,6 @@ def _serve(args: argparse.Namespace) -> int:
     family_options = getattr(family, "Options", None)
     sections = (ModelConfig, EngineConfig, MediaLimits, *filter(None, [family_options]))
     options = {f.name: getattr(args, f.name) for c in sections for f in dataclasses.fields(c)}
-    options["loras"] = tuple(args.loras)
     if server.lora_root and not options["max_loras"]:  # adapters loaded at run time need slots
         from omniwalk.config import DEFAULT_MAX_LORAS
 
@@ -302,15 +301,7 @@ def _add_serve(sub) -> None:
     )
     from omniwalk.models.registry import all_options
 
-    serve.add_argument(
-        "--lora",
-        dest="loras",
-        action="append",
-        default=[],
-        metavar="NAME=PATH",
-        help="a LoRA adapter of the thinker (a PEFT directory), served as model NAME; repeatable (EngineConfig.loras)",
-    )
-    seen = {"model", "loras"}
+    seen = {"model"}
     for cls in (ServerConfig, ModelConfig, EngineConfig, MediaLimits, *all_options()):
         _add_dataclass_flags(serve, cls, skip=seen)  # (families sharing a field share its flag)
         seen |= {f.name for f in dataclasses.fields(cls)}

@@ -130,7 +130,7 @@ class EngineConfig:
     # start-up, each "NAME=PATH" (a PEFT adapter directory; ``--lora``); none given with slots 0: 4 slots
     max_loras: int = 0
     max_lora_rank: int = 16
-    loras: tuple[str, ...] = ()
+    loras: tuple[str, ...] = field(default=(), metadata={"flag": "--lora", "metavar": "NAME=PATH"})
 
     def __post_init__(self):
         object.__setattr__(self, "loras", tuple(self.loras))  # (a list given in Python)
