@@ -223,6 +223,54 @@ class RoutingConfig:
             raise ConfigError(f"routing_max_excess must be >= 0, got {self.max_excess}")
 
 
+@dataclass(frozen=True)
+class RayConfig:
+    """``omniwalk serve --ray ADDRESS``: the server as a Ray Serve application (``omniwalk/serve/ray/``):
+    ingress replicas (the HTTP app) in front of engine replicas (one engine process each). The number of
+    engine replicas is ``ServerConfig.data_parallel``, or autoscaled between ``ray_min_replicas`` and
+    ``ray_max_replicas`` when the maximum is set."""
+
+    # the Ray cluster: "auto" (the one this node belongs to: ``ray start`` ran), "local" (start one here),
+    # or an address (host:port, ray://host:port); "" = no Ray (the plain server)
+    ray: str = ""
+    ray_app_name: str = "omniwalk"
+    ray_ingress_replicas: int = 1
+    ray_ingress_num_cpus: float = 1.0
+    ray_engine_num_cpus: float = 1.0  # per engine replica (its GPUs follow from device and tensor_parallel)
+    # autoscaling on unfinished requests per engine replica (0 max: a fixed data_parallel replicas)
+    ray_min_replicas: int = 1
+    ray_max_replicas: int = 0
+    ray_target_ongoing_requests: float = 16.0
+    ray_upscale_delay_s: float = 5.0
+    ray_downscale_delay_s: float = 30.0
+    ray_max_ongoing_requests: int = 256  # per engine replica; Ray queues beyond it (EngineConfig.max_requests)
+    # an engine replica whose engine process is gone fails its health check; Ray replaces it
+    ray_health_check_period_s: float = 2.0
+    # a request that had no output when its replica failed is sent to another one for this long
+    ray_retry_timeout_s: float = 30.0
+
+    def __post_init__(self):
+        for name in ("ray_ingress_replicas", "ray_min_replicas", "ray_max_ongoing_requests"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.ray_max_replicas and self.ray_max_replicas < self.ray_min_replicas:
+            raise ConfigError(
+                f"ray_max_replicas ({self.ray_max_replicas}) must be 0 (no autoscaling) or >= ray_min_replicas "
+                f"({self.ray_min_replicas})"
+            )
+        positive = ("ray_target_ongoing_requests", "ray_health_check_period_s", "ray_retry_timeout_s")
+        for name in positive + ("ray_ingress_num_cpus",):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("ray_engine_num_cpus", "ray_upscale_delay_s", "ray_downscale_delay_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+    @property
+    def autoscales(self) -> bool:
+        return self.ray_max_replicas > 0
+
+
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
