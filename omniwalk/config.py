@@ -48,6 +48,8 @@ class ModelConfig:
     # decoder kernels: "reference" | "fused" (CUDA: fused add + RMSNorm, merged q/k/v and gate/up skinny
     # GEMMs, q/k norm + rope + KV store in one kernel, and the encoders' and DiT's merged projections)
     decoder_kernels: str = "auto"
+    # LoRA adapters' batched delta after a thinker projection (omniwalk/lora/ops.py): "reference" | "triton" (CUDA)
+    lora_backend: str = "auto"
     # "fp8": decoder projections and experts of the thinker and talker in FP8 (e4m3, 128x128 block
     # scales; an FP8 checkpoint's as stored, else quantised at load); "none": the model dtype throughout
     quantization: str = "none"
