@@ -31,6 +31,7 @@ from omniwalk.serve.audio_format import encode_audio, pcm16_bytes
 from omniwalk.serve.audio_store import AudioStore
 from omniwalk.serve.errors import APIError, bad_request, unsupported
 from omniwalk.serve.media_pool import MediaPool
+from omniwalk.serve.voice_aliases import alias_table
 from omniwalk.structured import grammars
 
 # Body fields passed to the engine as they are (sampling), beside the family's own (ModelInfo.request_fields).
@@ -90,6 +91,18 @@ class Context:
         """The model's voices (lower case; none while it starts or when it does not speak)."""
         return tuple(self.info.voices) if self.info else ()
 
+    def voice(self, name: str | None, param: str) -> str | None:
+        """A requested voice -> the checkpoint's voice that speaks it: one of its voices, or an alias
+        (OpenAI's names, ``voice_aliases.py``); None stays None (the checkpoint's default). 400 naming
+        ``param`` for any other name."""
+        if name is None or name.lower() in self.voices:
+            return None if name is None else name.lower()
+        aliases = alias_table(self.cfg.voice_aliases, self.voices)
+        if name.lower() not in aliases:
+            known = ", ".join((*self.voices, *sorted(aliases)))
+            raise bad_request(f"unknown voice {name!r}; available: {known}", param)
+        return aliases[name.lower()]
+
 
 def check_model(model: str | None, ctx: Context) -> str:
     if model is not None and model != ctx.model_name:
@@ -106,9 +119,7 @@ def check_speech(body, ctx: Context, voice: str | None, voice_param: str, audio_
     """The speech fields every audio-out request shares -> engine request fields."""
     if "audio" not in ctx.info.output_modalities:
         raise bad_request(f"this model has no audio output ({ctx.model_name!r} answers with text only)", audio_param)
-    if voice is not None and voice.lower() not in ctx.info.voices:
-        raise bad_request(f"unknown voice {voice!r}; available: {', '.join(ctx.info.voices)}", voice_param)
-    speech = {"voice": voice}
+    speech = {"voice": ctx.voice(voice, voice_param)}
     if "max_audio_frames" in ctx.info.request_fields:
         speech["max_audio_frames"] = body.max_audio_frames or ctx.cfg.max_audio_frames_limit
         _check_limit("max_audio_frames", speech["max_audio_frames"], ctx.cfg.max_audio_frames_limit)
