@@ -47,6 +47,7 @@ from omniwalk.serve.responses_routes import add_responses_routes
 from omniwalk.serve.run import EngineRun
 from omniwalk.serve.speech import speech_request
 from omniwalk.serve.supervisor import Supervisor
+from omniwalk.serve.voice_aliases import check_voice_aliases
 
 error_log = logging.getLogger("omniwalk.error")
 
@@ -112,6 +113,7 @@ def create_app(client: Replicas, cfg: ServerConfig, limits: MediaLimits, supervi
     async def start() -> None:
         try:
             await client.start()
+            check_voice_aliases(cfg.voice_aliases, client.info.voices)  # (a ConfigError stops the server)
         except Exception as e:  # noqa: BLE001 - reported by the supervisor, which stops the server
             supervisor.failed_to_start(e)
         else:
