@@ -73,11 +73,12 @@ class FusedMoE:
         """x [N, H] -> per-pair partials [N, P, H] (their sum is the MoE's output)."""
         experts = moe.experts
         route_args = (moe.top_k, moe.renormalize, moe.num_shared)
+        draw = (moe.draw_salt, moe.draws) if moe.is_balanced else None  # (the kernel advances the counter)
         if x.shape[0] * (moe.top_k + moe.num_shared) <= moe_layer.MAX_GEMV_PAIRS:
-            weights, ids = route_folded(x, moe.gate.weight, moe.route_counters, *route_args)
+            weights, ids = route_folded(x, moe.gate.weight, moe.route_counters, *route_args, draw=draw)
             out = expert_gemv(x, experts.gate_up_proj, experts.down_proj, weights, ids, experts.scales())
         else:
-            weights, ids = route_topk(moe.gate(x), *route_args)
+            weights, ids = route_topk(moe.gate(x), *route_args, draw=draw)
             pair = (experts.gate_up_proj, experts.down_proj)
             if experts.block is None:
                 out = grouped_experts(x, *pair, weights, ids)

@@ -20,6 +20,12 @@ expert id (then the shared slots, ids E ..): the order in which HF adds the expe
                   the pairs routed to a lower id, then its own), in place of a radix sort, a count
                   and a cumulative sum.
 
+Balanced routing (benchmark only, ``layers/moe.py``'s module docstring): given ``draw`` = (salt, the
+layer's counters [calls, tokens done]), the top-k ranks the draw's keys instead of the probabilities
+(``layers/moe.balanced_keys``, the same hash: ``kernels/sampling.mix``), the weights stay the picked
+experts' probabilities; each token's ranking program counts itself done, and the last of the call's
+tokens advances the call counter (every token has read it by then), so no other launch is needed.
+
 Rounding follows the reference (``layers/moe.route(F.linear(x, router))``): logits are accumulated in
 fp32 and rounded to the activations' dtype (the router Linear's output), then softmax in fp32.
 
@@ -43,7 +49,9 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from omniwalk.kernels import pdl, tuned
+from omniwalk.kernels.sampling import mix
 
+Draw = tuple[int, torch.Tensor]  # a balanced draw: (salt, the layer's int64 counters [calls, tokens done])
 ROUTER_BLOCKS = (4, 4)  # route_folded's (router rows per program, warps) where the device has no tuned file
 
 
@@ -53,15 +61,21 @@ def router_blocks(device) -> tuple[int, int]:
 
 
 def route_topk(
-    logits: torch.Tensor, top_k: int, renormalize: bool, num_shared: int = 0, dtype: torch.dtype | None = None
+    logits: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    num_shared: int = 0,
+    dtype: torch.dtype | None = None,
+    draw: Draw | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [N, E + (1 if num_shared else 0)] -> (weights [N, top_k + num_shared] in ``dtype``
-    (default: the logits'), expert ids [N, top_k + num_shared] int32)."""
+    (default: the logits'), expert ids [N, top_k + num_shared] int32); ``draw``: balanced routing."""
     assert logits.dim() == 2, "route_topk: logits [N, E (+1)]"
     n = logits.shape[0]
     num_experts = logits.shape[1] - (1 if num_shared else 0)
     weights, ids = _outputs(n, top_k + num_shared, dtype or logits.dtype, logits.device)
     if n:
+        salt, draws = draw or (0, ids)
         route_kernel[(n, 1)](
             logits,
             logits,
@@ -69,6 +83,8 @@ def route_topk(
             ids,
             weights,
             ids,
+            draws,
+            salt,
             0,
             0,
             logits.stride(0),
@@ -79,6 +95,7 @@ def route_topk(
             SHARED=num_shared,
             RENORM=renormalize,
             FOLDED=False,
+            BALANCED=draw is not None,
             BLOCK_E=1,
             BLOCK_H=1,
             **pdl.launch(logits.device),
@@ -94,9 +111,10 @@ def route_folded(
     renormalize: bool,
     num_shared: int = 0,
     blocks: tuple[int, int] | None = None,
+    draw: Draw | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [N, H], router [E + (1 if num_shared else 0), H] -> the same as
-    ``route_topk(F.linear(x, router), ...)``. counters: int32 [>= N], zero, and zero again after
+    ``route_topk(F.linear(x, router), ..., draw=draw)``. counters: int32 [>= N], zero, and zero again after
     (one set per caller that may run concurrently with another, e.g. per MoE layer)."""
     n, hidden = x.shape
     assert router.dim() == 2 and router.shape[1] == hidden, "route_folded: x [N, H], router [E (+1), H]"
@@ -109,6 +127,7 @@ def route_folded(
         e_pad = pow2(num_experts)
         scratch = torch.empty(n, e_pad + 1, dtype=torch.float32, device=x.device)
         x = x.contiguous()
+        salt, draws = draw or (0, counters)
         route_kernel[(n, -(-router.shape[0] // rows))](
             x,
             router,
@@ -116,6 +135,8 @@ def route_folded(
             counters,
             weights,
             ids,
+            draws,
+            salt,
             x.stride(0),
             router.stride(0),
             scratch.stride(0),
@@ -126,6 +147,7 @@ def route_folded(
             SHARED=num_shared,
             RENORM=renormalize,
             FOLDED=True,
+            BALANCED=draw is not None,
             BLOCK_E=rows,
             BLOCK_H=min(pow2(hidden), 4096),
             num_warps=warps,
@@ -240,17 +262,24 @@ def store_top_k(
     K: tl.constexpr,
     SHARED: tl.constexpr,
     RENORM: tl.constexpr,
+    BALANCED: tl.constexpr,
+    salt,
+    step,
 ):
     """Token n's logits -> softmax, top-k by rank -> its weights and ids (ascending expert id), then
-    the shared expert's slots (weight sigmoid(gate))."""
+    the shared expert's slots (weight sigmoid(gate)). BALANCED: ranked by the draw's keys instead."""
     e = tl.arange(0, E_PAD)
     logit = tl.load(logits_ptr + n * stride_l + e, mask=e < E, other=float("-inf"), cache_modifier=".cg")
     logit = logit.to(tl.float32)
     prob = tl.exp(logit - tl.max(logit, 0))
     prob = prob / tl.sum(prob, 0)
-    # rank[i] = experts ahead of i: a larger probability, or an equal one and a lower id
-    ahead = (prob[None, :] > prob[:, None]) | ((prob[None, :] == prob[:, None]) & (e[None, :] < e[:, None]))
-    picked = tl.sum(ahead.to(tl.int32), 1) < K
+    if BALANCED:
+        score = tl.where(e < E, draw_keys(salt, step, n, e, E), -1)
+    else:
+        score = prob
+    # rank[i] = experts ahead of i: a larger score, or an equal one and a lower id
+    ahead = (score[None, :] > score[:, None]) | ((score[None, :] == score[:, None]) & (e[None, :] < e[:, None]))
+    picked = (tl.sum(ahead.to(tl.int32), 1) < K) & (e < E)
     if RENORM:
         prob = prob / tl.sum(tl.where(picked, prob, 0.0), 0)
     dtype = weights_ptr.dtype.element_ty
@@ -266,6 +295,15 @@ def store_top_k(
 
 
 @triton.jit
+def draw_keys(salt, step, n, e, E: tl.constexpr):
+    """``layers/moe.balanced_keys`` for token n's experts e: int32 keys in [0, 2^31)."""
+    golden = 0x9E3779B97F4A7C15
+    key = mix(salt.to(tl.int64).to(tl.uint64, bitcast=True) * golden + step.to(tl.int64).to(tl.uint64, bitcast=True))
+    z = mix(key + (n * E + e + 1).to(tl.uint64) * golden)
+    return (z >> 33).to(tl.int32)
+
+
+@triton.jit
 def route_kernel(
     x_ptr,
     router_ptr,
@@ -273,6 +311,8 @@ def route_kernel(
     counter_ptr,
     weights_ptr,
     ids_ptr,
+    draws_ptr,
+    salt,
     stride_x,
     stride_r,
     stride_l,
@@ -283,6 +323,7 @@ def route_kernel(
     SHARED: tl.constexpr,
     RENORM: tl.constexpr,
     FOLDED: tl.constexpr,
+    BALANCED: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_H: tl.constexpr,
     USE_PDL: tl.constexpr,
@@ -300,9 +341,14 @@ def route_kernel(
             gdc_launch_dependents()
         done = last
     if done == last:  # (folded: the token's last program to finish; its logits are all written)
-        store_top_k(logits_ptr, weights_ptr, ids_ptr, n, stride_l, E, E_PAD, K, SHARED, RENORM)
+        step = tl.load(draws_ptr, volatile=True) if BALANCED else 0
+        store_top_k(logits_ptr, weights_ptr, ids_ptr, n, stride_l, E, E_PAD, K, SHARED, RENORM, BALANCED, salt, step)
         if FOLDED:
             tl.store(counter_ptr + n, 0)
+        if BALANCED:  # the call's last token advances the call counter (all have read it)
+            if tl.atomic_add(draws_ptr + 1, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
+                tl.store(draws_ptr, step + 1)
+                tl.store(draws_ptr + 1, 0)
 
 
 @triton.jit

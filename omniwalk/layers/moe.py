@@ -16,6 +16,18 @@ called once the weights are loaded, and ``forward(moe, x)``):
                (token, expert) pairs are few (at most ``MAX_GEMV_PAIRS``), a grouped GEMM beyond;
                per-pair partials summed by the decoder's next add + RMSNorm; the shared expert
                folded in as extra experts (``SparseMoE.fold_shared_expert``)
+
+Routing modes (``SparseMoE.routing``, set on a built model by ``use_routing``; ``ModelConfig.moe_routing``):
+
+    model     the router's top-k (``route``): the model as trained
+    balanced  benchmark only: each token's k experts drawn uniformly without replacement, so expert
+              traffic at B > 1 matches a trained, load-balanced router's, where random weights
+              concentrate on a few experts and flatter every batched figure (docs/performance.md).
+              The draw is a pure function of (seed, layer, the layer's call counter, row, expert):
+              a splitmix64 key per expert, the k largest keys win (ties: the lower id); the
+              counter (``SparseMoE.draws``) advances on the device once per call, so graph replays
+              draw afresh with no host sync. Gate weights are the router's softmax probabilities of
+              the drawn experts, renormalised as the model's own top-k is (``route_balanced``).
 """
 
 from __future__ import annotations
@@ -29,6 +41,9 @@ from omniwalk.layers import fp8
 from omniwalk.layers.fp8 import Block, ExpertScales, Fp8Linear
 from omniwalk.layers.linear import MergesProjections, SkinnyLinear
 from omniwalk.layers.norm import RMSNorm
+from omniwalk.sampling import _GOLDEN, _mix, _shr
+
+ROUTINGS = ("model", "balanced")
 
 # fused backend: expert GEMVs up to this many (token, expert) pairs per call, a grouped GEMM beyond. The
 # GEMVs are faster per pair, but read an expert once per pair where the grouped GEMM reads it once per
@@ -46,6 +61,36 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[t
     """router_logits [N, E] -> (weights [N, k] in the logits' dtype, expert ids [N, k])."""
     probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
     weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(router_logits.dtype), ids
+
+
+def balanced_keys(salt: int, step: torch.Tensor, num_tokens: int, num_experts: int) -> torch.Tensor:
+    """The balanced draw's keys [N, E] (int64 in [0, 2^31)): splitmix64 of (salt, step, row, expert);
+    ``salt`` = ``draw_salt(seed, layer)``, ``step`` the layer's call counter (a device scalar)."""
+    key = _mix(torch.full_like(step, salt) * _GOLDEN + step)
+    rows = torch.arange(num_tokens, device=step.device)[:, None] * num_experts
+    z = _mix(key + (rows + torch.arange(num_experts, device=step.device)[None, :] + 1) * _GOLDEN)
+    return _shr(z, 33)
+
+
+def draw_salt(seed: int, layer: int) -> int:
+    """The per-layer constant of the balanced draw (layers < 2^16)."""
+    return seed * 2**16 + layer
+
+
+def route_balanced(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool, keys: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``route`` with the experts chosen by ``keys`` [N, E] (the k largest, ties: the lower id) instead of
+    by probability -> (weights [N, k], ids [N, k] in ascending expert id); weights are the softmax (fp32,
+    over all experts) of the drawn ones, renormalised to sum 1 where the model renormalises."""
+    num_experts = keys.shape[1]
+    order = keys * 2**16 + (2**16 - 1 - torch.arange(num_experts, device=keys.device))  # distinct
+    ids = order.topk(top_k, dim=-1).indices.sort(dim=-1).values
+    probs = torch.softmax(router_logits[:, :num_experts], dim=-1, dtype=torch.float32)
+    weights = probs.gather(1, ids)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights.to(router_logits.dtype), ids
@@ -192,6 +237,10 @@ class SparseMoE(nn.Module):
         self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False) if shared_intermediate_size else None
         # route_folded's per-token counters (this layer's own: layers never run concurrently with themselves)
         self.register_buffer("route_counters", torch.zeros(MAX_GEMV_PAIRS, dtype=torch.int32), persistent=False)
+        # the balanced draw (module docstring): routing mode, its salt, and the device counters
+        # [calls so far, tokens routed in the current call] (the second is the fused kernel's)
+        self.routing, self.draw_salt = "model", 0
+        self.register_buffer("draws", torch.zeros(2, dtype=torch.int64), persistent=False)
 
     @property
     def backend(self) -> str:
@@ -268,6 +317,26 @@ class SparseMoE(nn.Module):
         down, down_s = units(shared.down_proj, 1, bk)
         return (gate_up, gate_up_s), (torch.stack(down), torch.stack(down_s))
 
+    @property
+    def is_balanced(self) -> bool:
+        return self.routing == "balanced"
+
+    def select(self, x: torch.Tensor, logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The routed experts of x [N, H] in this call -> (weights [N, k], ids [N, k]); reads the draw
+        counter, does not advance it (``forward`` does)."""
+        logits = moe_logits = self.gate(x) if logits is None else logits
+        if self.num_shared:  # (a folded shared expert's gate is the last logit column)
+            moe_logits = logits[:, : self.num_experts]
+        if not self.is_balanced:
+            return route(moe_logits, self.top_k, self.renormalize)
+        keys = balanced_keys(self.draw_salt, self.draws[0], x.shape[0], self.num_experts)
+        return route_balanced(moe_logits, self.top_k, self.renormalize, keys)
+
+    def advance_draws(self) -> None:
+        """The balanced draw's next call (an in-place device add: graph replays advance it too)."""
+        if self.is_balanced:
+            self.draws[0] += 1
+
     def after_norm(self, norm: RMSNorm, h: torch.Tensor, delta: torch.Tensor | None):
         """``norm.add(h, delta)`` into this MoE -> (h + delta, the MoE's output); the norm stays a kernel
         of its own (``GatedMLP.after_norm``'s fold is a GEMV's)."""
@@ -290,9 +359,22 @@ class ReferenceMoE:
         pass
 
     def forward(self, moe: SparseMoE, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = route(moe.gate(x), moe.top_k, moe.renormalize)
+        weights, ids = moe.select(x)
+        if x.shape[0]:  # (as the routing kernel: no launch, no call)
+            moe.advance_draws()
         out = reference_experts(x, *moe.experts.dequantized(x.dtype), weights, ids)
         return out if moe.shared_expert is None else out + moe.shared_output(x)
 
 
 REFERENCE_MOE = ReferenceMoE()
+
+
+def use_routing(module: nn.Module, routing: str, seed: int = 0) -> None:
+    """Every MoE layer under ``module`` routes by ``routing`` (``ROUTINGS``); balanced draws are salted
+    by ``seed`` and the layer's place in ``module.modules()`` order, and start from call 0."""
+    if routing not in ROUTINGS:
+        raise ValueError(f"moe routing must be one of {list(ROUTINGS)}, got {routing!r}")
+    layers = [m for m in module.modules() if isinstance(m, SparseMoE)]
+    for layer, moe in enumerate(layers):
+        moe.routing, moe.draw_salt = routing, draw_salt(seed, layer)
+        moe.draws.zero_()
