@@ -1,6 +1,7 @@
 """The price of a grammar per decode step: B requests in steady decode, free, constrained and mixed.
 
     python benchmarks/structured/constrained_steps.py CHECKPOINT --out DIR [--batches 1,32] [--option NAME=VALUE]
+        [--fill engine|rows] [--profile]
 
 On CUDA the model is ``harness.FULL_OPTIONS`` (full size from a weightless skeleton, random bf16 weights);
 on the CPU a checkpoint in float32. Three batches of B requests, in rounds that alternate them (drift
@@ -17,6 +18,10 @@ launches, waits for the step before and commits it: the inter-token latency a cl
 the host time spent filling the steps' bitmasks. A constrained step draws after the step before
 is committed, while the forward runs (``engine/inflight.py``): the mask costs time only where it
 outlasts the forward. Writes constrained_steps.json and .md.
+
+``--fill rows`` fills the masks one row after another on the engine thread instead of the package's
+``matchers.bitmask`` (the grammar engine's parallel fill), to compare the two; ``--profile`` writes the
+torch profiler's host and device tables of a few steps of each mode at the largest batch (profile_*.txt).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+import llguidance.numpy
+import numpy as np
 import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[i]) for i in (2, 1)]  # the repository root, benchmarks/
@@ -35,6 +42,7 @@ from harness import FULL_OPTIONS, add_option_argument, int_list, machine, prompt
 
 from omniwalk import Omni  # noqa: E402
 from omniwalk.models.common.programs import thinker_program  # noqa: E402
+from omniwalk.sampling import bitmask_width  # noqa: E402
 
 CPU_OPTIONS = dict(device="cpu", dtype="float32")
 MODES = ("free", "constrained", "mixed")
@@ -49,9 +57,9 @@ LONG_TEXT = {
 class MaskClock:
     """Host seconds in the thinker's bitmask fills (wraps the function the thinker program calls)."""
 
-    def __init__(self):
+    def __init__(self, fill: str):
         self.seconds, self.calls = 0.0, 0
-        self._fill = thinker_program.bitmask
+        self._fill = thinker_program.bitmask if fill == "engine" else row_by_row
         thinker_program.bitmask = self
 
     def __call__(self, states):
@@ -61,6 +69,16 @@ class MaskClock:
         finally:
             self.seconds += time.perf_counter() - start
             self.calls += 1
+
+
+def row_by_row(states) -> np.ndarray:
+    """``matchers.bitmask`` with the rows filled one after another on this thread."""
+    grammars = next(g for g in states if g is not None).grammars
+    mask = np.full((len(states), bitmask_width(grammars.vocab)), -1, dtype=np.int32)
+    for row, g in enumerate(states):
+        if g is not None and g.is_live:
+            llguidance.numpy.fill_next_token_bitmask(g.matcher, mask, row)
+    return mask
 
 
 def requests(batch: int, mode: str, window: int, round_: int) -> list[dict]:
@@ -105,6 +123,21 @@ def measure(omni: Omni, clock: MaskClock, batch: int, mode: str, steps: int, war
     return {"step_ms": statistics.median(times) * 1e3, "mask_ms_per_step": mask_ms, "steps": len(times)}
 
 
+def profile(omni: Omni, clock: MaskClock, batch: int, mode: str, warmup: int, out: Path) -> None:
+    """The torch profiler's tables (host self time; device time) over 8 steady steps of one mode."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with torch_profile(activities=activities) as prof:
+        measure(omni, clock, batch, mode, 8, warmup, round_=99)
+    table = prof.key_averages()
+    text = table.table(sort_by="self_cpu_time_total", row_limit=40)
+    if torch.cuda.is_available():
+        text += "\n" + table.table(sort_by="self_cuda_time_total", row_limit=25)
+    (out / f"profile_{batch}_{mode}.txt").write_text(text)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("model", help="checkpoint or weightless skeleton directory")
@@ -114,6 +147,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=32, help="timed steps per figure")
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--fill", choices=("engine", "rows"), default="engine", help="how masks are filled (see above)")
+    p.add_argument("--profile", action="store_true", help="profile a few steps of each mode at the largest batch")
     add_option_argument(p, "Omni")
     args = p.parse_args()
     is_cuda = torch.device(args.device).type == "cuda"
@@ -121,7 +156,7 @@ def main() -> None:
     start = time.perf_counter()
     omni = Omni(model=args.model, **options)
     print(f"model built in {time.perf_counter() - start:.1f} s", flush=True)
-    clock = MaskClock()
+    clock = MaskClock(args.fill)
     runs: dict[str, list[dict]] = {}
     for r in range(args.rounds):
         for b in args.batches:
@@ -133,6 +168,10 @@ def main() -> None:
                     f"ms/step ({cell['steps']} steps)",
                     flush=True,
                 )
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.profile:
+        for mode in MODES:
+            profile(omni, clock, max(args.batches), mode, args.warmup, args.out)
     rows = []
     for b in args.batches:
         free = statistics.median(c["step_ms"] for c in runs[f"{b}/free"])
@@ -141,7 +180,6 @@ def main() -> None:
             step = statistics.median(c["step_ms"] for c in cells)
             mask = statistics.median(c["mask_ms_per_step"] for c in cells)
             rows.append({"batch": b, "mode": mode, "step_ms": step, "mask_ms_per_step": mask, "vs_free": step / free})
-    args.out.mkdir(parents=True, exist_ok=True)
     result = {
         "machine": machine(options["device"]),
         "options": options,
