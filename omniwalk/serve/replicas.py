@@ -4,8 +4,10 @@
     await replicas.start()              # all loaded (one failing to start fails the server's start)
     async for event in replicas.generate(request): ...   # on the least loaded live replica
 
-Routing: a request goes to the live replica with the fewest unfinished requests (those this
-server sent it that have not finished; ties to the lowest index), and stays there. Health: a
+Routing (``routing.Router``, the one policy): a request goes to the live replica with the fewest
+unfinished requests (those this server sent it that have not finished; ties to the lowest index),
+or, given an affinity key (``routing.affinity_key``: a chat's prefix, a realtime session), to the
+replica holding that key's prefix pages unless it is saturated; it stays there. Health: a
 replica whose process exits fails the requests it held at once (503, ``EngineUnavailableError``),
 leaves the routing and is reported dead in ``/health`` (the server is then "degraded") and in
 ``/metrics`` (``quantity="up"``); the others keep serving. It is not restarted: when the last one
@@ -20,15 +22,18 @@ import asyncio
 import sys
 from collections.abc import AsyncIterator, Callable
 
+from omniwalk.config import RoutingConfig
 from omniwalk.models.family import ModelInfo
 from omniwalk.parallel.placement import replica_options
 from omniwalk.serve.engine_client import EngineClient, EngineUnavailableError
+from omniwalk.serve.routing import NoReplica, ReplicaLoad, Router
 from omniwalk.serve.wire import Delta, Finished
 
 
 class Replicas:
-    def __init__(self, options: dict, n: int = 1):
+    def __init__(self, options: dict, n: int = 1, routing: RoutingConfig | None = None):
         self.clients = [EngineClient(**replica_options(options, r)) for r in range(n)]
+        self.router = Router(routing or RoutingConfig())
         self.dead: dict[int, str] = {}  # replica -> why its process exited
         self._on_all_dead: Callable[[str], None] | None = None
 
@@ -63,18 +68,23 @@ class Replicas:
         for client in self.clients:
             client.fail_all(reason)
 
-    def pick(self) -> EngineClient:
-        """The live replica with the fewest unfinished requests."""
-        live = [c for r, c in enumerate(self.clients) if r not in self.dead and not c.unavailable]
-        if not live:
-            raise EngineUnavailableError(self.clients[0].unavailable or "no engine replica is serving")
-        return min(live, key=lambda c: c.num_unfinished)
+    def pick(self, key: str | None = None) -> EngineClient:
+        """The replica the routing policy chooses among the live ones (``key``: the request's affinity key)."""
+        loads = [
+            ReplicaLoad(f"replica-{r}", c.num_unfinished, healthy=r not in self.dead and not c.unavailable)
+            for r, c in enumerate(self.clients)
+        ]
+        try:
+            name = self.router.choose(loads, key)
+        except NoReplica:
+            raise EngineUnavailableError(self.clients[0].unavailable or "no engine replica is serving") from None
+        return self.clients[int(name.removeprefix("replica-"))]
 
-    def generate(self, request: dict) -> AsyncIterator[Delta | Finished]:
+    def generate(self, request: dict, key: str | None = None) -> AsyncIterator[Delta | Finished]:
         """The chosen replica's own event stream (so closing it aborts there). The request counts
         against that replica from the stream's first step, which its consumer takes before
         yielding to the event loop (``run.EngineRun``), so concurrent arrivals spread out."""
-        return self.pick().generate(request)
+        return self.pick(key).generate(request)
 
     @property
     def stats(self) -> dict[str, dict]:
