@@ -23,6 +23,7 @@ from omniwalk.media.limits import MediaLimits
 # (torch is imported where a dtype or device is used, so that `omniwalk --help` does not load it)
 DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "fp8")
+MOE_ROUTINGS = ("model", "balanced")  # layers/moe.ROUTINGS
 MIN_GRAPH_TOKENS = 256  # the smallest packed-graph bucket (engine/packed_graphs.py)
 DEFAULT_MAX_LORAS = 4  # adapter slots when adapters are given (``EngineConfig.loras``, a server's adapter root)
 
@@ -57,6 +58,12 @@ class ModelConfig:
     # stages not named run on ``device``), and the thinker's weights split over this many ranks (one process each)
     placement: str = ""
     tensor_parallel: int = 1
+    # Benchmarks only: "balanced" makes every MoE layer draw each token's top-k experts uniformly (seeded by
+    # ``moe_routing_seed``; gate weights the router's probabilities of the drawn experts) instead of taking its
+    # router's top-k, so that batched steps read as many experts as a trained, load-balanced router makes
+    # them read (random weights concentrate on a few); "model": the router's own choice (layers/moe.py)
+    moe_routing: str = "model"
+    moe_routing_seed: int = 0
 
     def __post_init__(self):
         import torch
@@ -81,6 +88,8 @@ class ModelConfig:
             raise ConfigError(f"tensor_parallel must be >= 1, got {self.tensor_parallel}")
         if self.tensor_parallel > 1 and self.quantization != "none":
             raise ConfigError("quantization with tensor_parallel > 1 is not supported yet (FP8 blocks are not sharded)")
+        if self.moe_routing not in MOE_ROUTINGS:
+            raise ConfigError(f"moe_routing must be one of {list(MOE_ROUTINGS)}, got {self.moe_routing!r}")
 
     def device_of(self, stage: str) -> str:
         """The device ``stage`` runs on (``placement``, else ``device``)."""
