@@ -27,6 +27,8 @@ from omniwalk.errors import OmniwalkError
 
 __all__ = ["NoReplica", "ReplicaLoad", "Router", "RoutingConfig", "affinity_key"]
 
+TEXT_PARTS = ("text", "input_text", "output_text")  # content part types whose "text" is all they say
+
 
 class NoReplica(OmniwalkError):
     """No healthy replica is left to route to."""
@@ -78,8 +80,8 @@ def _digest(messages: list) -> str | None:
 
 
 def _content(content):
-    if isinstance(content, list) and all(isinstance(p, dict) and "text" in p and len(p) <= 2 for p in content):
-        return "".join(str(p["text"]) for p in content)  # ({"type": "text" | "input_text", "text": ...} parts)
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") in TEXT_PARTS for p in content):
+        return "".join(str(p.get("text")) for p in content)
     return content
 
 

@@ -94,6 +94,8 @@ def test_chat_turns_share_a_key_and_other_prefixes_do_not():
     assert affinity_key({"messages": [FIRST]}) != one
     parts = {"role": "user", "content": [{"type": "text", "text": "What is a walk?"}]}
     assert affinity_key({"messages": [{"role": "developer", "content": "You are terse."}, parts]}) == one
+    dumped = {"role": "user", "content": [{"type": "text", "text": "What is a walk?", "image_url": None}]}
+    assert affinity_key({"messages": [SYSTEM, dumped]}) == one  # (a schema's dump may name unset fields)
     audio = {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}
     with_audio = affinity_key({"messages": [SYSTEM, {"role": "user", "content": [audio]}]})
     assert with_audio not in (None, one)
