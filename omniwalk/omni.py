@@ -6,6 +6,7 @@
     out.audio                       # with "modalities": ["text", "audio"] (and the family's extras)
     for event in omni.stream(request): ...    # Event("text", str) / Event("audio", float32 chunk)
     omni.abort(request_id)
+    omni.load_adapter("NAME", "PEFT_DIR"); omni.generate(request, lora="NAME"); omni.unload_adapter("NAME")
 
 The checkpoint's model family (``models/registry.py``, by config.json ``architectures``) loads it,
 builds the engine's stages and turns requests into walks and outputs; ``omni.family`` is it.
@@ -13,6 +14,10 @@ builds the engine's stages and turns requests into walks and outputs; ``omni.fam
 the request keys are those of ``models/family.py`` and an optional ``request_id``. Invalid
 requests raise ``InvalidRequestError`` before anything runs; a request that fails while running
 ends with ``finish_reason == "error"`` and its ``error``, and no other request is affected.
+
+LoRA adapters of the thinker (PEFT directories; ``omniwalk/lora/``) are served beside the base model
+when ``max_loras`` > 0 (or ``loras`` names some to load at start): a request runs with one by its
+``"lora"`` key (or ``generate``'s ``lora``), any mix of adapters and the base in one batch.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from collections.abc import Iterator
 from omniwalk.config import OmniConfig
 from omniwalk.engine.engine import Engine, EngineLimits
 from omniwalk.engine.request import EngineRequest, Event, Status
-from omniwalk.errors import InvalidRequestError
+from omniwalk.errors import ConfigError, InvalidRequestError
 from omniwalk.models.family import RequestOutput
 from omniwalk.models.locate import locate
 from omniwalk.models.registry import family_module
@@ -60,9 +65,12 @@ class Omni:
             raise
         self._ids = itertools.count()
 
-    def generate(self, requests: dict | list[dict]) -> RequestOutput | list[RequestOutput]:
+    def generate(self, requests: dict | list[dict], lora: str | None = None) -> RequestOutput | list[RequestOutput]:
+        """Run the request(s) to the end; ``lora``: the adapter each runs with (a request's own ``"lora"``
+        key says it per request)."""
         single = isinstance(requests, dict)
-        reqs = [self.add(r) for r in ([requests] if single else requests)]
+        named = lambda r: {**r, "lora": lora} if lora is not None and isinstance(r, dict) else r  # noqa: E731
+        reqs = [self.add(named(r)) for r in ([requests] if single else requests)]
         while any(not r.status.is_done for r in reqs):
             self.step()
         outputs = [self.output(r) for r in reqs]
@@ -89,6 +97,26 @@ class Omni:
         if self.leader is not None:
             self.leader.aborted(request_id)
         return self.engine.abort(request_id)
+
+    @property
+    def adapters(self) -> list[str]:
+        """The LoRA adapters requests may name."""
+        adapters = self._adapters(required=False)
+        return adapters.names() if adapters is not None else []
+
+    def load_adapter(self, name: str, path: str) -> None:
+        """Serve the PEFT adapter at ``path`` as ``name`` (``AdapterError`` naming what it refuses)."""
+        self._adapters().load(name, path)
+
+    def unload_adapter(self, name: str) -> None:
+        """Stop serving ``name`` to new requests; those using it finish with it."""
+        self._adapters().unload(name)
+
+    def _adapters(self, required: bool = True):
+        adapters = getattr(self.family, "adapters", None)
+        if adapters is None and required:
+            raise ConfigError("this engine has no adapter slots: start it with max_loras > 0")
+        return adapters
 
     def close(self) -> None:
         """Stop the other tensor-parallel ranks (nothing to do with one)."""

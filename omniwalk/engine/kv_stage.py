@@ -69,8 +69,15 @@ class KVProgram:
         the pages end before the prompt's last token (which must run to draw). Default: none."""
         return []
 
+    def on_add(self, req: EngineRequest) -> None:
+        """The request joined the stage (before it is scheduled)."""
+
     def on_preempt(self, req: EngineRequest) -> None:
         """The request's KV was dropped; its tokens will be recomputed from position 0."""
+
+    def on_remove(self, req: EngineRequest) -> None:
+        """The request left the stage (finished, aborted or failed): let go of what ``on_add`` and
+        ``num_ready`` took for it."""
 
     def capture_graphs(self, storage: KVStorage, pool=None):
         """Capture CUDA graphs over this stage's KV storage (at start-up); returns the memory pool."""
@@ -102,6 +109,7 @@ class KVStage:
         return self.storage.pool
 
     def add(self, req: EngineRequest) -> None:
+        self.program.on_add(req)
         self.tables[req.id] = PageTable()
         if self.config.prefix_cache:
             self.prefix[req.id] = self.program.prefix_keys(req, self.pool.page_size)
@@ -118,6 +126,8 @@ class KVStage:
             self.running.remove(req)
         if req in self.waiting:
             self.waiting.remove(req)
+        if table is not None:
+            self.program.on_remove(req)
 
     def is_done(self, req: EngineRequest) -> bool:
         return req.id not in self.tables

@@ -37,7 +37,7 @@ from torch import nn
 
 from omniwalk.kernels.registry import DECODER_KERNELS
 from omniwalk.layers.kv_attention import causal_attention
-from omniwalk.layers.linear import MergesProjections, SkinnyLinear
+from omniwalk.layers.linear import LoraRows, MergesProjections, SkinnyLinear
 from omniwalk.layers.moe import GatedMLP, SparseMoE
 from omniwalk.layers.norm import RMSNorm, residual_add
 from omniwalk.layers.rotary import apply_rotary, mrope_cos_sin, rope_cos_sin, rotary_tables
@@ -168,6 +168,12 @@ class RowsKVCache:
         self.num_tokens += num_new // self.rows
 
 
+def _adapted(projection: nn.Module, x: torch.Tensor, layer: int, module: str, lora: LoraRows | None) -> torch.Tensor:
+    """``projection(x)`` with the rows' adapters of (layer, module) added (none: as it is)."""
+    y = projection(x)
+    return y if lora is None else lora.add(y, x, layer, module)
+
+
 def _head_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.float()
     return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
@@ -213,22 +219,40 @@ class Attention(MergesProjections):
         self.o_proj = SkinnyLinear.merge(self.o_proj, partials=True)  # (the layer's RMSNorm.add sums them)
         del self.q_proj, self.k_proj, self.v_proj
 
-    def forward(self, x, cos, sin, cache: KVCache, layer: int) -> torch.Tensor:
+    def forward(self, x, cos, sin, cache: KVCache, layer: int, lora: LoraRows | None = None) -> torch.Tensor:
+        """x [n, hidden] -> the attention's output [n, hidden]; ``lora``: the rows' adapters, added after
+        each projection (on the merged q/k/v output, to its column slices)."""
         n = x.shape[0]
         if self.qkv_proj is not None:
-            return self.o_proj(self._fused(self.qkv_proj(x), cos, sin, cache, layer))
-        q = apply_rotary(self.q_norm(self.q_proj(x).view(n, self.num_heads, self.head_dim)), cos, sin)
-        k = apply_rotary(self.k_norm(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)), cos, sin)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        out = cache.attend(layer, q, k, v)  # [n, heads, d]
-        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+            return self._output(self._fused(self._qkv(x, layer, lora), cos, sin, cache, layer), layer, lora)
+        q, k, v = (_adapted(p, x, layer, name, lora) for p, name in self._projections())
+        q = apply_rotary(self.q_norm(q.view(n, self.num_heads, self.head_dim)), cos, sin)
+        k = apply_rotary(self.k_norm(k.view(n, self.num_kv_heads, self.head_dim)), cos, sin)
+        out = cache.attend(layer, q, k, v.view(n, self.num_kv_heads, self.head_dim))  # [n, heads, d]
+        return self._output(out.reshape(n, self.num_heads * self.head_dim), layer, lora)
 
-    def after_norm(self, norm: RMSNorm, h, delta, cos, sin, cache: KVCache, layer: int):
+    def _projections(self):
+        return (self.q_proj, "q_proj"), (self.k_proj, "k_proj"), (self.v_proj, "v_proj")
+
+    def _qkv(self, x, layer: int, lora: LoraRows | None) -> torch.Tensor:
+        """The merged q/k/v projection of x [n, hidden], each part's adapters added to its column slice."""
+        qkv = self.qkv_proj(x)
+        if lora is not None:
+            q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+            for module, start, width in (("q_proj", 0, q), ("k_proj", q, kv), ("v_proj", q + kv, kv)):
+                lora.add(qkv[:, start : start + width], x, layer, module)
+        return qkv
+
+    def _output(self, attention: torch.Tensor, layer: int, lora: LoraRows | None) -> torch.Tensor:
+        return _adapted(self.o_proj, attention, layer, "o_proj", lora)
+
+    def after_norm(self, norm: RMSNorm, h, delta, cos, sin, cache: KVCache, layer: int, lora: LoraRows | None = None):
         """``norm.add(h, delta)`` into this attention -> (h + delta, the attention's output); on the fast
-        path the norm runs inside the qkv GEMV where it can (``SkinnyLinear.normed``)."""
-        if self.qkv_proj is None:
+        path the norm runs inside the qkv GEMV where it can (``SkinnyLinear.normed``), unless adapters need
+        the normed input itself."""
+        if self.qkv_proj is None or lora is not None:
             h, x = norm.add(h, delta)
-            return h, self(x, cos, sin, cache, layer)
+            return h, self(x, cos, sin, cache, layer, lora)
         h, qkv = self.qkv_proj.normed(norm, h, delta)
         return h, self.o_proj(self._fused(qkv, cos, sin, cache, layer))
 
@@ -273,10 +297,16 @@ class DecoderLayer(nn.Module):
         else:
             self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, partial_output=True)
 
-    def forward(self, h, delta, cos, sin, cache: KVCache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Residual stream ``h`` + the previous layer's pending ``delta`` -> (h, this layer's MLP output)."""
-        h, attention = self.self_attn.after_norm(self.input_layernorm, h, delta, cos, sin, cache, layer)
-        return self.mlp.after_norm(self.post_attention_layernorm, h, attention)
+    def forward(
+        self, h, delta, cos, sin, cache: KVCache, layer: int, lora: LoraRows | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Residual stream ``h`` + the previous layer's pending ``delta`` -> (h, this layer's MLP output).
+        ``lora``: the rows' adapters, on the attention's projections and a dense MLP's (MoE experts: none,
+        ``omniwalk/lora/adapters.py`` says why)."""
+        h, attention = self.self_attn.after_norm(self.input_layernorm, h, delta, cos, sin, cache, layer, lora)
+        if lora is None or isinstance(self.mlp, SparseMoE):
+            return self.mlp.after_norm(self.post_attention_layernorm, h, attention)
+        return self.mlp.after_norm(self.post_attention_layernorm, h, attention, lora, layer)
 
 
 # Called after layer i (a key of the dict) with its output; returns the hidden state to continue with.
@@ -336,14 +366,16 @@ class Decoder(nn.Module):
         hooks: LayerHooks | None = None,
         tables: tuple[torch.Tensor, torch.Tensor] | None = None,
         head: nn.Module | None = None,
+        lora: LoraRows | None = None,
     ) -> torch.Tensor:
         """x: [n, hidden] new tokens; positions: their rope positions -> final-normed hidden [n, hidden],
         or ``head`` of it (a ``SkinnyLinear`` head folds the final norm in: ``SkinnyLinear.normed``).
-        ``tables``: their ``rotary_tables`` made beforehand (then ``positions`` is not used)."""
+        ``tables``: their ``rotary_tables`` made beforehand (then ``positions`` is not used). ``lora``: the
+        rows' LoRA adapters (None: the base model)."""
         cos, sin = tables if tables is not None else rotary_tables(*self.rotary(positions), x.dtype)
         h, delta = x, None
         for i, layer in enumerate(self.layers):
-            h, delta = layer(h, delta, cos, sin, cache, i)
+            h, delta = layer(h, delta, cos, sin, cache, i, lora)
             if hooks and i in hooks:
                 h, delta = hooks[i](residual_add(h, delta)), None
         cache.advance(x.shape[0])

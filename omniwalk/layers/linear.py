@@ -5,12 +5,15 @@ a merged nn.Linear once the weights are loaded: up to ``MAX_ROWS`` rows through 
 (``kernels/skinny_gemm.py``, where the tuned tiles do not name cuBLAS), ``F.linear`` above (prefill),
 where cuBLAS's tensor-core tiles are full (FP8: of a dequantised copy). ``MergesProjections`` marks
 the modules that merge their projections on that path; ``stacked_linear`` is the merge for cuBLAS.
+``LoraRows`` adds the LoRA adapters of a forward's rows to a projection's output (``omniwalk/lora/``).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +27,30 @@ from omniwalk.layers.norm import RMSNorm
 def _kernels():
     """The Triton modules this layer launches (imported on first use: they import Triton)."""
     return tuple(importlib.import_module(f"omniwalk.kernels.{name}") for name in ("skinny_gemm", "silu_mul", "fp8"))
+
+
+@dataclass(frozen=True)
+class LoraRows:
+    """The LoRA adapters of one forward's rows: ``slots`` [n] int32 on the device, each row's slot of the
+    adapter pool (-1: the base model; its rows are left untouched, bit for bit), and the pool's weights per
+    (layer, module): ``a`` [slots, rank, in], ``b`` [slots, out, rank] (``omniwalk/lora/pool.py``).
+    ``add`` runs after a projection: ``y[i] += B[slot] (A[slot] x[i])`` (``lora.ops.add_lora``); y may be a
+    column slice of a merged projection's output, or its first split-K partial sum ([n, S, out]: the next
+    ``RMSNorm.add`` sums them, so adding to one adds to the sum)."""
+
+    slots: torch.Tensor
+    a: Mapping[tuple[int, str], torch.Tensor]
+    b: Mapping[tuple[int, str], torch.Tensor]
+    backend: str = "reference"
+
+    def add(self, y: torch.Tensor, x: torch.Tensor, layer: int, module: str) -> torch.Tensor:
+        """Add the adapters of (layer, module) to y (in place; returned for chaining). x [n, in], y [n, out]."""
+        key = (layer, module)
+        if key in self.a:
+            from omniwalk.lora.ops import add_lora
+
+            add_lora(y[:, 0] if y.dim() == 3 else y, x, self.a[key], self.b[key], self.slots, self.backend)
+        return y
 
 
 class MergesProjections(nn.Module):

@@ -13,6 +13,7 @@ from omniwalk.engine.request import EngineRequest
 from omniwalk.errors import CheckpointError, ConfigError, InvalidRequestError
 from omniwalk.models.common.checkpoint.loader import Backends
 from omniwalk.models.common.processing.chat import Prompt
+from omniwalk.models.common.programs.adapters import name_adapter, thinker_adapters
 from omniwalk.models.common.programs.request_state import constrain, grammars_for, prompt_tools
 from omniwalk.models.family import ModelFamily, ModelInfo, RequestOutput
 from omniwalk.models.qwen2_5_omni.checkpoint.config import Qwen25OmniConfig
@@ -95,6 +96,7 @@ class Qwen25OmniFamily(ModelFamily):
             random_seed=0 if mc.random_weights else None,
         )
         self.max_model_len = mc.max_model_len or cfg.text.max_position_embeddings
+        self.adapters = thinker_adapters(cfg.text, config, mc.device)  # (LoRA; None without slots)
         speaks = cfg.enable_audio_output
         self.info = ModelInfo(
             name="qwen2.5-omni",
@@ -107,7 +109,7 @@ class Qwen25OmniFamily(ModelFamily):
         )
 
     def build_stages(self) -> list:
-        return build_stages(self.parts, self.cfg, self.config, self.speakers)
+        return build_stages(self.parts, self.cfg, self.config, self.speakers, self.adapters)
 
     def prompt(self, request: dict) -> Prompt:
         """Request -> thinker prompt: ids, media spans, measured media items, TMRoPE positions."""
@@ -148,6 +150,7 @@ class Qwen25OmniFamily(ModelFamily):
         state.thinker.forced_answer = answer
         constrain(state.thinker, request, self.grammars, self.tokenizer)
         state.thinker.speaks = "audio" in (request.get("modalities") or ())  # (on every rank alike)
+        name_adapter(state.thinker, self.adapters, request)
         return walk, state
 
     def _speech(self, request: dict) -> tuple[SamplingParams, int, Token2WavState]:

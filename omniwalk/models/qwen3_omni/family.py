@@ -13,6 +13,7 @@ from omniwalk.errors import InvalidRequestError
 from omniwalk.media.patches import IMAGE_PATCHES, VIDEO_PATCHES
 from omniwalk.models.common.checkpoint.loader import Backends
 from omniwalk.models.common.processing.chat import ChatProcessor, Prompt
+from omniwalk.models.common.programs.adapters import name_adapter, thinker_adapters
 from omniwalk.models.common.programs.request_state import constrain, grammars_for, prompt_tools
 from omniwalk.models.family import ModelFamily, ModelInfo, RequestOutput
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
@@ -99,6 +100,7 @@ class Qwen3OmniFamily(ModelFamily):
             shared = self.text_embedding is None
             self.parts["text_embedding"] = self.parts["thinker"].model.embed_tokens if shared else self.text_embedding
         self.max_model_len = mc.max_model_len or cfg.text.max_position_embeddings
+        self.adapters = thinker_adapters(cfg.text, config, self.devices["thinker"])  # (LoRA; None without slots)
         self.info = ModelInfo(
             name="qwen3-omni",
             output_modalities=("text", "audio") if speaks else ("text",),
@@ -123,7 +125,7 @@ class Qwen3OmniFamily(ModelFamily):
             shard_decoder(module, self.rank, self.world)
 
     def build_stages(self) -> list:
-        return build_stages(self.parts, self.cfg, self.config, self.devices)
+        return build_stages(self.parts, self.cfg, self.config, self.devices, self.adapters)
 
     def prompt(self, request: dict) -> Prompt:
         """Request -> thinker prompt: ids, media spans, measured media items, MRoPE positions."""
@@ -161,6 +163,7 @@ class Qwen3OmniFamily(ModelFamily):
         state.thinker.forced_answer = answer
         constrain(state.thinker, request, self.grammars, self.tokenizer)
         state.thinker.speaks = "audio" in (request.get("modalities") or ())  # (on every rank alike)
+        name_adapter(state.thinker, self.adapters, request)
         return walk, state
 
     def _forced_answer(self, text) -> list[int] | None:

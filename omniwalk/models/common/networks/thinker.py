@@ -20,6 +20,7 @@ from torch import nn
 
 from omniwalk.errors import InvalidRequestError
 from omniwalk.layers.decoder import Decoder, DecoderConfig, KVCache
+from omniwalk.layers.linear import LoraRows
 from omniwalk.modality import MEDIA, Modality
 from omniwalk.models.common.checkpoint.config import TokenIds
 
@@ -98,8 +99,10 @@ class Thinker(nn.Module):
         all_logits: bool = False,
         talker_states: bool = False,
         counts: dict | None = None,
+        lora: LoraRows | None = None,
     ) -> ThinkerOutput:
-        """Run new tokens ``input_ids`` [n] at rope ``positions`` ([3, n] or [n]) after ``cache``'s tokens."""
+        """Run new tokens ``input_ids`` [n] at rope ``positions`` ([3, n] or [n]) after ``cache``'s tokens
+        (``lora``: the rows' LoRA adapters; None: the base model)."""
         x, deepstack = self.embed(input_ids, media, counts)
         captured: dict[str, torch.Tensor] = {}
         capture_at = self.accept_hidden_layer - 1 if talker_states else -1
@@ -112,7 +115,7 @@ class Thinker(nn.Module):
             return h
 
         layers = set(range(deepstack.shape[0] if deepstack is not None else 0)) | {capture_at} - {-1}
-        h = self.model(x, positions, cache, {i: functools.partial(hook, i) for i in layers})
+        h = self.model(x, positions, cache, {i: functools.partial(hook, i) for i in layers}, lora=lora)
         logits = self.lm_head(h if all_logits else h[-1:])  # every row's, or the last one's
         return ThinkerOutput(logits, x if talker_states else None, captured.get("h"))
 

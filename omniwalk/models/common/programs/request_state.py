@@ -89,6 +89,11 @@ class ThinkerState:
     # of the first one the model wrote: speech ends there (a call is never voiced).
     tool_call_start: int | None = None
     tool_call_at: int | None = None
+    # The LoRA adapter the thinker runs with (None: the base model): its name, the key of its load (its
+    # prefix pages are keyed by it), and the pool slot it holds while the request runs (-1: none held yet).
+    lora: str | None = None
+    lora_key: str | None = None
+    lora_slot: int = -1
 
     @property
     def spoken(self) -> list[int]:

@@ -15,6 +15,10 @@ returns the per-row tensors the program declares in ``graph_outputs`` (what its 
 of a decode row), and ``keep_rows`` sees its rows as it sees eager ones.
 Other steps (prompt chunks) embed eagerly (media rows scattered in), then replay a graph of the
 decoder layers for their padded layout (``engine/prefill_graphs.py``) when one fits.
+
+With LoRA adapters (``adapters``: ``programs/adapters.py``), a request naming one holds its pool slot
+before it runs, and each forward takes its rows' slots (-1: base), a graph input of the decode and
+prefill graphs; an eager step whose rows are all base runs without them.
 """
 
 from __future__ import annotations
@@ -35,9 +39,11 @@ from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
 from omniwalk.engine.prefill_graphs import NO_PREFILL_GRAPHS, PrefillGraphs, PrefillPlan, prefill_layers
 from omniwalk.engine.request import Chunk, EngineRequest
 from omniwalk.layers.decoder import DecoderConfig
+from omniwalk.lora.adapters import AdapterError
 from omniwalk.modality import MEDIA, Modality
 from omniwalk.models.common.networks.thinker import MediaEmbeddings, Thinker
 from omniwalk.models.common.processing.positions import batch_spans
+from omniwalk.models.common.programs.adapters import ThinkerAdapters
 from omniwalk.models.common.programs.request_state import ThinkerState
 from omniwalk.sampling import TokenLogprob, sample_async
 from omniwalk.structured.matchers import bitmask
@@ -64,8 +70,10 @@ class ThinkerProgram(KVProgram):
         graph_max_batch: int = 0,
         prefill: PrefillPlan = NO_PREFILL_GRAPHS,
         deepstack_levels: int = 0,
+        adapters: ThinkerAdapters | None = None,
     ):
         self.thinker, self.device, self.decode_attention = thinker, device, decode_attention
+        self.adapters = adapters
         t = thinker.tokens
         self.pad_ids = {"audio": t.audio_pad, "image": t.image_pad, "video": t.video_pad}
         self.graph_max_batch, self.prefill, self.deepstack_levels = graph_max_batch, prefill, deepstack_levels
@@ -81,16 +89,17 @@ class ThinkerProgram(KVProgram):
             "x": StaticInput((hidden,), self.thinker.lm_head.weight.dtype),
             "positions": StaticInput((3,), torch.float32),
             "deepstack": StaticInput((self.deepstack_levels, hidden), self.thinker.lm_head.weight.dtype),
+            **self._lora_input(),
         }
         self.prefill_graphs = self.prefill.graphs("thinker", self._decoder, specs, storage, self.device)
         pool = self.prefill_graphs.capture(pool)
         if self.graph_max_batch == 0:
             return pool
 
-        def decode(ids, positions, slots, table, lens):
+        def decode(ids, positions, slots, table, lens, lora_slots=None):
             kv = DecodeKV(storage, slots, table, lens, self.decode_attention)
             x, _ = self.thinker.embed(ids)  # (no media in decode rows)
-            out = {"x": x, "hidden": self.thinker.model(x, positions.T, kv)}
+            out = {"x": x, "hidden": self.thinker.model(x, positions.T, kv, lora=self._lora(lora_slots))}
             return {"logits": self.thinker.lm_head(out["hidden"]), **{k: out[k] for k in self.graph_outputs}}
 
         inputs = {
@@ -99,10 +108,26 @@ class ThinkerProgram(KVProgram):
             "slots": StaticInput((), torch.long, storage.scratch_slot),
             "table": StaticInput((storage.pool.num_pages,), torch.int32),
             "lens": StaticInput((), torch.int32),
+            **self._lora_input(),
         }
         buckets = batch_buckets(self.graph_max_batch)
         self.decode_graph = GraphedStep("thinker decode", decode, inputs, buckets, self.device)
         return self.decode_graph.capture(pool)
+
+    def _lora_input(self) -> dict[str, StaticInput]:
+        """The rows' adapter slots as a graph input (padding rows: -1, the base model), with adapters."""
+        return {"lora_slots": StaticInput((), torch.int32, -1)} if self.adapters is not None else {}
+
+    def _lora(self, slots: torch.Tensor | None):
+        return None if slots is None else self.adapters.rows(slots)
+
+    @staticmethod
+    def _lora_slots(batch: list[Chunk]) -> np.ndarray | None:
+        """Each packed row's adapter slot (a chunk's n rows: its request's), or None when all are base."""
+        slots = [req.state.thinker.lora_slot for req, _, _ in batch]
+        if max(slots) < 0:
+            return None
+        return np.repeat(np.asarray(slots, dtype=np.int32), [n for _, _, n in batch])
 
     @staticmethod
     def _decode_rows(batch: list[Chunk]) -> list[bool]:
@@ -119,7 +144,8 @@ class ThinkerProgram(KVProgram):
     def stats(self) -> dict:
         graph, prefill = self.decode_graph, self.prefill_graphs.stats() if self.prefill_graphs else {}
         replays = graph.num_replays if graph else 0
-        return {"graph_replays": replays, "eager_decode_steps": self.num_eager_decode_steps, **prefill}
+        lora = self.adapters.stats() if self.adapters is not None else {}
+        return {"graph_replays": replays, "eager_decode_steps": self.num_eager_decode_steps, **prefill, **lora}
 
     def num_ready(self, req: EngineRequest, num_cached: int) -> int:
         st = req.state.thinker
@@ -141,7 +167,37 @@ class ThinkerProgram(KVProgram):
                 return 0
             ids = np.asarray(st.prompt.token_ids)
             st.placeholders_before = {k: np.concatenate([[0], np.cumsum(ids == p)]) for k, p in self.pad_ids.items()}
-        return st.num_tokens - num_cached
+        n = st.num_tokens - num_cached
+        return n if n == 0 or self._holds_slot(req) else 0
+
+    def _holds_slot(self, req: EngineRequest) -> bool:
+        """Whether the request may run as far as its adapter goes: none, or its slot held (taken now if
+        one is free or idle; False while every slot is held by other adapters' requests: it waits)."""
+        st = req.state.thinker
+        if st.lora is None or st.lora_slot >= 0:
+            return True
+        try:
+            slot = self.adapters.acquire(st.lora)
+        except AdapterError as e:  # (not expected: an adapter in use stays loaded until its requests leave)
+            req.fail(e)
+            return False
+        if slot is None:
+            return False
+        st.lora_slot = slot
+        return True
+
+    def on_add(self, req: EngineRequest) -> None:
+        if req.state.thinker.lora is not None:
+            self.adapters.join(req.state.thinker.lora)
+
+    def on_remove(self, req: EngineRequest) -> None:
+        st = req.state.thinker
+        if st.lora is None:
+            return
+        if st.lora_slot >= 0:
+            self.adapters.release(st.lora)
+            st.lora_slot = -1
+        self.adapters.leave(st.lora)
 
     def is_finished(self, req: EngineRequest) -> bool:
         return req.state.thinker.is_finished
@@ -151,14 +207,17 @@ class ThinkerProgram(KVProgram):
         each keyed by a digest of every id and position up to its end. None for a request that asked
         for speech: its talker reads the thinker's prompt rows, which taken pages would not compute
         (``speaks`` is read from the request, so every tensor-parallel rank answers alike)."""
-        if req.state.talker is not None or req.state.thinker.speaks:
+        st = req.state.thinker
+        if req.state.talker is not None or st.speaks:
             return []
-        prompt = req.state.thinker.prompt
+        prompt = st.prompt
         ids = np.asarray(prompt.token_ids, dtype=np.int64)
         media = np.flatnonzero(np.isin(ids, list(self.pad_ids.values())))
         end = min(int(media[0]) if len(media) else len(ids), prompt.num_prompt_tokens - 1)
         positions = prompt.rope.span(0, end).numpy()
-        keys, digest = [], b""
+        # an adapter's pages are its own: the chain starts from the key of its load (the base's from nothing)
+        key = st.lora_key
+        keys, digest = [], b"" if key is None else hashlib.blake2b(key.encode(), digest_size=16).digest()
         for start in range(0, end - page_size + 1, page_size):
             page = slice(start, start + page_size)
             contents = digest + ids[page].tobytes() + np.ascontiguousarray(positions[:, page]).tobytes()
@@ -174,9 +233,11 @@ class ThinkerProgram(KVProgram):
         states = [req.state.thinker for req, _, _ in batch]
         host_ids, in_flight = self._host_ids(batch)
         positions = batch_spans([(st.prompt.rope, s, n) for st, (_, s, n) in zip(states, batch, strict=True)])
+        lora_slots = self._lora_slots(batch)
         if all(self._decode_rows(batch)) and self.decode_graph is not None:
             if self.decode_graph.fits(len(batch)):
                 inputs = {"ids": np.asarray(host_ids, dtype=np.int64), "positions": positions.T, **kv.decode_inputs()}
+                inputs |= {"lora_slots": lora_slots} if lora_slots is not None else {}
                 out = self.decode_graph.run(len(batch), inputs, functools.partial(_patch_ids, in_flight))
                 kv.advance(len(batch))  # (the graph's DecodeKV keeps no host bookkeeping)
                 for row, (req, start, n) in enumerate(batch):
@@ -185,7 +246,7 @@ class ThinkerProgram(KVProgram):
             self.num_eager_decode_steps += 1
         media, counts = self._media(batch)
         x, deepstack = self.thinker.embed(_device_ids(host_ids, in_flight, self.device), media, counts)
-        out = self._layers(x, positions.T, deepstack, kv)
+        out = self._layers(x, positions.T, deepstack, kv, lora_slots)
         offset, ready, ends = 0, [], []
         for row, (req, start, n) in enumerate(batch):
             self.keep_rows(req, start, n, x, out, offset)
@@ -198,16 +259,19 @@ class ThinkerProgram(KVProgram):
             return self._sample(batch, ready, logits)
         return None
 
-    def _layers(self, x, positions, deepstack, kv: PagedBatch) -> dict[str, torch.Tensor]:
+    def _layers(self, x, positions, deepstack, kv: PagedBatch, lora_slots=None) -> dict[str, torch.Tensor]:
         """The decoder over a prefill step's embeddings: replayed from a graph when the step's
         layout fits a bucket, else eager."""
         deepstack = deepstack.transpose(0, 1) if deepstack is not None else None  # [n, levels, hidden]: rows first
         rows = {"x": x, "positions": to_device(positions, self.device), "deepstack": deepstack}
+        if self.adapters is not None:
+            rows["lora_slots"] = None if lora_slots is None else to_device(lora_slots, self.device, torch.int32)
         return prefill_layers(self.prefill_graphs, self._decoder, kv, rows)
 
-    def _decoder(self, kv, x, positions, deepstack=None) -> dict[str, torch.Tensor]:
-        """x [n, hidden] at positions [n, 3], DeepStack rows [n, levels, hidden] or None -> the final
-        hidden states and the output of layer ``accept_hidden_layer - 1`` (for the talker)."""
+    def _decoder(self, kv, x, positions, deepstack=None, lora_slots=None) -> dict[str, torch.Tensor]:
+        """x [n, hidden] at positions [n, 3], DeepStack rows [n, levels, hidden] or None, adapter slots [n]
+        or None (all base) -> the final hidden states and the output of layer ``accept_hidden_layer - 1``
+        (for the talker)."""
         accept_at, taps = self.thinker.accept_hidden_layer - 1, {}
 
         def tap(layer: int, h: torch.Tensor) -> torch.Tensor:
@@ -216,7 +280,7 @@ class ThinkerProgram(KVProgram):
 
         layers = {accept_at, *range(deepstack.shape[1] if deepstack is not None else 0)}
         hooks = {i: functools.partial(tap, i) for i in layers}
-        return {"hidden": self.thinker.model(x, positions.T, kv, hooks), **taps}
+        return {"hidden": self.thinker.model(x, positions.T, kv, hooks, lora=self._lora(lora_slots)), **taps}
 
     def _sample(self, batch, ready: list[int], logits: torch.Tensor) -> Callable[[], None] | Deferred:
         """Draw the next token of the ``ready`` rows of the batch (``logits`` [len(ready), vocab]);

@@ -34,9 +34,12 @@ from omniwalk.sampling import SamplerState, SamplingParams
 from omniwalk.tokenizer import IncrementalDetokenizer
 
 
-def build_stages(parts: dict, cfg: Qwen25OmniConfig, config: OmniConfig, voices: dict | None = None) -> list:
+def build_stages(
+    parts: dict, cfg: Qwen25OmniConfig, config: OmniConfig, voices: dict | None = None, adapters=None
+) -> list:
     """The engine stages over loaded components (``checkpoint/loader.py`` names) for a resolved
-    config; ``voices``: the checkpoint's speakers (``spk_dict.pt``), for token2wav."""
+    config; ``voices``: the checkpoint's speakers (``spk_dict.pt``), for token2wav; ``adapters``: the
+    thinker's LoRA adapters (``ThinkerAdapters``) or None."""
     model, engine, opts = config.model, config.engine, config.family or Qwen25OmniOptions()
     dtype, device = model.torch_dtype, model.device
     decode, prefill = model.decode_attention, model.attention_backend
@@ -44,7 +47,7 @@ def build_stages(parts: dict, cfg: Qwen25OmniConfig, config: OmniConfig, voices:
     audio_batch = BatchStageConfig(opts.audio_encoder_batch_units, engine.max_running)
     vision_batch = BatchStageConfig(opts.vision_encoder_batch_units, engine.max_running)
     plan = PrefillPlan(min(engine.prefill_graph_max_tokens, engine.max_batch_tokens), prefill)
-    thinker = ReplyThinkerProgram(parts["thinker"], device, decode, graphs, plan, deepstack_levels=0)
+    thinker = ReplyThinkerProgram(parts["thinker"], device, decode, graphs, plan, 0, adapters)
     encoder_graphs = engine.encoder_graph_max_tokens
     audio = AudioEncoderProgram(parts["audio_encoder"], device, dtype, zero_tail=True, graph_max_tokens=encoder_graphs)
     vision = VisionEncoderProgram(parts["vision_encoder"], device, dtype, encoder_graphs)

@@ -36,13 +36,13 @@ from omniwalk.tokenizer import IncrementalDetokenizer
 STAGES = ("audio_encoder", "vision_encoder", "thinker", "talker", "vocoder")
 
 
-def build_stages(parts: dict, cfg: Qwen3OmniConfig, config: OmniConfig, devices: dict[str, str]) -> list:
+def build_stages(parts: dict, cfg: Qwen3OmniConfig, config: OmniConfig, devices: dict[str, str], adapters=None) -> list:
     """The engine stages over loaded components (``checkpoint/loader.py`` names) for a resolved
     config (``config.resolve_auto``), each on its device (``devices``: stage -> device); talker and
     vocoder stages exist only when those components were loaded (and ``parts["text_embedding"]``,
     the thinker's input embeddings on the talker's device). A tensor-parallel thinker keeps its
-    rank's share of the KV heads. CUDA graphs are captured by ``Engine.capture_graphs`` once the
-    stages exist."""
+    rank's share of the KV heads; ``adapters``: the thinker's LoRA adapters (``ThinkerAdapters``) or None.
+    CUDA graphs are captured by ``Engine.capture_graphs`` once the stages exist."""
     model, engine, opts = config.model, config.engine, config.family or Qwen3OmniOptions()
     dtype = model.torch_dtype
     decode, prefill = model.decode_attention, model.attention_backend
@@ -56,7 +56,7 @@ def build_stages(parts: dict, cfg: Qwen3OmniConfig, config: OmniConfig, devices:
     vision = VisionEncoderProgram(parts["vision_encoder"], devices["vision_encoder"], dtype, encoder_graphs)
     plan, deepstack = _prefill(engine, engine.max_batch_tokens, prefill), len(cfg.vision.deepstack_visual_indexes)
     device, page = devices["thinker"], engine.page_size
-    thinker = ThinkerProgram(parts["thinker"], device, decode, graphs, plan, deepstack)
+    thinker = ThinkerProgram(parts["thinker"], device, decode, graphs, plan, deepstack, adapters)
     stages = [
         BatchStage("audio_encoder", audio, audio_batch, devices["audio_encoder"]),
         BatchStage("vision_encoder", vision, vision_batch, devices["vision_encoder"]),
