@@ -41,6 +41,7 @@ from micro_report import report  # noqa: E402
 from roofline import Machine, measure_machine  # noqa: E402
 
 from omniwalk import Omni  # noqa: E402
+from omniwalk.layers.moe import SparseMoE, use_routing  # noqa: E402
 
 CPU_OPTIONS = dict(device="cpu", dtype="float32")
 PARTS = ("thinker", "talker", "vocoder", "encoders")
@@ -80,6 +81,22 @@ def measure_floors(args, device: str, dtype: torch.dtype, is_cuda: bool) -> Mach
     return m
 
 
+def check_routing(omni: Omni) -> None:
+    """The MoE layers route as ``moe_routing`` says (``--option moe_routing=balanced``: uniform expert
+    draws, the load of a trained router; ``routed_experts`` shows it). The family applies it before its
+    CUDA graphs are captured; where it did not, it is applied here when no graph exists yet (CPU)."""
+    mc = omni.config.model
+    parts = [p for p in omni.family.parts.values() if isinstance(p, torch.nn.Module)]
+    moes = [m for part in parts for m in part.modules() if isinstance(m, SparseMoE)]
+    if all(m.routing == mc.moe_routing for m in moes):
+        return
+    if mc.on_cuda and omni.config.engine.cuda_graph_max_batch > 0:
+        raise SystemExit(f"moe_routing={mc.moe_routing} was not applied before the CUDA graphs were captured")
+    # TODO: remove once every family applies moe_routing itself
+    routed = [omni.family.parts[n] for n in ("thinker", "talker") if n in omni.family.parts]
+    use_routing(torch.nn.ModuleList(routed), mc.moe_routing, mc.moe_routing_seed)
+
+
 def main() -> None:
     args = parse_args()
     is_cuda = torch.device(args.device).type == "cuda"
@@ -99,6 +116,7 @@ def main() -> None:
     start_s = time.perf_counter()
     omni = Omni(model=args.model, **options)
     print(f"model built in {time.perf_counter() - start_s:.1f} s")
+    check_routing(omni)
     dtype_bytes = torch.finfo(dtype).bits // 8
     benches = {
         "thinker": lambda: bench_thinker(omni, args, m, device, dtype_bytes),

@@ -2,19 +2,24 @@
 
 ``StageClock`` times each stage's ``step()`` + ``finish()`` synchronised; ``stage_kernels`` lists the
 GPU kernels one stage step launches (torch profiler, CUDA only); ``count_kernels`` counts a call's
-kernels; ``routed_experts`` counts the distinct experts a decoder's MoE layers route to.
+kernels; ``routed_experts`` counts the distinct experts a decoder's MoE layers route to (in a step
+run eagerly: ``eager_decode``).
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 import torch
 from harness import synchronize
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from omniwalk.layers.moe import SparseMoE
+
 KERNEL_TOP = 25  # kernels listed per stage step, by total time
+GRAPH_ATTRIBUTES = ("decode_graph", "frame_graph")  # the thinker's and the talker's decode-step graphs
 
 
 class StageClock:
@@ -105,25 +110,35 @@ def stage_kernels(engine, stage_name: str, device) -> dict | None:
 
 
 def routed_experts(decoder, run) -> float | None:
-    """Mean distinct experts per MoE layer over the eager forwards in ``run()`` (None if no router
-    ran eagerly, e.g. a replayed CUDA graph)."""
+    """Mean distinct experts per MoE layer over the eager forwards in ``run()`` (None if no MoE layer
+    ran eagerly, e.g. a replayed CUDA graph: see ``eager_decode``). Each layer's choice is
+    ``SparseMoE.select`` on its input, before the call advances a balanced draw: the experts it routes to."""
     counts = []
 
-    def counter(top_k: int, num_experts: int):
-        def hook(module, inputs, logits):  # logits [tokens, experts (+ a folded shared expert's gate)]
-            logits = logits[:, :num_experts]
-            ids = logits.topk(top_k, dim=-1).indices.flatten()
-            hit = torch.zeros(num_experts, dtype=torch.bool, device=logits.device).index_fill_(0, ids, True)
-            counts.append(hit.sum())
+    def count(moe: SparseMoE, args) -> None:
+        _, ids = moe.select(args[0])
+        counts.append(ids.unique().numel())
 
-        return hook
-
-    moes = [layer.mlp for layer in decoder.layers if hasattr(layer.mlp, "gate")]
-    handles = [moe.gate.register_forward_hook(counter(moe.top_k, moe.num_experts)) for moe in moes]
+    moes = [m for m in decoder.modules() if isinstance(m, SparseMoE)]
+    handles = [moe.register_forward_pre_hook(count) for moe in moes]
     try:
         with torch.inference_mode():
             run()
     finally:
         for h in handles:
             h.remove()
-    return float(torch.stack(counts).float().mean()) if counts else None
+    return sum(counts) / len(counts) if counts else None
+
+
+@contextmanager
+def eager_decode(program):
+    """Inside: ``program``'s decode steps run eagerly (its decode graph set aside), so hooks see its layers."""
+    names = [n for n in GRAPH_ATTRIBUTES if getattr(program, n, None) is not None]
+    graphs = {n: getattr(program, n) for n in names}
+    for n in names:
+        setattr(program, n, None)
+    try:
+        yield
+    finally:
+        for n, graph in graphs.items():
+            setattr(program, n, graph)

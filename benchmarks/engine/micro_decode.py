@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 
 from harness import prompt_text
-from micro_clock import StageClock, routed_experts, stage_kernels
+from micro_clock import StageClock, eager_decode, routed_experts, stage_kernels
 from roofline import Machine, expected_experts, talker_step, thinker_step
 
 from omniwalk import Omni
@@ -81,7 +81,8 @@ def steady_state(omni: Omni, requests: list[dict], is_ready, stage_name: str, de
     reqs = start(omni, requests, is_ready)
     ms, keys, replays = steady_steps(omni, reqs, stage_name, args, device)
     kernels = stage_kernels(omni.engine, stage_name, device) or {}
-    routed = routed_experts(decoder, omni.engine.step)
+    with eager_decode(omni.engine.stages[stage_name].program):
+        routed = routed_experts(decoder, omni.engine.step)
     for r in reqs:
         omni.abort(r.id)
     b = len(requests)
