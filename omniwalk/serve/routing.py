@@ -95,9 +95,12 @@ class Router:
     (routed to the key's replica), ``fallback`` (its replica was saturated: least loaded instead) and
     ``least_loaded`` (no key, or affinity off)."""
 
+    MAX_HOMES = 65536  # keys whose replica is remembered (for the healthy set it was hashed over)
+
     def __init__(self, cfg: RoutingConfig):
         self.cfg = cfg
         self.counts = {"affinity": 0, "fallback": 0, "least_loaded": 0}
+        self._homes: dict[str, tuple[tuple[str, ...], int]] = {}  # key -> (healthy names, index of its replica)
 
     def choose(self, replicas: Sequence[ReplicaLoad], key: str | None) -> str:
         """Name of the replica to use. Raises NoReplica when none is healthy."""
@@ -108,12 +111,24 @@ class Router:
         if not self.cfg.affinity or key is None:
             self.counts["least_loaded"] += 1
             return least.name
-        home = max(healthy, key=lambda r: _weight(key, r.name))
+        home = healthy[self._home(key, tuple(r.name for r in healthy))]
         if self.is_saturated(home, least):
             self.counts["fallback"] += 1
             return least.name
         self.counts["affinity"] += 1
         return home.name
+
+    def _home(self, key: str, names: tuple[str, ...]) -> int:
+        """Index of the key's replica among ``names``: the highest weight, remembered while the names stay
+        (one hash per replica per key, not per request: a 512-replica fleet routes a turn in microseconds)."""
+        known = self._homes.get(key)
+        if known is not None and known[0] == names:
+            return known[1]
+        index = max(range(len(names)), key=lambda i: _weight(key, names[i]))
+        if len(self._homes) >= self.MAX_HOMES:
+            del self._homes[next(iter(self._homes))]  # (the oldest remembered)
+        self._homes[key] = (names, index)
+        return index
 
     def is_saturated(self, replica: ReplicaLoad, least: ReplicaLoad) -> bool:
         return (

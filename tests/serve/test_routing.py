@@ -55,6 +55,14 @@ def test_adding_or_removing_a_replica_moves_only_its_share_of_keys(n):
     assert abs(len(moved) - len(KEYS) / n) < 0.25 * len(KEYS) / n, len(moved)
 
 
+def test_a_router_rehashes_a_key_when_its_healthy_replicas_change():
+    router, names = Router(RoutingConfig()), [f"replica-{i}" for i in range(8)]
+    fresh = homes(names + ["replica-new"], KEYS[:500])
+    for key in KEYS[:500]:
+        router.choose([ReplicaLoad(n, 0) for n in names], key)  # (remembered for these 8)
+        assert router.choose([ReplicaLoad(n, 0) for n in names + ["replica-new"]], key) == fresh[key]
+
+
 def test_saturated_home_falls_back_to_the_least_loaded():
     router = Router(RoutingConfig(saturation=4, max_excess=2))
     key = next(k for k in KEYS if homes(["replica-0", "replica-1", "replica-2"], [k])[k] == "replica-0")
