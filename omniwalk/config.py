@@ -13,6 +13,7 @@ Values are validated here, with errors that name the field.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -26,6 +27,23 @@ QUANTIZATIONS = ("none", "fp8")
 MOE_ROUTINGS = ("model", "balanced")  # layers/moe.ROUTINGS
 MIN_GRAPH_TOKENS = 256  # the smallest packed-graph bucket (engine/packed_graphs.py)
 DEFAULT_MAX_LORAS = 4  # adapter slots when adapters are given (``EngineConfig.loras``, a server's adapter root)
+
+
+@dataclass(frozen=True)
+class SpeechCap:
+    """The frames a talker may draw for an answer's text (``ModelConfig.speech_s_per_text_token``): speech
+    follows the talker's end code, which random weights (or a runaway talker) never draw; a trained
+    talker says a text token in ~0.3-0.5 s, so this cap stops such speech near the text's length and
+    never cuts a trained talker's."""
+
+    s_per_text_token: float = 1.0
+    margin_s: float = 2.0
+
+    def max_frames(self, num_text_tokens: int, frames_per_s: float) -> int | None:
+        """Frames allowed for ``num_text_tokens`` of text at the codec's ``frames_per_s``; None: no cap."""
+        if self.s_per_text_token == 0:
+            return None
+        return math.ceil((num_text_tokens * self.s_per_text_token + self.margin_s) * frames_per_s)
 
 
 @dataclass(frozen=True)
@@ -64,6 +82,11 @@ class ModelConfig:
     # them read (random weights concentrate on a few); "model": the router's own choice (layers/moe.py)
     moe_routing: str = "model"
     moe_routing_seed: int = 0
+    # Speech as long as its text: a talker stops after speech_s_per_text_token seconds per token of the answer's
+    # text plus speech_margin_s (``SpeechCap``; a request's max_audio_frames still bounds it, its min_audio_frames
+    # raises it); 0 = no cap from the text. The default is ~2x the slowest deliberate speech (docs/performance.md)
+    speech_s_per_text_token: float = SpeechCap.s_per_text_token
+    speech_margin_s: float = SpeechCap.margin_s
 
     def __post_init__(self):
         import torch
@@ -90,6 +113,9 @@ class ModelConfig:
             raise ConfigError("quantization with tensor_parallel > 1 is not supported yet (FP8 blocks are not sharded)")
         if self.moe_routing not in MOE_ROUTINGS:
             raise ConfigError(f"moe_routing must be one of {list(MOE_ROUTINGS)}, got {self.moe_routing!r}")
+        for name in ("speech_s_per_text_token", "speech_margin_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
 
     def device_of(self, stage: str) -> str:
         """The device ``stage`` runs on (``placement``, else ``device``)."""
@@ -108,6 +134,10 @@ class ModelConfig:
         import torch
 
         return torch.device(self.device).type == "cuda"
+
+    @property
+    def speech_cap(self) -> SpeechCap:
+        return SpeechCap(self.speech_s_per_text_token, self.speech_margin_s)
 
 
 @dataclass(frozen=True)
