@@ -87,9 +87,10 @@ def _api_key(server) -> str | None:
     return given[named[0]] if named else None
 
 
-def _serve(args: argparse.Namespace) -> int:
+def serve_configs(args: argparse.Namespace) -> tuple:
+    """``serve``'s flags as (ServerConfig, MediaLimits, engine options, checkpoint path or None for the
+    embedded tiny model), checked before anything starts (``omniwalk serve`` and the Ray application)."""
     import dataclasses
-    import logging
 
     from omniwalk.config import EngineConfig, ModelConfig, OmniConfig, ServerConfig
     from omniwalk.media.limits import MediaLimits
@@ -108,17 +109,33 @@ def _serve(args: argparse.Namespace) -> int:
 
         options["max_loras"] = DEFAULT_MAX_LORAS
     OmniConfig.from_kwargs(family_options, **{**options, "model": str(model)})  # errors before anything starts
-    sock = _listening_socket(server.host, server.port)
-    logging.basicConfig(level=server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    limits = MediaLimits(**{f.name: options[f.name] for f in dataclasses.fields(MediaLimits)})
+    return server, limits, options, model
+
+
+def checkpoint_or_embedded(model):
+    """``model``, or the embedded tiny checkpoint (written once) when none is given."""
     if model is None:
         model = _embedded_checkpoint()
         print(
             "NOTE: serving the embedded tiny model: its weights are RANDOM, its text and speech are noise", flush=True
         )
+    return model
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import logging
+
+    server, limits, options, model = serve_configs(args)
+    if args.ray:  # (Ray's HTTP proxy listens: no socket here)
+        from omniwalk.serve.ray.launch import serve_on_ray
+
+        return serve_on_ray(args, server, limits, options, model)
+    sock = _listening_socket(server.host, server.port)
+    logging.basicConfig(level=server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    model = checkpoint_or_embedded(model)
     options["model"] = str(model)
-    return _run_server(
-        server, MediaLimits(**{f.name: options[f.name] for f in dataclasses.fields(MediaLimits)}), options, model, sock
-    )
+    return _run_server(server, limits, options, model, sock)
 
 
 def _run_server(server, limits, options: dict, model, sock) -> int:
@@ -289,7 +306,7 @@ def _add_serve(sub) -> None:
     """``serve``: its flags are the config dataclasses' fields (server, model, engine, media, families)."""
     import dataclasses
 
-    from omniwalk.config import EngineConfig, ModelConfig, ServerConfig
+    from omniwalk.config import EngineConfig, ModelConfig, RayConfig, ServerConfig
     from omniwalk.media.limits import MediaLimits
 
     serve = sub.add_parser("serve", help="serve a checkpoint over an OpenAI-compatible HTTP API")
@@ -302,7 +319,7 @@ def _add_serve(sub) -> None:
     from omniwalk.models.registry import all_options
 
     seen = {"model"}
-    for cls in (ServerConfig, ModelConfig, EngineConfig, MediaLimits, *all_options()):
+    for cls in (ServerConfig, ModelConfig, EngineConfig, MediaLimits, RayConfig, *all_options()):
         _add_dataclass_flags(serve, cls, skip=seen)  # (families sharing a field share its flag)
         seen |= {f.name for f in dataclasses.fields(cls)}
     serve.set_defaults(func=_serve)
