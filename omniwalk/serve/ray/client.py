@@ -1,0 +1,111 @@
+"""The ingress side of the engine deployment: ``Replicas``' interface over a ``DeploymentHandle``, so the
+HTTP app (``create_app``) runs unchanged in a Ray Serve ingress replica.
+
+    engines = RayEngines(handle, ray_cfg)
+    await engines.start()                          # the model's ModelInfo, from an engine replica
+    async for event in engines.generate(request):  # wire.Delta ..., then wire.Finished
+
+A request is one streaming call of ``EngineReplica.generate`` (each item a list of events, see
+``engine.py``), routed by ``router.AffinityRouter`` with the request's affinity key (a digest of its
+conversation prefix: a chat's system prompt and first user message, which a realtime session's
+turns share too). Faults: a replica whose engine process is gone (a ``Gone`` event) or whose actor
+died is avoided from then on; the request is sent again to another replica, for up to
+``ray_retry_timeout_s``, if it had produced no output yet (nothing is lost), else it ends with
+``EngineUnavailableError`` (503, or the SSE error event a stream ends with). Ray replaces the
+failed replica (its health check fails); the endpoint stays up, so ``watch`` has nothing to do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+
+from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+
+from omniwalk.config import RayConfig
+from omniwalk.models.family import ModelInfo
+from omniwalk.serve.engine_client import EngineRequestError, EngineUnavailableError
+from omniwalk.serve.ray.engine import Gone, Report
+from omniwalk.serve.routing import affinity_key
+from omniwalk.serve.wire import Delta, Failed, Finished
+
+_REPLICA_LOST = (RayActorError, ActorUnavailableError)
+MAX_RETRY_DELAY_S = 1.0
+
+
+class _ReplicaGone(Exception):
+    def __init__(self, replica: str | None, reason: str):
+        super().__init__(reason)
+        self.replica = replica
+
+
+class RayEngines:
+    def __init__(self, handle, cfg: RayConfig):
+        self.handle, self.cfg = handle, cfg
+        self.calls = handle.options(stream=True).generate
+        self.info: ModelInfo | None = None
+        self.reports: dict[str, dict] = {}  # replica id -> its latest stats (``Report``)
+        self.gone: dict[str, str] = {}  # replica id -> why (ids are not reused: Ray's replacement has a new one)
+        self.unavailable: str | None = None  # set by ``fail_all``: every later request fails
+        self.num_retries = 0
+
+    async def start(self) -> None:
+        """The model's description, from the first engine replica that is up."""
+        self.info = await self.handle.info.remote()
+
+    def watch(self, on_all_dead: Callable[[str], None]) -> None:
+        """(Ray replaces a failed engine replica: the ingress never exits for one.)"""
+
+    def fail_all(self, reason: str) -> None:
+        self.unavailable = self.unavailable or reason
+
+    async def generate(self, request: dict) -> AsyncIterator[Delta | Finished]:
+        """The request's events from one engine replica; sent again elsewhere while it has no output."""
+        key = affinity_key(request)
+        deadline, delay = time.monotonic() + self.cfg.ray_retry_timeout_s, 0.05
+        while True:
+            if self.unavailable:
+                raise EngineUnavailableError(self.unavailable)
+            produced = False
+            try:
+                async for batch in self.calls.remote(request, key=key, avoid=tuple(self.gone)):
+                    for event in batch:
+                        if not isinstance(event, (Delta, Finished)):
+                            self._note(event, request)
+                            continue
+                        produced = True
+                        yield event
+                return
+            except (_ReplicaGone, *_REPLICA_LOST) as e:
+                reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+                if isinstance(e, _ReplicaGone) and e.replica is not None:
+                    self.gone[e.replica] = reason
+                    self.reports.pop(e.replica, None)
+                if produced or time.monotonic() > deadline:
+                    raise EngineUnavailableError(f"the engine replica failed: {reason}") from None
+            except RayTaskError as e:
+                raise EngineRequestError(str(e.cause), type(e.cause).__name__, bad_request=False) from None
+            self.num_retries += 1
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, MAX_RETRY_DELAY_S)
+
+    def _note(self, event, request: dict) -> None:
+        """A control event of the stream: a report is kept; a failure is raised."""
+        if isinstance(event, Report):
+            self.reports[event.replica] = event.stats
+        elif isinstance(event, Failed):
+            raise EngineRequestError(event.error, event.error_type, event.bad_request, event.param)
+        elif isinstance(event, Gone):
+            raise _ReplicaGone(event.replica, event.reason)
+
+    @property
+    def stats(self) -> dict[str, dict]:
+        """Per engine replica (by Ray replica id): its latest stats, as of its last finished request here."""
+        return dict(self.reports)
+
+    def health(self) -> list[dict]:
+        return [{"replica": name, "status": "ready"} for name in self.reports]
+
+    def close(self) -> None:
+        """(The engine replicas are Ray's: they outlive an ingress replica.)"""

@@ -1,0 +1,51 @@
+"""Ray Serve's request router for the engine deployment, applying omniwalk's one routing policy.
+
+Ray Serve runs a request router inside every ``DeploymentHandle`` (here: in each ingress replica).
+``AffinityRouter.choose_replicas`` hands ``routing.Router`` the engine replicas it sees, each with
+the requests this router sent it that have not completed, and the request's affinity ``key`` (a
+keyword argument of ``EngineReplica.generate``, computed by the ingress): least outstanding by
+default, the key's replica when it is not saturated. Replicas named in ``avoid`` (ones that reported
+their engine gone; Ray's replacement of a replica has a new id) count as unhealthy. The chosen
+replica is ranked first and the others after it, least loaded first, so a replica at its
+``max_ongoing_requests`` passes the request on instead of queueing it.
+"""
+
+from __future__ import annotations
+
+from ray.serve.request_router import PendingRequest, ReplicaID, ReplicaResult, RequestRouter, RunningReplica
+
+from omniwalk.config import RoutingConfig
+from omniwalk.serve.routing import NoReplica, ReplicaLoad, Router
+
+
+class AffinityRouter(RequestRouter):
+    def initialize_state(self, affinity: bool = True, saturation: int = 32, max_excess: int = 8) -> None:
+        self.policy = Router(RoutingConfig(affinity=affinity, saturation=saturation, max_excess=max_excess))
+        self.outstanding: dict[str, int] = {}  # replica id -> requests routed to it, not completed
+        self.routed: dict[str, str] = {}  # internal request id -> replica id
+
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
+        kwargs = pending_request.kwargs if pending_request is not None else {}
+        if pending_request is not None:
+            pending_request.routing_context.should_backoff = True  # (every replica is a candidate at once)
+        avoid = set(kwargs.get("avoid") or ())
+        by_name = {r.replica_id.unique_id: r for r in candidate_replicas}
+        loads = [ReplicaLoad(name, self.outstanding.get(name, 0), name not in avoid) for name in by_name]
+        try:
+            chosen = self.policy.choose(loads, kwargs.get("key"))
+        except NoReplica:
+            return []
+        rest = sorted((load for load in loads if load.healthy and load.name != chosen), key=lambda r: r.outstanding)
+        return [[by_name[chosen]], [by_name[load.name] for load in rest]]
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: ReplicaResult) -> None:
+        name = replica_id.unique_id
+        self.outstanding[name] = self.outstanding.get(name, 0) + 1
+        self.routed[pending_request.metadata.internal_request_id] = name
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        name = self.routed.pop(internal_request_id, replica_id.unique_id)
+        if self.outstanding.get(name, 0) > 0:
+            self.outstanding[name] -= 1

@@ -1,0 +1,156 @@
+"""omniwalk as a Ray Serve application on a real two-node Ray cluster (``ray.cluster_utils.Cluster`` on
+loopback, one for the module): two engine replicas, one on each node, behind Ray's HTTP proxy, used
+with the official ``openai`` client. Requests spread over both replicas; a multi-turn chat's later
+turns land on the replica holding its prefix; a killed engine process loses no request that had no
+output yet, Ray replaces its replica; autoscaling goes 1 -> 2 -> 1 replicas without a failed request."""
+
+import asyncio
+import base64
+import io
+import time
+import wave
+
+import httpx
+import openai
+import pytest
+import ray
+from helpers.live_server import free_port
+from helpers.qwen3_omni import checkpoint
+from helpers.realtime_client import until
+from ray import serve
+from ray.cluster_utils import Cluster
+from ray.util.state import list_actors
+
+from omniwalk.config import RayConfig, ServerConfig
+from omniwalk.media.limits import MediaLimits
+from omniwalk.serve.ray.app import application
+
+ENGINE_CPUS = 1.5  # one engine replica fits a node (each node offers 2 CPUs)
+GREEDY = {"temperature": 0.0, "max_tokens": 4}
+
+
+def options(**extra) -> dict:
+    return {"model": checkpoint("tiny"), **extra}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    cluster.add_node(num_cpus=2)
+    ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    yield f"http://127.0.0.1:{port}"
+    serve.shutdown()
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def deploy(base: str, server: ServerConfig, cfg: RayConfig) -> None:
+    serve.run(application(server, MediaLimits(), options(), cfg), name="omniwalk", route_prefix="/")
+    deadline = time.monotonic() + 120
+    while httpx.get(f"{base}/health", timeout=10).status_code != 200:
+        assert time.monotonic() < deadline, "the ingress did not become ready"
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def base_url(cluster):
+    cfg = RayConfig(ray_engine_num_cpus=ENGINE_CPUS, ray_ingress_num_cpus=0.1)
+    deploy(cluster, ServerConfig(data_parallel=2, shutdown_grace_s=2), cfg)
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def client(base_url):
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+
+
+def per_replica(base: str, stage: str, quantity: str) -> dict[str, float]:
+    """omniwalk_engine{replica, stage, quantity} from /metrics, by replica id."""
+    out = {}
+    for line in httpx.get(f"{base}/metrics", timeout=10).text.splitlines():
+        if line.startswith("omniwalk_engine{") and f'quantity="{quantity}"' in line and f'stage="{stage}"' in line:
+            out[line.split('replica="')[1].split('"')[0]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def engine_nodes() -> list[str]:
+    actors = list_actors(filters=[("state", "=", "ALIVE")], detail=True)
+    return [a.node_id for a in actors if a.class_name.endswith(":engine")]
+
+
+def test_two_engine_replicas_on_two_nodes_serve_chat_speech_and_realtime(client, base_url):
+    nodes = engine_nodes()
+    assert len(nodes) == 2 and len(set(nodes)) == 2
+    answer = client.chat.completions.create(
+        model="qwen3-omni", messages=[{"role": "user", "content": "hello"}], **GREEDY
+    )
+    assert answer.choices[0].finish_reason == "length" and answer.usage.completion_tokens == 4
+    speech = client.audio.speech.create(model="qwen3-omni", input="hi", voice="ethan", response_format="wav")
+    with wave.open(io.BytesIO(speech.read())) as w:
+        assert w.getnframes() > 0
+    stream = client.chat.completions.create(
+        model="qwen3-omni",
+        messages=[{"role": "user", "content": "say hi"}],
+        modalities=["text", "audio"],
+        audio={"voice": "ethan", "format": "pcm16"},
+        stream=True,
+        **{**GREEDY, "max_tokens": 3},
+    )
+    audio = b"".join(base64.b64decode(_audio_data(c)) for c in stream if _audio_data(c))
+    assert len(audio) > 0
+    assert _realtime_turn(base_url) == 3
+
+
+def _audio_data(chunk) -> str | None:
+    audio = getattr(chunk.choices[0].delta, "audio", None) if chunk.choices else None
+    return getattr(audio, "data", None) if audio is not None else None
+
+
+def _realtime_turn(base: str) -> int:
+    async def talk():
+        sdk = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", websocket_base_url=f"ws{base[4:]}/v1")
+        async with sdk.realtime.connect(model="qwen3-omni") as conn:
+            await conn.recv()
+            session = {"type": "realtime", "output_modalities": ["text"], "max_output_tokens": 3}
+            await conn.session.update(session={**session, "audio": {"input": {"turn_detection": None}}})
+            item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello there"}]}
+            await conn.conversation.item.create(item=item)
+            await conn.response.create()
+            events = await until(conn)
+        return events[-1].response.usage.output_tokens
+
+    return asyncio.run(talk())
+
+
+def test_requests_spread_over_both_replicas(client, base_url):
+    before = per_replica(base_url, "replica", "served")
+
+    async def load():
+        sdk = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+        texts = [f"question {i}" for i in range(8)]
+        calls = [sdk.chat.completions.create(model="qwen3-omni", messages=[{"role": "user", "content": t}], **GREEDY)
+                 for t in texts]  # fmt: skip
+        return await asyncio.gather(*calls)
+
+    assert all(a.usage.completion_tokens == 4 for a in asyncio.run(load()))
+    after = per_replica(base_url, "replica", "served")
+    gained = {name: after[name] - before.get(name, 0) for name in after}
+    assert len(gained) == 2 and min(gained.values()) >= 2, gained
+
+
+def test_a_conversations_later_turns_land_on_the_replica_holding_its_prefix(client, base_url):
+    system = {"role": "system", "content": "You answer briefly, in one or two short words, about the weather. " * 4}
+    messages = [system, {"role": "user", "content": "what is the weather like today in the town by the sea?"}]
+    served = [per_replica(base_url, "replica", "served")]
+    for turn in range(3):
+        answer = client.chat.completions.create(model="qwen3-omni", messages=messages, **GREEDY)
+        messages += [{"role": "assistant", "content": answer.choices[0].message.content}]
+        messages += [{"role": "user", "content": f"and tomorrow, turn {turn}?"}]
+        served.append(per_replica(base_url, "replica", "served"))
+        time.sleep(0.3)  # (the replica's idle stats, with this turn's prefix hit, reach its next report)
+    pairs = zip(served[:-1], served[1:], strict=True)
+    homes = [[name for name in after if after[name] > before.get(name, 0)] for before, after in pairs]
+    assert all(len(home) == 1 for home in homes) and len({home[0] for home in homes}) == 1, homes
+    assert per_replica(base_url, "thinker", "prefix_tokens")[homes[0][0]] > 0
