@@ -17,6 +17,7 @@ implementations by the resolved names.
                        merged q/k/v and gate/up skinny GEMMs,
                        q/k norm + rope + KV store, ... (applied
                        to a component once its weights are loaded)
+    lora_backend       LoRA adapters' delta after a projection      reference, triton
 
 This module imports neither torch nor Triton (``omniwalk --help`` reads the choices).
 """
@@ -138,6 +139,15 @@ DECODER_KERNELS = Registry(
     ),
     prefer=("fused", "reference"),
 )
+LORA = Registry(
+    "LoRA adapters' delta",
+    "lora_backend",
+    (
+        Impl("reference", "omniwalk.lora.ops:add_lora_reference"),
+        Impl("triton", "omniwalk.kernels.lora:add_lora_triton", cuda=True, package="triton"),
+    ),
+    prefer=("triton", "reference"),
+)
 
 # the config knob each registry answers (``ModelConfig`` has one field per key)
-REGISTRIES: dict[str, Registry] = {r.knob: r for r in (MOE, ATTENTION, DECODE_ATTENTION, DECODER_KERNELS)}
+REGISTRIES: dict[str, Registry] = {r.knob: r for r in (MOE, ATTENTION, DECODE_ATTENTION, DECODER_KERNELS, LORA)}
