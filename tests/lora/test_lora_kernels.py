@@ -4,16 +4,17 @@ a column slice of a wider y, M from a decode step to a prefill chunk, fp32 and b
 
 import pytest
 import torch
+from helpers import triton_cpu
 
 from omniwalk.lora.ops import add_lora
 
 SLOTS, MAX_RANK, N_IN, N_OUT = 3, 16, 40, 24
 
 
-def pool_weights(dtype, ranks=(8, 16, 4), seed=0):
+def pool_weights(dtype, ranks=(8, 16, 4), max_rank=MAX_RANK, seed=0):
     """a [S, R, in], b [S, out, R] with each slot's rank zero-padded to R (as a pool holds them)."""
     g = torch.Generator().manual_seed(seed)
-    a, b = torch.zeros(SLOTS, MAX_RANK, N_IN), torch.zeros(SLOTS, N_OUT, MAX_RANK)
+    a, b = torch.zeros(SLOTS, max_rank, N_IN), torch.zeros(SLOTS, N_OUT, max_rank)
     for s, r in enumerate(ranks):
         a[s, :r] = torch.randn(r, N_IN, generator=g) / N_IN**0.5
         b[s, :, :r] = torch.randn(N_OUT, r, generator=g)
@@ -47,3 +48,35 @@ def test_reference_is_each_rows_own_adapter(m):
     base = slots < 0
     assert torch.equal(wide[base], before[base])  # the base model's rows untouched, bitwise
     assert torch.equal(wide[:, :5], before[:, :5]) and torch.equal(wide[:, 5 + N_OUT :], before[:, 5 + N_OUT :])
+
+
+@pytest.fixture
+def interpreter(monkeypatch):
+    yield from triton_cpu.interpreted(monkeypatch)
+
+
+CASES = {  # name -> (pool rank, each slot's rank)
+    "ranks_8_16_4_of_16": (16, (8, 16, 4)),
+    "ranks_8_16_64_of_64": (64, (8, 16, 64)),
+}
+
+
+@pytest.mark.skipif(not triton_cpu.ON_CPU, reason="interpreter tests run on the CPU machine")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("m", [1, 3, 64, 300])
+def test_triton_equals_the_reference(interpreter, m, case, dtype):
+    max_rank, ranks = CASES[case]
+    a, b = pool_weights(dtype, ranks=ranks, max_rank=max_rank)
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, N_IN, generator=g).to(dtype)
+    wide = torch.randn(m, N_OUT + 10, generator=g).to(dtype)
+    slots = rows(m, seed=m)
+    slots[: min(m, 2)] = torch.tensor([1, -1])[: min(m, 2)].to(torch.int32)  # (a used and a base row in every case)
+    expected, ours = wide.clone(), wide.clone()
+    add_lora(expected[:, 5 : 5 + N_OUT], x, a, b, slots)
+    add_lora(ours[:, 5 : 5 + N_OUT], x, a, b, slots, backend="triton")
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(ours, expected, **tol)
+    base = slots < 0
+    assert torch.equal(ours[base], wide[base]) and torch.equal(ours[:, :5], wide[:, :5])
