@@ -7,6 +7,8 @@ output yet, Ray replaces its replica; autoscaling goes 1 -> 2 -> 1 replicas with
 import asyncio
 import base64
 import io
+import os
+import signal
 import time
 import wave
 
@@ -14,7 +16,7 @@ import httpx
 import openai
 import pytest
 import ray
-from helpers.live_server import free_port
+from helpers.live_server import engine_pids, free_port
 from helpers.qwen3_omni import checkpoint
 from helpers.realtime_client import until
 from ray import serve
@@ -154,3 +156,81 @@ def test_a_conversations_later_turns_land_on_the_replica_holding_its_prefix(clie
     homes = [[name for name in after if after[name] > before.get(name, 0)] for before, after in pairs]
     assert all(len(home) == 1 for home in homes) and len({home[0] for home in homes}) == 1, homes
     assert per_replica(base_url, "thinker", "prefix_tokens")[homes[0][0]] > 0
+
+
+def engine_replicas() -> dict[str, int]:
+    """The live engine replicas: Ray replica id -> its actor's process id."""
+    actors = list_actors(filters=[("state", "=", "ALIVE")], detail=True)
+    return {a.name.rsplit("#", 1)[1]: a.pid for a in actors if a.class_name.endswith(":engine")}
+
+
+KINDS = ("stream", "chat", "stream_audio", "speech")
+
+
+async def one_request(sdk: openai.AsyncOpenAI, i: int) -> dict:
+    """One request of a mixed load: its kind, whether output reached the client, and how it ended."""
+    kind, outcome = KINDS[i % len(KINDS)], {"kind": KINDS[i % len(KINDS)], "output": False, "error": None}
+    messages = [{"role": "user", "content": f"tell me about number {i}"}]
+    long = {"temperature": 0.0, "max_tokens": 24, "extra_body": {"ignore_eos": True}}
+    try:
+        if kind == "speech":
+            await sdk.audio.speech.create(model="qwen3-omni", input=f"number {i}", voice="ethan", response_format="wav")
+        elif kind == "chat":
+            await sdk.chat.completions.create(model="qwen3-omni", messages=messages, **long)
+        else:
+            audio = {"modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "pcm16"}}
+            extra = audio if kind == "stream_audio" else {}
+            stream = await sdk.chat.completions.create(
+                model="qwen3-omni", messages=messages, stream=True, **long, **extra
+            )
+            async for chunk in stream:
+                delta = chunk.choices[0].delta if chunk.choices else None
+                outcome["output"] |= bool(delta and (delta.content or getattr(delta, "audio", None)))
+    except openai.APIError as e:
+        outcome["error"] = (getattr(e, "status_code", None), getattr(e, "code", None) or (e.body or {}).get("code"))
+    return outcome
+
+
+async def mixed_load(base: str, num_requests: int, concurrency: int, on_done=None) -> list[dict]:
+    sdk = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+    todo, results = iter(range(num_requests)), []
+
+    async def worker():
+        for i in todo:
+            results.append(await one_request(sdk, i))
+            if on_done is not None:
+                on_done(len(results))
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return results
+
+
+def test_a_killed_engine_process_loses_no_request_without_output_and_ray_replaces_it(client, base_url):
+    victim, actor_pid = sorted(engine_replicas().items())[0]
+    (engine_pid,) = engine_pids(actor_pid)
+    killed = []
+
+    def kill_after(done: int) -> None:
+        if done == 30 and not killed:
+            os.kill(engine_pid, signal.SIGKILL)
+            killed.append(time.monotonic())
+
+    results = asyncio.run(mixed_load(base_url, 100, 16, kill_after))
+    assert killed and len(results) == 100
+    failed = [r for r in results if r["error"] is not None]
+    # a request that failed had produced output (streams: seen by the client; the others: in the engine),
+    # at most the killed replica's share of the 16 in flight, and ended with the documented error
+    assert all(r["output"] for r in failed if r["kind"].startswith("stream")), failed
+    assert len(failed) <= 16 and all(r["error"][1] == "engine_unavailable" for r in failed), failed
+    deadline = killed[0] + 120
+    while True:  # Ray replaces the replica: two live replicas again, the victim not among them, both serve
+        replicas = engine_replicas()
+        if len(replicas) == 2 and victim not in replicas:
+            before = per_replica(base_url, "replica", "served")
+            asyncio.run(mixed_load(base_url, 8, 4))
+            after = per_replica(base_url, "replica", "served")
+            if all(after.get(name, 0) > before.get(name, 0) for name in replicas):
+                break
+        assert time.monotonic() < deadline, replicas
+        time.sleep(1)
+    print(f"replaced and serving {time.monotonic() - killed[0]:.1f}s after the kill; {len(failed)} failed with output")
