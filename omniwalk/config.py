@@ -284,6 +284,7 @@ class RayConfig:
     ray_target_ongoing_requests: float = 16.0
     ray_upscale_delay_s: float = 5.0
     ray_downscale_delay_s: float = 30.0
+    ray_autoscaling_window_s: float = 30.0  # the load is averaged over this long (Ray's look_back_period_s)
     ray_max_ongoing_requests: int = 256  # per engine replica; Ray queues beyond it (EngineConfig.max_requests)
     # an engine replica whose engine process is gone fails its health check; Ray replaces it
     ray_health_check_period_s: float = 2.0
@@ -300,6 +301,7 @@ class RayConfig:
                 f"({self.ray_min_replicas})"
             )
         positive = ("ray_target_ongoing_requests", "ray_health_check_period_s", "ray_retry_timeout_s")
+        positive += ("ray_autoscaling_window_s",)
         for name in positive + ("ray_ingress_num_cpus",):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
