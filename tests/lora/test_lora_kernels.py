@@ -80,3 +80,26 @@ def test_triton_equals_the_reference(interpreter, m, case, dtype):
     torch.testing.assert_close(ours, expected, **tol)
     base = slots < 0
     assert torch.equal(ours[base], wide[base]) and torch.equal(ours[:, :5], wide[:, :5])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 32, 300, 2048])
+def test_triton_on_the_gpu_in_a_cuda_graph(m):
+    """bf16 on the device, captured once and replayed with other slots written into the graph's input."""
+    a, b = (w.cuda() for w in pool_weights(torch.bfloat16, ranks=(8, 16, 64), max_rank=64))
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, N_IN, generator=g).to(torch.bfloat16).cuda()
+    wide = torch.randn(m, N_OUT + 10, generator=g).to(torch.bfloat16).cuda()
+    slots, y = rows(m, seed=m).cuda(), wide.clone()
+    add_lora(y[:, 5 : 5 + N_OUT], x, a, b, slots, backend="triton")  # (compiles outside the capture)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        add_lora(y[:, 5 : 5 + N_OUT], x, a, b, slots, backend="triton")
+    for seed in (7, 8):
+        slots.copy_(rows(m, seed=seed).cuda())
+        y.copy_(wide)
+        graph.replay()
+        expected = wide.clone()
+        add_lora(expected[:, 5 : 5 + N_OUT], x, a, b, slots)
+        torch.testing.assert_close(y, expected, rtol=1e-2, atol=1e-2)
+        assert torch.equal(y[slots < 0], wide[slots < 0])
