@@ -27,6 +27,10 @@ captured for its batch size; the draw itself stays eager (``sample_async``, as i
 repetition penalty's seen masks live per request). Other steps replay a graph of the decoder layers
 for their padded layout when one fits (``engine/prefill_graphs.py``).
 
+A stream ends at codec pad or eos, or at the request's code limit (``code_limit``): its
+``max_audio_frames``, cut to the speech cap of the answer's text so far (``config.SpeechCap``: random
+weights rarely draw a stop code), never below its ``min_audio_frames``.
+
 The hand-over to token2wav is host-side: ``_commit`` appends each code it reads back to the
 request's ``Token2WavState.codes`` (``TalkerState.token2wav``) and sets its ``finished`` when the
 talker finishes.
@@ -39,6 +43,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from omniwalk.config import SpeechCap
 from omniwalk.device import to_device
 from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets, rows_in_graph
 from omniwalk.engine.kv_pages import KVStorage
@@ -52,12 +57,14 @@ from omniwalk.models.qwen2_5_omni.networks.talker import Talker
 from omniwalk.models.qwen2_5_omni.programs.token2wav_program import Token2WavState
 from omniwalk.sampling import SamplerState, sample_async
 
+CODES_PER_S = 50.0  # codec ids per second of speech: token2wav's DiT takes 2 mel frames each, BigVGAN 240 samples
+
 
 @dataclass
 class TalkerState:
     sampler: SamplerState  # codec pad / eos stop; penalty history starts with the prompt's codec ids
     speaker_bos: int  # the speaker's text bos (a thinker id)
-    max_codes: int
+    max_codes: int  # the request's max_audio_frames
     token2wav: Token2WavState  # the codes' consumer (voice, noise seed, ODE steps)
     prompt_rows: torch.Tensor | None = None  # [P, thinker hidden], written as the thinker's prefill runs
     reply: list[torch.Tensor] = field(default_factory=list)  # r(g_j) [thinker hidden], as the thinker feeds g_j
@@ -75,6 +82,14 @@ class TalkerState:
         self.reply[j : j + 1] = [row]  # (a recomputed token writes its row again)
 
 
+def code_limit(st: TalkerState, num_text_tokens: int, cap: SpeechCap) -> int:
+    """The codes a request may draw with ``num_text_tokens`` of its answer known (non-decreasing as the
+    text grows): ``max_audio_frames`` cut to the text's speech cap, at least ``min_audio_frames``."""
+    capped = cap.max_frames(num_text_tokens, CODES_PER_S)
+    limit = st.max_codes if capped is None else min(st.max_codes, capped)
+    return max(limit, st.sampler.params.min_tokens)
+
+
 class TalkerProgram(KVProgram):
     def __init__(
         self,
@@ -86,9 +101,11 @@ class TalkerProgram(KVProgram):
         decode_attention: str = "reference",
         graph_max_batch: int = 0,
         prefill: PrefillPlan = NO_PREFILL_GRAPHS,
+        speech_cap: SpeechCap | None = None,
     ):
-        """``num_codes``: token2wav's codec ids are [0, num_codes)."""
+        """``num_codes``: token2wav's codec ids are [0, num_codes); ``speech_cap``: ModelConfig.speech_cap."""
         self.talker, self.thinker, self.cfg, self.device = talker, thinker, cfg, device
+        self.speech_cap = speech_cap or SpeechCap()
         self.decode_attention, self.graph_max_batch, self.prefill = decode_attention, graph_max_batch, prefill
         self.decode_graph: GraphedStep | None = None
         self.layers = DecoderPrefill("talker", talker.model, device)  # (prefill chunks)
@@ -133,7 +150,7 @@ class TalkerProgram(KVProgram):
 
     def num_ready(self, req: EngineRequest, num_cached: int) -> int:
         st = req.state.talker
-        if st.finished or len(st.draws) >= st.max_codes:
+        if st.finished or len(st.draws) >= self._code_limit(req):
             return 0
         if req.state.thinker.tool_call_at == 0:  # the answer is a tool call, nothing to say: no audio
             st.finished = st.token2wav.finished = True
@@ -247,12 +264,15 @@ class TalkerProgram(KVProgram):
         replays = self.decode_graph.num_replays if self.decode_graph else 0
         return {"graph_replays": replays, "eager_decode_steps": self.num_eager_decode_steps, **self.layers.stats()}
 
-    @staticmethod
-    def _commit(req: EngineRequest, code: int) -> None:
+    def _code_limit(self, req: EngineRequest) -> int:
+        return code_limit(req.state.talker, len(req.state.thinker.spoken), self.speech_cap)
+
+    def _commit(self, req: EngineRequest, code: int) -> None:
         st = req.state.talker
         if st.finished or req.status.is_done:  # drawn after a stop: dropped
             return
         if not st.sampler.is_stop_token(code):
             st.codes.append(code)
             st.token2wav.codes.append(code)
-        st.finished = st.token2wav.finished = st.sampler.is_stop_token(code) or len(st.codes) >= st.max_codes
+        is_last = st.sampler.is_stop_token(code) or len(st.codes) >= self._code_limit(req)
+        st.finished = st.token2wav.finished = is_last

@@ -12,6 +12,10 @@ A step in which every request runs one row and then draws a frame (steady speech
 graph of the whole frame step when one was captured for its batch size: talker decode, group-0
 sampling, all code-predictor steps and their sampling, with the batch's sampling parameters as
 static inputs (``sampling.BatchParams``).
+
+Speech ends at codec EOS or at the request's frame limit (``frame_limit``): its ``max_audio_frames``,
+cut to the speech cap of the answer's text so far (``config.SpeechCap``: random weights never draw
+EOS), never below its ``min_audio_frames``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from omniwalk.config import SpeechCap
 from omniwalk.device import HostCopy, to_device
 from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets, rows_in_graph
 from omniwalk.engine.kv_pages import KVStorage
@@ -36,6 +41,7 @@ from omniwalk.models.qwen3_omni.processing.talker_prompt import talker_prefix
 from omniwalk.sampling import GRAPH_FIELDS, BatchParams, advance, draw
 
 EOS, PAD = "eos", "pad"
+FRAMES_PER_S = 12.5  # codec frames per second of speech: Code2Wav's 24 kHz, 1920 samples a frame
 
 
 def text_entry(generated: list[int], finished: bool, frame: int, im_end: int) -> int | str | None:
@@ -52,6 +58,14 @@ def text_entry(generated: list[int], finished: bool, frame: int, im_end: int) ->
     spoken = generated.index(im_end) if im_end in generated else len(generated)
     last = min(spoken, len(generated) - 1)
     return generated[k] if k < last else EOS if k == last else PAD
+
+
+def frame_limit(ts, num_text_tokens: int, cap: SpeechCap) -> int:
+    """The frames a request may draw with ``num_text_tokens`` of its answer known (non-decreasing as
+    the text grows): ``max_audio_frames`` cut to the text's speech cap, at least ``min_audio_frames``."""
+    capped = cap.max_frames(num_text_tokens, FRAMES_PER_S)
+    limit = ts.params.max_audio_frames if capped is None else min(ts.params.max_audio_frames, capped)
+    return max(limit, ts.params.min_audio_frames)
 
 
 def frame_due(ts) -> bool:
@@ -72,11 +86,13 @@ class TalkerProgram(KVProgram):
         decode_attention: str = "reference",
         graph_max_batch: int = 0,
         prefill: PrefillPlan = NO_PREFILL_GRAPHS,
+        speech_cap: SpeechCap | None = None,
     ):
         # the thinker's input embeddings on this stage's device (the thinker may run on another GPU, or
         # hold a tensor-parallel shard of the table)
         self.talker, self.text_embedding, self.tokens, self.device = talker, text_embedding, tokens, device
         self.position_id_per_seconds = position_id_per_seconds
+        self.speech_cap = speech_cap or SpeechCap()  # (ModelConfig.speech_cap; its defaults when not given)
         self.decode_attention, self.graph_max_batch, self.prefill = decode_attention, graph_max_batch, prefill
         self.frame_graph: GraphedStep | None = None
         self.layers = DecoderPrefill("talker", talker.model, device)  # (prefill chunks)
@@ -91,7 +107,7 @@ class TalkerProgram(KVProgram):
 
     def num_ready(self, req: EngineRequest, num_cached: int) -> int:
         ts, th = req.state.talker, req.state.thinker
-        if ts.finished or ts.num_frames == ts.params.max_audio_frames:  # (the last may still be in flight)
+        if ts.finished or ts.num_frames >= self._frame_limit(req):  # (the last may still be in flight)
             return 0
         if ts.prefix is None:
             if th.tool_call_at == 0:  # the answer is a tool call, nothing to say: no audio
@@ -115,6 +131,9 @@ class TalkerProgram(KVProgram):
 
     def on_preempt(self, req: EngineRequest) -> None:
         """Nothing to undo: the input rows are kept and re-fed."""
+
+    def _frame_limit(self, req: EngineRequest) -> int:
+        return frame_limit(req.state.talker, len(req.state.thinker.spoken), self.speech_cap)
 
     def _text(self, req: EngineRequest):
         th = req.state.thinker
@@ -306,14 +325,14 @@ class TalkerProgram(KVProgram):
         return {"graph_replays": replays, "eager_decode_steps": self.num_eager_decode_steps, **self.layers.stats()}
 
     def _commit_frame(self, req: EngineRequest, frame: torch.Tensor) -> None:
-        """Keep the frame unless group 0 is codec EOS; stop at EOS or the frame limit. (What the
+        """Keep the frame unless group 0 is codec EOS; stop at EOS or the frame limit (``frame_limit``). (What the
         next step already did from this frame's codes is dropped with the request's pages.)"""
         ts = req.state.talker
         if int(frame[0]) == self.talker.cfg.codec.eos:
             ts.finished = True
             return
         ts.frames.append(frame)
-        ts.finished = len(ts.frames) == ts.params.max_audio_frames
+        ts.finished = len(ts.frames) >= self._frame_limit(req)
 
 
 def _sampling_inputs(vocab: int) -> dict[str, StaticInput]:
