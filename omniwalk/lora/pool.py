@@ -5,6 +5,11 @@ max_rank]``, allocated once (CUDA graphs read them by address): loading an adapt
 weights in place and zeroes the rest of the slot (ranks below ``max_rank``, projections it does not
 adapt), so every slot computes exactly its adapter's delta with the padded rank.
 
+Projections that share an input and whose outputs a model computes as one merged GEMM (q/k/v, gate/up)
+may be held merged (``merged``): one A ``[slots, n * max_rank, in]`` (the members' A stacked) and one
+block-diagonal B ``[slots, sum of outs, n * max_rank]``, keyed (layer, merged name), so one ``add_lora``
+on the merged output adds every member's delta (the zero blocks add exact zeros) in one launch pair.
+
 A request holds its adapter's slot from ``acquire`` to ``release`` (a reference count). A slot whose
 adapter no request holds is idle: it keeps its weights (the next request for that adapter loads
 nothing) until a request for another adapter needs a slot and it is the least recently used idle one.
@@ -26,6 +31,9 @@ import torch
 
 from omniwalk.lora.adapters import Adapter, AdapterError, Target
 
+# the merged projections of the thinker's decoder: name -> members, in the merged output's order
+MERGED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
 
 @dataclass
 class PoolStats:
@@ -45,15 +53,27 @@ class AdapterPool:
     """``slots`` device slots of adapters' weights, swapped in LRU from registered host ``Adapter`` s."""
 
     def __init__(
-        self, targets: Mapping[tuple[int, str], Target], slots: int, max_rank: int, device, dtype: torch.dtype
+        self,
+        targets: Mapping[tuple[int, str], Target],
+        slots: int,
+        max_rank: int,
+        device,
+        dtype: torch.dtype,
+        merged: Mapping[str, tuple[str, ...]] | None = None,
     ):
         if slots < 1 or max_rank < 1:
             raise ValueError(f"an adapter pool needs slots >= 1 and max_rank >= 1, got {slots} and {max_rank}")
         self.targets, self.num_slots, self.max_rank = dict(targets), slots, max_rank
         self.device, self.dtype = torch.device(device), dtype
-        zeros = lambda *shape: torch.zeros(slots, *shape, device=device, dtype=dtype)  # noqa: E731
-        self.a = {k: zeros(max_rank, t.in_features) for k, t in targets.items()}  # [slots, max_rank, in]
-        self.b = {k: zeros(t.out_features, max_rank) for k, t in targets.items()}  # [slots, out, max_rank]
+        # pool key -> its members: (module, first rank row, first output row)
+        self.parts = _layout(self.targets, max_rank, merged or {})
+        self.a: dict[tuple[int, str], torch.Tensor] = {}  # [slots, members * max_rank, in]
+        self.b: dict[tuple[int, str], torch.Tensor] = {}  # [slots, members' outs, members * max_rank]
+        for (layer, name), parts in self.parts.items():
+            members = [self.targets[(layer, module)] for module, _, _ in parts]
+            rank, n_out = len(members) * max_rank, sum(t.out_features for t in members)
+            self.a[(layer, name)] = torch.zeros(slots, rank, members[0].in_features, device=device, dtype=dtype)
+            self.b[(layer, name)] = torch.zeros(slots, n_out, rank, device=device, dtype=dtype)
         self.stats = PoolStats()
         self._host: dict[str, Adapter] = {}  # registered adapters, and unregistered ones still held
         self._unregistered: set[str] = set()
@@ -133,14 +153,16 @@ class AdapterPool:
             del self._slot_of[evicted]
             self.stats.evictions += 1
         weights = self._host[name].weights
-        for key in self.targets:
-            a, b = self.a[key][slot], self.b[key][slot]
+        for (layer, key), parts in self.parts.items():
+            a, b = self.a[(layer, key)][slot], self.b[(layer, key)][slot]
             a.zero_()
             b.zero_()
-            if key in weights:
-                wa, wb = weights[key]
-                a[: wa.shape[0]].copy_(wa, non_blocking=True)
-                b[:, : wb.shape[1]].copy_(wb, non_blocking=True)
+            for module, rank0, out0 in parts:
+                if (layer, module) in weights:
+                    wa, wb = weights[(layer, module)]
+                    r, n_out = wa.shape[0], wb.shape[0]
+                    a[rank0 : rank0 + r].copy_(wa, non_blocking=True)
+                    b[out0 : out0 + n_out, rank0 : rank0 + r].copy_(wb, non_blocking=True)
         self._owner[slot], self._slot_of[name] = name, slot
         self.stats.loads += 1
 
@@ -151,3 +173,25 @@ class AdapterPool:
             self._idle.move_to_end(slot, last=False)  # a free slot is taken before any idle adapter's
         del self._host[name], self._refs[name]
         self._unregistered.discard(name)
+
+
+def _layout(
+    targets: Mapping[tuple[int, str], Target], max_rank: int, merged: Mapping[str, tuple[str, ...]]
+) -> dict[tuple[int, str], list[tuple[str, int, int]]]:
+    """Pool key -> [(member module, its first rank row, its first output row)]: a merged group where every
+    member is a target of the layer, each other target alone."""
+    parts: dict[tuple[int, str], list[tuple[str, int, int]]] = {}
+    taken: set[tuple[int, str]] = set()
+    for layer in sorted({layer for layer, _ in targets}):
+        for name, members in merged.items():
+            found = [targets.get((layer, m)) for m in members]
+            if None not in found and len({t.in_features for t in found}) == 1:
+                outs = [0]
+                for m in members:
+                    outs.append(outs[-1] + targets[(layer, m)].out_features)
+                parts[(layer, name)] = [(m, i * max_rank, outs[i]) for i, m in enumerate(members)]
+                taken.update((layer, m) for m in members)
+    for key in targets:
+        if key not in taken:
+            parts[key] = [(key[1], 0, 0)]
+    return parts

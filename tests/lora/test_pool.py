@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from omniwalk.lora.adapters import Adapter, AdapterError, Target
-from omniwalk.lora.pool import AdapterPool
+from omniwalk.lora.ops import add_lora
+from omniwalk.lora.pool import MERGED, AdapterPool
 
 TARGETS = {
     (layer, module): Target(layer=layer, module=module, in_features=i, out_features=o)
@@ -131,3 +132,44 @@ def test_registration_refusals():
         pool.acquire("nope")
     with pytest.raises(ValueError, match="released more often"):
         pool.release("ad0")
+
+
+def test_merged_projections_add_what_their_members_add():
+    """q/k/v (and gate/up) held merged: one add_lora on the merged output equals each member's on its slice."""
+    targets = {
+        (layer, module): Target(layer=layer, module=module, in_features=i, out_features=o)
+        for layer in range(2)
+        for module, (i, o) in {"q_proj": (12, 16), "k_proj": (12, 8), "v_proj": (12, 8), "o_proj": (16, 12)}.items()
+    }
+    g = torch.Generator().manual_seed(4)
+    adapters = [
+        Adapter(
+            name=f"m{i}",
+            path="/m",
+            rank=r,
+            weights={
+                k: (torch.randn(r, t.in_features, generator=g), torch.randn(t.out_features, r, generator=g))
+                for k, t in targets.items()
+                if k != (0, "k_proj") or i == 0
+            },
+        )
+        for i, r in enumerate((4, 8))
+    ]
+    merged = AdapterPool(targets, slots=2, max_rank=8, device="cpu", dtype=torch.float32, merged=MERGED)
+    apart = AdapterPool(targets, slots=2, max_rank=8, device="cpu", dtype=torch.float32)
+    assert set(merged.a) == {(0, "qkv_proj"), (1, "qkv_proj"), (0, "o_proj"), (1, "o_proj")}
+    assert merged.a[(0, "qkv_proj")].shape == (2, 24, 12) and merged.b[(0, "qkv_proj")].shape == (2, 32, 24)
+    for pool in (merged, apart):
+        for adapter in adapters:
+            pool.register(adapter)
+        assert [pool.acquire("m1"), pool.acquire("m0")] == [0, 1]
+    slots = torch.tensor([1, -1, 0, 0, 1], dtype=torch.int32)
+    x = torch.randn(5, 12, generator=g)
+    for layer in range(2):
+        ours, expected = torch.zeros(5, 32), torch.zeros(5, 32)
+        add_lora(ours, x, merged.a[(layer, "qkv_proj")], merged.b[(layer, "qkv_proj")], slots)
+        for module, start, width in (("q_proj", 0, 16), ("k_proj", 16, 8), ("v_proj", 24, 8)):
+            add_lora(expected[:, start : start + width], x, apart.a[(layer, module)], apart.b[(layer, module)], slots)
+        torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
+        assert ours[0].abs().min() > 0 and not ours[1].any()  # (row 1: the base model)
+        assert ours[2:4, 16:24].any() == (layer == 1)  # slot 0's m1 adapts k_proj in layer 1 alone
