@@ -6,6 +6,7 @@ output yet, Ray replaces its replica; autoscaling goes 1 -> 2 -> 1 replicas with
 
 import asyncio
 import base64
+import dataclasses
 import io
 import os
 import signal
@@ -234,3 +235,35 @@ def test_a_killed_engine_process_loses_no_request_without_output_and_ray_replace
         assert time.monotonic() < deadline, replicas
         time.sleep(1)
     print(f"replaced and serving {time.monotonic() - killed[0]:.1f}s after the kill; {len(failed)} failed with output")
+
+
+def test_autoscaling_goes_to_two_replicas_under_load_and_back_to_one_when_idle(cluster):
+    serve.delete("omniwalk")
+    cfg = RayConfig(ray_engine_num_cpus=ENGINE_CPUS, ray_ingress_num_cpus=0.1, ray_min_replicas=1, ray_max_replicas=2)
+    fast = {"ray_target_ongoing_requests": 2, "ray_upscale_delay_s": 1, "ray_downscale_delay_s": 3}
+    deploy(cluster, ServerConfig(shutdown_grace_s=10), dataclasses.replace(cfg, **fast, ray_autoscaling_window_s=2))
+    seen = [len(engine_replicas())]
+
+    async def load_until(target: int, concurrency: int) -> list[dict]:
+        """Requests at ``concurrency`` until the engine deployment has ``target`` replicas."""
+        sdk = openai.AsyncOpenAI(base_url=f"{cluster}/v1", api_key="unused", max_retries=0, timeout=120)
+        results, done, deadline = [], asyncio.Event(), time.monotonic() + 120
+
+        async def worker():
+            while not done.is_set():
+                results.append(await one_request(sdk, 4 * len(results) + 1))  # (non-streamed chats)
+
+        async def watch():
+            while seen[-1] != target:
+                assert time.monotonic() < deadline, seen
+                await asyncio.sleep(1)
+                if (n := len(await asyncio.to_thread(engine_replicas))) != seen[-1]:
+                    seen.append(n)
+            done.set()
+
+        await asyncio.gather(watch(), *(worker() for _ in range(concurrency)))
+        return results
+
+    results = asyncio.run(load_until(2, 8)) + asyncio.run(load_until(1, 1))
+    assert seen == [1, 2, 1] and len(results) > 0
+    assert [r for r in results if r["error"] is not None] == []

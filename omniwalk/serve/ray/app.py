@@ -34,6 +34,7 @@ from omniwalk.serve.ray.router import AffinityRouter
 from omniwalk.serve.supervisor import Supervisor
 
 HEALTH_CHECK_TIMEOUT_S = 10.0
+METRICS_INTERVAL_S = 10.0  # how often replicas report their load to the autoscaler, at most (Ray's default)
 
 
 @serve.ingress()
@@ -57,6 +58,8 @@ def engine_deployment(options: dict, server: ServerConfig, cfg: RayConfig):
         autoscaling = {"min_replicas": cfg.ray_min_replicas, "max_replicas": cfg.ray_max_replicas}
         autoscaling |= {"target_ongoing_requests": cfg.ray_target_ongoing_requests}
         autoscaling |= {"upscale_delay_s": cfg.ray_upscale_delay_s, "downscale_delay_s": cfg.ray_downscale_delay_s}
+        window = cfg.ray_autoscaling_window_s
+        autoscaling |= {"look_back_period_s": window, "metrics_interval_s": min(METRICS_INTERVAL_S, window / 2)}
         scaling = {"autoscaling_config": autoscaling}
     routing = server.routing
     router = RequestRouterConfig(

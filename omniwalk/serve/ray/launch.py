@@ -15,12 +15,16 @@ import signal
 import threading
 
 from omniwalk.config import RayConfig, ServerConfig
+from omniwalk.errors import ConfigError
 from omniwalk.media.limits import MediaLimits
 
 
 def serve_on_ray(args: argparse.Namespace, server: ServerConfig, limits: MediaLimits, options: dict, model) -> int:
-    import ray
-    from ray import serve
+    try:
+        import ray
+        from ray import serve
+    except ImportError:
+        raise ConfigError("--ray needs Ray Serve: pip install 'omniwalk[ray]'") from None
 
     from omniwalk.cli import checkpoint_or_embedded
     from omniwalk.serve.ray.app import application
