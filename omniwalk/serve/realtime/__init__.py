@@ -3,7 +3,8 @@
 route.py         the WebSocket: handshake checks, session limits and lifetime
 session.py       one session: client events in order -> handlers -> server events
 protocol.py      client events (strict models, GA + beta spellings), server event names per dialect
-settings.py      what session.update sets (instructions, voice, modalities, turn detection, ...)
+settings.py      what session.update sets (instructions, voice, modalities, ...), each invalid field refused alone
+turn_detection.py server_vad / semantic_vad (eagerness -> silence) settings of the server VAD
 conversation.py  items (messages, function calls, their outputs) and the chat messages of a turn's prompt
 tools.py         session and response tools / tool_choice: checked, in chat's shape for the engine
 bounds.py        what a conversation may hold, and the audio budget all sessions share

@@ -22,7 +22,7 @@ import json
 import uuid
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import ConfigDict, Field, PrivateAttr, StringConstraints, ValidationError
 
 from omniwalk.serve import schemas as s
 from omniwalk.serve.errors import APIError, bad_request, validation_error
@@ -50,7 +50,7 @@ class TurnDetection(s.Strict):
     create_response: bool | None = None
     interrupt_response: bool | None = None
     idle_timeout_ms: int | None = None  # refused when set
-    eagerness: str | None = None  # semantic_vad's (refused with it)
+    eagerness: Literal["low", "medium", "high", "auto"] | None = None  # semantic_vad's
 
 
 class AudioInput(s.Strict):
@@ -170,8 +170,15 @@ class ClientEvent(s.Strict):
 
 
 class SessionUpdate(ClientEvent):
+    """``refused``: the invalid fields left out of ``session``, one error each (``parse``)."""
+
     type: Literal["session.update"]
     session: SessionFields
+    _refused: list[APIError] = PrivateAttr(default_factory=list)
+
+    @property
+    def refused(self) -> list[APIError]:
+        return self._refused
 
 
 class BufferCommit(ClientEvent):
@@ -248,6 +255,8 @@ def parse(text: str | bytes) -> ClientEvent:
             raise bad_request(f"unknown event type {kind!r}; expected one of {sorted(EVENTS)}", "type")
         if kind == "input_audio_buffer.append":
             return _append(raw, event_id)
+        if kind == "session.update":
+            return _session_update(raw)
         return EVENTS[kind].model_validate_json(text)
     except ValidationError as e:
         raise _with_event_id(validation_error(e), event_id) from None
@@ -263,6 +272,49 @@ def _append(raw: dict, event_id: str | None) -> BufferAppend:
     if extra:
         raise bad_request(f"unrecognized event argument: {sorted(extra)[0]}", sorted(extra)[0], "unknown_parameter")
     return BufferAppend.model_construct(type="input_audio_buffer.append", audio=audio, event_id=event_id)
+
+
+def _session_update(raw: dict) -> SessionUpdate:
+    """A ``session.update`` without its invalid fields: each is left out, its error kept in
+    ``refused``, so the rest of the update applies (what clients expect of a partial update). An
+    error outside ``session`` (or ``session`` itself) refuses the event."""
+    refused: list[APIError] = []
+    for _ in range(MAX_REFUSED_FIELDS):
+        try:
+            event = SessionUpdate.model_validate_json(json.dumps(raw))
+        except ValidationError as e:
+            error = validation_error(e)
+            path = _field_keys(error.param, error.code == "missing_required_parameter")
+            if len(path) < 2 or path[0] != "session" or not _drop(raw, path):
+                raise error from None
+            if not any(error.param == r.param or error.param.startswith(f"{r.param}.") for r in refused):
+                refused.append(error)
+            continue
+        event._refused = refused
+        return event
+    raise bad_request(f"the session holds more than {MAX_REFUSED_FIELDS} invalid fields", "session")
+
+
+MAX_REFUSED_FIELDS = 32
+
+
+def _field_keys(param: str | None, is_missing: bool) -> list[str]:
+    """'session.tools[0].type' -> ['session', 'tools'] (the object key a list index is under); a
+    missing field's parent: 'session.audio.input.turn_detection.type' -> [..., 'turn_detection']."""
+    keys = (param or "").split("[", 1)[0].split(".")
+    cut = "[" not in (param or "") and is_missing
+    return keys[:-1] if cut else keys
+
+
+def _drop(raw: dict, path: list[str]) -> bool:
+    """Remove ``raw``'s value at ``path`` (False: there is none to remove)."""
+    parent = raw
+    for key in path[:-1]:
+        parent = parent.get(key) if isinstance(parent, dict) else None
+    if not isinstance(parent, dict) or path[-1] not in parent:
+        return False
+    del parent[path[-1]]
+    return True
 
 
 def _with_event_id(e: APIError, event_id: str | None) -> APIError:

@@ -3,8 +3,10 @@
 The handshake is checked before it is accepted, in the HTTP API's order, and refused with an
 HTTP response carrying OpenAI's error body: 401 a missing or wrong API key (``Authorization:
 Bearer``, or, for browsers, which cannot set headers, the subprotocol
-``openai-insecure-api-key.<key>``), 503 the engine is not ready, 404 an unknown ``?model=``, 429
-``realtime_max_sessions`` open already. An accepted session lasts at most
+``openai-insecure-api-key.<key>``), 503 the engine is not ready, 429 ``realtime_max_sessions`` open
+already. Any ``?model=`` is accepted and served by the one model (realtime clients name OpenAI's
+models in the URL: ``gpt-realtime``, ``gpt-4o-realtime-preview-...``); the session's ``model``
+shows the served model's name. An accepted session lasts at most
 ``realtime_max_session_s`` (an ``error`` event with code ``session_expired``, then the close), and
 ends when the client sends no event for ``realtime_idle_timeout_s`` while no answer is being
 generated (an ``error`` event with code ``idle_timeout``, then the close). The sessions share one
@@ -25,7 +27,6 @@ import uuid
 
 from fastapi import FastAPI, WebSocket
 
-from omniwalk.serve import openai_api as api
 from omniwalk.serve.errors import APIError
 from omniwalk.serve.realtime import protocol as p
 from omniwalk.serve.realtime.bounds import AudioBudget
@@ -56,7 +57,6 @@ class Sessions:
             raise APIError(401, "invalid or missing API key", code="invalid_api_key")
         if served.supervisor.state != "ready":
             raise APIError(503, f"the server is not ready ({served.supervisor.state})", code="engine_unavailable")
-        api.check_model(ws.query_params.get("model"), served.context())
         if self.num_open >= cfg.realtime_max_sessions:
             raise APIError(
                 429,

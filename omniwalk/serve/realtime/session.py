@@ -37,6 +37,7 @@ from omniwalk.serve.realtime.response import Response, engine_request, is_discon
 from omniwalk.serve.realtime.settings import (
     SAMPLING,
     Settings,
+    check_output_format,
     check_response_refused,
     output_max_tokens,
     output_speaks,
@@ -115,15 +116,26 @@ class Session:
     # ---- session and input audio ----
 
     async def on_session_update(self, event: p.SessionUpdate) -> None:
-        before = self.settings.turn_detection
-        settings = self.settings.updated(event.session, self.context.voices)
+        """Each invalid field gets its own ``error`` event; the rest applies, and ``session.updated``
+        shows the settings as they are then."""
+        before = self.settings
+        settings, refused = before.updated(event.session, self.context)
         if settings.tools and {"tools", "tool_choice"} & event.session.model_fields_set:
-            await check_tool_grammar(settings.tools, settings.tool_choice, "session", self.cfg.grammar_check_timeout_s)
+            try:
+                timeout_s = self.cfg.grammar_check_timeout_s
+                await check_tool_grammar(settings.tools, settings.tool_choice, "session", timeout_s)
+            except APIError as e:
+                settings.tools, settings.tool_choice = before.tools, before.tool_choice
+                refused.append(e)
         self.settings = settings
-        after = self.settings.turn_detection
-        if (before and before.vad) != (after and after.vad):
-            self.audio.set_vad(after.vad if after else None)
+        if (before.turn_detection and before.turn_detection.vad) != (
+            settings.turn_detection and settings.turn_detection.vad
+        ):
+            self.audio.set_vad(settings.turn_detection.vad if settings.turn_detection else None)
             self.speech_item_id = None
+        for error in [*event.refused, *refused]:
+            error.event_id = event.event_id
+            await self.emit.send(p.error_event(error))
         await self.emit("session.updated", session=self.settings.to_json(self.emit.is_beta))
 
     async def on_input_audio_buffer_append(self, event: p.BufferAppend) -> None:
@@ -243,7 +255,8 @@ class Session:
         check_response_refused(fields, "response")
         speaks = output_speaks(fields, "response")
         speaks = settings.speaks if speaks is None else speaks
-        voice = output_voice(fields, self.context.voices, "response") or settings.voice
+        check_output_format(fields, "response")
+        voice = output_voice(fields, self.context, "response") or settings.voice
         max_tokens = output_max_tokens(fields)
         max_tokens = settings.max_output_tokens if max_tokens is ... else max_tokens
         instructions = fields.instructions if "instructions" in given else settings.instructions

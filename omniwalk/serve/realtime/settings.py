@@ -3,11 +3,12 @@
 One set of fields whatever the dialect; ``apply`` reads both spellings (GA ``audio.input.*``,
 ``output_modalities``, ``max_output_tokens``; beta ``input_audio_format``, ``modalities``,
 ``voice``, ``turn_detection``, ``max_response_output_tokens``) and ``to_json`` writes the client's.
-Only fields present in an update change (an explicit ``null`` turns turn detection off). Values
-this server cannot honour are refused naming the field: audio other than PCM16 at 24 kHz,
-noise reduction, semantic VAD, a speed other than 1.0. Tools and ``tool_choice`` are checked
-(``tools.py``) and kept in realtime's shape. Transcription, whatever model it
-names, is done by the served model (``transcription.py``).
+Only fields present in an update change (an explicit ``null`` turns turn detection off). A field
+this server cannot honour is refused alone, naming it, and the rest of the update applies: audio
+other than PCM16 at 24 kHz, noise reduction, a speed other than 1.0, an unknown voice (OpenAI's
+voice names are aliases: ``voice_aliases.py``). Turn detection: ``turn_detection.py``. Tools and
+``tool_choice`` are checked (``tools.py``) and kept in realtime's shape. Transcription, whatever
+model it names, is done by the served model (``transcription.py``).
 """
 
 from __future__ import annotations
@@ -16,31 +17,15 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from omniwalk.config import ServerConfig
-from omniwalk.serve.errors import bad_request, unsupported
+from omniwalk.serve import openai_api as api
+from omniwalk.serve.errors import APIError, bad_request, unsupported
 from omniwalk.serve.realtime import protocol as p
 from omniwalk.serve.realtime.tools import ToolChoice, check_tools, tool_choice_json, tools_json
+from omniwalk.serve.realtime.turn_detection import TurnDetection, turn_detection
 from omniwalk.serve.realtime.vad import VADParams
 
 PCM = {"type": "audio/pcm", "rate": 24000}
 SAMPLING = tuple(p.Sampling.model_fields)
-
-
-@dataclass
-class TurnDetection:
-    vad: VADParams
-    create_response: bool = True
-    interrupt_response: bool = True
-
-    def to_json(self) -> dict:
-        return {
-            "type": "server_vad",
-            "threshold": self.vad.threshold,
-            "prefix_padding_ms": self.vad.prefix_padding_ms,
-            "silence_duration_ms": self.vad.silence_ms,
-            "create_response": self.create_response,
-            "interrupt_response": self.interrupt_response,
-            "idle_timeout_ms": None,
-        }
 
 
 @dataclass
@@ -70,36 +55,17 @@ class Settings:
         )
         return cls(p.new_id("sess"), model, expires_at, turn_detection=TurnDetection(vad), vad_defaults=vad)
 
-    def updated(self, update: p.SessionFields, voices: tuple[str, ...]) -> Settings:
-        """These settings with what ``update`` sets (refused: an APIError naming the field)."""
+    def updated(self, update: p.SessionFields, context: api.Context) -> tuple[Settings, list[APIError]]:
+        """These settings with what ``update`` sets, and the errors of the fields it could not set:
+        each field (or group of fields that go together) is refused alone, the others apply."""
         new = dataclasses.replace(self, sampling=dict(self.sampling))
-        given = update.model_fields_set
-        _check_refused(update, "session")
-        if "instructions" in given:
-            new.instructions = update.instructions or ""
-        speaks = output_speaks(update, "session")
-        new.speaks = new.speaks if speaks is None else speaks
-        voice = output_voice(update, voices, "session")
-        new.voice = new.voice if voice is None else voice
-        tokens = output_max_tokens(update)
-        new.max_output_tokens = new.max_output_tokens if tokens is ... else tokens
-        _check_input_format(update)
-        audio_input = update.audio.input if update.audio else None
-        if "turn_detection" in given or (audio_input and "turn_detection" in audio_input.model_fields_set):
-            td = update.turn_detection if "turn_detection" in given else audio_input.turn_detection
-            where = "session.turn_detection" if "turn_detection" in given else "session.audio.input.turn_detection"
-            new.turn_detection = _turn_detection(td, new.turn_detection or TurnDetection(self.vad_defaults), where)
-        new.sampling.update({k: getattr(update, k) for k in SAMPLING if k in given} | (update.model_extra or {}))
-        if "tools" in given:
-            new.tools = list(update.tools or [])
-        if "tool_choice" in given:
-            new.tool_choice = update.tool_choice or "auto"
-        check_tools(new.tools, new.tool_choice, "session")
-        if "input_audio_transcription" in given:
-            new.transcription = update.input_audio_transcription
-        elif audio_input and "transcription" in audio_input.model_fields_set:
-            new.transcription = audio_input.transcription
-        return new
+        refused = []
+        for step in _STEPS:
+            try:
+                step(new, update, context)
+            except APIError as e:
+                refused.append(e)
+        return new, refused
 
     def to_json(self, is_beta: bool) -> dict:
         td = self.turn_detection.to_json() if self.turn_detection else None
@@ -154,23 +120,28 @@ def output_speaks(fields: p.ResponseFields, where: str) -> bool | None:
     return None
 
 
-def output_voice(fields: p.ResponseFields, voices: tuple[str, ...], where: str) -> str | None:
+def output_voice(fields: p.ResponseFields, context: api.Context, where: str) -> str | None:
+    """The voice ``fields`` set (None: not set), as the client named it: a voice of the checkpoint or
+    an alias (``voice_aliases.py``; the engine request resolves it)."""
     output = fields.audio.output if fields.audio else None
     voice, param = (fields.voice, f"{where}.voice") if fields.voice is not None else (None, None)
-    if output is not None:
-        if output.format is not None:
-            _check_pcm(output.format, f"{where}.audio.output.format")
-        if output.speed not in (None, 1.0):
-            raise bad_request("only speed 1.0 is served", f"{where}.audio.output.speed", "unsupported_value")
-        if output.voice is not None:
-            voice, param = output.voice, f"{where}.audio.output.voice"
-    if fields.output_audio_format not in (None, "pcm16"):
-        raise _bad_format(fields.output_audio_format, f"{where}.output_audio_format")
+    if output is not None and output.voice is not None:
+        voice, param = output.voice, f"{where}.audio.output.voice"
     if isinstance(voice, dict):
         raise bad_request("custom voices are not served; name one", param, "unsupported_value")
-    if voice is not None and voice.lower() not in voices:
-        raise bad_request(f"unknown voice {voice!r}; available: {', '.join(voices)}", param)
+    context.voice(voice, param)
     return voice.lower() if voice is not None else None
+
+
+def check_output_format(fields: p.ResponseFields, where: str) -> None:
+    """The output audio's format and speed: PCM16 at 24 kHz, speed 1.0."""
+    output = fields.audio.output if fields.audio else None
+    if output is not None and output.format is not None:
+        _check_pcm(output.format, f"{where}.audio.output.format")
+    if output is not None and output.speed not in (None, 1.0):
+        raise bad_request("only speed 1.0 is served", f"{where}.audio.output.speed", "unsupported_value")
+    if fields.output_audio_format not in (None, "pcm16"):
+        raise _bad_format(fields.output_audio_format, f"{where}.output_audio_format")
 
 
 def output_max_tokens(fields: p.ResponseFields):
@@ -189,18 +160,84 @@ def check_response_refused(fields: p.ResponseFields, where: str) -> None:
         raise unsupported(f"{where}.input", "out-of-band input")
 
 
-def _check_refused(update: p.SessionFields, where: str) -> None:
-    check_response_refused(update, where)
-    audio_input = update.audio.input if update.audio else None
-    for name, value in (
-        ("input_audio_noise_reduction", update.input_audio_noise_reduction),
-        ("audio.input.noise_reduction", audio_input and audio_input.noise_reduction),
-        ("prompt", update.prompt),
-    ):
+def _refuse(name: str, what: str):
+    def step(new: Settings, update: p.SessionFields, context: api.Context) -> None:
+        value = update
+        for key in name.split("."):
+            value = getattr(value, key, None)
         if value:
-            raise unsupported(f"{where}.{name}", name.rsplit(".", 1)[-1].replace("_", " "))
+            raise unsupported(f"session.{name}", what)
+
+    return step
+
+
+def _refuse_response_fields(new: Settings, update: p.SessionFields, context: api.Context) -> None:
+    check_response_refused(update, "session")
+
+
+def _set_speed(new: Settings, update: p.SessionFields, context: api.Context) -> None:
     if update.speed not in (None, 1.0):
-        raise bad_request("only speed 1.0 is served", f"{where}.speed", "unsupported_value")
+        raise bad_request("only speed 1.0 is served", "session.speed", "unsupported_value")
+
+
+def _set_instructions(new: Settings, update: p.SessionFields, context: api.Context) -> None:
+    if "instructions" in update.model_fields_set:
+        new.instructions = update.instructions or ""
+
+
+def _set_modalities(new: Settings, update: p.SessionFields, context: api.Context) -> None:
+    speaks = output_speaks(update, "session")
+    new.speaks = new.speaks if speaks is None else speaks
+
+
+def _set_output_format(new: Settings, update: p.SessionFields, context: api.Context) -> None:
+    check_output_format(update, "session")
+
+
+def _set_voice(new: Settings, update: p.SessionFields, context: api.Context) -> None:
+    voice = output_voice(update, context, "session")
+    new.voice = new.voice if voice is None else voice
+
+
+def _set_max_tokens(new: Settings, update: p.SessionFields, context: api.Context) -> None:
+    tokens = output_max_tokens(update)
+    new.max_output_tokens = new.max_output_tokens if tokens is ... else tokens
+
+
+def _set_input_format(new: Settings, update: p.SessionFields, context: api.Context) -> None:
+    _check_input_format(update)
+
+
+def _set_turn_detection(new: Settings, update: p.SessionFields, context: api.Context) -> None:
+    audio_input = update.audio.input if update.audio else None
+    if "turn_detection" in update.model_fields_set:
+        td, where = update.turn_detection, "session.turn_detection"
+    elif audio_input and "turn_detection" in audio_input.model_fields_set:
+        td, where = audio_input.turn_detection, "session.audio.input.turn_detection"
+    else:
+        return
+    new.turn_detection = turn_detection(td, new.turn_detection, new.vad_defaults, where)
+
+
+def _set_sampling(new: Settings, update: p.SessionFields, context: api.Context) -> None:
+    given = update.model_fields_set
+    new.sampling.update({k: getattr(update, k) for k in SAMPLING if k in given} | (update.model_extra or {}))
+
+
+def _set_tools(new: Settings, update: p.SessionFields, context: api.Context) -> None:
+    given = update.model_fields_set
+    tools = list(update.tools or []) if "tools" in given else new.tools
+    choice = (update.tool_choice or "auto") if "tool_choice" in given else new.tool_choice
+    check_tools(tools, choice, "session")
+    new.tools, new.tool_choice = tools, choice
+
+
+def _set_transcription(new: Settings, update: p.SessionFields, context: api.Context) -> None:
+    audio_input = update.audio.input if update.audio else None
+    if "input_audio_transcription" in update.model_fields_set:
+        new.transcription = update.input_audio_transcription
+    elif audio_input and "transcription" in audio_input.model_fields_set:
+        new.transcription = audio_input.transcription
 
 
 def _check_input_format(update: p.SessionFields) -> None:
@@ -222,29 +259,20 @@ def _bad_format(name: str, param: str):
     )
 
 
-def _turn_detection(td: p.TurnDetection | None, base: TurnDetection, where: str) -> TurnDetection | None:
-    if td is None:
-        return None
-    if td.type != "server_vad":
-        raise bad_request(
-            f"turn detection {td.type!r} is not served; use 'server_vad'", f"{where}.type", "unsupported_value"
-        )
-    if td.idle_timeout_ms is not None:
-        raise unsupported(f"{where}.idle_timeout_ms", "idle_timeout_ms")
-    vad = dataclasses.replace(
-        base.vad,
-        **{
-            k: v
-            for k, v in (
-                ("threshold", td.threshold),
-                ("prefix_padding_ms", td.prefix_padding_ms),
-                ("silence_ms", td.silence_duration_ms),
-            )
-            if v is not None
-        },
-    )
-    return TurnDetection(
-        vad,
-        base.create_response if td.create_response is None else td.create_response,
-        base.interrupt_response if td.interrupt_response is None else td.interrupt_response,
-    )
+_STEPS = (
+    _refuse_response_fields,
+    _refuse("input_audio_noise_reduction", "input audio noise reduction"),
+    _refuse("audio.input.noise_reduction", "noise reduction"),
+    _refuse("prompt", "prompt"),
+    _set_speed,
+    _set_instructions,
+    _set_modalities,
+    _set_output_format,
+    _set_voice,
+    _set_max_tokens,
+    _set_input_format,
+    _set_turn_detection,
+    _set_sampling,
+    _set_tools,
+    _set_transcription,
+)
