@@ -17,16 +17,21 @@ router (``replicas.py``) and the Ray Serve router use this module; the fleet sim
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
+
+import numpy as np
 
 from omniwalk.config import RoutingConfig
 from omniwalk.errors import OmniwalkError
 
 __all__ = ["NoReplica", "ReplicaLoad", "Router", "RoutingConfig", "affinity_key"]
 
+NAME, OUTSTANDING = attrgetter("name"), attrgetter("outstanding")
 TEXT_PARTS = ("text", "input_text", "output_text")  # content part types whose "text" is all they say
 
 
@@ -85,9 +90,19 @@ def _content(content):
     return content
 
 
-def _weight(key: str, name: str) -> int:
-    """The rendezvous weight of replica ``name`` for ``key`` (the same in every process: no salted hash())."""
-    return int.from_bytes(hashlib.blake2b(f"{key}\0{name}".encode(), digest_size=8).digest(), "big")
+@functools.lru_cache(maxsize=65536)
+def _hash64(text: str) -> int:
+    """A 64-bit digest that is the same in every process (``hash()`` of a str is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+def _weights(key_hash: int, name_hashes: np.ndarray) -> np.ndarray:
+    """The rendezvous weights of replicas (their names' digests, uint64) for a key: MurmurHash3's 64-bit
+    finaliser of the xor of the digests, so that each replica's weights for different keys are independent."""
+    x = name_hashes ^ np.uint64(key_hash)
+    for multiplier in (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53):
+        x = (x ^ (x >> np.uint64(33))) * np.uint64(multiplier)  # (uint64 products wrap: mod 2**64)
+    return x ^ (x >> np.uint64(33))
 
 
 class Router:
@@ -101,17 +116,19 @@ class Router:
         self.cfg = cfg
         self.counts = {"affinity": 0, "fallback": 0, "least_loaded": 0}
         self._homes: dict[str, tuple[tuple[str, ...], int]] = {}  # key -> (healthy names, index of its replica)
+        self._names: tuple[str, ...] = ()  # the healthy names last hashed, and their digests
+        self._name_hashes = np.zeros(0, dtype=np.uint64)
 
     def choose(self, replicas: Sequence[ReplicaLoad], key: str | None) -> str:
         """Name of the replica to use. Raises NoReplica when none is healthy."""
         healthy = [r for r in replicas if r.healthy]
         if not healthy:
             raise NoReplica(f"no healthy replica among {len(replicas)}")
-        least = min(healthy, key=lambda r: r.outstanding)  # (min keeps the first of equals)
+        least = min(healthy, key=OUTSTANDING)  # (min keeps the first of equals)
         if not self.cfg.affinity or key is None:
             self.counts["least_loaded"] += 1
             return least.name
-        home = healthy[self._home(key, tuple(r.name for r in healthy))]
+        home = healthy[self._home(key, tuple(map(NAME, healthy)))]
         if self.is_saturated(home, least):
             self.counts["fallback"] += 1
             return least.name
@@ -120,11 +137,13 @@ class Router:
 
     def _home(self, key: str, names: tuple[str, ...]) -> int:
         """Index of the key's replica among ``names``: the highest weight, remembered while the names stay
-        (one hash per replica per key, not per request: a 512-replica fleet routes a turn in microseconds)."""
+        (the weights are computed once per key and healthy set, not per request)."""
         known = self._homes.get(key)
         if known is not None and known[0] == names:
             return known[1]
-        index = max(range(len(names)), key=lambda i: _weight(key, names[i]))
+        if self._names != names:
+            self._names, self._name_hashes = names, np.array([_hash64(n) for n in names], dtype=np.uint64)
+        index = int(np.argmax(_weights(_hash64(key), self._name_hashes)))
         if len(self._homes) >= self.MAX_HOMES:
             del self._homes[next(iter(self._homes))]  # (the oldest remembered)
         self._homes[key] = (names, index)
