@@ -31,6 +31,7 @@ from omniwalk.kernels import pdl
 from omniwalk.lora.ops import check_shapes
 
 TARGET_PROGRAMS = 128  # the shrink's programs to aim for (row tiles x splits of ``in``)
+MIN_SPLIT = 256  # the fewest ``in`` columns per split (every expand program sums the splits' partials)
 
 
 @triton.jit
@@ -110,7 +111,7 @@ def add_lora_triton(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.
     block_m = 16 if m <= 64 else 64
     block_k, block_n, block_r = 64, 64, max(16, triton.next_power_of_2(rank))
     tiles = triton.cdiv(m, block_m)
-    splits = max(1, min(triton.cdiv(TARGET_PROGRAMS, tiles), triton.cdiv(n_in, block_k)))
+    splits = max(1, min(triton.cdiv(TARGET_PROGRAMS, tiles), triton.cdiv(n_in, MIN_SPLIT)))
     k_per_split = triton.cdiv(triton.cdiv(n_in, splits), block_k) * block_k
     splits = triton.cdiv(n_in, k_per_split)  # (every split non-empty)
     t = torch.empty(splits, m, block_r, device=x.device, dtype=torch.float32)

@@ -11,12 +11,12 @@ from omniwalk.lora.ops import add_lora
 SLOTS, MAX_RANK, N_IN, N_OUT = 3, 16, 40, 24
 
 
-def pool_weights(dtype, ranks=(8, 16, 4), max_rank=MAX_RANK, seed=0):
+def pool_weights(dtype, ranks=(8, 16, 4), max_rank=MAX_RANK, seed=0, n_in=N_IN):
     """a [S, R, in], b [S, out, R] with each slot's rank zero-padded to R (as a pool holds them)."""
     g = torch.Generator().manual_seed(seed)
-    a, b = torch.zeros(SLOTS, max_rank, N_IN), torch.zeros(SLOTS, N_OUT, max_rank)
+    a, b = torch.zeros(SLOTS, max_rank, n_in), torch.zeros(SLOTS, N_OUT, max_rank)
     for s, r in enumerate(ranks):
-        a[s, :r] = torch.randn(r, N_IN, generator=g) / N_IN**0.5
+        a[s, :r] = torch.randn(r, n_in, generator=g) / n_in**0.5
         b[s, :, :r] = torch.randn(N_OUT, r, generator=g)
     return a.to(dtype), b.to(dtype)
 
@@ -55,9 +55,10 @@ def interpreter(monkeypatch):
     yield from triton_cpu.interpreted(monkeypatch)
 
 
-CASES = {  # name -> (pool rank, each slot's rank)
-    "ranks_8_16_4_of_16": (16, (8, 16, 4)),
-    "ranks_8_16_64_of_64": (64, (8, 16, 64)),
+CASES = {  # name -> (pool rank, each slot's rank, in): an ``in`` of 600 splits the shrink over programs
+    "ranks_8_16_4_of_16": (16, (8, 16, 4), N_IN),
+    "ranks_8_16_64_of_64": (64, (8, 16, 64), N_IN),
+    "in_600_split": (16, (8, 16, 4), 600),
 }
 
 
@@ -66,10 +67,10 @@ CASES = {  # name -> (pool rank, each slot's rank)
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("m", [1, 3, 64, 300])
 def test_triton_equals_the_reference(interpreter, m, case, dtype):
-    max_rank, ranks = CASES[case]
-    a, b = pool_weights(dtype, ranks=ranks, max_rank=max_rank)
+    max_rank, ranks, n_in = CASES[case]
+    a, b = pool_weights(dtype, ranks=ranks, max_rank=max_rank, n_in=n_in)
     g = torch.Generator().manual_seed(m)
-    x = torch.randn(m, N_IN, generator=g).to(dtype)
+    x = torch.randn(m, n_in, generator=g).to(dtype)
     wide = torch.randn(m, N_OUT + 10, generator=g).to(dtype)
     slots = rows(m, seed=m)
     slots[: min(m, 2)] = torch.tensor([1, -1])[: min(m, 2)].to(torch.int32)  # (a used and a base row in every case)

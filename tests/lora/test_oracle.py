@@ -67,24 +67,33 @@ def greedy(served: Served, lora: str | None, **extra) -> dict:
     return {**request, **({"lora": lora} if lora else {}), **extra}
 
 
-def test_each_adapter_alone_equals_hf_with_peft(served):
-    outs = {name: served.omni.generate(greedy(served, name)) for name in ADAPTERS}
-    prompt = outs[None].prompt_token_ids
-    for name, out in outs.items():
+@pytest.fixture(scope="module")
+def alone(served) -> dict:
+    """Each adapter's (and the base's) greedy answer, run alone."""
+    return {name: served.omni.generate(greedy(served, name, logprobs=True)) for name in ADAPTERS}
+
+
+def test_each_adapter_alone_equals_hf_with_peft(served, alone):
+    prompt = alone[None].prompt_token_ids
+    for name, out in alone.items():
         assert out.token_ids == hf_greedy(served.hf, name, prompt, STEPS), name
         assert len(out.token_ids) == STEPS
-    assert len({tuple(out.token_ids) for out in outs.values()}) == len(ADAPTERS)  # every adapter changes the answer
+    assert len({tuple(out.token_ids) for out in alone.values()}) == len(ADAPTERS)  # every adapter changes the answer
 
 
-def test_a_batch_of_the_base_and_three_adapters_equals_each_alone(served):
-    alone = {name: served.omni.generate(greedy(served, name, logprobs=True)) for name in ADAPTERS}
+def test_a_batch_of_the_base_and_three_adapters_equals_each_alone(served, alone):
     mixed = served.omni.generate([greedy(served, name, logprobs=True) for name in ADAPTERS])
     for name, out in zip(ADAPTERS, mixed, strict=True):
         assert out.token_ids == alone[name].token_ids, name
-    # a base row is untouched by the adapters beside it, bit for bit: as in a batch of base rows alone (of the
-    # same shape: a step's arithmetic may depend on its batch size)
+    # A base row is untouched by the adapters beside it: bit for bit as in a batch of base rows alone (of the same
+    # shape: a step's arithmetic may depend on its batch size). Through MoE layers only closely: the rows an
+    # expert's GEMM takes depend on where the other rows (adapted) are routed.
     bases = served.omni.generate([greedy(served, None, logprobs=True) for _ in ADAPTERS])
-    assert [p.logprob for p in mixed[0].logprobs] == [p.logprob for p in bases[0].logprobs]
+    got, expected = ([p.logprob for p in out.logprobs] for out in (mixed[0], bases[0]))
+    if served.omni.family.cfg.text.is_moe:
+        assert torch.allclose(torch.tensor(got), torch.tensor(expected), atol=1e-5)
+    else:
+        assert got == expected
 
 
 @torch.no_grad()
