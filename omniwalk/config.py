@@ -377,6 +377,11 @@ class ServerConfig:
     realtime_vad_prefix_padding_ms: int = 300  # audio kept before the detected start of speech
     realtime_vad_silence_ms: int = 500  # quiet this long ends a turn
     realtime_vad_aggressiveness: int = 3  # WebRTC VAD mode, 0 (least) to 3 (most eager to call a frame silence)
+    realtime_vad_end_padding_ms: int = 200  # audio a turn keeps after its last voiced frame (at most the silence)
+    # preemptive answers: after this much quiet (a tentative end of turn) the answer starts in the engine, unsent;
+    # it is released when the turn is confirmed and dropped unseen if speech resumes. A session's
+    # turn_detection.preemptive_silence_ms overrides it; 0 turns it off
+    realtime_preemptive_silence_ms: int = 200
     # the directory POST /v1/load_lora_adapter may load adapters from (paths outside it are refused); None: the
     # API loads none (adapters come from ``--lora`` only)
     lora_root: str | None = None
@@ -436,5 +441,8 @@ class ServerConfig:
             raise ConfigError(f"realtime_vad_window_ms must be a multiple of 20, got {self.realtime_vad_window_ms}")
         if self.realtime_vad_prefix_padding_ms < 0:
             raise ConfigError(f"realtime_vad_prefix_padding_ms must be >= 0, got {self.realtime_vad_prefix_padding_ms}")
+        for name in ("realtime_vad_end_padding_ms", "realtime_preemptive_silence_ms"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.realtime_vad_aggressiveness not in (0, 1, 2, 3):
             raise ConfigError(f"realtime_vad_aggressiveness must be 0-3, got {self.realtime_vad_aggressiveness}")
