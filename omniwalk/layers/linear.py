@@ -138,24 +138,32 @@ class SkinnyLinear(nn.Module):
         return h_out.view(h.shape), y.view(*h.shape[:-1], y.shape[-1])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._apply(x, self.gated)
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        """A gated projection's plain product [..., 2I] (gate then up, before silu·mul): what LoRA
+        adapters of the gate and up projections add to (``GatedMLP``)."""
+        return self._apply(x, gated=False)
+
+    def _apply(self, x: torch.Tensor, gated: bool) -> torch.Tensor:
         sg, silu_mul, fp8_kernels = _kernels()
         flat = x.reshape(-1, x.shape[-1])
         (n, k), m = self.weight.shape, flat.shape[0]
         partials = self.partials and x.dim() == 2
-        n = n // 2 if self.gated else n
+        n = n // 2 if gated else n
         fp8 = self.weight_scale_inv is not None
-        may_split = partials and not self.gated
-        blocks = sg.pick_blocks(m, n, k, self.gated, may_split, fp8, x.device) if m <= sg.MAX_ROWS else None
+        may_split = partials and not gated
+        blocks = sg.pick_blocks(m, n, k, gated, may_split, fp8, x.device) if m <= sg.MAX_ROWS else None
         if blocks is None:
             w = self.weight
             if fp8:
                 w = fp8_kernels.dequantize_triton(self.weight, self.weight_scale_inv, self.block, x.dtype)
             y = F.linear(x, w, self.bias)
-            return silu_mul.silu_mul_triton(y) if self.gated else y
+            return silu_mul.silu_mul_triton(y) if gated else y
         y = sg.skinny_gemm(
             flat,
             self.weight,
-            gated=self.gated,
+            gated=gated,
             partials=partials,
             blocks=blocks,
             scale=self.weight_scale_inv,

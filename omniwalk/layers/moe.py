@@ -39,7 +39,7 @@ from torch import nn
 from omniwalk.kernels.registry import MOE
 from omniwalk.layers import fp8
 from omniwalk.layers.fp8 import Block, ExpertScales, Fp8Linear
-from omniwalk.layers.linear import MergesProjections, SkinnyLinear
+from omniwalk.layers.linear import LoraRows, MergesProjections, SkinnyLinear
 from omniwalk.layers.norm import RMSNorm
 from omniwalk.sampling import _GOLDEN, _mix, _shr
 
@@ -116,7 +116,9 @@ class GatedMLP(MergesProjections):
     ``gate_up_proj`` (rows: gate then up; silu·mul in the GEMM's epilogue) and the projections by
     ``SkinnyLinear``s (decode-sized inputs through the skinny GEMM). With ``partial_output`` (a
     decoder layer's MLP, whose output the next ``RMSNorm.add`` takes) the output may then be fp32
-    partial sums [N, S, H] (``skinny_gemm``).
+    partial sums [N, S, H] (``skinny_gemm``). With LoRA adapters (``lora``: a dense thinker MLP's) each
+    projection's adapters add to its own product, so the merged gate/up runs as a plain product, then
+    silu·mul.
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int, partial_output: bool = False):
@@ -132,19 +134,38 @@ class GatedMLP(MergesProjections):
         self.down_proj = SkinnyLinear.merge(self.down_proj, partials=self.partial_output)
         del self.gate_proj, self.up_proj
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, lora: LoraRows | None = None, layer: int = 0) -> torch.Tensor:
+        """x [n, hidden] -> [n, hidden]; ``lora``: the rows' adapters of decoder layer ``layer``."""
+        if lora is not None:
+            return self._adapted(x, lora, layer)
         if self.gate_up_proj is not None:
             return self.down_proj(self.gate_up_proj(x))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
-    def after_norm(self, norm: RMSNorm, h: torch.Tensor, delta: torch.Tensor | None):
+    def after_norm(
+        self, norm: RMSNorm, h: torch.Tensor, delta: torch.Tensor | None, lora: LoraRows | None = None, layer: int = 0
+    ):
         """``norm.add(h, delta)`` into this MLP -> (h + delta, the MLP's output); merged, the norm runs
-        inside the gate/up GEMV where it can (``SkinnyLinear.normed``)."""
-        if self.gate_up_proj is None:
+        inside the gate/up GEMV where it can (``SkinnyLinear.normed``), unless adapters need its input."""
+        if self.gate_up_proj is None or lora is not None:
             h, x = norm.add(h, delta)
-            return h, self(x)
+            return h, self(x, lora, layer)
         h, act = self.gate_up_proj.normed(norm, h, delta)
         return h, self.down_proj(act)
+
+    def _adapted(self, x: torch.Tensor, lora: LoraRows, layer: int) -> torch.Tensor:
+        if self.gate_up_proj is None:
+            gate = lora.add(self.gate_proj(x), x, layer, "gate_proj")
+            act = F.silu(gate) * lora.add(self.up_proj(x), x, layer, "up_proj")
+        else:
+            from omniwalk.kernels.silu_mul import silu_mul_triton
+
+            gate_up = self.gate_up_proj.product(x)
+            inter = gate_up.shape[-1] // 2
+            lora.add(gate_up[:, :inter], x, layer, "gate_proj")
+            lora.add(gate_up[:, inter:], x, layer, "up_proj")
+            act = silu_mul_triton(gate_up)
+        return lora.add(self.down_proj(act), act, layer, "down_proj")
 
 
 def merged_linear(*parts: nn.Linear) -> nn.Linear:
