@@ -1,7 +1,9 @@
 """The OpenAI-compatible HTTP server (FastAPI) in front of the engine process.
 
 Routes: POST /v1/chat/completions, POST /v1/audio/speech, /v1/responses (``responses_routes.py``),
-GET /v1/models, GET /v1/models/{id},
+GET /v1/models, GET /v1/models/{id} (the base model and its LoRA adapters, each with ``parent``),
+POST /v1/load_lora_adapter {lora_name, lora_path} (a path inside ``--lora-root``) and
+/v1/unload_lora_adapter {lora_name} (its requests in flight finish with it),
 GET /health (200 ready, or degraded: a data-parallel replica is dead; 503 starting / failed /
 engine_dead / draining, with the reason; each replica's status; no process ids), GET /metrics
 (Prometheus), the WebSocket GET /v1/realtime (``realtime/``), the talk page at /. With an API
@@ -34,6 +36,7 @@ from omniwalk.config import ServerConfig
 from omniwalk.media.limits import MediaLimits
 from omniwalk.serve import openai_api as api
 from omniwalk.serve import schemas
+from omniwalk.serve.adapter_routes import adapter_entry, add_adapter_routes
 from omniwalk.serve.audio_format import encode_audio, mime_type
 from omniwalk.serve.audio_store import AudioStore
 from omniwalk.serve.errors import APIError, validation_error
@@ -65,22 +68,32 @@ class Served:
     schemas: dict = field(default_factory=dict)  # ChatRequest / SpeechRequest -> with the family's fields
 
     def context(self) -> api.Context:
-        return api.Context(self.cfg, self.pool, self.store, self.client.info)
+        return api.Context(self.cfg, self.pool, self.store, self.client.info, self.adapters)
+
+    @property
+    def engines(self) -> list:
+        """The engine clients, one per replica (each loads the same adapters)."""
+        return list(getattr(self.client, "clients", [self.client]))
+
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        """The LoRA adapters served (those of the first replica: every replica loads the same)."""
+        return tuple(getattr(self.engines[0], "adapters", ()))
 
     def authorize(self, request: Request) -> None:
         given, key = request.headers.get("authorization", "").encode(), self.cfg.api_key
         if key and not hmac.compare_digest(given, f"Bearer {key}".encode()):
             raise APIError(401, "invalid or missing API key", code="invalid_api_key")
 
-    async def body(self, request: Request, base: type[schemas.Strict]):
+    async def body(self, request: Request, base: type[schemas.Strict], family_fields: bool = True):
         """Auth, readiness, the content type, then the body (size-capped and timed by the guard)
-        parsed by ``base`` with the model family's own request fields."""
+        parsed by ``base`` with the model family's own request fields (unless ``family_fields`` is False)."""
         self.authorize(request)
         if self.supervisor.state != "ready":
             raise APIError(503, f"the server is not ready ({self.supervisor.state})", code="engine_unavailable")
         _require_json(request)
         try:
-            return self.schema(base).model_validate_json(await request.body())
+            return (self.schema(base) if family_fields else base).model_validate_json(await request.body())
         except ValidationError as e:
             raise validation_error(e) from None
 
@@ -131,6 +144,7 @@ def create_app(client: Replicas, cfg: ServerConfig, limits: MediaLimits, supervi
     _install_error_handlers(app)
     _info_routes(app, served)
     _generation_routes(app, served)
+    add_adapter_routes(app, served)
     add_responses_routes(app, served)
     add_realtime_route(app, served)
     add_page_routes(app)
@@ -146,13 +160,14 @@ def _info_routes(app: FastAPI, served: Served) -> None:
     @app.get("/v1/models")
     async def models(request: Request):
         served.authorize(request)
-        return {"object": "list", "data": [_model_entry(served)]}
+        adapters = [adapter_entry(served, name) for name in served.adapters]
+        return {"object": "list", "data": [_model_entry(served), *adapters]}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(request: Request, model_id: str):
         served.authorize(request)
-        api.check_model(model_id, served.context())
-        return _model_entry(served)
+        name = api.check_model(model_id, served.context())
+        return _model_entry(served) if name == served.context().model_name else adapter_entry(served, name)
 
     @app.get("/metrics")
     async def prometheus(request: Request):
@@ -178,7 +193,9 @@ def _generation_routes(app: FastAPI, served: Served) -> None:
 
     @app.post("/v1/audio/speech")
     async def speech(request: Request):
-        engine_request, fmt = speech_request(await served.body(request, schemas.SpeechRequest), served.context())
+        body = await served.body(request, schemas.SpeechRequest)
+        engine_request, fmt = speech_request(body, served.context())
+        engine_request.update(api.adapter_fields(body.model, served.context()))  # (the thinker runs the adapter)
         run = EngineRun(served.client, engine_request, served.metrics)
         output = await run.collect_unless_disconnected(await run.first_event(), request.receive)
         if output is None:

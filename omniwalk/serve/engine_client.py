@@ -4,6 +4,7 @@
     await client.start()                                    # waits until the model is loaded
     async for event in client.generate(request): ...        # wire.Delta ..., then wire.Finished
     await client.abort(request_id)
+    await client.adapter_call("load", name, path)          # LoRA adapters: "load" / "unload"; client.adapters
     client.close()
 
 A request that the engine rejects raises ``EngineRequestError`` from ``generate`` (with
@@ -30,7 +31,21 @@ import zmq.asyncio
 from omniwalk.errors import OmniwalkError
 from omniwalk.models.family import ModelInfo
 from omniwalk.serve.engine_process import serve_engine
-from omniwalk.serve.wire import Abort, Add, Delta, Failed, Fatal, Finished, Ready, Shutdown, Stats, pack, unpack
+from omniwalk.serve.wire import (
+    Abort,
+    AdapterCall,
+    AdapterReply,
+    Add,
+    Delta,
+    Failed,
+    Fatal,
+    Finished,
+    Ready,
+    Shutdown,
+    Stats,
+    pack,
+    unpack,
+)
 
 START_TIMEOUT_S = 600.0
 
@@ -62,6 +77,8 @@ class EngineClient:
         self._queues: dict[str, asyncio.Queue] = {}
         self._receiver: asyncio.Task | None = None
         self.info: ModelInfo | None = None  # what the loaded model offers, once the engine is ready
+        self.adapters: list[str] = []  # the LoRA adapters it serves (requests name one as their model)
+        self._calls: dict[str, asyncio.Future] = {}  # AdapterCall id -> its reply
         self.stats: dict = {}  # the engine's latest occupancy report (engine.stats())
         self.fatal_error: str | None = None  # what the engine process reported before it exited
         self.unavailable: str | None = None  # why requests cannot be served any more
@@ -79,6 +96,7 @@ class EngineClient:
         if not isinstance(message, Ready):
             raise RuntimeError(f"engine failed to start: {message.error}")
         self.info = ModelInfo.from_dict(message.info)
+        self.adapters = list(message.adapters)
         self._receiver = asyncio.create_task(self._receive())
 
     def watch(self, on_exit: Callable[[str], None]) -> None:
@@ -112,6 +130,10 @@ class EngineClient:
                 self.stats = message.data
             elif isinstance(message, Fatal):
                 self.fatal_error = message.error
+            elif isinstance(message, AdapterReply):
+                self.adapters = list(message.adapters)
+                if (call := self._calls.pop(message.id, None)) is not None and not call.done():
+                    call.set_result(message)
             elif (queue := self._queues.get(message.id)) is not None:
                 queue.put_nowait(message)
 
@@ -140,6 +162,18 @@ class EngineClient:
             self._queues.pop(rid, None)
             if not done and not self._ctx.closed:  # the consumer went away (e.g. a client hung up): free the work
                 self._push.send(pack(Abort(rid)))
+
+    async def adapter_call(self, action: str, name: str, path: str | None = None) -> None:
+        """Load (from ``path``) or unload the LoRA adapter ``name`` in the engine; ``EngineRequestError`` if
+        it refuses (``bad_request``: a bad adapter or an unknown name)."""
+        if self.unavailable:
+            raise EngineUnavailableError(self.unavailable)
+        call_id = uuid.uuid4().hex
+        reply = self._calls[call_id] = asyncio.get_running_loop().create_future()
+        await self._push.send(pack(AdapterCall(call_id, action, name, path)))
+        message = await reply
+        if message.error is not None:
+            raise EngineRequestError(message.error, message.error_type, message.bad_request, message.param)
 
     async def abort(self, request_id: str) -> None:
         await self._push.send(pack(Abort(request_id)))

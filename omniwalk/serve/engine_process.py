@@ -1,9 +1,10 @@
 """The engine process: it owns the model and the step loop, so HTTP work never takes its GIL.
 
-Two ZMQ sockets carry ``wire.py``'s messages: the client pushes Add / Abort / Shutdown into the
-inbox; the outbox sends Ready (or Fatal) first, then each request's Deltas and its Finished or
-Failed, and Stats. Messages are drained between steps; when no request is running the loop
-blocks on the inbox instead of spinning.
+Two ZMQ sockets carry ``wire.py``'s messages: the client pushes Add / Abort / Shutdown (and
+AdapterCall: load or unload a LoRA adapter) into the inbox; the outbox sends Ready (or Fatal) first,
+then each request's Deltas and its Finished or Failed, Stats, and an AdapterReply per AdapterCall.
+Messages are drained between steps; when no request is running the loop blocks on the inbox instead
+of spinning.
 """
 
 from __future__ import annotations
@@ -18,7 +19,21 @@ import zmq
 
 from omniwalk.engine.request import EngineRequest
 from omniwalk.errors import InvalidRequestError
-from omniwalk.serve.wire import Abort, Add, Delta, Failed, Fatal, Finished, Ready, Shutdown, Stats, pack, unpack
+from omniwalk.serve.wire import (
+    Abort,
+    AdapterCall,
+    AdapterReply,
+    Add,
+    Delta,
+    Failed,
+    Fatal,
+    Finished,
+    Ready,
+    Shutdown,
+    Stats,
+    pack,
+    unpack,
+)
 
 IDLE_POLL_MS = 100
 STATS_INTERVAL_S = 0.05
@@ -47,7 +62,7 @@ def serve_engine(options: dict, inbox_addr: str, outbox_addr: str) -> None:
         outbox.send(pack(Fatal(f"{type(e).__name__}: {e}")))
         ctx.destroy(linger=1000)
         sys.exit(1)
-    outbox.send(pack(Ready(dataclasses.asdict(omni.family.info))))
+    outbox.send(pack(Ready(dataclasses.asdict(omni.family.info), omni.adapters)))
     try:
         _EngineLoop(omni, inbox, outbox).run()
     except Exception as e:  # noqa: BLE001 - a fault outside any request: the server exits, a supervisor restarts it
@@ -93,6 +108,8 @@ class _EngineLoop:
             return False
         if isinstance(msg, Abort):
             self.omni.abort(msg.id)
+        elif isinstance(msg, AdapterCall):
+            self._adapter_call(msg)
         elif isinstance(msg, Add):
             request, received = msg.request, time.monotonic()
             try:
@@ -103,6 +120,20 @@ class _EngineLoop:
                 self.active[req.id] = req
                 self.arrivals[req.id] = (msg.sent_at or received, received, time.monotonic())
         return True
+
+    def _adapter_call(self, msg: AdapterCall) -> None:
+        """Load or unload an adapter between steps (an unloaded one's requests finish with it)."""
+        try:
+            if msg.action == "load":
+                self.omni.load_adapter(msg.name, msg.path)
+            else:
+                self.omni.unload_adapter(msg.name)
+        except Exception as e:  # noqa: BLE001 - a bad adapter fails its call alone
+            bad = isinstance(e, InvalidRequestError)
+            reply = AdapterReply(msg.id, self.omni.adapters, str(e), type(e).__name__, bad, getattr(e, "param", None))
+        else:
+            reply = AdapterReply(msg.id, self.omni.adapters)
+        self.outbox.send(pack(reply))
 
     def _flush(self) -> None:
         for rid, req in list(self.active.items()):

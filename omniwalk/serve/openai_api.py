@@ -81,6 +81,7 @@ class Context:
     pool: MediaPool
     store: AudioStore
     info: ModelInfo | None  # what the loaded model offers (from the engine process; None while it starts)
+    adapters: tuple[str, ...] = ()  # the LoRA adapters served beside the base model (a request's ``model``)
 
     @property
     def model_name(self) -> str:
@@ -105,14 +106,20 @@ class Context:
 
 
 def check_model(model: str | None, ctx: Context) -> str:
-    if model is not None and model != ctx.model_name:
-        raise APIError(
-            404,
-            f"the model {model!r} does not exist; this server serves {ctx.model_name!r}",
-            param="model",
-            code="model_not_found",
-        )
-    return ctx.model_name
+    """The model a request names -> the name its answer carries: the base model's (also when it names
+    none) or a LoRA adapter's; 404 ``model_not_found`` for any other."""
+    if model is None or model == ctx.model_name:
+        return ctx.model_name
+    if model not in ctx.adapters:
+        served = ", ".join(repr(name) for name in (ctx.model_name, *ctx.adapters))
+        message = f"the model {model!r} does not exist; this server serves {served}"
+        raise APIError(404, message, param="model", code="model_not_found")
+    return model
+
+
+def adapter_fields(model: str | None, ctx: Context) -> dict:
+    """The engine request's fields for the model a request names: ``lora`` for an adapter, none for the base."""
+    return {"lora": model} if check_model(model, ctx) != ctx.model_name else {}
 
 
 def check_speech(body, ctx: Context, voice: str | None, voice_param: str, audio_param: str) -> dict:
@@ -135,6 +142,7 @@ async def chat_request(body: s.ChatRequest, ctx: Context, receive=None) -> tuple
     if modalities not in (["text"], ["audio", "text"]):
         raise bad_request("modalities must be ['text'] or ['text', 'audio']", "modalities")
     request = {"request_id": f"chatcmpl-{uuid.uuid4().hex}", "modalities": modalities, "stream": bool(body.stream)}
+    request.update(adapter_fields(body.model, ctx))
     passed = (*PASSTHROUGH, *ctx.info.request_fields)
     request.update({k: getattr(body, k) for k in passed if getattr(body, k) is not None})
     max_tokens = body.max_completion_tokens or body.max_tokens or ctx.cfg.default_max_tokens

@@ -1,10 +1,11 @@
 """The messages between the HTTP process and the engine process, and their msgpack framing.
 
-    HTTP -> engine   Add(request, sent_at) | Abort(id) | Shutdown()
-    engine -> HTTP   Ready(info) once the model is loaded (Fatal(error) if it fails to), then per
+    HTTP -> engine   Add(request, sent_at) | Abort(id) | Shutdown() | AdapterCall(id, action, name, path)
+    engine -> HTTP   Ready(info, adapters) once the model is loaded (Fatal(error) if it fails to), then per
                      request Delta(id, "text" | "audio", data, timing on the first)..., and Finished(id, output) or
-                     Failed(id, error, error_type, bad_request, param); Stats(data) now and then; Fatal(error)
-                     before the process exits on a fault outside any request
+                     Failed(id, error, error_type, bad_request, param); Stats(data) now and then; AdapterReply(id,
+                     adapters, error, ...) per AdapterCall; Fatal(error) before the process exits on a fault
+                     outside any request
 
 A request and an output are plain dicts (``omni.py``'s request keys, ``RequestOutput``'s fields);
 numpy arrays and torch tensors in them (media inputs, audio chunks, codes) travel as raw bytes
@@ -13,7 +14,7 @@ with dtype and shape, never as Python lists.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import msgpack
@@ -42,6 +43,27 @@ class Shutdown:
 @dataclass
 class Ready:
     info: dict  # ``ModelInfo`` fields
+    adapters: list[str] = field(default_factory=list)  # the LoRA adapters requests may name as their model
+
+
+@dataclass
+class AdapterCall:
+    """Load (``path``: a PEFT directory the HTTP process checked) or unload a LoRA adapter."""
+
+    id: str
+    action: str  # "load" | "unload"
+    name: str
+    path: str | None = None
+
+
+@dataclass
+class AdapterReply:
+    id: str
+    adapters: list[str]  # the adapters served after the call
+    error: str | None = None  # the call failed (nothing changed): why
+    error_type: str | None = None
+    bad_request: bool = False  # the caller's fault (a bad adapter, an unknown name), not the server's
+    param: str | None = None
 
 
 @dataclass
@@ -79,7 +101,10 @@ class Stats:
     data: dict  # ``Engine.stats()``
 
 
-MESSAGES = {cls.__name__: cls for cls in (Add, Abort, Shutdown, Ready, Delta, Finished, Failed, Fatal, Stats)}
+MESSAGES = {
+    cls.__name__: cls
+    for cls in (Add, Abort, Shutdown, Ready, Delta, Finished, Failed, Fatal, Stats, AdapterCall, AdapterReply)
+}
 
 
 def _default(obj: Any):
