@@ -253,8 +253,10 @@ class RoutingConfig:
     # a request with an affinity key (a realtime session, a chat's prefix) goes to the replica that holds its
     # prefix pages (rendezvous hash of the key), unless that replica is saturated; else to the least loaded
     affinity: bool = True
-    saturation: int = 32  # a replica with this many unfinished requests or more is saturated
-    # ... and so is one with more than this many unfinished requests beyond the least loaded replica's
+    # a replica with this many unfinished requests or more is saturated (by default: as many as one engine runs)
+    saturation: int = EngineConfig.max_running
+    # ... and so is one with more than this many unfinished requests beyond the least loaded replica's (the
+    # fleet simulator's best TTFT at 64 replicas, loads 0.7-1.2: docs/deploy.md)
     max_excess: int = 8
 
     def __post_init__(self):
