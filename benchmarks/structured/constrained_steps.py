@@ -1,7 +1,7 @@
 """The price of a grammar per decode step: B requests in steady decode, free, constrained and mixed.
 
     python benchmarks/structured/constrained_steps.py CHECKPOINT --out DIR [--batches 1,32] [--option NAME=VALUE]
-        [--fill engine|rows] [--profile]
+        [--fill engine|parallel] [--profile]
 
 On CUDA the model is ``harness.FULL_OPTIONS`` (full size from a weightless skeleton, random bf16 weights);
 on the CPU a checkpoint in float32. Three batches of B requests, in rounds that alternate them (drift
@@ -19,20 +19,23 @@ the host time spent filling the steps' bitmasks. A constrained step draws after 
 is committed, while the forward runs (``engine/inflight.py``): the mask costs time only where it
 outlasts the forward. Writes constrained_steps.json and .md.
 
-``--fill rows`` fills the masks one row after another on the engine thread instead of the package's
-``matchers.bitmask`` (the grammar engine's parallel fill), to compare the two; ``--profile`` writes the
-torch profiler's host and device tables of a few steps of each mode at the largest batch (profile_*.txt).
+``--fill parallel`` fills the masks with the grammar engine's parallel fill (its own worker
+threads) instead of the package's ``matchers.bitmask`` (one row after another on the engine thread),
+to compare the two; ``--profile`` writes the torch profiler's host and device tables of a few steps
+of each mode at the largest batch (profile_*.txt).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
+import llguidance
 import llguidance.numpy
 import numpy as np
 import torch
@@ -59,7 +62,7 @@ class MaskClock:
 
     def __init__(self, fill: str):
         self.seconds, self.calls = 0.0, 0
-        self._fill = thinker_program.bitmask if fill == "engine" else row_by_row
+        self._fill = thinker_program.bitmask if fill == "engine" else parallel_fill
         thinker_program.bitmask = self
 
     def __call__(self, states):
@@ -71,13 +74,17 @@ class MaskClock:
             self.calls += 1
 
 
-def row_by_row(states) -> np.ndarray:
-    """``matchers.bitmask`` with the rows filled one after another on this thread."""
+@functools.cache
+def _executor() -> llguidance.LLExecutor:
+    return llguidance.LLExecutor()
+
+
+def parallel_fill(states) -> np.ndarray:
+    """``matchers.bitmask`` with the rows filled by the grammar engine's worker threads."""
     grammars = next(g for g in states if g is not None).grammars
     mask = np.full((len(states), bitmask_width(grammars.vocab)), -1, dtype=np.int32)
-    for row, g in enumerate(states):
-        if g is not None and g.is_live:
-            llguidance.numpy.fill_next_token_bitmask(g.matcher, mask, row)
+    rows = [(g.matcher, row) for row, g in enumerate(states) if g is not None and g.is_live]
+    llguidance.numpy.fill_next_token_bitmask_par(_executor(), rows, mask)
     return mask
 
 
@@ -147,7 +154,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=32, help="timed steps per figure")
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--fill", choices=("engine", "rows"), default="engine", help="how masks are filled (see above)")
+    p.add_argument("--fill", choices=("engine", "parallel"), default="engine", help="how masks are filled (see above)")
     p.add_argument("--profile", action="store_true", help="profile a few steps of each mode at the largest batch")
     add_option_argument(p, "Omni")
     args = p.parse_args()

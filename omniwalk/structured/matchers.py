@@ -84,7 +84,6 @@ class Grammars:
         self._lock = threading.Lock()
         self._compiled: OrderedDict[str, Future] = OrderedDict()  # grammar -> its template matcher
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="omniwalk-grammar")
-        self._executor: llguidance.LLExecutor | None = None
 
     def start(self, constraint: Constraint) -> GrammarState:
         """A new request's matcher state; its grammar compiles in the background unless cached."""
@@ -110,20 +109,17 @@ class Grammars:
             raise InvalidRequestError(f"{constraint.param}: {matcher.get_error()}", constraint.param)
         return matcher
 
-    def executor(self) -> llguidance.LLExecutor:
-        if self._executor is None:
-            self._executor = llguidance.LLExecutor()
-        return self._executor
-
 
 def bitmask(states: list[GrammarState | None]) -> np.ndarray:
     """Each row's next-token bitmask [len(states), ceil(vocab / 32)] int32 (at least one state given);
-    rows without a live grammar allow every id."""
+    rows without a live grammar allow every id.
+
+    The rows are filled one after another on the calling thread: inside the engine that is ~3x faster
+    at B = 32 than the grammar engine's parallel fill, whose worker threads compete with the engine's
+    (benchmarks/structured/constrained_steps.py ``--fill``; docs/performance.md)."""
     grammars = next(g for g in states if g is not None).grammars
     mask = np.full((len(states), bitmask_width(grammars.vocab)), -1, dtype=np.int32)
-    rows = [(g.matcher, row) for row, g in enumerate(states) if g is not None and g.is_live]
-    if len(rows) == 1:
-        llguidance.numpy.fill_next_token_bitmask(rows[0][0], mask, rows[0][1])
-    elif rows:  # (several rows: filled by the grammar engine's threads)
-        llguidance.numpy.fill_next_token_bitmask_par(grammars.executor(), rows, mask)
+    for row, g in enumerate(states):
+        if g is not None and g.is_live:
+            llguidance.numpy.fill_next_token_bitmask(g.matcher, mask, row)
     return mask
