@@ -65,7 +65,9 @@ def field_path(loc: tuple) -> str | None:
 
 
 # the discriminated unions' list fields -> their tags (pydantic puts the tag right after the list index:
-# ('messages', 0, 'user', 'content', 1, 'input_audio', 'input_audio', 'data'))
+# ('messages', 0, 'user', 'content', 1, 'input_audio', 'input_audio', 'data'); a union tagged by a
+# callable puts a branch label there instead, and the next part is a field: ('content', 0, 'InputAudio',
+# 'input_audio', 'data'))
 _ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 _TAGGED = {"messages": _ROLES, "content": {"text", "input_audio", "image_url", "audio_url", "video_url"}}
 _BRANCHES = {"str", "int", "float", "bool", "none", "dict", "list"}
@@ -76,11 +78,14 @@ def _is_branch_label(part) -> bool:
 
 
 def _field_loc(loc: tuple) -> tuple:
-    """A pydantic location without union branch labels ('str', 'list[...]', 'URLRef', tags)."""
-    fields = [part for part in loc if not _is_branch_label(part)]
+    """A pydantic location without union branch labels ('str', 'list[...]', 'URLRef') and tags (a
+    tag is the part right after a list index, in the list of a tagged union)."""
     out = []
-    for i, part in enumerate(fields):
-        if not (i >= 2 and isinstance(fields[i - 1], int) and part in _TAGGED.get(fields[i - 2], ())):
+    for i, part in enumerate(loc):
+        if _is_branch_label(part):
+            continue
+        is_tag = i and isinstance(loc[i - 1], int) and len(out) >= 2 and part in _TAGGED.get(out[-2], ())
+        if not is_tag:
             out.append(part)
     return tuple(out)
 
