@@ -8,8 +8,8 @@ Each figure: one CUDA graph calling the op for ``--layers`` layers, each with it
 weights come from HBM as in a forward), replayed; µs per call. Rows: decode row counts (<= 64) take
 their slots at random over the pool's adapters and the base (-1); prefill row counts take contiguous
 runs of one adapter per request of 512 rows, as a packed prefill chunk does. Before timing, each Triton
-result is checked against the reference (max abs difference printed). Up to ``FUSED_MAX_ROWS`` rows the
-two-kernel path is timed too (``two_kernels_us``), for the choice of that limit.
+result is checked against the reference (max abs difference printed). Up to ``ROW_KERNEL_MAX_ROWS`` rows the
+tiled kernels are timed too (``tiled_us``), for the choice of that limit.
 """
 
 from __future__ import annotations
@@ -68,10 +68,10 @@ def measure(name: str, n_in: int, n_out: int, m: int, rank: int, num_slots: int,
     row["base_us"] = time_us(lambda: [F.linear(x, w) for w in weights], layers)
     for backend in ("triton", "reference"):
         row[f"{backend}_us"] = time_us(lambda b=backend: [add_lora(y, x, a, bb, slots, b) for a, bb in pools], layers)
-    if m <= lora_kernels.FUSED_MAX_ROWS:  # the two-kernel path at decode sizes too, for the choice of the limit
-        fused, lora_kernels.FUSED_MAX_ROWS = lora_kernels.FUSED_MAX_ROWS, 0
-        row["two_kernels_us"] = time_us(lambda: [add_lora(y, x, a, bb, slots, "triton") for a, bb in pools], layers)
-        lora_kernels.FUSED_MAX_ROWS = fused
+    if m <= lora_kernels.ROW_KERNEL_MAX_ROWS:  # the tiled kernels at decode sizes too, for the choice of the limit
+        limit, lora_kernels.ROW_KERNEL_MAX_ROWS = lora_kernels.ROW_KERNEL_MAX_ROWS, 0
+        row["tiled_us"] = time_us(lambda: [add_lora(y, x, a, bb, slots, "triton") for a, bb in pools], layers)
+        lora_kernels.ROW_KERNEL_MAX_ROWS = limit
     return row
 
 
@@ -95,7 +95,7 @@ def main() -> None:
                 print(
                     f"{name:22s} r={rank:2d} M={m:5d}: base {row['base_us']:8.2f} µs  triton {row['triton_us']:7.2f} "
                     f"({row['triton_us'] / row['base_us']:5.2f}x base)  reference {row['reference_us']:8.2f}  "
-                    f"two kernels {row.get('two_kernels_us', float('nan')):7.2f}  err {row['max_abs_error']:.3g}",
+                    f"tiled {row.get('tiled_us', float('nan')):7.2f}  err {row['max_abs_error']:.3g}",
                     flush=True,
                 )
             torch.cuda.empty_cache()
