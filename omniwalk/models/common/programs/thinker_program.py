@@ -265,7 +265,8 @@ class ThinkerProgram(KVProgram):
         deepstack = deepstack.transpose(0, 1) if deepstack is not None else None  # [n, levels, hidden]: rows first
         rows = {"x": x, "positions": to_device(positions, self.device), "deepstack": deepstack}
         if self.adapters is not None:
-            rows["lora_slots"] = None if lora_slots is None else to_device(lora_slots, self.device, torch.int32)
+            slots = None if lora_slots is None else torch.from_numpy(lora_slots)  # (a tensor: pinned on its way up)
+            rows["lora_slots"] = None if slots is None else to_device(slots, self.device)
         return prefill_layers(self.prefill_graphs, self._decoder, kv, rows)
 
     def _decoder(self, kv, x, positions, deepstack=None, lora_slots=None) -> dict[str, torch.Tensor]:
