@@ -46,7 +46,7 @@ def test_adapters_in_graphs_equal_eager(family):
         return Omni(model=helper.checkpoint("tiny"), device="cuda", dtype="bfloat16", loras=loras, **options)
 
     requests = [_request(helper, NAMES[i % 4], i // 4) for i in range(12)]
-    eager, graphed = omni(0, 0).generate(requests), omni(16, 512)
+    eager, graphed = omni(0, 0).generate(requests), omni(16, 1024)
     outs = graphed.generate(requests)
     stats = graphed.engine.stats()["thinker"]
     print(f"GPU-LORA {family} thinker stats {stats}")
