@@ -146,7 +146,7 @@ def _run_server(server, limits, options: dict, model, sock) -> int:
     from omniwalk.serve.replicas import Replicas
     from omniwalk.serve.supervisor import Server, Supervisor
 
-    client = Replicas(options, server.data_parallel)
+    client = Replicas(options, server.data_parallel, server.routing)
     started = "engine process started (pid" if len(client.pids) == 1 else "engine processes started (pids"
     print(f"{started} {', '.join(map(str, client.pids))}); loading weights from {model}", flush=True)
     url = f"http://{server.host}:{server.port}/v1"

@@ -21,6 +21,7 @@ from omniwalk.serve.errors import APIError
 from omniwalk.serve.response_store import ResponseStore
 from omniwalk.serve.responses_schemas import ResponsesRequest
 from omniwalk.serve.responses_stream import ResponseEvents, sse
+from omniwalk.serve.routing import affinity_key
 from omniwalk.serve.run import EngineRun
 
 
@@ -46,7 +47,8 @@ def add_responses_routes(app: FastAPI, served) -> None:
         try:
             chat = ra.chat_of(turn, served.schema(schemas.ChatRequest))
             engine_request, options = await api.chat_request(chat, served.context(), request.receive)
-            run = EngineRun(served.client, engine_request, served.metrics)
+            key = affinity_key(chat.model_dump(include={"messages"}, exclude_none=True))
+            run = EngineRun(served.client, engine_request, served.metrics, key)
             first = await run.first_event()  # engine-side validation errors still become 4xx here
         except APIError as e:
             raise ra.renamed(e, turn.sources) from None

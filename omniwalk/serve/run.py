@@ -34,9 +34,11 @@ def engine_error(e: Exception, request_id: str) -> APIError:
 
 
 class EngineRun:
-    def __init__(self, client: Replicas, request: dict, metrics: Metrics):
+    def __init__(self, client: Replicas, request: dict, metrics: Metrics, key: str | None = None):
+        """``key``: the request's affinity key (``routing.affinity_key``: the replica holding its
+        conversation's prefix pages is preferred); None routes it by load alone."""
         self.sample_rate = client.info.sample_rate
-        self.events = client.generate(request)
+        self.events = client.generate(request, key)
         self.id, self.metrics = request["request_id"], metrics
         self.start = time.monotonic()
         self.first_text = self.first_audio = self.last_text = None
