@@ -9,6 +9,7 @@ import json
 import openai
 import pytest
 import websockets
+from helpers.live_server import launch
 
 from omniwalk.errors import ConfigError
 from omniwalk.serve.voice_aliases import DEFAULT_ALIASES, alias_table, check_voice_aliases
@@ -86,3 +87,9 @@ def test_a_realtime_session_takes_an_alias(base_url):
     assert updated["type"] == "session.updated" and updated["session"]["audio"]["output"]["voice"] == "ash"
     _, ethan = asyncio.run(realtime_audio(base_url, "ethan"))
     assert ash and ash == ethan
+
+
+def test_an_alias_to_a_missing_voice_stops_the_server():
+    with pytest.raises(AssertionError, match="voice alias ash=nobody: the checkpoint has no voice 'nobody'"):
+        proc, _ = launch("--voice-alias", "ash=nobody")
+        proc.terminate()
