@@ -98,13 +98,24 @@ def test_a_batch_of_the_base_and_three_adapters_equals_each_alone(served, alone)
 
 @torch.no_grad()
 def test_speech_with_an_adapter_equals_hf_thinker_ids_and_talker_codes(served):
-    if served.omni.family.info.name != "qwen3-omni":
-        pytest.xfail("the Qwen2.5-Omni speech oracle is not written yet")
-    request = qwen3_omni.greedy_speech(served.messages, voice="ethan", lora="r8")
+    qwen3 = served.omni.family.info.name == "qwen3-omni"
+    request = (speech_qwen3 if qwen3 else speech_qwen2_5)(served)
     out = served.omni.generate(request)
     base = served.omni.generate({**request, "lora": None})
-    prompt = served.omni.family.prompt(request)
     served.hf.set_adapter("r8")
+    prompt = served.omni.family.prompt(request)
+    ids, codes = (hf_speech_qwen3 if qwen3 else hf_speech_qwen2_5)(served, prompt)
+    assert out.token_ids == ids
+    assert (torch.equal(out.codes, codes) if qwen3 else out.codes == codes) and len(out.codes) > 0
+    assert out.token_ids != base.token_ids  # the adapter changes what is said, and so the speech
+
+
+def speech_qwen3(served: Served) -> dict:
+    return qwen3_omni.greedy_speech(served.messages, voice="ethan", lora="r8")
+
+
+def hf_speech_qwen3(served: Served, prompt) -> tuple[list[int], torch.Tensor]:
+    """HF's greedy speech with the active adapter -> (thinker ids, talker codes [frames, groups])."""
     whole, captured = served.whole, {}
     decode = whole.code2wav.chunked_decode
 
@@ -126,6 +137,58 @@ def test_speech_with_an_adapter_equals_hf_thinker_ids_and_talker_codes(served):
         )
     finally:
         del whole.code2wav.chunked_decode
-    assert out.token_ids == seq[0, len(prompt.token_ids) :].tolist()
-    assert torch.equal(out.codes, captured["codes"])
-    assert not torch.equal(out.codes, base.codes)  # the adapter changes the speech too
+    return seq[0, len(prompt.token_ids) :].tolist(), captured["codes"]
+
+
+CODES = 24
+
+
+def speech_qwen2_5(served: Served) -> dict:
+    speech = {"modalities": ["text", "audio"], "voice": "Ethan", "talker_temperature": 0.0}
+    return {
+        **greedy(served, "r8"),
+        **speech,
+        "max_tokens": 10,
+        "min_tokens": 10,
+        "max_audio_frames": CODES,
+        "min_audio_frames": CODES,
+    }
+
+
+def hf_speech_qwen2_5(served: Served, prompt) -> tuple[list[int], list[int]]:
+    """HF's greedy speech with the active adapter -> (thinker ids, talker codes), as
+    ``tests/models/qwen2_5_omni/test_talker.py`` runs it: one masked pad token in front (HF then keeps the
+    mask its talker needs), token2wav stubbed, codes token2wav cannot speak suppressed as ours are."""
+    whole, captured = served.whole, []
+    family = served.omni.family
+    talker, num_codes = family.cfg.talker, family.cfg.token2wav.dit.num_embeds + 1
+    unspeakable = [
+        [i] for i in range(num_codes, talker.text.vocab_size) if i not in (talker.codec_pad, talker.codec_eos)
+    ]
+    inputs = qwen2_5_omni.hf_inputs(prompt, False)
+    pad = torch.tensor([[151643]])  # <|endoftext|>
+    inputs["input_ids"] = torch.cat([pad, inputs["input_ids"]], 1)
+    inputs["attention_mask"] = torch.cat([torch.zeros_like(pad), inputs["attention_mask"]], 1)
+    generate = whole.talker.generate
+
+    def spy(*args, **kwargs):
+        captured.append(generate(*args, **kwargs))
+        return captured[-1]
+
+    whole.talker.generate, whole.token2wav.forward = spy, lambda *a, **k: torch.zeros(4)
+    try:
+        ids, _ = whole.generate(
+            **inputs,
+            speaker="Ethan",
+            thinker_max_new_tokens=10,
+            thinker_min_new_tokens=10,
+            thinker_do_sample=False,
+            talker_do_sample=False,
+            talker_max_new_tokens=CODES,
+            talker_min_new_tokens=CODES,
+            talker_bad_words_ids=unspeakable,
+        )
+    finally:
+        del whole.talker.generate, whole.token2wav.forward
+    start = inputs["input_ids"].shape[1]
+    return ids[0, start:].tolist(), captured[0][0, start + 2 :].tolist()
