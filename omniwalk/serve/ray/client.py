@@ -10,9 +10,12 @@ A request is one streaming call of ``EngineReplica.generate`` (each item a list 
 conversation prefix: a chat's system prompt and first user message, which a realtime session's
 turns share too). Faults: a replica whose engine process is gone (a ``Gone`` event) or whose actor
 died is avoided from then on; the request is sent again to another replica, for up to
-``ray_retry_timeout_s``, if it had produced no output yet (nothing is lost), else it ends with
-``EngineUnavailableError`` (503, or the SSE error event a stream ends with). Ray replaces the
-failed replica (its health check fails); the endpoint stays up, so ``watch`` has nothing to do.
+``ray_retry_timeout_s``, while its client has seen none of its output: a stream (``stream`` set:
+streamed chats, realtime responses) before its first delta, a collected request (a non-streamed
+chat, speech) until its Finished, whose output is all its consumer reads. A stream that had output
+ends with ``EngineUnavailableError`` (the SSE error event, or the realtime error event). Ray
+replaces the failed replica (its health check fails); the endpoint stays up, so ``watch`` has
+nothing to do.
 """
 
 from __future__ import annotations
@@ -60,9 +63,10 @@ class RayEngines:
     def fail_all(self, reason: str) -> None:
         self.unavailable = self.unavailable or reason
 
-    async def generate(self, request: dict) -> AsyncIterator[Delta | Finished]:
-        """The request's events from one engine replica; sent again elsewhere while it has no output."""
-        key = affinity_key(request)
+    async def generate(self, request: dict, key: str | None = None) -> AsyncIterator[Delta | Finished]:
+        """The request's events from one engine replica; sent again elsewhere while its client saw none.
+        ``key``: its affinity key (``routing.affinity_key``); None: the digest of its own messages."""
+        key = key if key is not None else affinity_key(request)
         deadline, delay = time.monotonic() + self.cfg.ray_retry_timeout_s, 0.05
         while True:
             if self.unavailable:
@@ -82,7 +86,7 @@ class RayEngines:
                 if isinstance(e, _ReplicaGone) and e.replica is not None:
                     self.gone[e.replica] = reason
                     self.reports.pop(e.replica, None)
-                if produced or time.monotonic() > deadline:
+                if (produced and request.get("stream")) or time.monotonic() > deadline:
                     raise EngineUnavailableError(f"the engine replica failed: {reason}") from None
             except RayTaskError as e:
                 raise EngineRequestError(str(e.cause), type(e.cause).__name__, bad_request=False) from None

@@ -5,6 +5,8 @@
     info() / stats() / name()       the model's ``ModelInfo``, this replica's stats, its Ray replica id
     check_health()                  raises once the engine process is gone: Ray replaces the replica
 
+Its stats are also Ray metrics, ``ray_omniwalk_engine{replica, stage, quantity}`` beside Ray Serve's own.
+
 Events travel as ``wire`` dataclasses. Coalescing: an item carries every event of the request that is
 waiting when the previous item was taken (one engine step's deltas, or more when the consumer is
 slower), so a streamed item per token is the worst case, never the rule. The engine's own outcomes
@@ -24,6 +26,8 @@ from dataclasses import dataclass
 from omniwalk.models.family import ModelInfo
 from omniwalk.serve.engine_client import EngineClient, EngineRequestError, EngineUnavailableError
 from omniwalk.serve.wire import Delta, Failed, Finished
+
+EXPORT_INTERVAL_S = 1.0  # how often the stats are handed to Ray's metrics (which exports them on its own period)
 
 
 @dataclass
@@ -53,6 +57,19 @@ class EngineReplica:
         self.num_served = 0
         await self.client.start()
         self.client.watch(lambda reason: None)  # (fails requests in flight at once; check_health reports it)
+        self._export = asyncio.create_task(self._export_stats())
+
+    async def _export_stats(self) -> None:
+        """This replica's stats as Ray metrics (``ray_omniwalk_engine{replica, stage, quantity}`` where Ray
+        exports its own and Serve's: one Prometheus job over Ray's nodes sees the whole application)."""
+        from ray.serve.metrics import Gauge
+
+        gauge = Gauge("omniwalk_engine", "Engine state by stage and quantity", tag_keys=("stage", "quantity"))
+        while True:
+            for stage, values in self.stats().items():
+                for quantity, value in values.items():
+                    gauge.set(value, tags={"stage": stage, "quantity": quantity})
+            await asyncio.sleep(EXPORT_INTERVAL_S)
 
     def info(self) -> ModelInfo:
         return self.client.info

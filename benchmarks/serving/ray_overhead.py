@@ -1,0 +1,226 @@
+"""What the Ray Serve path adds over ``omniwalk serve``: the same streamed chat requests against both,
+on the same machine, in one run.
+
+    python benchmarks/serving/ray_overhead.py --model CKPT --out benchmarks/results/cpu
+
+Each system serves one engine replica of ``--model`` (CPU). Cells: closed loop at concurrency 1 and
+16, streamed chat completions of ``--tokens`` tokens (``ignore_eos``, greedy), after one unmeasured
+wave. Per cell: p50 / p90 end-to-end latency and time to first token, tokens/s, and the CPU time
+per streamed token of each serving process: ``omniwalk serve``'s HTTP process (its engine process
+excluded), and on Ray the ingress replica, Ray's HTTP proxy and the engine replica's actor (its
+engine process excluded), read from /proc before and after the cell. Ray runs as a one-node
+cluster started here (``ray.init``), the ingress and engine replicas as ``omniwalk serve --ray``
+deploys them; both engines run one torch thread (Ray sets an actor's OMP_NUM_THREADS to its
+``num_cpus``; the plain server is given the same). Both systems are up together and their cells
+alternate (``--rounds`` each; the figures are medians over the rounds), so a machine shared with
+other work loads both alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from harness import machine, markdown_table, prompt_text, write_report  # noqa: E402
+
+ENGINE_CPUS = 1  # each system's engine: one CPU, one torch thread
+
+
+async def one_stream(http: httpx.AsyncClient, base: str, i: int, tokens: int) -> dict:
+    body = {
+        "model": "qwen3-omni",
+        "messages": [{"role": "user", "content": prompt_text(i)}],
+        "max_tokens": tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+    }
+    start, first, num_tokens = time.perf_counter(), None, 0
+    async with http.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(chunk["error"])
+            if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                num_tokens += 1
+                first = first or time.perf_counter()
+    end = time.perf_counter()
+    return {"e2e_s": end - start, "ttft_s": (first or end) - start, "tokens": num_tokens}
+
+
+async def run_cell(base: str, concurrency: int, num_requests: int, tokens: int) -> tuple[list[dict], float]:
+    async with httpx.AsyncClient(timeout=300) as http:
+        await asyncio.gather(*(one_stream(http, base, -1 - i, tokens) for i in range(concurrency)))  # warm-up wave
+        todo, records = iter(range(num_requests)), []
+
+        async def worker():
+            for i in todo:
+                records.append(await one_stream(http, base, i, tokens))
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return records, time.perf_counter() - start
+
+
+def cpu_s(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system  # (the process alone: its engine process is a child, not counted)
+
+
+def measure(base: str, pids: dict[str, int], concurrency: int, args) -> dict:
+    """One cell: ``max(min_requests, 4 * concurrency)`` streamed requests, after a warm-up wave."""
+    num_requests = max(args.min_requests, 4 * concurrency)
+    before = {name: cpu_s(pid) for name, pid in pids.items()}
+    records, wall = asyncio.run(run_cell(base, concurrency, num_requests, args.tokens))
+    spent = {name: cpu_s(pid) - before[name] for name, pid in pids.items()}
+    tokens = sum(r["tokens"] for r in records)
+    e2e, ttft = sorted(r["e2e_s"] for r in records), sorted(r["ttft_s"] for r in records)
+    row = {"concurrency": concurrency, "requests": len(records), "tokens": tokens, "wall_s": wall}
+    row |= {"p50_ms": 1000 * statistics.median(e2e), "p90_ms": 1000 * e2e[int(0.9 * (len(e2e) - 1))]}
+    row |= {"ttft_p50_ms": 1000 * statistics.median(ttft), "tokens_per_s": tokens / wall}
+    row |= {f"cpu_ms_per_token_{name}": 1000 * s / tokens for name, s in spent.items()}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def median_row(rows: list[dict]) -> dict:
+    """Per figure, the median over the rounds."""
+    return {key: statistics.median(r[key] for r in rows) for key in rows[0]}
+
+
+def wait_ready(base: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"{base}/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{base} did not become ready")
+        time.sleep(0.5)
+
+
+def start_plain(args) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, "-m", "omniwalk.cli", "serve", "--model", args.model, "--port", str(args.port)]
+    # the same torch threads as the Ray engine replica: Ray sets OMP_NUM_THREADS to an actor's num_cpus
+    env = {**os.environ, "OMP_NUM_THREADS": str(ENGINE_CPUS)}
+    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    base = f"http://127.0.0.1:{args.port}"
+    wait_ready(base)
+    return server, base
+
+
+def start_ray(args) -> tuple[str, dict[str, int], float]:
+    """The application on a one-node cluster started here: its URL, the serving processes, seconds to ready."""
+    import ray
+    from ray import serve
+    from ray.util.state import list_actors
+
+    from omniwalk.config import RayConfig, ServerConfig
+    from omniwalk.media.limits import MediaLimits
+    from omniwalk.serve.ray.app import application
+
+    start = time.perf_counter()
+    ray.init(num_cpus=4, logging_level="ERROR", log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": args.port + 1})
+    cfg = RayConfig(ray_engine_num_cpus=ENGINE_CPUS, ray_ingress_num_cpus=1)
+    serve.run(application(ServerConfig(), MediaLimits(), {"model": args.model}, cfg), name="omniwalk", route_prefix="/")
+    base = f"http://127.0.0.1:{args.port + 1}"
+    wait_ready(base)
+    pids = {}
+    for actor in list_actors(filters=[("state", "=", "ALIVE")], detail=True):
+        for name, suffix in (("ingress", ":ingress"), ("engine_actor", ":engine"), ("proxy", "ProxyActor")):
+            if actor.class_name.endswith(suffix):
+                pids[name] = actor.pid
+    return base, pids, time.perf_counter() - start
+
+
+def stop_ray() -> None:
+    import ray
+    from ray import serve
+
+    if ray.is_initialized():
+        serve.shutdown()
+        ray.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="checkpoint directory (served on the CPU)")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu"))
+    parser.add_argument("--tokens", type=int, default=32, help="streamed tokens per request")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--min-requests", type=int, default=24)
+    parser.add_argument("--rounds", type=int, default=2, help="cells per system, alternating between the systems")
+    parser.add_argument("--port", type=int, default=18431, help="omniwalk serve's port; Ray's proxy takes the next")
+    args = parser.parse_args()
+    load = psutil.getloadavg()[0]
+    server, plain_base = start_plain(args)
+    try:
+        ray_base, ray_pids, up_s = start_ray(args)
+        baseline, ray_rows = [], []
+        for concurrency in args.concurrency:  # (alternating: both systems see the machine's load alike)
+            rounds = {"plain": [], "ray": []}
+            for _ in range(args.rounds):
+                rounds["plain"].append(measure(plain_base, {"http": server.pid}, concurrency, args))
+                rounds["ray"].append(measure(ray_base, ray_pids, concurrency, args))
+            baseline.append(median_row(rounds["plain"]))
+            ray_rows.append(median_row(rounds["ray"]))
+    finally:
+        server.terminate()
+        server.wait(60)
+        stop_ray()
+    added = []
+    for base_row, ray_row in zip(baseline, ray_rows, strict=True):
+        added.append(
+            {
+                "concurrency": base_row["concurrency"],
+                "added_p50_ms": ray_row["p50_ms"] - base_row["p50_ms"],
+                "added_ttft_p50_ms": ray_row["ttft_p50_ms"] - base_row["ttft_p50_ms"],
+                "throughput_ratio": ray_row["tokens_per_s"] / base_row["tokens_per_s"],
+                "ingress_cpu_ms_per_token": ray_row["cpu_ms_per_token_ingress"],
+                "proxy_cpu_ms_per_token": ray_row["cpu_ms_per_token_proxy"],
+                "engine_actor_cpu_ms_per_token": ray_row["cpu_ms_per_token_engine_actor"],
+                "plain_http_cpu_ms_per_token": base_row["cpu_ms_per_token_http"],
+            }
+        )
+    data = {"machine": machine("cpu"), "args": vars(args), "load_before": load, "load_after": psutil.getloadavg()[0]}
+    data |= {"ray_up_s": up_s}
+    data |= {"python": platform.python_version(), "plain": baseline, "ray": ray_rows, "added": added}
+    headers = ["c", "added p50 ms", "added TTFT p50 ms", "throughput ratio", "ingress CPU ms/token"]
+    headers += ["proxy CPU ms/token", "engine actor CPU ms/token", "plain HTTP CPU ms/token"]
+    table = [
+        [
+            a["concurrency"],
+            f"{a['added_p50_ms']:.1f}",
+            f"{a['added_ttft_p50_ms']:.1f}",
+            f"{a['throughput_ratio']:.2f}",
+            f"{a['ingress_cpu_ms_per_token']:.3f}",
+            f"{a['proxy_cpu_ms_per_token']:.3f}",
+            f"{a['engine_actor_cpu_ms_per_token']:.3f}",
+            f"{a['plain_http_cpu_ms_per_token']:.3f}",
+        ]
+        for a in added
+    ]
+    write_report(args.out, "ray_overhead", data, markdown_table(headers, table))
+    print(markdown_table(headers, table))
+
+
+if __name__ == "__main__":
+    main()
