@@ -1,15 +1,21 @@
-"""First audio after the end of user speech over /v1/realtime, server VAD included, at N sessions.
+"""The realtime load generator: N sessions of spoken turns over /v1/realtime, server VAD included.
 
     PYTHONPATH=$PWD python benchmarks/realtime/realtime_latency.py --base-url http://127.0.0.1:8000/v1 \
-        --sessions 1,16 --turns 5 --out results/realtime_latency.json
+        --sessions 1,16,64 --turns 5 --server-pid PID --out results/realtime_latency.json
 
 Each session is a microphone: PCM16 at 24 kHz in 100 ms chunks, paced in real time, quiet (noise
-at -54 dBFS) except for ``--speech-s`` of speech-like audio per turn; it keeps streaming quiet
-while the answer comes (as a live microphone does). Per turn, from the moment the last chunk
-holding speech was sent: ``vad_ms`` to ``input_audio_buffer.speech_stopped`` (the silence the
-VAD waits for, ``--silence-ms``, is part of it) and ``first_audio_ms`` to the first
-``response.output_audio.delta``. Answers are bounded (``--max-tokens``, ``--audio-frames``) so
-that random weights, which never stop by themselves, give turns of equal work.
+at -54 dBFS) except for its turns, real speech by espeak-ng (``speech_turns.py``) with a pause of
+``--pause-s`` inside each (longer than a tentative end of speech, shorter than the confirming
+silence); it keeps streaming quiet while the answer comes (as a live microphone does). Per turn,
+from the moment the last chunk holding speech was sent: ``vad_ms`` to
+``input_audio_buffer.speech_stopped`` (the silence the VAD waits for, ``--silence-ms``, is part of
+it), ``first_audio_ms`` to the first ``response.output_audio.delta``, ``answer_ms`` between the two
+(the server's share), the answer's playback ``underruns`` (``load_stats.py``), and whether the VAD
+split the turn at its pause (an answer came before the turn was said: ``split``). Per cell (a
+session count): discarded preemptive answers (the server's /metrics, where it counts them) and,
+with ``--server-pid``, the HTTP process's CPU per session. Answers are bounded (``--max-tokens``;
+``--audio-frames``, 0 = the server's speech cap) so that random weights give turns of equal work.
+Writes ``--out`` (JSON) and the table beside it (.md).
 """
 
 from __future__ import annotations
@@ -18,16 +24,22 @@ import argparse
 import asyncio
 import base64
 import json
-import statistics
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import openai
 
-from omniwalk.bench.workload import speech_like
+sys.path[:0] = [str(Path(__file__).resolve().parents[1])]  # benchmarks/
+from harness import markdown_table  # noqa: E402
+from load_stats import cpu_seconds, discarded_preemptions, summary, underruns  # noqa: E402
+from speech_turns import RATE, quiet, source, turn  # noqa: E402
 
-RATE, CHUNK_S = 24000, 0.1
+CHUNK_S = 0.1
+COLUMNS = ["sessions", "turns", "vad_p50_ms", "first_audio_p50_ms", "first_audio_p90_ms", "answer_p50_ms"]
+COLUMNS += ["underruns_per_answer", "answers_underrun", "split_turns", "discarded_preemptions"]
+COLUMNS += ["http_cpu_pct_per_session"]
 
 
 def pcm16(samples: np.ndarray) -> bytes:
@@ -38,19 +50,19 @@ class Microphone:
     """Paced 100 ms chunks: quiet unless a turn's speech is queued."""
 
     def __init__(self, conn, seed: int):
-        self.conn, self.rng, self.seed = conn, np.random.default_rng(seed), seed
+        self.conn, self.rng = conn, np.random.default_rng(seed)
         self.speech: list[bytes] = []
-        self.speech_sent_at: float | None = None
+        self.speech_sent_at: float | None = 0.0  # (no speech queued yet)
 
-    def say(self, seconds: float, turn: int) -> None:
-        audio = pcm16(speech_like(seconds, self.seed * 1000 + turn, RATE))
-        step = int(RATE * CHUNK_S) * 2
-        self.speech = [audio[i : i + step] for i in range(0, len(audio), step)]
+    def say(self, audio: np.ndarray) -> None:
+        data, step = pcm16(audio), int(RATE * CHUNK_S) * 2
+        self.speech_sent_at = None
+        self.speech = [data[i : i + step] for i in range(0, len(data), step)]
 
     async def run(self) -> None:
         start, n = time.monotonic(), 0
         while True:
-            chunk = self.speech.pop(0) if self.speech else pcm16(0.002 * self.rng.standard_normal(int(RATE * CHUNK_S)))
+            chunk = self.speech.pop(0) if self.speech else pcm16(quiet(CHUNK_S, self.rng))
             await self.conn.input_audio_buffer.append(audio=base64.b64encode(chunk).decode())
             if self.speech == [] and self.speech_sent_at is None:
                 self.speech_sent_at = time.monotonic()
@@ -58,47 +70,60 @@ class Microphone:
             await asyncio.sleep(max(0.0, start + n * CHUNK_S - time.monotonic()))
 
 
+def session_settings(args) -> dict:
+    detection = {"type": "server_vad", "silence_duration_ms": args.silence_ms, **json.loads(args.turn_detection)}
+    frames = {"min_audio_frames": args.audio_frames, "max_audio_frames": args.audio_frames} if args.audio_frames else {}
+    return {
+        "type": "realtime",
+        "audio": {"input": {"turn_detection": detection}, "output": {"voice": args.voice}},
+        "max_output_tokens": args.max_tokens,
+        "ignore_eos": True,
+        **frames,
+    }
+
+
+async def answer(conn, mic: Microphone) -> tuple[float | None, list[tuple[float, int]], str, int]:
+    """Events up to the ``response.done`` of the answer to the turn being said -> (when its speech_stopped
+    came, its audio chunks (arrival, bytes), its status, answers to part of the turn: ended while it was
+    still being said, or cancelled by the rest of it (the VAD split the turn at its pause))."""
+    stopped, chunks, splits = None, [], 0
+    async for event in conn:
+        if event.type == "input_audio_buffer.speech_stopped":
+            stopped = time.monotonic()
+        elif event.type == "response.output_audio.delta":
+            chunks.append((time.monotonic(), len(base64.b64decode(event.delta))))
+        elif event.type == "error":
+            raise RuntimeError(event.error.message)
+        elif event.type == "response.done" and (mic.speech_sent_at is None or event.response.status == "cancelled"):
+            stopped, chunks, splits = None, [], splits + 1  # (an answer to half the turn, or one cut by its rest)
+        elif event.type == "response.done":
+            return stopped, chunks, event.response.status, splits
+    raise RuntimeError("the session closed mid-answer")
+
+
 async def session(client, args, index: int, records: list) -> None:
     async with client.realtime.connect(model=args.model) as conn:
-        await conn.session.update(
-            session={
-                "type": "realtime",
-                "audio": {
-                    "input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": args.silence_ms}},
-                    "output": {"voice": args.voice},
-                },
-                "max_output_tokens": args.max_tokens,
-                "ignore_eos": True,
-                "min_audio_frames": args.audio_frames,
-                "max_audio_frames": args.audio_frames,
-            }
-        )
+        await conn.session.update(session=session_settings(args))
         mic = Microphone(conn, index)
-        mic.speech_sent_at = 0.0  # (no speech queued yet)
         streaming = asyncio.create_task(mic.run())
         try:
             await asyncio.sleep(0.5 + 0.05 * index)  # quiet first; sessions out of phase
-            for turn in range(args.turns):
-                mic.speech_sent_at = None
-                mic.say(args.speech_s, turn)
-                stopped = audio = None
-                async for event in conn:
-                    if event.type == "input_audio_buffer.speech_stopped" and stopped is None:
-                        stopped = time.monotonic()
-                    elif event.type == "response.output_audio.delta" and audio is None:
-                        audio = time.monotonic()
-                    elif event.type == "error":
-                        raise RuntimeError(event.error.message)
-                    elif event.type == "response.done":
-                        break
+            for number in range(args.turns):
+                mic.say(turn(index + number, args.pause_s, mic.rng))
+                stopped, chunks, status, splits = await answer(conn, mic)
                 end = mic.speech_sent_at
+                first = chunks[0][0] if chunks else None
                 records.append(
                     {
                         "session": index,
-                        "turn": turn,
-                        "vad_ms": 1000 * (stopped - end),
-                        "first_audio_ms": 1000 * (audio - end),
-                        "status": event.response.status,
+                        "turn": number,
+                        "vad_ms": 1000 * (stopped - end) if stopped else None,
+                        "first_audio_ms": 1000 * (first - end) if first else None,
+                        "answer_ms": 1000 * (first - stopped) if first and stopped else None,
+                        "audio_s": sum(size for _, size in chunks) / 2 / RATE,
+                        "underruns": underruns(chunks),
+                        "split": splits,
+                        "status": status,
                     }
                 )
                 await asyncio.sleep(0.3)
@@ -106,42 +131,74 @@ async def session(client, args, index: int, records: list) -> None:
             streaming.cancel()
 
 
-def summary(values: list[float]) -> dict:
-    ordered = sorted(values)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
-    return {"mean": statistics.fmean(values), "p50": pick(0.5), "p90": pick(0.9), "max": ordered[-1]}
+async def cell(client, args, n: int) -> dict:
+    """``n`` sessions of ``args.turns`` turns -> the cell's summaries and its records."""
+    records: list = []
+    discarded = discarded_preemptions(args.base_url, args.api_key)
+    cpu, start = cpu_seconds(args.server_pid) if args.server_pid else None, time.monotonic()
+    await asyncio.gather(*(session(client, args, i, records) for i in range(n)))
+    wall = time.monotonic() - start
+    after = discarded_preemptions(args.base_url, args.api_key)
+    stats = {key: summary([r[key] for r in records if r[key] is not None]) for key in ("vad_ms", "first_audio_ms")}
+    stats["answer_ms"] = summary([r["answer_ms"] for r in records if r["answer_ms"] is not None])
+    counts = [r["underruns"] for r in records]
+    return {
+        **stats,
+        "turns": len(records),
+        "underruns_per_answer": sum(counts) / len(counts),
+        "answers_underrun": sum(c > 0 for c in counts),
+        "split_turns": sum(r["split"] > 0 for r in records),
+        "discarded_preemptions": None if after is None else after - (discarded or 0),
+        "http_cpu_pct_per_session": None if cpu is None else 100 * (cpu_seconds(args.server_pid) - cpu) / wall / n,
+        "records": records,
+    }
+
+
+def table(results: dict) -> str:
+    rows = []
+    for n, c in results.items():
+        picks = [c["vad_ms"].get("p50"), c["first_audio_ms"].get("p50"), c["first_audio_ms"].get("p90")]
+        rows.append([n, c["turns"], *picks, c["answer_ms"].get("p50"), *(c[k] for k in COLUMNS[6:])])
+    return markdown_table(COLUMNS, rows)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
+    p.add_argument("--api-key", default="unused")
+    p.add_argument("--model", default="qwen3-omni")
+    p.add_argument("--voice", default="ethan")
+    p.add_argument("--sessions", default="1,16")
+    p.add_argument("--turns", type=int, default=5)
+    p.add_argument("--pause-s", type=float, default=0.25, help="quiet inside each turn (0: none)")
+    p.add_argument("--silence-ms", type=int, default=500)
+    p.add_argument("--turn-detection", default="{}", help="JSON merged into turn_detection (e.g. preemption)")
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--audio-frames", type=int, default=25, help="frames per answer; 0: the server's speech cap")
+    p.add_argument("--server-pid", type=int, help="the HTTP server's process id: its CPU time per session")
+    p.add_argument("--out", type=Path, default=None, help="JSON file; the table goes beside it (.md)")
+    return p.parse_args()
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
-    parser.add_argument("--api-key", default="unused")
-    parser.add_argument("--model", default="qwen3-omni")
-    parser.add_argument("--voice", default="ethan")
-    parser.add_argument("--sessions", default="1,16")
-    parser.add_argument("--turns", type=int, default=5)
-    parser.add_argument("--speech-s", type=float, default=2.0)
-    parser.add_argument("--silence-ms", type=int, default=500)
-    parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--audio-frames", type=int, default=25)
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
+    args = parse_args()
     client = openai.AsyncOpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=0)
     results = {}
     for n in (int(x) for x in args.sessions.split(",")):
-        records: list = []
-        await asyncio.gather(*(session(client, args, i, records) for i in range(n)))
-        cell = {key: summary([r[key] for r in records]) for key in ("vad_ms", "first_audio_ms")}
-        results[n] = {**cell, "turns": len(records), "records": records}
+        results[n] = c = await cell(client, args, n)
         print(
-            f"{n} sessions, {len(records)} turns: VAD stop {cell['vad_ms']['p50']:.0f} ms (p50), first audio "
-            f"{cell['first_audio_ms']['p50']:.0f} ms p50 / {cell['first_audio_ms']['p90']:.0f} ms p90 after the end "
-            f"of speech",
+            f"{n} sessions, {c['turns']} turns: VAD stop {c['vad_ms'].get('p50', float('nan')):.0f} ms (p50), first "
+            f"audio {c['first_audio_ms'].get('p50', float('nan')):.0f} ms p50 / "
+            f"{c['first_audio_ms'].get('p90', float('nan')):.0f} ms p90 after the end of speech; "
+            f"{c['underruns_per_answer']:.2f} underruns per answer",
             flush=True,
         )
+    print(table(results))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "results": results}, indent=1))
+        settings = vars(args) | {"out": str(args.out), "speech": source()}
+        args.out.write_text(json.dumps({"args": settings, "results": results}, indent=1))
+        args.out.with_suffix(".md").write_text(f"speech: {source()}; args: {settings}\n\n{table(results)}\n")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@
 #   bash benchmarks/serving/sweep.sh MODEL OUTDIR [options] [-- SERVE_FLAGS...]
 #   bash benchmarks/serving/sweep.sh .skel/qwen3-omni-30b-a3b out/qwen3 --concurrency 1,32 -- --quantization fp8
 #   bash benchmarks/serving/sweep.sh /tmp/tiny out/cpu --cpu --paths s2t --concurrency 1 --min-requests 2
+#   bash benchmarks/serving/sweep.sh .skel/qwen3-omni-30b-a3b out/balanced --concurrency 1,4,16,32 -- --moe-routing balanced
+#     (random weights with a trained router's expert traffic: the figures that compare with real weights' at B > 1)
 #
 # MODEL is a checkpoint directory or a weightless skeleton (`omniwalk make-tiny DIR --config PRESET --no-weights`);
 # the weights are random unless --real-weights is given. Options [defaults]:

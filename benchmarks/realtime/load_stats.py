@@ -1,0 +1,57 @@
+"""What the realtime load generator measures besides latency: playback underruns of an answer's audio,
+discarded preemptive answers (the server's /metrics), and the HTTP process's CPU time.
+
+Playback (``underruns``): the client plays an answer's audio from its first chunk on, in real time,
+with no buffer beyond what has arrived; an underrun is a chunk that arrives after everything before
+it has finished playing (playback then waits for it and goes on from its arrival).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import urllib.request
+
+SAMPLE_BYTES = 2  # PCM16
+OUTPUT_RATE = 24000  # the Realtime API's PCM16 rate
+# /metrics series counting preemptive answers that were discarded (the server's realtime counters, where it
+# has them): a sample whose name or labels say "preempt" and "discard"
+PREEMPT = re.compile(r"^(\w*preempt\w*)(\{[^}]*\})?\s+([0-9.eE+-]+)$", re.MULTILINE)
+
+
+def underruns(chunks: list[tuple[float, int]]) -> int:
+    """Underruns in playing an answer's audio chunks, each (arrival time s, PCM16 bytes)."""
+    if not chunks:
+        return 0
+    count, playing_until = 0, chunks[0][0]
+    for arrived, size in chunks:
+        count += arrived > playing_until
+        playing_until = max(playing_until, arrived) + size / SAMPLE_BYTES / OUTPUT_RATE
+    return count
+
+
+def discarded_preemptions(base_url: str, api_key: str) -> float | None:
+    """The server's count of discarded preemptive answers, None where /metrics has no such counter."""
+    root = base_url.removesuffix("/").removesuffix("/v1")
+    request = urllib.request.Request(f"{root}/metrics", headers={"Authorization": f"Bearer {api_key}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        text = response.read().decode()
+    found = [float(v) for name, labels, v in PREEMPT.findall(text) if "discard" in name + (labels or "")]
+    return sum(found) if found else None
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` has used (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def summary(values: list[float]) -> dict:
+    """mean, p50, p90, max (nearest rank) of ``values``; empty: {}."""
+    if not values:
+        return {}
+    ordered = sorted(values)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return {"mean": statistics.fmean(values), "p50": pick(0.5), "p90": pick(0.9), "max": ordered[-1]}
