@@ -127,20 +127,22 @@ def lora_shrink_row_kernel(
 @triton.jit
 def lora_expand_row_kernel(
     t_ptr, b_ptr, slots_ptr, y_ptr, m, n_out, rank, num_splits, stride_bs, stride_bn, stride_ym,
-    BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, SPLITS: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
     """Per row (BGMV): y[row, cols] += (sum of t's splits, rounded to B's dtype) @ B[slot(row), cols, :].T."""
     row, pid_n = tl.program_id(0), tl.program_id(1)
     ranks = tl.arange(0, BLOCK_R)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    splits = tl.arange(0, SPLITS)
+    chunk = tl.arange(0, 16)  # partials summed 16 at a time
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
     s = tl.load(slots_ptr + row)
     if s >= 0:
-        t_at = t_ptr + (splits[:, None] * m + row) * BLOCK_R + ranks[None, :]
-        t = tl.sum(tl.load(t_at, mask=splits[:, None] < num_splits, other=0.0), axis=0)
+        t = tl.zeros((BLOCK_R,), tl.float32)
+        for first in range(0, num_splits, 16):
+            t_at = t_ptr + ((first + chunk)[:, None] * m + row) * BLOCK_R + ranks[None, :]
+            t += tl.sum(tl.load(t_at, mask=(first + chunk)[:, None] < num_splits, other=0.0), axis=0)
         t = t.to(b_ptr.dtype.element_ty).to(tl.float32)
         b_at = b_ptr + s * stride_bs + cols[:, None] * stride_bn + ranks[None, :]
         b = tl.load(b_at, mask=(ranks[None, :] < rank) & (cols[:, None] < n_out), other=0.0).to(tl.float32)
@@ -177,7 +179,7 @@ def _add_per_row(y, x, a, b, slots) -> None:
     )  # fmt: skip
     lora_expand_row_kernel[(m, triton.cdiv(n_out, block_n))](
         t, b, slots, y, m, n_out, rank, splits, b.stride(0), b.stride(1), y.stride(0),
-        BLOCK_N=block_n, BLOCK_R=block_r, SPLITS=triton.next_power_of_2(splits), **launch,
+        BLOCK_N=block_n, BLOCK_R=block_r, **launch,
     )  # fmt: skip
 
 
