@@ -85,9 +85,6 @@ class AdapterPool:
 
     def register(self, adapter: Adapter) -> None:
         """Keep ``adapter``'s weights on the host (pinned where the slots are on a GPU) under its new name."""
-        if adapter.name in self._host:
-            held = " (unloaded, but requests still use it)" if adapter.name in self._unregistered else ""
-            raise AdapterError(f"adapter {adapter.name!r} is already loaded{held}", param="lora_name")
         if adapter.rank > self.max_rank:
             raise AdapterError(f"adapter {adapter.name!r} has rank {adapter.rank}, above the maximum {self.max_rank}")
         unknown = sorted(set(adapter.weights) - set(self.targets))
@@ -97,6 +94,9 @@ class AdapterPool:
             weights = {k: (a.pin_memory(), b.pin_memory()) for k, (a, b) in adapter.weights.items()}
             adapter = Adapter(name=adapter.name, path=adapter.path, rank=adapter.rank, weights=weights)
         with self._lock:
+            if adapter.name in self._host:
+                held = " (unloaded, but requests still use it)" if adapter.name in self._unregistered else ""
+                raise AdapterError(f"adapter {adapter.name!r} is already loaded{held}", param="lora_name")
             self._host[adapter.name] = adapter
             self._refs[adapter.name] = 0
 
