@@ -19,7 +19,8 @@
 #   --ready-timeout S                 seconds to wait for /health [600]
 #   --real-weights                    read the checkpoint's weights instead of building random ones
 #   --cpu                             --device cpu --dtype float32 and small KV pools (a smoke test)
-#   --command CMD                     run CMD (bash -c, with BASE_URL=http://127.0.0.1:PORT/v1) instead of the bench
+#   --command CMD                     run CMD (bash -c, with BASE_URL=http://127.0.0.1:PORT/v1 and SERVER_PID, the HTTP
+#                                     server's process id) instead of the bench
 #   -- SERVE_FLAGS...                 more `omniwalk serve` flags, after the defaults (so they override them)
 # Needs `omniwalk` importable with the [bench] extra (pip install -e '.[bench]'). Writes into OUTDIR: results.json,
 # results.md and charts (`omniwalk bench`), server.log, metrics.txt, command.txt.
@@ -92,7 +93,7 @@ done
 echo "server ready after $((SECONDS - t0)) s"
 
 echo "+ ${BENCH[*]}"
-"${BENCH[@]}"
+SERVER_PID=$SERVER "${BENCH[@]}"
 rc=$?
 fetch "$BASE/metrics" >"$OUTDIR/metrics.txt" 2>&1
 exit $rc
