@@ -129,6 +129,7 @@ def test_a_pipecat_style_handshake_and_openais_defaults(base_url):
         "eagerness": "high",
         "create_response": True,
         "interrupt_response": True,
+        "preemptive_silence_ms": 200,  # (omniwalk's: the server's default)
     }
     assert audio["output"]["voice"] == "alloy" and updated["session"]["instructions"] == "Be brief."
 

@@ -9,7 +9,8 @@ conversation.py  items (messages, function calls, their outputs) and the chat me
 tools.py         session and response tools / tool_choice: checked, in chat's shape for the engine
 bounds.py        what a conversation may hold, and the audio budget all sessions share
 input_audio.py   the input audio buffer, cut into turns by the VAD
-vad.py           server VAD (WebRTC VAD over 20 ms frames, a vote over a window)
+vad.py           server VAD (WebRTC VAD over 20 ms frames, a vote over a window; turn ends from the last voiced frame)
+preemption.py    answers started on a tentative end of turn, released when it is confirmed, else dropped unseen
 response.py      one response: a chat-completions engine request streamed as response events (and calls)
 transcription.py the served model transcribes committed user audio (when the session asks)
 """

@@ -3,8 +3,10 @@
 Sample indices count everything appended in the session (``num_appended``); the buffer holds
 ``[start, num_appended)``. Without turn detection the client commits the whole buffer. With
 server VAD (``detector``) the buffer is cut at the detector's boundaries: a turn is the audio
-from ``prefix_padding_ms`` before the start of speech to its stop; while nobody speaks only the
-padding's worth is kept, so an idle microphone does not grow it.
+from ``prefix_padding_ms`` before the start of speech to ``end_padding_ms`` after its last voiced
+frame; while nobody speaks only the padding's worth is kept, so an idle microphone does not grow
+it. A tentative end carries the turn as a stop at that point would (the same samples), and leaves
+it in the buffer.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from omniwalk.serve.realtime.vad import FRAME_MS, INPUT_RATE, TurnDetector, VADP
 
 @dataclass(frozen=True)
 class Speech:
-    kind: str  # "start" (``sample``: where the turn's audio begins, padding included) | "stop"
+    kind: str  # "start" (``sample``: where the turn's audio begins, padding included) | "tentative" | "resume" | "stop"
     sample: int
-    audio: np.ndarray | None = None  # a stop's turn: int16 from the start (padding included) to the stop
+    audio: np.ndarray | None = None  # a stop's (or tentative end's) turn: int16 from the start (padding included)
 
 
 def samples_to_ms(samples: int) -> int:
@@ -64,6 +66,10 @@ class InputAudio:
             if b.kind == "start":
                 self.speech_start = max(self.start, b.sample - pad)
                 out.append(Speech("start", self.speech_start))
+            elif b.kind == "tentative":
+                out.append(Speech("tentative", b.sample, self.peek(b.sample)))
+            elif b.kind == "resume":
+                out.append(Speech("resume", b.sample))
             else:
                 out.append(Speech("stop", b.sample, self.take(b.sample)))
         if self.speech_start is None:  # idle: keep what a start found in the next frames may reach back to
@@ -81,6 +87,12 @@ class InputAudio:
         turn, rest = audio[: end - begin], audio[end - begin :]
         self.chunks, self.start, self.speech_start = ([rest] if len(rest) else []), end, None
         return turn
+
+    def peek(self, end: int) -> np.ndarray:
+        """The samples ``take(end)`` would give, left in the buffer."""
+        begin = self.speech_start if self.speech_start is not None else self.start
+        audio = np.concatenate(self.chunks) if self.chunks else np.empty(0, np.int16)
+        return audio[begin - self.start : end - self.start].copy()
 
     def clear(self) -> None:
         self.chunks, self.start = [], self.num_appended

@@ -51,6 +51,8 @@ class TurnDetection(s.Strict):
     interrupt_response: bool | None = None
     idle_timeout_ms: int | None = None  # refused when set
     eagerness: Literal["low", "medium", "high", "auto"] | None = None  # semantic_vad's
+    # omniwalk's: the quiet after which the answer is prepared, unsent (0 or null: no preemption)
+    preemptive_silence_ms: Annotated[int, Field(ge=0, le=10_000)] | None = None
 
 
 class AudioInput(s.Strict):

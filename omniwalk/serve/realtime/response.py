@@ -52,6 +52,7 @@ from omniwalk.serve.audio_format import pcm16_bytes
 from omniwalk.serve.errors import APIError, validation_error
 from omniwalk.serve.realtime import protocol as p
 from omniwalk.serve.realtime.conversation import Conversation, FunctionCall, Message, Part
+from omniwalk.serve.realtime.preemption import Prepared
 from omniwalk.serve.run import EngineRun
 from omniwalk.serve.wire import Delta, Finished
 from omniwalk.structured.tools import Arguments, CallStart, Content, ToolCallStream
@@ -87,8 +88,10 @@ class Response:
         speaks: bool,
         parses_tools: bool = False,
         metadata: dict | None = None,
+        prepared: Prepared | None = None,
     ):
         self.id = p.new_id("resp")
+        self.prepared = prepared  # the engine run, started before the turn was confirmed (``preemption.py``)
         self.emit, self.run_engine, self.request = emit, run_engine, request
         self.conversation, self.speaks, self.metadata = conversation, speaks, metadata
         self.items: list[Message | FunctionCall] = []  # the output items, by output_index
@@ -147,9 +150,9 @@ class Response:
         await self._close(status, details, usage)
 
     async def _stream(self) -> dict:
-        run: EngineRun = self.run_engine(self.request)
+        run: EngineRun = self.prepared.run if self.prepared else self.run_engine(self.request)
         try:
-            event = await run.first_event()
+            event = await (self.prepared.first_event() if self.prepared else run.first_event())
             while not isinstance(event, Finished):
                 await self._delta(event)
                 event = await run.next_event()

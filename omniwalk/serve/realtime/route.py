@@ -14,7 +14,8 @@ generated (an ``error`` event with code ``idle_timeout``, then the close). The s
 A client that goes away ends its session: a response in progress is aborted in the engine, and
 the media decoding of the event being handled (a response's prompt) stops.
 Sessions are counted in ``omniwalk_realtime_sessions`` and, when they end, in
-``omniwalk_http_responses_total{route="/v1/realtime",status="101"}`` and the access log.
+``omniwalk_http_responses_total{route="/v1/realtime",status="101"}`` and the access log; their
+preemptive answers in ``omniwalk_realtime_preemptions_total{outcome}`` (``preemption.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import time
 import uuid
 
 from fastapi import FastAPI, WebSocket
+from prometheus_client import Counter
 
 from omniwalk.serve.errors import APIError
 from omniwalk.serve.realtime import protocol as p
@@ -46,6 +48,12 @@ class Sessions:
     def __init__(self, served):
         self.served, self.num_open = served, 0
         self.budget = AudioBudget(served.cfg.realtime_max_total_audio_bytes)
+        self.preemptions = Counter(
+            "omniwalk_realtime_preemptions",
+            "Answers started on a tentative end of turn, by outcome (started, kept, discarded)",
+            ["outcome"],
+            registry=served.metrics.registry,
+        )
 
     def check(self, ws: WebSocket) -> None:
         """Raise the APIError that refuses this handshake, if any."""
@@ -86,21 +94,22 @@ def add_realtime_route(app: FastAPI, served) -> None:
         sessions.num_open += 1
         served.metrics.realtime_sessions.inc()
         try:
-            await _serve(ws, served, sessions.budget)
+            await _serve(ws, served, sessions)
         finally:
             sessions.num_open -= 1
             served.metrics.realtime_sessions.dec()
             sessions.count(101, rid, ws, start)
 
 
-async def _serve(ws: WebSocket, served, budget: AudioBudget) -> None:
+async def _serve(ws: WebSocket, served, sessions: Sessions) -> None:
     offered = _subprotocols(ws)
     await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
     is_beta = "realtime=v1" in ws.headers.get("openai-beta", "") or "openai-beta.realtime-v1" in offered
     cfg = served.cfg
     expires_at = int(time.time() + cfg.realtime_max_session_s)
     run_engine = lambda request: EngineRun(served.client, request, served.metrics)  # noqa: E731
-    session = Session(Emitter(ws.send_text, is_beta), cfg, served.context(), run_engine, expires_at, budget)
+    emit = Emitter(ws.send_text, is_beta)
+    session = Session(emit, cfg, served.context(), run_engine, expires_at, sessions.budget, sessions.preemptions)
     try:
         await session.start()
         async with asyncio.timeout(cfg.realtime_max_session_s):

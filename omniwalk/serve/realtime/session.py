@@ -33,6 +33,7 @@ from omniwalk.serve.realtime import protocol as p
 from omniwalk.serve.realtime.bounds import AudioBudget, ConversationLimits, audio_size, item_size
 from omniwalk.serve.realtime.conversation import Conversation, Item, Message, Part, item_from_client, pcm16
 from omniwalk.serve.realtime.input_audio import InputAudio, samples_to_ms
+from omniwalk.serve.realtime.preemption import Prepared
 from omniwalk.serve.realtime.response import Response, engine_request, is_disconnect
 from omniwalk.serve.realtime.settings import (
     SAMPLING,
@@ -75,8 +76,19 @@ class Emitter:
 
 
 class Session:
-    def __init__(self, emit: Emitter, cfg: ServerConfig, context, run_engine, expires_at: int, budget: AudioBudget):
+    def __init__(
+        self,
+        emit: Emitter,
+        cfg: ServerConfig,
+        context,
+        run_engine,
+        expires_at: int,
+        budget: AudioBudget,
+        preemptions=None,
+    ):
         self.emit, self.cfg, self.context, self.run_engine = emit, cfg, context, run_engine
+        self.preemptions = preemptions  # the counter of preemptive answers by outcome (None: not counted)
+        self.prepared: Prepared | None = None  # an answer started on a tentative end of turn
         self.settings = Settings.defaults(cfg, context.model_name, expires_at)
         self.conversation = Conversation(ConversationLimits.from_config(cfg), budget)
         self.audio = InputAudio(int(cfg.realtime_max_buffer_s * INPUT_RATE))
@@ -107,6 +119,7 @@ class Session:
             await self.emit.send(p.error_event(internal))
 
     async def close(self) -> None:
+        await self._discard_prepared()
         for task in self.transcriptions:
             task.cancel()
         if self.response is not None:
@@ -133,6 +146,7 @@ class Session:
         ):
             self.audio.set_vad(settings.turn_detection.vad if settings.turn_detection else None)
             self.speech_item_id = None
+            await self._discard_prepared()
         for error in [*event.refused, *refused]:
             error.event_id = event.event_id
             await self.emit.send(p.error_event(error))
@@ -146,6 +160,12 @@ class Session:
             raise bad_request(str(e), "audio", "input_audio_buffer_full") from None
         td = self.settings.turn_detection
         for s in speech:
+            if s.kind == "tentative":
+                await self._prepare(s.audio)
+                continue
+            if s.kind == "resume":
+                await self._discard_prepared()
+                continue
             if s.kind == "start":
                 self.speech_item_id = p.new_id("item")
                 await self.emit(
@@ -158,9 +178,17 @@ class Session:
                 continue
             item_id, self.speech_item_id = self.speech_item_id or p.new_id("item"), None
             await self.emit("input_audio_buffer.speech_stopped", audio_end_ms=samples_to_ms(s.sample), item_id=item_id)
-            await self._commit(s.audio, item_id)
+            prepared, self.prepared = self.prepared, None
+            try:
+                await self._commit(s.audio, item_id)
+            except BaseException:
+                if prepared is not None:
+                    await prepared.discard()
+                raise
             if td.create_response and not self.is_responding:
-                await self._respond(p.ResponseFields())
+                await self._respond(p.ResponseFields(), prepared)
+            elif prepared is not None:
+                await prepared.discard()
 
     async def on_input_audio_buffer_commit(self, event: p.BufferCommit) -> None:
         held_ms = samples_to_ms(self.audio.num_buffered)
@@ -171,10 +199,12 @@ class Session:
                 "input_audio_buffer_commit_empty",
             )
         self.conversation.plan(audio_size(self.audio.num_buffered), self._kept())  # refused: the buffer stays
+        await self._discard_prepared()
         item_id, self.speech_item_id = self.speech_item_id or p.new_id("item"), None
         await self._commit(self.audio.take(), item_id)
 
     async def on_input_audio_buffer_clear(self, event: p.BufferClear) -> None:
+        await self._discard_prepared()
         self.audio.clear()
         self.speech_item_id = None
         await self.emit("input_audio_buffer.cleared")
@@ -250,7 +280,41 @@ class Session:
             raise bad_request("there is no response in progress to cancel", "response_id", "response_cancel_not_active")
         await self.response.cancel("client_cancelled")
 
-    async def _respond(self, fields: p.ResponseFields) -> None:
+    async def _respond(self, fields: p.ResponseFields, prepared: Prepared | None = None) -> None:
+        """Start a response; on the engine run of ``prepared`` when it was started for this very request."""
+        try:
+            body, speaks = self._response_body(fields)
+        except APIError:
+            if prepared is not None:
+                await prepared.discard()
+            raise
+        if prepared is not None and prepared.body == body:
+            prepared.keep()
+            request, options = prepared.request, prepared.options
+        else:
+            if prepared is not None:
+                await prepared.discard()
+                prepared = None
+            try:
+                request, options = await engine_request(body, self.context)
+            except APIError as e:
+                where = {k: "response" if k in fields.model_fields_set else "session" for k in ("tools", "tool_choice")}
+                raise realtime_param(e, where["tools"], where["tool_choice"]) from None
+        self.response = Response(
+            self.emit,
+            self.run_engine,
+            request,
+            self.conversation,
+            speaks=speaks,
+            parses_tools=options.parses_tools,
+            metadata=fields.metadata,
+            prepared=prepared,
+        )
+        self.response.start()
+
+    def _response_body(self, fields: p.ResponseFields, pending: Item | None = None) -> tuple[dict, bool]:
+        """The chat-completions body of a response (and whether it speaks); ``pending``: a user item
+        not yet in the conversation, as the last one (a turn being prepared)."""
         settings, given = self.settings, fields.model_fields_set
         check_response_refused(fields, "response")
         speaks = output_speaks(fields, "response")
@@ -262,7 +326,7 @@ class Session:
         instructions = fields.instructions if "instructions" in given else settings.instructions
         self._check_prompt_size()
         messages = [{"role": "system", "content": instructions}] if instructions else []
-        messages += self.conversation.chat_messages()
+        messages += self.conversation.chat_messages() + ([pending.chat_message()] if pending else [])
         if not any(m["role"] == "user" for m in messages):
             raise bad_request("the conversation has no user item to respond to", None, "conversation_empty")
         body = {
@@ -276,21 +340,26 @@ class Session:
             **(fields.model_extra or {}),  # the family's own fields
         }
         body.update(self._tools(fields))
+        return body, speaks
+
+    # ---- preemptive answers (``preemption.py``) ----
+
+    async def _prepare(self, audio) -> None:
+        """A tentative end of turn: start the answer the confirmed turn would get, unsent."""
+        td = self.settings.turn_detection
+        if self.prepared is not None or not td.create_response or self.is_responding:
+            return
         try:
+            body, _ = self._response_body(p.ResponseFields(), Message("pending", "user", [Part("audio", audio=audio)]))
             request, options = await engine_request(body, self.context)
-        except APIError as e:
-            where = {k: "response" if k in given else "session" for k in ("tools", "tool_choice")}
-            raise realtime_param(e, where["tools"], where["tool_choice"]) from None
-        self.response = Response(
-            self.emit,
-            self.run_engine,
-            request,
-            self.conversation,
-            speaks=speaks,
-            parses_tools=options.parses_tools,
-            metadata=fields.metadata,
-        )
-        self.response.start()
+        except APIError:
+            return  # (the confirmed turn meets the same error, sent then)
+        self.prepared = Prepared(body, request, options, self.run_engine(request), self.preemptions)
+
+    async def _discard_prepared(self) -> None:
+        prepared, self.prepared = self.prepared, None
+        if prepared is not None:
+            await prepared.discard()
 
     def _tools(self, fields: p.ResponseFields) -> dict:
         """The response's ``tools`` and ``tool_choice`` in chat's shape (the response's own, else the

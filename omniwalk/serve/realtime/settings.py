@@ -52,6 +52,8 @@ class Settings:
             cfg.realtime_vad_silence_ms,
             cfg.realtime_vad_window_ms,
             cfg.realtime_vad_aggressiveness,
+            cfg.realtime_vad_end_padding_ms,
+            cfg.realtime_preemptive_silence_ms or None,
         )
         return cls(p.new_id("sess"), model, expires_at, turn_detection=TurnDetection(vad), vad_defaults=vad)
 

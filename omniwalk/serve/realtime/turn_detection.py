@@ -10,9 +10,11 @@ Two types are accepted, both served by the same VAD:
       eagerness        low     medium, auto    high
       silence (ms)     1000    500             250
 
-``create_response`` and ``interrupt_response`` act the same for both. ``session.created`` /
-``updated`` show the type the client set with its own fields (``semantic_vad`` with its
-``eagerness``). ``null`` turns detection off.
+``create_response`` and ``interrupt_response`` act the same for both, and so does omniwalk's
+``preemptive_silence_ms`` (the quiet after which the answer is prepared unsent, ``session.py``;
+0 or ``null``: no preemption; default ``ServerConfig.realtime_preemptive_silence_ms``).
+``session.created`` / ``updated`` show the type the client set with its own fields
+(``semantic_vad`` with its ``eagerness``). ``null`` turns detection off.
 """
 
 from __future__ import annotations
@@ -36,7 +38,11 @@ class TurnDetection:
     eagerness: str | None = None  # set: the client asked for semantic_vad
 
     def to_json(self) -> dict:
-        common = {"create_response": self.create_response, "interrupt_response": self.interrupt_response}
+        common = {
+            "create_response": self.create_response,
+            "interrupt_response": self.interrupt_response,
+            "preemptive_silence_ms": self.vad.tentative_ms or 0,
+        }
         if self.eagerness is not None:
             return {"type": "semantic_vad", "eagerness": self.eagerness, **common}
         return {
@@ -62,17 +68,20 @@ def turn_detection(
         "create_response": base.create_response if td.create_response is None else td.create_response,
         "interrupt_response": base.interrupt_response if td.interrupt_response is None else td.interrupt_response,
     }
+    tentative = base.vad.tentative_ms
+    if "preemptive_silence_ms" in td.model_fields_set:
+        tentative = td.preemptive_silence_ms or None
     if td.type == "semantic_vad":
         for name in _SERVER_VAD_ONLY:
             if getattr(td, name) is not None:
                 message = f"semantic_vad has no {name} (server_vad has)"
                 raise bad_request(message, f"{where}.{name}", "unknown_parameter")
         eagerness = td.eagerness or "auto"
-        vad = dataclasses.replace(defaults, silence_ms=EAGERNESS_SILENCE_MS[eagerness])
+        vad = dataclasses.replace(defaults, silence_ms=EAGERNESS_SILENCE_MS[eagerness], tentative_ms=tentative)
         return TurnDetection(vad, eagerness=eagerness, **flags)
     if td.eagerness is not None:
         raise bad_request("server_vad has no eagerness (semantic_vad has)", f"{where}.eagerness", "unknown_parameter")
     given = {"threshold": td.threshold, "prefix_padding_ms": td.prefix_padding_ms, "silence_ms": td.silence_duration_ms}
     vad = base.vad if base.eagerness is None else defaults  # (semantic_vad's silence is not server_vad's)
-    vad = dataclasses.replace(vad, **{k: v for k, v in given.items() if v is not None})
+    vad = dataclasses.replace(vad, tentative_ms=tentative, **{k: v for k, v in given.items() if v is not None})
     return TurnDetection(vad, **flags)

@@ -182,8 +182,10 @@ async function openSession() {
   ws.onclose = (c) => {
     stats.connected = false;
     status(`disconnected (${c.code}${c.reason ? ": " + c.reason : ""})`);
+    ws = null;
+    stopAudio();
     $("connect").disabled = false;
-    $("talk").disabled = true;
+    $("disconnect").disabled = $("talk").disabled = $("stop").disabled = true;
   };
   await new Promise((resolve, reject) => {
     ws.onopen = resolve;
@@ -216,13 +218,33 @@ async function startAudio() {
   await ctx.resume();
 }
 
+// The microphone and the audio context go (the browser stops showing the microphone in use).
+function stopAudio() {
+  if (micStream) micStream.getTracks().forEach((track) => track.stop());
+  if (ctx) ctx.close();
+  ctx = player = micStream = null;
+  responding = null;
+  sending = false;
+}
+
 async function connect() {
   $("connect").disabled = true;
   status("connecting…");
   await openSession();
+  $("disconnect").disabled = false;
   status("starting the microphone…");
   await startAudio();
   $("talk").disabled = $("hands-free").checked;
+}
+
+// End the session from here: the server stops its answer and forgets the conversation.
+function disconnect() {
+  $("disconnect").disabled = true;
+  if (ws) {
+    ws.onmessage = null; // (events still in flight find no player)
+    ws.close(1000, "the user disconnected");
+  }
+  stopAudio();
 }
 
 function holdToTalk(down) {
@@ -240,6 +262,7 @@ function holdToTalk(down) {
 }
 
 $("connect").onclick = () => connect().catch((err) => { status(`cannot start: ${err.message}`); $("connect").disabled = false; });
+$("disconnect").onclick = disconnect;
 $("stop").onclick = () => stopPlayback(true);
 $("talk").onpointerdown = () => holdToTalk(true);
 $("talk").onpointerup = $("talk").onpointerleave = () => sending && holdToTalk(false);
