@@ -8,6 +8,9 @@ Two kinds, both closed per conversation (a turn is sent after the previous answe
                (realtime_answer_s), the user's next utterance (uniform in speech_s) and the server
                VAD's end-of-turn wait (vad_s); key: the session id
 
+The trace starts in its steady state: conversations also start in the ``lead_s`` before time 0, and
+those turns of theirs that would have been sent before 0 (at the given service times) are skipped, so
+at 0 the fleet meets conversations at every stage (their later turns carry the skipped turns' tokens).
 Every conversation has its own instructions (``system_tokens``), so a later turn can reuse only the
 pages its own earlier turns left on a replica. Conversations start at a base rate with bursts: burst
 windows of ``burst_s`` start every ``burst_every_s`` on average (Poisson), starting conversations at
@@ -19,16 +22,18 @@ two routing policies see the same conversations.
 
 from __future__ import annotations
 
+import bisect
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from curves import PATHS
 
 
 @dataclass(frozen=True)
 class TraceConfig:
-    duration_s: float = 60.0  # conversations start in [0, duration_s); no turn is sent after it
-    warmup_s: float = 15.0  # turns sent before this are served but not measured
+    duration_s: float = 45.0  # conversations start in [-lead_s, duration_s); no turn is sent after it
+    lead_s: float = 120.0  # longer than a conversation lasts
+    warmup_s: float = 10.0  # turns sent before this are served but not measured (the caches fill)
     load: float = 0.7  # offered turns / the fleet's measured throughput
     realtime_share: float = 0.3  # of the offered turns
     chat_mix: tuple[tuple[str, float], ...] = (("s2t", 0.4), ("i2t", 0.2), ("s2s", 0.3), ("i2s", 0.1))
@@ -48,9 +53,10 @@ class TraceConfig:
 class Conversation:
     id: int
     kind: str  # "chat" | "realtime"
-    start: float  # its first turn's send time (s)
+    start: float  # its first sent turn's send time (s)
     paths: tuple[str, ...]  # one per turn
     gaps: tuple[float, ...]  # seconds from answer i's end to turn i+1's send
+    first: int = 0  # its first sent turn (the earlier ones fell before the trace's start)
 
 
 def turn_rate(cfg: TraceConfig, throughput: dict[str, float], num_replicas: int) -> float:
@@ -63,30 +69,46 @@ def turn_rate(cfg: TraceConfig, throughput: dict[str, float], num_replicas: int)
     return cfg.load * per_replica * num_replicas
 
 
-def conversations(cfg: TraceConfig, rate: float, seed: int) -> list[Conversation]:
-    """The conversations of a trace offering ``rate`` turns a second on average."""
+def conversations(cfg: TraceConfig, rate: float, service_s: dict[str, float], seed: int) -> list[Conversation]:
+    """The conversations of a trace offering ``rate`` turns a second on average (``service_s``: a turn's
+    time per path, to place the turns of conversations that started before 0)."""
     rng = random.Random(seed)
     realtime_mean = sum(cfg.realtime_turns) / 2
     chat_rate = (1 - cfg.realtime_share) * rate / cfg.chat_turns_mean
     realtime_rate = cfg.realtime_share * rate / realtime_mean
     busy = 1 + (cfg.burst_factor - 1) * min(1.0, cfg.burst_s / cfg.burst_every_s)  # bursts' share of starts
     bursts = _bursts(cfg, rng)
+    starts = [a for a, _ in bursts]
     out = []
     for kind, mean_rate in (("chat", chat_rate), ("realtime", realtime_rate)):
         peak = mean_rate / busy * cfg.burst_factor
-        t = 0.0
+        t = -cfg.lead_s
         while True:  # thinning: candidates at the peak rate, kept at the rate of their moment
             t += rng.expovariate(peak)
             if t >= cfg.duration_s:
                 break
-            if any(a <= t < b for a, b in bursts) or rng.random() < 1 / cfg.burst_factor:
-                out.append(_conversation(cfg, rng, len(out), kind, t))
+            i = bisect.bisect_right(starts, t) - 1  # the last burst that started by t
+            if (i >= 0 and t < bursts[i][1]) or rng.random() < 1 / cfg.burst_factor:
+                conv = _skip_to_zero(_conversation(cfg, rng, len(out), kind, t), service_s)
+                if conv is not None:
+                    out.append(conv)
     out.sort(key=lambda c: (c.start, c.id))
     return out
 
 
+def _skip_to_zero(conv: Conversation, service_s: dict[str, float]) -> Conversation | None:
+    """The conversation from its first turn sent at or after time 0 (None: it ended before 0)."""
+    t, i = conv.start, 0
+    while t < 0:
+        if i + 1 == len(conv.paths):
+            return None
+        t += service_s[conv.paths[i]] + conv.gaps[i]
+        i += 1
+    return replace(conv, start=t, first=i)
+
+
 def _bursts(cfg: TraceConfig, rng: random.Random) -> list[tuple[float, float]]:
-    bursts, t = [], 0.0
+    bursts, t = [], -cfg.lead_s
     while (t := t + rng.expovariate(1 / cfg.burst_every_s)) < cfg.duration_s:
         bursts.append((t, t + cfg.burst_s))
     return bursts

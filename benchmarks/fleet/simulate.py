@@ -79,9 +79,13 @@ class Fleet:
         self.turns: list[Turn] = []
 
     def run(self, convs: list[Conversation]) -> list[Turn]:
-        for conv in convs:
-            self._send(Turn(conv, 0, conv.start, self.trace.system_tokens), conv.start)
-        while self.events:
+        convs = deque(convs)  # (by start: each joins the event heap when its first turn is due, keeping it small)
+        while self.events or convs:
+            if convs and (not self.events or convs[0].start <= self.events[0][0]):
+                conv = convs.popleft()
+                prefix = self.trace.system_tokens + sum(map(turn_tokens, conv.paths[: conv.first]))
+                self._send(Turn(conv, conv.first, conv.start, prefix), conv.start)
+                continue
             now, _, is_finish, turn = heapq.heappop(self.events)
             if is_finish:
                 self._finish(turn, now)
@@ -167,7 +171,8 @@ def simulate(num_replicas: int, routing: RoutingConfig, trace: TraceConfig, scop
     started, cpu = time.perf_counter(), time.process_time()
     curves = load_curves()
     rate = turn_rate(trace, curves.throughput, num_replicas)
-    convs = conversations(trace, rate, seed)
+    middle = curves.max_running // 2  # (only places the turns of conversations that started before 0)
+    convs = conversations(trace, rate, {path: curves.at(path, middle).e2e for path in curves.table}, seed)
     fleet = Fleet(curves, trace, routing, num_replicas, scope)
     turns = fleet.run(convs)
     if any(t.done is None for t in turns) or any(r.outstanding or r.running or r.queue for r in fleet.replicas):
@@ -182,6 +187,7 @@ def simulate(num_replicas: int, routing: RoutingConfig, trace: TraceConfig, scop
 
     return {
         "replicas": num_replicas,
+        "load": trace.load,
         "affinity": routing.affinity,
         "routing": asdict(routing),
         "seed": seed,
@@ -189,7 +195,8 @@ def simulate(num_replicas: int, routing: RoutingConfig, trace: TraceConfig, scop
         "turns_served": sum(t.done is not None for t in turns),
         "turns_measured": len(measured),
         "realtime_turns_measured": sum(t.conv.kind == "realtime" for t in measured),
-        "offered_turns_per_s": rate,
+        "offered_turns_per_s": rate,  # the trace's nominal rate (conversations cut at its end send fewer)
+        "turns_per_s_per_replica": len(measured) / (trace.duration_s - trace.warmup_s) / num_replicas,
         "ttft_s": p([t.ttft for t in measured]),
         "first_audio_s": p([t.first_audio for t in measured if t.first_audio is not None]),
         "realtime_first_audio_s": p([t.first_audio for t in measured if t.conv.kind == "realtime"]),
@@ -208,19 +215,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--prefix-scope", choices=SCOPES, default="conversation")
     for f in TraceConfig.__dataclass_fields__.values():
-        if isinstance(f.default, (int, float)):
+        if isinstance(f.default, (int, float)) and f.name != "load":
             parser.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
-    parser.add_argument("--saturation", type=int, default=RoutingConfig.saturation)
-    parser.add_argument("--max-excess", type=int, default=RoutingConfig.max_excess)
+    lists = {"load": TraceConfig.load, "saturation": RoutingConfig.saturation, "max_excess": RoutingConfig.max_excess}
+    for name, default in lists.items():
+        parser.add_argument("--" + name.replace("_", "-"), default=str(default), help="comma-separated: each is run")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     args = parser.parse_args(argv)
-    trace = TraceConfig(**{k: getattr(args, k) for k in TraceConfig.__dataclass_fields__ if hasattr(args, k)})
-    routing = RoutingConfig(saturation=args.saturation, max_excess=args.max_excess)
+    given = {k: getattr(args, k) for k in TraceConfig.__dataclass_fields__ if k != "load" and hasattr(args, k)}
+    trace = TraceConfig(**given)
+    affinity = [
+        RoutingConfig(saturation=int(s), max_excess=int(e))
+        for s in args.saturation.split(",")
+        for e in args.max_excess.split(",")
+    ]
+    print(HEADER, flush=True)
     runs = []
-    for n in map(int, args.replicas.split(",")):
-        for policy in (replace(routing, affinity=False), routing):
-            runs.append(simulate(n, policy, trace, args.prefix_scope, args.seed))
-            print(row(runs[-1]), flush=True)
+    for load in map(float, args.load.split(",")):
+        for n in map(int, args.replicas.split(",")):
+            for policy in [RoutingConfig(affinity=False), *affinity]:
+                runs.append(simulate(n, policy, replace(trace, load=load), args.prefix_scope, args.seed))
+                print(row(runs[-1]), flush=True)
     result = {"command": " ".join(["python benchmarks/fleet/simulate.py", *(argv or sys.argv[1:])])}
     result |= {"trace": asdict(trace), "prefix_scope": args.prefix_scope, "runs": runs}
     if args.out:
@@ -235,17 +250,23 @@ def row(r: dict) -> str:
     def ms(x: float | None) -> str:
         return "-" if x is None else f"{1000 * x:.0f}"
 
-    cells = [r["replicas"], "affinity" if r["affinity"] else "least loaded", r["turns_measured"]]
+    policy = "least loaded"
+    if r["affinity"]:
+        routing = r["routing"]
+        is_default = routing == asdict(RoutingConfig())
+        policy = "affinity" if is_default else f"affinity ({routing['saturation']}, {routing['max_excess']})"
+    cells = [r["replicas"], r["load"], policy, f"{r['turns_per_s_per_replica']:.1f}"]
     cells += [ms(r["ttft_s"]["p50"]), ms(r["ttft_s"]["p99"]), ms(r["first_audio_s"]["p50"])]
     cells += [ms(r["first_audio_s"]["p99"]), f"{r['utilisation']['mean']:.2f}"]
     cells += [f"{r['utilisation']['min']:.2f}-{r['utilisation']['max']:.2f}", f"{r['affinity_hit_rate']:.2f}"]
-    cells += [f"{r['cpu_s']:.1f}"]
+    cells += [f"{r['router']['fallback'] / r['turns_sent']:.2f}", f"{r['cpu_s']:.1f}"]
     return "| " + " | ".join(map(str, cells)) + " |"
 
 
 HEADER = (
-    "| replicas | policy | turns | TTFT p50 (ms) | TTFT p99 (ms) | first audio p50 (ms) | first audio p99 (ms) "
-    "| utilisation | per replica | affinity hits | sim CPU s |\n|---|---|---|---|---|---|---|---|---|---|---|"
+    "| replicas | load | policy | turns/s a replica | TTFT p50 (ms) | TTFT p99 (ms) | first audio p50 (ms) "
+    "| first audio p99 (ms) | utilisation | per replica | affinity hits | fallbacks | sim CPU s |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from omniwalk.errors import OmniwalkError
 
 __all__ = ["NoReplica", "ReplicaLoad", "Router", "RoutingConfig", "affinity_key"]
 
-NAME, OUTSTANDING = attrgetter("name"), attrgetter("outstanding")
+NAME, OUTSTANDING, HEALTHY = attrgetter("name"), attrgetter("outstanding"), attrgetter("healthy")
 TEXT_PARTS = ("text", "input_text", "output_text")  # content part types whose "text" is all they say
 
 
@@ -121,7 +121,7 @@ class Router:
 
     def choose(self, replicas: Sequence[ReplicaLoad], key: str | None) -> str:
         """Name of the replica to use. Raises NoReplica when none is healthy."""
-        healthy = [r for r in replicas if r.healthy]
+        healthy = replicas if all(map(HEALTHY, replicas)) else [r for r in replicas if r.healthy]
         if not healthy:
             raise NoReplica(f"no healthy replica among {len(replicas)}")
         least = min(healthy, key=OUTSTANDING)  # (min keeps the first of equals)
