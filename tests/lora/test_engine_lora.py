@@ -96,3 +96,20 @@ def test_an_unknown_adapter_or_a_bad_name_is_a_typed_error(omni, paths):
         omni.load_adapter("bad name", str(paths["a0"]))
     with pytest.raises(AdapterError, match="not loaded"):
         omni.unload_adapter("nope")
+
+
+def test_aborted_and_failed_requests_give_their_slots_back(omni, alone):
+    held = [omni.add(request(name, n=64)) for name in ("a3", "a4")]
+    while not all(r.state.thinker.lora_slot >= 0 for r in held):
+        omni.step()
+    blocked = omni.add(request("a5"))
+    omni.step()
+    assert blocked.state.thinker.lora_slot < 0  # both slots held: it waits
+    omni.abort(held[0].id)
+    held[1].fail(RuntimeError("injected"))
+    while not blocked.status.is_done:
+        omni.step()
+    omni.engine.drain()
+    assert omni.output(blocked).token_ids == alone["a5"]
+    adapters = omni.family.adapters
+    assert not any(adapters.users.values()) and not any(adapters.pool._refs.values())
