@@ -155,3 +155,16 @@ def test_more_adapters_than_slots_serve_concurrent_requests_and_count_swaps(clie
     metrics = httpx.get(f"{base_url}/metrics", headers={"authorization": f"Bearer {KEY}"}).text
     swaps = [line for line in metrics.splitlines() if 'quantity="lora_swaps"' in line and not line.startswith("#")]
     assert swaps and float(swaps[0].split()[-1]) > 0
+
+
+def test_speech_and_responses_take_the_adapter_too(client):
+    # (Qwen3-Omni's talker reads the thinker's states at media positions only: a given text's speech from a
+    # text-only prompt is the base's; the oracle tests hold adapted speech to HF's)
+    frames = {"max_audio_frames": 16}
+    speech = {"input": "hello there", "voice": "ethan", "response_format": "pcm", "extra_body": frames}
+    assert len(client.audio.speech.create(model="sun", **speech).content) > 0
+    with pytest.raises(openai.NotFoundError):
+        client.audio.speech.create(model="nope", **speech)
+    asked = {"input": "hello", "max_output_tokens": 8, "temperature": 0.0}
+    replies = {m: client.responses.create(model=m, **asked) for m in (BASE, "sun")}
+    assert replies["sun"].model == "sun" and replies["sun"].output_text != replies[BASE].output_text

@@ -2,7 +2,7 @@
 
 A request names an adapter (``lora``) or none (the base model). It uses the adapter from joining the
 thinker stage (``join``) to leaving it (``leave``: finished, aborted or failed), and holds the adapter's
-slot from before its first forward (``acquire``: while every slot is held by other adapters' requests it
+slot from before its first forward (``holds_slot``: while every slot is held by other adapters' requests it
 waits, never fails) to leaving; a preempted request keeps its slot. Each forward gets its rows' slots
 (-1: base) as ``LoraRows``. Unloading an adapter stops new requests at once; the requests using it
 finish with it, and its weights go when the last one leaves.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import re
 
+import numpy as np
 import torch
 
 from omniwalk.errors import ConfigError, InvalidRequestError
@@ -67,21 +68,33 @@ class ThinkerAdapters:
             raise InvalidRequestError(f"unknown adapter {name!r} (loaded: {served})", "lora")
         return self.keys[name]
 
-    def join(self, name: str) -> None:
-        self.users[name] = self.users.get(name, 0) + 1
+    def join(self, st) -> None:
+        """A request (its ``ThinkerState``) naming ``st.lora`` joined the thinker stage."""
+        self.users[st.lora] = self.users.get(st.lora, 0) + 1
 
-    def leave(self, name: str) -> None:
-        self.users[name] -= 1
-        if not self.users[name] and name in self.unloading:
-            self.unloading.discard(name)
-            self.pool.unregister(name)
+    def holds_slot(self, req) -> bool:
+        """Whether ``req``'s adapter is in a slot it holds (taken now if one is free or idle); False while
+        every slot is held by other adapters' requests (it waits)."""
+        st = req.state.thinker
+        if st.lora_slot >= 0:
+            return True
+        try:
+            slot = self.pool.acquire(st.lora)
+        except AdapterError as e:  # (not expected: an adapter in use stays loaded until its requests leave)
+            req.fail(e)
+            return False
+        st.lora_slot = -1 if slot is None else slot
+        return slot is not None
 
-    def acquire(self, name: str) -> int | None:
-        """``name``'s slot, held until ``release``; None while every slot is held by others."""
-        return self.pool.acquire(name)
-
-    def release(self, name: str) -> None:
-        self.pool.release(name)
+    def leave(self, st) -> None:
+        """The request left the stage: its slot goes back; an unloaded adapter's last user frees it."""
+        if st.lora_slot >= 0:
+            self.pool.release(st.lora)
+            st.lora_slot = -1
+        self.users[st.lora] -= 1
+        if not self.users[st.lora] and st.lora in self.unloading:
+            self.unloading.discard(st.lora)
+            self.pool.unregister(st.lora)
 
     def rows(self, slots: torch.Tensor) -> LoraRows:
         """A forward's adapters from its rows' slots ([n] int32 on the device; -1: base)."""
@@ -90,6 +103,15 @@ class ThinkerAdapters:
     def stats(self) -> dict:
         s = self.pool.stats
         return {"lora_loads": s.loads, "lora_swaps": s.swaps, "lora_waits": s.waits, "lora_adapters": len(self.keys)}
+
+
+def row_slots(batch) -> np.ndarray | None:
+    """Each packed row's adapter slot for a step's chunks (a chunk's n rows: its request's), or None when
+    every row is the base model's."""
+    slots = [req.state.thinker.lora_slot for req, _, _ in batch]
+    if max(slots) < 0:
+        return None
+    return np.repeat(np.asarray(slots, dtype=np.int32), [n for _, _, n in batch])
 
 
 def name_adapter(st, adapters: ThinkerAdapters | None, request: dict) -> None:

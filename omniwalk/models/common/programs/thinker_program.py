@@ -39,11 +39,10 @@ from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
 from omniwalk.engine.prefill_graphs import NO_PREFILL_GRAPHS, PrefillGraphs, PrefillPlan, prefill_layers
 from omniwalk.engine.request import Chunk, EngineRequest
 from omniwalk.layers.decoder import DecoderConfig
-from omniwalk.lora.adapters import AdapterError
 from omniwalk.modality import MEDIA, Modality
 from omniwalk.models.common.networks.thinker import MediaEmbeddings, Thinker
 from omniwalk.models.common.processing.positions import batch_spans
-from omniwalk.models.common.programs.adapters import ThinkerAdapters
+from omniwalk.models.common.programs.adapters import ThinkerAdapters, row_slots
 from omniwalk.models.common.programs.request_state import ThinkerState
 from omniwalk.sampling import TokenLogprob, sample_async
 from omniwalk.structured.matchers import bitmask
@@ -122,14 +121,6 @@ class ThinkerProgram(KVProgram):
         return None if slots is None else self.adapters.rows(slots)
 
     @staticmethod
-    def _lora_slots(batch: list[Chunk]) -> np.ndarray | None:
-        """Each packed row's adapter slot (a chunk's n rows: its request's), or None when all are base."""
-        slots = [req.state.thinker.lora_slot for req, _, _ in batch]
-        if max(slots) < 0:
-            return None
-        return np.repeat(np.asarray(slots, dtype=np.int32), [n for _, _, n in batch])
-
-    @staticmethod
     def _decode_rows(batch: list[Chunk]) -> list[bool]:
         """Rows that decode their one next generated token (the captured graph's work: no prompt
         rows, so no media)."""
@@ -168,36 +159,15 @@ class ThinkerProgram(KVProgram):
             ids = np.asarray(st.prompt.token_ids)
             st.placeholders_before = {k: np.concatenate([[0], np.cumsum(ids == p)]) for k, p in self.pad_ids.items()}
         n = st.num_tokens - num_cached
-        return n if n == 0 or self._holds_slot(req) else 0
-
-    def _holds_slot(self, req: EngineRequest) -> bool:
-        """Whether the request may run as far as its adapter goes: none, or its slot held (taken now if
-        one is free or idle; False while every slot is held by other adapters' requests: it waits)."""
-        st = req.state.thinker
-        if st.lora is None or st.lora_slot >= 0:
-            return True
-        try:
-            slot = self.adapters.acquire(st.lora)
-        except AdapterError as e:  # (not expected: an adapter in use stays loaded until its requests leave)
-            req.fail(e)
-            return False
-        if slot is None:
-            return False
-        st.lora_slot = slot
-        return True
+        return n if n == 0 or req.state.thinker.lora is None or self.adapters.holds_slot(req) else 0
 
     def on_add(self, req: EngineRequest) -> None:
         if req.state.thinker.lora is not None:
-            self.adapters.join(req.state.thinker.lora)
+            self.adapters.join(req.state.thinker)
 
     def on_remove(self, req: EngineRequest) -> None:
-        st = req.state.thinker
-        if st.lora is None:
-            return
-        if st.lora_slot >= 0:
-            self.adapters.release(st.lora)
-            st.lora_slot = -1
-        self.adapters.leave(st.lora)
+        if req.state.thinker.lora is not None:
+            self.adapters.leave(req.state.thinker)
 
     def is_finished(self, req: EngineRequest) -> bool:
         return req.state.thinker.is_finished
@@ -233,7 +203,7 @@ class ThinkerProgram(KVProgram):
         states = [req.state.thinker for req, _, _ in batch]
         host_ids, in_flight = self._host_ids(batch)
         positions = batch_spans([(st.prompt.rope, s, n) for st, (_, s, n) in zip(states, batch, strict=True)])
-        lora_slots = self._lora_slots(batch)
+        lora_slots = row_slots(batch)
         if all(self._decode_rows(batch)) and self.decode_graph is not None:
             if self.decode_graph.fits(len(batch)):
                 inputs = {"ids": np.asarray(host_ids, dtype=np.int64), "positions": positions.T, **kv.decode_inputs()}
