@@ -2,6 +2,9 @@
 on the same machine, in one run.
 
     python benchmarks/serving/ray_overhead.py --model CKPT --out benchmarks/results/cpu
+    python benchmarks/serving/ray_overhead.py --model CKPT --out benchmarks/results/cpu \
+        --stem ray_overhead_same_loop --ray-env RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0 \
+        --ray-env RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=0        # Ray Serve's own tuning switches
 
 Each system serves one engine replica of ``--model`` (CPU). Cells: closed loop at concurrency 1 and
 16, streamed chat completions of ``--tokens`` tokens (``ignore_eos``, greedy), after one unmeasured
@@ -137,6 +140,7 @@ def start_ray(args) -> tuple[str, dict[str, int], float]:
     from omniwalk.serve.ray.app import application
 
     start = time.perf_counter()
+    os.environ.update(dict(entry.split("=", 1) for entry in args.ray_env))  # (Ray's processes inherit it)
     ray.init(num_cpus=4, logging_level="ERROR", log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": args.port + 1})
     cfg = RayConfig(ray_engine_num_cpus=ENGINE_CPUS, ray_ingress_num_cpus=1)
@@ -169,6 +173,10 @@ def main() -> None:
     parser.add_argument("--min-requests", type=int, default=24)
     parser.add_argument("--rounds", type=int, default=2, help="cells per system, alternating between the systems")
     parser.add_argument("--port", type=int, default=18431, help="omniwalk serve's port; Ray's proxy takes the next")
+    parser.add_argument(
+        "--ray-env", action="append", default=[], metavar="NAME=VALUE", help="environment of Ray's processes"
+    )
+    parser.add_argument("--stem", default="ray_overhead", help="the results' file name")
     args = parser.parse_args()
     load = psutil.getloadavg()[0]
     server, plain_base = start_plain(args)
@@ -218,7 +226,7 @@ def main() -> None:
         ]
         for a in added
     ]
-    write_report(args.out, "ray_overhead", data, markdown_table(headers, table))
+    write_report(args.out, args.stem, data, markdown_table(headers, table))
     print(markdown_table(headers, table))
 
 
