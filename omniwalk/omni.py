@@ -113,7 +113,7 @@ class Omni:
         self._adapters().unload(name)
 
     def _adapters(self, required: bool = True):
-        adapters = getattr(self.family, "adapters", None)
+        adapters = self.family.adapters
         if adapters is None and required:
             raise ConfigError("this engine has no adapter slots: start it with max_loras > 0")
         return adapters

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from omniwalk.config import OmniConfig
     from omniwalk.engine.engine import Stage
     from omniwalk.engine.request import EngineRequest
+    from omniwalk.models.common.programs.adapters import ThinkerAdapters
     from omniwalk.sampling import TokenLogprob
 
 
@@ -75,6 +76,8 @@ class ModelInfo:
 
 class ModelFamily(ABC):
     info: ModelInfo
+    # the thinker's LoRA adapters (``models/common/programs/adapters.py``); None: the engine has no adapter slots
+    adapters: ThinkerAdapters | None = None
 
     @abstractmethod
     def __init__(self, config: OmniConfig):

@@ -39,7 +39,17 @@ from omniwalk.serve.metrics import Metrics
 
 access_log = logging.getLogger("omniwalk.access")
 error_log = logging.getLogger("omniwalk.error")
-ROUTES = ("/v1/chat/completions", "/v1/audio/speech", "/v1/models", "/health", "/metrics", "/v1/realtime")
+ROUTES = (
+    "/v1/chat/completions",
+    "/v1/responses",
+    "/v1/audio/speech",
+    "/v1/models",
+    "/v1/load_lora_adapter",
+    "/v1/unload_lora_adapter",
+    "/health",
+    "/metrics",
+    "/v1/realtime",
+)
 
 
 class BodyTooLarge(APIError):

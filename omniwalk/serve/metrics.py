@@ -25,7 +25,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 disable_created_metrics()  # (the *_created series read as gauges beside every counter)
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 # engine stats quantities that only grow (exported as counters); every other one is a level
-ENGINE_COUNTS = ("preemptions", "graph_replays", "eager_decode_steps", "eager_calls")
+ENGINE_COUNTS = (
+    "preemptions",
+    "graph_replays",
+    "eager_decode_steps",
+    "eager_calls",
+    "lora_loads",  # adapters copied into a slot
+    "lora_swaps",  # adapters evicted from their slot for another
+    "lora_waits",  # slot requests answered "wait": every slot held
+)
 
 
 class _EngineCollector:
