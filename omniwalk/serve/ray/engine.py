@@ -2,7 +2,7 @@
 
     EngineReplica(options)          starts the engine process (``EngineClient``), waits for its model
     generate(request) -> stream     each item a list of the request's events that were ready together
-    info() / stats() / name()       the model's ``ModelInfo``, this replica's stats, its Ray replica id
+    info() / stats()                the model's ``ModelInfo``; this replica's stats
     check_health()                  raises once the engine process is gone: Ray replaces the replica
 
 Its stats are also Ray metrics, ``ray_omniwalk_engine{replica, stage, quantity}`` beside Ray Serve's own.
@@ -73,9 +73,6 @@ class EngineReplica:
 
     def info(self) -> ModelInfo:
         return self.client.info
-
-    def name(self) -> str:
-        return self.replica
 
     def stats(self) -> dict:
         own = {"up": float(self.client.unavailable is None), "unfinished": self.client.num_unfinished}
