@@ -8,8 +8,9 @@
 Its stats are also Ray metrics, ``ray_omniwalk_engine{replica, stage, quantity}`` beside Ray Serve's own.
 
 Events travel as ``wire`` dataclasses. Coalescing: an item carries every event of the request that is
-waiting when the previous item was taken (one engine step's deltas, or more when the consumer is
-slower), so a streamed item per token is the worst case, never the rule. The engine's own outcomes
+waiting when the previous item was taken: one engine step's deltas, or more when the consumer is
+slower. (A request's step often has one delta, its token: then an item is a token; docs/deploy.md
+measures what an item costs.) The engine's own outcomes
 are items too, never exceptions across Ray: a request the engine refused is a ``Failed`` event; an
 engine process that is gone ends the stream with a ``Gone`` event naming this replica (the ingress
 retries a request that had no output yet elsewhere). A finished request's last item carries this
