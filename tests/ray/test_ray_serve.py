@@ -1,8 +1,9 @@
 """omniwalk as a Ray Serve application on a real two-node Ray cluster (``ray.cluster_utils.Cluster`` on
 loopback, one for the module): two engine replicas, one on each node, behind Ray's HTTP proxy, used
-with the official ``openai`` client. Requests spread over both replicas; a multi-turn chat's later
-turns land on the replica holding its prefix; a killed engine process loses no request that had no
-output yet, Ray replaces its replica; autoscaling goes 1 -> 2 -> 1 replicas without a failed request."""
+with the official ``openai`` client. Requests spread over both replicas; a conversation's later turns
+land on the replica holding its prefix; a killed engine process loses no request whose client had seen
+no output, Ray replaces its replica; autoscaling goes 1 -> 2 -> 1 replicas without a failed request;
+Ray's metrics carry every engine replica's stats; ``omniwalk serve --ray ADDRESS`` deploys and stops."""
 
 import asyncio
 import base64
@@ -250,7 +251,6 @@ def test_a_killed_engine_process_loses_no_request_without_output_and_ray_replace
                 break
         assert time.monotonic() < deadline, replicas
         time.sleep(1)
-    print(f"replaced and serving {time.monotonic() - killed[0]:.1f}s after the kill; {len(failed)} failed with output")
 
 
 def test_autoscaling_goes_to_two_replicas_under_load_and_back_to_one_when_idle(cluster):
