@@ -77,6 +77,18 @@ def test_qwen3_min_audio_frames_raises_the_cap():
         capped(omni, before)
 
 
+def test_qwen3_speech_over_the_cap_when_the_text_ends_stops_there():
+    """A cap of 1 frame for the 8 tokens: the talker has drawn more by the time the text ends (about one
+    frame per text token while it streams); it stops at once instead of waiting for a frame."""
+    omni, cap = qwen3_omni.omni(), SpeechCap(s_per_text_token=0.01, margin_s=0.0)
+    before = capped(omni, cap)
+    try:
+        frames = omni.generate(chat()).codes.shape[0]
+    finally:
+        capped(omni, before)
+    assert cap.max_frames(TEXT_TOKENS, FRAMES_PER_S) == 1 and 1 <= frames < TEXT_TOKENS
+
+
 def test_qwen2_5_speech_stops_near_its_text():
     """A tighter cap than the default's 500 codes (10 s at 50 Hz), for a short token2wav on the CPU."""
     omni, cap = qwen2_5_omni.omni(), SpeechCap(s_per_text_token=0.1, margin_s=0.2)

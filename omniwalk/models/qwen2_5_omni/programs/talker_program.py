@@ -28,8 +28,8 @@ repetition penalty's seen masks live per request). Other steps replay a graph of
 for their padded layout when one fits (``engine/prefill_graphs.py``).
 
 A stream ends at codec pad or eos, or at the request's code limit (``code_limit``): its
-``max_audio_frames``, cut to the speech cap of the answer's text so far (``config.SpeechCap``: random
-weights rarely draw a stop code), never below its ``min_audio_frames``.
+``max_audio_frames``, cut to the speech cap of the answer's text once that is complete
+(``config.SpeechCap``: random weights rarely draw a stop code), never below its ``min_audio_frames``.
 
 The hand-over to token2wav is host-side: ``_commit`` appends each code it reads back to the
 request's ``Token2WavState.codes`` (``TalkerState.token2wav``) and sets its ``finished`` when the
@@ -82,10 +82,10 @@ class TalkerState:
         self.reply[j : j + 1] = [row]  # (a recomputed token writes its row again)
 
 
-def code_limit(st: TalkerState, num_text_tokens: int, cap: SpeechCap) -> int:
-    """The codes a request may draw with ``num_text_tokens`` of its answer known (non-decreasing as the
-    text grows): ``max_audio_frames`` cut to the text's speech cap, at least ``min_audio_frames``."""
-    capped = cap.max_frames(num_text_tokens, CODES_PER_S)
+def code_limit(st: TalkerState, th, cap: SpeechCap) -> int:
+    """The codes a request may draw: its ``max_audio_frames``, and once its answer's text is complete
+    (``th.speech_ended``) at most the text's speech cap, never below its ``min_audio_frames``."""
+    capped = cap.max_frames(len(th.spoken), CODES_PER_S) if th.speech_ended else None
     limit = st.max_codes if capped is None else min(st.max_codes, capped)
     return max(limit, st.sampler.params.min_tokens)
 
@@ -150,7 +150,10 @@ class TalkerProgram(KVProgram):
 
     def num_ready(self, req: EngineRequest, num_cached: int) -> int:
         st = req.state.talker
-        if st.finished or len(st.draws) >= self._code_limit(req):
+        if st.finished:
+            return 0
+        if len(st.draws) >= self._code_limit(req):  # (a code in flight ends it at its commit; else the text
+            st.finished = st.token2wav.finished = len(st.codes) == len(st.draws)  # ended with codes over its cap)
             return 0
         if req.state.thinker.tool_call_at == 0:  # the answer is a tool call, nothing to say: no audio
             st.finished = st.token2wav.finished = True
@@ -265,7 +268,7 @@ class TalkerProgram(KVProgram):
         return {"graph_replays": replays, "eager_decode_steps": self.num_eager_decode_steps, **self.layers.stats()}
 
     def _code_limit(self, req: EngineRequest) -> int:
-        return code_limit(req.state.talker, len(req.state.thinker.spoken), self.speech_cap)
+        return code_limit(req.state.talker, req.state.thinker, self.speech_cap)
 
     def _commit(self, req: EngineRequest, code: int) -> None:
         st = req.state.talker

@@ -14,8 +14,8 @@ sampling, all code-predictor steps and their sampling, with the batch's sampling
 static inputs (``sampling.BatchParams``).
 
 Speech ends at codec EOS or at the request's frame limit (``frame_limit``): its ``max_audio_frames``,
-cut to the speech cap of the answer's text so far (``config.SpeechCap``: random weights never draw
-EOS), never below its ``min_audio_frames``.
+cut to the speech cap of the answer's text once that is complete (``config.SpeechCap``: random
+weights never draw EOS), never below its ``min_audio_frames``.
 """
 
 from __future__ import annotations
@@ -60,10 +60,11 @@ def text_entry(generated: list[int], finished: bool, frame: int, im_end: int) ->
     return generated[k] if k < last else EOS if k == last else PAD
 
 
-def frame_limit(ts, num_text_tokens: int, cap: SpeechCap) -> int:
-    """The frames a request may draw with ``num_text_tokens`` of its answer known (non-decreasing as
-    the text grows): ``max_audio_frames`` cut to the text's speech cap, at least ``min_audio_frames``."""
-    capped = cap.max_frames(num_text_tokens, FRAMES_PER_S)
+def frame_limit(ts, th, cap: SpeechCap) -> int:
+    """The frames a request may draw: its ``max_audio_frames``, and once its answer's text is complete
+    (``th.speech_ended``) at most the text's speech cap, never below its ``min_audio_frames``. (While the
+    text streams, the talker speaks about one frame per text token: far under the cap.)"""
+    capped = cap.max_frames(len(th.spoken), FRAMES_PER_S) if th.speech_ended else None
     limit = ts.params.max_audio_frames if capped is None else min(ts.params.max_audio_frames, capped)
     return max(limit, ts.params.min_audio_frames)
 
@@ -107,7 +108,10 @@ class TalkerProgram(KVProgram):
 
     def num_ready(self, req: EngineRequest, num_cached: int) -> int:
         ts, th = req.state.talker, req.state.thinker
-        if ts.finished or ts.num_frames >= self._frame_limit(req):  # (the last may still be in flight)
+        if ts.finished:
+            return 0
+        if ts.num_frames >= self._frame_limit(req):  # (a frame in flight ends it at its commit; else the text
+            ts.finished = ts.num_inflight == 0  # ended with the frames already over its cap)
             return 0
         if ts.prefix is None:
             if th.tool_call_at == 0:  # the answer is a tool call, nothing to say: no audio
@@ -133,7 +137,7 @@ class TalkerProgram(KVProgram):
         """Nothing to undo: the input rows are kept and re-fed."""
 
     def _frame_limit(self, req: EngineRequest) -> int:
-        return frame_limit(req.state.talker, len(req.state.thinker.spoken), self.speech_cap)
+        return frame_limit(req.state.talker, req.state.thinker, self.speech_cap)
 
     def _text(self, req: EngineRequest):
         th = req.state.thinker
