@@ -19,7 +19,9 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from omniwalk.layers.moe import SparseMoE
 
 KERNEL_TOP = 25  # kernels listed per stage step, by total time
-GRAPH_ATTRIBUTES = ("decode_graph", "frame_graph")  # the thinker's and the talker's decode-step graphs
+# a program's CUDA graphs: the thinker's and the talker's decode steps, the thinker's prefill layers, a
+# DecoderPrefill's (the talker's prefill layers)
+GRAPH_ATTRIBUTES = ("decode_graph", "frame_graph", "prefill_graphs", "graphs")
 
 
 class StageClock:
@@ -132,13 +134,13 @@ def routed_experts(decoder, run) -> float | None:
 
 @contextmanager
 def eager_decode(program):
-    """Inside: ``program``'s decode steps run eagerly (its decode graph set aside), so hooks see its layers."""
-    names = [n for n in GRAPH_ATTRIBUTES if getattr(program, n, None) is not None]
-    graphs = {n: getattr(program, n) for n in names}
-    for n in names:
-        setattr(program, n, None)
+    """Inside: ``program``'s steps run eagerly (its decode and prefill graphs set aside), so hooks see its layers."""
+    holders = [program, getattr(program, "layers", None)]  # (a talker's prefill graphs: its DecoderPrefill's)
+    set_aside = [(h, n, getattr(h, n)) for h in holders for n in GRAPH_ATTRIBUTES if getattr(h, n, None) is not None]
+    for holder, name, _ in set_aside:
+        setattr(holder, name, None)
     try:
         yield
     finally:
-        for n, graph in graphs.items():
-            setattr(program, n, graph)
+        for holder, name, graph in set_aside:
+            setattr(holder, name, graph)
