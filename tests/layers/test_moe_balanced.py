@@ -31,7 +31,7 @@ def draw(num_tokens: int, num_experts: int, top_k: int, seed: int = 0, layer: in
 
 def test_draws_are_uniform_over_experts():
     """4,096 tokens x 8 of 128 experts: each expert's count near 256 (chi-square, 127 degrees of
-    freedom: mean 127, sd 16; the bound is ~4.5 sd), and so is each slot rank's (no positional bias)."""
+    freedom: mean 127, sd 16; the bound is ~4.5 sd)."""
     _, (_, ids) = draw(4096, 128, 8, seed=7)
     counts = torch.bincount(ids.flatten(), minlength=128).double()
     expected = 4096 * 8 / 128
