@@ -129,3 +129,25 @@ def test_config_bounds():
     with pytest.raises(ConfigError, match="routing_max_excess must be >= 0"):
         RoutingConfig(max_excess=-1)
     assert ServerConfig(routing_affinity=False).routing == RoutingConfig(affinity=False)
+
+
+def test_data_parallel_replicas_route_through_the_policy():
+    from types import SimpleNamespace
+
+    from omniwalk.serve.engine_client import EngineUnavailableError
+    from omniwalk.serve.replicas import Replicas
+
+    replicas = Replicas.__new__(Replicas)  # (no engine processes: their load is what routing reads)
+    replicas.clients = [SimpleNamespace(num_unfinished=n, unavailable=None) for n in (2, 0, 1)]
+    replicas.router, replicas.dead = Router(RoutingConfig(max_excess=1)), {}
+    assert replicas.pick() is replicas.clients[1]
+    key = next(k for k in KEYS if homes(["replica-0", "replica-1", "replica-2"], [k])[k] == "replica-2")
+    assert replicas.pick(key) is replicas.clients[2]  # its home, 1 beyond the least loaded
+    replicas.clients[2].num_unfinished = 2
+    assert replicas.pick(key) is replicas.clients[1]  # 2 beyond: saturated
+    replicas.dead[1] = "the engine process exited with code -9"
+    replicas.clients[0].unavailable = "gone"
+    assert replicas.pick(key) is replicas.clients[2]
+    replicas.dead[2] = "the engine process exited with code -9"
+    with pytest.raises(EngineUnavailableError, match="gone"):
+        replicas.pick(key)
