@@ -235,9 +235,12 @@ class Attention(MergesProjections):
         return (self.q_proj, "q_proj"), (self.k_proj, "k_proj"), (self.v_proj, "v_proj")
 
     def _qkv(self, x, layer: int, lora: LoraRows | None) -> torch.Tensor:
-        """The merged q/k/v projection of x [n, hidden], each part's adapters added to its column slice."""
+        """The merged q/k/v projection of x [n, hidden] with the rows' adapters: merged in the pool too (one
+        add), else each part's added to its column slice."""
         qkv = self.qkv_proj(x)
-        if lora is not None:
+        if lora is not None and lora.holds(layer, "qkv_proj"):
+            lora.add(qkv, x, layer, "qkv_proj")
+        elif lora is not None:
             q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
             for module, start, width in (("q_proj", 0, q), ("k_proj", q, kv), ("v_proj", q + kv, kv)):
                 lora.add(qkv[:, start : start + width], x, layer, module)

@@ -43,6 +43,10 @@ class LoraRows:
     b: Mapping[tuple[int, str], torch.Tensor]
     backend: str = "reference"
 
+    def holds(self, layer: int, module: str) -> bool:
+        """Whether the pool holds (layer, module): a merged projection's key when its adapters are merged."""
+        return (layer, module) in self.a
+
     def add(self, y: torch.Tensor, x: torch.Tensor, layer: int, module: str) -> torch.Tensor:
         """Add the adapters of (layer, module) to y (in place; returned for chaining). x [n, in], y [n, out]."""
         key = (layer, module)

@@ -160,10 +160,12 @@ class GatedMLP(MergesProjections):
         else:
             from omniwalk.kernels.silu_mul import silu_mul_triton
 
-            gate_up = self.gate_up_proj.product(x)
-            inter = gate_up.shape[-1] // 2
-            lora.add(gate_up[:, :inter], x, layer, "gate_proj")
-            lora.add(gate_up[:, inter:], x, layer, "up_proj")
+            gate_up, inter = self.gate_up_proj.product(x), self.gate_up_proj.weight.shape[0] // 2
+            if lora.holds(layer, "gate_up_proj"):  # (the pool holds them merged too: one add)
+                lora.add(gate_up, x, layer, "gate_up_proj")
+            else:
+                lora.add(gate_up[:, :inter], x, layer, "gate_proj")
+                lora.add(gate_up[:, inter:], x, layer, "up_proj")
             act = silu_mul_triton(gate_up)
         return lora.add(self.down_proj(act), act, layer, "down_proj")
 

@@ -23,15 +23,20 @@ from omniwalk.errors import ConfigError, InvalidRequestError
 from omniwalk.layers.decoder import DecoderConfig
 from omniwalk.layers.linear import LoraRows
 from omniwalk.lora.adapters import AdapterError, load_adapter, thinker_targets
-from omniwalk.lora.pool import AdapterPool
+from omniwalk.lora.pool import MERGED, AdapterPool
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")  # what a ``model`` field can carry
 
 
 class ThinkerAdapters:
-    def __init__(self, cfg: DecoderConfig, slots: int, max_rank: int, device, dtype: torch.dtype, backend: str):
+    """``merged``: the thinker runs merged q/k/v and gate/up projections (the fused decoder kernels), so the
+    pool holds their adapters merged too: one ``add_lora`` on each merged output (``lora/pool.py``)."""
+
+    def __init__(
+        self, cfg: DecoderConfig, slots: int, max_rank: int, device, dtype: torch.dtype, backend: str, merged: bool
+    ):
         self.targets = thinker_targets(cfg)
-        self.pool = AdapterPool(self.targets, slots, max_rank, device, dtype)
+        self.pool = AdapterPool(self.targets, slots, max_rank, device, dtype, merged=MERGED if merged else None)
         self.max_rank, self.dtype, self.backend = max_rank, dtype, backend
         self.keys: dict[str, str] = {}  # name -> the key of its current load
         self.users: dict[str, int] = {}  # name -> requests in the thinker stage using it
@@ -134,8 +139,9 @@ def thinker_adapters(cfg: DecoderConfig, config, device) -> ThinkerAdapters | No
         return None
     if model.tensor_parallel > 1:
         raise ConfigError("LoRA adapters (max_loras > 0) with tensor_parallel > 1 are not supported yet")
+    merged = model.decoder_kernels == "fused"  # (``layers/decoder.py``: q/k/v and gate/up merged)
     adapters = ThinkerAdapters(
-        cfg, engine.max_loras, engine.max_lora_rank, device, model.torch_dtype, model.lora_backend
+        cfg, engine.max_loras, engine.max_lora_rank, device, model.torch_dtype, model.lora_backend, merged
     )
     for spec in engine.loras:
         name, _, path = spec.partition("=")
