@@ -394,7 +394,7 @@ REFERENCE_MOE = ReferenceMoE()
 
 def use_routing(module: nn.Module, routing: str, seed: int = 0) -> None:
     """Every MoE layer under ``module`` routes by ``routing`` (``ROUTINGS``); balanced draws are salted
-    by ``seed`` and the layer's place in ``module.modules()`` order, and start from call 0."""
+    by ``seed`` and the layer's place in ``module.modules()`` order, and start from the first call."""
     if routing not in ROUTINGS:
         raise ValueError(f"moe routing must be one of {list(ROUTINGS)}, got {routing!r}")
     layers = [m for m in module.modules() if isinstance(m, SparseMoE)]

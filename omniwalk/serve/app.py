@@ -47,6 +47,7 @@ from omniwalk.serve.page import add_page_routes
 from omniwalk.serve.realtime.route import add_realtime_route
 from omniwalk.serve.replicas import Replicas
 from omniwalk.serve.responses_routes import add_responses_routes
+from omniwalk.serve.routing import affinity_key
 from omniwalk.serve.run import EngineRun
 from omniwalk.serve.speech import speech_request
 from omniwalk.serve.supervisor import Supervisor
@@ -181,7 +182,8 @@ def _generation_routes(app: FastAPI, served: Served) -> None:
     async def chat(request: Request):
         body = await served.body(request, schemas.ChatRequest)
         engine_request, options = await api.chat_request(body, served.context(), request.receive)
-        run = EngineRun(served.client, engine_request, served.metrics)
+        key = affinity_key(body.model_dump(include={"messages"}, exclude_none=True))
+        run = EngineRun(served.client, engine_request, served.metrics, key)
         first = await run.first_event()  # engine-side validation errors still become 4xx here
         if options.stream:
             events = run.sse(first, options, served.store)

@@ -1,6 +1,7 @@
 """``--data-parallel 2``: two engine processes behind one server, as the official ``openai`` client
-sees them. Requests go to the least loaded replica; a replica whose process is killed fails the
-requests it held with a 503 (an OpenAI error body, at once), is reported dead in /health and
+sees them. Requests go to the least loaded replica (affinity off here: which replica holds a
+conversation's prefix is the routing policy's test, tests/serve/test_routing.py); a replica whose
+process is killed fails the requests it held with a 503 (an OpenAI error body, at once), is reported dead in /health and
 /metrics, and the other one keeps serving."""
 
 import asyncio
@@ -56,7 +57,9 @@ async def _until(predicate, timeout: float = 60):
 def test_two_replicas_serve_route_to_the_least_loaded_and_survive_a_killed_one():
     # the fault server: its requests of 41 and 4001 tokens take at least 20 ms a token (0.8 s, 80 s), so
     # each is seen running in /metrics on a fast machine too; every other request runs as in ``serve``
-    proc, base = launch("--data-parallel", "2", entry=("-m", "tests.helpers.fault_server"))
+    proc, base = launch(
+        "--data-parallel", "2", "--routing-affinity", "false", entry=("-m", "tests.helpers.fault_server")
+    )
     try:
         status, health = _health(base)
         assert status == 200 and health["status"] == "ready", health

@@ -6,10 +6,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from omniwalk.config import OmniConfig
 from omniwalk.engine.request import EngineRequest
 from omniwalk.errors import InvalidRequestError
+from omniwalk.layers.moe import use_routing
 from omniwalk.media.patches import IMAGE_PATCHES, VIDEO_PATCHES
 from omniwalk.models.common.checkpoint.loader import Backends
 from omniwalk.models.common.processing.chat import ChatProcessor, Prompt
@@ -96,6 +98,9 @@ class Qwen3OmniFamily(ModelFamily):
             quantization=mc.quantization,
             transform=self._place_thinker,
         )
+        # (a benchmark's balanced routing; MoE layers numbered thinker first, then talker)
+        routed = nn.ModuleList(self.parts[n] for n in ("thinker", "talker") if n in self.parts)
+        use_routing(routed, mc.moe_routing, mc.moe_routing_seed)
         if "talker" in self.stages:
             shared = self.text_embedding is None
             self.parts["text_embedding"] = self.parts["thinker"].model.embed_tokens if shared else self.text_embedding

@@ -68,7 +68,15 @@ def build_stages(
         num_codes = cfg.token2wav.dit.num_embeds + 1
         talker_plan = PrefillPlan(min(engine.prefill_graph_max_tokens, budget), prefill)
         talker = TalkerProgram(
-            parts["talker"], parts["thinker"], cfg.talker, device, num_codes, decode, graphs, talker_plan
+            parts["talker"],
+            parts["thinker"],
+            cfg.talker,
+            device,
+            num_codes,
+            decode,
+            graphs,
+            talker_plan,
+            speech_cap=model.speech_cap,
         )
         storage = kv_storage(cfg.talker.text, opts.talker_kv_bytes, engine.page_size, dtype, device)
         stream = Token2WavStreamConfig(opts.token2wav_chunk_blocks)

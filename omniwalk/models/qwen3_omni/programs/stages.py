@@ -80,6 +80,7 @@ def build_stages(parts: dict, cfg: Qwen3OmniConfig, config: OmniConfig, devices:
             decode,
             graphs,
             _prefill(engine, budget, prefill),
+            speech_cap=model.speech_cap,
         )
         storage = kv_storage(cfg.talker.text, opts.talker_kv_bytes, engine.page_size, dtype, device)
         stream = VocoderStreamConfig(opts.vocoder_chunk_frames, opts.vocoder_first_chunk_frames)
