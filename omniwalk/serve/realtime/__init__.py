@@ -11,6 +11,7 @@ bounds.py        what a conversation may hold, and the audio budget all sessions
 input_audio.py   the input audio buffer, cut into turns by the VAD
 vad.py           server VAD (WebRTC VAD over 20 ms frames, a vote over a window; turn ends from the last voiced frame)
 preemption.py    answers started on a tentative end of turn, released when it is confirmed, else dropped unseen
+prompt.py        a response's chat-completions body (settings, response fields, conversation)
 response.py      one response: a chat-completions engine request streamed as response events (and calls)
 transcription.py the served model transcribes committed user audio (when the session asks)
 """

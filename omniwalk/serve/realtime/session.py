@@ -30,27 +30,14 @@ import logging
 from omniwalk.config import ServerConfig
 from omniwalk.serve.errors import APIError, bad_request
 from omniwalk.serve.realtime import protocol as p
-from omniwalk.serve.realtime.bounds import AudioBudget, ConversationLimits, audio_size, item_size
+from omniwalk.serve.realtime.bounds import AudioBudget, ConversationLimits, audio_size
 from omniwalk.serve.realtime.conversation import Conversation, Item, Message, Part, item_from_client, pcm16
 from omniwalk.serve.realtime.input_audio import InputAudio, samples_to_ms
 from omniwalk.serve.realtime.preemption import Prepared
+from omniwalk.serve.realtime.prompt import response_body
 from omniwalk.serve.realtime.response import Response, engine_request, is_disconnect
-from omniwalk.serve.realtime.settings import (
-    SAMPLING,
-    Settings,
-    check_output_format,
-    check_response_refused,
-    output_max_tokens,
-    output_speaks,
-    output_voice,
-)
-from omniwalk.serve.realtime.tools import (
-    chat_tool_choice,
-    chat_tools,
-    check_tool_grammar,
-    check_tools,
-    realtime_param,
-)
+from omniwalk.serve.realtime.settings import Settings
+from omniwalk.serve.realtime.tools import check_tool_grammar, realtime_param
 from omniwalk.serve.realtime.transcription import transcribe
 from omniwalk.serve.realtime.vad import INPUT_RATE
 
@@ -283,7 +270,7 @@ class Session:
     async def _respond(self, fields: p.ResponseFields, prepared: Prepared | None = None) -> None:
         """Start a response; on the engine run of ``prepared`` when it was started for this very request."""
         try:
-            body, speaks = self._response_body(fields)
+            body, speaks = self._body(fields)
         except APIError:
             if prepared is not None:
                 await prepared.discard()
@@ -312,35 +299,8 @@ class Session:
         )
         self.response.start()
 
-    def _response_body(self, fields: p.ResponseFields, pending: Item | None = None) -> tuple[dict, bool]:
-        """The chat-completions body of a response (and whether it speaks); ``pending``: a user item
-        not yet in the conversation, as the last one (a turn being prepared)."""
-        settings, given = self.settings, fields.model_fields_set
-        check_response_refused(fields, "response")
-        speaks = output_speaks(fields, "response")
-        speaks = settings.speaks if speaks is None else speaks
-        check_output_format(fields, "response")
-        voice = output_voice(fields, self.context, "response") or settings.voice
-        max_tokens = output_max_tokens(fields)
-        max_tokens = settings.max_output_tokens if max_tokens is ... else max_tokens
-        instructions = fields.instructions if "instructions" in given else settings.instructions
-        self._check_prompt_size()
-        messages = [{"role": "system", "content": instructions}] if instructions else []
-        messages += self.conversation.chat_messages() + ([pending.chat_message()] if pending else [])
-        if not any(m["role"] == "user" for m in messages):
-            raise bad_request("the conversation has no user item to respond to", None, "conversation_empty")
-        body = {
-            "messages": messages,
-            "modalities": ["text", "audio"] if speaks else ["text"],
-            "stream": True,
-            **({"audio": {"voice": voice, "format": "pcm16"}} if speaks else {}),
-            **({"max_tokens": max_tokens} if max_tokens else {}),
-            **settings.sampling,
-            **{k: getattr(fields, k) for k in SAMPLING if k in given},
-            **(fields.model_extra or {}),  # the family's own fields
-        }
-        body.update(self._tools(fields))
-        return body, speaks
+    def _body(self, fields: p.ResponseFields, pending: Item | None = None) -> tuple[dict, bool]:
+        return response_body(self.settings, self.context, self.conversation, self.cfg, fields, pending)
 
     # ---- preemptive answers (``preemption.py``) ----
 
@@ -350,7 +310,8 @@ class Session:
         if self.prepared is not None or not td.create_response or self.is_responding:
             return
         try:
-            body, _ = self._response_body(p.ResponseFields(), Message("pending", "user", [Part("audio", audio=audio)]))
+            pending = Message("pending", "user", [Part("audio", audio=audio)])
+            body, _ = self._body(p.ResponseFields(), pending)
             request, options = await engine_request(body, self.context)
         except APIError:
             return  # (the confirmed turn meets the same error, sent then)
@@ -360,25 +321,3 @@ class Session:
         prepared, self.prepared = self.prepared, None
         if prepared is not None:
             await prepared.discard()
-
-    def _tools(self, fields: p.ResponseFields) -> dict:
-        """The response's ``tools`` and ``tool_choice`` in chat's shape (the response's own, else the
-        session's); none when there are no tools."""
-        given = fields.model_fields_set
-        tools = list(fields.tools or []) if "tools" in given else self.settings.tools
-        choice = (fields.tool_choice or "auto") if "tool_choice" in given else self.settings.tool_choice
-        check_tools(tools, choice, "response")
-        return {"tools": chat_tools(tools), "tool_choice": chat_tool_choice(choice)} if tools else {}
-
-    def _check_prompt_size(self) -> None:
-        """Refuse a prompt the chat route would refuse as a body (its audio as base64 WAV), before
-        building it: the base64, the JSON and the decoded arrays are never made."""
-        num_bytes = sum(item_size(item).num_bytes for item in self.conversation.items)
-        estimate = num_bytes + self.conversation.num_audio_bytes // 3  # base64: 4 bytes per 3
-        if estimate > self.cfg.max_body_bytes:
-            raise bad_request(
-                f"the conversation's prompt would be ~{estimate} bytes, past the server's {self.cfg.max_body_bytes}; "
-                "delete items first",
-                None,
-                "conversation_too_large",
-            )
