@@ -177,6 +177,27 @@ def test_conversations_keep_to_the_replica_holding_their_prefix_and_spread_over_
     assert all(prefix_tokens[name] > 0 for name in replicas), prefix_tokens
 
 
+def test_a_client_that_hangs_up_mid_stream_aborts_its_request_in_the_engine(client, base_url):
+    messages = [{"role": "user", "content": "a story that never ends, please"}]
+    body = {"model": "qwen3-omni", "messages": messages, "max_tokens": 4000, "stream": True, "ignore_eos": True}
+
+    def unfinished_beside_a_turn() -> float:
+        """The most unfinished requests a replica reports after a short turn of the same conversation (which
+        goes to the same replica, and reports that replica's count once it has itself finished)."""
+        client.chat.completions.create(model="qwen3-omni", messages=messages, **GREEDY)
+        return max(per_replica(base_url, "replica", "unfinished").values())
+
+    with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200, response.read()
+        lines, chunks = response.iter_lines(), 0
+        while chunks < 3:
+            chunks += next(lines).startswith("data: {")
+        assert unfinished_beside_a_turn() == 1  # (the story runs on)
+        lines.close()  # (closes the connection)
+    time.sleep(1.0)
+    assert unfinished_beside_a_turn() == 0
+
+
 def engine_replicas() -> dict[str, int]:
     """The live engine replicas: Ray replica id -> its actor's process id."""
     actors = list_actors(filters=[("state", "=", "ALIVE")], detail=True)

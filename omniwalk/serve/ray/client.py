@@ -71,17 +71,19 @@ class RayEngines:
         while True:
             if self.unavailable:
                 raise EngineUnavailableError(self.unavailable)
-            produced = False
+            stream, produced, ended = self.calls.remote(request, key=key, avoid=tuple(self.gone)), False, False
             try:
-                async for batch in self.calls.remote(request, key=key, avoid=tuple(self.gone)):
+                async for batch in stream:
                     for event in batch:
                         if not isinstance(event, (Delta, Finished)):
                             self._note(event, request)
                             continue
-                        produced = True
+                        produced, ended = True, isinstance(event, Finished)  # (its replica's stream ends there)
                         yield event
+                ended = True
                 return
             except (_ReplicaGone, *_REPLICA_LOST) as e:
+                ended = True
                 reason = str(e).splitlines()[0] if str(e) else type(e).__name__
                 if isinstance(e, _ReplicaGone) and e.replica is not None:
                     self.gone[e.replica] = reason
@@ -90,6 +92,9 @@ class RayEngines:
                     raise EngineUnavailableError(f"the engine replica failed: {reason}") from None
             except RayTaskError as e:
                 raise EngineRequestError(str(e.cause), type(e.cause).__name__, bad_request=False) from None
+            finally:
+                if not ended:  # (its consumer left early, e.g. a client hung up: stop it, which aborts it there)
+                    stream.cancel()
             self.num_retries += 1
             await asyncio.sleep(delay)
             delay = min(2 * delay, MAX_RETRY_DELAY_S)
