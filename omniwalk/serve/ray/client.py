@@ -6,9 +6,9 @@ HTTP app (``create_app``) runs unchanged in a Ray Serve ingress replica.
     async for event in engines.generate(request):  # wire.Delta ..., then wire.Finished
 
 A request is one streaming call of ``EngineReplica.generate`` (each item a list of events, see
-``engine.py``), routed by ``router.AffinityRouter`` with the request's affinity key (a digest of its
-conversation prefix: a chat's system prompt and first user message, which a realtime session's
-turns share too). Faults: a replica whose engine process is gone (a ``Gone`` event) or whose actor
+``engine.py``), routed by ``router.AffinityRouter`` with the request's affinity key (the caller's:
+a realtime session's id, a chat's prefix digest; else the digest of the engine request's own
+messages). Faults: a replica whose engine process is gone (a ``Gone`` event) or whose actor
 died is avoided from then on; the request is sent again to another replica, for up to
 ``ray_retry_timeout_s``, while its client has seen none of its output: a stream (``stream`` set:
 streamed chats, realtime responses) before its first delta, a collected request (a non-streamed
