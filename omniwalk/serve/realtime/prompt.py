@@ -50,6 +50,7 @@ def response_body(
     if not any(m["role"] == "user" for m in messages):
         raise bad_request("the conversation has no user item to respond to", None, "conversation_empty")
     body = {
+        "model": settings.model,  # (the served model's name, or the LoRA adapter the handshake named)
         "messages": messages,
         "modalities": ["text", "audio"] if speaks else ["text"],
         "stream": True,

@@ -1,15 +1,14 @@
 """``GET /v1/realtime``: the WebSocket that carries a Realtime session.
 
-The handshake is checked before it is accepted, in the HTTP API's order, and refused with an
-HTTP response carrying OpenAI's error body: 401 a missing or wrong API key (``Authorization:
-Bearer``, or, for browsers, which cannot set headers, the subprotocol
-``openai-insecure-api-key.<key>``), 503 the engine is not ready, 429 ``realtime_max_sessions`` open
-already. Any ``?model=`` is accepted and served by the one model (realtime clients name OpenAI's
-models in the URL: ``gpt-realtime``, ``gpt-4o-realtime-preview-...``); the session's ``model``
-shows the served model's name. An accepted session lasts at most
-``realtime_max_session_s`` (an ``error`` event with code ``session_expired``, then the close), and
-ends when the client sends no event for ``realtime_idle_timeout_s`` while no answer is being
-generated (an ``error`` event with code ``idle_timeout``, then the close). The sessions share one
+The handshake is checked before it is accepted, in the HTTP API's order, and refused with an HTTP response
+carrying OpenAI's error body: 401 a missing or wrong API key (``Authorization: Bearer``, or, for browsers,
+which cannot set headers, the subprotocol ``openai-insecure-api-key.<key>``), 503 the engine is not ready, 429
+``realtime_max_sessions`` open already. Any ``?model=`` is accepted and served by the one model (realtime
+clients name OpenAI's models in the URL: ``gpt-realtime``, ``gpt-4o-realtime-preview-...``); the session's
+``model`` shows the served model's name, or the LoRA adapter it names (its answers then run that adapter). An
+accepted session lasts at most ``realtime_max_session_s`` (an ``error`` event with code ``session_expired``,
+then the close), and ends when the client sends no event for ``realtime_idle_timeout_s`` while no answer is
+being generated (an ``error`` event with code ``idle_timeout``, then the close). The sessions share one
 ``AudioBudget`` for their conversations' audio (``bounds.py``).
 A client that goes away ends its session: a response in progress is aborted in the engine, and
 the media decoding of the event being handled (a response's prompt) stops.
@@ -34,6 +33,7 @@ from omniwalk.serve.realtime import protocol as p
 from omniwalk.serve.realtime.bounds import AudioBudget
 from omniwalk.serve.realtime.response import is_disconnect
 from omniwalk.serve.realtime.session import Emitter, Session
+from omniwalk.serve.routing import affinity_key
 from omniwalk.serve.run import EngineRun
 
 ROUTE = "/v1/realtime"
@@ -107,9 +107,15 @@ async def _serve(ws: WebSocket, served, sessions: Sessions) -> None:
     is_beta = "realtime=v1" in ws.headers.get("openai-beta", "") or "openai-beta.realtime-v1" in offered
     cfg = served.cfg
     expires_at = int(time.time() + cfg.realtime_max_session_s)
-    run_engine = lambda request: EngineRun(served.client, request, served.metrics)  # noqa: E731
     emit = Emitter(ws.send_text, is_beta)
-    session = Session(emit, cfg, served.context(), run_engine, expires_at, sessions.budget, sessions.preemptions)
+
+    def run_engine(request: dict) -> EngineRun:  # (a session's answers go to the replica holding its pages)
+        return EngineRun(served.client, request, served.metrics, affinity_key({}, session.settings.id))
+
+    context = served.context()
+    adapter = ws.query_params.get("model")  # (any other name is served by the base model)
+    adapter = adapter if adapter in context.adapters else None
+    session = Session(emit, cfg, context, run_engine, expires_at, sessions.budget, sessions.preemptions, adapter)
     try:
         await session.start()
         async with asyncio.timeout(cfg.realtime_max_session_s):

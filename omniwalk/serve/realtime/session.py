@@ -72,11 +72,13 @@ class Session:
         expires_at: int,
         budget: AudioBudget,
         preemptions=None,
+        model: str | None = None,
     ):
+        """``model``: a LoRA adapter the handshake named (its answers run it); None: the base model."""
         self.emit, self.cfg, self.context, self.run_engine = emit, cfg, context, run_engine
         self.preemptions = preemptions  # the counter of preemptive answers by outcome (None: not counted)
         self.prepared: Prepared | None = None  # an answer started on a tentative end of turn
-        self.settings = Settings.defaults(cfg, context.model_name, expires_at)
+        self.settings = Settings.defaults(cfg, model or context.model_name, expires_at)
         self.conversation = Conversation(ConversationLimits.from_config(cfg), budget)
         self.audio = InputAudio(int(cfg.realtime_max_buffer_s * INPUT_RATE))
         self.audio.set_vad(self.settings.turn_detection.vad if self.settings.turn_detection else None)
