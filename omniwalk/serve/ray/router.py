@@ -19,8 +19,9 @@ from omniwalk.serve.routing import NoReplica, ReplicaLoad, Router
 
 
 class AffinityRouter(RequestRouter):
-    def initialize_state(self, affinity: bool = True, saturation: int = 32, max_excess: int = 8) -> None:
-        self.policy = Router(RoutingConfig(affinity=affinity, saturation=saturation, max_excess=max_excess))
+    def initialize_state(self, **routing) -> None:
+        """``routing``: ``RoutingConfig``'s fields (the deployment's ``request_router_kwargs``; its defaults else)."""
+        self.policy = Router(RoutingConfig(**routing))
         self.outstanding: dict[str, int] = {}  # replica id -> requests routed to it, not completed
         self.routed: dict[str, str] = {}  # internal request id -> replica id
 
