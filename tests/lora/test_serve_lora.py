@@ -2,8 +2,9 @@
 official client: ``--lora`` at start, /v1/models with ``parent``, ``model`` picking an adapter, run-time
 load/unload inside ``--lora-root`` (outside: 400), an unknown model (404 ``model_not_found``), an adapter
 unloaded while a request uses it (the request finishes), concurrent requests over more adapters than slots
-(each its adapter's answer; swaps in /metrics)."""
+(each its adapter's answer; swaps in /metrics), a realtime session naming an adapter."""
 
+import asyncio
 import shutil
 import tempfile
 import threading
@@ -17,6 +18,7 @@ from helpers import qwen3_omni
 from helpers.hf_oracle import TEST_ROOT
 from helpers.live_server import launch
 from helpers.lora_adapters import AdapterSpec, peft_model
+from helpers.realtime_client import until
 
 KEY = "lora-test-key"
 BASE = "qwen3-omni"
@@ -168,3 +170,36 @@ def test_speech_and_responses_take_the_adapter_too(client):
     asked = {"input": "hello", "max_output_tokens": 8, "temperature": 0.0}
     replies = {m: client.responses.create(model=m, **asked) for m in (BASE, "sun")}
     assert replies["sun"].model == "sun" and replies["sun"].output_text != replies[BASE].output_text
+
+
+def test_a_realtime_session_naming_an_adapter_runs_it(client, base_url):
+    """``?model=`` naming an adapter: the session's answers are the adapter's (a chat's, with that model);
+    any other name is served by the base model."""
+    ws_url = base_url.replace("http", "ws", 1) + "/v1"
+    sdk = openai.AsyncOpenAI(base_url=f"{base_url}/v1", websocket_base_url=ws_url, api_key=KEY, max_retries=0)
+    greedy = {"temperature": 0.0, "ignore_eos": True}
+
+    async def text_of(model: str) -> tuple[str, str]:
+        async with sdk.realtime.connect(model=model) as conn:
+            created = await conn.recv()
+            update = {"type": "realtime", "audio": {"input": {"turn_detection": None}}, "output_modalities": ["text"]}
+            await conn.session.update(session={**update, "max_output_tokens": 8, **greedy})
+            text = {"type": "input_text", "text": "hello there"}
+            await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [text]})
+            await conn.response.create()
+            events = await until(conn)
+        return created.session.model, "".join(e.delta for e in events if e.type == "response.output_text.delta")
+
+    def chat_of(model: str) -> str:
+        reply = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "hello there"}],
+            max_tokens=8,
+            temperature=0.0,
+            extra_body={"ignore_eos": True},
+        )
+        return reply.choices[0].message.content
+
+    (sun_model, sun), (other_model, other) = (asyncio.run(text_of(m)) for m in ("sun", "gpt-realtime"))
+    assert (sun_model, other_model) == ("sun", BASE)
+    assert sun == chat_of("sun") and other == chat_of(BASE) and sun != other
