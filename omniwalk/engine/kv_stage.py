@@ -156,6 +156,7 @@ class KVStage:
                 table.release(self.pool)  # (its prefix pages back, idle again)
                 break  # FIFO: nobody overtakes the head for pages
             self.num_prefix_tokens += table.num_cached
+            req.cached.setdefault(self.name, table.num_cached)  # (the first admission's: usage reports it)
             self.waiting.remove(req)
             self.running.append(req)
             req.status = Status.RUNNING

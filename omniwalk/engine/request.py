@@ -46,6 +46,7 @@ class EngineRequest:
     error: Exception | None = None
     events: deque[Event] = field(default_factory=deque)
     order: int = field(default_factory=lambda: next(_counter))  # FIFO tie-breaker and preemption age
+    cached: dict[str, int] = field(default_factory=dict)  # KV stage -> prompt tokens its prefix pages gave at admission
 
     def emit(self, kind: str, data: Any = None) -> None:
         self.events.append(Event(kind, data))

@@ -46,6 +46,8 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None
     audio: torch.Tensor | None = None  # float32 mono at ``ModelInfo.sample_rate``, when "audio" was requested
     error: str | None = None
+    num_cached_tokens: int = 0  # prompt tokens the thinker took from prefix pages instead of computing them
+    num_audio_prompt_tokens: int = 0  # the prompt's audio placeholder tokens (the rest is text and images)
 
 
 @dataclass(frozen=True)

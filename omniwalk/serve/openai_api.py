@@ -323,7 +323,13 @@ def _assistant_message(m: s.AssistantMessage, where: str, store: AudioStore) -> 
 
 def usage(output: dict) -> dict:
     prompt, completion = len(output["prompt_token_ids"]), len(output["token_ids"])
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    details = {"cached_tokens": output["num_cached_tokens"], "audio_tokens": output["num_audio_prompt_tokens"]}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": details,
+    }
 
 
 def logprobs_block(output: dict) -> dict | None:

@@ -63,7 +63,7 @@ def usage(output: dict) -> dict:
     num_in, num_out = len(output["prompt_token_ids"]), len(output["token_ids"])
     return {
         "input_tokens": num_in,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "input_tokens_details": {"cached_tokens": output["num_cached_tokens"], "cache_write_tokens": 0},
         "output_tokens": num_out,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": num_in + num_out,

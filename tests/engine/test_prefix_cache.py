@@ -29,6 +29,7 @@ def test_text_requests_take_the_system_prompt_pages_and_equal_no_cache():
         if a.codes is not None:
             assert a.codes == b.codes and torch.equal(torch.as_tensor(a.audio), torch.as_tensor(b.audio))
         taken.append(on.engine.stats()["thinker"]["prefix_tokens"])
+        assert a.num_cached_tokens == taken[-1] - (taken[-2] if i else 0) and b.num_cached_tokens == 0  # (its own)
     print(f"prefix tokens taken after each request: {taken}")
     assert taken[0] == 0 and taken[1] > 0 and taken[1] % page == 0  # the first computes, the second takes
     assert taken[2] > taken[1] and taken[3] == taken[2] and taken[4] > taken[3]  # the speech request (3): none

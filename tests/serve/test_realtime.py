@@ -194,6 +194,9 @@ def test_audio_turn_equals_the_chat_completion_with_audio_input(base_url):
     got, ref = np.frombuffer(pcm, "<i2").astype(int), np.frombuffer(base64.b64decode(message["audio"]["data"]), "<i2")
     assert np.abs(got - ref).max() <= 1  # (vocoder calls shared with other streams round differently)
     assert done.usage.input_tokens == want["usage"]["prompt_tokens"]
+    audio_tokens = want["usage"]["prompt_tokens_details"]["audio_tokens"]
+    assert audio_tokens > 0 and done.usage.input_token_details.audio_tokens == audio_tokens
+    assert done.usage.input_token_details.text_tokens == done.usage.input_tokens - audio_tokens
 
 
 def test_server_vad_detects_a_turn_answers_it_and_transcribes_it(base_url):

@@ -309,6 +309,7 @@ def scripted_response(texts: list[str], finish_reason: str = "stop", audio: bool
     if audio:
         deltas.insert(1, Delta("r", "audio", np.zeros(480, np.float32)))
     output = {"finish_reason": finish_reason, "token_ids": [1, 2], "prompt_token_ids": [3], "codes": None}
+    output |= {"num_cached_tokens": 0, "num_audio_prompt_tokens": 0}
     conversation = Conversation(ConversationLimits(10**6, 10**6), AudioBudget(10**6))
     conversation.add(Message("u", "user", [Part("text", "weather?")]))
     events = Events(is_beta)

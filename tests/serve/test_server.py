@@ -46,6 +46,21 @@ def test_text_chat(client):
     assert r.usage.completion_tokens == 6 and r.usage.prompt_tokens > 10
 
 
+def test_usage_counts_the_prompt_tokens_taken_from_prefix_pages(client):
+    """A second chat with the same long system prompt takes its full pages (page size 16 here) from the first's."""
+    system = {"role": "system", "content": "You answer in one word. " * 12}
+    usages = [
+        client.chat.completions.create(
+            model="qwen3-omni", messages=[system, {"role": "user", "content": question}], max_tokens=2
+        ).usage
+        for question in ("first question", "second question")
+    ]
+    first, second = (u.prompt_tokens_details for u in usages)
+    assert first.cached_tokens == 0 and first.audio_tokens == 0
+    assert second.cached_tokens >= 32 and second.cached_tokens % 16 == 0, second
+    assert second.cached_tokens < usages[1].prompt_tokens
+
+
 def test_audio_and_image_in_text_and_speech_out(client):
     b64_wav = wav_data_url(AUDIO).split(",", 1)[1]
     content = [

@@ -189,6 +189,8 @@ class Qwen25OmniFamily(ModelFamily):
         th, talker = req.state.thinker, req.state.talker
         picks = th.picks if th.params.logprobs else None
         out = Qwen25OmniOutput(req.id, th.prompt.token_ids, th.generated, th.text, th.finish_reason, picks)
+        out.num_cached_tokens = req.cached.get("thinker", 0)
+        out.num_audio_prompt_tokens = th.prompt.token_ids.count(self.cfg.tokens.audio_pad)
         if talker is not None:
             chunks = talker.token2wav.chunks
             out.codes = list(talker.codes)

@@ -190,6 +190,8 @@ class Qwen3OmniFamily(ModelFamily):
             th.finish_reason,
             th.picks if th.params.logprobs else None,
         )
+        out.num_cached_tokens = req.cached.get("thinker", 0)
+        out.num_audio_prompt_tokens = th.prompt.token_ids.count(self.cfg.tokens.audio_pad)
         if st.talker is not None:
             frames = st.talker.frames
             groups = self.cfg.talker.num_code_groups

@@ -287,6 +287,10 @@ def _usage(output: dict) -> dict:
         "input_tokens": num_in,
         "output_tokens": num_text + num_audio,
         "total_tokens": num_in + num_text + num_audio,
-        "input_token_details": {"cached_tokens": 0},
+        "input_token_details": {
+            "cached_tokens": output["num_cached_tokens"],
+            "text_tokens": num_in - output["num_audio_prompt_tokens"],
+            "audio_tokens": output["num_audio_prompt_tokens"],
+        },
         "output_token_details": {"text_tokens": num_text, "audio_tokens": num_audio},
     }
