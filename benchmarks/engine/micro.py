@@ -13,6 +13,9 @@ option (``cuda_graph_max_batch=64``, ``max_running=128``, ...). Parts (``--parts
     vocoder   Code2Wav chunk decode (the vocoder stage's call) vs chunk frames and batch
     encoders  audio encoder on 4 s clips, vision encoder on 640x480 images, vs batch
 
+``--loras N``: N random rank-``--lora-rank`` adapters on the thinker's q/k/v/o (``random_adapters.py``)
+are served, request i with adapter i mod N (a batch mixes them); compare with a run without.
+
 Stage steps are timed inside ``Engine.step`` (synchronised before and after the stage), so the
 figures are the engine's own. On CUDA ``kernels`` counts the GPU kernels of one stage step (graph
 replays kernel by kernel, torch profiler) or one vocoder call. Writes ``micro.json`` and
@@ -38,6 +41,7 @@ from harness import FULL_OPTIONS, add_option_argument, int_list, machine, median
 from micro_components import bench_encoders, bench_vocoder  # noqa: E402
 from micro_decode import bench_talker, bench_thinker  # noqa: E402
 from micro_report import report  # noqa: E402
+from random_adapters import write_random_adapters  # noqa: E402
 from roofline import Machine, measure_machine  # noqa: E402
 
 from omniwalk import Omni  # noqa: E402
@@ -63,6 +67,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--encoder-batches", type=int_list, default=[1, 8, 32])
     p.add_argument("--audio-seconds", type=float, default=4.0)
     p.add_argument("--image-size", type=int_list, default=[640, 480], help="width,height")
+    p.add_argument("--loras", type=int, default=0, help="random adapters (q/k/v/o) served; request i runs a{i %% N}")
+    p.add_argument("--lora-rank", type=int, default=16)
     p.add_argument("--steps", type=int, default=10, help="timed steps (calls) per figure")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--copy-mib", type=int, help="copy-bandwidth buffer (default 2048 on CUDA, 256 on CPU)")
@@ -105,6 +111,9 @@ def main() -> None:
     unknown = set(parts) - set(PARTS)
     if unknown:
         raise SystemExit(f"unknown parts {sorted(unknown)}; known: {PARTS}")
+    if args.loras:
+        specs = write_random_adapters(Path(args.model), args.out / "adapters", args.loras, args.lora_rank)
+        options |= dict(loras=tuple(specs), max_loras=args.loras, max_lora_rank=args.lora_rank)
     device = options["device"]
     dtype = getattr(torch, options["dtype"])
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "option")}

@@ -12,19 +12,20 @@ from roofline import Machine, expected_experts, talker_step, thinker_step
 from omniwalk import Omni
 
 
-def text_request(i: int, max_tokens: int, num_words: int) -> dict:
+def text_request(i: int, max_tokens: int, num_words: int, loras: int = 0) -> dict:
+    """Request ``i``; with ``loras`` adapters served, it runs adapter ``a{i % loras}`` (random_adapters.py)."""
     return {
         "messages": [{"role": "user", "content": prompt_text(i, num_words)}],
         "max_tokens": max_tokens,
         "ignore_eos": True,
         "temperature": 0.0,
-    }
+    } | ({"lora": f"a{i % loras}"} if loras else {})
 
 
-def speech_request(i: int, frames: int, num_words: int) -> dict:
+def speech_request(i: int, frames: int, num_words: int, loras: int = 0) -> dict:
     """The thinker says 4 tokens and ends; the talker keeps speaking (pad text rows) for ``frames``."""
     return {
-        **text_request(i, 4, num_words),
+        **text_request(i, 4, num_words, loras),
         "modalities": ["text", "audio"],
         "talker_temperature": 0.0,
         "code_predictor_temperature": 0.0,
@@ -102,7 +103,7 @@ def steady_state(omni: Omni, requests: list[dict], is_ready, stage_name: str, de
 def bench_thinker(omni: Omni, args, m: Machine, device, dtype_bytes: int) -> list[dict]:
     cfg, rows = omni.family.cfg.text, []
     for b in args.thinker_batches:
-        requests = [text_request(i, 4096, args.prompt_words) for i in range(b)]
+        requests = [text_request(i, 4096, args.prompt_words, args.loras) for i in range(b)]
         is_ready = lambda r: r.state.thinker.num_generated >= 1  # prefill done
         row = steady_state(omni, requests, is_ready, "thinker", omni.family.parts["thinker"].model, args, device)
         work = thinker_step(cfg, b, round(row["context"] * b), dtype_bytes, row["routed_experts"])
@@ -120,7 +121,7 @@ def bench_talker(omni: Omni, args, m: Machine, device, dtype_bytes: int) -> list
     cfg, rows = omni.family.cfg, []
     frame_s = cfg.code2wav.samples_per_frame / omni.family.info.sample_rate
     for b in args.talker_batches:
-        requests = [speech_request(i, 4096, args.prompt_words) for i in range(b)]
+        requests = [speech_request(i, 4096, args.prompt_words, args.loras) for i in range(b)]
         is_ready = lambda r: len(r.state.talker.frames) >= 1  # talker prefix done
         row = steady_state(omni, requests, is_ready, "talker", omni.family.parts["talker"].model, args, device)
         work = talker_step(cfg.talker, b, round(row["context"] * b), dtype_bytes, row["routed_experts"])
