@@ -303,7 +303,7 @@ def draw_keys(salt, step, n, e, E: tl.constexpr):
     return (z >> 33).to(tl.int32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["salt"])  # (a salt of 1 would become a constant, which has no .to)
 def route_kernel(
     x_ptr,
     router_ptr,
