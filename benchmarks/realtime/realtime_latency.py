@@ -39,7 +39,7 @@ from speech_turns import RATE, quiet, source, turn  # noqa: E402
 CHUNK_S = 0.1
 COLUMNS = ["sessions", "turns", "vad_p50_ms", "first_audio_p50_ms", "first_audio_p90_ms", "answer_p50_ms"]
 COLUMNS += ["underruns_per_answer", "answers_underrun", "split_turns", "discarded_preemptions"]
-COLUMNS += ["http_cpu_pct_per_session"]
+COLUMNS += ["error_turns", "http_cpu_pct_per_session"]
 
 
 def pcm16(samples: np.ndarray) -> bytes:
@@ -85,7 +85,8 @@ def session_settings(args) -> dict:
 async def answer(conn, mic: Microphone) -> tuple[float | None, list[tuple[float, int]], str, int]:
     """Events up to the ``response.done`` of the answer to the turn being said -> (when its speech_stopped
     came, its audio chunks (arrival, bytes), its status, answers to part of the turn: ended while it was
-    still being said, or cancelled by the rest of it (the VAD split the turn at its pause))."""
+    still being said, or cancelled by the rest of it (the VAD split the turn at its pause)). An ``error``
+    event ends the turn with status "error: MESSAGE" (counted per cell; the session goes on)."""
     stopped, chunks, splits = None, [], 0
     async for event in conn:
         if event.type == "input_audio_buffer.speech_stopped":
@@ -93,7 +94,7 @@ async def answer(conn, mic: Microphone) -> tuple[float | None, list[tuple[float,
         elif event.type == "response.output_audio.delta":
             chunks.append((time.monotonic(), len(base64.b64decode(event.delta))))
         elif event.type == "error":
-            raise RuntimeError(event.error.message)
+            return stopped, [], f"error: {event.error.message}", splits
         elif event.type == "response.done" and (mic.speech_sent_at is None or event.response.status == "cancelled"):
             stopped, chunks, splits = None, [], splits + 1  # (an answer to half the turn, or one cut by its rest)
         elif event.type == "response.done":
@@ -148,6 +149,7 @@ async def cell(client, args, n: int) -> dict:
         "underruns_per_answer": sum(counts) / len(counts),
         "answers_underrun": sum(c > 0 for c in counts),
         "split_turns": sum(r["split"] > 0 for r in records),
+        "error_turns": sum(r["status"].startswith("error") for r in records),
         "discarded_preemptions": None if after is None else after - (discarded or 0),
         "http_cpu_pct_per_session": None if cpu is None else 100 * (cpu_seconds(args.server_pid) - cpu) / wall / n,
         "records": records,
