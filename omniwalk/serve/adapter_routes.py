@@ -42,14 +42,9 @@ def add_adapter_routes(app: FastAPI, served: Served) -> None:
         path = _inside_root(served.cfg.lora_root, body.lora_path)
         if body.lora_name == served.context().model_name or body.lora_name in served.adapters:
             raise bad_request(f"the model {body.lora_name!r} is already served", "lora_name")
-        done = []
         try:
-            for engine in served.engines:
-                await engine.adapter_call("load", body.lora_name, str(path))
-                done.append(engine)
+            await served.client.adapter_call("load", body.lora_name, str(path))
         except EngineRequestError as e:
-            for engine in done:  # (every replica serves the same adapters)
-                await engine.adapter_call("unload", body.lora_name)
             raise _adapter_error(e) from None
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
@@ -60,8 +55,7 @@ def add_adapter_routes(app: FastAPI, served: Served) -> None:
             message = f"the adapter {body.lora_name!r} is not loaded"
             raise APIError(404, message, param="lora_name", code="model_not_found")
         try:
-            for engine in served.engines:
-                await engine.adapter_call("unload", body.lora_name)
+            await served.client.adapter_call("unload", body.lora_name)
         except EngineRequestError as e:
             raise _adapter_error(e) from None
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")

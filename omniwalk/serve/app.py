@@ -72,14 +72,9 @@ class Served:
         return api.Context(self.cfg, self.pool, self.store, self.client.info, self.adapters)
 
     @property
-    def engines(self) -> list:
-        """The engine clients, one per replica (each loads the same adapters)."""
-        return list(getattr(self.client, "clients", [self.client]))
-
-    @property
     def adapters(self) -> tuple[str, ...]:
-        """The LoRA adapters served (those of the first replica: every replica loads the same)."""
-        return tuple(getattr(self.engines[0], "adapters", ()))
+        """The LoRA adapters served (every replica serves the same)."""
+        return self.client.adapters
 
     def authorize(self, request: Request) -> None:
         given, key = request.headers.get("authorization", "").encode(), self.cfg.api_key

@@ -3,6 +3,7 @@
     replicas = Replicas(options, n)     # starts n engine processes (replica r on its own devices)
     await replicas.start()              # all loaded (one failing to start fails the server's start)
     async for event in replicas.generate(request): ...   # on the least loaded live replica
+    await replicas.adapter_call("load", name, path)      # every replica, rolled back on all if one refuses
 
 Routing (``routing.Router``, the one policy): a request goes to the live replica with the fewest
 unfinished requests (those this server sent it that have not finished; ties to the lowest index),
@@ -25,7 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from omniwalk.config import RoutingConfig
 from omniwalk.models.family import ModelInfo
 from omniwalk.parallel.placement import replica_options
-from omniwalk.serve.engine_client import EngineClient, EngineUnavailableError
+from omniwalk.serve.engine_client import EngineClient, EngineRequestError, EngineUnavailableError
 from omniwalk.serve.routing import NoReplica, ReplicaLoad, Router
 from omniwalk.serve.wire import Delta, Finished
 
@@ -79,6 +80,25 @@ class Replicas:
         except NoReplica:
             raise EngineUnavailableError(self.clients[0].unavailable or "no engine replica is serving") from None
         return self.clients[int(name.removeprefix("replica-"))]
+
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        """The LoRA adapters served (every replica loads the same; a dead one's list is as it was)."""
+        return tuple(self.clients[0].adapters)
+
+    async def adapter_call(self, action: str, name: str, path: str | None = None) -> None:
+        """Load (from ``path``) or unload adapter ``name`` on every replica, one after another; a load one
+        refuses (``EngineRequestError``) is undone on those that took it, so all serve the same adapters."""
+        done = []
+        try:
+            for client in self.clients:
+                await client.adapter_call(action, name, path)
+                done.append(client)
+        except EngineRequestError:
+            if action == "load":
+                for client in done:
+                    await client.adapter_call("unload", name)
+            raise
 
     def generate(self, request: dict, key: str | None = None) -> AsyncIterator[Delta | Finished]:
         """The chosen replica's own event stream (so closing it aborts there). The request counts

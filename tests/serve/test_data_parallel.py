@@ -17,6 +17,9 @@ import pytest
 from helpers.live_server import engine_pids, launch
 from helpers.qwen3_omni import omni
 
+from omniwalk.serve.engine_client import EngineRequestError
+from omniwalk.serve.replicas import Replicas
+
 LONG = {"model": "qwen3-omni", "messages": [{"role": "user", "content": "go"}], "max_tokens": 4000, "ignore_eos": True}
 HOLD = {**LONG, "max_tokens": 4001}  # fault server: 20 ms a token at least
 GREEDY = {**LONG, "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 41, "temperature": 0.0}
@@ -128,3 +131,27 @@ def test_data_parallel_must_be_positive():
 
     with pytest.raises(ConfigError, match="data_parallel must be >= 1"):
         ServerConfig(data_parallel=0)
+
+
+class FakeReplica:
+    """An engine client's adapter calls, in memory; ``refuses`` names the adapters it will not load."""
+
+    def __init__(self, refuses=()):
+        self.adapters, self.refuses = [], refuses
+
+    async def adapter_call(self, action: str, name: str, path: str | None = None) -> None:
+        if action == "load" and name in self.refuses:
+            raise EngineRequestError(f"adapter {name!r}: bad key", "AdapterError", bad_request=True, param="lora_path")
+        self.adapters = [*self.adapters, name] if action == "load" else [a for a in self.adapters if a != name]
+
+
+def test_adapter_calls_reach_every_replica_and_a_refused_load_is_undone_on_all():
+    replicas = Replicas.__new__(Replicas)  # (no engine processes: the adapter calls are the clients')
+    replicas.clients = [FakeReplica(), FakeReplica(), FakeReplica(refuses=("bad",))]
+    asyncio.run(replicas.adapter_call("load", "good", "/adapters/good"))
+    assert replicas.adapters == ("good",) and all(c.adapters == ["good"] for c in replicas.clients)
+    with pytest.raises(EngineRequestError, match="bad key"):
+        asyncio.run(replicas.adapter_call("load", "bad", "/adapters/bad"))
+    assert all(c.adapters == ["good"] for c in replicas.clients)  # replicas 0 and 1 unloaded it again
+    asyncio.run(replicas.adapter_call("unload", "good"))
+    assert replicas.adapters == () and all(c.adapters == [] for c in replicas.clients)

@@ -63,6 +63,16 @@ class RayEngines:
     def fail_all(self, reason: str) -> None:
         self.unavailable = self.unavailable or reason
 
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        """LoRA adapters are not served through Ray yet (requests naming one get a 404 ``model_not_found``)."""
+        return ()
+
+    async def adapter_call(self, action: str, name: str, path: str | None = None) -> None:
+        """Run-time adapter loading is refused through Ray (a 400 naming ``lora_name``)."""
+        message = "LoRA adapters are not served through Ray yet: serve them with `omniwalk serve --lora`"
+        raise EngineRequestError(message, "InvalidRequestError", bad_request=True, param="lora_name")
+
     async def generate(self, request: dict, key: str | None = None) -> AsyncIterator[Delta | Finished]:
         """The request's events from one engine replica; sent again elsewhere while its client saw none.
         ``key``: its affinity key (``routing.affinity_key``); None: the digest of its own messages."""
