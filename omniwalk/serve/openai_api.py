@@ -16,7 +16,9 @@ import asyncio
 import base64
 import time
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from pydantic import BaseModel
@@ -73,6 +75,15 @@ class ChatOptions:
     parses_tools: bool = False  # the answer is read as content and tool calls (tools, tool_choice not "none")
 
 
+class AudioMemo(Protocol):
+    """A realtime session's audio, decoded once (``realtime.conversation.AudioMemo``): its chat bodies
+    carry references in ``input_audio.data``, which only its own context resolves."""
+
+    def holds(self, data: str) -> bool: ...
+
+    def decode(self, data: str, where: str, pool: MediaPool, ticket: DecodeTicket) -> Awaitable[dict]: ...
+
+
 @dataclass
 class Context:
     """What turning a body into an engine request needs from the server."""
@@ -82,6 +93,7 @@ class Context:
     store: AudioStore
     info: ModelInfo | None  # what the loaded model offers (from the engine process; None while it starts)
     adapters: tuple[str, ...] = ()  # the LoRA adapters served beside the base model (a request's ``model``)
+    audio_memo: AudioMemo | None = None  # a realtime session's (its audio by reference); None: an HTTP request
 
     @property
     def model_name(self) -> str:
@@ -292,11 +304,15 @@ async def _hung_up(receive) -> None:
 
 
 def _decode(part, where: str, ctx: Context, ticket: DecodeTicket):
-    """A media part -> its array part, from the pool (images and video resized for the served family)."""
+    """A media part -> its array part, from the pool (images and video resized for the served family); a
+    realtime session's audio reference -> its memoised part (decoded by the pool on first use)."""
     kind = s.MEDIA_PART_KINDS[part.type]
     spec = ctx.info.patch_specs.get(kind)
     if isinstance(part, s.InputAudioPart):
-        return ctx.pool.decode(kind, part.input_audio.data, f"{where}.input_audio.data", is_base64=True, ticket=ticket)
+        data, where = part.input_audio.data, f"{where}.input_audio.data"
+        if ctx.audio_memo is not None and ctx.audio_memo.holds(data):
+            return ctx.audio_memo.decode(data, where, ctx.pool, ticket)
+        return ctx.pool.decode(kind, data, where, is_base64=True, ticket=ticket)
     ref = getattr(part, part.type)
     url = ref if isinstance(ref, str) else ref.url
     return ctx.pool.decode(kind, url, f"{where}.{part.type}", spec=spec, ticket=ticket)

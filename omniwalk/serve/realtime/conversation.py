@@ -10,12 +10,19 @@ one chat message), and function call outputs as ``tool`` messages. A truncated a
 ``conversation.item.truncate``) keeps the part of its transcript that was heard: the share of its
 words equal to the share of its audio played (the model streams no word timings; an estimate,
 said so in docs/realtime.md).
+
+A user audio part reaches the chat body as its reference (``audio_ref``: a digest of its samples),
+not as base64 WAV: the session's ``AudioMemo`` decodes each part once, in the media pool, and
+every later response of the conversation reuses the arrays (``openai_api._decode`` resolves a
+reference through the session's context only).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import hashlib
 import io
 import json
 import wave
@@ -23,7 +30,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from omniwalk.media.budget import DecodeTicket
+from omniwalk.media.errors import MediaLimitError
 from omniwalk.serve.errors import bad_request
+from omniwalk.serve.media_pool import MediaPool
 from omniwalk.serve.realtime import protocol as p
 from omniwalk.serve.realtime.bounds import AudioBudget, ConversationLimits, Size, item_size, oldest_to_drop
 from omniwalk.serve.realtime.vad import INPUT_RATE
@@ -35,6 +45,10 @@ ITEM_FIELDS = {
     "function_call_output": ("call_id", "output"),
 }
 ASSISTANT_TYPES = {"text": ("output_text", "text"), "audio": ("output_audio", "audio")}  # kind -> (GA, beta)
+# an audio reference's prefix: ':' and '-' are outside base64's alphabet, so a chat body from an HTTP
+# client that carries a reference is refused as invalid base64 (a 400), never resolved
+AUDIO_REF_PREFIX = "omniwalk-audio:"
+DECODE_BUDGET_BYTES_PER_SAMPLE = 4  # float32 at the source rate, as the pool counts a WAV (``media.budget``)
 
 
 @dataclass
@@ -43,6 +57,11 @@ class Part:
     text: str = ""  # text, or the audio's transcript (a user's: when transcription is on)
     audio: np.ndarray | None = None  # a user's audio (int16 at 24 kHz)
     audio_ms: int = 0  # an assistant's audio: milliseconds spoken (truncated: played)
+    ref: str = field(init=False, default="")  # a user's audio: its reference in chat bodies (``audio_ref``)
+
+    def __post_init__(self):
+        if self.audio is not None:
+            self.ref = audio_ref(self.audio)
 
 
 @dataclass
@@ -92,9 +111,13 @@ class Message:
             if part.kind == "text":
                 content.append({"type": "text", "text": part.text})
             else:
-                data = base64.b64encode(wav_bytes(part.audio)).decode()
-                content.append({"type": "input_audio", "input_audio": {"data": data, "format": "wav"}})
+                content.append({"type": "input_audio", "input_audio": {"data": part.ref}})
         return {"role": "user", "content": content}
+
+    @property
+    def audio_parts(self) -> list[Part]:
+        """The parts holding a user's audio (an assistant's parts hold its transcript only)."""
+        return [part for part in self.parts if part.audio is not None]
 
 
 @dataclass
@@ -107,6 +130,7 @@ class FunctionCall:
     arguments: str = ""
     status: str = "completed"
     num_audio_bytes = 0
+    audio_parts = ()
 
     @property
     def num_text_bytes(self) -> int:
@@ -137,6 +161,7 @@ class FunctionCallOutput:
     output: str
     status: str = "completed"
     num_audio_bytes = 0
+    audio_parts = ()
 
     @property
     def num_text_bytes(self) -> int:
@@ -157,6 +182,78 @@ class FunctionCallOutput:
 
 
 Item = Message | FunctionCall | FunctionCallOutput
+
+
+def audio_ref(samples: np.ndarray) -> str:
+    """A user audio part's reference: a digest of its samples, the same for the same audio (the body
+    of a preemptive answer equals the confirmed turn's: ``preemption.py``)."""
+    return AUDIO_REF_PREFIX + hashlib.blake2b(samples.astype("<i2").tobytes(), digest_size=16).hexdigest()
+
+
+@dataclass
+class Memoised:
+    """One audio reference's samples, who holds it, and its decoding (once asked for)."""
+
+    audio: np.ndarray
+    num_holders: int = 0
+    decoding: asyncio.Future | None = None  # the pool's decode: a task the requests share
+    ticket: DecodeTicket | None = None  # its cancel flag (the session ends)
+
+
+class AudioMemo:
+    """A session's user audio, decoded once. The first request that needs a part decodes it in the
+    media pool (its limits and queue apply; a part that fails is tried again by the next request),
+    in a task of its own that requests share (a response and a transcription of one turn); every
+    later request reuses the arrays. A request still counts each part against its own media budget
+    (``max_request_decoded_bytes``), as a decode would. An entry lives while something holds its
+    reference (a conversation item, a preemptive answer's turn, a transcription), so the arrays go
+    when their items are deleted or the session ends."""
+
+    def __init__(self):
+        self.entries: dict[str, Memoised] = {}
+
+    def holds(self, data: str) -> bool:
+        return data in self.entries
+
+    def hold(self, part: Part) -> None:
+        self.entries.setdefault(part.ref, Memoised(part.audio)).num_holders += 1
+
+    def release(self, ref: str) -> None:
+        """Let go of ``ref`` (unknown: nothing; the session's memo was closed). A decoding still running
+        when the last holder goes finishes for nobody: the pool bounds it."""
+        entry = self.entries.get(ref)
+        if entry is not None:
+            entry.num_holders -= 1
+            if entry.num_holders == 0:
+                del self.entries[ref]
+
+    async def decode(self, ref: str, where: str, pool: MediaPool, ticket: DecodeTicket) -> dict:
+        """The array part of the held audio ``ref`` (``where``: the content part, named in errors)."""
+        entry = self.entries[ref]
+        try:
+            ticket.reserve(entry.audio.size * DECODE_BUDGET_BYTES_PER_SAMPLE)
+        except MediaLimitError as e:
+            raise bad_request(f"{where}: {e}", where) from None
+        if entry.decoding is None:
+            entry.ticket = DecodeTicket(pool.limits.max_request_decoded_bytes)
+            data = base64.b64encode(wav_bytes(entry.audio)).decode()
+            decode = pool.decode("audio", data, where, is_base64=True, ticket=entry.ticket)
+            entry.decoding = asyncio.ensure_future(decode)
+        decoding = entry.decoding
+        try:
+            return dict(await asyncio.shield(decoding))  # (a request that ends leaves it to the others)
+        except Exception:  # (not this request's own cancellation: the decoding stays for the others)
+            if entry.decoding is decoding:
+                entry.decoding = None  # (a full queue, a refused part: the next request tries again)
+            raise
+
+    def close(self) -> None:
+        """The session ends: decodings stop (a queued one is dropped, a running one stops at its next chunk)."""
+        for entry in self.entries.values():
+            if entry.decoding is not None and not entry.decoding.done():
+                entry.ticket.cancel()
+                entry.decoding.cancel()
+        self.entries = {}
 
 
 def wav_bytes(samples: np.ndarray) -> bytes:
@@ -244,6 +341,7 @@ class Conversation:
     def __init__(self, limits: ConversationLimits, budget: AudioBudget):
         self.items: list[Item] = []
         self.limits, self.budget = limits, budget
+        self.memo = AudioMemo()  # its items' user audio, decoded once for all its responses
 
     @property
     def num_audio_bytes(self) -> int:
@@ -276,6 +374,8 @@ class Conversation:
         index = len(self.items) if previous_item_id is None else self.index(previous_item_id, "previous_item_id") + 1
         self.items.insert(index, item)
         self.budget.hold(item_size(item).audio_bytes)
+        for part in item.audio_parts:
+            self.memo.hold(part)
         return self.items[index - 1].id if index else None
 
     def previous_id(self, item_id: str) -> str | None:
@@ -291,12 +391,15 @@ class Conversation:
     def delete(self, item_id: str) -> None:
         item = self.items.pop(self.index(item_id))
         self.budget.release(item_size(item).audio_bytes)
+        for part in item.audio_parts:
+            self.memo.release(part.ref)
 
     def close(self) -> None:
         """Give the items' audio back to the server's budget (the session ends)."""
         for item in self.items:
             self.budget.release(item_size(item).audio_bytes)
         self.items = []
+        self.memo.close()
 
     def truncate(self, item_id: str, content_index: int, audio_end_ms: int) -> None:
         item = self.items[self.index(item_id)]

@@ -32,14 +32,15 @@ class Prepared:
     """A response's engine run, started before its turn was confirmed; its first event is awaited
     in the background (that submits the request), the rest queue in the engine client."""
 
-    def __init__(self, body: dict, request: dict, options: ChatOptions, run: EngineRun, counter=None):
+    def __init__(self, body: dict, request: dict, options: ChatOptions, run: EngineRun, counter=None, release=None):
+        """``release``: called once it is kept or discarded (lets go of its turn's audio)."""
         self.body, self.request, self.options, self.run = body, request, options, run
-        self.counter = counter
+        self.counter, self.release = counter, release
         self.first = asyncio.ensure_future(run.first_event())
         self._count("started")
 
     def keep(self) -> None:
-        self._count("kept")
+        self._end("kept")
 
     async def first_event(self) -> Delta | Finished:
         return await self.first
@@ -49,7 +50,12 @@ class Prepared:
         self.first.cancel()
         await asyncio.gather(self.first, return_exceptions=True)
         await self.run.close()
-        self._count("discarded")
+        self._end("discarded")
+
+    def _end(self, outcome: str) -> None:
+        self._count(outcome)
+        if self.release is not None:
+            self.release()
 
     def _count(self, outcome: str) -> None:
         if self.counter is not None:

@@ -76,7 +76,8 @@ def _tools(settings: Settings, fields: p.ResponseFields) -> dict:
 
 def check_prompt_size(conversation: Conversation, max_body_bytes: int) -> None:
     """Refuse a prompt the chat route would refuse as a body (its audio as base64 WAV), before
-    building it: the base64, the JSON and the decoded arrays are never made."""
+    building it. The body itself carries audio references (``conversation.AudioMemo``), but a
+    conversation is bounded as the same chat sent over HTTP would be."""
     num_bytes = sum(item_size(item).num_bytes for item in conversation.items)
     estimate = num_bytes + conversation.num_audio_bytes // 3  # base64: 4 bytes per 3
     if estimate > max_body_bytes:

@@ -4,7 +4,9 @@ The prompt is built exactly as ``POST /v1/chat/completions`` builds a chat with 
 (``openai_api.chat_request``: the same checks, limits, media pool and engine request): the
 session's instructions as the system turn, then every item (user audio as ``input_audio``
 parts, earlier answers as their text, function calls and their outputs as chat's tool calls and
-tool messages). Its output items, in order of appearance:
+tool messages). An ``input_audio`` part carries a reference, not base64: the session decodes each
+audio part once, in the media pool, and its later responses reuse the arrays
+(``conversation.AudioMemo``). Its output items, in order of appearance:
 
 - the message (the spoken or written answer), opened at its first text that is not blank or its
   first audio; a response without function calls always has it, with all its text (blank text is

@@ -24,6 +24,7 @@ session goes on. Events are handled one at a time, so what a handler emits (a ba
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 
@@ -80,6 +81,7 @@ class Session:
         self.prepared: Prepared | None = None  # an answer started on a tentative end of turn
         self.settings = Settings.defaults(cfg, model or context.model_name, expires_at)
         self.conversation = Conversation(ConversationLimits.from_config(cfg), budget)
+        self.context = dataclasses.replace(context, audio_memo=self.conversation.memo)  # (its audio by reference)
         self.audio = InputAudio(int(cfg.realtime_max_buffer_s * INPUT_RATE))
         self.audio.set_vad(self.settings.turn_detection.vad if self.settings.turn_detection else None)
         self.speech_item_id: str | None = None  # the user item VAD is hearing
@@ -205,9 +207,16 @@ class Session:
         await self.emit("input_audio_buffer.committed", previous_item_id=previous, item_id=item_id)
         await self._item_added(item, previous)
         if self.settings.transcription is not None:
-            task = asyncio.create_task(transcribe(self.emit, self.run_engine, self.context, item))
-            self.transcriptions.add(task)
-            task.add_done_callback(self._transcribed)
+            self._transcribe(item)
+
+    def _transcribe(self, item: Message) -> None:
+        """Transcribe ``item`` beside the session; its audio stays decodable until then (deleted or not)."""
+        memo, part = self.conversation.memo, item.audio_parts[0]
+        memo.hold(part)
+        task = asyncio.create_task(transcribe(self.emit, self.run_engine, self.context, item))
+        self.transcriptions.add(task)
+        task.add_done_callback(self._transcribed)
+        task.add_done_callback(lambda _: memo.release(part.ref))
 
     def _transcribed(self, task: asyncio.Task) -> None:
         self.transcriptions.discard(task)
@@ -311,13 +320,19 @@ class Session:
         td = self.settings.turn_detection
         if self.prepared is not None or not td.create_response or self.is_responding:
             return
+        part = Part("audio", audio=audio)
+        memo = self.conversation.memo
+        memo.hold(part)  # (until the prepared answer is kept or discarded: the confirmed turn's item reuses it)
         try:
-            pending = Message("pending", "user", [Part("audio", audio=audio)])
-            body, _ = self._body(p.ResponseFields(), pending)
+            body, _ = self._body(p.ResponseFields(), Message("pending", "user", [part]))
             request, options = await engine_request(body, self.context)
-        except APIError:
-            return  # (the confirmed turn meets the same error, sent then)
-        self.prepared = Prepared(body, request, options, self.run_engine(request), self.preemptions)
+        except BaseException as e:
+            memo.release(part.ref)
+            if isinstance(e, APIError):
+                return  # (the confirmed turn meets the same error, sent then)
+            raise
+        run = self.run_engine(request)
+        self.prepared = Prepared(body, request, options, run, self.preemptions, lambda: memo.release(part.ref))
 
     async def _discard_prepared(self) -> None:
         prepared, self.prepared = self.prepared, None

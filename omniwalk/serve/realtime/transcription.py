@@ -6,7 +6,8 @@ natively), every committed audio item gets a text-only engine request beside the
 item's audio and ``PROMPT``, greedy. Its text streams as
 ``conversation.item.input_audio_transcription.delta`` events and ends with ``.completed``
 (``.failed`` with the error otherwise); the item's content shows the transcript from then on.
-The prompt of later turns still carries the audio itself, not this transcript.
+The prompt of later turns still carries the audio itself, not this transcript. The item's audio is
+decoded once for its transcription and the session's responses together (``conversation.AudioMemo``).
 """
 
 from __future__ import annotations
