@@ -2,16 +2,12 @@
 ``y += t @ B[slot].T``, each row with its own pool slot (``omniwalk/lora/ops.py`` states the op and its
 arithmetic; ``add_lora_reference`` there is the oracle).
 
-Up to ``ROW_KERNEL_MAX_ROWS`` rows (decode), one BGMV-like per-row kernel does both: a program per (row,
-range of columns) loads its row's slot, computes the row's whole shrink itself (A[slot] in tiles along
-``in``, fp32 products summed once, rounded to A's dtype), then its columns of the expand. A decode step
-is latency-bound: one launch per add instead of a shrink and an expand saves a kernel boundary per
-projection, and the tiled kernels below, whose loops over slots chain one load latency after another,
-measured several times slower at these sizes (``benchmarks/kernels/lora.py``). The price is that every
-program of a row reads A[slot] again (from L2 after the first: rank x ``in``, e.g. 64 KB at rank 16 and
-``in`` 2048), so the programs number about ``ROW_PROGRAMS`` in all: many narrow column ranges per row when
-the rows are few (short latency), a few wide ones, looped over in tiles, when they are many (bounded A
-traffic).
+Up to ``ROW_KERNEL_MAX_ROWS`` rows (decode), BGMV-like per-row kernels: a program per (row, block of
+columns) loads its row's slot, then one tile of that slot's weights (the shrink's A columns, the expand's
+B rows) at once, with no loop: a decode step is latency-bound, and the tiled kernels below, whose loops
+over slots and ``in`` chain one load latency after another, measured several times slower at these sizes
+(``benchmarks/kernels/lora.py``). The shrink writes one fp32 partial per block of ``in``; the expand sums
+them (in order: deterministic, no atomics, no zeroed buffer).
 
 Above, tiled kernels: a program owns a tile of ``BLOCK_M`` consecutive rows and loops over the pool's
 slots, skipping every slot none of its rows uses; for a slot it does use, it multiplies its rows of that
@@ -39,10 +35,8 @@ from omniwalk.lora.ops import check_shapes
 
 TARGET_PROGRAMS = 128  # the shrink's programs to aim for (row tiles x splits of ``in``)
 MIN_SPLIT = 256  # the fewest ``in`` columns per split (every expand program sums the splits' partials)
-ROW_KERNEL_MAX_ROWS = 64  # up to this many rows (decode), the per-row kernel (programs per row and column range)
-ROW_PROGRAMS = 128  # the per-row kernel's programs to aim for (rows x column ranges)
-ROW_TILE = 16384  # the per-row kernel's weight tile (elements: rank x columns of A or B), loaded at once
-ROW_WARPS = 8  # the per-row kernel's warps (a tile is 64 elements a thread)
+ROW_KERNEL_MAX_ROWS = 64  # up to this many rows (decode), the per-row kernels (one program per row and block)
+ROW_TILE = 8192  # the per-row kernels' weight tile (elements: rank x columns), loaded at once
 
 
 @triton.jit
@@ -111,53 +105,51 @@ def lora_expand_kernel(
 
 
 @triton.jit
-def lora_row_kernel(
-    x_ptr, a_ptr, b_ptr, slots_ptr, y_ptr, n_in, n_out, rank, cols_per_program,
-    stride_xm, stride_as, stride_ar, stride_bs, stride_bn, stride_ym,
-    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, USE_PDL: tl.constexpr,
+def lora_shrink_row_kernel(
+    x_ptr, a_ptr, slots_ptr, t_ptr, m, n_in, rank, stride_xm, stride_as, stride_ar,
+    BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
-    """Per row (BGMV), shrink and expand in one program: y[row, its columns] += t @ B[slot(row), those columns].T
-    with t = x[row] @ A[slot(row)].T rounded to A's dtype; a row of slot -1 returns at once."""
-    row, pid_n = tl.program_id(0), tl.program_id(1)
+    """Per row (BGMV): t[split, row, :R] = x[row, split's BLOCK_K columns] @ A[slot(row), :, those columns].T."""
+    row, split = tl.program_id(0), tl.program_id(1)
+    ranks = tl.arange(0, BLOCK_R)
+    cols = split * BLOCK_K + tl.arange(0, BLOCK_K)
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
-    s = tl.load(slots_ptr + row).to(tl.int64)
+    s = tl.load(slots_ptr + row)
     if s >= 0:
-        x_row, y_row = x_ptr + row.to(tl.int64) * stride_xm, y_ptr + row.to(tl.int64) * stride_ym
-        t = _row_shrink(x_row, a_ptr + s * stride_as, n_in, rank, stride_ar, BLOCK_K, BLOCK_R)
-        col_lo = pid_n * cols_per_program
-        col_hi = tl.minimum(col_lo + cols_per_program, n_out)
-        _row_expand(t, b_ptr + s * stride_bs, y_row, col_lo, col_hi, rank, stride_bn, BLOCK_N, BLOCK_R)
-
-
-@triton.jit
-def _row_shrink(x_row, a_slot, n_in, rank, stride_ar, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr):
-    """x_row @ a_slot.T over ``in`` in tiles of BLOCK_K columns, fp32 products summed once at the end, rounded
-    to A's dtype (held as fp32 for the expand)."""
-    ranks = tl.arange(0, BLOCK_R)
-    acc = tl.zeros((BLOCK_R, BLOCK_K), tl.float32)
-    for k in range(0, n_in, BLOCK_K):
-        cols = k + tl.arange(0, BLOCK_K)
-        xs = tl.load(x_row + cols, mask=cols < n_in, other=0.0).to(tl.float32)
-        a_at = a_slot + ranks[:, None] * stride_ar + cols[None, :]
+        xs = tl.load(x_ptr + row.to(tl.int64) * stride_xm + cols, mask=cols < n_in, other=0.0).to(tl.float32)
+        a_at = a_ptr + s * stride_as + ranks[:, None] * stride_ar + cols[None, :]
         a = tl.load(a_at, mask=(ranks[:, None] < rank) & (cols[None, :] < n_in), other=0.0).to(tl.float32)
-        acc += a * xs[None, :]
-    return tl.sum(acc, axis=1).to(a_slot.dtype.element_ty).to(tl.float32)
+        tl.store(t_ptr + (split * m + row) * BLOCK_R + ranks, tl.sum(a * xs[None, :], axis=1))
 
 
 @triton.jit
-def _row_expand(t, b_slot, y_row, col_lo, col_hi, rank, stride_bn, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
-    """y_row[col_lo:col_hi] += t @ b_slot[col_lo:col_hi].T in tiles of BLOCK_N columns, each added in fp32 and
-    rounded once to y's dtype."""
+def lora_expand_row_kernel(
+    t_ptr, b_ptr, slots_ptr, y_ptr, m, n_out, rank, num_splits, stride_bs, stride_bn, stride_ym,
+    BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, USE_PDL: tl.constexpr,
+):  # fmt: skip
+    """Per row (BGMV): y[row, cols] += (sum of t's splits, rounded to B's dtype) @ B[slot(row), cols, :].T."""
+    row, pid_n = tl.program_id(0), tl.program_id(1)
     ranks = tl.arange(0, BLOCK_R)
-    for n in range(col_lo, col_hi, BLOCK_N):
-        cols = n + tl.arange(0, BLOCK_N)
-        b_at = b_slot + cols[:, None] * stride_bn + ranks[None, :]
-        b = tl.load(b_at, mask=(ranks[None, :] < rank) & (cols[:, None] < col_hi), other=0.0).to(tl.float32)
-        y = tl.load(y_row + cols, mask=cols < col_hi, other=0.0)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    chunk = tl.arange(0, 16)  # partials summed 16 at a time
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    s = tl.load(slots_ptr + row)
+    if s >= 0:
+        t = tl.zeros((BLOCK_R,), tl.float32)
+        for first in range(0, num_splits, 16):
+            t_at = t_ptr + ((first + chunk)[:, None] * m + row) * BLOCK_R + ranks[None, :]
+            t += tl.sum(tl.load(t_at, mask=(first + chunk)[:, None] < num_splits, other=0.0), axis=0)
+        t = t.to(b_ptr.dtype.element_ty).to(tl.float32)
+        b_at = b_ptr + s * stride_bs + cols[:, None] * stride_bn + ranks[None, :]
+        b = tl.load(b_at, mask=(ranks[None, :] < rank) & (cols[:, None] < n_out), other=0.0).to(tl.float32)
+        y_at = y_ptr + row.to(tl.int64) * stride_ym + cols
+        y = tl.load(y_at, mask=cols < n_out, other=0.0)
         delta = tl.sum(b * t[None, :], axis=1)
-        tl.store(y_row + cols, (y.to(tl.float32) + delta).to(y_row.dtype.element_ty), mask=cols < col_hi)
+        tl.store(y_at, (y.to(tl.float32) + delta).to(y_ptr.dtype.element_ty), mask=cols < n_out)
 
 
 def add_lora_triton(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, slots: torch.Tensor) -> None:
@@ -177,14 +169,17 @@ def add_lora_triton(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.
 def _add_per_row(y, x, a, b, slots) -> None:
     (m, n_in), n_out, rank = x.shape, y.shape[1], a.shape[1]
     block_r = max(16, triton.next_power_of_2(rank))
-    tile_columns = max(32, ROW_TILE // block_r)  # (columns of one A or B tile)
-    row_columns = triton.cdiv(n_out, triton.cdiv(ROW_PROGRAMS, m))  # (each row's share of the programs)
-    block_n = min(max(32, triton.next_power_of_2(row_columns)), tile_columns)
-    cols_per_program = triton.cdiv(row_columns, block_n) * block_n
-    lora_row_kernel[(m, triton.cdiv(n_out, cols_per_program))](
-        x, a, b, slots, y, n_in, n_out, rank, cols_per_program,
-        x.stride(0), a.stride(0), a.stride(1), b.stride(0), b.stride(1), y.stride(0),
-        BLOCK_K=tile_columns, BLOCK_N=block_n, BLOCK_R=block_r, num_warps=ROW_WARPS, **pdl.launch(x.device),
+    block_k = block_n = max(32, ROW_TILE // block_r)  # (one load of A's or B's tile per program)
+    splits = triton.cdiv(n_in, block_k)
+    t = torch.empty(splits, m, block_r, device=x.device, dtype=torch.float32)
+    launch = pdl.launch(x.device)
+    lora_shrink_row_kernel[(m, splits)](
+        x, a, slots, t, m, n_in, rank, x.stride(0), a.stride(0), a.stride(1),
+        BLOCK_K=block_k, BLOCK_R=block_r, **launch,
+    )  # fmt: skip
+    lora_expand_row_kernel[(m, triton.cdiv(n_out, block_n))](
+        t, b, slots, y, m, n_out, rank, splits, b.stride(0), b.stride(1), y.stride(0),
+        BLOCK_N=block_n, BLOCK_R=block_r, **launch,
     )  # fmt: skip
 
 
