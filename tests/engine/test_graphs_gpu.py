@@ -9,6 +9,7 @@ from omniwalk.engine.kv_pages import KVStorage, PagePool, PageTable
 from omniwalk.engine.paged_attention import DecodeKV
 from omniwalk.kernels.paged_decode import DECODE_BLOCKS, num_splits, paged_decode_triton
 from omniwalk.layers.kv_attention import paged_decode_reference
+from omniwalk.models.qwen3_omni.networks.code2wav_stream import VocoderStreamConfig
 
 pytestmark = pytest.mark.gpu
 
@@ -124,17 +125,21 @@ def test_padding_rows_do_not_touch_real_rows(live):
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize("fresh", [True, False])
-def test_vocoder_graph_equals_eager_on_the_same_rows(fresh):
-    """Three streams replayed in the 4-row vocoder graph equal eager over the same 4 rows (the 4th
-    decoding into the scratch row) exactly; their pool rows get the same state. Also reported:
-    whether a stream decoded in a batch equals it decoded alone (batch invariance of the kernels)."""
+@pytest.mark.parametrize("frames,fresh", VocoderStreamConfig().chunk_kinds())
+def test_vocoder_graph_equals_eager_on_the_same_rows(frames, fresh):
+    """Three streams replayed in the 4-row vocoder graph of each chunk kind of the schedule (every
+    width a stream decodes at) equal eager over the same 4 rows (the 4th decoding into the scratch
+    row) exactly; their pool rows get the same state. Also reported: whether a stream decoded in a
+    batch equals it decoded alone (batch invariance of the kernels)."""
     omni = gpu_omni(4)
     program = omni.engine.stages["vocoder"].program
+    assert sorted(program.graphs) == sorted(VocoderStreamConfig().chunk_kinds())  # a graph for every kind
     cfg = program.vocoder.cfg
-    frames = omni.config.family.vocoder_first_chunk_frames if fresh else omni.config.family.vocoder_chunk_frames
+    decoded = 0  # the frames a stream decoded before a chunk of this kind
+    while (program.config.next_chunk(decoded), decoded == 0) != (frames, fresh):
+        decoded += program.config.next_chunk(decoded)
     g = torch.Generator(device="cuda").manual_seed(0)
-    history = torch.randint(0, cfg.codebook_size, (3, 7, cfg.num_quantizers), device="cuda", generator=g)
+    history = torch.randint(0, cfg.codebook_size, (3, decoded, cfg.num_quantizers), device="cuda", generator=g)
     codes = torch.randint(0, cfg.codebook_size, (3, frames, cfg.num_quantizers), device="cuda", generator=g)
     slots = torch.tensor([2, 0, 1], device="cuda")
 
@@ -154,8 +159,8 @@ def test_vocoder_graph_equals_eager_on_the_same_rows(fresh):
     exact = torch.equal(graphed, eager4["wav"][:3])
     batch_invariant = torch.equal(graphed, alone)
     print(
-        f"GPU-GRAPHS vocoder {'first' if fresh else 'later'} chunk of {frames} frames: graph vs eager (same rows) "
-        f"bitwise {exact}; batch of 3 vs alone: bitwise {batch_invariant}, "
+        f"GPU-GRAPHS vocoder {'first' if fresh else 'later'} chunk of {frames} frames after {decoded}: "
+        f"graph vs eager (same rows) bitwise {exact}; batch of 3 vs alone: bitwise {batch_invariant}, "
         f"max abs {(graphed - alone).abs().max().item():.2e}"
     )
     assert exact

@@ -8,7 +8,9 @@ injected failure and seeded sampling.
 import random
 
 import pytest
+import torch
 from helpers.qwen3_omni import checkpoint
+from helpers.single_request import chunk_schedule
 from helpers.walk import (
     PATHS,
     alone,
@@ -112,6 +114,40 @@ def test_vocoder_streams_wait_for_a_free_state_slot():
     for i, request in enumerate(workload(12)):
         assert_same(outs[request["request_id"]], alone(i))
     program.free += lent
+    assert_idle(o)
+
+
+def test_streamed_audio_follows_the_growing_chunk_schedule(monkeypatch):
+    """A streamed answer of 72 frames comes as chunks of 5, 5, 10, 20, 25 and 7 frames, each decoded
+    at its scheduled width (the last padded to 25); their concatenation equals both the old cut (5,
+    then 25s) and the one-shot decode, within the streaming tolerance (1e-5)."""
+    o = omni()
+    program = o.engine.stages["vocoder"].program
+    vocoder, calls, call = program.vocoder, [], program._call
+
+    def recorded(width, fresh, items):
+        calls.append((width, fresh, [req for req, _ in items]))
+        return call(width, fresh, items)
+
+    monkeypatch.setattr(program, "_call", recorded)
+    request = make_request(4, "t2s") | {"request_id": "schedule", "max_audio_frames": 72, "min_audio_frames": 72}
+    chunks = [event.data for event in o.stream(request) if event.kind == "audio"]
+    sizes = chunk_schedule(program.config, 72)
+    assert sizes == [5, 5, 10, 20, 25, 7]
+    per_frame = vocoder.cfg.samples_per_frame
+    assert [len(c) for c in chunks] == [vocoder.num_samples(sizes[0])] + [n * per_frame for n in sizes[1:]]
+    assert [(width, fresh) for width, fresh, _ in calls] == [*program.config.chunk_kinds(), (25, False)]
+    req = calls[0][2][0]
+    assert [r.id for *_, reqs in calls for r in reqs] == ["schedule"] * len(calls)
+    codes = torch.stack(req.state.talker.frames)
+    with torch.inference_mode():
+        state, old = vocoder.new_state(), []
+        for start, end in [(0, 5), (5, 30), (30, 55), (55, 72)]:  # the old cut: a first chunk of 5, then 25s
+            old.append(vocoder.decode(codes[None, start:end], state)[0].float())
+        whole = vocoder(codes[None])[0].float()
+    streamed = torch.cat(chunks)
+    assert streamed.shape == whole.shape == (vocoder.num_samples(72),)
+    assert (streamed - torch.cat(old)).abs().max() <= 1e-5 and (streamed - whole).abs().max() <= 1e-5
     assert_idle(o)
 
 

@@ -202,6 +202,14 @@ class VocoderStream:
         return wav[0].float()
 
 
+def chunk_schedule(config: VocoderStreamConfig, num_frames: int) -> list[int]:
+    """The frames of each chunk a stream of ``num_frames`` frames is cut into (its last one short)."""
+    sizes = []
+    while (done := sum(sizes)) < num_frames:
+        sizes.append(min(config.next_chunk(done), num_frames - done))
+    return sizes
+
+
 def decode_in_chunks(vocoder: Code2Wav, codes: torch.Tensor, chunk_frames: int = 300) -> torch.Tensor:
     """One-shot equivalent of ``vocoder(codes[None])[0]`` for codes [F, Q] in bounded memory."""
     stream = VocoderStream(vocoder, VocoderStreamConfig(chunk_frames=chunk_frames, first_chunk_frames=chunk_frames))

@@ -17,8 +17,12 @@ class Qwen3OmniOptions:
     # than this runs alone. Smaller calls let the first images of a burst reach the thinker sooner
     # (docs/performance.md)
     vision_encoder_batch_units: int = 2400
-    vocoder_chunk_frames: int = 25  # codec frames per streamed audio chunk (12.5 frames = 1 s)
-    vocoder_first_chunk_frames: int = 5  # a smaller first chunk: earlier first audio
+    # codec frames in a stream's audio chunks (12.5 frames = 1 s): a small first chunk (earlier first
+    # audio), then each chunk min(full, max(first, frames so far)): 5, 5, 10, 20, 25, 25, ... Chunks
+    # that at most double play without a gap while the talker runs at >= 2x real time
+    # (networks/code2wav_stream.py: VocoderStreamConfig)
+    vocoder_chunk_frames: int = 25
+    vocoder_first_chunk_frames: int = 5
     # streams decoded in one vocoder call; 1 = each stream alone: audio bit-identical whatever else
     # runs (CPU kernels, like GPU ones, round differently at other batch sizes), at a throughput cost
     vocoder_max_batch: int = 64

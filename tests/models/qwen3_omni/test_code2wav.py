@@ -7,7 +7,7 @@ import pytest
 import torch
 from helpers.code2wav import make_audio_like_
 from helpers.hf_oracle import config_dict, hf_checkpoint, hf_model
-from helpers.single_request import VocoderStream, decode_in_chunks
+from helpers.single_request import VocoderStream, chunk_schedule, decode_in_chunks
 
 from omniwalk.models.common.checkpoint.weights import load_weights
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
@@ -83,9 +83,8 @@ def test_stream_equals_one_shot(name, chunk_frames, first_chunk_frames):
         streamed = torch.cat(chunks)
         assert streamed.shape == expected.shape == (1920 * num_frames - 555,)
         assert (streamed - expected).abs().max() <= 1e-5
-        assert chunks[0].numel() in (1920 * min(first_chunk_frames, num_frames) - 555, 0)
-        full_chunks = [c.numel() for c in chunks[1:-1]]
-        assert full_chunks == [1920 * chunk_frames] * len(full_chunks)
+        first, *later = chunk_schedule(config, num_frames)
+        assert [c.numel() for c in chunks if c.numel()] == [1920 * first - 555] + [1920 * n for n in later]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -126,6 +125,26 @@ def test_decode_in_chunks_equals_one_shot():
     with torch.no_grad():
         expected = ours(codes[None])[0]
     assert (decode_in_chunks(ours, codes, chunk_frames=6) - expected).abs().max() <= 1e-5
+
+
+def test_chunks_grow_geometrically_to_full_size():
+    """After the first chunk each chunk is min(chunk_frames, max(first_chunk_frames, frames so far)):
+    no chunk more than doubles the audio before it; the chunk kinds are the (width, fresh) pairs the
+    schedule produces, each once."""
+    default = VocoderStreamConfig()
+    assert chunk_schedule(default, 90) == [5, 5, 10, 20, 25, 25]
+    assert chunk_schedule(default, 33) == [5, 5, 10, 13]
+    assert default.chunk_kinds() == [(5, True), (5, False), (10, False), (20, False), (25, False)]
+    assert chunk_schedule(VocoderStreamConfig(chunk_frames=4, first_chunk_frames=3), 15) == [3, 3, 4, 4, 1]
+    assert chunk_schedule(VocoderStreamConfig(chunk_frames=25, first_chunk_frames=25), 60) == [25, 25, 10]
+    for chunk_frames, first_chunk_frames in [(1, 3), (4, 1), (25, 5), (50, 7), (25, 25), (64, 1)]:
+        config = VocoderStreamConfig(chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames)
+        sizes = chunk_schedule(config, 40 * chunk_frames + first_chunk_frames)
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        kinds = [(n, start == 0) for n, start in zip(sizes[:-1], starts, strict=False)]  # (the last may be short)
+        assert config.chunk_kinds() == list(dict.fromkeys(kinds))
+        assert all(n <= max(first_chunk_frames, start) for n, start in zip(sizes[1:], starts[1:], strict=True))
+        assert sizes[-6:-1] == [chunk_frames] * 5
 
 
 def test_stream_config_rejects_empty_chunks():

@@ -145,5 +145,7 @@ def test_full_size_code2wav_bf16_matches_hf_and_streams(kernels):
     assert (expected.abs() < 1).float().mean() > 0.99, "the comparison must not be dominated by clipping"
     assert report("speech 7", cosine(got, expected)) >= 0.999
     stream = VocoderStream(ours, VocoderStreamConfig(chunk_frames=25, first_chunk_frames=5))
-    streamed = torch.cat([*stream.push(codes[0]), stream.finish()]).float()
+    chunks = [*stream.push(codes[0]), stream.finish()]  # the engine's cut: 5, 5, 10, 20 and the last 10 frames
+    assert [len(c) for c in chunks] == [1920 * 5 - 555, 1920 * 5, 1920 * 10, 1920 * 20, 1920 * 10]
+    streamed = torch.cat(chunks).float()
     assert report("speech 8", cosine(streamed.cpu(), got.cpu())) >= 0.999

@@ -7,9 +7,9 @@
     causal convs  the last ``(kernel - 1) * dilation`` inputs (zeros at stream start = the causal pad)
     trans convs   the last ``kernel / stride - 1`` inputs (none before the first chunk)
 
-A stream decodes each complete chunk (``VocoderStreamConfig``: a small first one, then full ones;
-the frames of a last partial chunk when the codes end) with ``Code2Wav.decode`` against its
-``Code2WavState``, so every chunk costs work proportional to its new frames (plus a
+A stream decodes each complete chunk (``VocoderStreamConfig``: a small first one, then chunks that
+grow to full size; the frames of a last partial chunk when the codes end) with ``Code2Wav.decode``
+against its ``Code2WavState``, so every chunk costs work proportional to its new frames (plus a
 ``sliding_window - 1`` frame attention context) and
 
     concat(chunks...) == Code2Wav(all frames)     (up to float rounding)
@@ -77,15 +77,34 @@ class Code2WavState:
 class VocoderStreamConfig:
     """How a request's frames are cut into vocoder chunks.
 
-    A small first chunk lowers time to first audio; larger later chunks amortise per-call cost.
+    The first chunk has ``first_chunk_frames`` (a small one: earlier first audio); after it each
+    chunk has min(chunk_frames, max(first_chunk_frames, frames decoded so far)), so chunks at most
+    double until they reach ``chunk_frames`` (5, 5, 10, 20, 25, 25, ... for the defaults). Why: the
+    next chunk must be generated while the audio already out plays. A chunk no longer than the
+    audio before it plays without a gap while the talker makes frames at >= 2x real time; jumping
+    from the first chunk straight to full ones would need chunk_frames / first_chunk_frames x (5x
+    for 5 then 25), which a large batch of streams does not reach. Full chunks then amortise the
+    per-call cost; the growth costs a few smaller calls early in each stream.
     """
 
     chunk_frames: int = 25
     first_chunk_frames: int = 5
 
     def next_chunk(self, num_decoded_frames: int) -> int:
-        """Frames in a stream's next chunk: the (smaller) first chunk, then full chunks."""
-        return self.chunk_frames if num_decoded_frames else self.first_chunk_frames
+        """Frames in a stream's next chunk after ``num_decoded_frames`` (the class's schedule)."""
+        if not num_decoded_frames:
+            return self.first_chunk_frames
+        return min(self.chunk_frames, max(self.first_chunk_frames, num_decoded_frames))
+
+    def chunk_kinds(self) -> list[tuple[int, bool]]:
+        """Every distinct (frames, fresh) chunk a stream decodes, in schedule order: the first chunk
+        (fresh: no state yet), then each later width. A stream decodes only these shapes: every chunk
+        but its last has its scheduled width, and a short last chunk is padded to it."""
+        kinds, decoded = [(self.first_chunk_frames, True)], self.first_chunk_frames
+        while (kind := (self.next_chunk(decoded), False)) not in kinds:  # widths grow, then stay
+            kinds.append(kind)
+            decoded += kind[0]
+        return kinds
 
     def __post_init__(self):
         for name in ("chunk_frames", "first_chunk_frames"):

@@ -1,18 +1,20 @@
 """Engine program for Code2Wav: exact streaming chunks, batched across requests.
 
-Each request decodes its frames in chunks (a smaller first chunk for time to first audio) against
-its own stream state, so the concatenated chunks equal a one-shot decode. Started streams live in
-the rows of one fixed-shape state pool (a slot per stream, taken at its first chunk, given back
-when it leaves the stage); a batch gathers its rows, decodes, and scatters them back. Requests
-whose chunks have the same length and freshness decode in one call.
+Each request decodes its frames in chunks (``VocoderStreamConfig``: a small first chunk for time to
+first audio, then chunks that at most double up to full size, so playback keeps up with a talker at
+2x real time) against its own stream state, so the concatenated chunks equal a one-shot decode.
+Started streams live in the rows of one fixed-shape state pool (a slot per stream, taken at its
+first chunk, given back when it leaves the stage); a batch gathers its rows, decodes, and scatters
+them back. Requests whose chunks have the same length and freshness decode in one call.
 
 A stream's last chunk may be short (the talker ended); it decodes padded with code-0 frames to
-its full size and keeps only its own samples, which is exact: samples never depend on later
-frames (``code2wav.py``), and the stream's state is not used again. So every call has one of two
-shapes, first chunks and full chunks, and on CUDA both replay graphs captured at start-up per
-batch bucket (padding rows decode zeros into a scratch row); larger batches run the same function
-eagerly and are counted in ``stats``. If every slot is taken, a new stream waits for one (a
-stream holding a slot always finishes, so it is freed).
+its scheduled width and keeps only its own samples, which is exact: samples never depend on later
+frames (``code2wav.py``), and the stream's state is not used again. So every call has one of the
+schedule's few shapes (``VocoderStreamConfig.chunk_kinds``: the first chunk, then each width the
+chunks grow through), and on CUDA each replays graphs captured at start-up per batch bucket
+(padding rows decode zeros into a scratch row); larger batches run the same function eagerly and
+are counted in ``stats``. If every slot is taken, a new stream waits for one (a stream holding a
+slot always finishes, so it is freed).
 
 A call decodes at most ``max_batch`` streams. Kernels round differently at other batch sizes, so a
 stream's samples depend on its batch-mates to float rounding (~1e-7); ``max_batch = 1`` decodes
@@ -84,15 +86,11 @@ class VocoderProgram(BatchProgram):
         return {"wav": wav.float()}
 
     def capture_graphs(self, pool=None):
-        """Graphs of first chunks (fresh streams) and full chunks, per batch bucket."""
+        """Graphs of every chunk kind of the schedule (width and freshness), per batch bucket."""
         if not self.graph_max_batch:
             return pool
         groups = self.vocoder.cfg.num_quantizers
-        calls = {
-            "vocoder first chunk": (self.config.first_chunk_frames, True),
-            "vocoder chunk": (self.config.chunk_frames, False),
-        }
-        for name, (frames, fresh) in calls.items():
+        for frames, fresh in self.config.chunk_kinds():
             inputs = {
                 "codes": StaticInput((frames, groups), torch.long),
                 "slots": StaticInput((), torch.long, self.scratch),
@@ -101,6 +99,7 @@ class VocoderProgram(BatchProgram):
             def decode(codes, slots, fresh=fresh):
                 return self._decode(codes, slots, fresh)
 
+            name = f"vocoder {'first ' if fresh else ''}chunk {frames}"
             graph = GraphedStep(name, decode, inputs, batch_buckets(self.graph_max_batch), self.device)
             pool = graph.capture(pool)
             self.graphs[(frames, fresh)] = graph
