@@ -36,7 +36,7 @@ def gpu_requests():
         {
             **r,
             "modalities": ["text", "audio"],
-            "min_audio_frames": 33,  # vocoder chunks of 5, 25 and a last 3 (padded to 25)
+            "min_audio_frames": 33,  # vocoder chunks of 5, 5, 10 and a last 13 (padded to 20)
             "max_audio_frames": 33,
             "talker_temperature": 0.0 if i % 2 == 0 else 0.9,
             "code_predictor_temperature": 0.0 if i % 2 == 0 else 1.0,
