@@ -61,7 +61,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--thinker-batches", type=int_list, default=[1, 2, 4, 8, 16, 32, 64])
     p.add_argument("--talker-batches", type=int_list, default=[1, 4, 16, 32])
     p.add_argument("--vocoder-batches", type=int_list, default=[1, 8])
-    p.add_argument("--vocoder-frames", type=int_list, default=[5, 25])
+    p.add_argument("--vocoder-frames", type=int_list, default=[5, 10, 20, 25])  # (the schedule's chunk widths)
     p.add_argument("--vocoder-warm-frames", type=int, default=100, help="frames a stream decoded before the chunk")
     p.add_argument("--prompt-words", type=int, default=24, help="words of each request's text (sets the context)")
     p.add_argument("--encoder-batches", type=int_list, default=[1, 8, 32])
