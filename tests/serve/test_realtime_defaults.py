@@ -62,21 +62,23 @@ async def agent_turns(base_url: str) -> tuple[list, list, list]:
         state["session"] = session
         text_turn = await turn(session, "Hello there")
         await session.model.send_event(session_update(tool_choice="required", max_output_tokens=48))
-        tool_turn = await turn(session, "Is it warm in Paris?", ends_after_tool=True)
+        tool_turn = await turn(session, "Is it warm in Paris?", responses=2)  # (the call, then the answer)
     return text_turn, tool_turn, calls
 
 
-async def turn(session, text: str, ends_after_tool: bool = False, timeout: float = 180) -> list:
-    """The session's events from sending ``text`` to the end of the (last) answer."""
+async def turn(session, text: str, responses: int = 1, timeout: float = 180) -> list:
+    """The session's events from sending ``text`` to the end of its ``responses``-th response (an
+    ``agent_end`` each: a tool turn's call, then its answer; the tool may end before or after the call's
+    response is done, so counting responses, not waiting for ``tool_end``, finds the answer's end)."""
     await session.send_message(text)
-    events, tool_ended = [], False
+    events = []
 
     async def read():
-        nonlocal tool_ended
+        ended = 0
         async for event in session:
             events.append(event)
-            tool_ended |= event.type == "tool_end"
-            if event.type == "agent_end" and (tool_ended or not ends_after_tool):
+            ended += event.type == "agent_end"
+            if ended == responses:
                 return
 
     await asyncio.wait_for(read(), timeout)
