@@ -19,8 +19,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-SHAPES = {"q": "q", "k": "kv", "v": "kv", "o": "o"}
-
 
 def text_config(model_dir: Path) -> dict:
     """The thinker's language-model config (``thinker_config.text_config`` in both families' configs)."""

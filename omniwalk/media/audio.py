@@ -17,7 +17,7 @@ import soundfile as sf
 import soxr
 
 from omniwalk.errors import MediaError
-from omniwalk.media.budget import DecodeTicket, admit, check_decoded_size
+from omniwalk.media.budget import AUDIO_BYTES_PER_SAMPLE, DecodeTicket, admit, check_decoded_size
 from omniwalk.media.errors import CorruptMediaError, EmptyMediaError, MediaLimitError
 from omniwalk.media.limits import DEFAULT_LIMITS, MediaLimits
 
@@ -98,7 +98,7 @@ def _decode_soundfile(data: bytes, limits: MediaLimits, ticket: DecodeTicket | N
         with sf.SoundFile(io.BytesIO(data)) as f:
             if f.frames > 0:  # known up front: refuse before decoding
                 _check_duration(f.frames / f.samplerate, limits)
-                admit(f.frames * f.channels * 4, limits, "audio", ticket)
+                admit(f.frames * f.channels * AUDIO_BYTES_PER_SAMPLE, limits, "audio", ticket)
             out = Mono16k(f.samplerate, f.channels, limits, ticket)
             for block in f.blocks(BLOCK_FRAMES, dtype="float32", always_2d=True):
                 out.push(block.mean(axis=1))
@@ -120,7 +120,8 @@ def decode_audio_stream(data: bytes, limits: MediaLimits, ticket: DecodeTicket |
             if stream.duration is not None and stream.time_base is not None:
                 seconds = float(stream.duration * stream.time_base)
                 _check_duration(seconds, limits)
-                admit(int(seconds * codec.sample_rate * codec.channels) * 4, limits, "audio", ticket)
+                samples = int(seconds * codec.sample_rate * codec.channels)
+                admit(samples * AUDIO_BYTES_PER_SAMPLE, limits, "audio", ticket)
             # NOTE: libswresample only downmixes to mono here; the rate change is soxr's (HQ).
             mono, out = av.AudioResampler(format="flt", layout="mono"), None
             for frame in container.decode(stream):

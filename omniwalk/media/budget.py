@@ -21,6 +21,8 @@ import threading
 from omniwalk.media.errors import DecodeCancelled, MediaLimitError
 from omniwalk.media.limits import MediaLimits
 
+AUDIO_BYTES_PER_SAMPLE = 4  # a decoded audio sample per channel: float32 at the source rate (see above)
+
 
 def check_decoded_size(num_bytes: int, limits: MediaLimits, kind: str) -> None:
     """Raise if one ``kind`` item ("audio", "image", "video") would decode to more than its budget."""

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from omniwalk.media.budget import DecodeTicket
+from omniwalk.media.budget import AUDIO_BYTES_PER_SAMPLE, DecodeTicket
 from omniwalk.media.errors import MediaLimitError
 from omniwalk.serve.errors import bad_request
 from omniwalk.serve.media_pool import MediaPool
@@ -48,7 +48,6 @@ ASSISTANT_TYPES = {"text": ("output_text", "text"), "audio": ("output_audio", "a
 # an audio reference's prefix: ':' and '-' are outside base64's alphabet, so a chat body from an HTTP
 # client that carries a reference is refused as invalid base64 (a 400), never resolved
 AUDIO_REF_PREFIX = "omniwalk-audio:"
-DECODE_BUDGET_BYTES_PER_SAMPLE = 4  # float32 at the source rate, as the pool counts a WAV (``media.budget``)
 
 
 @dataclass
@@ -231,7 +230,7 @@ class AudioMemo:
         """The array part of the held audio ``ref`` (``where``: the content part, named in errors)."""
         entry = self.entries[ref]
         try:
-            ticket.reserve(entry.audio.size * DECODE_BUDGET_BYTES_PER_SAMPLE)
+            ticket.reserve(entry.audio.size * AUDIO_BYTES_PER_SAMPLE)  # (as the pool counts its WAV)
         except MediaLimitError as e:
             raise bad_request(f"{where}: {e}", where) from None
         if entry.decoding is None:
