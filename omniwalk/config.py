@@ -384,6 +384,9 @@ class ServerConfig:
     # it is released when the turn is confirmed and dropped unseen if speech resumes. A session's
     # turn_detection.preemptive_silence_ms overrides it; 0 turns it off
     realtime_preemptive_silence_ms: int = 200
+    # a tentative end of turn prepares its answer only while fewer realtime responses than this (prepared or not,
+    # all sessions of the process) are being generated; else the confirmed turn starts it. 0: no limit
+    realtime_preemption_max_responses: int = 16
     # the directory POST /v1/load_lora_adapter may load adapters from (paths outside it are refused); None: the
     # API loads none (adapters come from ``--lora`` only)
     lora_root: str | None = None
@@ -443,7 +446,8 @@ class ServerConfig:
             raise ConfigError(f"realtime_vad_window_ms must be a multiple of 20, got {self.realtime_vad_window_ms}")
         if self.realtime_vad_prefix_padding_ms < 0:
             raise ConfigError(f"realtime_vad_prefix_padding_ms must be >= 0, got {self.realtime_vad_prefix_padding_ms}")
-        for name in ("realtime_vad_end_padding_ms", "realtime_preemptive_silence_ms"):
+        counts = ("realtime_vad_end_padding_ms", "realtime_preemptive_silence_ms", "realtime_preemption_max_responses")
+        for name in counts:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.realtime_vad_aggressiveness not in (0, 1, 2, 3):

@@ -6,19 +6,28 @@ item in the conversation and no page held.
 
 Answers are greedy, so the events of a whole turn (text, audio, ids aside) are compared exactly;
 a barge-in or a cancel lands at a point that depends on timing, so those are compared by structure.
+
+Under load (``--realtime-preemption-max-responses``): while other sessions generate that many
+answers, a tentative end of turn starts none (counted ``skipped``) and the client's events equal
+those with preemption off; one response fewer, and the answers are prepared as before.
 """
 
 import asyncio
 import base64
+import contextlib
 import json
 import re
 import time
 import urllib.request
 
 import numpy as np
+import pytest
 import websockets
+from helpers.live_server import server
 
 from omniwalk.bench.workload import speech_like
+from omniwalk.cli import build_parser, serve_configs
+from omniwalk.config import ConfigError, ServerConfig
 
 RATE = 24000
 GREEDY = {"temperature": 0.0, "talker_temperature": 0.0, "code_predictor_temperature": 0.0}
@@ -169,3 +178,77 @@ def test_preemption_changes_nothing_the_client_sees(base_url):
     # a tentative end per turn, and one in the pause: that one discarded when the voice came back
     assert counted["discarded"] >= 1 and counted["kept"] >= 3
     assert counted["started"] == counted["kept"] + counted["discarded"]
+
+
+# ---- under load: realtime_preemption_max_responses ----
+
+MAX_RESPONSES = 2
+BUSY = {"max_output_tokens": 4, "min_audio_frames": 4000, "max_audio_frames": 4000}  # (cancelled once done with)
+
+
+@pytest.fixture(scope="module")
+def limited_url():
+    with server("--realtime-preemption-max-responses", str(MAX_RESPONSES)) as base:
+        yield base
+
+
+async def turns_beside(base_url: str, preemptive_silence_ms: int, num_busy: int) -> list[dict]:
+    """A session's two turns (one with a pause inside) while ``num_busy`` other sessions generate an
+    answer each (started before, cancelled after: each one's ``response.done`` says cancelled, so it
+    was being generated all along); the session's events."""
+    url = base_url.replace("http", "ws", 1) + "/v1/realtime"
+    async with contextlib.AsyncExitStack() as stack:
+        connect = lambda: stack.enter_async_context(websockets.connect(url, max_size=2**26))  # noqa: E731
+        busy = []
+        for _ in range(num_busy):
+            other = Client(await connect())
+            await other.until("session.created")
+            hello = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hello"}]}
+            await other.send("conversation.item.create", item=hello)
+            await other.send("response.create", response={**GREEDY, **BUSY})
+            await other.until("response.output_audio.delta")
+            busy.append(other)
+        c = Client(await connect())
+        await c.until("session.created")
+        td = {"type": "server_vad", "preemptive_silence_ms": preemptive_silence_ms}
+        session = {"type": "realtime", "audio": {"input": {"turn_detection": td}, "output": {"voice": "ethan"}}}
+        await c.send("session.update", session={**session, **GREEDY, **SHORT})
+        events = await c.until("session.updated")
+        for audio in (TURN, PAUSED):
+            await c.append(audio)
+            events += await c.until("response.done")
+        for other in busy:
+            await other.send("response.cancel")
+            assert (await other.until("response.done"))[-1]["response"]["status"] == "cancelled"
+        return [e for e in events if e["type"] != "session.updated"]
+
+
+def test_no_preemption_while_the_server_generates_its_limit_of_responses(limited_url):
+    def run(preemptive_silence_ms: int, num_busy: int) -> tuple[list[dict], dict[str, float]]:
+        before = preemptions(limited_url)
+        events = asyncio.run(turns_beside(limited_url, preemptive_silence_ms, num_busy))
+        after = preemptions(limited_url)
+        return normalized(events), {k: n - before.get(k, 0.0) for k, n in after.items() if n != before.get(k, 0.0)}
+
+    off, counted = run(0, MAX_RESPONSES)
+    assert counted == {}
+    added = [e["item"]["role"] for e in off if e["type"] == "conversation.item.added"]
+    assert added == ["user", "assistant"] * 2
+    # the limit reached: each tentative end (one per turn, one in the pause) skipped, the events as with it off
+    at_limit, counted = run(200, MAX_RESPONSES)
+    assert counted == {"skipped": 3}
+    assert at_limit == off
+    # one response fewer: prepared as without a limit (the pause's answer discarded, the others kept)
+    below, counted = run(200, MAX_RESPONSES - 1)
+    assert counted == {"started": 3, "kept": 2, "discarded": 1}
+    assert below == off
+    wait_idle(limited_url)
+
+
+def test_the_preemption_limit_is_a_count_or_none():
+    assert ServerConfig().realtime_preemption_max_responses == 16
+    assert ServerConfig(realtime_preemption_max_responses=0).realtime_preemption_max_responses == 0  # no limit
+    with pytest.raises(ConfigError, match="realtime_preemption_max_responses must be >= 0, got -1"):
+        ServerConfig(realtime_preemption_max_responses=-1)
+    args = build_parser().parse_args(["serve", "--realtime-preemption-max-responses", "4"])
+    assert serve_configs(args)[0].realtime_preemption_max_responses == 4

@@ -16,7 +16,12 @@ client's queue. Then one of:
         -> discarded: the engine request is aborted (its pages are freed at the engine's next
            step) and nothing was in the conversation
 
-Counted in ``omniwalk_realtime_preemptions_total{outcome="started|kept|discarded"}``.
+Under load a discarded answer is engine work taken from the answers being generated (one per
+pause inside a turn), so a tentative end of turn prepares nothing while the process's sessions
+generate ``realtime_preemption_max_responses`` responses or more (``Preemptions``): the turn then
+goes on exactly as without preemption, its answer started when it is confirmed.
+
+Counted in ``omniwalk_realtime_preemptions_total{outcome="started|kept|discarded|skipped"}``.
 """
 
 from __future__ import annotations
@@ -28,16 +33,55 @@ from omniwalk.serve.run import EngineRun
 from omniwalk.serve.wire import Delta, Finished
 
 
+class Preemptions:
+    """The server process's preemptive answers: their count by outcome, and the load they start at.
+
+    ``num_responses`` counts the realtime responses being generated in all sessions: a prepared
+    answer from its start until it is kept or discarded, a response from its start to its end (a
+    kept answer is counted once: it becomes its response in one step of the event loop)."""
+
+    def __init__(self, counter, max_responses: int):
+        """``counter``: by outcome; ``max_responses``: ``ServerConfig.realtime_preemption_max_responses``."""
+        self.counter, self.max_responses = counter, max_responses
+        self.num_responses = 0
+
+    @property
+    def has_room(self) -> bool:
+        """Whether a tentative end of turn may start its answer now."""
+        return not self.max_responses or self.num_responses < self.max_responses
+
+    def count(self, outcome: str) -> None:
+        self.counter.labels(outcome).inc()
+
+    def track(self, task: asyncio.Task) -> None:
+        """A response's task: counted until it is done."""
+        self.num_responses += 1
+        task.add_done_callback(self._response_done)
+
+    def _response_done(self, _task: asyncio.Task) -> None:
+        self.num_responses -= 1
+
+
 class Prepared:
     """A response's engine run, started before its turn was confirmed; its first event is awaited
     in the background (that submits the request), the rest queue in the engine client."""
 
-    def __init__(self, body: dict, request: dict, options: ChatOptions, run: EngineRun, counter=None, release=None):
+    def __init__(
+        self,
+        body: dict,
+        request: dict,
+        options: ChatOptions,
+        run: EngineRun,
+        preemptions: Preemptions | None = None,
+        release=None,
+    ):
         """``release``: called once it is kept or discarded (lets go of its turn's audio)."""
         self.body, self.request, self.options, self.run = body, request, options, run
-        self.counter, self.release = counter, release
+        self.preemptions, self.release = preemptions, release
         self.first = asyncio.ensure_future(run.first_event())
-        self._count("started")
+        if preemptions is not None:
+            preemptions.num_responses += 1
+            preemptions.count("started")
 
     def keep(self) -> None:
         self._end("kept")
@@ -53,10 +97,8 @@ class Prepared:
         self._end("discarded")
 
     def _end(self, outcome: str) -> None:
-        self._count(outcome)
+        if self.preemptions is not None:
+            self.preemptions.num_responses -= 1
+            self.preemptions.count(outcome)
         if self.release is not None:
             self.release()
-
-    def _count(self, outcome: str) -> None:
-        if self.counter is not None:
-            self.counter.labels(outcome).inc()

@@ -9,7 +9,8 @@ clients name OpenAI's models in the URL: ``gpt-realtime``, ``gpt-4o-realtime-pre
 accepted session lasts at most ``realtime_max_session_s`` (an ``error`` event with code ``session_expired``,
 then the close), and ends when the client sends no event for ``realtime_idle_timeout_s`` while no answer is
 being generated (an ``error`` event with code ``idle_timeout``, then the close). The sessions share one
-``AudioBudget`` for their conversations' audio (``bounds.py``).
+``AudioBudget`` for their conversations' audio (``bounds.py``), and one ``Preemptions``: the count of
+realtime responses being generated, which decides whether a tentative end of turn prepares its answer.
 A client that goes away ends its session: a response in progress is aborted in the engine, and
 the media decoding of the event being handled (a response's prompt) stops.
 Sessions are counted in ``omniwalk_realtime_sessions`` and, when they end, in
@@ -31,6 +32,7 @@ from prometheus_client import Counter
 from omniwalk.serve.errors import APIError
 from omniwalk.serve.realtime import protocol as p
 from omniwalk.serve.realtime.bounds import AudioBudget
+from omniwalk.serve.realtime.preemption import Preemptions
 from omniwalk.serve.realtime.response import is_disconnect
 from omniwalk.serve.realtime.session import Emitter, Session
 from omniwalk.serve.routing import affinity_key
@@ -48,12 +50,14 @@ class Sessions:
     def __init__(self, served):
         self.served, self.num_open = served, 0
         self.budget = AudioBudget(served.cfg.realtime_max_total_audio_bytes)
-        self.preemptions = Counter(
+        counter = Counter(
             "omniwalk_realtime_preemptions",
-            "Answers started on a tentative end of turn, by outcome (started, kept, discarded)",
+            "Answers started on a tentative end of turn, by outcome (started, kept, discarded), and tentative ends"
+            " that started none as realtime_preemption_max_responses responses were being generated (skipped)",
             ["outcome"],
             registry=served.metrics.registry,
         )
+        self.preemptions = Preemptions(counter, served.cfg.realtime_preemption_max_responses)
 
     def check(self, ws: WebSocket) -> None:
         """Raise the APIError that refuses this handshake, if any."""

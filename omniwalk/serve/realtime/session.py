@@ -34,7 +34,7 @@ from omniwalk.serve.realtime import protocol as p
 from omniwalk.serve.realtime.bounds import AudioBudget, ConversationLimits, audio_size
 from omniwalk.serve.realtime.conversation import Conversation, Item, Message, Part, item_from_client, pcm16
 from omniwalk.serve.realtime.input_audio import InputAudio, samples_to_ms
-from omniwalk.serve.realtime.preemption import Prepared
+from omniwalk.serve.realtime.preemption import Preemptions, Prepared
 from omniwalk.serve.realtime.prompt import response_body
 from omniwalk.serve.realtime.response import Response, engine_request, is_disconnect
 from omniwalk.serve.realtime.settings import Settings
@@ -72,12 +72,12 @@ class Session:
         run_engine,
         expires_at: int,
         budget: AudioBudget,
-        preemptions=None,
+        preemptions: Preemptions | None = None,
         model: str | None = None,
     ):
         """``model``: a LoRA adapter the handshake named (its answers run it); None: the base model."""
         self.emit, self.cfg, self.context, self.run_engine = emit, cfg, context, run_engine
-        self.preemptions = preemptions  # the counter of preemptive answers by outcome (None: not counted)
+        self.preemptions = preemptions  # the server's preemptive answers and responses (None: not counted)
         self.prepared: Prepared | None = None  # an answer started on a tentative end of turn
         self.settings = Settings.defaults(cfg, model or context.model_name, expires_at)
         self.conversation = Conversation(ConversationLimits.from_config(cfg), budget)
@@ -309,6 +309,8 @@ class Session:
             prepared=prepared,
         )
         self.response.start()
+        if self.preemptions is not None:
+            self.preemptions.track(self.response.task)
 
     def _body(self, fields: p.ResponseFields, pending: Item | None = None) -> tuple[dict, bool]:
         return response_body(self.settings, self.context, self.conversation, self.cfg, fields, pending)
@@ -319,6 +321,9 @@ class Session:
         """A tentative end of turn: start the answer the confirmed turn would get, unsent."""
         td = self.settings.turn_detection
         if self.prepared is not None or not td.create_response or self.is_responding:
+            return
+        if self.preemptions is not None and not self.preemptions.has_room:
+            self.preemptions.count("skipped")  # (the server is busy: the confirmed turn starts the answer)
             return
         part = Part("audio", audio=audio)
         memo = self.conversation.memo
