@@ -7,7 +7,10 @@ columns) loads its row's slot, then one tile of that slot's weights (the shrink'
 B rows) at once, with no loop: a decode step is latency-bound, and the tiled kernels below, whose loops
 over slots and ``in`` chain one load latency after another, measured several times slower at these sizes
 (``benchmarks/kernels/lora.py``). The shrink writes one fp32 partial per block of ``in``; the expand sums
-them (in order: deterministic, no atomics, no zeroed buffer).
+them (in order: deterministic, no atomics, no zeroed buffer). Where the projection runs through the skinny
+GEMM, the shrink needs no kernel of its own: the pool's A rows of every slot ride along as more weight rows
+of the projection's GEMV (``SkinnyLinear.with_rows``), and ``expand_lora_triton`` takes each row's slot's
+values from that output.
 
 Above, tiled kernels: a program owns a tile of ``BLOCK_M`` consecutive rows and loops over the pool's
 slots, skipping every slot none of its rows uses; for a slot it does use, it multiplies its rows of that
@@ -126,10 +129,11 @@ def lora_shrink_row_kernel(
 
 @triton.jit
 def lora_expand_row_kernel(
-    t_ptr, b_ptr, slots_ptr, y_ptr, m, n_out, rank, num_splits, stride_bs, stride_bn, stride_ym,
-    BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, USE_PDL: tl.constexpr,
+    t_ptr, b_ptr, slots_ptr, y_ptr, n_out, rank, num_splits, stride_ts, stride_tm, stride_tslot,
+    stride_bs, stride_bn, stride_ym, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
-    """Per row (BGMV): y[row, cols] += (sum of t's splits, rounded to B's dtype) @ B[slot(row), cols, :].T."""
+    """Per row (BGMV): y[row, cols] += (sum of t's splits, rounded to B's dtype) @ B[slot(row), cols, :].T,
+    the row's t at ``t_ptr + split * stride_ts + row * stride_tm + slot * stride_tslot`` (its first R values)."""
     row, pid_n = tl.program_id(0), tl.program_id(1)
     ranks = tl.arange(0, BLOCK_R)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -140,9 +144,11 @@ def lora_expand_row_kernel(
     s = tl.load(slots_ptr + row)
     if s >= 0:
         t = tl.zeros((BLOCK_R,), tl.float32)
+        t_row = t_ptr + row.to(tl.int64) * stride_tm + s * stride_tslot
         for first in range(0, num_splits, 16):
-            t_at = t_ptr + ((first + chunk)[:, None] * m + row) * BLOCK_R + ranks[None, :]
-            t += tl.sum(tl.load(t_at, mask=(first + chunk)[:, None] < num_splits, other=0.0), axis=0)
+            t_at = t_row + (first + chunk)[:, None] * stride_ts + ranks[None, :]
+            ok = ((first + chunk)[:, None] < num_splits) & (ranks[None, :] < rank)
+            t += tl.sum(tl.load(t_at, mask=ok, other=0.0).to(tl.float32), axis=0)
         t = t.to(b_ptr.dtype.element_ty).to(tl.float32)
         b_at = b_ptr + s * stride_bs + cols[:, None] * stride_bn + ranks[None, :]
         b = tl.load(b_at, mask=(ranks[None, :] < rank) & (cols[:, None] < n_out), other=0.0).to(tl.float32)
@@ -167,19 +173,40 @@ def add_lora_triton(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.
 
 
 def _add_per_row(y, x, a, b, slots) -> None:
-    (m, n_in), n_out, rank = x.shape, y.shape[1], a.shape[1]
+    (m, n_in), rank = x.shape, a.shape[1]
     block_r = max(16, triton.next_power_of_2(rank))
-    block_k = block_n = max(32, ROW_TILE // block_r)  # (one load of A's or B's tile per program)
+    block_k = max(32, ROW_TILE // block_r)  # (one load of A's tile per program)
     splits = triton.cdiv(n_in, block_k)
     t = torch.empty(splits, m, block_r, device=x.device, dtype=torch.float32)
-    launch = pdl.launch(x.device)
     lora_shrink_row_kernel[(m, splits)](
         x, a, slots, t, m, n_in, rank, x.stride(0), a.stride(0), a.stride(1),
-        BLOCK_K=block_k, BLOCK_R=block_r, **launch,
+        BLOCK_K=block_k, BLOCK_R=block_r, **pdl.launch(x.device),
     )  # fmt: skip
+    _expand_per_row(y, t, b, slots, splits, split_stride=m * block_r, row_stride=block_r, slot_stride=0)
+
+
+def expand_lora_triton(y: torch.Tensor, t: torch.Tensor, b: torch.Tensor, slots: torch.Tensor) -> None:
+    """The expand alone, after a shrink computed elsewhere for every slot (``SkinnyLinear.with_rows``: the
+    pool's A rows in the projection's own GEMV): y[i] += round(t_i[slot]) @ B[slot].T for rows of slot >= 0.
+    y [M, out] (any row stride), t [M, S * R] in B's dtype or fp32 split-K partial sums [M, splits, S * R]
+    (slot s's values at columns s * R ...), b [S, out, R], slots [M] int32; M <= ``ROW_KERNEL_MAX_ROWS``."""
+    m, (num_slots, n_out, rank) = y.shape[0], b.shape
+    t3 = t if t.dim() == 3 else t[:, None]
+    assert t3.shape == (m, t3.shape[1], num_slots * rank) and slots.shape == (m,) and y.shape[1] == n_out
+    assert t3.stride(-1) == y.stride(1) == 1 and b.is_contiguous() and m <= ROW_KERNEL_MAX_ROWS
+    if m:
+        slots = slots.to(torch.int32) if slots.dtype != torch.int32 else slots
+        _expand_per_row(y, t3, b, slots, t3.shape[1], t3.stride(1), t3.stride(0), slot_stride=rank)
+
+
+def _expand_per_row(y, t, b, slots, splits: int, split_stride: int, row_stride: int, slot_stride: int) -> None:
+    """The per-row expand of t's values at ``t + split * split_stride + row * row_stride + slot * slot_stride``."""
+    (m, n_out), rank = y.shape, b.shape[2]
+    block_r = max(16, triton.next_power_of_2(rank))
+    block_n = max(32, ROW_TILE // block_r)  # (one load of B's tile per program)
     lora_expand_row_kernel[(m, triton.cdiv(n_out, block_n))](
-        t, b, slots, y, m, n_out, rank, splits, b.stride(0), b.stride(1), y.stride(0),
-        BLOCK_N=block_n, BLOCK_R=block_r, **launch,
+        t, b, slots, y, n_out, rank, splits, split_stride, row_stride, slot_stride,
+        b.stride(0), b.stride(1), y.stride(0), BLOCK_N=block_n, BLOCK_R=block_r, **pdl.launch(y.device),
     )  # fmt: skip
 
 

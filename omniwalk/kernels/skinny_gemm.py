@@ -149,6 +149,33 @@ def skinny_gemm(
     return out
 
 
+def skinny_gemm_with_rows(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    rows: torch.Tensor,
+    *,
+    partials: bool = False,
+    blocks: Blocks | None = None,
+    bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``skinny_gemm(x, weight, ...)`` and, in the same launch, x @ rows^T without the bias: more weight
+    rows (``rows`` [E, K], weight's dtype) read by more programs of the kernel, with ``weight``'s tiles ->
+    (the product as ``skinny_gemm``'s, the rows' product [M, E], or its fp32 partial sums [M, S, E] when the
+    product is split). A 16-bit or fp32 ungated product only (a LoRA pool's A rows: ``SkinnyLinear.with_rows``)."""
+    if rows.dtype != weight.dtype or rows.dim() != 2 or rows.shape[1] != weight.shape[1] or rows.stride(1) != 1:
+        raise ValueError(f"extra rows are [E, K] rows of the weight's dtype (got {tuple(rows.shape)}, {rows.dtype})")
+    if rows.shape[0] < 2 or weight.dtype == torch.float8_e4m3fn:
+        raise ValueError("extra rows go with a plain 16-bit or fp32 weight, at least two of them")
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    blocks, split = _configuration(x.shape[0], x.shape[1], weight, False, partials, blocks, False, bias)
+    m, n, e = x.shape[0], weight.shape[0], rows.shape[0]
+    out = x.new_empty(m, split, n, dtype=torch.float32) if split > 1 else x.new_empty(m, n)
+    rows_out = x.new_empty(m, split, e, dtype=torch.float32) if split > 1 else x.new_empty(m, e)
+    if m:
+        _launch(x, weight, out, blocks, split, False, None, None, bias, extra=(rows, rows_out))
+    return out, rows_out
+
+
 def normed_skinny_gemm(
     norm: InputNorm,
     weight: torch.Tensor,
@@ -217,15 +244,18 @@ def _launch(
     bias: torch.Tensor | None,
     norm: InputNorm | None = None,
     h_out: torch.Tensor | None = None,
+    extra: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
-    """The kernel over x [M, K] (with ``norm``: its h) into ``out``."""
+    """The kernel over x [M, K] (with ``norm``: its h) into ``out``; ``extra``: (more weight rows, their output)."""
     (m, k), n = x.shape, out.shape[-1]
+    rows, rows_out = extra if extra is not None else (weight, out)
+    n_e = rows.shape[0] if extra is not None else 0
     block_m = blocks.rows or padded_rows(m)
     block_k = blocks.k if scale is None or block_m == 1 else min(blocks.k, scale_block[1])  # (a dot's step: one scale)
     k_chunk = -(-k // (split * block_k)) * block_k  # each split: a whole number of K steps
     scale_n, scale_k = scale_block or (1, 1)
     prologue, prologue_constants = _prologue(norm, x, h_out, k)
-    skinny_gemm_kernel[(-(-n // blocks.n), split)](
+    skinny_gemm_kernel[(-(-n // blocks.n) - (-n_e // blocks.n), split)](
         x,
         weight,
         weight if scale is None else scale,
@@ -243,6 +273,11 @@ def _launch(
         0 if scale is None else n // scale_n * scale.stride(0),
         *prologue,
         x if bias is None else bias,
+        rows,
+        rows_out,
+        n_e,
+        rows_out.stride(0),
+        rows_out.stride(1) if split > 1 else 0,
         BLOCK_M=block_m,
         BLOCK_N=blocks.n,
         BLOCK_K=block_k,
@@ -255,6 +290,7 @@ def _launch(
         SUB_K=block_k if scale is None else min(block_k, scale_k),
         WIDEN_ASM=asm_widening(x.device),
         **prologue_constants,
+        EXTRA=extra is not None,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # (fp32 as F.linear's; 16-bit ignores it)
         num_warps=blocks.warps,
         num_stages=blocks.stages,
@@ -498,13 +534,13 @@ def dot_tiles(
 
 
 @triton.jit
-def store_output(acc, acc_up, out, ok, b_ptr, cols, col_ok, GATED: tl.constexpr, BIAS: tl.constexpr):
-    """Round the fp32 sums once to the output's dtype (BIAS: the bias added first, as a biased Linear's
-    epilogue adds it); GATED: silu(gate) * up, rounded like ``silu_mul``'s reference (gate and up rounded
-    as a GEMM's outputs are, silu rounded, then the product)."""
+def store_output(acc, acc_up, out, ok, b_ptr, cols, bias_ok, GATED: tl.constexpr, BIAS: tl.constexpr):
+    """Round the fp32 sums once to the output's dtype (BIAS: the bias added first where ``bias_ok``, as a
+    biased Linear's epilogue adds it); GATED: silu(gate) * up, rounded like ``silu_mul``'s reference (gate
+    and up rounded as a GEMM's outputs are, silu rounded, then the product)."""
     dtype = out.dtype.element_ty
     if BIAS:
-        acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[:, None]
+        acc += tl.load(b_ptr + cols, mask=bias_ok, other=0.0).to(tl.float32)[:, None]
     if GATED:
         gate = acc.to(dtype).to(tl.float32)
         silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
@@ -536,6 +572,11 @@ def skinny_gemm_kernel(
     eps,
     stride_dk,
     b_ptr,
+    e_ptr,
+    e_out_ptr,
+    N_E,
+    stride_eom,
+    stride_eos,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -551,11 +592,21 @@ def skinny_gemm_kernel(
     PARTS: tl.constexpr,
     ROUND_EACH: tl.constexpr,
     K_ROW: tl.constexpr,
+    EXTRA: tl.constexpr,
     PRECISION: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    """A program: BLOCK_N weight rows (output columns) x one K range (``split``) x all M rows."""
+    """A program: BLOCK_N weight rows (output columns) x one K range (``split``) x all M rows. EXTRA: the
+    programs past W's column blocks take the extra rows (``e_ptr`` [N_E, K]) into their own output."""
     block, split = tl.program_id(0), tl.program_id(1)
+    writes_residual = (block == 0) & (split == 0)
+    in_w = True
+    if EXTRA:
+        w_blocks = tl.cdiv(N, BLOCK_N)
+        in_w = block < w_blocks
+        if block >= w_blocks:
+            block -= w_blocks
+            w_ptr, out_ptr, N, stride_om, stride_os = e_ptr, e_out_ptr, N_E, stride_eom, stride_eos
     cols = block * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns = weight rows
     col_ok = cols < N
     rows = tl.arange(0, BLOCK_M)
@@ -585,7 +636,7 @@ def skinny_gemm_kernel(
             K,
             eps,
             stride_dk,
-            (block == 0) & (split == 0),
+            writes_residual,
             BLOCK_N,
             BLOCK_K,
             GATED,
@@ -623,4 +674,4 @@ def skinny_gemm_kernel(
             USE_PDL,
         )
     out = out_ptr + split * stride_os + rows[None, :] * stride_om + cols[:, None]
-    store_output(acc, acc_up, out, col_ok[:, None] & row_ok[None, :], b_ptr, cols, col_ok, GATED, BIAS)
+    store_output(acc, acc_up, out, col_ok[:, None] & row_ok[None, :], b_ptr, cols, col_ok & in_w, GATED, BIAS)

@@ -170,8 +170,7 @@ class RowsKVCache:
 
 def _adapted(projection: nn.Module, x: torch.Tensor, layer: int, module: str, lora: LoraRows | None) -> torch.Tensor:
     """``projection(x)`` with the rows' adapters of (layer, module) added (none: as it is)."""
-    y = projection(x)
-    return y if lora is None else lora.add(y, x, layer, module)
+    return projection(x) if lora is None else lora.project(projection, x, layer, module)
 
 
 def _head_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -237,10 +236,10 @@ class Attention(MergesProjections):
     def _qkv(self, x, layer: int, lora: LoraRows | None) -> torch.Tensor:
         """The merged q/k/v projection of x [n, hidden] with the rows' adapters: merged in the pool too (one
         add), else each part's added to its column slice."""
-        qkv = self.qkv_proj(x)
         if lora is not None and lora.holds(layer, "qkv_proj"):
-            lora.add(qkv, x, layer, "qkv_proj")
-        elif lora is not None:
+            return lora.project(self.qkv_proj, x, layer, "qkv_proj")
+        qkv = self.qkv_proj(x)
+        if lora is not None:
             q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
             for module, start, width in (("q_proj", 0, q), ("k_proj", q, kv), ("v_proj", q + kv, kv)):
                 lora.add(qkv[:, start : start + width], x, layer, module)

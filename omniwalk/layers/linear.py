@@ -29,6 +29,11 @@ def _kernels():
     return tuple(importlib.import_module(f"omniwalk.kernels.{name}") for name in ("skinny_gemm", "silu_mul", "fp8"))
 
 
+# The LoRA shrink folds into a projection's skinny GEMM while the pool's A rows of every slot (each row of the
+# batch computes all of them, and keeps its own slot's) are at most this share of the projection's rows.
+FOLDED_SHRINK_SHARE = 1 / 8
+
+
 @dataclass(frozen=True)
 class LoraRows:
     """The LoRA adapters of one forward's rows: ``slots`` [n] int32 on the device, each row's slot of the
@@ -55,6 +60,24 @@ class LoraRows:
 
             add_lora(y[:, 0] if y.dim() == 3 else y, x, self.a[key], self.b[key], self.slots, self.backend)
         return y
+
+    def project(self, projection: nn.Module, x: torch.Tensor, layer: int, module: str) -> torch.Tensor:
+        """``projection(x)`` with the adapters of (layer, module) added. Where the projection is a skinny GEMM
+        and the pool's A rows of every slot are few beside its own (``FOLDED_SHRINK_SHARE``), the shrink runs
+        in the projection's GEMV as more weight rows and one expand kernel follows; else ``add`` after it."""
+        key = (layer, module)
+        a = self.a.get(key)
+        if a is not None and self.backend == "triton" and isinstance(projection, SkinnyLinear):
+            rows = a.view(-1, a.shape[-1])
+            if rows.shape[0] <= FOLDED_SHRINK_SHARE * projection.weight.shape[0]:
+                both = projection.with_rows(x, rows)
+                if both is not None:
+                    from omniwalk.kernels.lora import expand_lora_triton
+
+                    y, t = both
+                    expand_lora_triton(y[:, 0] if y.dim() == 3 else y, t, self.b[key], self.slots)
+                    return y
+        return self.add(projection(x), x, layer, module)
 
 
 class MergesProjections(nn.Module):
@@ -143,6 +166,19 @@ class SkinnyLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._apply(x, self.gated)
+
+    def with_rows(self, x: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(this projection of x [n, K], x @ rows^T) in one skinny GEMM (``skinny_gemm_with_rows``: ``rows``
+        [E, K] as more weight rows, no bias; [n, S, E] partial sums where the product is split), or None
+        where that kernel does not run: more than ``MAX_ROWS`` rows, a "cublas" tile, FP8 or gated weights."""
+        sg = _kernels()[0]
+        (n, k), m = self.weight.shape, x.shape[0]
+        if x.dim() != 2 or self.gated or self.weight_scale_inv is not None or m > sg.MAX_ROWS:
+            return None
+        blocks = sg.pick_blocks(m, n, k, False, self.partials, False, x.device)
+        if blocks is None:
+            return None
+        return sg.skinny_gemm_with_rows(x, self.weight, rows, partials=self.partials, blocks=blocks, bias=self.bias)
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
         """A gated projection's plain product [..., 2I] (gate then up, before silu·mul): what LoRA

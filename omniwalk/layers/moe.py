@@ -167,7 +167,7 @@ class GatedMLP(MergesProjections):
                 lora.add(gate_up[:, :inter], x, layer, "gate_proj")
                 lora.add(gate_up[:, inter:], x, layer, "up_proj")
             act = silu_mul_triton(gate_up)
-        return lora.add(self.down_proj(act), act, layer, "down_proj")
+        return lora.project(self.down_proj, act, layer, "down_proj")
 
 
 def merged_linear(*parts: nn.Linear) -> nn.Linear:

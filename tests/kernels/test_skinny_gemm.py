@@ -14,7 +14,7 @@ from helpers import triton_cpu
 
 from omniwalk.kernels import skinny_gemm as sg
 from omniwalk.kernels.add_rms_norm import add_rms_norm_triton
-from omniwalk.kernels.skinny_gemm import Blocks, InputNorm, skinny_gemm
+from omniwalk.kernels.skinny_gemm import Blocks, InputNorm, skinny_gemm, skinny_gemm_with_rows
 from omniwalk.layers.linear import SkinnyLinear
 from omniwalk.layers.moe import GatedMLP, silu_mul_reference
 from omniwalk.layers.norm import RMSNorm
@@ -228,3 +228,30 @@ def test_merged_biased_projections(rows):
     ref = torch.cat([p(x) for p in parts], dim=-1)
     torch.testing.assert_close(merged(x), ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(merged.normed(norm, h, delta)[1], ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 5])
+@pytest.mark.parametrize("split", [1, 2])
+@pytest.mark.parametrize("biased", [False, True])
+def test_extra_rows_are_their_own_product_in_the_same_launch(dtype, m, split, biased):
+    """The weight's product exactly as without the rows (bias, split partial sums), and the rows' product
+    exactly as a launch of the rows alone with the same tiles (no bias): the same programs' arithmetic."""
+    if biased and split > 1:
+        return  # (a biased product is never split)
+    x, w = _operands(m, dtype)
+    rows = _operands(1, dtype, n=40, seed=5)[1]
+    bias = torch.randn(N, generator=torch.Generator().manual_seed(6)).to(dtype) if biased else None
+    blocks = Blocks(16, 64, split, 4, 2)
+    y, t = skinny_gemm_with_rows(x, w, rows, partials=split > 1, blocks=blocks, bias=bias)
+    assert torch.equal(y, skinny_gemm(x, w, partials=split > 1, blocks=blocks, bias=bias))
+    assert torch.equal(t, skinny_gemm(x, rows, partials=split > 1, blocks=blocks))
+    assert t.shape == ((m, split, 40) if split > 1 else (m, 40))
+
+
+def test_extra_rows_are_refused_unless_plain_rows_of_the_weights_dtype():
+    x, w = _operands(1, torch.float32)
+    with pytest.raises(ValueError, match="rows"):
+        skinny_gemm_with_rows(x, w, torch.zeros(8, K + 1))
+    with pytest.raises(ValueError, match="rows"):
+        skinny_gemm_with_rows(x, w, torch.zeros(8, K, dtype=torch.bfloat16))

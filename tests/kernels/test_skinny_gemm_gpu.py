@@ -108,3 +108,26 @@ def test_folded_norm_equals_the_norm_kernel_then_the_gemv(name, parts):
         ref = F.linear(x, w)
         bound = ref.float().abs() * 2**-7 + 2 * k * 2**-24 * F.linear(x.float().abs(), w.float().abs())
         assert ((y.float() - ref.float()).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("m", [1, 32])
+@pytest.mark.parametrize("name", ["thinker qkv", "thinker o", "qwen2.5-7b qkv"])
+@torch.inference_mode()
+def test_extra_rows_leave_the_product_bitwise_and_equal_their_own_launch(name, m):
+    """A LoRA pool's A rows (4 slots x 48) in the projection's GEMV at the fast path's tile: the projection's
+    output bitwise as without them, theirs bitwise as the rows' own launch with that tile."""
+    from omniwalk.kernels.skinny_gemm import skinny_gemm_with_rows
+
+    k, n, kind = SHAPES[name]
+    g = torch.Generator(device="cuda").manual_seed(m)
+    x = torch.randn(m, k, generator=g, device="cuda").to(BF16)
+    w = (torch.randn(n, k, generator=g, device="cuda") * k**-0.5).to(BF16)
+    rows = (torch.randn(192, k, generator=g, device="cuda") * k**-0.5).to(BF16)
+    bias = torch.randn(n, generator=g, device="cuda").to(BF16) if kind == "biased" else None
+    partials = kind == "partials"
+    blocks = pick_blocks(m, n, k, False, partials, False, x.device)
+    if blocks is None:
+        pytest.skip(f"{name} at M={m} runs cuBLAS on this device (no GEMV to fold into)")
+    y, t = skinny_gemm_with_rows(x, w, rows, partials=partials, blocks=blocks, bias=bias)
+    assert torch.equal(y, skinny_gemm(x, w, partials=partials, blocks=blocks, bias=bias))
+    assert torch.equal(t, skinny_gemm(x, rows, partials=partials, blocks=blocks))

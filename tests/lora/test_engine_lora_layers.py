@@ -4,9 +4,12 @@ what the reference path's separate projections with per-module slots add; rows o
 
 import copy
 
+import pytest
 import torch
+from helpers import triton_cpu
 from torch import nn
 
+from omniwalk.layers import linear
 from omniwalk.layers.decoder import Decoder, DecoderConfig, RopeConfig, RowsKVCache, use_fused_kernels
 from omniwalk.layers.linear import LoraRows
 from omniwalk.lora.adapters import Adapter, thinker_targets
@@ -69,3 +72,64 @@ def test_merged_projections_with_merged_slots_equal_separate_ones():
     base = forward(reference, None)
     assert torch.equal(want[SLOTS < 0], base[SLOTS < 0])  # base rows bit for bit
     assert (want[SLOTS >= 0] - base[SLOTS >= 0]).abs().amin(dim=-1).gt(0).all()  # adapted rows changed
+
+
+@pytest.fixture
+def interpreter(monkeypatch):
+    yield from triton_cpu.interpreted(monkeypatch)
+
+
+@pytest.mark.skipif(not triton_cpu.ON_CPU, reason="interpreter tests run on the CPU machine")
+@torch.inference_mode()
+def test_shrink_folded_into_the_skinny_gemm_adds_what_the_reference_adds(interpreter, monkeypatch):
+    """Decode-sized batches (<= the skinny GEMM's rows) with the Triton LoRA backend: the pool's A rows run in
+    the q/k/v, o and down GEMVs (one expand kernel after each, no shrink kernel) and add what the reference adds."""
+    import omniwalk.kernels.lora as lora_kernels
+
+    torch.manual_seed(0)
+    reference = Decoder(CFG).eval()
+    for p in reference.parameters():
+        nn.init.normal_(p, std=0.05)
+    fused = copy.deepcopy(reference)
+    use_fused_kernels(fused)
+    expands, shrinks = [], []
+    monkeypatch.setattr(lora_kernels, "expand_lora_triton", _counting(lora_kernels.expand_lora_triton, expands))
+    shrink = _counting_grid(lora_kernels.lora_shrink_row_kernel, shrinks)
+    monkeypatch.setattr(lora_kernels, "lora_shrink_row_kernel", shrink)
+    separate, merged = pool(None), pool(MERGED)
+    slots = SLOTS[:5]
+    x = torch.randn(5, CFG.hidden_size, generator=torch.Generator().manual_seed(3))
+
+    def run(decoder, lora):
+        cache = RowsKVCache(5, CFG.num_hidden_layers, CFG.num_key_value_heads, CFG.head_dim, torch.float32, "cpu", 4)
+        return decoder(x, torch.zeros(5, dtype=torch.long), cache, lora=lora)
+
+    want = run(reference, LoraRows(slots, separate.a, separate.b))
+    apart = run(fused, LoraRows(slots, merged.a, merged.b, backend="triton"))
+    assert not expands  # (this tiny pool's A rows are too many beside the projections' for the default share)
+    monkeypatch.setattr(linear, "FOLDED_SHRINK_SHARE", 1.0)
+    shrinks.clear()
+    got = run(fused, LoraRows(slots, merged.a, merged.b, backend="triton"))
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(apart, want, atol=2e-5, rtol=1e-4)
+    # q/k/v, o and down folded (an expand each, no shrink kernel); the dense MLP's gate/up (gated) apart
+    assert len(expands) == 3 * CFG.num_hidden_layers and len(shrinks) == CFG.num_hidden_layers
+    base = run(fused, None)
+    assert torch.equal(got[slots < 0], base[slots < 0])  # (the extra rows leave the projections' own as they were)
+
+
+def _counting(fn, calls):
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return fn(*args, **kwargs)
+
+    return counted
+
+
+def _counting_grid(kernel, calls):
+    class Grid:
+        def __getitem__(self, grid):
+            calls.append(grid)
+            return kernel[grid]
+
+    return Grid()

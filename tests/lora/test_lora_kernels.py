@@ -107,3 +107,41 @@ def test_triton_on_the_gpu_in_a_cuda_graph(m):
         add_lora(expected[:, 5 : 5 + N_OUT], x, a, b, slots)
         torch.testing.assert_close(y, expected, rtol=1e-2, atol=1e-2)
         assert torch.equal(y[slots < 0], wide[slots < 0])
+
+
+def all_slots_shrink(x, a):
+    """Every slot's shrink of every row, [M, S * R], rounded to the weights' dtype (what the projection's
+    GEMV gives with the pool's A rows as more weight rows)."""
+    return (x.float() @ a.reshape(-1, a.shape[-1]).float().T).to(a.dtype)
+
+
+@pytest.mark.skipif(not triton_cpu.ON_CPU, reason="interpreter tests run on the CPU machine")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("m", [1, 3, 32])
+@pytest.mark.parametrize("case", ["ranks_8_16_4_of_16", "ranks_8_16_64_of_64"])
+@pytest.mark.parametrize("splits", [1, 3])  # 3: the GEMV's fp32 split-K partial sums [M, 3, S * R]
+def test_expand_of_every_slots_shrink_equals_the_reference(interpreter, m, case, dtype, splits):
+    from omniwalk.kernels.lora import expand_lora_triton
+
+    max_rank, ranks, n_in = CASES[case]
+    a, b = pool_weights(dtype, ranks=ranks, max_rank=max_rank, n_in=n_in)
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, n_in, generator=g).to(dtype)
+    wide = torch.randn(m, N_OUT + 10, generator=g).to(dtype)
+    slots = rows(m, seed=m)
+    slots[: min(m, 2)] = torch.tensor([2, -1])[: min(m, 2)].to(torch.int32)
+    t = all_slots_shrink(x, a)
+    if splits > 1:  # (parts that sum to the shrink in fp32)
+        parts = torch.randn(m, splits - 1, t.shape[1], generator=g)
+        t = torch.cat([t.float()[:, None] - parts.sum(1, keepdim=True), parts], dim=1)
+    expected, ours = wide.clone(), wide.clone()
+    add_lora(expected[:, 5 : 5 + N_OUT], x, a, b, slots)
+    expand_lora_triton(ours[:, 5 : 5 + N_OUT], t, b, slots)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(ours, expected, **tol)
+    base = slots < 0
+    assert torch.equal(ours[base], wide[base]) and torch.equal(ours[:, :5], wide[:, :5])
+    if m == 32 and dtype == torch.float32 and splits == 1:  # a wrong slot's values would not pass
+        shifted = wide.clone()
+        expand_lora_triton(shifted[:, 5 : 5 + N_OUT], t.roll(max_rank, dims=1), b, slots)
+        assert not torch.allclose(shifted, expected, **tol)
