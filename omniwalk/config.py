@@ -387,6 +387,9 @@ class ServerConfig:
     # a tentative end of turn prepares its answer only while fewer realtime responses than this (prepared or not,
     # all sessions of the process) are being generated; else the confirmed turn starts it. 0: no limit
     realtime_preemption_max_responses: int = 16
+    # a session's audio item waits this long for a place in a full media queue (max_media_queue) before its
+    # response or transcription fails with the 429's error event; 0: no wait
+    realtime_max_media_wait_s: float = 5.0
     # the directory POST /v1/load_lora_adapter may load adapters from (paths outside it are refused); None: the
     # API loads none (adapters come from ``--lora`` only)
     lora_root: str | None = None
@@ -447,6 +450,7 @@ class ServerConfig:
         if self.realtime_vad_prefix_padding_ms < 0:
             raise ConfigError(f"realtime_vad_prefix_padding_ms must be >= 0, got {self.realtime_vad_prefix_padding_ms}")
         counts = ("realtime_vad_end_padding_ms", "realtime_preemptive_silence_ms", "realtime_preemption_max_responses")
+        counts += ("realtime_max_media_wait_s",)
         for name in counts:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")

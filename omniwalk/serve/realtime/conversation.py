@@ -201,15 +201,24 @@ class Memoised:
 
 class AudioMemo:
     """A session's user audio, decoded once. The first request that needs a part decodes it in the
-    media pool (its limits and queue apply; a part that fails is tried again by the next request),
+    media pool (its limits and queue apply, a full queue waited for up to ``max_media_wait_s``;
+    a part that fails is tried again by the next request),
     in a task of its own that requests share (a response and a transcription of one turn); every
     later request reuses the arrays. A request still counts each part against its own media budget
     (``max_request_decoded_bytes``), as a decode would. An entry lives while something holds its
     reference (a conversation item, a preemptive answer's turn, a transcription), so the arrays go
     when their items are deleted or the session ends."""
 
-    def __init__(self):
+    def __init__(self, max_media_wait_s: float = 0.0):
         self.entries: dict[str, Memoised] = {}
+        self.max_media_wait_s = max_media_wait_s  # (ServerConfig.realtime_max_media_wait_s)
+
+    def without_waiting(self) -> AudioMemo:
+        """The memo (the same entries) for a request that does not wait for a full media queue: a
+        preemptive answer's, prepared while the session's events wait for it (then none is prepared)."""
+        view = AudioMemo()
+        view.entries = self.entries
+        return view
 
     def holds(self, data: str) -> bool:
         return data in self.entries
@@ -236,14 +245,16 @@ class AudioMemo:
         if entry.decoding is None:
             entry.ticket = DecodeTicket(pool.limits.max_request_decoded_bytes)
             data = base64.b64encode(wav_bytes(entry.audio)).decode()
-            decode = pool.decode("audio", data, where, is_base64=True, ticket=entry.ticket)
+            decode = pool.decode(
+                "audio", data, where, is_base64=True, ticket=entry.ticket, max_wait_s=self.max_media_wait_s
+            )
             entry.decoding = asyncio.ensure_future(decode)
         decoding = entry.decoding
         try:
             return dict(await asyncio.shield(decoding))  # (a request that ends leaves it to the others)
         except Exception:  # (not this request's own cancellation: the decoding stays for the others)
             if entry.decoding is decoding:
-                entry.decoding = None  # (a full queue, a refused part: the next request tries again)
+                entry.decoding = None  # (a queue full too long, a refused part: the next request tries again)
             raise
 
     def close(self) -> None:
@@ -252,7 +263,7 @@ class AudioMemo:
             if entry.decoding is not None and not entry.decoding.done():
                 entry.ticket.cancel()
                 entry.decoding.cancel()
-        self.entries = {}
+        self.entries.clear()  # (the views' too)
 
 
 def wav_bytes(samples: np.ndarray) -> bytes:
@@ -337,10 +348,11 @@ def _parts(item: p.Item, where: str, max_bytes: int) -> list[Part]:
 class Conversation:
     """The items, within the session's limits and the server's audio budget (``bounds.py``)."""
 
-    def __init__(self, limits: ConversationLimits, budget: AudioBudget):
+    def __init__(self, limits: ConversationLimits, budget: AudioBudget, max_media_wait_s: float = 0.0):
+        """``max_media_wait_s``: how long its audio waits for a place in a full media queue."""
         self.items: list[Item] = []
         self.limits, self.budget = limits, budget
-        self.memo = AudioMemo()  # its items' user audio, decoded once for all its responses
+        self.memo = AudioMemo(max_media_wait_s)  # its items' user audio, decoded once for all its responses
 
     @property
     def num_audio_bytes(self) -> int:

@@ -80,7 +80,7 @@ class Session:
         self.preemptions = preemptions  # the server's preemptive answers and responses (None: not counted)
         self.prepared: Prepared | None = None  # an answer started on a tentative end of turn
         self.settings = Settings.defaults(cfg, model or context.model_name, expires_at)
-        self.conversation = Conversation(ConversationLimits.from_config(cfg), budget)
+        self.conversation = Conversation(ConversationLimits.from_config(cfg), budget, cfg.realtime_max_media_wait_s)
         self.context = dataclasses.replace(context, audio_memo=self.conversation.memo)  # (its audio by reference)
         self.audio = InputAudio(int(cfg.realtime_max_buffer_s * INPUT_RATE))
         self.audio.set_vad(self.settings.turn_detection.vad if self.settings.turn_detection else None)
@@ -330,7 +330,8 @@ class Session:
         memo.hold(part)  # (until the prepared answer is kept or discarded: the confirmed turn's item reuses it)
         try:
             body, _ = self._body(p.ResponseFields(), Message("pending", "user", [part]))
-            request, options = await engine_request(body, self.context)
+            context = dataclasses.replace(self.context, audio_memo=memo.without_waiting())
+            request, options = await engine_request(body, context)
         except BaseException as e:
             memo.release(part.ref)
             if isinstance(e, APIError):
