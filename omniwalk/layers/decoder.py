@@ -37,7 +37,7 @@ from torch import nn
 
 from omniwalk.kernels.registry import DECODER_KERNELS
 from omniwalk.layers.kv_attention import causal_attention
-from omniwalk.layers.linear import LoraRows, MergesProjections, SkinnyLinear
+from omniwalk.layers.linear import LoraExpand, LoraRows, MergesProjections, SkinnyLinear
 from omniwalk.layers.moe import GatedMLP, SparseMoE
 from omniwalk.layers.norm import RMSNorm, residual_add
 from omniwalk.layers.rotary import apply_rotary, mrope_cos_sin, rope_cos_sin, rotary_tables
@@ -223,7 +223,8 @@ class Attention(MergesProjections):
         each projection (on the merged q/k/v output, to its column slices)."""
         n = x.shape[0]
         if self.qkv_proj is not None:
-            return self._output(self._fused(self._qkv(x, layer, lora), cos, sin, cache, layer), layer, lora)
+            qkv, expand = self._qkv(x, layer, lora)
+            return self._output(self._fused(qkv, cos, sin, cache, layer, expand), layer, lora)
         q, k, v = (_adapted(p, x, layer, name, lora) for p, name in self._projections())
         q = apply_rotary(self.q_norm(q.view(n, self.num_heads, self.head_dim)), cos, sin)
         k = apply_rotary(self.k_norm(k.view(n, self.num_kv_heads, self.head_dim)), cos, sin)
@@ -233,17 +234,19 @@ class Attention(MergesProjections):
     def _projections(self):
         return (self.q_proj, "q_proj"), (self.k_proj, "k_proj"), (self.v_proj, "v_proj")
 
-    def _qkv(self, x, layer: int, lora: LoraRows | None) -> torch.Tensor:
-        """The merged q/k/v projection of x [n, hidden] with the rows' adapters: merged in the pool too (one
+    def _qkv(self, x, layer: int, lora: LoraRows | None) -> tuple[torch.Tensor, LoraExpand | None]:
+        """The merged q/k/v projection of x [n, hidden] with the rows' adapters: merged in the pool too (the
+        shrink folded into the projection where it can be, its expand then left to the rope kernel; else one
         add), else each part's added to its column slice."""
         if lora is not None and lora.holds(layer, "qkv_proj"):
-            return lora.project(self.qkv_proj, x, layer, "qkv_proj")
+            folded = lora.fold(self.qkv_proj, x, layer, "qkv_proj")
+            return folded if folded is not None else (lora.add(self.qkv_proj(x), x, layer, "qkv_proj"), None)
         qkv = self.qkv_proj(x)
         if lora is not None:
             q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
             for module, start, width in (("q_proj", 0, q), ("k_proj", q, kv), ("v_proj", q + kv, kv)):
                 lora.add(qkv[:, start : start + width], x, layer, module)
-        return qkv
+        return qkv, None
 
     def _output(self, attention: torch.Tensor, layer: int, lora: LoraRows | None) -> torch.Tensor:
         return _adapted(self.o_proj, attention, layer, "o_proj", lora)
@@ -258,9 +261,9 @@ class Attention(MergesProjections):
         h, qkv = self.qkv_proj.normed(norm, h, delta)
         return h, self.o_proj(self._fused(qkv, cos, sin, cache, layer))
 
-    def _fused(self, qkv, cos, sin, cache: KVCache, layer: int) -> torch.Tensor:
-        """The merged projection's output (biases added) -> one (norm +) rope (+ KV store) kernel, the
-        attention [n, heads * d]."""
+    def _fused(self, qkv, cos, sin, cache: KVCache, layer: int, lora: LoraExpand | None = None) -> torch.Tensor:
+        """The merged projection's output (biases added; ``lora``: the adapters' expand still to add) -> one
+        (LoRA expand +) (norm +) rope (+ KV store) kernel, the attention [n, heads * d]."""
         n = qkv.shape[0]
         target = cache.kv_slots(layer, n)
         normed = isinstance(self.q_norm, RMSNorm)  # (else Qwen2-style: rope only)
@@ -275,6 +278,7 @@ class Attention(MergesProjections):
             self.num_heads,
             self.num_kv_heads,
             target,
+            lora,
         )
         out = cache.attend(layer, q, k, v) if target is None else cache.attend_stored(layer, q)
         return out.reshape(n, self.num_heads * self.head_dim)

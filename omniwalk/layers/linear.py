@@ -14,6 +14,7 @@ import functools
 import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +33,16 @@ def _kernels():
 # The LoRA shrink folds into a projection's skinny GEMM while the pool's A rows of every slot (each row of the
 # batch computes all of them, and keeps its own slot's) are at most this share of the projection's rows.
 FOLDED_SHRINK_SHARE = 1 / 8
+
+
+class LoraExpand(NamedTuple):
+    """A LoRA expand still to add to a projection's output: t [n, S * R] (every slot's shrink of each row, in
+    B's dtype, slot s at columns s * R ...; fp32 split-K partial sums [n, splits, S * R] after a split product),
+    b [S, out, R] (the pool's B), slots [n] int32 (-1: the base model)."""
+
+    t: torch.Tensor
+    b: torch.Tensor
+    slots: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -62,22 +73,31 @@ class LoraRows:
         return y
 
     def project(self, projection: nn.Module, x: torch.Tensor, layer: int, module: str) -> torch.Tensor:
-        """``projection(x)`` with the adapters of (layer, module) added. Where the projection is a skinny GEMM
-        and the pool's A rows of every slot are few beside its own (``FOLDED_SHRINK_SHARE``), the shrink runs
-        in the projection's GEMV as more weight rows and one expand kernel follows; else ``add`` after it."""
-        key = (layer, module)
-        a = self.a.get(key)
-        if a is not None and self.backend == "triton" and isinstance(projection, SkinnyLinear):
-            rows = a.view(-1, a.shape[-1])
-            if rows.shape[0] <= FOLDED_SHRINK_SHARE * projection.weight.shape[0]:
-                both = projection.with_rows(x, rows)
-                if both is not None:
-                    from omniwalk.kernels.lora import expand_lora_triton
+        """``projection(x)`` with the adapters of (layer, module) added: the shrink folded into the projection
+        where ``fold`` does it, then one expand kernel; else ``add`` after the projection."""
+        folded = self.fold(projection, x, layer, module)
+        if folded is None:
+            return self.add(projection(x), x, layer, module)
+        from omniwalk.kernels.lora import expand_lora_triton
 
-                    y, t = both
-                    expand_lora_triton(y[:, 0] if y.dim() == 3 else y, t, self.b[key], self.slots)
-                    return y
-        return self.add(projection(x), x, layer, module)
+        y, (t, b, slots) = folded
+        expand_lora_triton(y[:, 0] if y.dim() == 3 else y, t, b, slots)
+        return y
+
+    def fold(
+        self, projection: nn.Module, x: torch.Tensor, layer: int, module: str
+    ) -> tuple[torch.Tensor, LoraExpand] | None:
+        """(``projection(x)`` without the adapters, their expand still to do) where the projection is a skinny
+        GEMM that takes the pool's A rows of every slot as more weight rows (the Triton backend; those rows at
+        most ``FOLDED_SHRINK_SHARE`` of the projection's), the shrink so costing no launch; else None."""
+        a = self.a.get((layer, module))
+        if a is None or self.backend != "triton" or not isinstance(projection, SkinnyLinear):
+            return None
+        rows = a.view(-1, a.shape[-1])
+        if rows.shape[0] > FOLDED_SHRINK_SHARE * projection.weight.shape[0]:
+            return None
+        both = projection.with_rows(x, rows)
+        return None if both is None else (both[0], LoraExpand(both[1], self.b[(layer, module)], self.slots))
 
 
 class MergesProjections(nn.Module):
@@ -170,14 +190,15 @@ class SkinnyLinear(nn.Module):
     def with_rows(self, x: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(this projection of x [n, K], x @ rows^T) in one skinny GEMM (``skinny_gemm_with_rows``: ``rows``
         [E, K] as more weight rows, no bias; [n, S, E] partial sums where the product is split), or None
-        where that kernel does not run: more than ``MAX_ROWS`` rows, a "cublas" tile, FP8 or gated weights."""
+        where that kernel does not run: more than ``MAX_ROWS`` rows, FP8 or gated weights. Where the tuned
+        entry names cuBLAS for the bare product, the generic tile (``default_blocks``): the launch it saves
+        is worth more than cuBLAS's edge on one GEMV."""
         sg = _kernels()[0]
         (n, k), m = self.weight.shape, x.shape[0]
         if x.dim() != 2 or self.gated or self.weight_scale_inv is not None or m > sg.MAX_ROWS:
             return None
         blocks = sg.pick_blocks(m, n, k, False, self.partials, False, x.device)
-        if blocks is None:
-            return None
+        blocks = blocks or sg.default_blocks(m, n, k, self.partials)
         return sg.skinny_gemm_with_rows(x, self.weight, rows, partials=self.partials, blocks=blocks, bias=self.bias)
 
     def product(self, x: torch.Tensor) -> torch.Tensor:

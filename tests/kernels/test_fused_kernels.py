@@ -71,6 +71,42 @@ def test_expert_parts_add_in_order_with_each_sum_rounded(dtype):
 
 
 @pytest.mark.parametrize("into_store", [False, True])
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_qk_norm_rope_adds_the_lora_expand_first(into_store, qk_norm):
+    """With a LoRA expand left to it (every slot's shrink of each row, the pool's B): what the expand kernel
+    and then the rope kernel give; a row without an adapter as without the expand, bitwise."""
+    from omniwalk.kernels.lora import expand_lora_triton
+    from omniwalk.layers.linear import LoraExpand
+
+    g = torch.Generator().manual_seed(2)
+    n, heads, kv_heads, d, slots, rank = 4, 4, 2, 16, 3, 24  # (rank: a merged pool's 3 x 8, padded to 32)
+    width = (heads + 2 * kv_heads) * d
+    qkv = torch.randn(n, width, generator=g) * 2
+    q_w, k_w = (torch.rand(d, generator=g) + 0.5, torch.rand(d, generator=g) + 0.5) if qk_norm else (None, None)
+    cos, sin = rotary_tables(*mrope_cos_sin(torch.tensor([[5, 6, 7, 8]] * 3), d, 1e6, (2, 3, 3)), torch.float32)
+    t = torch.randn(n, slots * rank, generator=g)
+    b = torch.randn(slots, width, rank, generator=g) * 0.1
+    rows = torch.tensor([2, -1, 0, 1], dtype=torch.int32)
+    stores = [(torch.zeros(10, kv_heads, d), torch.zeros(10, kv_heads, d), torch.tensor([7, 2, 5, 1])) for _ in "abc"]
+    kv = (lambda i: stores[i]) if into_store else (lambda i: None)
+    expanded = qkv.clone()
+    expand_lora_triton(expanded, t, b, rows)
+    want = qk_norm_rope_triton(expanded, q_w, k_w, 1e-6, cos, sin, heads, kv_heads, kv(0))
+    got = qk_norm_rope_triton(qkv, q_w, k_w, 1e-6, cos, sin, heads, kv_heads, kv(1), LoraExpand(t, b, rows))
+    base = qk_norm_rope_triton(qkv, q_w, k_w, 1e-6, cos, sin, heads, kv_heads, kv(2))
+    torch.testing.assert_close(got[0], want[0], **TOL)
+    assert torch.equal(got[0][1], base[0][1]) and not torch.allclose(got[0][0], base[0][0], **TOL)
+    if into_store:
+        for a, b_ in zip(stores[0][:2], stores[1][:2], strict=True):
+            torch.testing.assert_close(b_, a, **TOL)
+        assert torch.equal(stores[1][0][2], stores[2][0][2]) and torch.equal(stores[1][1][2], stores[2][1][2])
+    else:
+        for i in (1, 2):
+            torch.testing.assert_close(got[i], want[i], **TOL)
+            assert torch.equal(got[i][1], base[i][1])
+
+
+@pytest.mark.parametrize("into_store", [False, True])
 @pytest.mark.parametrize("qk_norm", [True, False])  # False: Qwen2-style attention, rope only
 def test_qk_norm_rope(into_store, qk_norm):
     g = torch.Generator().manual_seed(1)

@@ -22,7 +22,9 @@ from omniwalk.kernels import qk_norm_rope
 fn = qk_norm_rope.qk_norm_rope_kernel
 pointers = ["qkv_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "q_ptr", "k_ptr", "v_ptr"]
 consts = {"HEADS": 32, "KV_HEADS": 4, "D": 128, "HAS_SLOTS": True, "NORM": sys.argv[2] == "norm", "USE_PDL": True}
-signature = {name: "*bf16" for name in pointers} | {"slots_ptr": "*i64", "eps": "fp32"}
+consts |= {"LORA": False, "BLOCK_R": 16}
+pointers += ["t_ptr", "b_ptr"]
+signature = {name: "*bf16" for name in pointers} | {"slots_ptr": "*i64", "lora_slots_ptr": "*i32", "eps": "fp32"}
 signature |= {name: "constexpr" for name in consts}
 signature |= {name: "i32" for name in fn.arg_names if name not in signature}
 options = qk_norm_rope.COMPILE_OPTIONS if sys.argv[1] == "launch" else {}

@@ -83,7 +83,8 @@ def interpreter(monkeypatch):
 @torch.inference_mode()
 def test_shrink_folded_into_the_skinny_gemm_adds_what_the_reference_adds(interpreter, monkeypatch):
     """Decode-sized batches (<= the skinny GEMM's rows) with the Triton LoRA backend: the pool's A rows run in
-    the q/k/v, o and down GEMVs (one expand kernel after each, no shrink kernel) and add what the reference adds."""
+    the q/k/v, o and down GEMVs (no shrink kernel; q/k/v's expand inside the rope kernel, an expand kernel after
+    o and down) and add what the reference adds."""
     import omniwalk.kernels.lora as lora_kernels
 
     torch.manual_seed(0)
@@ -112,8 +113,9 @@ def test_shrink_folded_into_the_skinny_gemm_adds_what_the_reference_adds(interpr
     got = run(fused, LoraRows(slots, merged.a, merged.b, backend="triton"))
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(apart, want, atol=2e-5, rtol=1e-4)
-    # q/k/v, o and down folded (an expand each, no shrink kernel); the dense MLP's gate/up (gated) apart
-    assert len(expands) == 3 * CFG.num_hidden_layers and len(shrinks) == CFG.num_hidden_layers
+    # q/k/v (its expand in the rope kernel), o and down folded (an expand kernel each), no shrink kernel; the
+    # dense MLP's gate/up (gated) apart
+    assert len(expands) == 2 * CFG.num_hidden_layers and len(shrinks) == CFG.num_hidden_layers
     base = run(fused, None)
     assert torch.equal(got[slots < 0], base[slots < 0])  # (the extra rows leave the projections' own as they were)
 
