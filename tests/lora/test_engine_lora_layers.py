@@ -49,20 +49,27 @@ def pool(merged) -> AdapterPool:
     return p
 
 
-def forward(decoder: Decoder, lora: LoraRows | None) -> torch.Tensor:
-    x = torch.randn(N, CFG.hidden_size, generator=torch.Generator().manual_seed(3))
-    cache = RowsKVCache(N, CFG.num_hidden_layers, CFG.num_key_value_heads, CFG.head_dim, torch.float32, "cpu", 4)
-    return decoder(x, torch.zeros(N, dtype=torch.long), cache, lora=lora)
+def forward(decoder: Decoder, lora: LoraRows | None, n: int = N) -> torch.Tensor:
+    """The decoder on the first ``n`` of the ``N`` one-token rows."""
+    x = torch.randn(N, CFG.hidden_size, generator=torch.Generator().manual_seed(3))[:n]
+    cache = RowsKVCache(n, CFG.num_hidden_layers, CFG.num_key_value_heads, CFG.head_dim, torch.float32, "cpu", 4)
+    return decoder(x, torch.zeros(n, dtype=torch.long), cache, lora=lora)
 
 
-@torch.inference_mode()
-def test_merged_projections_with_merged_slots_equal_separate_ones():
+def decoders() -> tuple[Decoder, Decoder]:
+    """A small random decoder, and its copy on the fused path (merged projections, skinny GEMMs)."""
     torch.manual_seed(0)
     reference = Decoder(CFG).eval()
     for p in reference.parameters():
         nn.init.normal_(p, std=0.05)
     fused = copy.deepcopy(reference)
     use_fused_kernels(fused)
+    return reference, fused
+
+
+@torch.inference_mode()
+def test_merged_projections_with_merged_slots_equal_separate_ones():
+    reference, fused = decoders()
     assert fused.layers[0].self_attn.qkv_proj is not None and fused.layers[0].mlp.gate_up_proj is not None
     separate, merged = pool(None), pool(MERGED)
     assert (0, "qkv_proj") in merged.a and (0, "q_proj") in separate.a
@@ -87,23 +94,16 @@ def test_shrink_folded_into_the_skinny_gemm_adds_what_the_reference_adds(interpr
     o and down) and add what the reference adds."""
     import omniwalk.kernels.lora as lora_kernels
 
-    torch.manual_seed(0)
-    reference = Decoder(CFG).eval()
-    for p in reference.parameters():
-        nn.init.normal_(p, std=0.05)
-    fused = copy.deepcopy(reference)
-    use_fused_kernels(fused)
+    reference, fused = decoders()
     expands, shrinks = [], []
     monkeypatch.setattr(lora_kernels, "expand_lora_triton", _counting(lora_kernels.expand_lora_triton, expands))
     shrink = _counting_grid(lora_kernels.lora_shrink_row_kernel, shrinks)
     monkeypatch.setattr(lora_kernels, "lora_shrink_row_kernel", shrink)
     separate, merged = pool(None), pool(MERGED)
     slots = SLOTS[:5]
-    x = torch.randn(5, CFG.hidden_size, generator=torch.Generator().manual_seed(3))
 
     def run(decoder, lora):
-        cache = RowsKVCache(5, CFG.num_hidden_layers, CFG.num_key_value_heads, CFG.head_dim, torch.float32, "cpu", 4)
-        return decoder(x, torch.zeros(5, dtype=torch.long), cache, lora=lora)
+        return forward(decoder, lora, n=len(slots))
 
     want = run(reference, LoraRows(slots, separate.a, separate.b))
     apart = run(fused, LoraRows(slots, merged.a, merged.b, backend="triton"))

@@ -63,6 +63,19 @@ CASES = {  # name -> (pool rank, each slot's rank, in): a wide ``in`` splits the
 }
 
 
+def case_operands(m: int, case: str, dtype, first_slot: int = 1):
+    """A pool of ``case`` (a, b), x [M, in], a y wider than the output (its columns 5 ... are y) and the
+    rows' slots, the first two ``first_slot`` and -1 (a used and a base row in every case)."""
+    max_rank, ranks, n_in = CASES[case]
+    a, b = pool_weights(dtype, ranks=ranks, max_rank=max_rank, n_in=n_in)
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, n_in, generator=g).to(dtype)
+    wide = torch.randn(m, N_OUT + 10, generator=g).to(dtype)
+    slots = rows(m, seed=m)
+    slots[: min(m, 2)] = torch.tensor([first_slot, -1])[: min(m, 2)].to(torch.int32)
+    return a, b, x, wide, slots
+
+
 @pytest.mark.skipif(not triton_cpu.ON_CPU, reason="interpreter tests run on the CPU machine")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize(
@@ -70,13 +83,7 @@ CASES = {  # name -> (pool rank, each slot's rank, in): a wide ``in`` splits the
     [(m, case) for m in (1, 3, 64, 300) for case in CASES if m <= 3 or case != "in_2200_many_splits"],
 )
 def test_triton_equals_the_reference(interpreter, m, case, dtype):
-    max_rank, ranks, n_in = CASES[case]
-    a, b = pool_weights(dtype, ranks=ranks, max_rank=max_rank, n_in=n_in)
-    g = torch.Generator().manual_seed(m)
-    x = torch.randn(m, n_in, generator=g).to(dtype)
-    wide = torch.randn(m, N_OUT + 10, generator=g).to(dtype)
-    slots = rows(m, seed=m)
-    slots[: min(m, 2)] = torch.tensor([1, -1])[: min(m, 2)].to(torch.int32)  # (a used and a base row in every case)
+    a, b, x, wide, slots = case_operands(m, case, dtype)
     expected, ours = wide.clone(), wide.clone()
     add_lora(expected[:, 5 : 5 + N_OUT], x, a, b, slots)
     add_lora(ours[:, 5 : 5 + N_OUT], x, a, b, slots, backend="triton")
@@ -123,16 +130,11 @@ def all_slots_shrink(x, a):
 def test_expand_of_every_slots_shrink_equals_the_reference(interpreter, m, case, dtype, splits):
     from omniwalk.kernels.lora import expand_lora_triton
 
-    max_rank, ranks, n_in = CASES[case]
-    a, b = pool_weights(dtype, ranks=ranks, max_rank=max_rank, n_in=n_in)
-    g = torch.Generator().manual_seed(m)
-    x = torch.randn(m, n_in, generator=g).to(dtype)
-    wide = torch.randn(m, N_OUT + 10, generator=g).to(dtype)
-    slots = rows(m, seed=m)
-    slots[: min(m, 2)] = torch.tensor([2, -1])[: min(m, 2)].to(torch.int32)
+    a, b, x, wide, slots = case_operands(m, case, dtype, first_slot=2)
+    max_rank = a.shape[1]
     t = all_slots_shrink(x, a)
     if splits > 1:  # (parts that sum to the shrink in fp32)
-        parts = torch.randn(m, splits - 1, t.shape[1], generator=g)
+        parts = torch.randn(m, splits - 1, t.shape[1], generator=torch.Generator().manual_seed(splits))
         t = torch.cat([t.float()[:, None] - parts.sum(1, keepdim=True), parts], dim=1)
     expected, ours = wide.clone(), wide.clone()
     add_lora(expected[:, 5 : 5 + N_OUT], x, a, b, slots)
