@@ -8,8 +8,16 @@ step already made, so ids, text, codes and audio are the same either way.
 
 import pytest
 import torch
-from helpers.qwen3_omni import checkpoint
-from helpers.walk import PATHS, alone, assert_idle, assert_same, make_request, omni, run_staggered
+from helpers.qwen3_omni import (
+    PATHS,
+    alone,
+    assert_idle,
+    assert_same,
+    checkpoint,
+    make_request,
+    run_staggered,
+    walk_omni,
+)
 
 from omniwalk import Omni
 from omniwalk.engine.kv_stage import KVProgram
@@ -49,7 +57,7 @@ def stopping(requests: list[dict], refs) -> list[dict]:
 
 @pytest.mark.parametrize("sampled", [False, True])
 def test_async_loop_equals_synchronous_loop_with_stops(sampled):
-    o = omni()
+    o = walk_omni()
     requests = [make_request(i, PATHS[i % len(PATHS)], sampled=sampled) for i in range(9)]
     requests = stopping(requests, [alone(i, sampled) for i in range(len(requests))])
     sync = run_staggered(o, requests, on_step=synchronous)

@@ -22,8 +22,7 @@ def _run(omni, requests, synchronous: bool):
 
 
 def _mixed_requests():
-    from helpers.gpu_graphs import gpu_requests
-    from helpers.walk import make_request
+    from helpers.qwen3_omni import gpu_requests, make_request
 
     media = [make_request(i, path) for i, path in enumerate(["s2s", "i2t", "s2t", "i2s"])]
     for r in media:
@@ -32,7 +31,7 @@ def _mixed_requests():
 
 
 def test_async_equals_synchronous_loop_on_the_gpu():
-    from helpers.gpu_graphs import gpu_omni
+    from helpers.qwen3_omni import gpu_omni
 
     omni = gpu_omni(8)
     requests = _mixed_requests()
@@ -62,7 +61,7 @@ def test_async_equals_synchronous_loop_on_the_gpu():
 
 def test_stages_keep_their_own_graph_pools():
     """Each KV stage captures into a graph pool of its own."""
-    from helpers.gpu_graphs import gpu_omni
+    from helpers.qwen3_omni import gpu_omni
 
     omni = gpu_omni(4)
     thinker, talker = omni.engine.stages["thinker"].program, omni.engine.stages["talker"].program

@@ -3,7 +3,7 @@ CUDA-graph replay against eager execution of the same step (thinker decode, talk
 
 import pytest
 import torch
-from helpers.gpu_graphs import gpu_omni, gpu_requests
+from helpers.qwen3_omni import gpu_omni, gpu_requests
 
 from omniwalk.engine.kv_pages import KVStorage, PagePool, PageTable
 from omniwalk.engine.paged_attention import DecodeKV

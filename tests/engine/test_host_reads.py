@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.qwen3_omni import checkpoint
-from helpers.walk import make_request
+from helpers.qwen3_omni import checkpoint, make_request
 
 import omniwalk
 from omniwalk import Omni

@@ -3,9 +3,8 @@ graph path run eagerly over it (a stand-in replaces the CUDA capture), equal to 
 
 import pytest
 import torch
-from helpers.qwen3_omni import checkpoint
+from helpers.qwen3_omni import PATHS, alone, assert_same, checkpoint, make_request, run_staggered
 from helpers.replay import EagerReplay
-from helpers.walk import PATHS, alone, assert_same, make_request, run_staggered
 
 from omniwalk import Omni
 from omniwalk.engine import prefill_graphs

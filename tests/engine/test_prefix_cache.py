@@ -6,8 +6,7 @@ The pages are keyed, shared and evicted as ``test_kv_pages.py`` tests on the poo
 
 import pytest
 import torch
-from helpers.qwen2_5_omni import checkpoint
-from helpers.qwen2_5_walk import assert_free, make_request
+from helpers.qwen2_5_omni import assert_free, checkpoint, make_request
 
 from omniwalk import Omni
 

@@ -1,5 +1,8 @@
 """Qwen2.5-Omni make-tiny checkpoints, an ``Omni`` and HF's model per checkpoint, the requests the tests
-share, and HF's inputs for the same media."""
+share, and HF's inputs for the same media.
+
+The walk runtime's workload on tiny Qwen2.5-Omni: requests on every input path, each run alone, and
+the checks that outputs match and KV pages and token2wav rows are freed."""
 
 import tempfile
 from functools import cache
@@ -8,6 +11,7 @@ import numpy as np
 import torch
 from helpers.hf_oracle import TEST_ROOT
 from helpers.qwen2_5_oracle import config_dict
+from helpers.qwen3_omni import assert_idle
 
 from omniwalk import Omni
 from omniwalk.media.mel import log_mel
@@ -98,3 +102,68 @@ def hf_inputs(prompt, use_audio_in_video: bool) -> dict:
     if any(i.kind == "video" for i in items):
         out["video_second_per_grid"] = torch.tensor([i.seconds_per_grid for i in items if i.kind == "video"])
     return out
+
+
+PATHS = ("t2t", "s2t", "i2t", "v2t", "si2t", "av2t")
+
+
+@cache
+def walk_omni(**options) -> Omni:
+    """The walk's own ``Omni`` (a cache apart from :func:`omni`'s)."""
+    return Omni(model=checkpoint("tiny"), **options)
+
+
+def make_request(i: int, sampled: bool = False) -> dict:
+    path, rng = PATHS[i % len(PATHS)], np.random.default_rng(i)
+    inputs = path.split("2")[0]
+    content = [{"type": "text", "text": " ".join(["tell", "me", "about", "the", "world"][: 1 + i % 5])}]
+    wave = (0.1 * rng.standard_normal(int(16000 * (0.5 + i % 3 * 0.7)))).astype(np.float32)
+    if inputs in ("s", "si"):
+        content.append({"type": "audio", "audio": wave})
+    if "i" in inputs:
+        content.append({"type": "image", "image": rng.integers(0, 256, (40 + 10 * (i % 4), 70, 3), dtype=np.uint8)})
+    if "v" in inputs:
+        video = {"type": "video", "video": rng.integers(0, 256, (4, 56, 84, 3), dtype=np.uint8), "fps": 2.0}
+        content.append({**video, "audio": wave} if "a" in inputs else video)
+    request = {
+        "request_id": f"r{i}",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 3 + (7 * i) % 11,
+        "ignore_eos": True,
+        "temperature": 0.8 if sampled else 0.0,
+        "seed": i,
+        "use_audio_in_video": "a" in inputs,
+    }
+    if i % 4 == 3:  # speech; every other one streamed, with 64 codes more (2 to 4 DiT windows of 72 mel frames)
+        streamed = i % 8 == 7
+        codes = 24 + (29 * i) % 70 + 64 * streamed
+        request.update(modalities=["text", "audio"], voice=("Chelsie", "ethan")[i % 2], max_audio_frames=codes)
+        request.update(min_audio_frames=codes, talker_temperature=0.9 if sampled else 0.0, stream=streamed)
+        request.update(token2wav_num_steps=(3, 4, None)[i % 3])  # (None: the default 10)
+    return request
+
+
+def assert_free(o: Omni):
+    """Every stage idle, KV pages free, and token2wav holds no rows (windows being solved) for anyone."""
+    assert_idle(o)
+    program = o.engine.stages["token2wav"].program
+    assert not any(program.rows.values()) and not program.starting
+
+
+def workload(n: int = 18, **kw) -> list[dict]:
+    return [make_request(i, **kw) for i in range(n)]
+
+
+@cache
+def alone(i: int, sampled: bool = False):
+    return walk_omni().generate(make_request(i, sampled=sampled))
+
+
+def assert_same(out, ref):
+    """Ids, text and codes identical; audio to float rounding (token2wav's batched ODE steps pad rows
+    to the longest: measured max |diff| < 1e-6 at RMS ~0.1)."""
+    assert (out.token_ids, out.text, out.finish_reason) == (ref.token_ids, ref.text, ref.finish_reason)
+    assert out.codes == ref.codes and (ref.codes is None or len(ref.codes) > 3)
+    if ref.codes is not None:
+        assert out.audio.shape == ref.audio.shape == (len(ref.codes) * 2 * 240,) and ref.audio.std() > 0.01
+        assert (out.audio - ref.audio).abs().max() < 1e-5

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import triton_cpu
-from helpers.fp8_reference import assert_activation_rounding, w8a8_experts
+from helpers.kernel_references import assert_activation_rounding, w8a8_experts
 from helpers.single_request import ContiguousKVCache
 
 from omniwalk.kernels import grouped_fp8

@@ -4,8 +4,7 @@ import asyncio
 
 import numpy as np
 import pytest
-from helpers.qwen3_omni import checkpoint
-from helpers.walk import alone, workload
+from helpers.qwen3_omni import alone, checkpoint, workload
 
 from omniwalk.serve.engine_client import EngineClient, EngineRequestError
 from omniwalk.serve.wire import Finished

@@ -14,8 +14,7 @@ import time
 import httpx
 import numpy as np
 import pytest
-from helpers.hostile import media_body, media_bombs, metric, slow_video, solid_video
-from helpers.live_server import launch
+from helpers.live_server import launch, media_body, media_bombs, metric, slow_video, solid_video
 
 
 @pytest.fixture(scope="module")

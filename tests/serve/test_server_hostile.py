@@ -7,8 +7,7 @@ import urllib.request
 
 import openai
 import pytest
-from helpers.hostile import HOSTILE, RAW, USER, rss_mb
-from helpers.live_server import launch
+from helpers.live_server import HOSTILE, RAW, USER, launch, rss_mb
 
 
 @pytest.fixture(scope="module")

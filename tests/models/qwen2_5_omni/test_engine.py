@@ -8,9 +8,8 @@ import random
 
 import pytest
 import torch
-from helpers.qwen2_5_omni import checkpoint
-from helpers.qwen2_5_walk import PATHS, alone, assert_free, assert_same, make_request, omni, workload
-from helpers.walk import assert_only_failed, run_failing, run_staggered
+from helpers.qwen2_5_omni import PATHS, alone, assert_free, assert_same, checkpoint, make_request, walk_omni, workload
+from helpers.qwen3_omni import assert_only_failed, run_failing, run_staggered
 
 from omniwalk import Omni
 
@@ -18,7 +17,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
 def test_concurrent_staggered_equals_alone_on_every_path():
-    o = omni()
+    o = walk_omni()
     widest = []
 
     def watch(o, step, reqs):
@@ -34,7 +33,7 @@ def test_concurrent_staggered_equals_alone_on_every_path():
 
 
 def test_abort_a_third_leaves_the_rest_unchanged_and_frees_everything():
-    o = omni()
+    o = walk_omni()
     rng = random.Random(0)
     abort_at = {f"r{i}": rng.randint(1, 8) for i in rng.sample(range(18), 6)}
     aborted = set()
@@ -56,7 +55,7 @@ def test_abort_a_third_leaves_the_rest_unchanged_and_frees_everything():
 
 
 def test_kv_pressure_preempts_and_still_completes_correctly():
-    cfg = omni().family.cfg.text
+    cfg = walk_omni().family.cfg.text
     per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
     o = Omni(model=checkpoint("tiny"), thinker_kv_bytes=600 * per_token, page_size=8, max_batch_tokens=64)
     outs = run_staggered(o, workload(), every=1)
@@ -69,7 +68,7 @@ def test_kv_pressure_preempts_and_still_completes_correctly():
 def test_talker_kv_pressure_preempts_and_resumes_exactly():
     """Speech requests with talker KV for 600 tokens: the talker preempts and recomputes its inputs;
     a recomputed input must not draw its code again (codes equal to running alone)."""
-    cfg = omni().family.cfg.talker.text
+    cfg = walk_omni().family.cfg.talker.text
     per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
     o = Omni(model=checkpoint("tiny"), talker_kv_bytes=600 * per_token, page_size=8, max_batch_tokens=64)
     speech = [i for i in range(18) if i % 4 == 3]
@@ -81,7 +80,7 @@ def test_talker_kv_pressure_preempts_and_resumes_exactly():
 
 
 def test_injected_failure_fails_only_that_request():
-    o = omni()
+    o = walk_omni()
     thinker = o.engine.stages["thinker"].program
     outs = run_failing(o, thinker, "_commit", lambda req, pick: req.id == "r4", workload(9))
     assert_only_failed(outs, "r4", workload(9), alone, assert_same)
@@ -89,7 +88,7 @@ def test_injected_failure_fails_only_that_request():
 
 
 def test_seeded_sampling_is_the_same_alone_and_batched():
-    outs = run_staggered(omni(), workload(8, sampled=True), every=1)
+    outs = run_staggered(walk_omni(), workload(8, sampled=True), every=1)
     for i, request in enumerate(workload(8, sampled=True)):
         assert_same(outs[request["request_id"]], alone(i, sampled=True))
 
@@ -97,7 +96,7 @@ def test_seeded_sampling_is_the_same_alone_and_batched():
 def test_injected_token2wav_failure_fails_only_that_request():
     """A token2wav batch that raises is retried request by request: only the failing one fails, the
     others' audio (solved alone in that step instead of batched) is still exact to rounding."""
-    o = omni()
+    o = walk_omni()
     token2wav = o.engine.stages["token2wav"].program
 
     def fails(req, window):  # its second window: after audio has started (streamed)
@@ -114,8 +113,8 @@ def test_streamed_audio_is_windowed_and_near_the_offline_audio():
     once the ODE chains its steps, so they differ: bounded by waveform cosine >= 0.999 (measured
     >= 0.9999 with random weights; the window scheme's own bound is in test_qwen2_5_omni_token2wav)."""
     request = {**make_request(3), "min_audio_frames": 100, "max_audio_frames": 100, "request_id": None}
-    offline = omni().generate(request)
-    events = [e.data for e in omni().stream(request) if e.kind == "audio"]
+    offline = walk_omni().generate(request)
+    events = [e.data for e in walk_omni().stream(request) if e.kind == "audio"]
     streamed = torch.cat(events)
     assert len(events) >= 3 and streamed.shape == offline.audio.shape == (100 * 480,)
     assert torch.nn.functional.cosine_similarity(streamed.double(), offline.audio.double(), dim=0) >= 0.999

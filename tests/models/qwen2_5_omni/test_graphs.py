@@ -8,10 +8,9 @@ against eager: ``test_graphs_gpu.py``."""
 
 import pytest
 import torch
-from helpers.qwen2_5_omni import checkpoint
-from helpers.qwen2_5_walk import alone, assert_free, assert_same, make_request, omni, workload
+from helpers.qwen2_5_omni import alone, assert_free, assert_same, checkpoint, make_request, walk_omni, workload
+from helpers.qwen3_omni import run_staggered
 from helpers.replay import EagerReplay, ReplayOnCPU
-from helpers.walk import run_staggered
 
 from omniwalk import Omni
 from omniwalk.engine import prefill_graphs
@@ -80,7 +79,7 @@ def test_graph_paths_equal_eager_on_a_mixed_workload(monkeypatch):
     outs, rows = run_kept(o, workload())
     for i, request in enumerate(workload()):
         assert_same(outs[request["request_id"]], alone(i))
-    _, eager_rows = run_kept(omni(), workload())
+    _, eager_rows = run_kept(walk_omni(), workload())
     assert rows.keys() == eager_rows.keys() and len(rows) >= 4
     for rid, kept in rows.items():
         # Not bit for bit: a graph row's GEMMs run in its padded bucket (other row counts round

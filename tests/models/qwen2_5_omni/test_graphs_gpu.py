@@ -6,8 +6,7 @@ graphs (their padded layouts are other GEMM shapes, tested on their own in ``eng
 
 import pytest
 import torch
-from helpers.qwen2_5_omni import checkpoint
-from helpers.qwen2_5_walk import make_request
+from helpers.qwen2_5_omni import checkpoint, make_request
 
 from omniwalk import Omni
 

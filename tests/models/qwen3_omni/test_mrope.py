@@ -3,7 +3,7 @@
 import pytest
 import torch
 from helpers.hf_oracle import hf_model
-from helpers.prompt_cases import Builder, thinker_cases
+from helpers.processor_oracle import Builder, thinker_cases
 
 from omniwalk.layers.rotary import mrope_cos_sin
 from omniwalk.models.common.processing.positions import (

@@ -13,8 +13,8 @@ outputs scaled by 1/sqrt(2·layers) (GPT-2 init) keep the stream input-dominated
 
 import pytest
 import torch
-from helpers.code2wav import make_audio_like_
 from helpers.gpu_pairs import cosine, randomize_, real_config_dict, report
+from helpers.qwen3_omni import make_audio_like_
 from helpers.single_request import ContiguousKVCache, VocoderStream
 
 from omniwalk.layers.decoder import use_kernels

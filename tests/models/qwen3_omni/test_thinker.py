@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers.hf_oracle import hf_checkpoint, hf_model
-from helpers.prompt_cases import thinker_cases
+from helpers.processor_oracle import thinker_cases
 from helpers.single_request import ContiguousKVCache, Sampler
 
 from omniwalk.errors import InvalidRequestError
