@@ -24,11 +24,98 @@ from omniwalk.models.common.checkpoint.loader import randomize
 TEST_ROOT = tempfile.mkdtemp(prefix="omniwalk-tests-")  # the checkpoints tests write, removed at exit
 atexit.register(shutil.rmtree, TEST_ROOT, True)
 
-CONFIG_DIR = Path(__file__).parent / "configs"
 PACKAGE_TINY = Path(__file__).parents[2] / "omniwalk" / "models" / "qwen3_omni" / "checkpoint" / "tiny_config.json"
-# Two shapes of tiny model: the reference one and one with uneven sizes (odd head dims,
-# 3 code groups, 5/6 experts, deepstack at [1, 3], sliding window 5).
-TINY_CONFIGS = {"tiny": PACKAGE_TINY, "uneven": CONFIG_DIR / "tiny_uneven.json"}
+# The uneven tiny shape: the packaged tiny config with these fields changed (odd head dims, 3 code groups,
+# 5/6 experts, deepstack at [1, 3], sliding window 5).
+UNEVEN = {
+    "thinker_config": {
+        "audio_config": {
+            "d_model": 24,
+            "encoder_layers": 3,
+            "encoder_attention_heads": 3,
+            "encoder_ffn_dim": 40,
+            "downsample_hidden_size": 6,
+            "output_dim": 48,
+            "n_window_infer": 400,
+        },
+        "vision_config": {
+            "depth": 4,
+            "hidden_size": 40,
+            "intermediate_size": 56,
+            "out_hidden_size": 48,
+            "num_position_embeddings": 49,
+            "deepstack_visual_indexes": [1, 3],
+        },
+        "text_config": {
+            "hidden_size": 48,
+            "intermediate_size": 96,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 6,
+            "head_dim": 12,
+            "num_experts": 5,
+            "num_experts_per_tok": 3,
+            "moe_intermediate_size": 20,
+            "rope_parameters": {"mrope_section": [2, 2, 2]},
+        },
+    },
+    "talker_config": {
+        "accept_hidden_layer": 2,
+        "num_code_groups": 3,
+        "thinker_hidden_size": 48,
+        "text_config": {
+            "hidden_size": 40,
+            "intermediate_size": 72,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 12,
+            "num_experts": 6,
+            "num_experts_per_tok": 3,
+            "moe_intermediate_size": 12,
+            "shared_expert_intermediate_size": 20,
+            "rope_parameters": {"mrope_section": [2, 2, 2]},
+        },
+        "code_predictor_config": {
+            "hidden_size": 40,
+            "intermediate_size": 56,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 10,
+            "num_code_groups": 3,
+        },
+    },
+    "code2wav_config": {
+        "num_quantizers": 3,
+        "hidden_size": 24,
+        "intermediate_size": 40,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 3,
+        "num_key_value_heads": 3,
+        "sliding_window": 5,
+        "decoder_dim": 48,
+    },
+}
+
+
+def overlay(config: dict, changes: dict) -> dict:
+    """``config`` with ``changes`` written over it, nested dicts field by field (the key order kept)."""
+    return {
+        k: overlay(v, changes[k]) if isinstance(v, dict) and k in changes else changes.get(k, v)
+        for k, v in config.items()
+    }
+
+
+def write_config(name: str, package_tiny: Path, changes: dict) -> Path:
+    """The packaged tiny config with ``changes``, written as ``name``.json under TEST_ROOT (a config file, as
+    make-tiny and the loaders read one)."""
+    path = Path(TEST_ROOT) / f"{name}.json"
+    path.write_text(json.dumps(overlay(json.loads(package_tiny.read_text()), changes), indent=2))
+    return path
+
+
+# Two shapes of tiny model: the reference one and the uneven one.
+TINY_CONFIGS = {"tiny": PACKAGE_TINY, "uneven": write_config("tiny_uneven", PACKAGE_TINY, UNEVEN)}
 
 
 def config_dict(name: str) -> dict:

@@ -2,19 +2,25 @@
 share, and HF's inputs for the same media.
 
 The walk runtime's workload on tiny Qwen2.5-Omni: requests on every input path, each run alone, and
-the checks that outputs match and KV pages and token2wav rows are freed."""
+the checks that outputs match and KV pages and token2wav rows are freed.
 
+The Qwen2.5-Omni oracle: tiny random HF transformers models, built once per session (tests only)."""
+
+from __future__ import annotations
+
+import json
 import tempfile
 from functools import cache
+from pathlib import Path
 
 import numpy as np
 import torch
-from helpers.hf_oracle import TEST_ROOT
-from helpers.qwen2_5_oracle import config_dict
+from helpers.hf_oracle import TEST_ROOT, write_config
 from helpers.qwen3_omni import assert_idle
 
 from omniwalk import Omni
 from omniwalk.media.mel import log_mel
+from omniwalk.models.common.checkpoint.loader import randomize
 from omniwalk.models.qwen2_5_omni.checkpoint.tiny import make_tiny_checkpoint
 from omniwalk.models.qwen2_5_omni.processing.media_inputs import vision_pixels
 
@@ -167,3 +173,88 @@ def assert_same(out, ref):
     if ref.codes is not None:
         assert out.audio.shape == ref.audio.shape == (len(ref.codes) * 2 * 240,) and ref.audio.std() > 0.01
         assert (out.audio - ref.audio).abs().max() < 1e-5
+
+
+PACKAGE_TINY = Path(__file__).parents[2] / "omniwalk" / "models" / "qwen2_5_omni" / "checkpoint" / "tiny_config.json"
+# The uneven tiny shape: the package's tiny config with these fields changed (6 heads of 12, 3 layers,
+# vision windows of 3 tokens with full attention at blocks 0 and 3, 50-frame audio chunks).
+UNEVEN = {
+    "thinker_config": {
+        "audio_config": {
+            "d_model": 24,
+            "encoder_layers": 3,
+            "encoder_attention_heads": 3,
+            "encoder_ffn_dim": 40,
+            "output_dim": 72,
+            "n_window": 25,
+        },
+        "vision_config": {
+            "depth": 4,
+            "hidden_size": 48,
+            "num_heads": 4,
+            "intermediate_size": 80,
+            "out_hidden_size": 72,
+            "window_size": 84,
+            "fullatt_block_indexes": [0, 3],
+        },
+        "text_config": {
+            "hidden_size": 72,
+            "intermediate_size": 96,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 6,
+            "num_key_value_heads": 3,
+            "rope_parameters": {"mrope_section": [2, 2, 2]},
+        },
+    },
+    "talker_config": {
+        "embedding_size": 72,
+        "hidden_size": 24,
+        "intermediate_size": 40,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 3,
+        "head_dim": 8,
+        "rope_parameters": {"mrope_section": [1, 1, 2]},
+    },
+    "token2wav_config": {
+        "dit_config": {
+            "hidden_size": 24,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 3,
+            "head_dim": 8,
+            "block_size": 12,
+            "look_backward_layers": [0, 2],
+        },
+        "bigvgan_config": {
+            "upsample_initial_channel": 32,
+            "resblock_kernel_sizes": [5],
+            "resblock_dilation_sizes": [[1, 3, 5]],
+            "upsample_rates": [5, 3, 4, 4],
+            "upsample_kernel_sizes": [11, 7, 8, 8],
+        },
+    },
+}
+# Two shapes: the package's tiny one and the uneven one.
+TINY_CONFIGS = {"tiny": PACKAGE_TINY, "uneven": write_config("qwen2_5_tiny_uneven", PACKAGE_TINY, UNEVEN)}
+
+
+def config_dict(name: str) -> dict:
+    return json.loads(TINY_CONFIGS[name].read_text())
+
+
+@cache
+def hf_model(name: str, seed: int = 0):
+    """A random HF ``Qwen2_5OmniForConditionalGeneration`` (fp32, eval) for a tiny config."""
+    from transformers import Qwen2_5OmniConfig, Qwen2_5OmniForConditionalGeneration
+
+    torch.manual_seed(seed)
+    model = Qwen2_5OmniForConditionalGeneration(Qwen2_5OmniConfig(**config_dict(name))).eval()
+    randomize(model, seed + 1)  # HF leaves norms at 1 and biases at 0: parity must not pass by symmetry
+    return model
+
+
+@cache
+def hf_checkpoint(name: str, seed: int = 0) -> Path:
+    """``save_pretrained`` output of :func:`hf_model` in a temporary directory."""
+    out = Path(tempfile.mkdtemp(prefix=f"hf25_{name}_", dir=TEST_ROOT))
+    hf_model(name, seed).save_pretrained(out)
+    return out

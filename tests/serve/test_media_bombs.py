@@ -18,7 +18,7 @@ from helpers.live_server import launch, media_body, media_bombs, metric, slow_vi
 
 
 @pytest.fixture(scope="module")
-def served():
+def bomb_served():
     proc, base = launch()  # two media workers (the default)
     yield proc, base
     proc.terminate()
@@ -31,8 +31,8 @@ def memory_mib(pid: int) -> dict:
     return {name.rstrip(":"): int(kb) / 1024 for name, kb, _ in lines}
 
 
-def test_media_bombs_are_refused_from_their_headers(served):
-    proc, base = served
+def test_media_bombs_are_refused_from_their_headers(bomb_served):
+    proc, base = bomb_served
     bombs = media_bombs()
     print("bomb sizes (bytes):", [len(data) for _, _, data, _ in bombs])
     with httpx.Client(base_url=base, timeout=60) as client:
@@ -55,11 +55,11 @@ def test_media_bombs_are_refused_from_their_headers(served):
         assert valid.status_code == 200, valid.text
 
 
-def test_a_large_body_costs_a_few_times_its_size(served):
+def test_a_large_body_costs_a_few_times_its_size(bomb_served):
     """A 60 MiB body (base64 that decodes to no audio: a 400) raises the HTTP process's peak RSS by
     about 4x its size (the bytes, their parsed JSON, the decoded base64): the factor the resource
     model in docs/serving.md multiplies ``--max-body-bytes`` by."""
-    proc, base = served
+    proc, base = bomb_served
     data = base64.b64encode(np.random.default_rng(0).bytes(45 * 2**20)).decode()
     part = {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
     body = json.dumps({"messages": [{"role": "user", "content": [part]}], "max_tokens": 1}).encode()
@@ -83,8 +83,8 @@ def _abandon(base: str, body: bytes, after_s: float, closed: list) -> None:
     closed.append(time.monotonic())
 
 
-def test_abandoned_videos_stop_decoding_and_free_the_pool(served):
-    _, base = served
+def test_abandoned_videos_stop_decoding_and_free_the_pool(bomb_served):
+    _, base = bomb_served
     # seconds of decoding each (``slow_video``), so six of them hold both workers far longer than the test runs
     slow = json.dumps(media_body("video", "video/mp4", slow_video())).encode()
     valid = media_body("video", "video/mp4", solid_video(64, 64, 8, 4))
