@@ -1,5 +1,5 @@
 """The encoders' padded layouts (what their CUDA graphs record) on the CPU: bucket choice, padding,
-and real rows equal to the unpadded forward. Replay itself is tested in test_encoder_graphs_gpu.py.
+and real rows equal to the unpadded forward. Replay itself is tested on the GPU machine (below).
 
 CUDA graphs of the encoders' layer loops on the GPU machine (full-size encoders, random bf16
 weights): a replay equals eager over the same padded layout bitwise, and through the programs

@@ -1,5 +1,5 @@
-"""CPU-side guard for the step loop's host reads (the GPU machine counts real synchronisations in
-``test_sync_gpu.py``; this one runs in CI).
+"""CPU-side guard for the step loop's host reads (the GPU machine counts real synchronisations: the
+``gpu`` test below; this one runs in CI).
 
 Every ``tolist`` / ``item`` / ``cpu`` / ``numpy`` call that omniwalk code makes while the engine
 steps a mixed workload (all media kinds arriving, text and speech out) must come from an allowed

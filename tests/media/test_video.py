@@ -1,6 +1,6 @@
 """Video decoding/sampling and the Qwen2-VL video processor math (HF's needs torchvision, so the
 oracle here is an explicit per-patch loop written from the processor's documented layout; the
-real HF video processor is compared in test_video_hf.py where torchvision exists).
+real HF video processor is compared below, where torchvision exists).
 
 Video preprocessing and video prompt ids vs HF's Qwen2-VL processors.
 

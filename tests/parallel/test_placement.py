@@ -2,7 +2,7 @@
 device, and the same outputs as one device. On the CPU the two devices are "cpu" and "cpu:0": torch
 keeps them apart as devices (a stage's modules and in-flight launcher carry the one it was given), so the talker
 gets its own copy of the thinker's embedding table and the hand-offs take the cross-device path.
-The same test on two GPUs is ``test_placement_gpu.py``.
+The same test on two GPUs is the ``gpu`` one below.
 
 Stage placement on two GPUs: thinker on one, talker and vocoder on the other (CUDA graphs per
 stage on its own device, hand-offs device to device) gives the outputs of one GPU."""

@@ -3,10 +3,10 @@ inputs), packed several items per call; the window layout vs HF's ``get_vision_w
 
 Qwen2.5-Omni vision encoder's CUDA fast path (``merge_projections`` via ``use_kernels``: q/k/v in one
 GEMM, gate/up in one GEMM padded to a multiple of ``ALIGN`` with the silu·mul kernel) against the
-reference path (itself HF's: ``test_encoders.py``), on the CPU through Triton's
+reference path (itself HF's: the tests above), on the CPU through Triton's
 interpreter in fp32, with an intermediate width that needs the padding (the 7B's 3,420 does).
 
-GPU twin of ``test_vision_merge.py``: the vision encoder's merged, padded fast path
+The GPU twin of that test: the vision encoder's merged, padded fast path
 against its reference path in bf16 at the 7B's widths (hidden 1,280, intermediate 3,420: padded to
 3,456), four blocks (one full-attention), a 640x480 image's grid. bf16 GEMMs of other shapes round
 apart, so the bound is a cosine and a share of the output's scale, not equality."""

@@ -10,13 +10,13 @@ decode, codec head), and both stages' prefill layers over padded layouts, each r
 that keeps the graphs' contract without CUDA (static buffers per bucket, padding rows). A staggered
 mixed workload through the graph paths equals each request alone on the eager path (ids, codes; audio
 to rounding), and the talker's input rows equal the eager run's to GEMM rounding. Real CUDA graphs
-against eager: ``test_graphs_gpu.py``.
+against eager: the ``gpu`` test below.
 
 Qwen2.5-Omni's decode graphs on the GPU (tiny model, bf16): the thinker's (speech rows included,
 returning their hidden states and embeddings for the talker) and the talker's (projection, talker
 decode, codec head), with the encoders' layer graphs, graphs on against graphs off through the engine
 on a mixed workload of every input path (the encoders' graphs off in the eager run). No prefill
-graphs (their padded layouts are other GEMM shapes, tested on their own in ``engine/test_graphs_gpu.py``)."""
+graphs (their padded layouts are other GEMM shapes, tested on their own in ``engine/test_graphs.py``)."""
 
 import random
 
