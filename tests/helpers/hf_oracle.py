@@ -1,4 +1,5 @@
-"""The correctness oracle: tiny random HF transformers Qwen3-Omni models, built once per session.
+"""The correctness oracle: tiny random HF transformers Qwen3-Omni models, built once per session, and the
+LoRA adapters PEFT writes for the tiny checkpoints (with the HF + PEFT model that runs them).
 
 Tests only; omniwalk never imports transformers at run time.
 

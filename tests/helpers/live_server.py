@@ -1,5 +1,5 @@
-"""``omniwalk serve`` in a subprocess as users run it (its own process group, ready when /health
-answers), on a free port, and a PNG data URL for image parts.
+"""Live servers and what the tests send them: ``omniwalk serve`` in a subprocess as users run it (its own
+process group, ready when /health answers), on a free port, and a PNG data URL for image parts.
 
 The realtime tests' reading of a session through the official SDK's connection.
 

@@ -1,5 +1,5 @@
-"""Qwen2.5-Omni make-tiny checkpoints, an ``Omni`` and HF's model per checkpoint, the requests the tests
-share, and HF's inputs for the same media.
+"""Qwen2.5-Omni for the tests: make-tiny checkpoints, an ``Omni`` and HF's model per checkpoint, the requests
+the tests share, HF's inputs for the same media, the walk's workload, and the HF oracle.
 
 The walk runtime's workload on tiny Qwen2.5-Omni: requests on every input path, each run alone, and
 the checks that outputs match and KV pages and token2wav rows are freed.

@@ -1,5 +1,6 @@
-"""Qwen3-Omni make-tiny checkpoints, an ``Omni`` per checkpoint, the requests the tests share (text, media,
-speech) and HF's inputs for the same media.
+"""Qwen3-Omni for the tests: make-tiny checkpoints, an ``Omni`` per checkpoint, the requests the tests share
+(text, media, speech) and HF's inputs for the same media; the walk's workload, the GPU workload, and an
+audio-like HF Code2Wav.
 
 The walk runtime's workload on tiny Qwen3-Omni: requests on every input and output path, each run alone
 or staggered among the others, and the checks that outputs match and everything is freed.

@@ -1,4 +1,5 @@
-"""Run the package's Triton kernels on the CPU through Triton's interpreter (fp32/fp16 tensors).
+"""The kernel tests' shared code: the package's Triton kernels run on the CPU through Triton's interpreter
+(fp32/fp16 tensors), and the references the kernels are held to (FP8 math emulated, sampling draws).
 
 Importing this module on a machine without CUDA sets TRITON_INTERPRET (``conftest.py`` sets it too,
 before any test module imports a kernel module: ``@triton.jit`` picks the interpreter as the module
