@@ -1,17 +1,39 @@
 """`omniwalk bench` against our live server: fixed work per request, every metric, every file; JSON
-out (t2j) checked answer by answer against its schema."""
+out (t2j) checked answer by answer against its schema.
 
+benchmarks/fleet/simulate.py on a small fleet (8 replicas, a short trace): it runs the real routing
+policy, is deterministic per seed, serves every turn once, and affinity finds prefixes that least-loaded
+routing does not. Its curves are the measured sweep's, interpolated between measured concurrencies.
+
+benchmarks/engine/micro.py end to end on the CPU: a tiny checkpoint, every part, small batches. The figures
+are timings (never asserted); what is asserted is the files, their fields, and the counts and unit
+conversions that do not depend on speed.
+
+The realtime load generator (benchmarks/realtime/realtime_latency.py) against a live tiny server on the
+CPU: 8 sessions of spoken turns with a pause inside, its JSON and table written. Timings are never
+asserted; the counts, the fields and the playback arithmetic are."""
+
+import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
-from helpers.live_server import server
+from helpers.live_server import launch, server
 
 from omniwalk.bench.loadgen import RequestRecord
 from omniwalk.bench.report import summarize
 from omniwalk.bench.schemas import SCHEMAS
 from omniwalk.bench.workload import PRESETS, is_valid_json, photo_like, request_body, speech_like
+from omniwalk.models.qwen3_omni.checkpoint.tiny import make_tiny_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+# the realtime load generator's own modules (benchmarks/realtime/)
+sys.path[:0] = [str(ROOT / "benchmarks" / "realtime"), str(ROOT / "benchmarks")]
+from load_stats import PREEMPT, underruns  # noqa: E402
+from speech_turns import PHRASES, QUIET_DBFS, RATE, spoken, turn  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -130,3 +152,228 @@ def test_anchors_come_from_the_served_models_family():
     anchors = bench_anchors("qwen3-omni")
     assert set(anchors) == {"M*", "vLLM-Omni"} and anchors["M*"]["s2t"][1]["req_per_s"] == 4.83
     assert bench_anchors("no-such-model") == {}
+
+
+FLEET = ROOT / "benchmarks" / "fleet"
+SHORT = ["--replicas", "8", "--duration-s", "24", "--warmup-s", "6"]
+
+
+def simulate(tmp_path: Path, name: str, *args: str) -> dict:
+    out = tmp_path / f"{name}.json"
+    cmd = [sys.executable, str(FLEET / "simulate.py"), *SHORT, *args, "--out", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(out.read_text())
+
+
+def timeless(result: dict) -> list[dict]:
+    return [{k: v for k, v in run.items() if k not in ("cpu_s", "wall_s")} for run in result["runs"]]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, dict]:
+    tmp = tmp_path_factory.mktemp("fleet")
+    return {
+        "seed0": simulate(tmp, "a", "--seed", "0"),
+        "again": simulate(tmp, "b", "--seed", "0"),
+        "seed1": simulate(tmp, "c", "--seed", "1"),
+        "instructions": simulate(tmp, "d", "--seed", "0", "--prefix-scope", "instructions"),
+    }
+
+
+def test_deterministic_per_seed(runs):
+    assert timeless(runs["seed0"]) == timeless(runs["again"])
+    assert timeless(runs["seed0"]) != timeless(runs["seed1"])
+
+
+def test_every_turn_is_served_once_and_routed_once(runs):
+    for result in runs.values():
+        least, affinity = result["runs"]
+        assert not least["affinity"] and affinity["affinity"]
+        for run in (least, affinity):
+            assert run["turns_sent"] == run["turns_served"] > run["turns_measured"] > 100
+            assert sum(run["router"].values()) == run["turns_sent"]  # one routing decision a turn
+            assert 0 < run["utilisation"]["min"] <= run["utilisation"]["mean"] <= run["utilisation"]["max"] <= 1
+            assert run["ttft_s"]["p50"] <= run["ttft_s"]["p99"]
+            assert run["first_audio_s"]["p50"] > run["ttft_s"]["p50"] * 0.5 > 0
+        assert least["router"] == {"affinity": 0, "fallback": 0, "least_loaded": least["turns_sent"]}
+        assert affinity["router"]["least_loaded"] == 0 and affinity["router"]["affinity"] > 0
+
+
+def test_affinity_finds_prefixes_and_saves_their_prefill(runs):
+    least, affinity = runs["seed0"]["runs"]
+    assert affinity["affinity_hit_rate"] > 0.5 > 0.3 > least["affinity_hit_rate"]
+    assert affinity["ttft_s"]["p50"] < least["ttft_s"]["p50"]  # the earlier turns are not prefilled again
+    # with only the instructions reusable (400 tokens), a hit saves less than the whole conversation
+    least_i, affinity_i = runs["instructions"]["runs"]
+    assert affinity_i["affinity_hit_rate"] == pytest.approx(affinity["affinity_hit_rate"], abs=0.05)
+    saved = least["ttft_s"]["p50"] - affinity["ttft_s"]["p50"]
+    assert 0 < least_i["ttft_s"]["p50"] - affinity_i["ttft_s"]["p50"] < saved
+
+
+def test_curves_are_the_measured_points_and_interpolate_between_them(monkeypatch):
+    spec = importlib.util.spec_from_file_location("fleet_curves", FLEET / "curves.py")
+    curves = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, curves)  # (its dataclasses look their module up)
+    spec.loader.exec_module(curves)
+    measured = json.loads(curves.SWEEP.read_text())["cells"]
+    c = curves.load_curves()
+    assert c.max_running == 32
+    for path in curves.PATHS:
+        for b in (1, 32):
+            assert c.at(path, b).ttft == measured[f"{path}@{b}"]["ttft_text_p50"]
+            assert c.at(path, b).e2e == measured[f"{path}@{b}"]["e2e_p50"]
+        mid = c.at(path, 16)
+        assert mid.e2e == pytest.approx(c.at(path, 1).e2e + 15 / 31 * (c.at(path, 32).e2e - c.at(path, 1).e2e))
+        assert (mid.first_audio is None) == path.endswith("2t")
+    assert 0 < c.prefill_s_per_token < 0.001
+
+
+FRAME_MS = 80.0  # one talker frame of Code2Wav audio (12.5 Hz)
+
+
+def micro(*args: str) -> subprocess.CompletedProcess:
+    script = ROOT / "benchmarks" / "engine" / "micro.py"
+    return subprocess.run([sys.executable, str(script), *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("micro")
+    ckpt = make_tiny_checkpoint(tmp / "tiny")
+    sizes = ["--thinker-batches", "1,2", "--talker-batches", "1", "--vocoder-batches", "1,2"]
+    sizes += ["--vocoder-frames", "5", "--vocoder-warm-frames", "5", "--encoder-batches", "1,2"]
+    sizes += ["--audio-seconds", "1", "--image-size", "64,48", "--steps", "2", "--warmup", "1"]
+    sizes += ["--copy-mib", "8", "--matmul-size", "128", "--prompt-words", "12"]
+    done = micro(str(ckpt), "--device", "cpu", "--out", str(tmp / "out"), *sizes)
+    assert done.returncode == 0, done.stderr[-3000:]
+    config = json.loads((ckpt / "config.json").read_text())
+    return json.loads((tmp / "out" / "micro.json").read_text()), (tmp / "out" / "micro.md").read_text(), config
+
+
+def test_report_files_hold_every_part(results):
+    data, md, _ = results
+    assert {"machine", "options", "args", "roofline", "config", "weights", "engine_stats"} <= set(data)
+    assert data["options"] == {"device": "cpu", "dtype": "float32"}
+    assert data["roofline"]["copy_gb_s"] > 0 and data["roofline"]["matmul_tflop_s"] > 0
+    for title in ("Thinker decode step", "Talker step", "Vocoder chunk", "Encoders"):
+        assert f"## {title}" in md
+    for part in ("thinker", "talker", "vocoder", "encoders"):
+        for row in data[part]:
+            assert row["ratio"] == pytest.approx(row["ms"] / row["floor_ms"])
+            assert row["graph_calls" if part in ("vocoder", "encoders") else "graph_steps"] == 0  # no graphs on CPU
+            assert row.get("kernels") is None  # counted on CUDA only (encoders: never)
+
+
+def test_decode_steps_route_one_token_per_request(results):
+    data, _, config = results
+    thinker, talker = config["thinker_config"]["text_config"], config["talker_config"]["text_config"]
+    assert [r["batch"] for r in data["thinker"]] == [1, 2] and [r["batch"] for r in data["talker"]] == [1]
+    b1, b2 = data["thinker"]
+    # one decode token per request and step: B=1 hits exactly top-k experts per layer, B=2 between k and 2k
+    assert b1["routed_experts"] == thinker["num_experts_per_tok"]
+    assert thinker["num_experts_per_tok"] <= b2["routed_experts"] <= 2 * thinker["num_experts_per_tok"]
+    assert data["talker"][0]["routed_experts"] == talker["num_experts_per_tok"]
+    for row in data["thinker"]:
+        assert row["tok_s"] == pytest.approx(row["batch"] / row["ms"] * 1e3)
+        assert row["context"] > 12  # keys read per request: at least the prompt's words
+    (t,) = data["talker"]
+    assert t["rtf"] == pytest.approx(t["ms"] / FRAME_MS) and t["audio_s_per_s"] == pytest.approx(1 / t["rtf"])
+
+
+def test_vocoder_and_encoder_rows(results):
+    data, _, _ = results
+    # 5 frames is the first chunk's length: measured from a fresh stream (start 0) and a warm one
+    assert [(r["frames"], r["batch"], r["start"]) for r in data["vocoder"]] == [
+        (5, 1, 0),
+        (5, 1, 5),
+        (5, 2, 0),
+        (5, 2, 5),
+    ]
+    for row in data["vocoder"]:
+        audio_ms = row["batch"] * row["frames"] * FRAME_MS
+        assert row["audio_s_per_s"] == pytest.approx(audio_ms / row["ms"]) and row["gflop"] > 0
+    assert [(r["item"], r["batch"]) for r in data["encoders"]] == [
+        ("audio", 1),
+        ("audio", 2),
+        ("image", 1),
+        ("image", 2),
+    ]
+    audio = [r for r in data["encoders"] if r["item"] == "audio"]
+    assert all(r["per_s"] == pytest.approx(r["batch"] * 1.0 / r["ms"] * 1e3) for r in audio)
+    assert audio[1]["gflop"] == pytest.approx(2 * audio[0]["gflop"])  # two clips: twice the work
+
+
+def test_unknown_part_is_refused(tmp_path):
+    done = micro(str(tmp_path), "--device", "cpu", "--out", str(tmp_path / "out"), "--parts", "thinker,bogus")
+    assert done.returncode != 0 and "unknown parts ['bogus']" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+SESSIONS = 8
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("realtime") / "load.json"
+    proc, base = launch()
+    try:
+        args = ["--base-url", f"{base}/v1", "--sessions", str(SESSIONS), "--turns", "1", "--max-tokens", "1"]
+        args += ["--audio-frames", "2", "--server-pid", str(proc.pid), "--out", str(out)]
+        script = ROOT / "benchmarks" / "realtime" / "realtime_latency.py"
+        done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text()), out.with_suffix(".md").read_text()
+
+
+def test_every_session_answers_its_turn(run):
+    data, _ = run
+    cell = data["results"][str(SESSIONS)]
+    records = cell["records"]
+    assert sorted(r["session"] for r in records) == list(range(SESSIONS))
+    for r in records:
+        assert r["status"] in ("completed", "incomplete"), r
+        assert r["vad_ms"] is not None and r["first_audio_ms"] > r["vad_ms"]
+        assert r["answer_ms"] == pytest.approx(r["first_audio_ms"] - r["vad_ms"])
+        assert r["audio_s"] == pytest.approx((2 * 1920 - 555) / RATE)  # 2 frames of Code2Wav audio
+        assert r["underruns"] >= 0
+    assert cell["turns"] == SESSIONS and cell["error_turns"] == 0 and cell["http_cpu_pct_per_session"] > 0
+    assert "discarded_preemptions" in cell  # (None where the server does not count them)
+    assert data["args"]["speech"] in ("espeak-ng", "synthetic")
+
+
+def test_the_table_is_written(run):
+    _, md = run
+    header = md.splitlines()[2]
+    assert header.startswith("| sessions | turns | vad_p50_ms | first_audio_p50_ms")
+    assert md.splitlines()[4].startswith(f"| {SESSIONS} | {SESSIONS} |")
+
+
+def test_underruns_count_chunks_that_arrive_after_playback_ran_dry():
+    second = 2 * RATE  # bytes of one second of PCM16
+    assert underruns([]) == 0
+    assert underruns([(0.0, second), (0.9, second), (1.9, second)]) == 0  # each before the last one ends
+    assert underruns([(0.0, second), (1.5, second), (2.0, second), (4.0, second)]) == 2
+
+
+def test_preemption_counters_are_found_by_name_and_labels():
+    text = (
+        'omniwalk_realtime_preemptions_total{outcome="discarded"} 3.0\n'
+        'omniwalk_realtime_preemptions_total{outcome="kept"} 5.0\n'
+        "omniwalk_realtime_preempt_discarded_total 2\n"
+        'omniwalk_engine_events_total{stage="thinker",quantity="preemptions"} 7\n'
+    )
+    found = [(n, labels, float(v)) for n, labels, v in PREEMPT.findall(text)]
+    assert sum(v for n, labels, v in found if "discard" in n + labels) == 5.0
+
+
+def test_a_turn_is_two_phrases_with_quiet_between():
+    first, second = (spoken(p) for p in PHRASES[0])
+    audio = turn(0, 0.4, np.random.default_rng(0))
+    assert len(audio) == len(first) + int(0.4 * RATE) + len(second)
+    pause = audio[len(first) : len(first) + int(0.4 * RATE)]
+    assert np.sqrt(np.mean(pause**2)) < 2 * 10 ** (QUIET_DBFS / 20)
+    assert np.sqrt(np.mean(first**2)) > 0.02

@@ -9,20 +9,20 @@ import random
 
 import pytest
 import torch
-from helpers.qwen3_omni import checkpoint
-from helpers.single_request import chunk_schedule
-from helpers.walk import (
+from helpers.qwen3_omni import (
     PATHS,
     alone,
     assert_idle,
     assert_only_failed,
     assert_same,
+    checkpoint,
     make_request,
-    omni,
     run_failing,
     run_staggered,
+    walk_omni,
     workload,
 )
+from helpers.single_request import chunk_schedule
 
 from omniwalk import Omni
 
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 @pytest.mark.parametrize("vocoder_max_batch", [1, 64])
 def test_concurrent_staggered_equals_alone_on_every_path(vocoder_max_batch):
-    o = omni(vocoder_max_batch=vocoder_max_batch)
+    o = walk_omni(vocoder_max_batch=vocoder_max_batch)
     widest = []
 
     def watch(o, step, reqs):
@@ -45,7 +45,7 @@ def test_concurrent_staggered_equals_alone_on_every_path(vocoder_max_batch):
 
 
 def test_abort_a_third_leaves_the_rest_unchanged_and_frees_everything():
-    o = omni()
+    o = walk_omni()
     rng = random.Random(0)
     abort_at = {f"r{i}": rng.randint(1, 12) for i in rng.sample(range(24), 8)}
     aborted = set()
@@ -71,7 +71,7 @@ def test_kv_pressure_preempts_and_still_completes_correctly(prefix_cache):
     """The workload needs ~2,900 thinker tokens of KV at once without shared prefix pages; give it a
     third (a quarter with them: the text requests share their system prompt's pages, and idle keyed
     pages are handed out again under the pressure)."""
-    cfg = omni().family.cfg.text
+    cfg = walk_omni().family.cfg.text
     per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
     tokens = 750 if prefix_cache else 1000
     o = Omni(model=checkpoint("tiny"), thinker_kv_bytes=tokens * per_token, page_size=8, prefix_cache=prefix_cache)
@@ -86,7 +86,7 @@ def test_kv_pressure_preempts_and_still_completes_correctly(prefix_cache):
 def test_talker_kv_pressure_preempts_and_resumes_exactly():
     """Speech requests with talker KV for ~100 tokens: the talker preempts and re-feeds its input
     rows; a re-fed row must not draw its frame again (codes and audio equal to running alone)."""
-    cfg = omni().family.cfg.talker.text
+    cfg = walk_omni().family.cfg.talker.text
     per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
     o = Omni(model=checkpoint("tiny"), talker_kv_bytes=100 * per_token, page_size=8)
     speech = [i for i in range(24) if PATHS[i % len(PATHS)] in ("t2s", "s2s")][:4]
@@ -121,7 +121,7 @@ def test_streamed_audio_follows_the_growing_chunk_schedule(monkeypatch):
     """A streamed answer of 72 frames comes as chunks of 5, 5, 10, 20, 25 and 7 frames, each decoded
     at its scheduled width (the last padded to 25); their concatenation equals both the old cut (5,
     then 25s) and the one-shot decode, within the streaming tolerance (1e-5)."""
-    o = omni()
+    o = walk_omni()
     program = o.engine.stages["vocoder"].program
     vocoder, calls, call = program.vocoder, [], program._call
 
@@ -152,7 +152,7 @@ def test_streamed_audio_follows_the_growing_chunk_schedule(monkeypatch):
 
 
 def test_injected_failure_fails_only_that_request():
-    o = omni()
+    o = walk_omni()
     talker = o.engine.stages["talker"].program
     outs = run_failing(o, talker, "_commit_frame", lambda req, frame: req.id == "r5", workload(12))
     assert_only_failed(outs, "r5", workload(12), alone, assert_same)
@@ -160,7 +160,7 @@ def test_injected_failure_fails_only_that_request():
 
 
 def test_seeded_sampling_is_the_same_alone_and_batched():
-    o = omni()
+    o = walk_omni()
     outs = run_staggered(o, workload(10, sampled=True), every=1)
     for i, request in enumerate(workload(10, sampled=True)):
         assert_same(outs[request["request_id"]], alone(i, sampled=True))

@@ -1,7 +1,12 @@
-"""The correctness oracle: tiny random HF transformers Qwen3-Omni models, built once per session.
+"""The correctness oracle: tiny random HF transformers Qwen3-Omni models, built once per session, and the
+LoRA adapters PEFT writes for the tiny checkpoints (with the HF + PEFT model that runs them).
 
 Tests only; omniwalk never imports transformers at run time.
-"""
+
+LoRA adapters of the tiny checkpoints' thinkers written by PEFT's own ``save_pretrained`` (random non-zero
+weights: ``init_lora_weights=False``), and the HF + PEFT model that runs them as the oracle.
+
+The HF model is a fresh one per call (PEFT injects its layers in place: never the cached oracles others share)."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import atexit
 import json
 import shutil
 import tempfile
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
@@ -19,11 +25,98 @@ from omniwalk.models.common.checkpoint.loader import randomize
 TEST_ROOT = tempfile.mkdtemp(prefix="omniwalk-tests-")  # the checkpoints tests write, removed at exit
 atexit.register(shutil.rmtree, TEST_ROOT, True)
 
-CONFIG_DIR = Path(__file__).parent / "configs"
 PACKAGE_TINY = Path(__file__).parents[2] / "omniwalk" / "models" / "qwen3_omni" / "checkpoint" / "tiny_config.json"
-# Two shapes of tiny model: the reference one and one with uneven sizes (odd head dims,
-# 3 code groups, 5/6 experts, deepstack at [1, 3], sliding window 5).
-TINY_CONFIGS = {"tiny": PACKAGE_TINY, "uneven": CONFIG_DIR / "tiny_uneven.json"}
+# The uneven tiny shape: the packaged tiny config with these fields changed (odd head dims, 3 code groups,
+# 5/6 experts, deepstack at [1, 3], sliding window 5).
+UNEVEN = {
+    "thinker_config": {
+        "audio_config": {
+            "d_model": 24,
+            "encoder_layers": 3,
+            "encoder_attention_heads": 3,
+            "encoder_ffn_dim": 40,
+            "downsample_hidden_size": 6,
+            "output_dim": 48,
+            "n_window_infer": 400,
+        },
+        "vision_config": {
+            "depth": 4,
+            "hidden_size": 40,
+            "intermediate_size": 56,
+            "out_hidden_size": 48,
+            "num_position_embeddings": 49,
+            "deepstack_visual_indexes": [1, 3],
+        },
+        "text_config": {
+            "hidden_size": 48,
+            "intermediate_size": 96,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 6,
+            "head_dim": 12,
+            "num_experts": 5,
+            "num_experts_per_tok": 3,
+            "moe_intermediate_size": 20,
+            "rope_parameters": {"mrope_section": [2, 2, 2]},
+        },
+    },
+    "talker_config": {
+        "accept_hidden_layer": 2,
+        "num_code_groups": 3,
+        "thinker_hidden_size": 48,
+        "text_config": {
+            "hidden_size": 40,
+            "intermediate_size": 72,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 12,
+            "num_experts": 6,
+            "num_experts_per_tok": 3,
+            "moe_intermediate_size": 12,
+            "shared_expert_intermediate_size": 20,
+            "rope_parameters": {"mrope_section": [2, 2, 2]},
+        },
+        "code_predictor_config": {
+            "hidden_size": 40,
+            "intermediate_size": 56,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 10,
+            "num_code_groups": 3,
+        },
+    },
+    "code2wav_config": {
+        "num_quantizers": 3,
+        "hidden_size": 24,
+        "intermediate_size": 40,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 3,
+        "num_key_value_heads": 3,
+        "sliding_window": 5,
+        "decoder_dim": 48,
+    },
+}
+
+
+def overlay(config: dict, changes: dict) -> dict:
+    """``config`` with ``changes`` written over it, nested dicts field by field (the key order kept)."""
+    return {
+        k: overlay(v, changes[k]) if isinstance(v, dict) and k in changes else changes.get(k, v)
+        for k, v in config.items()
+    }
+
+
+def write_config(name: str, package_tiny: Path, changes: dict) -> Path:
+    """The packaged tiny config with ``changes``, written as ``name``.json under TEST_ROOT (a config file, as
+    make-tiny and the loaders read one)."""
+    path = Path(TEST_ROOT) / f"{name}.json"
+    path.write_text(json.dumps(overlay(json.loads(package_tiny.read_text()), changes), indent=2))
+    return path
+
+
+# Two shapes of tiny model: the reference one and the uneven one.
+TINY_CONFIGS = {"tiny": PACKAGE_TINY, "uneven": write_config("tiny_uneven", PACKAGE_TINY, UNEVEN)}
 
 
 def config_dict(name: str) -> dict:
@@ -84,3 +177,64 @@ def assert_parity(ours: torch.Tensor, ref: torch.Tensor):
     cos = torch.nn.functional.cosine_similarity(ours.flatten().double(), ref.flatten().double(), dim=0)
     assert cos >= 0.99999
     assert (ours - ref).abs().max() <= 1e-4 * ref.abs().max()
+
+
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+DENSE_MLP = ("gate_proj", "up_proj", "down_proj")
+ENCODERS = r".*(audio_tower|visual).*"  # their q/k/v share the language model's names
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    r: int
+    alpha: int
+    modules: tuple[str, ...] = ATTENTION
+    rslora: bool = False
+    rank_pattern: dict = field(default_factory=dict)
+    alpha_pattern: dict = field(default_factory=dict)
+
+    def config(self):
+        from peft import LoraConfig
+
+        return LoraConfig(
+            r=self.r,
+            lora_alpha=self.alpha,
+            target_modules=list(self.modules),
+            exclude_modules=ENCODERS,
+            use_rslora=self.rslora,
+            rank_pattern=dict(self.rank_pattern),
+            alpha_pattern=dict(self.alpha_pattern),
+            init_lora_weights=False,
+        )
+
+
+def peft_model(hf_model, specs: dict[str, AdapterSpec], seed: int = 0) -> tuple[object, dict[str, Path]]:
+    """``hf_model``'s thinker with one PEFT adapter per spec (named as its key), each saved by PEFT into a
+    directory of its own -> (the PEFT model, name -> directory). ``set_adapter(name)`` picks the oracle's."""
+    from peft import get_peft_model
+
+    torch.manual_seed(seed)
+    (first, spec), *rest = specs.items()
+    model = get_peft_model(hf_model.thinker, spec.config(), adapter_name=first)
+    for name, spec in rest:
+        model.add_adapter(name, spec.config())
+    paths = {}
+    for name in specs:
+        out = Path(tempfile.mkdtemp(prefix=f"lora_{name}_", dir=TEST_ROOT))
+        model.save_pretrained(out, selected_adapters=[name])
+        paths[name] = next(p.parent for p in out.rglob("adapter_config.json"))  # (PEFT nests non-default names)
+    return model.eval(), paths
+
+
+@torch.no_grad()
+def hf_greedy(model, adapter: str | None, prompt_ids: list[int], steps: int) -> list[int]:
+    """HF + PEFT greedy ids of the thinker with ``adapter`` (None: the base model, adapters off)."""
+    x = torch.tensor([prompt_ids])
+    kwargs = {"attention_mask": torch.ones_like(x), "max_new_tokens": steps, "min_new_tokens": steps}
+    if adapter is None:
+        with model.disable_adapter():
+            out = model.base_model.model.generate(input_ids=x, do_sample=False, **kwargs)
+    else:
+        model.set_adapter(adapter)
+        out = model.base_model.model.generate(input_ids=x, do_sample=False, **kwargs)
+    return out[0, x.shape[1] :].tolist()

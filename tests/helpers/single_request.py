@@ -4,6 +4,14 @@ The package runs every request through the engine's programs; these are the plai
 forms of the same steps (a contiguous KV cache, a sampler of one, the talker's whole prompt built
 after the thinker finished and its frame loop, a streaming vocoder of one), so a component's
 parity with HF is tested apart from the scheduling around it.
+
+Run as a script, it is one rank of the tensor-parallel logits test (``test_tensor_parallel.py``):
+
+    python tests/helpers/single_request.py RANK WORLD STORE CKPT OUT
+
+it loads the thinker, keeps this rank's share (``shard_decoder``; none with WORLD 1), runs a prompt and
+greedy decode steps over a contiguous KV cache (``thinker_logits``), and (rank 0) saves every step's
+logits to OUT.
 """
 
 from __future__ import annotations
@@ -19,10 +27,12 @@ from omniwalk.layers.kv_attention import causal_attention
 from omniwalk.media.patches import VIDEO_PATCHES, PatchSpec, resize_video, resized_video_patches
 from omniwalk.models.common.checkpoint.config import TokenIds
 from omniwalk.models.common.processing.positions import MediaSpan, RopePositions
+from omniwalk.models.qwen3_omni.checkpoint.loader import load_components
 from omniwalk.models.qwen3_omni.networks.code2wav import Code2Wav
 from omniwalk.models.qwen3_omni.networks.code2wav_stream import VocoderStreamConfig
 from omniwalk.models.qwen3_omni.networks.talker import Talker, TalkerSamplingParams
 from omniwalk.models.qwen3_omni.processing.talker_prompt import talker_prefix
+from omniwalk.parallel.layers import local_heads, shard_decoder
 from omniwalk.sampling import SamplerState, SamplingParams, TokenLogprob, process, sample, sample_on_device
 
 
@@ -219,3 +229,33 @@ def decode_in_chunks(vocoder: Code2Wav, codes: torch.Tensor, chunk_frames: int =
 def video_patches(frames: torch.Tensor, spec: PatchSpec = VIDEO_PATCHES) -> tuple[torch.Tensor, tuple[int, int, int]]:
     """uint8 [T, H, W, 3] sampled frames -> resized, normalised patches and grid."""
     return resized_video_patches(resize_video(frames, spec), spec)
+
+
+PROMPT, STEPS = 23, 12
+
+
+@torch.inference_mode()
+def thinker_logits(rank: int, world: int, ckpt: str) -> torch.Tensor:
+    """[PROMPT + STEPS - 1, vocab]: the prompt's logits, then each greedy decode step's."""
+    transform = (lambda name, module: shard_decoder(module, rank, world)) if world > 1 else None
+    thinker = load_components(ckpt, ("thinker",), transform=transform)["thinker"]
+    cache = ContiguousKVCache.for_config(local_heads(thinker.cfg, world), torch.float32, "cpu")
+    ids = (torch.arange(PROMPT) * 7919 + 11) % thinker.cfg.vocab_size
+    rows = [thinker(ids, torch.arange(PROMPT), cache, all_logits=True).logits]
+    for step in range(STEPS - 1):
+        token = rows[-1][-1:].argmax(-1)
+        rows.append(thinker(token, torch.tensor([PROMPT + step]), cache, all_logits=True).logits)
+    return torch.cat(rows)
+
+
+if __name__ == "__main__":  # one rank of the tensor-parallel logits test: RANK WORLD STORE CKPT OUT
+    import sys
+
+    import torch.distributed as dist
+
+    rank, world, store, ckpt, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    logits = thinker_logits(rank, world, ckpt)
+    if rank == 0:
+        torch.save(logits, out)
+    dist.destroy_process_group()

@@ -10,7 +10,7 @@ import os
 
 import pytest
 import torch
-from helpers.sampling_cases import random_bitmask, random_logits, random_states, unexplained_rows
+from helpers.triton_cpu import random_bitmask, random_logits, random_states, unexplained_rows
 
 from omniwalk.kernels import sampling as sampling_kernels
 from omniwalk.sampling import BatchParams, draw_fused, draw_reference, gumbel_noise

@@ -22,7 +22,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers.fp8_reference import assert_activation_rounding, w8a8_experts
+from helpers.triton_cpu import assert_activation_rounding, w8a8_experts
 
 from omniwalk.kernels import grouped_fp8
 from omniwalk.kernels.fp8 import asm_widening, dequantize_triton

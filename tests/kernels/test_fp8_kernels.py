@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import triton_cpu
-from helpers.fp8_reference import assert_activation_rounding, w8a8_experts
 from helpers.single_request import ContiguousKVCache
+from helpers.triton_cpu import assert_activation_rounding, w8a8_experts
 
 from omniwalk.kernels import grouped_fp8
 from omniwalk.kernels import skinny_gemm as sg

@@ -364,8 +364,7 @@ def test_fused_kernels_through_the_engine_on_qwen2_5_omni():
     """Qwen2.5-Omni's speech walk on its tiny checkpoint with the fast path's kernels (biased merged q/k/v,
     rope-only kernel storing K/V, folded norms, skinny GEMVs) in the thinker and the talker: ids, codes and
     audio as on the reference path."""
-    from helpers.qwen2_5_omni import checkpoint
-    from helpers.qwen2_5_walk import make_request
+    from helpers.qwen2_5_omni import checkpoint, make_request
 
     from omniwalk import Omni
 

@@ -10,7 +10,7 @@ import re
 
 import pytest
 import torch
-from helpers.hf_oracle import CONFIG_DIR
+from helpers.hf_oracle import TINY_CONFIGS
 from helpers.single_request import ContiguousKVCache
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -251,7 +251,7 @@ def test_uneven_shapes_and_a_small_block(tmp_path):
     """Odd sizes (hidden 48, experts 20 wide, head dim 12) under a 16 x 32 block: partial blocks at
     every edge. Each FP8 weight loads as stored; dequantised it equals stored x scale exactly; the
     FP8 thinker's and talker's outputs equal those of the model holding the dequantised weights."""
-    config = json.loads((CONFIG_DIR / "tiny_uneven.json").read_text())
+    config = json.loads(TINY_CONFIGS["uneven"].read_text())
     config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [16, 32]}
     ckpt = make_tiny_checkpoint(tmp_path / "uneven", config, quantization="fp8")
     assert json.loads((ckpt / "config.json").read_text())["quantization_config"]["weight_block_size"] == [16, 32]

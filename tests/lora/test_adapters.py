@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import hf_oracle, qwen2_5_oracle
+from helpers import hf_oracle
+from helpers import qwen2_5_omni as qwen2_5_oracle
 from safetensors.torch import load_file, save_file
 
 from omniwalk.lora.adapters import AdapterError, load_adapter, thinker_targets

@@ -4,7 +4,7 @@ prefix pages keyed by adapter; typed errors."""
 
 import pytest
 from helpers import qwen3_omni
-from helpers.lora_adapters import AdapterSpec, peft_model
+from helpers.hf_oracle import AdapterSpec, peft_model
 
 from omniwalk import Omni
 from omniwalk.errors import InvalidRequestError

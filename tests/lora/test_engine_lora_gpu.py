@@ -6,7 +6,7 @@ every adapter's answer differs from the base's (a graph that ignored the slots w
 
 import pytest
 from helpers import qwen2_5_omni, qwen3_omni
-from helpers.lora_adapters import ATTENTION, DENSE_MLP, AdapterSpec, peft_model
+from helpers.hf_oracle import ATTENTION, DENSE_MLP, AdapterSpec, peft_model
 
 from omniwalk import Omni
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 from helpers import qwen2_5_omni, qwen3_omni
-from helpers.lora_adapters import ATTENTION, DENSE_MLP, AdapterSpec, hf_greedy, peft_model
+from helpers.hf_oracle import ATTENTION, DENSE_MLP, AdapterSpec, hf_greedy, peft_model
 
 from omniwalk import Omni
 

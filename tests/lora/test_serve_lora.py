@@ -15,10 +15,8 @@ import httpx
 import openai
 import pytest
 from helpers import qwen3_omni
-from helpers.hf_oracle import TEST_ROOT
-from helpers.live_server import launch
-from helpers.lora_adapters import AdapterSpec, peft_model
-from helpers.realtime_client import until
+from helpers.hf_oracle import TEST_ROOT, AdapterSpec, peft_model
+from helpers.live_server import launch, until
 
 KEY = "lora-test-key"
 BASE = "qwen3-omni"

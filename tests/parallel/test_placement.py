@@ -2,7 +2,10 @@
 device, and the same outputs as one device. On the CPU the two devices are "cpu" and "cpu:0": torch
 keeps them apart as devices (a stage's modules and in-flight launcher carry the one it was given), so the talker
 gets its own copy of the thinker's embedding table and the hand-offs take the cross-device path.
-The same test on two GPUs is ``test_placement_gpu.py``."""
+The same test on two GPUs is the ``gpu`` one below.
+
+Stage placement on two GPUs: thinker on one, talker and vocoder on the other (CUDA graphs per
+stage on its own device, hand-offs device to device) gives the outputs of one GPU."""
 
 import pytest
 import torch
@@ -68,3 +71,20 @@ def test_placed_stages_run_on_their_devices_and_match_one_device():
     assert apart.token_ids == alone.token_ids and len(apart.token_ids) > 0
     assert torch.equal(apart.codes, alone.codes) and apart.codes.shape[0] > 0
     assert torch.equal(apart.audio, alone.audio)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_thinker_and_talker_on_two_gpus_match_one_gpu():
+    options = {"device": "cuda", "dtype": "bfloat16"}
+    request = greedy_speech(REQUESTS["image_audio_image"]["messages"])
+    alone = Omni(model=checkpoint("tiny"), **options).generate(request)
+    placed = Omni(model=checkpoint("tiny"), placement="thinker=cuda:0,talker=cuda:1,vocoder=cuda:1", **options)
+    stages = placed.engine.stages
+    assert stages["talker"].program.text_embedding.weight.device == torch.device("cuda:1")
+    assert stages["talker"].program.frame_graph is not None  # captured on cuda:1
+    apart = placed.generate(request)
+    assert apart.token_ids == alone.token_ids
+    assert torch.equal(apart.codes, alone.codes) and apart.codes.shape[0] > 0
+    assert apart.text == alone.text and apart.finish_reason == alone.finish_reason
+    assert torch.equal(apart.audio, alone.audio)  # the same vocoder kernels on the same codes, on the other card

@@ -7,7 +7,10 @@
 - ``Omni(tensor_parallel=2)`` (rank 0 here, rank 1 a worker process in lockstep) gives the greedy
   ids and codes of ``Omni()`` for concurrent text, media and speech requests, one aborted midway.
 - ``omniwalk serve --tensor-parallel 2`` answers the ``openai`` client as one rank does.
-"""
+
+Tensor parallelism on two GPUs (NCCL; collectives inside the captured decode and prefill graphs):
+TP=2 gives TP=1's greedy ids on the tiny config in fp32, and runs the bf16 fast path (fused MoE on
+each rank's slice of the experts, merged projections of its heads) to the end of a speech request."""
 
 import signal
 import subprocess
@@ -20,7 +23,7 @@ import pytest
 import torch
 from helpers.live_server import engine_pids, launch
 from helpers.qwen3_omni import MESSAGES, REQUESTS, checkpoint, greedy, greedy_speech
-from helpers.tp_rank import thinker_logits
+from helpers.single_request import thinker_logits
 
 from omniwalk import Omni
 from omniwalk.errors import ConfigError
@@ -33,7 +36,7 @@ HERE = Path(__file__).parent
 @pytest.mark.parametrize("name", ["tiny", "uneven"])
 def test_split_thinker_logits_equal_one_rank_within_fp32_rounding(name, tmp_path):
     one = thinker_logits(0, 1, checkpoint(name))
-    cmd = [sys.executable, str(HERE.parent / "helpers" / "tp_rank.py")]
+    cmd = [sys.executable, str(HERE.parent / "helpers" / "single_request.py")]
     args = ["2", str(tmp_path / "store"), checkpoint(name), str(tmp_path / "logits.pt")]
     ranks = [subprocess.Popen([*cmd, str(r), *args]) for r in range(2)]
     assert [p.wait(timeout=300) for p in ranks] == [0, 0]
@@ -155,3 +158,55 @@ def test_a_follower_takes_the_leaders_steps_and_stops_when_its_state_differs(mon
         follower.run()
     prompt = leader.engine.requests["a"].state.thinker.prompt.num_prompt_tokens
     assert follower_omni.engine.stages["thinker"].tables["a"].num_cached == prompt + 1  # its two steps: prompt, a token
+
+
+def _generate(requests, **options):
+    omni = Omni(model=checkpoint("tiny"), device="cuda", **options)
+    try:
+        return omni.generate(requests)
+    finally:
+        omni.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_two_gpu_ranks_give_the_greedy_ids_of_one():
+    requests = [greedy(32), {**REQUESTS["image_audio_image"], "max_tokens": 12, "min_tokens": 12, "temperature": 0.0}]
+    one = _generate(requests, dtype="float32")
+    two = _generate(requests, dtype="float32", tensor_parallel=2)
+    assert [o.token_ids for o in two] == [o.token_ids for o in one]
+
+
+def _same_ids_or_a_near_tie(one, two) -> bool:
+    """TP=2's greedy ids against TP=1's in bf16 (the all-reduce sums in another order than one GEMM, so the
+    logits round differently): equal, or parting first where TP=1's top-2 logprobs are within 0.05 (a near
+    tie), with the chosen tokens' logprobs within 0.05 of each other up to there. True where all are equal."""
+    for k, (a, b) in enumerate(zip(one.token_ids, two.token_ids, strict=True)):
+        if a != b:
+            top = one.logprobs[k].top
+            assert top[0][1] - top[1][1] < 0.05, f"ids part at {k} with a top-2 logprob gap of {top[0][1] - top[1][1]}"
+            return False
+        assert abs(one.logprobs[k].logprob - two.logprobs[k].logprob) < 0.05, (k, one.logprobs[k], two.logprobs[k])
+    return True
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_two_gpu_ranks_run_the_bf16_fast_path_with_graphs_and_match_one():
+    """The bf16 fast path with graphs at TP=2 against TP=1, a text and a speech request: the same greedy ids
+    (or a near tie, proven), and for speech, where the ids are equal, the same codes and audio (the talker
+    and vocoder run on rank 0 alone, fed the thinker's rows)."""
+    extra = {"logprobs": True, "top_logprobs": 2}
+    requests = [greedy(32, **extra), greedy_speech(REQUESTS["audio"]["messages"], **extra)]
+    one = _generate(requests, dtype="bfloat16")
+    two = _generate(requests, dtype="bfloat16", tensor_parallel=2)
+    for x, y in zip(one, two, strict=True):
+        assert x.error is None and y.error is None and len(y.token_ids) == len(x.token_ids) > 0
+    text, speech = zip(one, two, strict=True)
+    _same_ids_or_a_near_tie(*text)
+    if _same_ids_or_a_near_tie(*speech):
+        x, y = speech
+        assert y.codes.shape == x.codes.shape and x.codes.shape[0] > 0
+        parted = (x.codes != y.codes).any(dim=1).nonzero()
+        assert len(parted) == 0, f"ids equal, codes differ first at frame {int(parted[0])}"
+        assert torch.equal(y.audio, x.audio)  # the same vocoder on rank 0, the same codes

@@ -20,9 +20,8 @@ import httpx
 import openai
 import pytest
 import ray
-from helpers.live_server import engine_pids, free_port
+from helpers.live_server import engine_pids, free_port, until
 from helpers.qwen3_omni import checkpoint
-from helpers.realtime_client import until
 from ray import serve
 from ray.cluster_utils import Cluster
 from ray.util.state import list_actors

@@ -22,7 +22,7 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def door_served(tmp_path_factory):
     key_file = tmp_path_factory.mktemp("secret") / "key"
     key_file.write_text(KEY + "\n")
     flags = ["--api-key-file", str(key_file), "--log-level", "info", "--max-connections", str(MAX_CONNECTIONS)]
@@ -36,8 +36,8 @@ def served(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def base(served):
-    return served[1]
+def base(door_served):
+    return door_served[1]
 
 
 def _log(proc) -> str:
@@ -125,8 +125,8 @@ def test_a_body_that_stops_gets_408_and_is_closed(base):
     assert time.monotonic() - start < BODY_TIMEOUT_S + 3
 
 
-def test_a_body_cut_short_is_a_499_without_a_traceback(served):
-    proc, base = served
+def test_a_body_cut_short_is_a_499_without_a_traceback(door_served):
+    proc, base = door_served
     needle = 'omniwalk_http_responses_total{route="/v1/chat/completions",status="499"}'
     before = _metric(base, needle)
     s = _raw(base, _chat_head(1000), b'{"messages": [')

@@ -17,8 +17,7 @@ import openai
 import pytest
 import soundfile
 import websockets
-from helpers.live_server import server
-from helpers.realtime_client import until
+from helpers.live_server import server, until
 
 from omniwalk.bench.workload import speech_like
 from omniwalk.serve.realtime.conversation import wav_bytes

@@ -18,8 +18,7 @@ import httpx
 import numpy as np
 import pytest
 import websockets
-from helpers.hostile import metric
-from helpers.live_server import server
+from helpers.live_server import metric, server
 
 from omniwalk.bench.workload import speech_like
 from omniwalk.config import ServerConfig

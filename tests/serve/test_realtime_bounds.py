@@ -17,8 +17,7 @@ import time
 import numpy as np
 import pytest
 import websockets
-from helpers.hostile import media_body, metric, rss_mb, slow_video
-from helpers.live_server import launch
+from helpers.live_server import launch, media_body, metric, rss_mb, slow_video
 
 ITEM_BYTES = 8 * 2**20  # PCM16 per item: 174.8 s at 24 kHz
 IDLE_S, SESSION_S = 2.0, 30.0  # (the flood's first session lives through it)

@@ -19,8 +19,7 @@ import openai
 import pydantic
 import pytest
 import websockets
-from helpers.live_server import server
-from helpers.realtime_client import until
+from helpers.live_server import server, until
 from openai.types.beta.realtime.realtime_server_event import RealtimeServerEvent as BetaServerEvent
 from openai.types.realtime import RealtimeServerEvent
 

@@ -1,14 +1,36 @@
 """Hostile and unsupported bodies against a live server: each is a 4xx in OpenAI's shape naming the
-field, and the client's next request on the same keep-alive connection succeeds."""
+field, and the client's next request on the same keep-alive connection succeeds.
 
+Media that expands far beyond its size, and media abandoned by its client, against a live server.
+
+Small files that decode to gigabytes are refused from their headers (400 naming the budget) without
+growing the HTTP process; decoding whose client hung up stops at its next frame (a 499, counted in
+``omniwalk_media_cancelled_total``) and frees the pool for the request behind it."""
+
+import base64
 import http.client
 import json
+import socket
+import threading
+import time
 import urllib.request
 
+import httpx
+import numpy as np
 import openai
 import pytest
-from helpers.hostile import HOSTILE, RAW, USER, rss_mb
-from helpers.live_server import launch
+from helpers.live_server import (
+    HOSTILE,
+    RAW,
+    USER,
+    launch,
+    media_body,
+    media_bombs,
+    metric,
+    rss_mb,
+    slow_video,
+    solid_video,
+)
 
 
 @pytest.fixture(scope="module")
@@ -142,3 +164,103 @@ def test_a_256_mib_body_is_refused_without_reading_it_into_memory(served):
     metrics = urllib.request.urlopen(f"{live}/metrics").read().decode()
     for status in ("400", "404", "405", "413", "500"):
         assert f'status="{status}"' in metrics
+
+
+@pytest.fixture(scope="module")
+def bomb_served():
+    proc, base = launch()  # two media workers (the default)
+    yield proc, base
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def memory_mib(pid: int) -> dict:
+    """The process's own VmRSS and VmHWM (peak) in MiB."""
+    lines = [line.split() for line in open(f"/proc/{pid}/status") if line.startswith(("VmRSS", "VmHWM"))]
+    return {name.rstrip(":"): int(kb) / 1024 for name, kb, _ in lines}
+
+
+def test_media_bombs_are_refused_from_their_headers(bomb_served):
+    proc, base = bomb_served
+    bombs = media_bombs()
+    print("bomb sizes (bytes):", [len(data) for _, _, data, _ in bombs])
+    with httpx.Client(base_url=base, timeout=60) as client:
+        warm = client.post("/v1/chat/completions", json=media_body("video", "video/mp4", solid_video(64, 64, 8, 4)))
+        assert warm.status_code == 200, warm.text  # (PyAV and the resizer loaded before the baseline)
+        before = memory_mib(proc.pid)
+        for kind, mime, data, limit in bombs:
+            start = time.monotonic()
+            reply = client.post("/v1/chat/completions", json=media_body(kind, mime, data))
+            took = time.monotonic() - start
+            assert reply.status_code == 400, reply.text
+            assert limit in reply.json()["error"]["message"], reply.json()
+            print(f"{kind} bomb: 400 in {took:.3f} s: {reply.json()['error']['message']}")
+            assert took < 1.0
+        after = memory_mib(proc.pid)
+        growth = after["VmHWM"] - before["VmRSS"]
+        print(f"HTTP process memory: {before} -> {after}; peak growth {growth:.1f} MiB")
+        assert growth < 100
+        valid = client.post("/v1/chat/completions", json=media_body("video", "video/mp4", solid_video(64, 64, 8, 4)))
+        assert valid.status_code == 200, valid.text
+
+
+def test_a_large_body_costs_a_few_times_its_size(bomb_served):
+    """A 60 MiB body (base64 that decodes to no audio: a 400) raises the HTTP process's peak RSS by
+    about 4x its size (the bytes, their parsed JSON, the decoded base64): the factor the resource
+    model in docs/serving.md multiplies ``--max-body-bytes`` by."""
+    proc, base = bomb_served
+    data = base64.b64encode(np.random.default_rng(0).bytes(45 * 2**20)).decode()
+    part = {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
+    body = json.dumps({"messages": [{"role": "user", "content": [part]}], "max_tokens": 1}).encode()
+    before = memory_mib(proc.pid)
+    reply = httpx.post(
+        f"{base}/v1/chat/completions", content=body, headers={"content-type": "application/json"}, timeout=120
+    )
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "messages[0].content[0].input_audio.data"
+    growth, size = memory_mib(proc.pid)["VmHWM"] - before["VmRSS"], len(body) / 2**20
+    print(f"a {size:.0f} MiB body: HTTP process peak +{growth:.0f} MiB ({growth / size:.1f}x)")
+    assert growth < 5 * size
+
+
+def _abandon(base: str, body: bytes, after_s: float, closed: list) -> None:
+    """POST the body on a raw socket, then hang up without reading the answer."""
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        head = f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+        sock.sendall(f"{head}content-length: {len(body)}\r\n\r\n".encode() + body)
+        time.sleep(after_s)
+    closed.append(time.monotonic())
+
+
+def test_abandoned_videos_stop_decoding_and_free_the_pool(bomb_served):
+    _, base = bomb_served
+    # seconds of decoding each (``slow_video``), so six of them hold both workers far longer than the test runs
+    slow = json.dumps(media_body("video", "video/mp4", slow_video())).encode()
+    valid = media_body("video", "video/mp4", solid_video(64, 64, 8, 4))
+    start = time.monotonic()
+    assert httpx.post(f"{base}/v1/chat/completions", json=valid, timeout=60).status_code == 200
+    alone = time.monotonic() - start  # its own service time, on an idle pool
+    cancelled = metric(base, "omniwalk_media_cancelled_total", kind="video")
+    gone = metric(base, "omniwalk_http_responses_total", route="/v1/chat/completions", status="499")
+    closed: list[float] = []
+    clients = [threading.Thread(target=_abandon, args=(base, slow, 0.3, closed)) for _ in range(6)]
+    for t in clients:
+        t.start()
+    for t in clients:
+        t.join()
+    hung_up = max(closed)
+    while metric(base, "omniwalk_media_cancelled_total", kind="video") < cancelled + 6:
+        assert time.monotonic() - hung_up < 0.5, "decoding went on after its clients hung up"
+        time.sleep(0.02)
+    stopped = time.monotonic() - hung_up
+    start = time.monotonic()
+    reply = httpx.post(f"{base}/v1/chat/completions", json=valid, timeout=60)
+    served_in = time.monotonic() - start
+    print(f"six abandoned videos stopped {stopped:.3f} s after the last hang-up; the next served in {served_in:.3f} s")
+    print(f"(the same request alone: {alone:.3f} s)")
+    assert reply.status_code == 200, reply.text
+    assert served_in < alone + 1.0  # within 1 s of its turn: nothing of the abandoned work is left ahead of it
+    deadline = time.monotonic() + 5  # (the access counts land as each handler returns)
+    while metric(base, "omniwalk_http_responses_total", route="/v1/chat/completions", status="499") < gone + 6:
+        assert time.monotonic() < deadline, "the abandoned requests were not counted as 499"
+        time.sleep(0.05)

@@ -32,8 +32,7 @@ import openai
 import websockets
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: the helpers package
-from helpers.hostile import HOSTILE, RAW, media_body, media_bombs, metric, rss_mb, slow_video  # noqa: E402
-from helpers.live_server import launch, png_data_url  # noqa: E402
+from helpers.live_server import HOSTILE, RAW, launch, media_body, media_bombs, metric, png_data_url, rss_mb, slow_video  # noqa: E402  # noqa: E402
 from helpers.media_samples import encode_video, gradient_image  # noqa: E402
 from helpers.qwen3_omni import AUDIO, IMAGE, wav_data_url  # noqa: E402
 

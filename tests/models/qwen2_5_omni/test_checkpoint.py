@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from helpers.qwen2_5_oracle import config_dict, hf_checkpoint
+from helpers.qwen2_5_omni import config_dict, hf_checkpoint
 from safetensors.torch import load_file, save_file
 
 from omniwalk.errors import CheckpointError, ConfigError
@@ -115,7 +115,7 @@ def test_speaker_file_errors(tmp_path):
 
 
 def test_cli_make_tiny_and_inspect(tmp_path, capsys):
-    from helpers.qwen2_5_oracle import PACKAGE_TINY
+    from helpers.qwen2_5_omni import PACKAGE_TINY
 
     from omniwalk.cli import main
 

@@ -1,17 +1,33 @@
 """Qwen2.5-Omni's audio and vision encoders vs HF's (fp32, two tiny configs, random weights and
-inputs), packed several items per call; the window layout vs HF's ``get_vision_window_index``."""
+inputs), packed several items per call; the window layout vs HF's ``get_vision_window_index``.
 
+Qwen2.5-Omni vision encoder's CUDA fast path (``merge_projections`` via ``use_kernels``: q/k/v in one
+GEMM, gate/up in one GEMM padded to a multiple of ``ALIGN`` with the silu·mul kernel) against the
+reference path (itself HF's: the tests above), on the CPU through Triton's
+interpreter in fp32, with an intermediate width that needs the padding (the 7B's 3,420 does).
+
+The GPU twin of that test: the vision encoder's merged, padded fast path
+against its reference path in bf16 at the 7B's widths (hidden 1,280, intermediate 3,420: padded to
+3,456), four blocks (one full-attention), a 640x480 image's grid. bf16 GEMMs of other shapes round
+apart, so the bound is a cosine and a share of the output's scale, not equality."""
+
+import copy
+import dataclasses
 from functools import cache
 
 import numpy as np
 import pytest
 import torch
-from helpers.qwen2_5_oracle import hf_checkpoint, hf_model
+from helpers import triton_cpu
+from helpers.qwen2_5_omni import hf_checkpoint, hf_model
 
+from omniwalk.layers.decoder import use_kernels
+from omniwalk.models.common.checkpoint.loader import randomize
 from omniwalk.models.qwen2_5_omni.checkpoint.config import Qwen25OmniConfig
 from omniwalk.models.qwen2_5_omni.checkpoint.loader import load_components
+from omniwalk.models.qwen2_5_omni.checkpoint.tiny import load_config_dict
 from omniwalk.models.qwen2_5_omni.networks.audio_encoder import audio_output_lengths
-from omniwalk.models.qwen2_5_omni.networks.vision_encoder import window_layout
+from omniwalk.models.qwen2_5_omni.networks.vision_encoder import ALIGN, VisionEncoder, window_layout
 
 
 @cache
@@ -54,3 +70,47 @@ def test_window_layout_is_hf_window_index(window):
     ours = window_layout(grids, 2, window // 2 // 14)
     assert torch.equal(ours.tokens, index)
     assert ours.windows == np.diff(cu.numpy()).tolist()
+
+
+@pytest.fixture(autouse=True)
+def interpreter(monkeypatch):
+    yield from triton_cpu.interpreted(monkeypatch)
+
+
+@pytest.mark.skipif(not triton_cpu.ON_CPU, reason="interpreter tests run on the CPU machine")
+@pytest.mark.parametrize("intermediate", [ALIGN, 3 * ALIGN - 10])
+@torch.no_grad()
+def test_merged_vision_encoder_equals_reference(intermediate):
+    cfg = Qwen25OmniConfig.from_hf(load_config_dict(None)).vision
+    cfg = dataclasses.replace(cfg, intermediate_size=intermediate)
+    reference = VisionEncoder(cfg).eval()
+    randomize(reference, seed=3)
+    fast = copy.deepcopy(reference)
+    use_kernels(fast, "fused")
+    mlp = fast.blocks[0].mlp
+    assert mlp.gate_up.out_features == 2 * -(-intermediate // ALIGN) * ALIGN and not hasattr(mlp, "up_proj")
+    assert fast.blocks[0].attn.qkv.out_features == 3 * cfg.hidden_size
+    grids = [(1, 8, 12), (2, 6, 4), (3, 2, 2)]  # windows ragged at the edges, videos
+    pixels = torch.randn(sum(t * h * w for t, h, w in grids), cfg.patch_dim, generator=torch.Generator().manual_seed(2))
+    ref, ours = reference(pixels, grids), fast(pixels, grids)
+    torch.testing.assert_close(ours.embeddings, ref.embeddings, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_merged_vision_encoder_equals_reference_in_bf16():
+    cfg = Qwen25OmniConfig.from_hf(load_config_dict("qwen2.5-omni-7b")).vision
+    cfg = dataclasses.replace(cfg, depth=4, fullatt_block_indexes=(2,))
+    reference = VisionEncoder(cfg, attention_backend="torch_varlen").to("cuda", torch.bfloat16).eval()
+    randomize(reference, seed=0)
+    fast = copy.deepcopy(reference)
+    use_kernels(fast, "fused")
+    assert fast.blocks[0].mlp.gate_up.out_features == 2 * 3456
+    grids = [(1, 34, 46)]  # 476 x 644 pixels: a 640x480 image at its smart_resize size
+    g = torch.Generator(device="cuda").manual_seed(1)
+    pixels = torch.randn(34 * 46, cfg.patch_dim, generator=g, device="cuda").to(torch.bfloat16)
+    ref, ours = reference(pixels, grids).embeddings.float(), fast(pixels, grids).embeddings.float()
+    cosine = torch.nn.functional.cosine_similarity(ref.flatten(), ours.flatten(), dim=0).item()
+    worst = ((ours - ref).abs().max() / ref.abs().max()).item()
+    print(f"GPU-Q25-VISION-MERGE cosine {cosine:.6f}, max error {worst:.4f} of the output's largest value")
+    assert cosine >= 0.9999 and worst <= 0.02

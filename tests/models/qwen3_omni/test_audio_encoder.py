@@ -1,4 +1,6 @@
-"""Native audio encoder vs HF's Qwen3-Omni audio tower (tiny random checkpoints, fp32 CPU)."""
+"""Native audio encoder vs HF's Qwen3-Omni audio tower (tiny random checkpoints, fp32 CPU).
+
+On the GPU machine: the full-size audio encoder's bf16 parity with HF bf16."""
 
 import numpy as np
 import pytest
@@ -82,3 +84,21 @@ def test_parameter_names_mirror_checkpoint(encoders):
         "proj2.bias",
     } <= names
     assert not list(encoders[0].state_dict().keys() - names)  # no persistent buffers
+
+
+@pytest.mark.gpu
+@torch.inference_mode()
+def test_audio_encoder_full_size_bf16_matches_hf():
+    from helpers.gpu_pairs import audio_pair, cosine, report
+
+    from omniwalk.media.mel import log_mel
+
+    ours, hf = audio_pair()
+    g = torch.Generator(device="cuda").manual_seed(1)
+    waves = [torch.randn(n, generator=g, device="cuda") * 0.1 for n in (16000 * 5, 16000 * 13 + 123, 8000)]
+    features, frames = log_mel(waves)
+    out = ours(features, frames.tolist())
+    packed = torch.cat([features[i, :, : int(n)] for i, n in enumerate(frames)], dim=1)
+    ref = hf(packed.to(torch.bfloat16), feature_lens=frames).last_hidden_state
+    assert out.shape == ref.shape
+    assert report("audio encoder", cosine(out, ref)) >= 0.999

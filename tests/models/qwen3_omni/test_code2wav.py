@@ -5,8 +5,8 @@ from functools import cache
 
 import pytest
 import torch
-from helpers.code2wav import make_audio_like_
 from helpers.hf_oracle import config_dict, hf_checkpoint, hf_model
+from helpers.qwen3_omni import make_audio_like_
 from helpers.single_request import VocoderStream, chunk_schedule, decode_in_chunks
 
 from omniwalk.models.common.checkpoint.weights import load_weights

@@ -11,7 +11,7 @@ from functools import cache
 import pytest
 import torch
 from helpers.hf_oracle import config_dict, hf_checkpoint, hf_model
-from helpers.prompt_cases import thinker_cases
+from helpers.processor_oracle import thinker_cases
 from helpers.single_request import build_talker_prompt, talker_generate
 
 from omniwalk.errors import InvalidRequestError

@@ -1,4 +1,6 @@
-"""Native vision encoder vs HF's Qwen3-Omni visual tower (tiny random checkpoints, fp32 CPU)."""
+"""Native vision encoder vs HF's Qwen3-Omni visual tower (tiny random checkpoints, fp32 CPU).
+
+On the GPU machine: the full-size vision encoder's bf16 parity with HF bf16."""
 
 import numpy as np
 import pytest
@@ -87,3 +89,27 @@ def test_parameter_names_mirror_checkpoint(encoders):
         "merger_list.0.mlp.2.bias",
     } <= set(params)
     assert not list(ours.state_dict().keys() - set(params))
+
+
+@pytest.mark.gpu
+@torch.inference_mode()
+def test_vision_encoder_full_size_bf16_matches_hf():
+    from helpers.gpu_pairs import cosine, report, vision_pair
+
+    from omniwalk.media.patches import image_patches, resize_image
+
+    ours, hf = vision_pair()
+    rng = torch.Generator().manual_seed(2)
+    patches, grids = [], []
+    for h, w in ((448, 448), (480, 640), (224, 320)):
+        image = torch.randint(0, 256, (h, w, 3), generator=rng, dtype=torch.uint8).numpy()
+        p, grid = image_patches(torch.from_numpy(resize_image(image)).cuda())
+        patches.append(p)
+        grids.append(grid)
+    pixels = torch.cat(patches)
+    out = ours(pixels, grids)
+    ref = hf(pixels.to(torch.bfloat16), torch.tensor(grids, device="cuda"))
+    assert report("vision encoder", cosine(out.embeddings, ref.pooler_output)) >= 0.999
+    assert len(out.deepstack) == len(ref.deepstack_features) == 3
+    for level, (a, b) in enumerate(zip(out.deepstack, ref.deepstack_features, strict=True)):
+        assert report(f"vision deepstack {level}", cosine(a, b)) >= 0.999, level

@@ -1,19 +1,35 @@
 """CUDA fast path on the GPU machine: the Triton paged-decode kernel against the reference, and
-CUDA-graph replay against eager execution of the same step (thinker decode, talker frame step)."""
+CUDA-graph replay against eager execution of the same step (thinker decode, talker frame step).
+
+Prefill graphs (``engine/prefill_graphs.py``) on the CPU: the padded layout, and the programs'
+graph path run eagerly over it (a stand-in replaces the CUDA capture), equal to the eager path."""
 
 import pytest
 import torch
-from helpers.gpu_graphs import gpu_omni, gpu_requests
+from helpers.qwen3_omni import (
+    PATHS,
+    alone,
+    assert_same,
+    checkpoint,
+    gpu_omni,
+    gpu_requests,
+    make_request,
+    run_staggered,
+)
+from helpers.replay import EagerReplay
 
+from omniwalk import Omni
+from omniwalk.engine import prefill_graphs
 from omniwalk.engine.kv_pages import KVStorage, PagePool, PageTable
-from omniwalk.engine.paged_attention import DecodeKV
+from omniwalk.engine.packed_graphs import Bucket
+from omniwalk.engine.paged_attention import DecodeKV, PagedBatch, Segment
+from omniwalk.engine.prefill_graphs import PrefillKV, PrefillPlan, fits, kv_inputs
 from omniwalk.kernels.paged_decode import DECODE_BLOCKS, num_splits, paged_decode_triton
 from omniwalk.layers.kv_attention import paged_decode_reference
 from omniwalk.models.qwen3_omni.networks.code2wav_stream import VocoderStreamConfig
 
-pytestmark = pytest.mark.gpu
 
-
+@pytest.mark.gpu
 @pytest.mark.parametrize("heads,kv_heads", [(32, 4), (16, 2), (16, 8), (4, 4)])
 @pytest.mark.parametrize("lens", [[1, 15, 16, 17, 64, 65, 300, 1000, 0], [207], [17, 130, 512, 2000]])
 @pytest.mark.parametrize("split", [False, True])  # rows split over programs (semaphores given) or not
@@ -47,6 +63,7 @@ def test_triton_paged_decode_matches_reference(heads, kv_heads, lens, split):
         assert torch.equal(ours[-1], torch.zeros_like(ours[-1]))  # the padding row reads nothing
 
 
+@pytest.mark.gpu
 def test_graph_replay_equals_eager_through_the_engine():
     """Same requests, graphs on and off: identical ids, codes and audio, except where bf16 GEMMs
     chosen differently under capture break a near tie (then the eager top-2 gap must be tiny).
@@ -80,6 +97,7 @@ def test_graph_replay_equals_eager_through_the_engine():
     assert same >= 6
 
 
+@pytest.mark.gpu
 @torch.inference_mode()
 @pytest.mark.parametrize("live", [3, 4])
 def test_padding_rows_do_not_touch_real_rows(live):
@@ -124,6 +142,7 @@ def test_padding_rows_do_not_touch_real_rows(live):
     assert sorted(changed) == sorted({*slots.tolist(), storage.scratch_slot})
 
 
+@pytest.mark.gpu
 @torch.inference_mode()
 @pytest.mark.parametrize("frames,fresh", VocoderStreamConfig().chunk_kinds())
 def test_vocoder_graph_equals_eager_on_the_same_rows(frames, fresh):
@@ -168,6 +187,7 @@ def test_vocoder_graph_equals_eager_on_the_same_rows(frames, fresh):
     torch.testing.assert_close(graphed, alone, atol=2e-2, rtol=0)
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(5, 2048), (1, 1024), (300, 128), (0, 2048)])
 def test_triton_rms_norm_matches_reference(shape):
     from omniwalk.layers.norm import RMSNorm
@@ -187,6 +207,7 @@ def test_triton_rms_norm_matches_reference(shape):
         assert differ == 0  # the same rounding steps: bitwise equal (measured on the H200)
 
 
+@pytest.mark.gpu
 def test_packed_prefill_equals_per_request_prefill_through_the_engine():
     """Prompt chunks (16 tokens a step, so later chunks attend to cached ones) through one packed
     varlen call vs per-request SDPA: the same ids and logprobs to bf16 rounding (a tiny random model has
@@ -223,6 +244,7 @@ def test_packed_prefill_equals_per_request_prefill_through_the_engine():
         assert margin is None or margin < 0.1
 
 
+@pytest.mark.gpu
 @torch.inference_mode()
 def test_prefill_graph_equals_eager_on_the_same_padded_layout():
     """A thinker prefill step of two chunks (a first one, and one after cached tokens) replayed in
@@ -264,6 +286,7 @@ def test_prefill_graph_equals_eager_on_the_same_padded_layout():
     assert exact and cos > 0.999
 
 
+@pytest.mark.gpu
 def test_prefill_graphs_through_the_engine():
     """Prefill graphs on and off (decode graphs on in both): greedy ids the same until a near tie
     of the eager run (top-2 logprobs within bf16 noise), logprobs close up to there."""
@@ -284,3 +307,63 @@ def test_prefill_graphs_through_the_engine():
             f"{err:.2e}, codes equal {codes}"
         )
         assert err < 0.1 and (margin is None or margin < 0.1)
+
+
+def _storage():
+    torch.manual_seed(0)
+    storage = KVStorage(PagePool(64, 4), 1, 2, 8, torch.float32, "cpu")
+    storage.keys[0].normal_()
+    storage.values[0].normal_()
+    return storage
+
+
+def _segments(storage, cached_and_new):
+    segments = []
+    for cached, new in cached_and_new:
+        table = PageTable()
+        table.reserve(storage.pool, cached + new)
+        table.num_cached = cached
+        segments.append(Segment(table, new))
+    return segments
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_padded_layout_attends_like_the_unpadded_step():
+    """Chunks after cached keys and first chunks, padded to a bucket: the real rows' attention
+    output is the unpadded step's; padding writes only the scratch slot."""
+    storage = _storage()
+    segments = _segments(storage, [(5, 3), (0, 6), (9, 1)])
+    bucket = Bucket(32, 4, 16)
+    kv = PagedBatch(storage, segments, "cpu", prefill_backend="reference")
+    assert fits(bucket, kv) and not fits(Bucket(12, 4, 12), kv)  # 14 cached keys: more than T
+    inputs = kv_inputs(bucket, storage, segments, "cpu")
+    assert inputs["new_slots"].shape == (32,) and inputs["key_slots"].shape == (64,)
+    assert inputs["cu_q"].tolist()[:5] == [0, 3, 9, 10, 26] and inputs["cu_q"][-1] == 32
+    assert inputs["cu_k"].tolist()[:5] == [0, 8, 14, 24, 40] and inputs["cu_k"][-1] == 46
+    q, k, v = (torch.randn(32, h, 8) for h in (4, 2, 2))
+    expected = kv.attend(0, q[:10], k[:10], v[:10])
+    keys_after = storage.keys[0].clone()
+    padded = PrefillKV(storage, *inputs.values(), bucket.max_seqlen, 64, "reference")
+    got = padded.attend(0, q, k, v)
+    torch.testing.assert_close(got[:10], expected, rtol=0, atol=1e-6)  # (SDPA with a mask vs per-segment causal)
+    changed = (storage.keys[0] != keys_after).any(dim=(1, 2)).nonzero().flatten().tolist()
+    assert changed == [storage.scratch_slot]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_prefill_graph_path_equals_eager_through_the_engine(monkeypatch):
+    """Every path (DeepStack rows for images, talker prefixes, chunks after cached tokens with a
+    small budget), its prefill run through the padded graph path: the same ids, codes and audio as
+    each request alone on the eager path."""
+    monkeypatch.setattr(prefill_graphs, "KeyedGraphs", EagerReplay)
+    o = Omni(model=checkpoint("tiny"), max_batch_tokens=256, talker_max_batch_tokens=256)
+    for name in ("thinker", "talker"):
+        stage = o.engine.stages[name]
+        stage.program.prefill = PrefillPlan(256, "reference")
+        stage.capture_graphs()
+    requests = [make_request(i, PATHS[i % len(PATHS)]) for i in range(12)]
+    outs = run_staggered(o, requests)
+    for i, request in enumerate(requests):
+        assert_same(outs[request["request_id"]], alone(i))
+    stats = o.engine.stats()
+    assert stats["thinker"]["prefill_graph_replays"] > 0 and stats["talker"]["prefill_graph_replays"] > 0
