@@ -9,7 +9,7 @@ Each figure: one CUDA graph of C calls over C copies of the weight (>= 512 MB in
 L2 holds, so each call reads its weight from HBM as a decode step does), replayed; µs per call,
 the gap between two kernels of a graph included. cuBLAS is ``F.linear`` (+ the silu·mul kernel for
 the gated product). Every configuration's output is checked against cuBLAS (the bound of
-``tests/kernels/test_skinny_gemm_gpu.py``). Triton compiles first, in parallel worker processes (filling
+the GPU tests of ``tests/kernels/test_skinny_gemm.py``). Triton compiles first, in parallel worker processes (filling
 Triton's disk cache). Writes skinny_gemm.json (every figure), skinny_gemm.md and tuned.json (per
 table key the configuration with the least total time over its rows; the largest M where the
 kernel beats cuBLAS on every decoder shape). ``--apply`` runs a script (e.g. micro.py) in this

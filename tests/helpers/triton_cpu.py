@@ -14,7 +14,7 @@ bytes as numbers (now widened exactly), and fp32 -> e4m3 casts that round up to 
 two lost that exponent step (7.79 -> 4; now rounded by torch, to nearest even as the GPU's
 ``cvt.rn.satfinite`` rounds: the values the kernels cast are clamped to e4m3's range first).
 
-References for the FP8 grouped GEMM's tests (CPU: ``test_fp8_kernels.py``, GPU: ``test_fp8_gpu.py``):
+References for the FP8 grouped GEMM's tests (``test_fp8_kernels.py``, CPU and GPU):
 its math emulated in fp32, and how near the weight-only reference it must stay.
 
 Random draws for the fused sampling kernels' tests: ``BatchParams`` mixing every operation,

@@ -2,7 +2,7 @@
 compile options its launch uses, its PTX has no fused bf16 multiply-add. With LLVM's default
 contraction it has one (``x * cos`` fused into the rotary's add), which skips a rounding the
 reference makes: ~20% of q/k elements come out a bf16 step off on the H200. (The GPU
-test ``test_fused_gpu.py`` asserts the kernel bitwise equal to the reference.)"""
+tests of ``test_fused_kernels.py`` assert the kernel bitwise equal to the reference.)"""
 
 import os
 import subprocess
