@@ -72,12 +72,13 @@ def test_window_layout_is_hf_window_index(window):
     assert ours.windows == np.diff(cu.numpy()).tolist()
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def interpreter(monkeypatch):
     yield from triton_cpu.interpreted(monkeypatch)
 
 
 @pytest.mark.skipif(not triton_cpu.ON_CPU, reason="interpreter tests run on the CPU machine")
+@pytest.mark.usefixtures("interpreter")
 @pytest.mark.parametrize("intermediate", [ALIGN, 3 * ALIGN - 10])
 @torch.no_grad()
 def test_merged_vision_encoder_equals_reference(intermediate):
