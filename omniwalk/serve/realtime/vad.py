@@ -40,6 +40,10 @@ VAD_RATE = 16000
 FRAME_MS = 20
 FRAME_SAMPLES = INPUT_RATE * FRAME_MS // 1000  # 480 input samples per frame
 _VAD_FRAME = VAD_RATE * FRAME_MS // 1000  # 320 resampled samples per frame
+# soxr's stream holds back one output sample: fed whole 20 ms frames, it completes all but the last, which
+# then waits for the next append (a client's 100 ms chunk: a turn's end decided a chunk late). Three input
+# samples of silence ahead of the stream (0.125 ms) make up for it, so every appended frame is decided at once.
+RESAMPLER_LEAD = 3
 # The WebRTC VAD calls the first ~80 ms of a stream voiced whatever it holds (quiet noise at -54 to
 # -30 dBFS included), while it adapts its noise model: those frames vote unvoiced.
 WARMUP_FRAMES = 5
@@ -87,7 +91,8 @@ class TurnDetector:
         self.params = params
         self.vad = webrtcvad.Vad(params.aggressiveness)
         self.resampler = soxr.ResampleStream(INPUT_RATE, VAD_RATE, 1, dtype="int16", quality="QQ")
-        self.pending = np.empty(0, np.int16)  # resampled samples not yet in a frame
+        # resampled samples not yet in a frame; the stream starts RESAMPLER_LEAD samples of silence early
+        self.pending = self.resampler.resample_chunk(np.zeros(RESAMPLER_LEAD, np.int16))
         self.pending_input = np.empty(0, np.int16)  # input samples of the frames not yet decided (for their level)
         self.first_frame_sample = first_sample  # frame i covers 24 kHz samples from here + 480 i
         self.num_frames = 0
