@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import hf_oracle
-from helpers import qwen2_5_omni as qwen2_5_oracle
+from helpers import hf_oracle, qwen2_5_omni
 from safetensors.torch import load_file, save_file
 
 from omniwalk.lora.adapters import AdapterError, load_adapter, thinker_targets
@@ -26,8 +25,8 @@ FAMILIES = {  # family -> (HF model, omniwalk's thinker decoder config, modules 
         ATTENTION,
     ),
     "qwen2_5": (
-        lambda: qwen2_5_oracle.hf_model("tiny"),
-        lambda: Qwen25OmniConfig.from_hf(qwen2_5_oracle.config_dict("tiny")),
+        lambda: qwen2_5_omni.hf_model("tiny"),
+        lambda: Qwen25OmniConfig.from_hf(qwen2_5_omni.config_dict("tiny")),
         [*ATTENTION, "gate_proj", "up_proj", "down_proj"],
     ),
 }
