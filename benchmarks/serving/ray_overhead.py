@@ -3,8 +3,7 @@ on the same machine, in one run.
 
     python benchmarks/serving/ray_overhead.py --model CKPT --out benchmarks/results/cpu
     python benchmarks/serving/ray_overhead.py --model CKPT --out benchmarks/results/cpu \
-        --stem ray_overhead_same_loop --ray-env RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0 \
-        --ray-env RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=0        # Ray Serve's own tuning switches
+        --stem ray_overhead_direct --ray-env RAY_SERVE_THROUGHPUT_OPTIMIZED=1     # Ray Serve's own mode
 
 Each system serves one engine replica of ``--model`` (CPU). Cells: closed loop at concurrency 1 and
 16, streamed chat completions of ``--tokens`` tokens (``ignore_eos``, greedy), after one unmeasured
@@ -14,9 +13,12 @@ excluded), and on Ray the ingress replica, Ray's HTTP proxy and the engine repli
 engine process excluded), read from /proc before and after the cell. Ray runs as a one-node
 cluster started here (``ray.init``), the ingress and engine replicas as ``omniwalk serve --ray``
 deploys them; both engines run one torch thread (Ray sets an actor's OMP_NUM_THREADS to its
-``num_cpus``; the plain server is given the same). Both systems are up together and their cells
-alternate (``--rounds`` each; the figures are medians over the rounds), so a machine shared with
-other work loads both alike.
+``num_cpus``; the plain server is given the same). Where Ray's direct ingress is on (``--ray-env``:
+``RAY_SERVE_ENABLE_DIRECT_INGRESS=1``, or its throughput-optimized mode), the ingress replica also
+listens on a port of its own, and the Ray application is measured twice: through Ray's proxy
+("ray") and on that port ("ray_direct"). The systems are up together and their cells alternate
+(``--rounds`` each; the figures are medians over the rounds), so a machine shared with other work
+loads them alike.
 """
 
 from __future__ import annotations
@@ -155,6 +157,19 @@ def start_ray(args) -> tuple[str, dict[str, int], float]:
     return base, pids, time.perf_counter() - start
 
 
+def direct_ingress(pid: int) -> str | None:
+    """The URL the ingress replica (``pid``) answers on itself, where Ray's direct ingress is on: the
+    HTTP port among its listening ones (its others are gRPC and Ray's own)."""
+    ports = [c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+    for port in sorted(ports):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                return f"http://127.0.0.1:{port}"
+        except httpx.HTTPError:
+            continue
+    return None
+
+
 def stop_ray() -> None:
     import ray
     from ray import serve
@@ -182,39 +197,45 @@ def main() -> None:
     server, plain_base = start_plain(args)
     try:
         ray_base, ray_pids, up_s = start_ray(args)
-        baseline, ray_rows = [], []
-        for concurrency in args.concurrency:  # (alternating: both systems see the machine's load alike)
-            rounds = {"plain": [], "ray": []}
+        systems = {"plain": (plain_base, {"http": server.pid}), "ray": (ray_base, ray_pids)}
+        if (direct := direct_ingress(ray_pids["ingress"])) is not None:
+            systems["ray_direct"] = (direct, ray_pids)
+        rows = {name: [] for name in systems}
+        for concurrency in args.concurrency:  # (alternating: every system sees the machine's load alike)
+            rounds = {name: [] for name in systems}
             for _ in range(args.rounds):
-                rounds["plain"].append(measure(plain_base, {"http": server.pid}, concurrency, args))
-                rounds["ray"].append(measure(ray_base, ray_pids, concurrency, args))
-            baseline.append(median_row(rounds["plain"]))
-            ray_rows.append(median_row(rounds["ray"]))
+                for name, (base, pids) in systems.items():
+                    rounds[name].append(measure(base, pids, concurrency, args))
+            for name in systems:
+                rows[name].append(median_row(rounds[name]))
     finally:
         server.terminate()
         server.wait(60)
         stop_ray()
     added = []
-    for base_row, ray_row in zip(baseline, ray_rows, strict=True):
-        added.append(
-            {
-                "concurrency": base_row["concurrency"],
-                "added_p50_ms": ray_row["p50_ms"] - base_row["p50_ms"],
-                "added_ttft_p50_ms": ray_row["ttft_p50_ms"] - base_row["ttft_p50_ms"],
-                "throughput_ratio": ray_row["tokens_per_s"] / base_row["tokens_per_s"],
-                "ingress_cpu_ms_per_token": ray_row["cpu_ms_per_token_ingress"],
-                "proxy_cpu_ms_per_token": ray_row["cpu_ms_per_token_proxy"],
-                "engine_actor_cpu_ms_per_token": ray_row["cpu_ms_per_token_engine_actor"],
-                "plain_http_cpu_ms_per_token": base_row["cpu_ms_per_token_http"],
-            }
-        )
+    for path in [name for name in rows if name != "plain"]:
+        for base_row, ray_row in zip(rows["plain"], rows[path], strict=True):
+            added.append(
+                {
+                    "path": path,
+                    "concurrency": base_row["concurrency"],
+                    "added_p50_ms": ray_row["p50_ms"] - base_row["p50_ms"],
+                    "added_ttft_p50_ms": ray_row["ttft_p50_ms"] - base_row["ttft_p50_ms"],
+                    "throughput_ratio": ray_row["tokens_per_s"] / base_row["tokens_per_s"],
+                    "ingress_cpu_ms_per_token": ray_row["cpu_ms_per_token_ingress"],
+                    "proxy_cpu_ms_per_token": ray_row["cpu_ms_per_token_proxy"],
+                    "engine_actor_cpu_ms_per_token": ray_row["cpu_ms_per_token_engine_actor"],
+                    "plain_http_cpu_ms_per_token": base_row["cpu_ms_per_token_http"],
+                }
+            )
     data = {"machine": machine("cpu"), "args": vars(args), "load_before": load, "load_after": psutil.getloadavg()[0]}
     data |= {"ray_up_s": up_s}
-    data |= {"python": platform.python_version(), "plain": baseline, "ray": ray_rows, "added": added}
-    headers = ["c", "added p50 ms", "added TTFT p50 ms", "throughput ratio", "ingress CPU ms/token"]
+    data |= {"python": platform.python_version(), **rows, "added": added}
+    headers = ["path", "c", "added p50 ms", "added TTFT p50 ms", "throughput ratio", "ingress CPU ms/token"]
     headers += ["proxy CPU ms/token", "engine actor CPU ms/token", "plain HTTP CPU ms/token"]
     table = [
         [
+            a["path"],
             a["concurrency"],
             f"{a['added_p50_ms']:.1f}",
             f"{a['added_ttft_p50_ms']:.1f}",

@@ -7,6 +7,9 @@
     await client.adapter_call("load", name, path)          # LoRA adapters: "load" / "unload"; client.adapters
     client.close()
 
+Given ``data_host``, the engine also listens there for remote clients (``client.endpoint``, see
+``wire.py``); ``open_remote(id)`` / ``ended(id)`` follow such a request from here.
+
 A request that the engine rejects raises ``EngineRequestError`` from ``generate`` (with
 ``bad_request`` set for the client's own mistakes); other requests are unaffected. When the
 engine process dies (``watch`` notices at once through its sentinel), or ``fail_all`` is called
@@ -37,6 +40,7 @@ from omniwalk.serve.wire import (
     AdapterReply,
     Add,
     Delta,
+    Ended,
     Failed,
     Fatal,
     Finished,
@@ -61,12 +65,12 @@ class EngineUnavailableError(OmniwalkError):
 
 
 class EngineClient:
-    def __init__(self, **options):
+    def __init__(self, data_host: str | None = None, **options):
         self._dir = tempfile.mkdtemp(prefix="omniwalk-engine-")
         self.inbox_addr = f"ipc://{Path(self._dir) / 'inbox'}"
         self.outbox_addr = f"ipc://{Path(self._dir) / 'outbox'}"
         self.process = multiprocessing.get_context("spawn").Process(
-            target=serve_engine, args=(options, self.inbox_addr, self.outbox_addr), daemon=True
+            target=serve_engine, args=(options, self.inbox_addr, self.outbox_addr, data_host), daemon=True
         )
         self.process.start()
         self._ctx = zmq.asyncio.Context()
@@ -77,6 +81,7 @@ class EngineClient:
         self._queues: dict[str, asyncio.Queue] = {}
         self._receiver: asyncio.Task | None = None
         self.info: ModelInfo | None = None  # what the loaded model offers, once the engine is ready
+        self.endpoint: str | None = None  # where remote clients reach the engine (given a data_host)
         self.adapters: list[str] = []  # the LoRA adapters it serves (requests name one as their model)
         self._calls: dict[str, asyncio.Future] = {}  # AdapterCall id -> its reply
         self.stats: dict = {}  # the engine's latest occupancy report (engine.stats())
@@ -96,7 +101,7 @@ class EngineClient:
         if not isinstance(message, Ready):
             raise RuntimeError(f"engine failed to start: {message.error}")
         self.info = ModelInfo.from_dict(message.info)
-        self.adapters = list(message.adapters)
+        self.adapters, self.endpoint = list(message.adapters), message.endpoint
         self._receiver = asyncio.create_task(self._receive())
 
     def watch(self, on_exit: Callable[[str], None]) -> None:
@@ -161,6 +166,27 @@ class EngineClient:
         finally:
             self._queues.pop(rid, None)
             if not done and not self._ctx.closed:  # the consumer went away (e.g. a client hung up): free the work
+                self._push.send(pack(Abort(rid)))
+
+    def open_remote(self, rid: str) -> None:
+        """Follow a remote client's request ``rid`` (it counts as unfinished here until ``ended``)."""
+        if self.unavailable:
+            raise EngineUnavailableError(self.unavailable)
+        self._queues[rid] = asyncio.Queue()
+
+    async def ended(self, rid: str) -> None:
+        """Wait for the end of the remote request ``rid`` (opened with ``open_remote``); raises
+        ``EngineUnavailableError`` if the engine goes first. A wait that does not end (it was
+        cancelled: the remote client left) aborts the request."""
+        done = False
+        try:
+            message = await self._queues[rid].get()
+            if message is None:
+                raise EngineUnavailableError(self.unavailable)
+            done = isinstance(message, Ended)
+        finally:
+            self._queues.pop(rid, None)
+            if not done and not self._ctx.closed:
                 self._push.send(pack(Abort(rid)))
 
     async def adapter_call(self, action: str, name: str, path: str | None = None) -> None:

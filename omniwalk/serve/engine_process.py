@@ -3,8 +3,11 @@
 Two ZMQ sockets carry ``wire.py``'s messages: the client pushes Add / Abort / Shutdown (and
 AdapterCall: load or unload a LoRA adapter) into the inbox; the outbox sends Ready (or Fatal) first,
 then each request's Deltas and its Finished or Failed, Stats, and an AdapterReply per AdapterCall.
-Messages are drained between steps; when no request is running the loop blocks on the inbox instead
-of spinning.
+Given a ``data_host``, a third (a ROUTER on a TCP port of that address, the Ready's ``endpoint``)
+serves remote clients (Ray ingresses): each sends Add and Abort there and gets its own requests'
+Deltas and Finished or Failed back on its connection; the engine's own client gets an Ended per such
+request. Messages are drained between steps; when no request is running the loop blocks on its
+sockets instead of spinning.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from omniwalk.serve.wire import (
     AdapterReply,
     Add,
     Delta,
+    Ended,
     Failed,
     Fatal,
     Finished,
@@ -39,7 +43,7 @@ IDLE_POLL_MS = 100
 STATS_INTERVAL_S = 0.05
 
 
-def serve_engine(options: dict, inbox_addr: str, outbox_addr: str) -> None:
+def serve_engine(options: dict, inbox_addr: str, outbox_addr: str, data_host: str | None = None) -> None:
     """Process entry point: build ``Omni(**options)`` and serve requests until told to stop."""
     # A terminal's Ctrl-C reaches the whole process group; the server process stops this one
     # (a "shutdown" message), so the engine ignores the signal instead of dying mid-step.
@@ -48,6 +52,10 @@ def serve_engine(options: dict, inbox_addr: str, outbox_addr: str) -> None:
     inbox, outbox = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     inbox.bind(inbox_addr)
     outbox.bind(outbox_addr)
+    remote = None
+    if data_host is not None:
+        remote = ctx.socket(zmq.ROUTER)
+        remote.bind(f"tcp://{data_host}:*")
     try:
         from omniwalk.omni import Omni
 
@@ -62,9 +70,10 @@ def serve_engine(options: dict, inbox_addr: str, outbox_addr: str) -> None:
         outbox.send(pack(Fatal(f"{type(e).__name__}: {e}")))
         ctx.destroy(linger=1000)
         sys.exit(1)
-    outbox.send(pack(Ready(dataclasses.asdict(omni.family.info), omni.adapters)))
+    endpoint = remote.getsockopt_string(zmq.LAST_ENDPOINT) if remote is not None else None
+    outbox.send(pack(Ready(dataclasses.asdict(omni.family.info), omni.adapters, endpoint)))
     try:
-        _EngineLoop(omni, inbox, outbox).run()
+        _EngineLoop(omni, inbox, outbox, remote).run()
     except Exception as e:  # noqa: BLE001 - a fault outside any request: the server exits, a supervisor restarts it
         traceback.print_exc()
         outbox.send(pack(Fatal(f"{type(e).__name__}: {e}")))
@@ -75,9 +84,13 @@ def serve_engine(options: dict, inbox_addr: str, outbox_addr: str) -> None:
 
 
 class _EngineLoop:
-    def __init__(self, omni, inbox: zmq.Socket, outbox: zmq.Socket):
-        self.omni, self.inbox, self.outbox = omni, inbox, outbox
+    def __init__(self, omni, inbox: zmq.Socket, outbox: zmq.Socket, remote: zmq.Socket | None = None):
+        self.omni, self.inbox, self.outbox, self.remote = omni, inbox, outbox, remote
+        self.poller = zmq.Poller()
+        for socket in (inbox, remote) if remote is not None else (inbox,):
+            self.poller.register(socket, zmq.POLLIN)
         self.active: dict[str, EngineRequest] = {}
+        self.clients: dict[str, bytes] = {}  # a remote client's request id -> its connection
         # id -> (sent, received, added) until its first output
         self.arrivals: dict[str, tuple[float, float, float]] = {}
         self.last_stats, self.was_busy = 0.0, True  # report the idle state once at start
@@ -85,9 +98,12 @@ class _EngineLoop:
     def run(self) -> None:
         while True:
             timeout = 0 if self.omni.engine.has_unfinished() else IDLE_POLL_MS
-            while self.inbox.poll(timeout):
-                if not self._handle(unpack(self.inbox.recv())):
+            while ready := dict(self.poller.poll(timeout)):
+                if self.inbox in ready and not self._handle(unpack(self.inbox.recv())):
                     return
+                if self.remote in ready:
+                    client, data = self.remote.recv_multipart()
+                    self._handle_remote(client, unpack(data))
                 timeout = 0
             busy = self.omni.engine.has_unfinished()
             if busy:
@@ -121,6 +137,25 @@ class _EngineLoop:
                 self.arrivals[req.id] = (msg.sent_at or received, received, time.monotonic())
         return True
 
+    def _handle_remote(self, client: bytes, msg) -> None:
+        """A remote client's message: its requests and their aborts only."""
+        if isinstance(msg, Add) and (rid := msg.request.get("request_id")):
+            self.clients[rid] = client
+            self._handle(msg)
+        elif isinstance(msg, Abort) and self.clients.get(msg.id) == client:
+            self.omni.abort(msg.id)
+
+    def _send(self, rid: str | None, message) -> None:
+        """``message`` of request ``rid`` to its client (a remote one's end also to the engine's own client)."""
+        client = self.clients.get(rid) if rid is not None else None
+        if client is None:
+            self.outbox.send(pack(message))
+            return
+        self.remote.send_multipart([client, pack(message)])
+        if isinstance(message, (Finished, Failed)):
+            del self.clients[rid]
+            self.outbox.send(pack(Ended(rid)))
+
     def _adapter_call(self, msg: AdapterCall) -> None:
         """Load or unload an adapter between steps (an unloaded one's requests finish with it)."""
         try:
@@ -140,12 +175,12 @@ class _EngineLoop:
             while req.events:
                 event = req.events.popleft()
                 if event.kind in ("text", "audio"):
-                    self.outbox.send(pack(Delta(rid, event.kind, event.data, self._timing(rid))))
+                    self._send(rid, Delta(rid, event.kind, event.data, self._timing(rid)))
                 elif event.kind == "error":
                     self._send_error(rid, event.data)
                     self._forget(rid)
                 elif event.kind == "finished":
-                    self.outbox.send(pack(Finished(rid, self._output(req))))
+                    self._send(rid, Finished(rid, self._output(req)))
                     self._forget(rid)
                     break
 
@@ -160,6 +195,7 @@ class _EngineLoop:
     def _forget(self, rid: str) -> None:
         del self.active[rid]
         self.arrivals.pop(rid, None)
+        self.clients.pop(rid, None)
 
     def _output(self, req: EngineRequest) -> dict:
         """The request's output, with its logprob tokens as text."""
@@ -175,4 +211,4 @@ class _EngineLoop:
     def _send_error(self, rid: str | None, error: BaseException) -> None:
         bad_request = isinstance(error, InvalidRequestError)
         param = error.param if bad_request else None
-        self.outbox.send(pack(Failed(rid, str(error), type(error).__name__, bad_request, param)))
+        self._send(rid, Failed(rid, str(error), type(error).__name__, bad_request, param))

@@ -1,11 +1,14 @@
 """The messages between the HTTP process and the engine process, and their msgpack framing.
 
     HTTP -> engine   Add(request, sent_at) | Abort(id) | Shutdown() | AdapterCall(id, action, name, path)
-    engine -> HTTP   Ready(info, adapters) once the model is loaded (Fatal(error) if it fails to), then per
-                     request Delta(id, "text" | "audio", data, timing on the first)..., and Finished(id, output) or
-                     Failed(id, error, error_type, bad_request, param); Stats(data) now and then; AdapterReply(id,
-                     adapters, error, ...) per AdapterCall; Fatal(error) before the process exits on a fault
-                     outside any request
+    engine -> HTTP   Ready(info, adapters, endpoint) once the model is loaded (Fatal(error) if it fails to), then
+                     per request Delta(id, "text" | "audio", data, timing on the first)..., and Finished(id, output)
+                     or Failed(id, error, error_type, bad_request, param); Stats(data) now and then;
+                     AdapterReply(id, adapters, error, ...) per AdapterCall; Fatal(error) before the process exits
+                     on a fault outside any request
+
+A remote client (a Ray ingress, ``serve/ray/``) sends Add and Abort to the engine's ``endpoint`` and gets
+its requests' Deltas and Finished or Failed there; the engine's own client then gets Ended(id) for each.
 
 A request and an output are plain dicts (``omni.py``'s request keys, ``RequestOutput``'s fields);
 numpy arrays and torch tensors in them (media inputs, audio chunks, codes) travel as raw bytes
@@ -44,6 +47,7 @@ class Shutdown:
 class Ready:
     info: dict  # ``ModelInfo`` fields
     adapters: list[str] = field(default_factory=list)  # the LoRA adapters requests may name as their model
+    endpoint: str | None = None  # where remote clients connect (the engine's ``data_host``), if it listens
 
 
 @dataclass
@@ -97,13 +101,20 @@ class Fatal:
 
 
 @dataclass
+class Ended:
+    """A remote client's request finished or failed (sent to the engine's own client)."""
+
+    id: str
+
+
+@dataclass
 class Stats:
     data: dict  # ``Engine.stats()``
 
 
 MESSAGES = {
     cls.__name__: cls
-    for cls in (Add, Abort, Shutdown, Ready, Delta, Finished, Failed, Fatal, Stats, AdapterCall, AdapterReply)
+    for cls in (Add, Abort, Shutdown, Ready, Delta, Finished, Failed, Ended, Fatal, Stats, AdapterCall, AdapterReply)
 }
 
 

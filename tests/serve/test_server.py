@@ -18,11 +18,13 @@ import numpy as np
 import openai
 import pytest
 import soundfile
+import zmq
+import zmq.asyncio
 from helpers.live_server import launch, png_data_url, server
 from helpers.qwen3_omni import AUDIO, IMAGE, alone, checkpoint, wav_data_url, workload
 
 from omniwalk.serve.engine_client import EngineClient, EngineRequestError
-from omniwalk.serve.wire import Finished
+from omniwalk.serve.wire import Abort, Add, Failed, Finished, pack, unpack
 
 SPEECH = {"talker_temperature": 0.0, "code_predictor_temperature": 0.0, "min_audio_frames": 12, "max_audio_frames": 12}
 GREEDY = {"temperature": 0.0, **SPEECH}
@@ -349,3 +351,53 @@ def test_engine_process_matches_in_process_runs_alone():
     assert all(isinstance(e, EngineRequestError) and e.bad_request for e in bad)
     assert "unknown content type" in str(bad[0]) and "unknown voice" in str(bad[1])
     assert after["token_ids"] == alone(0).token_ids and alive
+
+
+async def remote_run(dealer, client: EngineClient, request: dict, abort_after: int | None = None) -> list:
+    """``request`` sent by a remote client (``dealer``), followed from the engine's own ``client``: the
+    messages the remote client got (it aborts after ``abort_after`` of them), once ``client`` saw it end."""
+    client.open_remote(request["request_id"])
+    await dealer.send(pack(Add(request)))
+    got = []
+    while not got or not isinstance(got[-1], (Finished, Failed)):
+        got.append(unpack(await asyncio.wait_for(dealer.recv(), 30)))
+        if len(got) == abort_after:
+            await dealer.send(pack(Abort(request["request_id"])))
+    await asyncio.wait_for(client.ended(request["request_id"]), 30)
+    return got
+
+
+async def remote_scenario():
+    client = EngineClient(data_host="127.0.0.1", model=checkpoint("tiny"))
+    ctx = zmq.asyncio.Context()
+    try:
+        await client.start()
+        dealer, other = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
+        for socket in (dealer, other):
+            socket.connect(client.endpoint)
+        request = {**workload()[0], "request_id": "remote"}
+        done = await remote_run(dealer, client, request)
+        unknown = [{"role": "user", "content": [{"type": "file"}]}]
+        bad = await remote_run(dealer, client, {"request_id": "remote-bad", "messages": unknown})
+        long = {**request, "request_id": "remote-long", "max_tokens": 500, "ignore_eos": True}
+        await other.send(pack(Abort("remote-long")))  # (not its request: ignored)
+        aborted = await remote_run(dealer, client, long, abort_after=3)
+        return client.endpoint, done, bad, aborted, client.num_unfinished, await other.poll(200)
+    finally:
+        ctx.destroy(linger=0)
+        client.close()
+
+
+def test_a_remote_client_gets_its_requests_events_and_the_engines_own_client_their_ends():
+    """The engine's ``data_host`` socket (how Ray ingresses reach an engine replica): a remote client's
+    request runs as the owner's would, its events go to that client alone, the owner hears of its end
+    (``ended``), a bad request fails alone, the remote client's Abort stops its own request only."""
+    endpoint, done, bad, aborted, unfinished, other_got = asyncio.run(remote_scenario())
+    assert endpoint.startswith("tcp://127.0.0.1:")
+    ref = alone(0)
+    assert isinstance(done[-1], Finished) and done[-1].output["token_ids"] == ref.token_ids
+    assert "".join(m.data for m in done[:-1] if m.kind == "text") == ref.text
+    assert [type(m) for m in bad] == [Failed] and "unknown content type" in bad[0].error and bad[0].bad_request
+    assert isinstance(aborted[-1], Finished) and aborted[-1].output["finish_reason"] == "abort"
+    assert 3 <= len(aborted) - 1 < 500
+    assert unfinished == 0 and not other_got  # (nothing was sent to the client that sent no request)

@@ -5,15 +5,17 @@ HTTP app (``create_app``) runs unchanged in a Ray Serve ingress replica.
     await engines.start()                          # the model's ModelInfo, from an engine replica
     async for event in engines.generate(request):  # wire.Delta ..., then wire.Finished
 
-A request is one streaming call of ``EngineReplica.generate`` (each item a list of events, see
-``engine.py``), routed by ``router.AffinityRouter`` with the request's affinity key (the caller's:
-a realtime session's id, a chat's prefix digest; else the digest of the engine request's own
-messages). Faults: a replica whose engine process is gone (a ``Gone`` event) or whose actor
-died is avoided from then on; the request is sent again to another replica, for up to
-``ray_retry_timeout_s``, while its client has seen none of its output: a stream (``stream`` set:
-streamed chats, realtime responses) before its first delta, a collected request (a non-streamed
-chat, speech) until its Finished, whose output is all its consumer reads. A stream that had output
-ends with ``EngineUnavailableError`` (the SSE error event, or the realtime error event). Ray
+A request is one streaming call of ``EngineReplica.generate``, routed by ``router.AffinityRouter``
+with the request's affinity key (the caller's: a realtime session's id, a chat's prefix digest; else
+the digest of the engine request's own messages). The call's first item names the replica's engine
+process (``Routed``); the request goes there over ZMQ (one DEALER per engine process, shared by this
+ingress's requests) and its events come back on it; the call's last item is the replica's
+``Report``, taken before the Finished is handed on. Faults: a replica whose engine process is gone (a
+``Gone`` item) or whose actor died is avoided from then on; the request is sent again to another
+replica, for up to ``ray_retry_timeout_s``, while its client has seen none of its output: a stream
+(``stream`` set: streamed chats, realtime responses) before its first delta, a collected request (a
+non-streamed chat, speech) until its Finished, whose output is all its consumer reads. A stream that
+had output ends with ``EngineUnavailableError`` (the SSE error event, or the realtime error event). Ray
 replaces the failed replica (its health check fails); the endpoint stays up, so ``watch`` has
 nothing to do.
 """
@@ -22,16 +24,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 
+import zmq
+import zmq.asyncio
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from omniwalk.config import RayConfig
 from omniwalk.models.family import ModelInfo
 from omniwalk.serve.engine_client import EngineRequestError, EngineUnavailableError
-from omniwalk.serve.ray.engine import Gone, Report
+from omniwalk.serve.ray.engine import Gone, Report, Routed
 from omniwalk.serve.routing import affinity_key
-from omniwalk.serve.wire import Delta, Failed, Finished
+from omniwalk.serve.wire import Abort, Add, Delta, Failed, Finished, pack, unpack
 
 _REPLICA_LOST = (RayActorError, ActorUnavailableError)
 MAX_RETRY_DELAY_S = 1.0
@@ -43,6 +48,29 @@ class _ReplicaGone(Exception):
         self.replica = replica
 
 
+class _Connection:
+    """This ingress's DEALER to one engine process: Add and Abort out, each request's events to its queue."""
+
+    def __init__(self, endpoint: str):
+        self.socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+        self.socket.connect(endpoint)
+        self.queues: dict[str, asyncio.Queue] = {}
+        self.receiver = asyncio.ensure_future(self._receive())
+
+    async def _receive(self) -> None:
+        while True:
+            message = unpack(await self.socket.recv())
+            if (queue := self.queues.get(message.id)) is not None:
+                queue.put_nowait(message)
+
+    def send(self, message) -> None:
+        self.socket.send(pack(message))  # (queued on the connection: never waits)
+
+    def close(self) -> None:
+        self.receiver.cancel()
+        self.socket.close(linger=0)
+
+
 class RayEngines:
     def __init__(self, handle, cfg: RayConfig):
         self.handle, self.cfg = handle, cfg
@@ -52,6 +80,7 @@ class RayEngines:
         self.gone: dict[str, str] = {}  # replica id -> why (ids are not reused: Ray's replacement has a new one)
         self.unavailable: str | None = None  # set by ``fail_all``: every later request fails
         self.num_retries = 0
+        self.connections: dict[str, _Connection] = {}  # engine endpoint -> this ingress's connection
 
     async def start(self) -> None:
         """The model's description, from the first engine replica that is up."""
@@ -77,46 +106,86 @@ class RayEngines:
         """The request's events from one engine replica; sent again elsewhere while its client saw none.
         ``key``: its affinity key (``routing.affinity_key``); None: the digest of its own messages."""
         key = key if key is not None else affinity_key(request)
+        request = {**request, "request_id": request.get("request_id") or uuid.uuid4().hex}
+        rid = request["request_id"]
         deadline, delay = time.monotonic() + self.cfg.ray_retry_timeout_s, 0.05
         while True:
             if self.unavailable:
                 raise EngineUnavailableError(self.unavailable)
-            stream, produced, ended = self.calls.remote(request, key=key, avoid=tuple(self.gone)), False, False
+            stream, produced, ended = self.calls.remote(rid, key=key, avoid=tuple(self.gone)), False, False
+            events: asyncio.Queue = asyncio.Queue()
+            connection = following = routed = None
             try:
-                async for batch in stream:
-                    for event in batch:
-                        if not isinstance(event, (Delta, Finished)):
-                            self._note(event, request)
-                            continue
-                        produced, ended = True, isinstance(event, Finished)  # (its replica's stream ends there)
-                        yield event
-                ended = True
-                return
+                routed = await self._routed(stream)
+                connection = self._connection(routed.endpoint)
+                connection.queues[rid] = events
+                following = asyncio.ensure_future(self._follow(stream, events))
+                connection.send(Add(request))
+                while True:
+                    event = await events.get()
+                    if isinstance(event, BaseException):
+                        raise event
+                    if isinstance(event, (Failed, Finished)):
+                        ended = True
+                        await following  # (the replica's Report: its stats are current when the request ends)
+                    if isinstance(event, Failed):
+                        raise EngineRequestError(event.error, event.error_type, event.bad_request, event.param)
+                    produced = True
+                    yield event
+                    if ended:
+                        return
             except (_ReplicaGone, *_REPLICA_LOST) as e:
                 ended = True
                 reason = str(e).splitlines()[0] if str(e) else type(e).__name__
                 if isinstance(e, _ReplicaGone) and e.replica is not None:
                     self.gone[e.replica] = reason
                     self.reports.pop(e.replica, None)
+                if routed is not None and (lost := self.connections.pop(routed.endpoint, None)) is not None:
+                    lost.close()  # (its other requests hear of it from their own calls)
+                    connection = None
                 if (produced and request.get("stream")) or time.monotonic() > deadline:
                     raise EngineUnavailableError(f"the engine replica failed: {reason}") from None
             except RayTaskError as e:
                 raise EngineRequestError(str(e.cause), type(e.cause).__name__, bad_request=False) from None
             finally:
+                if connection is not None:
+                    connection.queues.pop(rid, None)
                 if not ended:  # (its consumer left early, e.g. a client hung up: stop it, which aborts it there)
+                    if connection is not None:
+                        connection.send(Abort(rid))
                     stream.cancel()
+                if following is not None and not following.done():
+                    following.cancel()
             self.num_retries += 1
             await asyncio.sleep(delay)
             delay = min(2 * delay, MAX_RETRY_DELAY_S)
 
-    def _note(self, event, request: dict) -> None:
-        """A control event of the stream: a report is kept; a failure is raised."""
-        if isinstance(event, Report):
-            self.reports[event.replica] = event.stats
-        elif isinstance(event, Failed):
-            raise EngineRequestError(event.error, event.error_type, event.bad_request, event.param)
-        elif isinstance(event, Gone):
-            raise _ReplicaGone(event.replica, event.reason)
+    async def _routed(self, stream) -> Routed:
+        """The call's first item: the replica's engine, or its failure raised."""
+        async for batch in stream:
+            for item in batch:
+                if isinstance(item, Gone):
+                    raise _ReplicaGone(item.replica, item.reason)
+                if isinstance(item, Routed):
+                    return item
+        raise _ReplicaGone(None, "the engine replica ended the call")
+
+    async def _follow(self, stream, events: asyncio.Queue) -> None:
+        """The rest of the call: a Report is kept; a replica's failure reaches the request's events."""
+        try:
+            async for batch in stream:
+                for item in batch:
+                    if isinstance(item, Report):
+                        self.reports[item.replica] = item.stats
+                    elif isinstance(item, Gone):
+                        events.put_nowait(_ReplicaGone(item.replica, item.reason))
+        except Exception as e:  # noqa: BLE001 - the replica's actor died (or the call failed): the request's
+            events.put_nowait(e)
+
+    def _connection(self, endpoint: str) -> _Connection:
+        if (connection := self.connections.get(endpoint)) is None:
+            connection = self.connections[endpoint] = _Connection(endpoint)
+        return connection
 
     @property
     def stats(self) -> dict[str, dict]:
@@ -127,4 +196,7 @@ class RayEngines:
         return [{"replica": name, "status": "ready"} for name in self.reports]
 
     def close(self) -> None:
-        """(The engine replicas are Ray's: they outlive an ingress replica.)"""
+        """This ingress's connections (the engine replicas are Ray's: they outlive an ingress replica)."""
+        for connection in self.connections.values():
+            connection.close()
+        self.connections.clear()

@@ -1,21 +1,23 @@
 """The engine replica: one omniwalk engine process behind a Ray Serve deployment.
 
-    EngineReplica(options)          starts the engine process (``EngineClient``), waits for its model
-    generate(request) -> stream     each item a list of the request's events that were ready together
+    EngineReplica(options)          starts the engine process (``EngineClient``, listening on this node's
+                                    address for remote clients), waits for its model
+    generate(request_id) -> stream  [Routed(replica, endpoint)] at once; [Report(...)] when the request,
+                                    sent by the ingress straight to the engine, has ended
     info() / stats()                the model's ``ModelInfo``; this replica's stats
     check_health()                  raises once the engine process is gone: Ray replaces the replica
 
 Its stats are also Ray metrics, ``ray_omniwalk_engine{replica, stage, quantity}`` beside Ray Serve's own.
 
-Events travel as ``wire`` dataclasses. Coalescing: an item carries every event of the request that is
-waiting when the previous item was taken: one engine step's deltas, or more when the consumer is
-slower. (A request's step often has one delta, its token: then an item is a token; docs/deploy.md
-measures what an item costs.) The engine's own outcomes
-are items too, never exceptions across Ray: a request the engine refused is a ``Failed`` event; an
-engine process that is gone ends the stream with a ``Gone`` event naming this replica (the ingress
-retries a request that had no output yet elsewhere). A finished request's last item carries this
-replica's ``Report`` (its id and stats) just before the Finished: that is how the ingress sees every
-replica's stats without a call of its own.
+The handle call routes and accounts; it does not carry the request's events. Ray Serve's router
+chooses the replica, counts the call as one of its ongoing requests (what ``max_ongoing_requests``,
+autoscaling and a drain read) until the request ends, and cancels it when its caller does. The
+request itself and its events go between the ingress and the engine process over ZMQ (the Routed
+item's ``endpoint``): a streamed item costs each process on its way a millisecond of CPU (docs/
+deploy.md), a ZMQ message tens of microseconds. The engine's own outcomes are items too, never
+exceptions across Ray: an engine process that is gone ends the call with a ``Gone`` item naming
+this replica (the ingress retries a request that had no output yet elsewhere); a call cancelled
+before its request ended aborts it in the engine.
 """
 
 from __future__ import annotations
@@ -25,8 +27,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from omniwalk.models.family import ModelInfo
-from omniwalk.serve.engine_client import EngineClient, EngineRequestError, EngineUnavailableError
-from omniwalk.serve.wire import Delta, Failed, Finished
+from omniwalk.serve.engine_client import EngineClient, EngineUnavailableError
 
 EXPORT_INTERVAL_S = 1.0  # how often the stats are handed to Ray's metrics (which exports them on its own period)
 
@@ -40,8 +41,16 @@ class Gone:
 
 
 @dataclass
+class Routed:
+    """The replica that took the call, and where its engine process takes the request."""
+
+    replica: str
+    endpoint: str
+
+
+@dataclass
 class Report:
-    """A replica's id and its stats (``EngineClient.stats`` plus its own counts), after a Finished."""
+    """A replica's id and its stats (``EngineClient.stats`` plus its own counts), once its request ended."""
 
     replica: str
     stats: dict
@@ -51,10 +60,11 @@ class EngineReplica:
     """The user class of the engine deployment (``app.py`` wraps it with ``serve.deployment``)."""
 
     async def __init__(self, options: dict):
+        import ray
         from ray import serve
 
         self.replica = serve.get_replica_context().replica_id.unique_id
-        self.client = EngineClient(**options)
+        self.client = EngineClient(data_host=ray.util.get_node_ip_address(), **options)
         self.num_served = 0
         await self.client.start()
         self.client.watch(lambda reason: None)  # (fails requests in flight at once; check_health reports it)
@@ -83,52 +93,24 @@ class EngineReplica:
         if self.client.unavailable or not self.client.is_alive:
             raise RuntimeError(f"engine replica {self.replica}: {self.client.unavailable or 'engine process exited'}")
 
-    async def generate(self, request: dict, key: str | None = None, avoid: tuple = ()) -> AsyncIterator[list]:
-        """The request's events, coalesced (``key`` and ``avoid`` are for the request router only)."""
-        if self.client.unavailable:
-            yield [Gone(self.replica, self.client.unavailable)]
+    async def generate(self, request_id: str, key: str | None = None, avoid: tuple = ()) -> AsyncIterator[list]:
+        """Follow request ``request_id`` while the ingress runs it on this replica's engine (``key`` and
+        ``avoid`` are for the request router only)."""
+        try:
+            self.client.open_remote(request_id)
+        except EngineUnavailableError as e:
+            yield [Gone(self.replica, str(e))]
             return
         self.num_served += 1
-        async for batch in coalesced(self.client.generate(request)):
-            last = batch[-1]
-            if isinstance(last, EngineRequestError):
-                batch[-1] = Failed(request.get("request_id"), str(last), last.error_type, last.bad_request, last.param)
-            elif isinstance(last, EngineUnavailableError):
-                batch[-1] = Gone(self.replica, str(last))
-            elif isinstance(last, Exception):
-                raise last
-            elif isinstance(last, Finished):  # (before it: a consumer stops reading at the Finished)
-                batch.insert(len(batch) - 1, Report(self.replica, self.stats()))
-            yield batch
+        yield [Routed(self.replica, self.client.endpoint)]
+        try:
+            await self.client.ended(request_id)
+        except EngineUnavailableError as e:
+            yield [Gone(self.replica, str(e))]
+            return
+        yield [Report(self.replica, self.stats())]
 
     def __del__(self):
         client = getattr(self, "client", None)
         if client is not None:
             client.close()
-
-
-async def coalesced(events: AsyncIterator[Delta | Finished]) -> AsyncIterator[list]:
-    """``events`` in lists: each one everything that arrived while the previous list was being taken.
-    An exception ends the stream as the last element of the last list. Closing this generator closes
-    ``events`` (which aborts the request in the engine)."""
-    ready: asyncio.Queue = asyncio.Queue()
-
-    async def pump() -> None:
-        try:
-            async for event in events:
-                ready.put_nowait(event)
-        except Exception as e:  # noqa: BLE001 - handed to the consumer, in order
-            ready.put_nowait(e)
-
-    pumping = asyncio.ensure_future(pump())
-    try:
-        while True:
-            batch = [await ready.get()]
-            while not ready.empty():
-                batch.append(ready.get_nowait())
-            yield batch
-            if isinstance(batch[-1], (Finished, Exception)):
-                return
-    finally:
-        pumping.cancel()
-        await asyncio.gather(pumping, return_exceptions=True)
