@@ -82,9 +82,9 @@ async def run_cell(base: str, concurrency: int, num_requests: int, tokens: int) 
         return records, time.perf_counter() - start
 
 
-def cpu_s(pid: int) -> float:
-    times = psutil.Process(pid).cpu_times()
-    return times.user + times.system  # (the process alone: its engine process is a child, not counted)
+def cpu_s(pids: int | tuple[int, ...]) -> float:
+    """CPU seconds of the processes alone (an engine process is a child, not counted)."""
+    return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in (pids if isinstance(pids, tuple) else (pids,)))
 
 
 def measure(base: str, pids: dict[str, int], concurrency: int, args) -> dict:
@@ -154,6 +154,8 @@ def start_ray(args) -> tuple[str, dict[str, int], float]:
         for name, suffix in (("ingress", ":ingress"), ("engine_actor", ":engine"), ("proxy", "ProxyActor")):
             if actor.class_name.endswith(suffix):
                 pids[name] = actor.pid
+    if haproxy := tuple(p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "haproxy"):
+        pids["haproxy"] = haproxy  # (Ray's HAProxy ingress, RAY_SERVE_ENABLE_HA_PROXY=1, in front of its proxy)
     return base, pids, time.perf_counter() - start
 
 
@@ -224,6 +226,7 @@ def main() -> None:
                     "throughput_ratio": ray_row["tokens_per_s"] / base_row["tokens_per_s"],
                     "ingress_cpu_ms_per_token": ray_row["cpu_ms_per_token_ingress"],
                     "proxy_cpu_ms_per_token": ray_row["cpu_ms_per_token_proxy"],
+                    "haproxy_cpu_ms_per_token": ray_row.get("cpu_ms_per_token_haproxy"),
                     "engine_actor_cpu_ms_per_token": ray_row["cpu_ms_per_token_engine_actor"],
                     "plain_http_cpu_ms_per_token": base_row["cpu_ms_per_token_http"],
                 }
@@ -232,16 +235,17 @@ def main() -> None:
     data |= {"ray_up_s": up_s}
     data |= {"python": platform.python_version(), **rows, "added": added}
     headers = ["path", "c", "added p50 ms", "added TTFT p50 ms", "throughput ratio", "ingress CPU ms/token"]
-    headers += ["proxy CPU ms/token", "engine actor CPU ms/token", "plain HTTP CPU ms/token"]
+    headers += ["proxy CPU ms/token", "HAProxy CPU ms/token", "engine actor CPU ms/token", "plain HTTP CPU ms/token"]
     table = [
         [
             a["path"],
-            a["concurrency"],
+            int(a["concurrency"]),
             f"{a['added_p50_ms']:.1f}",
             f"{a['added_ttft_p50_ms']:.1f}",
             f"{a['throughput_ratio']:.2f}",
             f"{a['ingress_cpu_ms_per_token']:.3f}",
             f"{a['proxy_cpu_ms_per_token']:.3f}",
+            "-" if a["haproxy_cpu_ms_per_token"] is None else f"{a['haproxy_cpu_ms_per_token']:.3f}",
             f"{a['engine_actor_cpu_ms_per_token']:.3f}",
             f"{a['plain_http_cpu_ms_per_token']:.3f}",
         ]
