@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from helpers import qwen3_omni
 from helpers.hf_oracle import TEST_ROOT, write_config
 from helpers.qwen3_omni import assert_idle
 
 from omniwalk import Omni
-from omniwalk.media.mel import log_mel
 from omniwalk.models.common.checkpoint.loader import randomize
 from omniwalk.models.qwen2_5_omni.checkpoint.tiny import make_tiny_checkpoint
 from omniwalk.models.qwen2_5_omni.processing.media_inputs import vision_pixels
@@ -91,23 +91,7 @@ def hf(name: str):
 
 def hf_inputs(prompt, use_audio_in_video: bool) -> dict:
     """HF thinker inputs for our prompt: the same ids and the same preprocessed media."""
-    items = prompt.items
-    ids = torch.tensor([prompt.token_ids])
-    out = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "use_audio_in_video": use_audio_in_video}
-    waves = [i.data["audio"] for i in items if i.kind == "audio" or (use_audio_in_video and i.num_audio_tokens)]
-    if waves:
-        features, frames = log_mel([torch.from_numpy(w) for w in waves], zero_tail=True)
-        out["input_features"] = features
-        out["feature_attention_mask"] = (torch.arange(features.shape[-1])[None] < frames[:, None]).long()
-    kinds = (("image", "pixel_values", "image_grid_thw"), ("video", "pixel_values_videos", "video_grid_thw"))
-    for kind, pixels, grid in kinds:
-        chosen = [i for i in items if i.kind == kind]
-        if chosen:
-            out[pixels] = torch.cat([vision_pixels(i, "cpu") for i in chosen])
-            out[grid] = torch.tensor([i.grid_thw for i in chosen])
-    if any(i.kind == "video" for i in items):
-        out["video_second_per_grid"] = torch.tensor([i.seconds_per_grid for i in items if i.kind == "video"])
-    return out
+    return qwen3_omni.hf_inputs(prompt, use_audio_in_video, pixels=vision_pixels, zero_tail=True)
 
 
 PATHS = ("t2t", "s2t", "i2t", "v2t", "si2t", "av2t")

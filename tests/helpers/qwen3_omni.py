@@ -133,22 +133,24 @@ REQUESTS = {
 }
 
 
-def hf_inputs(prompt, use_audio_in_video):
+def hf_inputs(prompt, use_audio_in_video: bool, pixels=vision_pixels, zero_tail: bool = False) -> dict:
+    """HF thinker inputs for our prompt: the same ids and the same preprocessed media (``pixels`` and
+    ``zero_tail``: the family's ``vision_pixels`` and ``log_mel`` option; Qwen3-Omni's by default)."""
     items = prompt.items
     ids = torch.tensor([prompt.token_ids])
     out = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "use_audio_in_video": use_audio_in_video}
     waves = [i.data["audio"] for i in items if i.kind == "audio" or (use_audio_in_video and i.num_audio_tokens)]
     if waves:
-        features, frames = log_mel([torch.from_numpy(w) for w in waves])
+        features, frames = log_mel([torch.from_numpy(w) for w in waves], zero_tail=zero_tail)
         out["input_features"] = features
         out["feature_attention_mask"] = (torch.arange(features.shape[-1])[None] < frames[:, None]).long()
-    for kind, pixels, grid in (
+    for kind, key, grid in (
         ("image", "pixel_values", "image_grid_thw"),
         ("video", "pixel_values_videos", "video_grid_thw"),
     ):
         chosen = [i for i in items if i.kind == kind]
         if chosen:
-            out[pixels] = torch.cat([vision_pixels(i, "cpu") for i in chosen])
+            out[key] = torch.cat([pixels(i, "cpu") for i in chosen])
             out[grid] = torch.tensor([i.grid_thw for i in chosen])
     if any(i.kind == "video" for i in items):
         out["video_second_per_grid"] = torch.tensor([i.seconds_per_grid for i in items if i.kind == "video"])
