@@ -176,6 +176,34 @@ def greedy_speech(messages, voice="ethan", **extra):
     }
 
 
+@torch.no_grad()
+def hf_speech(model, inputs: dict, voice: str) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """HF's greedy speech as :func:`greedy_speech` asks ours (``TEXT_TOKENS`` thinker tokens, ``FRAMES``
+    frames) -> (generated ids, codes [F, G], waveform)."""
+    captured = {}
+    decode = model.code2wav.chunked_decode
+
+    def keep(codes, **kwargs):
+        captured["codes"] = codes[0].T.clone()
+        return decode(codes, **kwargs)
+
+    model.code2wav.chunked_decode = keep
+    try:
+        seq, wav = model.generate(
+            **inputs,
+            speaker=voice,
+            thinker_max_new_tokens=TEXT_TOKENS,
+            thinker_min_new_tokens=TEXT_TOKENS,
+            thinker_do_sample=False,
+            talker_do_sample=False,
+            talker_max_new_tokens=FRAMES + 1,  # the last group-0 code never gets its residual codes
+            talker_min_new_tokens=FRAMES + 1,
+        )
+    finally:
+        del model.code2wav.chunked_decode
+    return seq[0, inputs["input_ids"].shape[1] :].tolist(), captured["codes"], wav.reshape(-1)
+
+
 PATHS = ("t2t", "s2t", "i2t", "v2t", "t2s", "s2s", "i2s", "v2s", "si2s")
 
 

@@ -116,28 +116,8 @@ def speech_qwen3(served: Served) -> dict:
 
 def hf_speech_qwen3(served: Served, prompt) -> tuple[list[int], torch.Tensor]:
     """HF's greedy speech with the active adapter -> (thinker ids, talker codes [frames, groups])."""
-    whole, captured = served.whole, {}
-    decode = whole.code2wav.chunked_decode
-
-    def keep(codes, **kwargs):
-        captured["codes"] = codes[0].T.clone()
-        return decode(codes, **kwargs)
-
-    whole.code2wav.chunked_decode = keep
-    try:
-        seq, _ = whole.generate(
-            **qwen3_omni.hf_inputs(prompt, False),
-            speaker="ethan",
-            thinker_max_new_tokens=qwen3_omni.TEXT_TOKENS,
-            thinker_min_new_tokens=qwen3_omni.TEXT_TOKENS,
-            thinker_do_sample=False,
-            talker_do_sample=False,
-            talker_max_new_tokens=qwen3_omni.FRAMES + 1,  # the last group-0 code never gets its residual codes
-            talker_min_new_tokens=qwen3_omni.FRAMES + 1,
-        )
-    finally:
-        del whole.code2wav.chunked_decode
-    return seq[0, len(prompt.token_ids) :].tolist(), captured["codes"]
+    ids, codes, _ = qwen3_omni.hf_speech(served.whole, qwen3_omni.hf_inputs(prompt, False), "ethan")
+    return ids, codes
 
 
 CODES = 24

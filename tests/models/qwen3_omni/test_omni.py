@@ -36,11 +36,11 @@ from helpers.qwen3_omni import (
     IMAGE,
     MESSAGES,
     REQUESTS,
-    TEXT_TOKENS,
     checkpoint,
     greedy,
     greedy_speech,
     hf_inputs,
+    hf_speech,
     make_audio_like_,
     omni,
     wav_data_url,
@@ -249,31 +249,9 @@ def hf_speaking(name: str):
     return model
 
 
-@torch.no_grad()
 def run_hf(name: str, inputs: dict, voice: str):
     """HF greedy speech -> (generated ids, codes [F, G], waveform)."""
-    model, captured = hf_speaking(name), {}
-    decode = model.code2wav.chunked_decode
-
-    def keep(codes, **kwargs):
-        captured["codes"] = codes[0].T.clone()
-        return decode(codes, **kwargs)
-
-    model.code2wav.chunked_decode = keep
-    try:
-        seq, wav = model.generate(
-            **inputs,
-            speaker=voice,
-            thinker_max_new_tokens=TEXT_TOKENS,
-            thinker_min_new_tokens=TEXT_TOKENS,
-            thinker_do_sample=False,
-            talker_do_sample=False,
-            talker_max_new_tokens=FRAMES + 1,  # the last group-0 code never gets its residual codes
-            talker_min_new_tokens=FRAMES + 1,
-        )
-    finally:
-        del model.code2wav.chunked_decode
-    return seq[0, inputs["input_ids"].shape[1] :].tolist(), captured["codes"], wav.reshape(-1)
+    return hf_speech(hf_speaking(name), inputs, voice)
 
 
 SPEECH_CASES = [
