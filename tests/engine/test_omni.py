@@ -13,10 +13,12 @@ from helpers.qwen3_omni import (
     PATHS,
     alone,
     assert_idle,
+    assert_only_aborted,
     assert_only_failed,
     assert_same,
     checkpoint,
     make_request,
+    run_aborting,
     run_failing,
     run_staggered,
     walk_omni,
@@ -48,20 +50,8 @@ def test_abort_a_third_leaves_the_rest_unchanged_and_frees_everything():
     o = walk_omni()
     rng = random.Random(0)
     abort_at = {f"r{i}": rng.randint(1, 12) for i in rng.sample(range(24), 8)}
-    aborted = set()
-
-    def maybe_abort(o, step, reqs):
-        for rid, at in abort_at.items():
-            if rid in reqs and rid not in aborted and step >= 2 * int(rid[1:]) + at:
-                aborted.add(rid) if o.abort(rid) else None
-
-    outs = run_staggered(o, workload(), on_step=maybe_abort)
-    for i, request in enumerate(workload()):
-        rid = request["request_id"]
-        if rid in aborted:
-            assert outs[rid].finish_reason == "abort"
-        else:
-            assert_same(outs[rid], alone(i))
+    outs, aborted = run_aborting(o, workload(), abort_at)
+    assert_only_aborted(outs, aborted, workload(), alone, assert_same)
     assert aborted and len(aborted) >= 6
     assert_idle(o)
 

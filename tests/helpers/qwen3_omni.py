@@ -294,6 +294,29 @@ def assert_only_failed(outs: dict, failed: str, requests: list[dict], alone, sam
             same(outs[request["request_id"]], alone(i))
 
 
+def run_aborting(o: Omni, requests: list[dict], abort_at: dict[str, int]) -> tuple[dict, set]:
+    """``run_staggered`` (a request every 2 steps) aborting request ``r<i>`` from ``at`` steps after it
+    arrives (``abort_at``: id -> at) while it runs -> (the outputs by request id, the ids aborted)."""
+    aborted = set()
+
+    def maybe_abort(o, step, reqs):
+        for rid, at in abort_at.items():
+            if rid in reqs and rid not in aborted and step >= 2 * int(rid[1:]) + at:
+                aborted.add(rid) if o.abort(rid) else None
+
+    return run_staggered(o, requests, on_step=maybe_abort), aborted
+
+
+def assert_only_aborted(outs: dict, aborted: set, requests: list[dict], alone, same) -> None:
+    """Each aborted request ended "abort"; every other output ``same`` as alone."""
+    for i, request in enumerate(requests):
+        rid = request["request_id"]
+        if rid in aborted:
+            assert outs[rid].finish_reason == "abort"
+        else:
+            same(outs[rid], alone(i))
+
+
 def assert_same(out, ref, exact_audio: bool = False):
     """Ids, text and codes identical; audio bit for bit when the vocoder decoded every stream alone
     (``vocoder_max_batch=1``), else to float rounding (convolutions round differently per batch size)."""

@@ -23,7 +23,7 @@ import random
 import pytest
 import torch
 from helpers.qwen2_5_omni import PATHS, alone, assert_free, assert_same, checkpoint, make_request, walk_omni, workload
-from helpers.qwen3_omni import assert_only_failed, run_failing, run_staggered
+from helpers.qwen3_omni import assert_only_aborted, assert_only_failed, run_aborting, run_failing, run_staggered
 from helpers.replay import EagerReplay, ReplayOnCPU
 
 from omniwalk import Omni
@@ -56,20 +56,8 @@ def test_abort_a_third_leaves_the_rest_unchanged_and_frees_everything():
     o = walk_omni()
     rng = random.Random(0)
     abort_at = {f"r{i}": rng.randint(1, 8) for i in rng.sample(range(18), 6)}
-    aborted = set()
-
-    def maybe_abort(o, step, reqs):
-        for rid, at in abort_at.items():
-            if rid in reqs and rid not in aborted and step >= 2 * int(rid[1:]) + at:
-                aborted.add(rid) if o.abort(rid) else None
-
-    outs = run_staggered(o, workload(), on_step=maybe_abort)
-    for i, request in enumerate(workload()):
-        rid = request["request_id"]
-        if rid in aborted:
-            assert outs[rid].finish_reason == "abort"
-        else:
-            assert_same(outs[rid], alone(i))
+    outs, aborted = run_aborting(o, workload(), abort_at)
+    assert_only_aborted(outs, aborted, workload(), alone, assert_same)
     assert len(aborted) >= 4
     assert_free(o)
 
