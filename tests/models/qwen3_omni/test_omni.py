@@ -392,29 +392,42 @@ class ForcedSampler:
         return torch.tensor([self.codes[len(self.logits) - 1]], device=logits.device)
 
 
-def _talker_pair(kernels: str):
+def _bf16_pair(part: str, hf_class: str, make_ours, seed: int, prepare, kernels: str):
+    """HF's ``part`` of the real config and ours in bf16 on CUDA -> (hf, ours): HF's weights random
+    (``randomize_`` with ``seed``, then ``prepare(hf)``), ours loaded from them and set to ``kernels``."""
     from transformers import Qwen3OmniMoeConfig
-    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeTalkerForConditionalGeneration
+    from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe
 
     data = real_config_dict()
-    hf_cfg = Qwen3OmniMoeConfig(**data).talker_config
+    hf_cfg = getattr(Qwen3OmniMoeConfig(**data), f"{part}_config")
     hf_cfg._attn_implementation = "sdpa"
     with torch.device("cuda"):
-        hf = Qwen3OmniMoeTalkerForConditionalGeneration._from_config(hf_cfg, dtype=BF16).eval()
-        ours = Talker(Qwen3OmniConfig.from_hf(data).talker, "fused" if kernels == "fused" else "reference")
-        ours = ours.to(BF16).eval()
-    randomize_(hf, seed=0)
-    with torch.no_grad():
-        for model in (hf.model, hf.code_predictor.model):
-            branch_scale = (2 * len(model.layers)) ** -0.5
-            for name, p in model.named_parameters():
-                if name.endswith(("o_proj.weight", "down_proj.weight", "experts.down_proj")):
-                    p.mul_(branch_scale)
-        for layer in hf.model.layers:  # wider router margins: bf16 rounding must not flip the 6th/7th expert
-            layer.mlp.gate.weight.mul_(4)
+        hf = getattr(modeling_qwen3_omni_moe, hf_class)._from_config(hf_cfg, dtype=BF16).eval()
+        ours = make_ours(getattr(Qwen3OmniConfig.from_hf(data), part)).to(BF16).eval()
+    randomize_(hf, seed=seed)
+    prepare(hf)
     ours.load_state_dict(hf.state_dict())
     use_kernels(ours, kernels)
     return hf, ours
+
+
+@torch.no_grad()
+def _scale_like_trained(hf) -> None:
+    """Residual-branch outputs scaled by 1/sqrt(2·layers); router margins widened."""
+    for model in (hf.model, hf.code_predictor.model):
+        branch_scale = (2 * len(model.layers)) ** -0.5
+        for name, p in model.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight", "experts.down_proj")):
+                p.mul_(branch_scale)
+    for layer in hf.model.layers:  # wider router margins: bf16 rounding must not flip the 6th/7th expert
+        layer.mlp.gate.weight.mul_(4)
+
+
+def _talker_pair(kernels: str):
+    def talker(cfg):
+        return Talker(cfg, "fused" if kernels == "fused" else "reference")
+
+    return _bf16_pair("talker", "Qwen3OmniMoeTalkerForConditionalGeneration", talker, 0, _scale_like_trained, kernels)
 
 
 @pytest.mark.gpu
@@ -467,22 +480,13 @@ def test_full_size_talker_step_bf16_matches_hf(kernels):
     )
 
 
-def _code2wav_pair(kernels: str):
-    from transformers import Qwen3OmniMoeConfig
-    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
-
-    data = real_config_dict()
-    hf_cfg = Qwen3OmniMoeConfig(**data).code2wav_config
-    hf_cfg._attn_implementation = "sdpa"
-    with torch.device("cuda"):
-        hf = Qwen3OmniMoeCode2Wav._from_config(hf_cfg, dtype=BF16).eval()
-        ours = Code2Wav(Qwen3OmniConfig.from_hf(data).code2wav).to(BF16).eval()
-    randomize_(hf, seed=2)
-    codes = torch.randint(0, 2048, (1, hf_cfg.num_quantizers, 40), generator=torch.Generator().manual_seed(0))
+def _audio_like(hf) -> None:
+    codes = torch.randint(0, 2048, (1, hf.config.num_quantizers, 40), generator=torch.Generator().manual_seed(0))
     make_audio_like_(hf, codes.cuda())
-    ours.load_state_dict(hf.state_dict())
-    use_kernels(ours, kernels)
-    return hf, ours
+
+
+def _code2wav_pair(kernels: str):
+    return _bf16_pair("code2wav", "Qwen3OmniMoeCode2Wav", Code2Wav, 2, _audio_like, kernels)
 
 
 @pytest.mark.gpu
