@@ -20,12 +20,14 @@ import httpx
 import openai
 import pytest
 import ray
+from helpers.hf_oracle import AdapterSpec, peft_model
 from helpers.live_server import engine_pids, free_port, until
 from helpers.qwen3_omni import checkpoint
 from ray import serve
 from ray.cluster_utils import Cluster
 from ray.util.state import list_actors
 
+from omniwalk import Omni
 from omniwalk.config import RayConfig, ServerConfig
 from omniwalk.media.limits import MediaLimits
 from omniwalk.serve.ray.app import application
@@ -36,6 +38,15 @@ GREEDY = {"temperature": 0.0, "max_tokens": 4}
 
 def options(**extra) -> dict:
     return {"model": checkpoint("tiny"), **extra}
+
+
+@pytest.fixture(scope="module")
+def adapter() -> str:
+    """A LoRA adapter of the tiny model, written by PEFT: ``a0=PATH``, what ``--lora`` takes."""
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    hf = Qwen3OmniMoeForConditionalGeneration.from_pretrained(checkpoint("tiny"))
+    return f"a0={peft_model(hf, {'a0': AdapterSpec(8, 16)}, seed=3)[1]['a0']}"
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +62,8 @@ def cluster():
     cluster.shutdown()
 
 
-def deploy(base: str, server: ServerConfig, cfg: RayConfig) -> None:
-    serve.run(application(server, MediaLimits(), options(), cfg), name="omniwalk", route_prefix="/")
+def deploy(base: str, server: ServerConfig, cfg: RayConfig, **extra) -> None:
+    serve.run(application(server, MediaLimits(), options(**extra), cfg), name="omniwalk", route_prefix="/")
     deadline = time.monotonic() + 120
     while httpx.get(f"{base}/health", timeout=10).status_code != 200:
         assert time.monotonic() < deadline, "the ingress did not become ready"
@@ -60,9 +71,9 @@ def deploy(base: str, server: ServerConfig, cfg: RayConfig) -> None:
 
 
 @pytest.fixture(scope="module")
-def base_url(cluster):
+def base_url(cluster, adapter):
     cfg = RayConfig(ray_engine_num_cpus=ENGINE_CPUS, ray_ingress_num_cpus=0.1)
-    deploy(cluster, ServerConfig(data_parallel=2, shutdown_grace_s=2), cfg)
+    deploy(cluster, ServerConfig(data_parallel=2, shutdown_grace_s=2), cfg, loras=(adapter,))
     return cluster
 
 
@@ -106,6 +117,24 @@ def test_two_engine_replicas_on_two_nodes_serve_chat_speech_and_realtime(client,
     audio = b"".join(base64.b64decode(_audio_data(c)) for c in stream if _audio_data(c))
     assert len(audio) > 0
     assert _realtime_turn(base_url) == 3
+
+
+def test_the_engine_replicas_serve_the_adapters_given_at_start(client, adapter):
+    """``--lora`` through Ray: listed with its parent, and a chat naming it answers as the engine does with it."""
+    assert {m.id: getattr(m, "parent", None) for m in client.models.list().data}["a0"] == "qwen3-omni"
+    messages = [{"role": "user", "content": "what is the weather like?"}]
+    answers = {
+        model: client.chat.completions.create(model=model, messages=messages, **{**GREEDY, "max_tokens": 8})
+        for model in ("qwen3-omni", "a0")
+    }
+    assert answers["a0"].model == "a0"
+    offline = Omni(model=checkpoint("tiny"), loras=(adapter,))
+    expected = {
+        name: offline.generate({"messages": messages, "max_tokens": 8, "temperature": 0.0, "lora": name}).text
+        for name in (None, "a0")
+    }
+    assert answers["a0"].choices[0].message.content == expected["a0"] != expected[None]
+    assert answers["qwen3-omni"].choices[0].message.content == expected[None]
 
 
 def _audio_data(chunk) -> str | None:

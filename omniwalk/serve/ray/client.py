@@ -2,7 +2,7 @@
 HTTP app (``create_app``) runs unchanged in a Ray Serve ingress replica.
 
     engines = RayEngines(handle, ray_cfg)
-    await engines.start()                          # the model's ModelInfo, from an engine replica
+    await engines.start()                          # the model's ModelInfo and adapters, from an engine replica
     async for event in engines.generate(request):  # wire.Delta ..., then wire.Finished
 
 A request is one streaming call of ``EngineReplica.generate``, routed by ``router.AffinityRouter``
@@ -76,6 +76,7 @@ class RayEngines:
         self.handle, self.cfg = handle, cfg
         self.calls = handle.options(stream=True).generate
         self.info: ModelInfo | None = None
+        self._adapters: tuple[str, ...] = ()
         self.reports: dict[str, dict] = {}  # replica id -> its latest stats (``Report``)
         self.gone: dict[str, str] = {}  # replica id -> why (ids are not reused: Ray's replacement has a new one)
         self.unavailable: str | None = None  # set by ``fail_all``: every later request fails
@@ -83,8 +84,10 @@ class RayEngines:
         self.connections: dict[str, _Connection] = {}  # engine endpoint -> this ingress's connection
 
     async def start(self) -> None:
-        """The model's description, from the first engine replica that is up."""
+        """The model's description and its LoRA adapters, from the first engine replica that is up (every
+        replica loads the same: the application's ``loras``)."""
         self.info = await self.handle.info.remote()
+        self._adapters = tuple(await self.handle.adapters.remote())
 
     def watch(self, on_all_dead: Callable[[str], None]) -> None:
         """(Ray replaces a failed engine replica: the ingress never exits for one.)"""
@@ -94,12 +97,13 @@ class RayEngines:
 
     @property
     def adapters(self) -> tuple[str, ...]:
-        """LoRA adapters are not served through Ray yet (requests naming one get a 404 ``model_not_found``)."""
-        return ()
+        """The LoRA adapters the engine replicas loaded at start (``--lora``)."""
+        return self._adapters
 
     async def adapter_call(self, action: str, name: str, path: str | None = None) -> None:
-        """Run-time adapter loading is refused through Ray (a 400 naming ``lora_name``)."""
-        message = "LoRA adapters are not served through Ray yet: serve them with `omniwalk serve --lora`"
+        """Run-time adapter loading is refused through Ray (a 400 naming ``lora_name``): a replica that
+        Ray starts later loads the application's ``--lora`` adapters only."""
+        message = "adapters are not loaded at run time through Ray: give them at start with --lora NAME=PATH"
         raise EngineRequestError(message, "InvalidRequestError", bad_request=True, param="lora_name")
 
     async def generate(self, request: dict, key: str | None = None) -> AsyncIterator[Delta | Finished]:

@@ -4,7 +4,7 @@
                                     address for remote clients), waits for its model
     generate(request_id) -> stream  [Routed(replica, endpoint)] at once; [Report(...)] when the request,
                                     sent by the ingress straight to the engine, has ended
-    info() / stats()                the model's ``ModelInfo``; this replica's stats
+    info() / adapters() / stats()   the model's ``ModelInfo``; the LoRA adapters it loaded at start; its stats
     check_health()                  raises once the engine process is gone: Ray replaces the replica
 
 Its stats are also Ray metrics, ``ray_omniwalk_engine{replica, stage, quantity}`` beside Ray Serve's own.
@@ -84,6 +84,9 @@ class EngineReplica:
 
     def info(self) -> ModelInfo:
         return self.client.info
+
+    def adapters(self) -> list[str]:
+        return list(self.client.adapters)
 
     def stats(self) -> dict:
         own = {"up": float(self.client.unavailable is None), "unfinished": self.client.num_unfinished}
