@@ -4,6 +4,8 @@
 suite did not intend where CI runs (a missing browser, codec or package would otherwise turn a test
 into a silent pass): with the environment variable ``CI`` set (CI sets ``CI=true``), such a skip
 fails the run, naming the test and the reason it skipped.
+
+``interpreter`` (a fixture a test asks for) runs Triton's interpreter, patched, around a CPU test.
 """
 
 import os
@@ -15,6 +17,16 @@ if not torch.cuda.is_available():
     # Triton's interpreter runs the kernels on the CPU. Set before any test module imports a kernel module:
     # ``@triton.jit`` picks the interpreter when a module is imported (omniwalk/kernels/).
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def interpreter(monkeypatch):
+    """Triton's interpreter around a CPU test (``helpers.triton_cpu.interpreted``: its patches are undone
+    after the test; such tests are marked ``helpers.triton_cpu.CPU_ONLY``, the ``gpu`` tests run the
+    compiled kernels)."""
+    from helpers import triton_cpu
+
+    yield from triton_cpu.interpreted(monkeypatch)
 
 
 def pytest_configure(config):

@@ -4,7 +4,10 @@
 Importing this module on a machine without CUDA sets TRITON_INTERPRET (``conftest.py`` sets it too,
 before any test module imports a kernel module: ``@triton.jit`` picks the interpreter as the module
 is imported, and Triton's standard library is built in interpreter mode only when it is set before
-Triton is imported). ``interpreted`` is a fixture body that patches the interpreter around a test.
+Triton is imported). ``interpreted`` is a fixture body that patches the interpreter around a test
+(``conftest.py``'s ``interpreter`` fixture runs it); ``CPU_ONLY`` marks a test that runs the kernels
+through the interpreter (skipped where CUDA is: the ``gpu`` tests run the compiled kernels there), and
+``TOL`` is the fp32 tolerance the CPU tests hold the kernels to against their references.
 NOTE: Triton 3.6's interpreter turns a scalar into a 1-element array, which numpy >= 2.4 refuses to
 convert with int() (``range`` over a loaded bound, e.g. the paged decode loop): patched here.
 bfloat16 needs two more patches: ``tl.dot`` multiplied bf16 operands as their uint16 storage (now
@@ -26,6 +29,7 @@ import os
 from dataclasses import replace
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -35,6 +39,9 @@ from omniwalk.sampling import BatchParams, SamplerState, SamplingParams, draw_re
 ON_CPU = not torch.cuda.is_available()
 if ON_CPU:  # (before a kernel module is imported: ``@triton.jit`` picks the interpreter when it runs)
     os.environ["TRITON_INTERPRET"] = "1"
+
+CPU_ONLY = pytest.mark.skipif(not ON_CPU, reason="interpreter tests run on the CPU machine")
+TOL = dict(rtol=1e-5, atol=1e-5)
 
 
 def interpreted(monkeypatch):

@@ -10,7 +10,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import triton_cpu
+from helpers.triton_cpu import CPU_ONLY, TOL
 
 from omniwalk.kernels.adaln import adaln_triton
 from omniwalk.kernels.head_rope import head_rope_triton
@@ -20,15 +20,6 @@ from omniwalk.models.qwen2_5_omni.checkpoint.config import Qwen25OmniConfig
 from omniwalk.models.qwen2_5_omni.checkpoint.tiny import TINY_CONFIG, audible_token2wav, load_config_dict
 from omniwalk.models.qwen2_5_omni.networks.dit import adaln_reference, block_masks
 from omniwalk.models.qwen2_5_omni.networks.token2wav import Token2Wav, initial_noise
-
-CPU_ONLY = pytest.mark.skipif(not triton_cpu.ON_CPU, reason="interpreter tests run on the CPU machine")
-TOL = dict(rtol=1e-5, atol=1e-5)
-
-
-@pytest.fixture
-def interpreter(monkeypatch):
-    """Triton's interpreter around a CPU test (the ``gpu`` tests run the compiled kernels)."""
-    yield from triton_cpu.interpreted(monkeypatch)
 
 
 @CPU_ONLY

@@ -27,9 +27,8 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import triton_cpu
 from helpers.single_request import ContiguousKVCache
-from helpers.triton_cpu import assert_activation_rounding, w8a8_experts
+from helpers.triton_cpu import CPU_ONLY, assert_activation_rounding, w8a8_experts
 
 from omniwalk.kernels import grouped_fp8
 from omniwalk.kernels import skinny_gemm as sg
@@ -49,14 +48,7 @@ from omniwalk.models.qwen3_omni.checkpoint.quantization import quantize_fp8
 from omniwalk.models.qwen3_omni.checkpoint.tiny import TINY_CONFIG, load_config_dict
 from omniwalk.models.qwen3_omni.networks.talker import Talker
 
-CPU_ONLY = pytest.mark.skipif(not triton_cpu.ON_CPU, reason="interpreter tests run on the CPU machine")
 K, N = 200, 72  # (off every block size: masks, partial scale blocks)
-
-
-@pytest.fixture
-def interpreter(monkeypatch):
-    """Triton's interpreter around a CPU test (the ``gpu`` tests run the compiled kernels)."""
-    yield from triton_cpu.interpreted(monkeypatch)
 
 
 def _weight(n: int, k: int, block, seed: int = 0):

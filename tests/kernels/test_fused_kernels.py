@@ -10,8 +10,8 @@ import copy
 
 import pytest
 import torch
-from helpers import triton_cpu
 from helpers.single_request import ContiguousKVCache
+from helpers.triton_cpu import CPU_ONLY, TOL
 
 from omniwalk.kernels import fused_moe, skinny_gemm
 from omniwalk.kernels.embed_add import embed_add_triton
@@ -31,15 +31,6 @@ from omniwalk.models.common.networks.thinker import Thinker
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.checkpoint.tiny import TINY_CONFIG, load_config_dict
 from omniwalk.models.qwen3_omni.networks.talker import Talker, embed_add_reference
-
-CPU_ONLY = pytest.mark.skipif(not triton_cpu.ON_CPU, reason="interpreter tests run on the CPU machine")
-TOL = dict(rtol=1e-5, atol=1e-5)
-
-
-@pytest.fixture
-def interpreter(monkeypatch):
-    """Triton's interpreter around a CPU test (the ``gpu`` tests run the compiled kernels)."""
-    yield from triton_cpu.interpreted(monkeypatch)
 
 
 @CPU_ONLY

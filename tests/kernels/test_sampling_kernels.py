@@ -11,19 +11,10 @@ inside one captured CUDA graph (the talker frame's form, with a bitmask input).
 
 import pytest
 import torch
-from helpers import triton_cpu
-from helpers.triton_cpu import random_bitmask, random_logits, random_states, unexplained_rows
+from helpers.triton_cpu import CPU_ONLY, random_bitmask, random_logits, random_states, unexplained_rows
 
 from omniwalk.kernels import sampling as sampling_kernels
 from omniwalk.sampling import BatchParams, draw, draw_fused, draw_reference, gumbel_noise
-
-CPU_ONLY = pytest.mark.skipif(not triton_cpu.ON_CPU, reason="interpreter tests run on the CPU machine")
-
-
-@pytest.fixture
-def interpreter(monkeypatch):
-    """Triton's interpreter around a CPU test (the ``gpu`` tests run the compiled kernels)."""
-    yield from triton_cpu.interpreted(monkeypatch)
 
 
 @CPU_ONLY

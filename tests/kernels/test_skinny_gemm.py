@@ -14,7 +14,7 @@ about a step: held to 2**-6 relative. Each GPU test prints the share of elements
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import triton_cpu
+from helpers.triton_cpu import CPU_ONLY
 
 from omniwalk.kernels import skinny_gemm as sg
 from omniwalk.kernels.add_rms_norm import add_rms_norm_triton
@@ -30,15 +30,8 @@ from omniwalk.layers.linear import SkinnyLinear
 from omniwalk.layers.moe import GatedMLP, silu_mul_reference
 from omniwalk.layers.norm import RMSNorm
 
-CPU_ONLY = pytest.mark.skipif(not triton_cpu.ON_CPU, reason="interpreter tests run on the CPU machine")
 K, N = 200, 72  # (off every block size: masks on K and N)
 BLOCKS = [Blocks(16, 64, 1, 4, 2), Blocks(32, 128, 1, 4, 2)]
-
-
-@pytest.fixture
-def interpreter(monkeypatch):
-    """Triton's interpreter around a CPU test (the ``gpu`` tests run the compiled kernels)."""
-    yield from triton_cpu.interpreted(monkeypatch)
 
 
 def _operands(m: int, dtype: torch.dtype, n: int = N, seed: int = 0):

@@ -11,7 +11,7 @@ import copy
 
 import pytest
 import torch
-from helpers import triton_cpu
+from helpers.triton_cpu import CPU_ONLY, TOL
 
 from omniwalk.kernels.moe_routing import route_folded, route_topk
 from omniwalk.layers import moe as moe_layer
@@ -24,8 +24,6 @@ from omniwalk.layers.moe import (
     use_routing,
 )
 from omniwalk.models.common.checkpoint.loader import randomize
-
-TOL = dict(rtol=1e-5, atol=1e-5)
 
 
 def draw(num_tokens: int, num_experts: int, top_k: int, seed: int = 0, layer: int = 0, step: int = 0):
@@ -101,13 +99,7 @@ def test_use_routing_salts_each_layer_and_rejects_unknown_modes():
         use_routing(layers, "uniform")
 
 
-@pytest.fixture
-def interpreter(monkeypatch):
-    if not triton_cpu.ON_CPU:
-        pytest.skip("interpreter tests run on the CPU machine")
-    yield from triton_cpu.interpreted(monkeypatch)
-
-
+@CPU_ONLY
 @pytest.mark.parametrize("folded", [False, True])
 @pytest.mark.parametrize("shared", [0, 2])
 def test_routing_kernels_draw_the_reference_experts(interpreter, folded, shared):
@@ -134,6 +126,7 @@ def test_routing_kernels_draw_the_reference_experts(interpreter, folded, shared)
             assert ids[:, 4:].tolist() == [[20, 21]] * 6
 
 
+@CPU_ONLY
 @pytest.mark.parametrize("max_gemv_pairs", [128, 0])  # expert GEMVs, grouped GEMM
 def test_fused_layer_equals_the_reference_layer_when_balanced(interpreter, monkeypatch, max_gemv_pairs):
     """Three calls through each layer (shared expert folded into the fused one): the same draws."""

@@ -4,9 +4,8 @@ what the reference path's separate projections with per-module slots add; rows o
 
 import copy
 
-import pytest
 import torch
-from helpers import triton_cpu
+from helpers.triton_cpu import CPU_ONLY
 from torch import nn
 
 from omniwalk.layers import linear
@@ -81,12 +80,7 @@ def test_merged_projections_with_merged_slots_equal_separate_ones():
     assert (want[SLOTS >= 0] - base[SLOTS >= 0]).abs().amin(dim=-1).gt(0).all()  # adapted rows changed
 
 
-@pytest.fixture
-def interpreter(monkeypatch):
-    yield from triton_cpu.interpreted(monkeypatch)
-
-
-@pytest.mark.skipif(not triton_cpu.ON_CPU, reason="interpreter tests run on the CPU machine")
+@CPU_ONLY
 @torch.inference_mode()
 def test_shrink_folded_into_the_skinny_gemm_adds_what_the_reference_adds(interpreter, monkeypatch):
     """Decode-sized batches (<= the skinny GEMM's rows) with the Triton LoRA backend: the pool's A rows run in

@@ -4,7 +4,7 @@ a column slice of a wider y, M from a decode step to a prefill chunk, fp32 and b
 
 import pytest
 import torch
-from helpers import triton_cpu
+from helpers.triton_cpu import CPU_ONLY
 
 from omniwalk.lora.ops import add_lora
 
@@ -50,11 +50,6 @@ def test_reference_is_each_rows_own_adapter(m):
     assert torch.equal(wide[:, :5], before[:, :5]) and torch.equal(wide[:, 5 + N_OUT :], before[:, 5 + N_OUT :])
 
 
-@pytest.fixture
-def interpreter(monkeypatch):
-    yield from triton_cpu.interpreted(monkeypatch)
-
-
 CASES = {  # name -> (pool rank, each slot's rank, in): a wide ``in`` splits the shrink over programs
     "ranks_8_16_4_of_16": (16, (8, 16, 4), N_IN),
     "ranks_8_16_64_of_64": (64, (8, 16, 64), N_IN),
@@ -76,7 +71,7 @@ def case_operands(m: int, case: str, dtype, first_slot: int = 1):
     return a, b, x, wide, slots
 
 
-@pytest.mark.skipif(not triton_cpu.ON_CPU, reason="interpreter tests run on the CPU machine")
+@CPU_ONLY
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize(
     ("m", "case"),
@@ -122,7 +117,7 @@ def all_slots_shrink(x, a):
     return (x.float() @ a.reshape(-1, a.shape[-1]).float().T).to(a.dtype)
 
 
-@pytest.mark.skipif(not triton_cpu.ON_CPU, reason="interpreter tests run on the CPU machine")
+@CPU_ONLY
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("m", [1, 3, 32])
 @pytest.mark.parametrize("case", ["ranks_8_16_4_of_16", "ranks_8_16_64_of_64"])

@@ -18,8 +18,8 @@ from functools import cache
 import numpy as np
 import pytest
 import torch
-from helpers import triton_cpu
 from helpers.qwen2_5_omni import hf_checkpoint, hf_model
+from helpers.triton_cpu import CPU_ONLY
 
 from omniwalk.layers.decoder import use_kernels
 from omniwalk.models.common.checkpoint.loader import randomize
@@ -72,12 +72,7 @@ def test_window_layout_is_hf_window_index(window):
     assert ours.windows == np.diff(cu.numpy()).tolist()
 
 
-@pytest.fixture
-def interpreter(monkeypatch):
-    yield from triton_cpu.interpreted(monkeypatch)
-
-
-@pytest.mark.skipif(not triton_cpu.ON_CPU, reason="interpreter tests run on the CPU machine")
+@CPU_ONLY
 @pytest.mark.usefixtures("interpreter")
 @pytest.mark.parametrize("intermediate", [ALIGN, 3 * ALIGN - 10])
 @torch.no_grad()
