@@ -353,14 +353,18 @@ def test_engine_process_matches_in_process_runs_alone():
     assert after["token_ids"] == alone(0).token_ids and alive
 
 
-async def remote_run(dealer, client: EngineClient, request: dict, abort_after: int | None = None) -> list:
+async def remote_run(dealer, client: EngineClient, request: dict, abort_after: int | None = None, other=None) -> list:
     """``request`` sent by a remote client (``dealer``), followed from the engine's own ``client``: the
-    messages the remote client got (it aborts after ``abort_after`` of them), once ``client`` saw it end."""
+    messages the remote client got, once ``client`` saw it end. With ``abort_after``: after its first
+    message another remote client (``other``) sends an Abort of it, and after ``abort_after`` messages
+    ``dealer`` does."""
     client.open_remote(request["request_id"])
     await dealer.send(pack(Add(request)))
     got = []
     while not got or not isinstance(got[-1], (Finished, Failed)):
         got.append(unpack(await asyncio.wait_for(dealer.recv(), 30)))
+        if len(got) == 1 and other is not None:
+            await other.send(pack(Abort(request["request_id"])))  # (not its request: ignored)
         if len(got) == abort_after:
             await dealer.send(pack(Abort(request["request_id"])))
     await asyncio.wait_for(client.ended(request["request_id"]), 30)
@@ -380,8 +384,7 @@ async def remote_scenario():
         unknown = [{"role": "user", "content": [{"type": "file"}]}]
         bad = await remote_run(dealer, client, {"request_id": "remote-bad", "messages": unknown})
         long = {**request, "request_id": "remote-long", "max_tokens": 500, "ignore_eos": True}
-        await other.send(pack(Abort("remote-long")))  # (not its request: ignored)
-        aborted = await remote_run(dealer, client, long, abort_after=3)
+        aborted = await remote_run(dealer, client, long, abort_after=12, other=other)
         return client.endpoint, done, bad, aborted, client.num_unfinished, await other.poll(200)
     finally:
         ctx.destroy(linger=0)
@@ -399,5 +402,5 @@ def test_a_remote_client_gets_its_requests_events_and_the_engines_own_client_the
     assert "".join(m.data for m in done[:-1] if m.kind == "text") == ref.text
     assert [type(m) for m in bad] == [Failed] and "unknown content type" in bad[0].error and bad[0].bad_request
     assert isinstance(aborted[-1], Finished) and aborted[-1].output["finish_reason"] == "abort"
-    assert 3 <= len(aborted) - 1 < 500
+    assert 12 <= len(aborted) - 1 < 500  # (the other client's Abort, sent after the first delta, changed nothing)
     assert unfinished == 0 and not other_got  # (nothing was sent to the client that sent no request)
