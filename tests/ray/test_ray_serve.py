@@ -31,6 +31,7 @@ from omniwalk import Omni
 from omniwalk.config import RayConfig, ServerConfig
 from omniwalk.media.limits import MediaLimits
 from omniwalk.serve.ray.app import application
+from omniwalk.serve.ray.client import IDLE_CONNECTION_S, RayEngines
 
 ENGINE_CPUS = 1.5  # one engine replica fits a node (each node offers 2 CPUs)
 GREEDY = {"temperature": 0.0, "max_tokens": 4}
@@ -368,3 +369,29 @@ def test_omniwalk_serve_ray_deploys_on_the_cluster_and_stops_on_sigterm(cluster)
         assert "omniwalk" not in serve.status().applications
     finally:
         proc.kill()
+
+
+def test_an_ingress_closes_connections_to_engine_processes_left_idle():
+    """An endpoint left behind (its replica scaled down or replaced) is closed once idle, on the next request's
+    connection; one with a request in flight, or idle for less, is kept."""
+
+    class Handle:
+        def options(self, **_):
+            return self
+
+        generate = None
+
+    async def run():
+        engines = RayEngines(Handle(), RayConfig())
+        gone, busy, recent = (engines._connection(f"tcp://127.0.0.1:{port}") for port in (1, 2, 3))
+        busy.queues["r"] = asyncio.Queue()
+        for connection in (gone, busy):
+            connection.last_used -= IDLE_CONNECTION_S + 1
+        engines._connection("tcp://127.0.0.1:4")
+        kept, closed = set(engines.connections), (gone.socket.closed, recent.socket.closed)
+        engines.close()
+        return kept, *closed
+
+    kept, gone_closed, recent_closed = asyncio.run(run())
+    assert kept == {f"tcp://127.0.0.1:{port}" for port in (2, 3, 4)}
+    assert gone_closed and not recent_closed

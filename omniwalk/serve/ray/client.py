@@ -40,6 +40,8 @@ from omniwalk.serve.wire import Abort, Add, Delta, Failed, Finished, pack, unpac
 
 _REPLICA_LOST = (RayActorError, ActorUnavailableError)
 MAX_RETRY_DELAY_S = 1.0
+IDLE_CONNECTION_S = 60.0  # a connection with no request for this long is closed (a replica scaled down or replaced
+# leaves its endpoint behind; a live one's is opened again by its next request)
 
 
 class _ReplicaGone(Exception):
@@ -56,6 +58,7 @@ class _Connection:
         self.socket.connect(endpoint)
         self.queues: dict[str, asyncio.Queue] = {}
         self.receiver = asyncio.ensure_future(self._receive())
+        self.last_used = time.monotonic()
 
     async def _receive(self) -> None:
         while True:
@@ -187,8 +190,15 @@ class RayEngines:
             events.put_nowait(e)
 
     def _connection(self, endpoint: str) -> _Connection:
+        """This ingress's connection to ``endpoint`` (closing those idle for ``IDLE_CONNECTION_S``)."""
+        now = time.monotonic()
+        for name, idle in list(self.connections.items()):
+            if name != endpoint and not idle.queues and now - idle.last_used > IDLE_CONNECTION_S:
+                del self.connections[name]
+                idle.close()
         if (connection := self.connections.get(endpoint)) is None:
             connection = self.connections[endpoint] = _Connection(endpoint)
+        connection.last_used = now
         return connection
 
     @property

@@ -13,8 +13,8 @@ The handle call routes and accounts; it does not carry the request's events. Ray
 chooses the replica, counts the call as one of its ongoing requests (what ``max_ongoing_requests``,
 autoscaling and a drain read) until the request ends, and cancels it when its caller does. The
 request itself and its events go between the ingress and the engine process over ZMQ (the Routed
-item's ``endpoint``): a streamed item costs each process on its way a millisecond of CPU (docs/
-deploy.md), a ZMQ message tens of microseconds. The engine's own outcomes are items too, never
+item's ``endpoint``); as streamed items they would cost each process on its way about a millisecond of
+CPU a token (docs/deploy.md measures both). The engine's own outcomes are items too, never
 exceptions across Ray: an engine process that is gone ends the call with a ``Gone`` item naming
 this replica (the ingress retries a request that had no output yet elsewhere); a call cancelled
 before its request ended aborts it in the engine.
