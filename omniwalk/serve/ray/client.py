@@ -186,7 +186,7 @@ class RayEngines:
                         self.reports[item.replica] = item.stats
                     elif isinstance(item, Gone):
                         events.put_nowait(_ReplicaGone(item.replica, item.reason))
-        except Exception as e:  # noqa: BLE001 - the replica's actor died (or the call failed): the request's
+        except Exception as e:  # noqa: BLE001 - the replica's actor died (or the call failed): it ends the request
             events.put_nowait(e)
 
     def _connection(self, endpoint: str) -> _Connection:
