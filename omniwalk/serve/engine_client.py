@@ -97,7 +97,7 @@ class EngineClient:
                 raise RuntimeError(f"engine process exited with code {self.process.exitcode} while starting")
             if asyncio.get_running_loop().time() > deadline:
                 raise TimeoutError(f"engine did not start within {timeout:.0f}s")
-        message = unpack(await self._pull.recv())
+        message = unpack(await self._pull.recv())[0]
         if not isinstance(message, Ready):
             raise RuntimeError(f"engine failed to start: {message.error}")
         self.info = ModelInfo.from_dict(message.info)
@@ -130,17 +130,17 @@ class EngineClient:
 
     async def _receive(self) -> None:
         while True:
-            message = unpack(await self._pull.recv())
-            if isinstance(message, Stats):
-                self.stats = message.data
-            elif isinstance(message, Fatal):
-                self.fatal_error = message.error
-            elif isinstance(message, AdapterReply):
-                self.adapters = list(message.adapters)
-                if (call := self._calls.pop(message.id, None)) is not None and not call.done():
-                    call.set_result(message)
-            elif (queue := self._queues.get(message.id)) is not None:
-                queue.put_nowait(message)
+            for message in unpack(await self._pull.recv()):
+                if isinstance(message, Stats):
+                    self.stats = message.data
+                elif isinstance(message, Fatal):
+                    self.fatal_error = message.error
+                elif isinstance(message, AdapterReply):
+                    self.adapters = list(message.adapters)
+                    if (call := self._calls.pop(message.id, None)) is not None and not call.done():
+                        call.set_result(message)
+                elif (queue := self._queues.get(message.id)) is not None:
+                    queue.put_nowait(message)
 
     async def generate(self, request: dict) -> AsyncIterator[Delta | Finished]:
         """Submit ``request`` and yield its Deltas, then its Finished."""

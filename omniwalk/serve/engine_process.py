@@ -91,6 +91,9 @@ class _EngineLoop:
             self.poller.register(socket, zmq.POLLIN)
         self.active: dict[str, EngineRequest] = {}
         self.clients: dict[str, bytes] = {}  # a remote client's request id -> its connection
+        self.interval = omni.config.engine.stream_interval
+        self.held: dict[str, list[str]] = {}  # id -> its text pieces not sent yet (stream_interval)
+        self.frames: dict[bytes | None, list] = {}  # client (None: the engine's own) -> messages for it, this step
         # id -> (sent, received, added) until its first output
         self.arrivals: dict[str, tuple[float, float, float]] = {}
         self.last_stats, self.was_busy = 0.0, True  # report the idle state once at start
@@ -99,11 +102,12 @@ class _EngineLoop:
         while True:
             timeout = 0 if self.omni.engine.has_unfinished() else IDLE_POLL_MS
             while ready := dict(self.poller.poll(timeout)):
-                if self.inbox in ready and not self._handle(unpack(self.inbox.recv())):
+                if self.inbox in ready and not all(self._handle(msg) for msg in unpack(self.inbox.recv())):
                     return
                 if self.remote in ready:
                     client, data = self.remote.recv_multipart()
-                    self._handle_remote(client, unpack(data))
+                    for msg in unpack(data):
+                        self._handle_remote(client, msg)
                 timeout = 0
             busy = self.omni.engine.has_unfinished()
             if busy:
@@ -146,15 +150,22 @@ class _EngineLoop:
             self.omni.abort(msg.id)
 
     def _send(self, rid: str | None, message) -> None:
-        """``message`` of request ``rid`` to its client (a remote one's end also to the engine's own client)."""
+        """``message`` of request ``rid`` for its client (a remote one's end also for the engine's own client),
+        sent with the step's others by ``_post``."""
         client = self.clients.get(rid) if rid is not None else None
-        if client is None:
-            self.outbox.send(pack(message))
-            return
-        self.remote.send_multipart([client, pack(message)])
-        if isinstance(message, (Finished, Failed)):
+        self.frames.setdefault(client, []).append(message)
+        if client is not None and isinstance(message, (Finished, Failed)):
             del self.clients[rid]
-            self.outbox.send(pack(Ended(rid)))
+            self.frames.setdefault(None, []).append(Ended(rid))
+
+    def _post(self) -> None:
+        """One frame to each client with messages (remote clients first: an Ended follows its request's end)."""
+        own = self.frames.pop(None, None)
+        for client, messages in self.frames.items():
+            self.remote.send_multipart([client, pack(*messages)])
+        if own:
+            self.outbox.send(pack(*own))
+        self.frames.clear()
 
     def _adapter_call(self, msg: AdapterCall) -> None:
         """Load or unload an adapter between steps (an unloaded one's requests finish with it)."""
@@ -174,7 +185,14 @@ class _EngineLoop:
         for rid, req in list(self.active.items()):
             while req.events:
                 event = req.events.popleft()
-                if event.kind in ("text", "audio"):
+                if event.kind == "text":
+                    held = self.held.setdefault(rid, [])
+                    held.append(event.data)
+                    if len(held) >= self.interval or rid in self.arrivals:  # (the first output goes at once)
+                        self._release(rid)
+                    continue
+                self._release(rid)  # (held text goes before the audio or the end that follows it)
+                if event.kind == "audio":
                     self._send(rid, Delta(rid, event.kind, event.data, self._timing(rid)))
                 elif event.kind == "error":
                     self._send_error(rid, event.data)
@@ -183,6 +201,12 @@ class _EngineLoop:
                     self._send(rid, Finished(rid, self._output(req)))
                     self._forget(rid)
                     break
+        self._post()
+
+    def _release(self, rid: str) -> None:
+        """Request ``rid``'s held text as one Delta."""
+        if held := self.held.pop(rid, None):
+            self._send(rid, Delta(rid, "text", "".join(held), self._timing(rid)))
 
     def _timing(self, rid: str) -> dict | None:
         """For a request's first output: its time in the inbox (the engine finishing a step), in
@@ -195,6 +219,7 @@ class _EngineLoop:
     def _forget(self, rid: str) -> None:
         del self.active[rid]
         self.arrivals.pop(rid, None)
+        self.held.pop(rid, None)
         self.clients.pop(rid, None)
 
     def _output(self, req: EngineRequest) -> dict:

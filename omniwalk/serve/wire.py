@@ -10,6 +10,10 @@
 A remote client (a Ray ingress, ``serve/ray/``) sends Add and Abort to the engine's ``endpoint`` and gets
 its requests' Deltas and Finished or Failed there; the engine's own client then gets Ended(id) for each.
 
+Every ZMQ frame holds a list of messages: the engine sends each client the Deltas, Finished and Faileds of
+one step in one frame (with ``stream_interval`` > 1, a request's text pieces wait for that many, its first
+excepted, and go as one Delta).
+
 A request and an output are plain dicts (``omni.py``'s request keys, ``RequestOutput``'s fields);
 numpy arrays and torch tensors in them (media inputs, audio chunks, codes) travel as raw bytes
 with dtype and shape, never as Python lists.
@@ -134,11 +138,13 @@ def _object_hook(obj: dict):
     return obj
 
 
-def pack(message) -> bytes:
-    body = {"type": type(message).__name__, **{f.name: getattr(message, f.name) for f in fields(message)}}
-    return msgpack.packb(body, default=_default, use_bin_type=True)
+def pack(*messages) -> bytes:
+    """One frame of ``messages`` (the engine sends each client a step's events in one)."""
+    bodies = [{"type": type(m).__name__, **{f.name: getattr(m, f.name) for f in fields(m)}} for m in messages]
+    return msgpack.packb(bodies, default=_default, use_bin_type=True)
 
 
-def unpack(data: bytes):
-    body = msgpack.unpackb(data, object_hook=_object_hook, raw=False, strict_map_key=False)
-    return MESSAGES[body.pop("type")](**body)
+def unpack(data: bytes) -> list:
+    """A frame's messages, in their order."""
+    bodies = msgpack.unpackb(data, object_hook=_object_hook, raw=False, strict_map_key=False)
+    return [MESSAGES[body.pop("type")](**body) for body in bodies]

@@ -83,7 +83,7 @@ def test_preprocessed_parts_measure_as_the_bytes_do(family, sample):
 def test_patch_specs_cross_the_wire_whole(family):
     """The engine process sends its ``ModelInfo`` as a dict (``Ready``); the server's copy is equal."""
     info = ModelInfo("m", ("text", "audio"), ("a", "b"), 24000, {"x": "flag"}, ("x",), patch_specs=FAMILIES[family][1])
-    received = ModelInfo.from_dict(unpack(pack(Ready(dataclasses.asdict(info)))).info)
+    received = ModelInfo.from_dict(unpack(pack(Ready(dataclasses.asdict(info))))[0].info)
     assert received == info  # (PatchSpec tuples included: a list would not compare equal)
 
 

@@ -21,7 +21,7 @@ import soundfile
 import zmq
 import zmq.asyncio
 from helpers.live_server import launch, png_data_url, server
-from helpers.qwen3_omni import AUDIO, IMAGE, alone, checkpoint, wav_data_url, workload
+from helpers.qwen3_omni import AUDIO, IMAGE, alone, checkpoint, make_request, walk_omni, wav_data_url, workload
 
 from omniwalk.serve.engine_client import EngineClient, EngineRequestError
 from omniwalk.serve.wire import Abort, Add, Failed, Finished, pack, unpack
@@ -353,6 +353,54 @@ def test_engine_process_matches_in_process_runs_alone():
     assert after["token_ids"] == alone(0).token_ids and alive
 
 
+def held_stream(events, interval: int) -> list[tuple[str, object]]:
+    """An in-process event stream as the engine process sends it with ``stream_interval``: text pieces
+    joined ``interval`` at a time, a request's first output and anything before audio or the end at once."""
+    out, held = [], []
+    for event in events:
+        if event.kind == "text":
+            held.append(event.data)
+            if len(held) < interval and out:
+                continue
+        if held:
+            out.append(("text", "".join(held)))
+            held = []
+        if event.kind == "audio":
+            out.append(("audio", event.data.numpy()))
+    return out + ([("text", "".join(held))] if held else [])
+
+
+async def streamed(client: EngineClient, request: dict) -> list[tuple[str, object]]:
+    return [(e.kind, e.data) async for e in client.generate(request) if not isinstance(e, Finished)]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_stream_interval_sends_text_pieces_together_and_the_first_at_once():
+    """``stream_interval=4``: the deltas of a text and a speech request (one at a time) are the in-process
+    stream's pieces, 4 joined per delta, the first alone, held text sent before each audio chunk."""
+    requests = [make_request(i, path) for i, path in ((20, "t2t"), (5, "s2s"))]
+    requests[0]["max_tokens"] = 23
+
+    async def run():
+        client = EngineClient(model=checkpoint("tiny"), vocoder_max_batch=1, stream_interval=4)
+        try:
+            await client.start()
+            return [await streamed(client, request) for request in requests]
+        finally:
+            client.close()
+
+    got = asyncio.run(run())
+    for request, deltas in zip(requests, got, strict=True):
+        events = list(walk_omni(vocoder_max_batch=1).stream(request))
+        want = held_stream(events, 4)
+        assert [kind for kind, _ in deltas] == [kind for kind, _ in want]
+        for (kind, data), (_, expected) in zip(deltas, want, strict=True):
+            assert np.array_equal(data, expected) if kind == "audio" else data == expected
+        texts = [data for kind, data in deltas if kind == "text"]
+        assert len(texts) < sum(e.kind == "text" for e in events)  # (pieces were joined)
+    assert len(got[0]) == 1 + -(-(23 - 1) // 4)  # (a text piece a token here)
+
+
 async def remote_run(dealer, client: EngineClient, request: dict, abort_after: int | None = None, other=None) -> list:
     """``request`` sent by a remote client (``dealer``), followed from the engine's own ``client``: the
     messages the remote client got, once ``client`` saw it end. With ``abort_after``: after its first
@@ -362,11 +410,13 @@ async def remote_run(dealer, client: EngineClient, request: dict, abort_after: i
     await dealer.send(pack(Add(request)))
     got = []
     while not got or not isinstance(got[-1], (Finished, Failed)):
-        got.append(unpack(await asyncio.wait_for(dealer.recv(), 30)))
-        if len(got) == 1 and other is not None:
+        got.extend(unpack(await asyncio.wait_for(dealer.recv(), 30)))  # (a frame: a step's messages)
+        if other is not None:
             await other.send(pack(Abort(request["request_id"])))  # (not its request: ignored)
-        if len(got) == abort_after:
+            other = None
+        if abort_after is not None and len(got) >= abort_after:
             await dealer.send(pack(Abort(request["request_id"])))
+            abort_after = None
     await asyncio.wait_for(client.ended(request["request_id"]), 30)
     return got
 

@@ -62,9 +62,9 @@ class _Connection:
 
     async def _receive(self) -> None:
         while True:
-            message = unpack(await self.socket.recv())
-            if (queue := self.queues.get(message.id)) is not None:
-                queue.put_nowait(message)
+            for message in unpack(await self.socket.recv()):
+                if (queue := self.queues.get(message.id)) is not None:
+                    queue.put_nowait(message)
 
     def send(self, message) -> None:
         self.socket.send(pack(message))  # (queued on the connection: never waits)
