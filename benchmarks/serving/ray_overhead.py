@@ -4,21 +4,22 @@ on the same machine, in one run.
     python benchmarks/serving/ray_overhead.py --model CKPT --out benchmarks/results/cpu
     python benchmarks/serving/ray_overhead.py --model CKPT --out benchmarks/results/cpu \
         --stem ray_overhead_direct --ray-env RAY_SERVE_THROUGHPUT_OPTIMIZED=1     # Ray Serve's own mode
+    python benchmarks/serving/ray_overhead.py --model CKPT --out /tmp/r --stream-interval 8 --tokens 256  # bursts
 
-Each system serves one engine replica of ``--model`` (CPU). Cells: closed loop at concurrency 1 and
-16, streamed chat completions of ``--tokens`` tokens (``ignore_eos``, greedy), after one unmeasured
-wave. Per cell: p50 / p90 end-to-end latency and time to first token, tokens/s, and the CPU time
-per streamed token of each serving process: ``omniwalk serve``'s HTTP process (its engine process
-excluded), and on Ray the ingress replica, Ray's HTTP proxy and the engine replica's actor (its
-engine process excluded), read from /proc before and after the cell. Ray runs as a one-node
-cluster started here (``ray.init``), the ingress and engine replicas as ``omniwalk serve --ray``
-deploys them; both engines run one torch thread (Ray sets an actor's OMP_NUM_THREADS to its
-``num_cpus``; the plain server is given the same). Where Ray's direct ingress is on (``--ray-env``:
-``RAY_SERVE_ENABLE_DIRECT_INGRESS=1``, or its throughput-optimized mode), the ingress replica also
-listens on a port of its own, and the Ray application is measured twice: through Ray's proxy
-("ray") and on that port ("ray_direct"). The systems are up together and their cells alternate
-(``--rounds`` each; the figures are medians over the rounds), so a machine shared with other work
-loads them alike.
+Each system serves one engine replica of ``--model`` (CPU). Cells: closed loop at concurrency 1 and 16,
+streamed chat completions of ``--tokens`` tokens (``ignore_eos``, greedy), after one unmeasured wave; both
+engines send text ``--stream-interval`` pieces to a chunk (``EngineConfig.stream_interval``; tokens are
+counted from the usage chunk, SSE content chunks apart). Per cell: p50 / p90 end-to-end latency and time to
+first token, tokens/s, and the CPU time per streamed token of each serving process: ``omniwalk serve``'s HTTP
+process (its engine process excluded), and on Ray the ingress replica, Ray's HTTP proxy and the engine
+replica's actor (its engine process excluded), read from /proc before and after the cell. Ray runs as a
+one-node cluster started here (``ray.init``), the ingress and engine replicas as ``omniwalk serve --ray``
+deploys them; both engines run one torch thread (Ray sets an actor's OMP_NUM_THREADS to its ``num_cpus``; the plain
+server is given the same). Where Ray's direct ingress is on (``--ray-env``:
+``RAY_SERVE_ENABLE_DIRECT_INGRESS=1``, or its throughput-optimized mode), the ingress replica also listens on
+a port of its own, and the Ray application is measured twice: through Ray's proxy ("ray") and on that port
+("ray_direct"). The systems are up together and their cells alternate (``--rounds`` each; the figures are
+medians over the rounds), so a machine shared with other work loads them alike.
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ async def one_stream(http: httpx.AsyncClient, base: str, i: int, tokens: int) ->
         "ignore_eos": True,
         "temperature": 0.0,
         "stream": True,
+        "stream_options": {"include_usage": True},
     }
-    start, first, num_tokens = time.perf_counter(), None, 0
+    start, first, num_tokens, num_chunks = time.perf_counter(), None, 0, 0
     async with http.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
@@ -61,11 +63,13 @@ async def one_stream(http: httpx.AsyncClient, base: str, i: int, tokens: int) ->
             chunk = json.loads(line[6:])
             if "error" in chunk:
                 raise RuntimeError(chunk["error"])
+            if chunk.get("usage"):
+                num_tokens = chunk["usage"]["completion_tokens"]
             if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                num_tokens += 1
+                num_chunks += 1
                 first = first or time.perf_counter()
     end = time.perf_counter()
-    return {"e2e_s": end - start, "ttft_s": (first or end) - start, "tokens": num_tokens}
+    return {"e2e_s": end - start, "ttft_s": (first or end) - start, "tokens": num_tokens, "chunks": num_chunks}
 
 
 async def run_cell(base: str, concurrency: int, num_requests: int, tokens: int) -> tuple[list[dict], float]:
@@ -96,6 +100,7 @@ def measure(base: str, pids: dict[str, int], concurrency: int, args) -> dict:
     tokens = sum(r["tokens"] for r in records)
     e2e, ttft = sorted(r["e2e_s"] for r in records), sorted(r["ttft_s"] for r in records)
     row = {"concurrency": concurrency, "requests": len(records), "tokens": tokens, "wall_s": wall}
+    row |= {"chunks": sum(r["chunks"] for r in records)}
     row |= {"p50_ms": 1000 * statistics.median(e2e), "p90_ms": 1000 * e2e[int(0.9 * (len(e2e) - 1))]}
     row |= {"ttft_p50_ms": 1000 * statistics.median(ttft), "tokens_per_s": tokens / wall}
     row |= {f"cpu_ms_per_token_{name}": 1000 * s / tokens for name, s in spent.items()}
@@ -123,6 +128,7 @@ def wait_ready(base: str, timeout: float = 300) -> None:
 
 def start_plain(args) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "omniwalk.cli", "serve", "--model", args.model, "--port", str(args.port)]
+    cmd += ["--stream-interval", str(args.stream_interval)]
     # the same torch threads as the Ray engine replica: Ray sets OMP_NUM_THREADS to an actor's num_cpus
     env = {**os.environ, "OMP_NUM_THREADS": str(ENGINE_CPUS)}
     server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
@@ -146,7 +152,8 @@ def start_ray(args) -> tuple[str, dict[str, int], float]:
     ray.init(num_cpus=4, logging_level="ERROR", log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": args.port + 1})
     cfg = RayConfig(ray_engine_num_cpus=ENGINE_CPUS, ray_ingress_num_cpus=1)
-    serve.run(application(ServerConfig(), MediaLimits(), {"model": args.model}, cfg), name="omniwalk", route_prefix="/")
+    options = {"model": args.model, "stream_interval": args.stream_interval}
+    serve.run(application(ServerConfig(), MediaLimits(), options, cfg), name="omniwalk", route_prefix="/")
     base = f"http://127.0.0.1:{args.port + 1}"
     wait_ready(base)
     pids = {}
@@ -194,6 +201,7 @@ def main() -> None:
         "--ray-env", action="append", default=[], metavar="NAME=VALUE", help="environment of Ray's processes"
     )
     parser.add_argument("--stem", default="ray_overhead", help="the results' file name")
+    parser.add_argument("--stream-interval", type=int, default=1, help="both engines' stream_interval")
     args = parser.parse_args()
     load = psutil.getloadavg()[0]
     server, plain_base = start_plain(args)
