@@ -32,6 +32,7 @@ from omniwalk.config import RayConfig, ServerConfig
 from omniwalk.media.limits import MediaLimits
 from omniwalk.serve.ray.app import application
 from omniwalk.serve.ray.client import IDLE_CONNECTION_S, RayEngines
+from omniwalk.serve.ray.router import AffinityRouter
 
 ENGINE_CPUS = 1.5  # one engine replica fits a node (each node offers 2 CPUs)
 GREEDY = {"temperature": 0.0, "max_tokens": 4}
@@ -395,3 +396,28 @@ def test_an_ingress_closes_connections_to_engine_processes_left_idle():
     kept, gone_closed, recent_closed = asyncio.run(run())
     assert kept == {f"tcp://127.0.0.1:{port}" for port in (2, 3, 4)}
     assert gone_closed and not recent_closed
+
+
+def test_the_router_counts_a_request_from_its_routing_to_its_completion_in_any_order():
+    """Ray may report a call's completion before its routing (the call ended before its acceptance was read)
+    and reports completions of rejected attempts, never routed: no count is left behind by either, and
+    routings still count until their completions."""
+    from types import SimpleNamespace
+
+    router = object.__new__(AffinityRouter)
+    router.initialize_state()
+
+    def request(rid: str):
+        return SimpleNamespace(metadata=SimpleNamespace(internal_request_id=rid))
+
+    a, b = SimpleNamespace(unique_id="a"), SimpleNamespace(unique_id="b")
+    router.on_request_routed(request("1"), a, None)  # in order
+    router.on_request_completed(b, "2")  # completed before its routing
+    router.on_request_routed(request("2"), b, None)
+    router.on_request_completed(a, "3")  # a rejected attempt on a, then routed to b
+    router.on_request_routed(request("3"), b, None)
+    router.on_request_routed(request("4"), a, None)
+    assert router.outstanding == {"a": 2, "b": 1}
+    for replica, rid in ((a, "1"), (b, "3"), (a, "4")):
+        router.on_request_completed(replica, rid)
+    assert router.outstanding == {"a": 0, "b": 0} and not router.running

@@ -8,14 +8,23 @@ default, the key's replica when it is not saturated. Replicas named in ``avoid``
 their engine gone; Ray's replacement of a replica has a new id) count as unhealthy. The chosen
 replica is ranked first and the others after it, least loaded first, so a replica at its
 ``max_ongoing_requests`` passes the request on instead of queueing it.
+
+A request counts as outstanding on a replica from its routing there to its completion, matched by
+(request, replica): Ray reports a completion before the routing when a call ends before its acceptance is
+read (a busy event loop, a replica that ends the call at once), and reports the completions of attempts
+the replica rejected, which were never routed; neither may leave a count behind.
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 from ray.serve.request_router import PendingRequest, ReplicaID, ReplicaResult, RequestRouter, RunningReplica
 
 from omniwalk.config import RoutingConfig
 from omniwalk.serve.routing import NoReplica, ReplicaLoad, Router
+
+MAX_UNMATCHED = 4096  # completions kept waiting for their routing (a rejected attempt's never comes)
 
 
 class AffinityRouter(RequestRouter):
@@ -23,7 +32,9 @@ class AffinityRouter(RequestRouter):
         """``routing``: ``RoutingConfig``'s fields (the deployment's ``request_router_kwargs``; its defaults else)."""
         self.policy = Router(RoutingConfig(**routing))
         self.outstanding: dict[str, int] = {}  # replica id -> requests routed to it, not completed
-        self.routed: dict[str, str] = {}  # internal request id -> replica id
+        self.running: set[tuple[str, str]] = set()  # (internal request id, replica id) routed, not completed
+        # completions not matched by a routing (yet): its routing comes later, or it was a rejected attempt
+        self.unmatched: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
@@ -42,11 +53,19 @@ class AffinityRouter(RequestRouter):
         return [[by_name[chosen]], [by_name[load.name] for load in rest]]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: ReplicaResult) -> None:
-        name = replica_id.unique_id
-        self.outstanding[name] = self.outstanding.get(name, 0) + 1
-        self.routed[pending_request.metadata.internal_request_id] = name
+        key = (pending_request.metadata.internal_request_id, replica_id.unique_id)
+        if key in self.unmatched:  # (it has completed already)
+            del self.unmatched[key]
+            return
+        self.running.add(key)
+        self.outstanding[key[1]] = self.outstanding.get(key[1], 0) + 1
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        name = self.routed.pop(internal_request_id, replica_id.unique_id)
-        if self.outstanding.get(name, 0) > 0:
-            self.outstanding[name] -= 1
+        key = (internal_request_id, replica_id.unique_id)
+        if key in self.running:
+            self.running.remove(key)
+            self.outstanding[key[1]] -= 1
+            return
+        self.unmatched[key] = None
+        while len(self.unmatched) > MAX_UNMATCHED:
+            self.unmatched.popitem(last=False)  # (the oldest: rejected attempts, never routed)
