@@ -162,8 +162,8 @@ class EngineConfig:
     # the pages are needed
     prefix_cache: bool = True
     # a served request's text goes out (one delta, one SSE chunk) once this many text pieces are held, and
-    # before its audio or its end; its first at once. 1 streams every token; 4-16 save the HTTP process
-    # (or Ray ingress) most of its CPU per token, for text that arrives in bursts
+    # before its audio or its end; its first at once. 1 streams every token; N divides the HTTP process's
+    # (or Ray ingress's) per-chunk work by N, for text that arrives in bursts
     stream_interval: int = 1
     # structured outputs: compiled grammars kept (keyed by content), the threads that compile them off
     # the engine loop, and the seconds a compile may take before its request fails
