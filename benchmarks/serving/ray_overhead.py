@@ -12,7 +12,10 @@ engines send text ``--stream-interval`` pieces to a chunk (``EngineConfig.stream
 counted from the usage chunk, SSE content chunks apart). Per cell: p50 / p90 end-to-end latency and time to
 first token, tokens/s, and the CPU time per streamed token of each serving process: ``omniwalk serve``'s HTTP
 process (its engine process excluded), and on Ray the ingress replica, Ray's HTTP proxy and the engine
-replica's actor (its engine process excluded), read from /proc before and after the cell. Ray runs as a
+replica's actor (its engine process excluded), read from /proc after the warm-up wave and after the cell,
+as measured and above the process's idle rate (its CPU a second with no request in flight, measured for
+``--idle-s`` once all are up: Ray's and Serve's own loops, health checks and metrics, which do not grow with
+the load). Ray runs as a
 one-node cluster started here (``ray.init``), the ingress and engine replicas as ``omniwalk serve --ray``
 deploys them; both engines run one torch thread (Ray sets an actor's OMP_NUM_THREADS to its ``num_cpus``; the plain
 server is given the same). Where Ray's direct ingress is on (``--ray-env``:
@@ -33,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -72,9 +76,11 @@ async def one_stream(http: httpx.AsyncClient, base: str, i: int, tokens: int) ->
     return {"e2e_s": end - start, "ttft_s": (first or end) - start, "tokens": num_tokens, "chunks": num_chunks}
 
 
-async def run_cell(base: str, concurrency: int, num_requests: int, tokens: int) -> tuple[list[dict], float]:
+async def run_cell(base: str, concurrency: int, num_requests: int, tokens: int, warm: Callable[[], None]):
+    """The cell's records and seconds; ``warm`` is called between the warm-up wave and the measured requests."""
     async with httpx.AsyncClient(timeout=300) as http:
         await asyncio.gather(*(one_stream(http, base, -1 - i, tokens) for i in range(concurrency)))  # warm-up wave
+        warm()
         todo, records = iter(range(num_requests)), []
 
         async def worker():
@@ -91,11 +97,21 @@ def cpu_s(pids: int | tuple[int, ...]) -> float:
     return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in (pids if isinstance(pids, tuple) else (pids,)))
 
 
-def measure(base: str, pids: dict[str, int], concurrency: int, args) -> dict:
-    """One cell: ``max(min_requests, 4 * concurrency)`` streamed requests, after a warm-up wave."""
-    num_requests = max(args.min_requests, 4 * concurrency)
+def idle_rates(pids: dict[str, int | tuple[int, ...]], seconds: float) -> dict[str, float]:
+    """CPU seconds a second each process spends with no request in flight (its background: Ray's and Serve's
+    own loops, health checks, metrics)."""
     before = {name: cpu_s(pid) for name, pid in pids.items()}
-    records, wall = asyncio.run(run_cell(base, concurrency, num_requests, args.tokens))
+    time.sleep(seconds)
+    return {name: (cpu_s(pid) - before[name]) / seconds for name, pid in pids.items()}
+
+
+def measure(base: str, pids: dict[str, int], concurrency: int, args, idle: dict[str, float]) -> dict:
+    """One cell: ``max(min_requests, 4 * concurrency)`` streamed requests, after a warm-up wave (its CPU not
+    counted). CPU a token as measured, and above each process's ``idle`` rate over the cell's time."""
+    num_requests = max(args.min_requests, 4 * concurrency)
+    before = {}
+    warm = lambda: before.update({name: cpu_s(pid) for name, pid in pids.items()})  # noqa: E731
+    records, wall = asyncio.run(run_cell(base, concurrency, num_requests, args.tokens, warm))
     spent = {name: cpu_s(pid) - before[name] for name, pid in pids.items()}
     tokens = sum(r["tokens"] for r in records)
     e2e, ttft = sorted(r["e2e_s"] for r in records), sorted(r["ttft_s"] for r in records)
@@ -104,6 +120,7 @@ def measure(base: str, pids: dict[str, int], concurrency: int, args) -> dict:
     row |= {"p50_ms": 1000 * statistics.median(e2e), "p90_ms": 1000 * e2e[int(0.9 * (len(e2e) - 1))]}
     row |= {"ttft_p50_ms": 1000 * statistics.median(ttft), "tokens_per_s": tokens / wall}
     row |= {f"cpu_ms_per_token_{name}": 1000 * s / tokens for name, s in spent.items()}
+    row |= {f"above_idle_cpu_ms_per_token_{name}": 1000 * (s - idle[name] * wall) / tokens for name, s in spent.items()}
     print(json.dumps(row), flush=True)
     return row
 
@@ -202,6 +219,7 @@ def main() -> None:
     )
     parser.add_argument("--stem", default="ray_overhead", help="the results' file name")
     parser.add_argument("--stream-interval", type=int, default=1, help="both engines' stream_interval")
+    parser.add_argument("--idle-s", type=float, default=10.0, help="seconds of each process's idle CPU, measured")
     args = parser.parse_args()
     load = psutil.getloadavg()[0]
     server, plain_base = start_plain(args)
@@ -210,12 +228,15 @@ def main() -> None:
         systems = {"plain": (plain_base, {"http": server.pid}), "ray": (ray_base, ray_pids)}
         if (direct := direct_ingress(ray_pids["ingress"])) is not None:
             systems["ray_direct"] = (direct, ray_pids)
+        time.sleep(args.idle_s / 2)  # (the systems settle after their start)
+        idle = idle_rates({"http": server.pid, **ray_pids}, args.idle_s)
+        print("idle CPU s/s:", json.dumps(idle), flush=True)
         rows = {name: [] for name in systems}
         for concurrency in args.concurrency:  # (alternating: every system sees the machine's load alike)
             rounds = {name: [] for name in systems}
             for _ in range(args.rounds):
                 for name, (base, pids) in systems.items():
-                    rounds[name].append(measure(base, pids, concurrency, args))
+                    rounds[name].append(measure(base, pids, concurrency, args, idle))
             for name in systems:
                 rows[name].append(median_row(rounds[name]))
     finally:
@@ -233,17 +254,20 @@ def main() -> None:
                     "added_ttft_p50_ms": ray_row["ttft_p50_ms"] - base_row["ttft_p50_ms"],
                     "throughput_ratio": ray_row["tokens_per_s"] / base_row["tokens_per_s"],
                     "ingress_cpu_ms_per_token": ray_row["cpu_ms_per_token_ingress"],
+                    "ingress_above_idle_cpu_ms_per_token": ray_row["above_idle_cpu_ms_per_token_ingress"],
                     "proxy_cpu_ms_per_token": ray_row["cpu_ms_per_token_proxy"],
                     "haproxy_cpu_ms_per_token": ray_row.get("cpu_ms_per_token_haproxy"),
                     "engine_actor_cpu_ms_per_token": ray_row["cpu_ms_per_token_engine_actor"],
                     "plain_http_cpu_ms_per_token": base_row["cpu_ms_per_token_http"],
+                    "plain_http_above_idle_cpu_ms_per_token": base_row["above_idle_cpu_ms_per_token_http"],
                 }
             )
     data = {"machine": machine("cpu"), "args": vars(args), "load_before": load, "load_after": psutil.getloadavg()[0]}
-    data |= {"ray_up_s": up_s}
+    data |= {"ray_up_s": up_s, "idle_cpu_s_per_s": idle}
     data |= {"python": platform.python_version(), **rows, "added": added}
     headers = ["path", "c", "added p50 ms", "added TTFT p50 ms", "throughput ratio", "ingress CPU ms/token"]
-    headers += ["proxy CPU ms/token", "HAProxy CPU ms/token", "engine actor CPU ms/token", "plain HTTP CPU ms/token"]
+    headers += ["above idle", "proxy CPU ms/token", "HAProxy CPU ms/token", "engine actor CPU ms/token"]
+    headers += ["plain HTTP CPU ms/token", "above idle"]
     table = [
         [
             a["path"],
@@ -252,10 +276,12 @@ def main() -> None:
             f"{a['added_ttft_p50_ms']:.1f}",
             f"{a['throughput_ratio']:.2f}",
             f"{a['ingress_cpu_ms_per_token']:.3f}",
+            f"{a['ingress_above_idle_cpu_ms_per_token']:.3f}",
             f"{a['proxy_cpu_ms_per_token']:.3f}",
             "-" if a["haproxy_cpu_ms_per_token"] is None else f"{a['haproxy_cpu_ms_per_token']:.3f}",
             f"{a['engine_actor_cpu_ms_per_token']:.3f}",
             f"{a['plain_http_cpu_ms_per_token']:.3f}",
+            f"{a['plain_http_above_idle_cpu_ms_per_token']:.3f}",
         ]
         for a in added
     ]
