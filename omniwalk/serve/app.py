@@ -23,7 +23,7 @@ import asyncio
 import hmac
 import logging
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -66,7 +66,6 @@ class Served:
     metrics: Metrics
     pool: MediaPool
     store: AudioStore
-    schemas: dict = field(default_factory=dict)  # ChatRequest / SpeechRequest -> with the family's fields
 
     def context(self) -> api.Context:
         return api.Context(self.cfg, self.pool, self.store, self.client.info, self.adapters)
@@ -95,11 +94,9 @@ class Served:
 
     def schema(self, base: type[schemas.Strict]) -> type[schemas.Strict]:
         """``base`` with the model family's own request fields (a speech body: its speech fields)."""
-        if base not in self.schemas:
-            info = self.client.info
-            fields = info.speech_fields if base is schemas.SpeechRequest else info.request_fields
-            self.schemas[base] = schemas.with_fields(base, {name: info.request_fields[name] for name in fields})
-        return self.schemas[base]
+        info = self.client.info
+        fields = info.speech_fields if base is schemas.SpeechRequest else info.request_fields
+        return schemas.with_fields(base, {name: info.request_fields[name] for name in fields})
 
 
 def _require_json(request: Request) -> None:

@@ -9,6 +9,7 @@ sampling extras are typed here too, and a model family's own fields by the kinds
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
@@ -166,8 +167,14 @@ FIELD_KINDS = {
 
 
 def with_fields(base: type[Strict], fields: dict[str, str]) -> type[Strict]:
-    """``base`` (ChatRequest, SpeechRequest) with the family's fields, optional, typed by kind."""
-    return create_model(base.__name__, __base__=base, **{n: (FIELD_KINDS[k] | None, None) for n, k in fields.items()})
+    """``base`` (ChatRequest, SpeechRequest) with the family's fields, optional, typed by kind (built once
+    per base and fields: building a pydantic model takes milliseconds)."""
+    return _with_fields(base, tuple(sorted(fields.items())))
+
+
+@functools.cache
+def _with_fields(base: type[Strict], fields: tuple[tuple[str, str], ...]) -> type[Strict]:
+    return create_model(base.__name__, __base__=base, **{n: (FIELD_KINDS[k] | None, None) for n, k in fields})
 
 
 class AudioOutput(Strict):
