@@ -93,6 +93,17 @@ def per_replica(base: str, stage: str, quantity: str) -> dict[str, float]:
     return out
 
 
+def served_after(base: str, before: dict[str, float], num_requests: int, timeout: float = 10.0) -> dict[str, float]:
+    """The replicas' served counts once ``num_requests`` more than ``before`` are in (a replica's count reaches the
+    ingress with its Report, just after the request's response)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        after = per_replica(base, "replica", "served")
+        if sum(after.values()) >= sum(before.values()) + num_requests or time.monotonic() > deadline:
+            return after
+        time.sleep(0.02)
+
+
 def engine_nodes() -> list[str]:
     actors = list_actors(filters=[("state", "=", "ALIVE")], detail=True)
     return [a.node_id for a in actors if a.class_name.endswith(":engine")]
@@ -173,7 +184,7 @@ def test_concurrent_requests_spread_over_both_replicas(client, base_url):
         return await asyncio.gather(*calls)
 
     assert all(a.usage.completion_tokens == 4 for a in asyncio.run(load()))
-    after = per_replica(base_url, "replica", "served")
+    after = served_after(base_url, before, 24)
     gained = {name: after[name] - before.get(name, 0) for name in after}
     assert len(gained) == 2 and min(gained.values()) >= 4, gained
 
@@ -195,7 +206,7 @@ def test_conversations_keep_to_the_replica_holding_their_prefix_and_spread_over_
         for home, messages in zip(homes, conversations, strict=True):
             before = per_replica(base_url, "replica", "served")
             answer = client.chat.completions.create(model="qwen3-omni", messages=messages, **GREEDY)
-            after = per_replica(base_url, "replica", "served")
+            after = served_after(base_url, before, 1)
             home |= {name for name in after if after[name] > before.get(name, 0)}
             messages += [{"role": "assistant", "content": answer.choices[0].message.content}]
             messages += [{"role": "user", "content": f"and tomorrow, turn {turn}?"}]
@@ -214,7 +225,9 @@ def test_a_client_that_hangs_up_mid_stream_aborts_its_request_in_the_engine(clie
     def unfinished_beside_a_turn() -> float:
         """The most unfinished requests a replica reports after a short turn of the same conversation (which
         goes to the same replica, and reports that replica's count once it has itself finished)."""
+        before = per_replica(base_url, "replica", "served")
         client.chat.completions.create(model="qwen3-omni", messages=messages, **GREEDY)
+        served_after(base_url, before, 1)
         return max(per_replica(base_url, "replica", "unfinished").values())
 
     with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=60) as response:

@@ -10,11 +10,12 @@ with the request's affinity key (the caller's: a realtime session's id, a chat's
 the digest of the engine request's own messages). The call's first item names the replica's engine
 process (``Routed``); the request goes there over ZMQ (one DEALER per engine process, shared by this
 ingress's requests) and its events come back on it; the call's last item is the replica's
-``Report``, taken before the Finished is handed on. Faults: a replica whose engine process is gone (a
-``Gone`` item) or whose actor died is avoided from then on; the request is sent again to another
-replica, for up to ``ray_retry_timeout_s``, while its client has seen none of its output: a stream
-(``stream`` set: streamed chats, realtime responses) before its first delta, a collected request (a
-non-streamed chat, speech) until its Finished, whose output is all its consumer reads. A stream that
+``Report`` (its stats), kept when it comes, after the request's Finished has been handed on. Faults:
+a replica whose engine process is gone (a ``Gone`` item) or whose actor died is avoided from then on;
+the request is sent again to another replica, for up to ``ray_retry_timeout_s``, while its client has
+seen none of its output: a stream (``stream`` set: streamed chats, realtime responses) before its
+first delta, a collected request (a non-streamed chat, speech) until its Finished, whose output is
+all its consumer reads. A stream that
 had output ends with ``EngineUnavailableError`` (the SSE error event, or the realtime error event). Ray
 replaces the failed replica (its health check fails); the endpoint stays up, so ``watch`` has
 nothing to do.
@@ -85,6 +86,7 @@ class RayEngines:
         self.unavailable: str | None = None  # set by ``fail_all``: every later request fails
         self.num_retries = 0
         self.connections: dict[str, _Connection] = {}  # engine endpoint -> this ingress's connection
+        self._reporting: set[asyncio.Future] = set()  # the calls of ended requests, until their replica's Report
 
     async def start(self) -> None:
         """The model's description and its LoRA adapters, from the first engine replica that is up (every
@@ -134,7 +136,8 @@ class RayEngines:
                         raise event
                     if isinstance(event, (Failed, Finished)):
                         ended = True
-                        await following  # (the replica's Report: its stats are current when the request ends)
+                        self._reporting.add(following)  # (its Report comes after: kept, not waited for)
+                        following.add_done_callback(self._reporting.discard)
                     if isinstance(event, Failed):
                         raise EngineRequestError(event.error, event.error_type, event.bad_request, event.param)
                     produced = True
@@ -161,7 +164,7 @@ class RayEngines:
                     if connection is not None:
                         connection.send(Abort(rid))
                     stream.cancel()
-                if following is not None and not following.done():
+                if following is not None and following not in self._reporting:
                     following.cancel()
             self.num_retries += 1
             await asyncio.sleep(delay)
