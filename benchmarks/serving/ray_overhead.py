@@ -243,6 +243,15 @@ def main() -> None:
         server.terminate()
         server.wait(60)
         stop_ray()
+    data = {"machine": machine("cpu"), "args": vars(args), "load_before": load, "load_after": psutil.getloadavg()[0]}
+    data |= {"ray_up_s": up_s, "idle_cpu_s_per_s": idle}
+    data |= {"python": platform.python_version(), **rows, "added": (added := added_rows(rows))}
+    write_report(args.out, args.stem, data, added_table(added))
+    print(added_table(added))
+
+
+def added_rows(rows: dict[str, list[dict]]) -> list[dict]:
+    """Per Ray path and concurrency: what it adds to the plain server, and each process's CPU a token."""
     added = []
     for path in [name for name in rows if name != "plain"]:
         for base_row, ray_row in zip(rows["plain"], rows[path], strict=True):
@@ -262,31 +271,28 @@ def main() -> None:
                     "plain_http_above_idle_cpu_ms_per_token": base_row["above_idle_cpu_ms_per_token_http"],
                 }
             )
-    data = {"machine": machine("cpu"), "args": vars(args), "load_before": load, "load_after": psutil.getloadavg()[0]}
-    data |= {"ray_up_s": up_s, "idle_cpu_s_per_s": idle}
-    data |= {"python": platform.python_version(), **rows, "added": added}
-    headers = ["path", "c", "added p50 ms", "added TTFT p50 ms", "throughput ratio", "ingress CPU ms/token"]
-    headers += ["above idle", "proxy CPU ms/token", "HAProxy CPU ms/token", "engine actor CPU ms/token"]
-    headers += ["plain HTTP CPU ms/token", "above idle"]
-    table = [
-        [
-            a["path"],
-            int(a["concurrency"]),
-            f"{a['added_p50_ms']:.1f}",
-            f"{a['added_ttft_p50_ms']:.1f}",
-            f"{a['throughput_ratio']:.2f}",
-            f"{a['ingress_cpu_ms_per_token']:.3f}",
-            f"{a['ingress_above_idle_cpu_ms_per_token']:.3f}",
-            f"{a['proxy_cpu_ms_per_token']:.3f}",
-            "-" if a["haproxy_cpu_ms_per_token"] is None else f"{a['haproxy_cpu_ms_per_token']:.3f}",
-            f"{a['engine_actor_cpu_ms_per_token']:.3f}",
-            f"{a['plain_http_cpu_ms_per_token']:.3f}",
-            f"{a['plain_http_above_idle_cpu_ms_per_token']:.3f}",
-        ]
-        for a in added
-    ]
-    write_report(args.out, args.stem, data, markdown_table(headers, table))
-    print(markdown_table(headers, table))
+    return added
+
+
+TABLE = (  # header, key of an added row, format
+    ("path", "path", "{}"),
+    ("c", "concurrency", "{:.0f}"),
+    ("added p50 ms", "added_p50_ms", "{:.1f}"),
+    ("added TTFT p50 ms", "added_ttft_p50_ms", "{:.1f}"),
+    ("throughput ratio", "throughput_ratio", "{:.2f}"),
+    ("ingress CPU ms/token", "ingress_cpu_ms_per_token", "{:.3f}"),
+    ("above idle", "ingress_above_idle_cpu_ms_per_token", "{:.3f}"),
+    ("proxy CPU ms/token", "proxy_cpu_ms_per_token", "{:.3f}"),
+    ("HAProxy CPU ms/token", "haproxy_cpu_ms_per_token", "{:.3f}"),
+    ("engine actor CPU ms/token", "engine_actor_cpu_ms_per_token", "{:.3f}"),
+    ("plain HTTP CPU ms/token", "plain_http_cpu_ms_per_token", "{:.3f}"),
+    ("above idle", "plain_http_above_idle_cpu_ms_per_token", "{:.3f}"),
+)
+
+
+def added_table(added: list[dict]) -> str:
+    cells = [["-" if a[key] is None else fmt.format(a[key]) for _, key, fmt in TABLE] for a in added]
+    return markdown_table([header for header, _, _ in TABLE], cells)
 
 
 if __name__ == "__main__":
