@@ -15,10 +15,9 @@ a replica whose engine process is gone (a ``Gone`` item) or whose actor died is 
 the request is sent again to another replica, for up to ``ray_retry_timeout_s``, while its client has
 seen none of its output: a stream (``stream`` set: streamed chats, realtime responses) before its
 first delta, a collected request (a non-streamed chat, speech) until its Finished, whose output is
-all its consumer reads. A stream that
-had output ends with ``EngineUnavailableError`` (the SSE error event, or the realtime error event). Ray
-replaces the failed replica (its health check fails); the endpoint stays up, so ``watch`` has
-nothing to do.
+all its consumer reads. A stream that had output ends with ``EngineUnavailableError`` (the SSE error
+event, or the realtime error event). Ray replaces the failed replica (its health check fails); the
+endpoint stays up, so ``watch`` has nothing to do.
 """
 
 from __future__ import annotations
