@@ -76,9 +76,14 @@ def record_graph(fn: Callable[..., dict], static: dict, pool, device) -> tuple[t
 
 
 def rows_in_graph(graph: GraphedStep | None, rows: list[bool]) -> list[bool]:
-    """A program's ``graph_rows``: the rows its captured step can run (``rows``), or none when
-    there is no graph or too many rows for its largest bucket."""
-    return rows if graph is not None and graph.fits(sum(rows)) else [False] * len(rows)
+    """A program's ``graph_rows``: the rows its captured step can run (``rows``; more than its
+    largest bucket run as several batches), or none when there is no graph."""
+    return rows if graph is not None else [False] * len(rows)
+
+
+def graph_batch(graph: GraphedStep | None) -> int:
+    """A program's ``graph_batch``: its graph's largest bucket (0: no graph)."""
+    return graph.max_batch if graph is not None else 0
 
 
 def _is_host(x) -> bool:

@@ -84,8 +84,13 @@ class KVProgram:
         return pool
 
     def graph_rows(self, batch: list[Chunk]) -> list[bool] | None:
-        """Which chunks a captured graph can run (the stage runs them as a batch of their own); None: no graphs."""
+        """Which chunks a captured graph can run (the stage runs them as batches of their own, of at most
+        ``graph_batch()`` rows each); None: no graphs."""
         return None
+
+    def graph_batch(self) -> int:
+        """The most rows one replay of the captured graph runs (0: no bound)."""
+        return 0
 
     def stats(self) -> dict:
         """Counters reported beside the stage's own (graph replays, eager steps)."""
@@ -203,16 +208,18 @@ class KVStage:
             self.remove(req)
 
     def _groups(self, batch: list[Work]) -> list[list[Work]]:
-        """The step's forwards: one, or two when the program can replay a graph for some rows
-        (pure decode) but not the others (prefill chunks): those rows first, as their own batch,
-        so arriving prompts never push running decodes off their graph."""
+        """The step's forwards: one, or more when the program can replay a graph for some rows (pure
+        decode) but not the others (prefill chunks): those rows first, as batches of their own, so
+        arriving prompts never push running decodes off their graph; rows past the largest graph
+        replay it in even pieces (e.g. 80 rows as two of 40) rather than running eagerly."""
         flags = self.program.graph_rows([Chunk(req, self.tables[req.id].num_cached, n) for req, n in batch])
-        if flags is None or all(flags) or not any(flags):
+        if flags is None or not any(flags):
             return [batch]
-        return [
-            [b for b, f in zip(batch, flags, strict=True) if f],
-            [b for b, f in zip(batch, flags, strict=True) if not f],
-        ]
+        graphed = [b for b, f in zip(batch, flags, strict=True) if f]
+        rest = [b for b, f in zip(batch, flags, strict=True) if not f]
+        n = len(graphed)
+        k = -(-n // (self.program.graph_batch() or n))  # pieces, their sizes within one of each other
+        return [graphed[i * n // k : (i + 1) * n // k] for i in range(k)] + ([rest] if rest else [])
 
     def capture_graphs(self, pool=None):
         return self.program.capture_graphs(self.storage, pool)

@@ -103,12 +103,15 @@ def test_long_prompt_is_chunked_and_does_not_stall_decodes():
 class SplittingProgram(ToyProgram):
     """Claims a (pretend) captured graph for one-token decode rows, and records every forward."""
 
-    def __init__(self, model, fail_on=frozenset()):
+    def __init__(self, model, fail_on=frozenset(), bound=0):
         super().__init__(model, fail_on)
-        self.forwards = []
+        self.forwards, self.bound = [], bound
 
     def graph_rows(self, batch):
         return [n == 1 and start == len(req.state["seq"]) - 1 for req, start, n in batch]
+
+    def graph_batch(self):
+        return self.bound
 
     def run(self, batch, kv):
         self.forwards.append(self.graph_rows(batch))
@@ -130,6 +133,20 @@ def test_decode_rows_run_apart_from_prefill_chunks_and_still_match():
             assert reqs[rid].status is Status.FAILED
         else:
             assert generated(reqs[rid]) == run_alone(p, m, s), rid
+    assert stage.pool.num_used == 0
+
+
+def test_decode_rows_past_the_largest_graph_run_in_even_pieces():
+    """More decode rows than the (pretend) graph's largest bucket: the stage runs them as pieces of
+    at most that many rows, within one row of each other, and outputs stay each request's alone."""
+    storage = KVStorage(PagePool(256, 4), 1, HEADS, DIM // HEADS, torch.float32, "cpu")
+    program = SplittingProgram(ToyLM(), bound=3)
+    stage = KVStage("lm", program, storage, KVStageConfig(64, 64), "cpu")
+    reqs = drive(Engine([stage]), workload())
+    graphed = [len(f) for f in program.forwards if all(f)]
+    assert max(graphed) == 3 and graphed.count(2) > 0  # (e.g. 4 rows as 2 + 2, never 3 + 1)
+    for rid, p, m, s in workload():
+        assert generated(reqs[rid]) == run_alone(p, m, s), rid
     assert stage.pool.num_used == 0
 
 

@@ -171,10 +171,11 @@ def test_graph_rows_are_exactly_the_rows_that_decode_and_draw():
     th, ts = req.state.thinker, req.state.talker
     prompt, seq = th.prompt.num_prompt_tokens, len(th.seq)
     assert thinker.graph_rows([(req, seq - 1, 1)]) == [False]  # no graph captured (CPU)
-    thinker.decode_graph = talker.frame_graph = SimpleNamespace(fits=lambda n: 0 < n <= 8)
+    thinker.decode_graph = talker.frame_graph = SimpleNamespace(max_batch=8)
     rows = [(req, seq - 1, 1), (req, 0, prompt), (req, prompt - 1, 1), (req, seq - 2, 1), (req, seq - 2, 2)]
     assert thinker.graph_rows(rows) == [True, False, False, False, False]
-    assert thinker.graph_rows([(req, seq - 1, 1)] * 9) == [False] * 9  # fits no bucket: eager
+    # more rows than the largest bucket are still graph rows: the stage replays the graph in pieces
+    assert thinker.graph_rows([(req, seq - 1, 1)] * 9) == [True] * 9 and thinker.graph_batch() == 8
     inputs = ts.num_inputs
     rows = [(req, inputs, 1), (req, inputs - 1, 1), (req, inputs - 2, 1), (req, 0, inputs)]
     # the last input row re-fed (after a preemption) drew its frame already: no frame, eager

@@ -206,16 +206,28 @@ def test_speech_rows_are_decode_graph_rows(monkeypatch):
         False,  # a chunk of two
         False,  # its code was drawn before (a recompute)
     ]
-    talker.decode_graph.buckets = [1]
-    assert talker.graph_rows([Chunk(req, drawn, 1)] * 2) == [False, False]  # fits no bucket: eager
+    talker.decode_graph.buckets = [1]  # two rows fit no bucket: graph rows still, replayed one at a time
+    assert talker.graph_rows([Chunk(req, drawn, 1)] * 2) == [True, True] and talker.graph_batch() == 1
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_graph_paths_equal_eager_on_a_mixed_workload(monkeypatch):
-    """Text and speech requests staggered (decode batches of up to 4 rows in graphs of 1, 2 and 4,
-    larger ones eager): ids, codes and audio as each alone on the eager path; every talker input row
-    (thinker hidden + embedding, kept from graph rows and eager rows) the eager run's to rounding."""
-    o = graphed(monkeypatch)
+    """Text and speech requests staggered (decode batches of up to 4 rows in graphs of 1 and 2, larger
+    ones replaying them in even pieces): ids, codes and audio as each alone on the eager path; every
+    talker input row (thinker hidden + embedding, kept from graph rows and eager rows) the eager run's
+    to rounding."""
+    o = graphed(monkeypatch, max_batch=2)
+    stage = o.engine.stages["thinker"]
+    pieces = []  # each thinker step's graph forwards: their rows
+    groups = stage._groups
+
+    def recorded(batch):
+        out = groups(batch)
+        chunks = [[Chunk(req, stage.tables[req.id].num_cached, n) for req, n in g] for g in out]
+        pieces.append([len(g) for g in chunks if all(stage.program.graph_rows(g))])
+        return out
+
+    monkeypatch.setattr(stage, "_groups", recorded)
     outs, rows = run_kept(o, workload())
     for i, request in enumerate(workload()):
         assert_same(outs[request["request_id"]], alone(i))
@@ -228,7 +240,8 @@ def test_graph_paths_equal_eager_on_a_mixed_workload(monkeypatch):
     stats = o.engine.stats()
     assert stats["thinker"]["graph_replays"] > 0 and stats["talker"]["graph_replays"] > 0
     assert stats["thinker"]["prefill_graph_replays"] > 0 and stats["talker"]["prefill_graph_replays"] > 0
-    assert stats["talker"]["eager_decode_steps"] == 0  # (at most 4 speech requests talk at once here)
+    assert stats["thinker"]["eager_decode_steps"] == stats["talker"]["eager_decode_steps"] == 0
+    assert max(max(step, default=0) for step in pieces) == 2 and [2, 2] in pieces and [1, 2] in pieces
     assert_free(o)
 
 

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from omniwalk.device import to_device
-from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets, rows_in_graph
+from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets, graph_batch, rows_in_graph
 from omniwalk.engine.inflight import Deferred
 from omniwalk.engine.kv_pages import KVStorage
 from omniwalk.engine.kv_stage import KVProgram
@@ -131,6 +131,9 @@ class ThinkerProgram(KVProgram):
 
     def graph_rows(self, batch: list[Chunk]) -> list[bool]:
         return rows_in_graph(self.decode_graph, self._decode_rows(batch))
+
+    def graph_batch(self) -> int:
+        return graph_batch(self.decode_graph)
 
     def stats(self) -> dict:
         graph, prefill = self.decode_graph, self.prefill_graphs.stats() if self.prefill_graphs else {}

@@ -45,7 +45,7 @@ import torch
 
 from omniwalk.config import SpeechCap
 from omniwalk.device import to_device
-from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets, rows_in_graph
+from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets, graph_batch, rows_in_graph
 from omniwalk.engine.kv_pages import KVStorage
 from omniwalk.engine.kv_stage import KVProgram
 from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
@@ -221,6 +221,9 @@ class TalkerProgram(KVProgram):
 
     def graph_rows(self, batch: list[Chunk]) -> list[bool]:
         return rows_in_graph(self.decode_graph, self._decode_rows(batch))
+
+    def graph_batch(self) -> int:
+        return graph_batch(self.decode_graph)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Talker hidden states [B, hidden] -> fp32 codec logits, HF's suppress_tokens (codec bos)

@@ -28,7 +28,7 @@ from torch import nn
 
 from omniwalk.config import SpeechCap
 from omniwalk.device import HostCopy, to_device
-from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets, rows_in_graph
+from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets, graph_batch, rows_in_graph
 from omniwalk.engine.kv_pages import KVStorage
 from omniwalk.engine.kv_stage import KVProgram
 from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
@@ -323,6 +323,9 @@ class TalkerProgram(KVProgram):
 
     def graph_rows(self, batch: list[Chunk]) -> list[bool]:
         return rows_in_graph(self.frame_graph, self._frame_rows(batch))
+
+    def graph_batch(self) -> int:
+        return graph_batch(self.frame_graph)
 
     def stats(self) -> dict:
         replays = self.frame_graph.num_replays if self.frame_graph else 0
