@@ -81,6 +81,14 @@ def rows_in_graph(graph: GraphedStep | None, rows: list[bool]) -> list[bool]:
     return rows if graph is not None else [False] * len(rows)
 
 
+def even_pieces(items: list, limit: int) -> list[list]:
+    """``items`` in the fewest pieces of at most ``limit`` (0: no limit), their sizes within one of
+    each other (80 rows under a limit of 64: two of 40, each a bucket of its own, rather than 64 + 16)."""
+    n = len(items)
+    k = -(-n // (limit or n or 1))
+    return [items[i * n // k : (i + 1) * n // k] for i in range(k)]
+
+
 def graph_batch(graph: GraphedStep | None) -> int:
     """A program's ``graph_batch``: its graph's largest bucket (0: no graph)."""
     return graph.max_batch if graph is not None else 0

@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from omniwalk.engine.cuda_graphs import even_pieces
 from omniwalk.engine.inflight import Deferred, InFlight
 from omniwalk.engine.kv_pages import KVStorage, PageTable
 from omniwalk.engine.paged_attention import PagedBatch, Segment
@@ -217,9 +218,7 @@ class KVStage:
             return [batch]
         graphed = [b for b, f in zip(batch, flags, strict=True) if f]
         rest = [b for b, f in zip(batch, flags, strict=True) if not f]
-        n = len(graphed)
-        k = -(-n // (self.program.graph_batch() or n))  # pieces, their sizes within one of each other
-        return [graphed[i * n // k : (i + 1) * n // k] for i in range(k)] + ([rest] if rest else [])
+        return even_pieces(graphed, self.program.graph_batch()) + ([rest] if rest else [])
 
     def capture_graphs(self, pool=None):
         return self.program.capture_graphs(self.storage, pool)

@@ -150,6 +150,15 @@ def test_decode_rows_past_the_largest_graph_run_in_even_pieces():
     assert stage.pool.num_used == 0
 
 
+def test_even_pieces_are_fewest_and_within_one_row():
+    from omniwalk.engine.cuda_graphs import even_pieces
+
+    assert [len(p) for p in even_pieces(list(range(80)), 64)] == [40, 40]
+    assert [len(p) for p in even_pieces(list(range(7)), 3)] == [2, 2, 3]
+    assert even_pieces(list(range(5)), 0) == [list(range(5))] and even_pieces([], 4) == []
+    assert sum(even_pieces(list(range(65)), 32), []) == list(range(65))  # every item once, in order
+
+
 def test_graph_inputs_copy_live_rows_and_pad_the_rest():
     """What a CUDA graph replay reads: live rows copied in (narrower tables too), every row after
     them reset to its pad value even when an earlier, larger batch left real values there."""

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from omniwalk.device import HostCopy, to_device
 from omniwalk.engine.batch_stage import BatchProgram
-from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets
+from omniwalk.engine.cuda_graphs import GraphedStep, StaticInput, batch_buckets, even_pieces
 from omniwalk.engine.request import EngineRequest, Work
 from omniwalk.models.qwen3_omni.networks.code2wav import Code2Wav
 from omniwalk.models.qwen3_omni.networks.code2wav_stream import VocoderStreamConfig
@@ -114,10 +114,11 @@ class VocoderProgram(BatchProgram):
         for req, n in batch:
             decoded = req.state.vocoder.num_decoded
             groups[(self.config.next_chunk(decoded), decoded == 0)].append((req, n))
+        limit = self.graph_max_batch or self.max_batch  # (graphs on: pieces that each replay one)
         commits = [
-            self._call(width, fresh, group[first : first + self.max_batch])
+            self._call(width, fresh, piece)
             for (width, fresh), group in groups.items()
-            for first in range(0, len(group), self.max_batch)
+            for piece in even_pieces(group, limit)
         ]
         for req, n in batch:  # launched (all of it, or nothing if a call raised): next come the frames after
             req.state.vocoder.num_decoded += n
