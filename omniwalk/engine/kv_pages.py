@@ -140,26 +140,43 @@ class KVStorage:
     The extra last page belongs to no request: padding rows of a fixed-size (CUDA graph) batch
     write their keys to its first slot, ``scratch_slot``. ``semaphores``: the paged decode kernel's
     counters for rows split over programs (zero between calls; this model's layers run one at a time).
+    ``rows`` (``row_width`` > 0, else None): a row of that many values per slot that lives and is shared
+    with its page, for what a program keeps of a position beside its keys (the thinker: what its talker
+    reads of a prompt position, so that a request taking keyed pages finds it there).
     """
 
-    def __init__(self, pool: PagePool, num_layers: int, num_kv_heads: int, head_dim: int, dtype, device):
+    def __init__(
+        self, pool: PagePool, num_layers: int, num_kv_heads: int, head_dim: int, dtype, device, row_width: int = 0
+    ):
         shape = ((pool.num_pages + 1) * pool.page_size, num_kv_heads, head_dim)
         self.pool = pool
         self.scratch_slot = pool.num_pages * pool.page_size
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.rows = torch.zeros((shape[0], row_width), dtype=dtype, device=device) if row_width else None
         self.semaphores = torch.zeros(DECODE_PROGRAMS, dtype=torch.int32, device=device)
 
     @staticmethod
-    def bytes_per_page(page_size: int, num_layers: int, num_kv_heads: int, head_dim: int, dtype) -> int:
-        return 2 * num_layers * page_size * num_kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+    def bytes_per_page(
+        page_size: int, num_layers: int, num_kv_heads: int, head_dim: int, dtype, row_width: int = 0
+    ) -> int:
+        values = 2 * num_layers * num_kv_heads * head_dim + row_width
+        return values * page_size * torch.empty(0, dtype=dtype).element_size()
 
     @classmethod
     def from_budget(
-        cls, budget_bytes: int, page_size: int, num_layers: int, num_kv_heads: int, head_dim: int, dtype, device
+        cls,
+        budget_bytes: int,
+        page_size: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype,
+        device,
+        row_width: int = 0,
     ) -> KVStorage:
-        per_page = cls.bytes_per_page(page_size, num_layers, num_kv_heads, head_dim, dtype)
+        per_page = cls.bytes_per_page(page_size, num_layers, num_kv_heads, head_dim, dtype, row_width)
         num_pages = budget_bytes // per_page
         if num_pages < 1:
             raise ValueError(f"KV budget of {budget_bytes} bytes holds no page ({per_page} bytes each)")
-        return cls(PagePool(num_pages, page_size), num_layers, num_kv_heads, head_dim, dtype, device)
+        return cls(PagePool(num_pages, page_size), num_layers, num_kv_heads, head_dim, dtype, device, row_width)

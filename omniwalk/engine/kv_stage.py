@@ -73,6 +73,10 @@ class KVProgram:
     def on_add(self, req: EngineRequest) -> None:
         """The request joined the stage (before it is scheduled)."""
 
+    def on_prefix(self, req: EngineRequest, storage: KVStorage, slots: list[int]) -> None:
+        """The request was admitted with its first ``len(slots)`` positions in keyed pages (at these
+        storage slots): not computed for it."""
+
     def on_preempt(self, req: EngineRequest) -> None:
         """The request's KV was dropped; its tokens will be recomputed from position 0."""
 
@@ -162,6 +166,8 @@ class KVStage:
                 table.release(self.pool)  # (its prefix pages back, idle again)
                 break  # FIFO: nobody overtakes the head for pages
             self.num_prefix_tokens += table.num_cached
+            if table.num_cached:
+                self.program.on_prefix(req, self.storage, table.slots(self.pool, 0, table.num_cached))
             req.cached.setdefault(self.name, table.num_cached)  # (the first admission's: usage reports it)
             self.waiting.remove(req)
             self.running.append(req)

@@ -1,11 +1,13 @@
 """Page pool bookkeeping and paged attention against plain causal attention.
 
 Prefix pages through the engine (Qwen2.5-Omni tiny, CPU): a text-out request takes the thinker KV
-pages an earlier request computed for the same prompt prefix (the system prompt, up to the first
-media item) and computes only the rest; its outputs equal a server without the cache
-(``prefix_cache=False``). A speech request (its talker reads the thinker's prompt rows) takes none.
+pages an earlier request computed for the same prompt prefix (ids, positions and media contents)
+and computes only the rest; its outputs equal a server without the cache (``prefix_cache=False``).
+A Qwen2.5-Omni speech request (its talker reads thinker rows that are not kept) takes none; a
+Qwen3-Omni one takes its conversation's history in the thinker and the talker.
 The pages are keyed, shared and evicted as ``test_kv_pages.py`` tests on the pool itself."""
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -164,3 +166,48 @@ def test_text_requests_take_the_system_prompt_pages_and_equal_no_cache():
     assert taken[2] > taken[1] and taken[3] == taken[2] and taken[4] > taken[3]  # the speech request (3): none
     assert off.engine.stats()["thinker"]["prefix_tokens"] == 0 and off.engine.stats()["thinker"]["kv_pages_keyed"] == 0
     assert_free(on)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@torch.no_grad()
+def test_a_voice_conversations_next_turn_takes_its_history_from_prefix_pages():
+    """Qwen3-Omni tiny: turn 2 of a spoken conversation (turn 1's recording, its answer, a new
+    recording; speech out) takes the pages turn 1 left keyed, in the thinker (through the recording:
+    its prompt rows for the talker come from beside the keys) and in the talker (its user part), and
+    equals a server without the cache. The same history with another recording in turn 1 takes only
+    the pages before that recording."""
+    from helpers.qwen3_omni import assert_same as assert_same_speech
+    from helpers.qwen3_omni import checkpoint as qwen3_checkpoint
+
+    rng = np.random.default_rng(7)
+    clips = [(0.1 * rng.standard_normal(n)).astype(np.float32) for n in (24000, 20000, 24000)]
+    speech = {"modalities": ["text", "audio"], "voice": "ethan", "max_audio_frames": 6, "min_audio_frames": 6}
+    greedy = {"temperature": 0.0, "talker_temperature": 0.0, "code_predictor_temperature": 0.0, "ignore_eos": True}
+
+    def turn(messages: list[dict]) -> dict:
+        return {"messages": messages, "max_tokens": 5, **greedy, **speech}
+
+    def user(clip) -> dict:
+        return {"role": "user", "content": [{"type": "audio", "audio": clip}, {"type": "text", "text": "and?"}]}
+
+    on, off = Omni(model=qwen3_checkpoint("tiny")), Omni(model=qwen3_checkpoint("tiny"), prefix_cache=False)
+
+    def run(o: Omni, request: dict):
+        before = {name: o.engine.stats()[name]["prefix_tokens"] for name in ("thinker", "talker")}
+        req = o.add(request)
+        while o.engine.has_unfinished():
+            o.engine.step()
+        taken = {name: o.engine.stats()[name]["prefix_tokens"] - n for name, n in before.items()}
+        return o.output(req), taken, req.state.thinker.prompt.spans
+
+    first, _, _ = run(on, turn([user(clips[0])]))
+    second = [user(clips[0]), {"role": "assistant", "content": first.text}, user(clips[1])]
+    (a, taken, spans), b = run(on, turn(second)), off.generate(turn(second))
+    assert a.error is None and b.error is None
+    assert_same_speech(a, b)
+    print(f"taken by turn 2: {taken}; recordings start at {[s.start for s in spans]}")
+    assert taken["thinker"] == a.num_cached_tokens > spans[0].start and taken["talker"] > 0  # through recording 1
+    assert b.num_cached_tokens == 0
+    other = [user(clips[2]), {"role": "assistant", "content": first.text}, user(clips[1])]
+    c, taken, spans = run(on, turn(other))
+    assert c.error is None and taken["thinker"] <= spans[0].start and taken["talker"] == 0

@@ -48,10 +48,10 @@ from omniwalk.sampling import TokenLogprob, sample_async
 from omniwalk.structured.matchers import bitmask
 
 
-def kv_storage(cfg: DecoderConfig, budget: int, page_size: int, dtype, device) -> KVStorage:
-    """Paged KV storage for a decoder's layers within ``budget`` bytes."""
+def kv_storage(cfg: DecoderConfig, budget: int, page_size: int, dtype, device, row_width: int = 0) -> KVStorage:
+    """Paged KV storage for a decoder's layers within ``budget`` bytes (``row_width``: ``KVStorage.rows``)."""
     return KVStorage.from_budget(
-        budget, page_size, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, dtype, device
+        budget, page_size, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, dtype, device, row_width
     )
 
 
@@ -70,9 +70,13 @@ class ThinkerProgram(KVProgram):
         prefill: PrefillPlan = NO_PREFILL_GRAPHS,
         deepstack_levels: int = 0,
         adapters: ThinkerAdapters | None = None,
+        keeps_prompt_rows: bool = False,
     ):
+        """``keeps_prompt_rows``: every prompt row's input embedding and accept-layer state is stored at
+        its KV slot (the storage's ``rows``, 2 x hidden wide), so that a speaking request, whose talker
+        reads them, may take keyed prefix pages too (the same on every tensor-parallel rank)."""
         self.thinker, self.device, self.decode_attention = thinker, device, decode_attention
-        self.adapters = adapters
+        self.adapters, self.keeps_prompt_rows = adapters, keeps_prompt_rows
         t = thinker.tokens
         self.pad_ids = {"audio": t.audio_pad, "image": t.image_pad, "video": t.video_pad}
         self.graph_max_batch, self.prefill, self.deepstack_levels = graph_max_batch, prefill, deepstack_levels
@@ -176,27 +180,24 @@ class ThinkerProgram(KVProgram):
         return req.state.thinker.is_finished
 
     def prefix_keys(self, req: EngineRequest, page_size: int) -> list[bytes]:
-        """The prompt's full pages before its first media placeholder (and before its last token),
-        each keyed by a digest of every id and position up to its end. None for a request that asked
-        for speech: its talker reads the thinker's prompt rows, which taken pages would not compute
-        (``speaks`` is read from the request, so every tensor-parallel rank answers alike)."""
+        """The prompt's full pages before its last token, each keyed by ``prefix_chain`` (every id,
+        position and media item's content up to its end; an adapter's pages chained from the key of
+        its load, the base's from nothing). None for a request that asked for speech unless the
+        program keeps prompt rows (its talker reads them, which taken pages would not compute;
+        ``speaks`` is read from the request, so every tensor-parallel rank answers alike)."""
         st = req.state.thinker
-        if req.state.talker is not None or st.speaks:
+        if (req.state.talker is not None or st.speaks) and not self.keeps_prompt_rows:
             return []
-        prompt = st.prompt
-        ids = np.asarray(prompt.token_ids, dtype=np.int64)
-        media = np.flatnonzero(np.isin(ids, list(self.pad_ids.values())))
-        end = min(int(media[0]) if len(media) else len(ids), prompt.num_prompt_tokens - 1)
-        positions = prompt.rope.span(0, end).numpy()
-        # an adapter's pages are its own: the chain starts from the key of its load (the base's from nothing)
-        key = st.lora_key
-        keys, digest = [], b"" if key is None else hashlib.blake2b(key.encode(), digest_size=16).digest()
-        for start in range(0, end - page_size + 1, page_size):
-            page = slice(start, start + page_size)
-            contents = digest + ids[page].tobytes() + np.ascontiguousarray(positions[:, page]).tobytes()
-            digest = hashlib.blake2b(contents, digest_size=16).digest()
-            keys.append(digest)
-        return keys
+        seed = b"" if st.lora_key is None else hashlib.blake2b(st.lora_key.encode(), digest_size=16).digest()
+        return prefix_chain(seed, st.prompt, list(range(page_size, st.prompt.num_prompt_tokens, page_size)))
+
+    def on_prefix(self, req: EngineRequest, storage: KVStorage, slots: list[int]) -> None:
+        """A speaking request's talker reads the prompt rows its keyed pages hold: from their slots."""
+        if req.state.talker is None or storage.rows is None:
+            return
+        rows = storage.rows[to_device(slots, storage.rows.device, torch.long)]
+        x, accept_hidden = rows.chunk(2, dim=1)
+        self._keep_prompt_rows(req.state.thinker, 0, len(slots), x, accept_hidden, 0)
 
     def on_preempt(self, req: EngineRequest) -> None:
         """Nothing to undo: the prompt's talker rows are rewritten identically on recompute."""
@@ -220,6 +221,8 @@ class ThinkerProgram(KVProgram):
         media, counts = self._media(batch)
         x, deepstack = self.thinker.embed(_device_ids(host_ids, in_flight, self.device), media, counts)
         out = self._layers(x, positions.T, deepstack, kv, lora_slots)
+        if kv.storage.rows is not None:
+            _store_prompt_rows(batch, kv, torch.cat([x, out["accept_hidden"]], dim=1))
         offset, ready, ends = 0, [], []
         for row, (req, start, n) in enumerate(batch):
             self.keep_rows(req, start, n, x, out, offset)
@@ -414,6 +417,72 @@ def _device_ids(host: list[int], in_flight: list, device) -> torch.Tensor:
     for draw, where, rows in in_flight:
         ids.index_copy_(0, to_device(where, device, torch.long), draw[to_device(rows, device, torch.long)])
     return ids
+
+
+def _store_prompt_rows(batch: list[Chunk], kv: PagedBatch, rows: torch.Tensor) -> None:
+    """The step's prompt rows (``rows`` [step rows, width]) into the storage's rows at their slots,
+    where a later request that takes these pages as its prefix reads them (``on_prefix``)."""
+    slots, index, offset = [], [], 0
+    for (req, start, n), segment in zip(batch, kv.segments, strict=True):
+        end = min(start + n, req.state.thinker.prompt.num_prompt_tokens)
+        if end > start:
+            slots += segment.table.slots(kv.storage.pool, start, end)
+            index += range(offset, offset + end - start)
+        offset += n
+    if slots:
+        device = kv.storage.rows.device
+        picked = rows[to_device(index, device, torch.long)].to(kv.storage.rows.dtype)
+        kv.storage.rows.index_copy_(0, to_device(slots, device, torch.long), picked)
+
+
+def item_digest(item) -> bytes:
+    """A digest of a media item's content (its kind, measures and encoder input, ``MediaItem``): in a
+    prefix key it stands for the rows its placeholders get."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(repr((item.kind, item.num_audio_tokens, tuple(item.grid_thw), item.seconds_per_grid)).encode())
+    _feed(h, item.data)
+    return h.digest()
+
+
+def _feed(h, value) -> None:
+    if isinstance(value, dict):
+        for name in sorted(value):
+            h.update(repr(name).encode())
+            _feed(h, value[name])
+    elif isinstance(value, list | tuple):
+        for v in value:
+            _feed(h, v)
+    elif isinstance(value, torch.Tensor):
+        h.update(repr((str(value.dtype), tuple(value.shape))).encode())
+        h.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
+    elif isinstance(value, np.ndarray):
+        h.update(repr((value.dtype.str, value.shape)).encode())
+        h.update(np.ascontiguousarray(value).reshape(-1).view(np.uint8).data)
+    else:
+        h.update(repr(value).encode())
+
+
+def prefix_chain(seed: bytes, prompt, ends: list[int], extra: list[bytes] | None = None) -> list[bytes]:
+    """One key per prompt index of ``ends`` (increasing): a digest chained from ``seed`` over every
+    id and position before that index, the content of every media item whose placeholders start
+    before it (``item_digest``: two prompts alike but for an image differ from the page it starts
+    in), and ``extra[j]`` (what else the j-th key's page depends on)."""
+    if not ends:
+        return []
+    ids = np.asarray(prompt.token_ids, dtype=np.int64)
+    positions = prompt.rope.span(0, ends[-1]).numpy()
+    starts = [span.start for span in prompt.spans]
+    keys, digest, begin, item = [], seed, 0, 0
+    for j, end in enumerate(ends):
+        parts = [digest, ids[begin:end].tobytes(), np.ascontiguousarray(positions[:, begin:end]).tobytes()]
+        while item < len(starts) and starts[item] < end:
+            parts.append(item_digest(prompt.items[item]))
+            item += 1
+        parts += [extra[j]] if extra else []
+        digest = hashlib.blake2b(b"".join(parts), digest_size=16).digest()
+        keys.append(digest)
+        begin = end
+    return keys
 
 
 def _patch_ids(in_flight: list, static: dict) -> None:

@@ -56,14 +56,19 @@ def build_stages(parts: dict, cfg: Qwen3OmniConfig, config: OmniConfig, devices:
     vision = VisionEncoderProgram(parts["vision_encoder"], devices["vision_encoder"], dtype, encoder_graphs)
     plan, deepstack = _prefill(engine, engine.max_batch_tokens, prefill), len(cfg.vision.deepstack_visual_indexes)
     device, page = devices["thinker"], engine.page_size
-    thinker = ThinkerProgram(parts["thinker"], device, decode, graphs, plan, deepstack, adapters)
+    # A model that speaks keeps its prompt rows beside their keys (2 x hidden a slot, ~8% of the thinker's KV
+    # bytes at full size), so speaking requests take prefix pages too (a voice conversation's history); decided
+    # by the config, not by this rank's parts, so every tensor-parallel rank keys alike.
+    rows = 2 * cfg.text.hidden_size if cfg.enable_audio_output else 0
+    thinker = ThinkerProgram(parts["thinker"], device, decode, graphs, plan, deepstack, adapters, bool(rows))
+    text = local_heads(cfg.text, model.tensor_parallel)
     stages = [
         BatchStage("audio_encoder", audio, audio_batch, devices["audio_encoder"]),
         BatchStage("vision_encoder", vision, vision_batch, devices["vision_encoder"]),
         KVStage(
             "thinker",
             thinker,
-            kv_storage(local_heads(cfg.text, model.tensor_parallel), opts.thinker_kv_bytes, page, dtype, device),
+            kv_storage(text, opts.thinker_kv_bytes, page, dtype, device, rows),
             KVStageConfig(engine.max_batch_tokens, engine.max_running, decode, prefill, engine.prefix_cache),
             device,
         ),
@@ -86,7 +91,13 @@ def build_stages(parts: dict, cfg: Qwen3OmniConfig, config: OmniConfig, devices:
         stream = VocoderStreamConfig(opts.vocoder_chunk_frames, opts.vocoder_first_chunk_frames)
         vocoder = VocoderProgram(parts["code2wav"], stream, voice, engine.max_running, opts.vocoder_max_batch, graphs)
         stages += [
-            KVStage("talker", talker, storage, KVStageConfig(budget, engine.max_running, decode, prefill), device),
+            KVStage(
+                "talker",
+                talker,
+                storage,
+                KVStageConfig(budget, engine.max_running, decode, prefill, engine.prefix_cache),
+                device,
+            ),
             BatchStage("vocoder", vocoder, BatchStageConfig(2**31, engine.max_running), voice),
         ]
     return stages

@@ -35,9 +35,10 @@ from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
 from omniwalk.engine.prefill_graphs import NO_PREFILL_GRAPHS, DecoderPrefill, PrefillPlan
 from omniwalk.engine.request import Chunk, EngineRequest
 from omniwalk.models.common.checkpoint.config import TokenIds
-from omniwalk.models.common.processing.positions import batch_spans
+from omniwalk.models.common.processing.positions import batch_spans, mrope_positions
+from omniwalk.models.common.programs.thinker_program import prefix_chain
 from omniwalk.models.qwen3_omni.networks.talker import Talker
-from omniwalk.models.qwen3_omni.processing.talker_prompt import talker_prefix
+from omniwalk.models.qwen3_omni.processing.talker_prompt import kept_spans, talker_prefix, user_positions
 from omniwalk.sampling import GRAPH_FIELDS, BatchParams, advance, draw
 
 EOS, PAD = "eos", "pad"
@@ -132,6 +133,26 @@ class TalkerProgram(KVProgram):
 
     def is_finished(self, req: EngineRequest) -> bool:
         return req.state.talker.finished
+
+    def prefix_keys(self, req: EngineRequest, page_size: int) -> list[bytes]:
+        """The full pages of the prefix's user part (the thinker prompt's user-turn positions: a voice
+        conversation's earlier turns are the next turn's prefix), each keyed by the thinker prompt up
+        to the last position its rows project (their thinker states depend on all of it, adapter
+        included) and by the rows' own talker positions."""
+        th = req.state.thinker
+        user = user_positions(th.prompt.token_ids, self.tokens)
+        at = user.nonzero().flatten().tolist()  # the thinker position of each user-part row
+        n = len(at) // page_size * page_size  # (the 9-row header follows: no page holds the last row)
+        if n == 0:
+            return []
+        rope = mrope_positions(
+            req.state.talker.prefix_length, kept_spans(th.prompt.spans, user), self.position_id_per_seconds
+        )
+        rows = rope.span(0, n).numpy()
+        pages = range(0, n, page_size)
+        seed = b"talker" + (th.lora_key or "").encode()
+        extra = [rows[:, p : p + page_size].tobytes() for p in pages]
+        return prefix_chain(seed, th.prompt, [at[p + page_size - 1] + 1 for p in pages], extra)
 
     def on_preempt(self, req: EngineRequest) -> None:
         """Nothing to undo: the input rows are kept and re-fed."""
