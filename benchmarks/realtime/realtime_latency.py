@@ -39,7 +39,7 @@ from speech_turns import RATE, quiet, source, turn  # noqa: E402
 CHUNK_S = 0.1
 COLUMNS = ["sessions", "turns", "vad_p50_ms", "first_audio_p50_ms", "first_audio_p90_ms", "answer_p50_ms"]
 COLUMNS += ["underruns_per_answer", "answers_underrun", "split_turns", "discarded_preemptions"]
-COLUMNS += ["error_turns", "http_cpu_pct_per_session"]
+COLUMNS += ["error_turns", "http_cpu_pct_per_session", "answer_p50_ms_by_turn"]
 
 
 def pcm16(samples: np.ndarray) -> bytes:
@@ -147,6 +147,8 @@ async def cell(client, args, n: int) -> dict:
     stats = {key: summary([r[key] for r in records if r[key] is not None]) for key in ("vad_ms", "first_audio_ms")}
     stats["answer_ms"] = summary([r["answer_ms"] for r in records if r["answer_ms"] is not None])
     counts = [r["underruns"] for r in records]
+    answers = [(r["turn"], r["answer_ms"]) for r in records if r["answer_ms"] is not None]
+    by_turn = [[ms for turn, ms in answers if turn == t] for t in range(args.turns)]
     return {
         **stats,
         "turns": len(records),
@@ -156,6 +158,8 @@ async def cell(client, args, n: int) -> dict:
         "error_turns": sum(r["status"].startswith("error") for r in records),
         "discarded_preemptions": None if after is None else after - (discarded or 0),
         "http_cpu_pct_per_session": None if cpu is None else 100 * (cpu_seconds(args.server_pid) - cpu) / wall / n,
+        # (a median that grows from turn to turn: the server falls behind the sessions' turns)
+        "answer_p50_ms_by_turn": [summary(values).get("p50") for values in by_turn],
         "records": records,
     }
 
@@ -164,7 +168,8 @@ def table(results: dict) -> str:
     rows = []
     for n, c in results.items():
         picks = [c["vad_ms"].get("p50"), c["first_audio_ms"].get("p50"), c["first_audio_ms"].get("p90")]
-        rows.append([n, c["turns"], *picks, c["answer_ms"].get("p50"), *(c[k] for k in COLUMNS[6:])])
+        by_turn = " / ".join("-" if v is None else f"{v:.0f}" for v in c["answer_p50_ms_by_turn"])
+        rows.append([n, c["turns"], *picks, c["answer_ms"].get("p50"), *(c[k] for k in COLUMNS[6:-1]), by_turn])
     return markdown_table(COLUMNS, rows)
 
 
