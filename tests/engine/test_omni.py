@@ -62,7 +62,8 @@ def test_kv_pressure_preempts_and_still_completes_correctly(prefix_cache):
     third (a quarter with them: the text requests share their system prompt's pages, and idle keyed
     pages are handed out again under the pressure)."""
     cfg = walk_omni().family.cfg.text
-    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
+    # a token's keys and values in every layer, and the prompt row kept beside them (the model speaks)
+    per_token = (2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim + 2 * cfg.hidden_size) * 4
     tokens = 750 if prefix_cache else 1000
     o = Omni(model=checkpoint("tiny"), thinker_kv_bytes=tokens * per_token, page_size=8, prefix_cache=prefix_cache)
     outs = run_staggered(o, workload(), every=1)
