@@ -28,6 +28,7 @@ from omniwalk.engine.inflight import Deferred, InFlight
 from omniwalk.engine.kv_pages import KVStorage, PageTable
 from omniwalk.engine.paged_attention import PagedBatch, Segment
 from omniwalk.engine.request import Chunk, EngineRequest, Status, Work
+from omniwalk.errors import InvalidRequestError
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,9 @@ class KVStage:
             n = min(self.program.num_ready(req, table.num_cached), budget)
             if not table.reserve(self.pool, n):
                 table.release(self.pool)  # (its prefix pages back, idle again)
+                if not self.running:  # the pool holds no other request's pages: it never will fit
+                    self._fail_oversized(req, n)
+                    continue
                 break  # FIFO: nobody overtakes the head for pages
             self.num_prefix_tokens += table.num_cached
             if table.num_cached:
@@ -180,11 +184,26 @@ class KVStage:
         """Pages for ``n`` more tokens of a running request, preempting newer requests if needed."""
         table = self.tables[req.id]
         while not table.reserve(self.pool, n):
+            if self.running == [req]:  # alone, and still short: the pool cannot hold it
+                self._fail_oversized(req, table.num_cached + n)
+                return False
             victim = max(self.running, key=lambda r: r.order)
             self._preempt(victim)
             if victim is req:
                 return False
         return True
+
+    def _fail_oversized(self, req: EngineRequest, tokens: int) -> None:
+        """Fail a request that needs more of this stage's KV at once than the whole pool holds (it
+        would be preempted and readmitted forever); the others go on."""
+        capacity = self.pool.num_pages * self.pool.page_size
+        req.fail(
+            InvalidRequestError(
+                f"the request needs KV cache for {tokens} tokens in the {self.name}, more than its whole pool "
+                f"holds ({capacity} tokens): shorten it (or its max_tokens), or raise the {self.name}'s KV bytes"
+            )
+        )
+        self.remove(req)
 
     def _preempt(self, req: EngineRequest) -> None:
         self.tables[req.id].release(self.pool, self.prefix.get(req.id, ()))

@@ -74,6 +74,24 @@ def test_kv_pressure_preempts_and_still_completes_correctly(prefix_cache):
     assert_idle(o)
 
 
+def test_a_request_larger_than_the_whole_kv_pool_fails_alone():
+    """A request that needs more thinker KV at once than the whole pool holds fails with a typed
+    error naming the pool (it would be preempted and readmitted forever), whether it arrives alone
+    or beside another; the requests that fit complete as they would alone."""
+    cfg = walk_omni().family.cfg.text
+    per_token = (2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim + 2 * cfg.hidden_size) * 4
+    o = Omni(model=checkpoint("tiny"), thinker_kv_bytes=160 * per_token, page_size=8, prefix_cache=False)
+    capacity = o.engine.stages["thinker"].pool.num_pages * 8
+    long = make_request(1, "t2t") | {"request_id": "long", "max_tokens": 200}  # ~105 prompt tokens + 200
+    long["messages"][0]["content"][0]["text"] = "word " * 60
+    for together in ([long], [make_request(0, "t2t"), long, make_request(2, "t2t")]):
+        outs = run_staggered(o, together, every=1)
+        assert outs["long"].finish_reason == "error" and f"({capacity} tokens)" in outs["long"].error
+        for request in together[::2] if len(together) > 1 else []:
+            assert_same(outs[request["request_id"]], walk_omni().generate(request))
+    assert_idle(o)
+
+
 def test_talker_kv_pressure_preempts_and_resumes_exactly():
     """Speech requests with talker KV for ~100 tokens: the talker preempts and re-feeds its input
     rows; a re-fed row must not draw its frame again (codes and audio equal to running alone)."""
