@@ -310,8 +310,10 @@ ALLOWED = {
     ("layers/moe.py", "reference_experts"),  # reference backends: CPU only
     ("layers/kv_attention.py", "paged_decode_reference"),
     ("layers/attention.py", "reference_attention"),
-    # the prompt's positions, a host tensor the processor made (digested into the prefix pages' keys at add)
-    ("models/common/programs/thinker_program.py", "prefix_keys"),
+    # host tensors the processor made (positions, media pixels), digested into the prefix pages' keys at add
+    ("models/common/programs/thinker_program.py", "prefix_chain"),
+    ("models/common/programs/thinker_program.py", "_feed"),
+    ("models/qwen3_omni/programs/talker_program.py", "prefix_keys"),  # (and the prompt's user positions)
 }
 READS = ("tolist", "item", "cpu", "numpy")
 

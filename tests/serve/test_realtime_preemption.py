@@ -105,12 +105,13 @@ async def conversation(base_url: str, preemptive_silence_ms: int) -> dict[str, l
 
 
 def normalized(events: list[dict]) -> list[dict]:
-    """Events with ids numbered in order of appearance (the same ids wherever they recur), no event ids."""
+    """Events with ids numbered in order of appearance (the same ids wherever they recur), no event ids,
+    no cached-token counts (what the prefix cache held: the run before filled it with this conversation)."""
     ids: dict[str, str] = {}
 
     def norm(value):
         if isinstance(value, dict):
-            return {k: norm(v) for k, v in value.items() if k != "event_id"}
+            return {k: norm(v) for k, v in value.items() if k not in ("event_id", "cached_tokens")}
         if isinstance(value, list):
             return [norm(v) for v in value]
         if isinstance(value, str) and ID.fullmatch(value):
