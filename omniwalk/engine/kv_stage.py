@@ -164,9 +164,10 @@ class KVStage:
                 table.take_prefix(self.pool, self.prefix[req.id])
             n = min(self.program.num_ready(req, table.num_cached), budget)
             if not table.reserve(self.pool, n):
+                needed = table.num_cached + n
                 table.release(self.pool)  # (its prefix pages back, idle again)
                 if not self.running:  # the pool holds no other request's pages: it never will fit
-                    self._fail_oversized(req, n)
+                    self._fail_oversized(req, needed)
                     continue
                 break  # FIFO: nobody overtakes the head for pages
             self.num_prefix_tokens += table.num_cached

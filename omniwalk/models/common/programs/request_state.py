@@ -82,8 +82,9 @@ class ThinkerState:
     # Token ids committed as the answer instead of the first draw (ending with a stop token), so
     # the talker voices exactly this text (/v1/audio/speech); None = generate as usual.
     forced_answer: list[int] | None = None
-    # The request asked for speech: its talker reads the prompt rows, so it takes no prefix pages. Set from
-    # the request on every tensor-parallel rank alike (a follower rank builds no talker: state.talker is None).
+    # The request asked for speech: its talker reads the prompt rows, so it takes prefix pages only where the
+    # thinker keeps those rows beside its keys (``ThinkerProgram.keeps_prompt_rows``). Set from the request on
+    # every tensor-parallel rank alike (a follower rank builds no talker: state.talker is None).
     speaks: bool = False
     # The id that opens a tool call (requests with tools; None otherwise) and the index in ``generated``
     # of the first one the model wrote: speech ends there (a call is never voiced).
