@@ -106,10 +106,16 @@ class Response:
         self.num_samples = 0  # audio streamed
         self.cancel_reason: str | None = None
         self.task: asyncio.Task | None = None
+        self.is_done = False  # response.done is on its way: a new response may start (the task ends after it)
 
     @property
     def item_ids(self) -> set[str]:
         return {item.id for item in self.items}
+
+    @property
+    def is_open(self) -> bool:
+        """Started and its ``response.done`` not yet sent."""
+        return self.task is not None and not self.task.done() and not self.is_done
 
     def start(self) -> None:
         self.task = asyncio.create_task(self.run())
@@ -118,7 +124,7 @@ class Response:
         """Stop it and wait for its last event (``reason`` None: the session is closing, send nothing)."""
         if self.task is None:
             return
-        if not self.task.done():
+        if self.is_open or (reason is None and not self.task.done()):  # (closing: not even its response.done)
             self.cancel_reason = reason
             self.task.cancel()
         (outcome,) = await asyncio.gather(self.task, return_exceptions=True)
@@ -244,6 +250,7 @@ class Response:
             shown.append(item.to_json(self.emit.is_beta))
             await self.emit("response.output_item.done", response_id=self.id, output_index=index, item=shown[-1])
             await self.emit("conversation.item.done", previous_item_id=previous, item=shown[-1])
+        self.is_done = True  # (set first: a client that hears response.done may create the next one at once)
         await self.emit("response.done", response=self._json(status, details, usage, shown))
 
     async def _close_message(self) -> None:

@@ -90,7 +90,7 @@ class Session:
 
     @property
     def is_responding(self) -> bool:
-        return self.response is not None and not self.response.task.done()
+        return self.response is not None and self.response.is_open
 
     async def start(self) -> None:
         await self.emit("session.created", session=self.settings.to_json(self.emit.is_beta))

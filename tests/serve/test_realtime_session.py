@@ -1,4 +1,11 @@
-"""A realtime session's audio waits, bounded, for a place in a full media queue
+"""A realtime ``Session`` in process, the engine's run a stand-in that answers one word.
+
+A response is over for the session once its ``response.done`` is on its way: a client that answers
+it at once with ``response.create`` (as the Agents SDK does after a tool's output) gets the next
+response, not ``conversation_already_has_active_response``, while the first one's send is still
+going on.
+
+A session's audio waits, bounded, for a place in a full media queue
 (``ServerConfig.realtime_max_media_wait_s``) instead of ending its turn with an error.
 
 The pool (1 worker, 1 place) is kept busy by an item whose decode is held until the test lets it
@@ -172,13 +179,16 @@ class OneWord:
         pass
 
 
-async def session(pool: MediaPool, max_wait_s: float) -> tuple[Session, list[dict], Counter]:
-    """A session answering in text (the stand-in model has no audio out); its events from then on."""
+async def session(pool: MediaPool, max_wait_s: float, on_sent=None) -> tuple[Session, list[dict], Counter]:
+    """A session answering in text (the stand-in model has no audio out); its events from then on
+    (``on_sent``: awaited with each event, the send not over until it returns)."""
     cfg = ServerConfig(realtime_max_media_wait_s=max_wait_s)
     events: list[dict] = []
 
     async def send_text(text: str) -> None:
         events.append(json.loads(text))
+        if on_sent is not None:
+            await on_sent(events[-1])
 
     counter = Counter("preemptions", "by outcome", ["outcome"], registry=CollectorRegistry())
     context = api.Context(cfg, pool, AudioStore(4, 60), ModelInfo("m"))
@@ -197,6 +207,41 @@ def user_audio_item(audio: np.ndarray) -> str:
 
 
 RESPOND = json.dumps({"type": "response.create"})
+
+
+def test_a_response_create_answering_response_done_at_once_gets_its_response():
+    async def run():
+        sent, held = asyncio.Event(), asyncio.Event()
+
+        async def on_sent(event: dict) -> None:
+            if event["type"] == "response.done" and not sent.is_set():
+                sent.set()  # (the client has it; the server's send is not over yet)
+                await held.wait()
+
+        pool = MediaPool(MediaLimits(), workers=1, max_queued=1, metrics=Metrics())
+        s, events, _ = await session(pool, max_wait_s=0, on_sent=on_sent)
+        item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}
+        await s.handle(json.dumps({"type": "conversation.item.create", "item": item}))
+        await s.handle(RESPOND)
+        first = s.response
+        await sent.wait()
+        assert not first.task.done()
+        handling = asyncio.ensure_future(s.handle(RESPOND))  # (its events queue behind the held send)
+        await asyncio.sleep(0.05)
+        held.set()
+        await handling
+        await asyncio.gather(first.task, s.response.task)
+        await s.close()
+        pool.close()
+        return events
+
+    events = asyncio.run(run())
+    kinds = [e["type"] for e in events]
+    assert "error" not in kinds, [e for e in events if e["type"] == "error"]
+    assert kinds.count("response.created") == 2 and kinds.count("response.done") == 2
+    created = [i for i, kind in enumerate(kinds) if kind == "response.created"]
+    assert kinds.index("response.done") < created[1]  # (the first ends, then the next starts)
+    assert [e["response"]["status"] for e in events if e["type"] == "response.done"] == ["completed", "completed"]
 
 
 def test_a_turn_meeting_a_full_queue_is_answered_once_there_is_room():
