@@ -67,11 +67,13 @@ class BatchStage:
         self.requests[req.id] = req
 
     def remove(self, req: EngineRequest) -> None:
-        self.requests.pop(req.id, None)
-        self.program.release(req)
+        if self.requests.pop(req.id, None) is not None:
+            self.program.release(req)
 
     def is_done(self, req: EngineRequest) -> bool:
-        return req.id not in self.requests
+        """Gone, or finished by what a later stage did in this step (an encoder keeps a request whose
+        skipped items its thinker may still ask for, until the thinker finishes)."""
+        return req.id not in self.requests or self.program.is_finished(req)
 
     def schedule(self) -> list[Work]:
         batch, budget = [], self.config.max_batch_units

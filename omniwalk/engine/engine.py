@@ -103,6 +103,7 @@ class Engine:
                 self._remove_everywhere(req)
                 del self.requests[req.id]
             elif all(self.stages[name].is_done(req) for name in req.walk):
+                self._remove_everywhere(req)  # (from a stage done with it that has not swept it yet)
                 req.status = Status.FINISHED
                 del self.requests[req.id]
                 req.emit("finished")

@@ -78,6 +78,13 @@ class PagePool:
             if self._holders[page] == 0:
                 self._idle[page] = None
 
+    def count_prefix(self, keys: Sequence[bytes]) -> int:
+        """How many pages ``take(keys)`` would hold now (nothing taken)."""
+        n = 0
+        while n < len(keys) and keys[n] in self._page_of:
+            n += 1
+        return n
+
     def take(self, keys: Sequence[bytes]) -> list[int]:
         """The keyed pages of the longest run of ``keys`` from the first, each now held once more."""
         pages = []

@@ -45,7 +45,8 @@ class KVProgram:
     defaults a program overrides when it has CUDA graphs or something to undo."""
 
     def num_ready(self, req: EngineRequest, num_cached: int) -> int:
-        """Tokens of ``req`` that can run now, given ``num_cached`` are in its KV (0 = wait)."""
+        """Tokens of ``req`` that can run now, given ``num_cached`` are in its KV (0 = wait); for a
+        waiting request, those its admission would take from keyed pages."""
         raise NotImplementedError
 
     def run(self, batch: list[Chunk], kv: PagedBatch) -> Callable[[], None] | Deferred | None:
@@ -73,6 +74,11 @@ class KVProgram:
 
     def on_add(self, req: EngineRequest) -> None:
         """The request joined the stage (before it is scheduled)."""
+
+    def expect_prefix(self, req: EngineRequest, num_tokens: int) -> None:
+        """On joining: keyed pages hold the first ``num_tokens`` of the request's prompt now. Its
+        admission may take fewer (pages evicted meanwhile; ``num_ready`` is asked with what it would
+        take); stages before this one may skip work only that prefix needs."""
 
     def on_prefix(self, req: EngineRequest, storage: KVStorage, slots: list[int]) -> None:
         """The request was admitted with its first ``len(slots)`` positions in keyed pages (at these
@@ -124,7 +130,13 @@ class KVStage:
         self.tables[req.id] = PageTable()
         if self.config.prefix_cache:
             self.prefix[req.id] = self.program.prefix_keys(req, self.pool.page_size)
+            if self.prefix[req.id]:
+                self.program.expect_prefix(req, self._keyed_tokens(req))
         self.waiting.append(req)
+
+    def _keyed_tokens(self, req: EngineRequest) -> int:
+        """The prompt tokens keyed pages hold now (what taking its prefix would give)."""
+        return self.pool.count_prefix(self.prefix.get(req.id, ())) * self.pool.page_size
 
     def remove(self, req: EngineRequest) -> None:
         """Drop a request (finished, aborted or failed) and free its pages (its computed prefix
@@ -158,7 +170,7 @@ class KVStage:
             if budget == 0 or len(self.running) >= self.config.max_running:
                 break
             table = self.tables[req.id]
-            if self.program.num_ready(req, table.num_cached) == 0:
+            if self.program.num_ready(req, table.num_cached if table.pages else self._keyed_tokens(req)) == 0:
                 continue  # inputs not ready yet; later requests may be
             if not table.pages and self.prefix.get(req.id):
                 table.take_prefix(self.pool, self.prefix[req.id])

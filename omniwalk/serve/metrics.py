@@ -33,6 +33,8 @@ ENGINE_COUNTS = (
     "lora_loads",  # adapters copied into a slot
     "lora_swaps",  # adapters evicted from their slot for another
     "lora_waits",  # slot requests answered "wait": every slot held
+    "items_encoded",  # media items an encoder ran
+    "items_skipped",  # media items whose rows no step read (under taken prefix pages)
 )
 
 

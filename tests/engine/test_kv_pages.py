@@ -174,13 +174,15 @@ def test_a_voice_conversations_next_turn_takes_its_history_from_prefix_pages():
     """Qwen3-Omni tiny: turn 2 of a spoken conversation (turn 1's recording, its answer, a new
     recording; speech out) takes the pages turn 1 left keyed, in the thinker (through the recording:
     its prompt rows for the talker come from beside the keys) and in the talker (its user part), and
-    equals a server without the cache. The same history with another recording in turn 1 takes only
-    the pages before that recording."""
+    equals a server without the cache; the audio encoder encodes only the new recording. The same
+    history with another recording in turn 1 takes only the pages before that recording (both
+    encoded). Turn 2 again, its keyed pages taken by other work between its arrival and its
+    admission: the skipped recording is encoded late, and the answer is the same."""
     from helpers.qwen3_omni import assert_same as assert_same_speech
     from helpers.qwen3_omni import checkpoint as qwen3_checkpoint
 
     rng = np.random.default_rng(7)
-    clips = [(0.1 * rng.standard_normal(n)).astype(np.float32) for n in (24000, 20000, 24000)]
+    clips = [(0.1 * rng.standard_normal(n)).astype(np.float32) for n in (16000, 20000, 16000)]  # (1: in 7 pages)
     speech = {"modalities": ["text", "audio"], "voice": "ethan", "max_audio_frames": 6, "min_audio_frames": 6}
     greedy = {"temperature": 0.0, "talker_temperature": 0.0, "code_predictor_temperature": 0.0, "ignore_eos": True}
 
@@ -192,12 +194,19 @@ def test_a_voice_conversations_next_turn_takes_its_history_from_prefix_pages():
 
     on, off = Omni(model=qwen3_checkpoint("tiny")), Omni(model=qwen3_checkpoint("tiny"), prefix_cache=False)
 
-    def run(o: Omni, request: dict):
-        before = {name: o.engine.stats()[name]["prefix_tokens"] for name in ("thinker", "talker")}
+    def counts(o: Omni) -> dict[str, int]:
+        stats = o.engine.stats()
+        return {"thinker": stats["thinker"]["prefix_tokens"], "talker": stats["talker"]["prefix_tokens"]} | {
+            "encoded": stats["audio_encoder"]["items_encoded"]
+        }
+
+    def run(o: Omni, request: dict, before_steps=lambda req: None):
+        before = counts(o)
         req = o.add(request)
+        before_steps(req)
         while o.engine.has_unfinished():
             o.engine.step()
-        taken = {name: o.engine.stats()[name]["prefix_tokens"] - n for name, n in before.items()}
+        taken = {name: n - before[name] for name, n in counts(o).items()}
         return o.output(req), taken, req.state.thinker.prompt.spans
 
     first, _, _ = run(on, turn([user(clips[0])]))
@@ -205,9 +214,23 @@ def test_a_voice_conversations_next_turn_takes_its_history_from_prefix_pages():
     (a, taken, spans), b = run(on, turn(second)), off.generate(turn(second))
     assert a.error is None and b.error is None
     assert_same_speech(a, b)
-    print(f"taken by turn 2: {taken}; recordings start at {[s.start for s in spans]}")
-    assert taken["thinker"] == a.num_cached_tokens > spans[0].start and taken["talker"] > 0  # through recording 1
+    print(f"turn 2: {taken}; recordings start at {[s.start for s in spans]}")
+    assert taken["thinker"] == a.num_cached_tokens >= spans[0].start + spans[0].length  # through recording 1
+    assert taken["talker"] > 0
+    assert taken["encoded"] == 1  # (recording 1's rows are not read: its pages are taken)
     assert b.num_cached_tokens == 0
     other = [user(clips[2]), {"role": "assistant", "content": first.text}, user(clips[1])]
     c, taken, spans = run(on, turn(other))
     assert c.error is None and taken["thinker"] <= spans[0].start and taken["talker"] == 0
+    assert taken["encoded"] == 2
+
+    pool = on.engine.stages["thinker"].pool
+
+    def evict(req) -> None:  # (other work takes every free and idle page: the keys are forgotten)
+        assert req.state.media.num_skipped_audio == 1  # (at its arrival, recording 1's pages were keyed)
+        pool.free(pool.allocate(pool.num_free))
+
+    d, taken, _ = run(on, turn(second), evict)
+    assert d.error is None and taken["thinker"] == 0 and taken["encoded"] == 2
+    assert_same_speech(d, b)
+    assert on.engine.stats()["audio_encoder"]["requests"] == 0

@@ -77,6 +77,9 @@ class MediaItem:
     grid_thw: tuple[int, int, int] = (0, 0, 0)
     seconds_per_grid: float = 0.0
     data: Any = None
+    # a digest of its content, made once when a prefix key first names it (``item_digest``): the thinker's
+    # and the talker's keys both name each item
+    digest: bytes | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass

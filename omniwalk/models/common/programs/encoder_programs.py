@@ -42,20 +42,55 @@ def fits(cost: int, budget: int, batch_is_empty: bool) -> int:
     return cost if cost and (cost <= budget or batch_is_empty) else 0
 
 
-class AudioEncoderProgram(BatchProgram):
+class _MediaProgram(BatchProgram):
+    """What the encoder programs share: a request's items still to encode (``MediaState``: those
+    under the prefix the thinker takes from keyed pages are skipped) and the counts of encoded and
+    skipped items."""
+
+    is_audio: bool  # which of ``MediaState``'s lists
+
+    def __init__(self):
+        self.num_encoded = self.num_skipped = 0
+
+    def _pending(self, req: EngineRequest) -> list[int]:
+        media = req.state.media
+        return media.pending_audio if self.is_audio else media.pending_vision
+
+    def _skipped(self, req: EngineRequest) -> list:
+        media = req.state.media
+        if self.is_audio:
+            return media.audio_out[: media.num_skipped_audio]
+        return media.vision_out[: media.num_skipped_vision]
+
+    def _store(self, req: EngineRequest, i: int, out) -> None:
+        (req.state.media.audio_out if self.is_audio else req.state.media.vision_out)[i] = out
+        self.num_encoded += 1
+
+    def is_finished(self, req: EngineRequest) -> bool:
+        """Nothing to encode, and no skipped item the thinker may still ask for (it may until it
+        finishes: a preempted request whose prefix pages are gone when it is readmitted)."""
+        return not self._pending(req) and (not self._skipped(req) or req.state.thinker.is_finished)
+
+    def release(self, req: EngineRequest) -> None:
+        self.num_skipped += sum(out is None for out in self._skipped(req))
+
+    def stats(self) -> dict:
+        return {"items_encoded": self.num_encoded, "items_skipped": self.num_skipped}
+
+
+class AudioEncoderProgram(_MediaProgram):
     """``zero_tail``: each clip featurised as the family's processor pads it (``media/mel.py``).
     ``graph_max_tokens``: the largest layout replayed from a CUDA graph (0: none)."""
 
     def __init__(self, encoder, device, dtype: torch.dtype, zero_tail: bool = False, graph_max_tokens: int = 0):
+        super().__init__()
         self.encoder, self.device, self.dtype, self.zero_tail = encoder, device, dtype, zero_tail
         # segments are attention windows; the shortest common clip is one chunk (1 s)
         buckets = layout_buckets(graph_max_tokens, encoder.window_tokens, encoder.chunk_tokens)
         specs = {"x": StaticInput((encoder.cfg.d_model,), dtype)}
         self.graphs = PackedGraphs("audio encoder", self._layers, specs, buckets, device, GRAPH_KNOB)
 
-    @staticmethod
-    def _pending(req: EngineRequest) -> list[int]:
-        return [i for i, out in enumerate(req.state.media.audio_out) if out is None]
+    is_audio = True
 
     def take(self, req: EngineRequest, budget: int, batch_is_empty: bool) -> int:
         waves = req.state.media.waves
@@ -70,7 +105,7 @@ class AudioEncoderProgram(BatchProgram):
         frames = [num_mel_frames(len(w), zero_tail=self.zero_tail) for w in waves]  # valid frames, on the host
         out = self.encode(features.to(self.dtype), frames)
         for (req, i), rows in zip(slots, out.split(self.encoder.output_lengths(frames)), strict=True):
-            req.state.media.audio_out[i] = rows
+            self._store(req, i, rows)
 
     def encode(self, features: torch.Tensor, frames: list[int]) -> torch.Tensor:
         """The encoder's rows for these clips: its layers replayed from a graph when the layout fits a bucket."""
@@ -89,21 +124,17 @@ class AudioEncoderProgram(BatchProgram):
         return self.graphs.capture(pool)
 
     def stats(self) -> dict:
-        return self.graphs.stats()
-
-    def is_finished(self, req: EngineRequest) -> bool:
-        return not self._pending(req)
+        return super().stats() | self.graphs.stats()
 
 
-class VisionEncoderProgram(BatchProgram):
+class VisionEncoderProgram(_MediaProgram):
     """``pixels(item, device)``: an image or video item's encoder input (the family's preprocessing)."""
 
-    def __init__(self, encoder, device, dtype: torch.dtype, pixels: Callable):
-        self.encoder, self.device, self.dtype, self.pixels = encoder, device, dtype, pixels
+    is_audio = False
 
-    @staticmethod
-    def _pending(req: EngineRequest) -> list[int]:
-        return [i for i, out in enumerate(req.state.media.vision_out) if out is None]
+    def __init__(self, encoder, device, dtype: torch.dtype, pixels: Callable):
+        super().__init__()
+        self.encoder, self.device, self.dtype, self.pixels = encoder, device, dtype, pixels
 
     def take(self, req: EngineRequest, budget: int, batch_is_empty: bool) -> int:
         items = req.state.media.vision
@@ -115,10 +146,7 @@ class VisionEncoderProgram(BatchProgram):
         pixels = torch.cat([self.pixels(item, self.device) for _, item, _ in slots]).to(self.dtype)
         out = self.encode(pixels, [item.grid_thw for _, item, _ in slots])
         for (req, _, i), result in zip(slots, out.split(), strict=True):
-            req.state.media.vision_out[i] = result
+            self._store(req, i, result)
 
     def encode(self, pixels: torch.Tensor, grids: list[tuple[int, int, int]]):
         return self.encoder(pixels, grids)
-
-    def is_finished(self, req: EngineRequest) -> bool:
-        return not self._pending(req)

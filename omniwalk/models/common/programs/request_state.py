@@ -21,7 +21,7 @@ import torch
 from omniwalk.errors import InvalidRequestError
 from omniwalk.models.common.networks.thinker import MediaEmbeddings
 from omniwalk.models.common.processing.chat import Prompt
-from omniwalk.models.common.processing.positions import AUDIO, IMAGE, VIDEO
+from omniwalk.models.common.processing.positions import AUDIO, AUDIO_IN_VIDEO, IMAGE, VIDEO, MediaSpan
 from omniwalk.sampling import SamplerState, SamplingParams, TokenLogprob
 from omniwalk.structured.grammars import TOOL_CALL_START, check_tools, constraint_of
 from omniwalk.structured.matchers import Grammars
@@ -30,28 +30,62 @@ from omniwalk.tokenizer import IncrementalDetokenizer, Tokenizer
 
 @dataclass
 class MediaState:
-    """Encoder inputs and outputs of one request, in prompt order per modality."""
+    """Encoder inputs and outputs of one request, in prompt order per modality.
+
+    Items whose placeholders all lie in the prompt's prefix that the thinker takes from keyed pages
+    are skipped: no step reads their rows (``skip``; a leading run of each list). The thinker lowers
+    the skip when it takes less than it expected (pages evicted meanwhile, or a preempted request's
+    prefix gone): the encoders then encode those items late."""
 
     waves: list[np.ndarray]  # audio clips and (audio-in-video) video audio tracks, in prompt order
     vision: list  # MediaItem of every image and video, in prompt order
     audio_out: list[torch.Tensor | None] = field(default_factory=list)
     vision_out: list[tuple[torch.Tensor, list[torch.Tensor]] | None] = field(default_factory=list)
+    num_skipped_audio: int = 0
+    num_skipped_vision: int = 0
+    skip_end: int = 0  # the prompt position where the skipped items' placeholders end (0: none skipped)
 
     def __post_init__(self):
         self.audio_out = [None] * len(self.waves)
         self.vision_out = [None] * len(self.vision)
 
+    def skip(self, spans: list[MediaSpan], num_tokens: int) -> None:
+        """Skip the items whose placeholders all lie before prompt position ``num_tokens`` (``spans``:
+        the prompt's, in prompt order; an audio-in-video span has a wave and a vision item)."""
+        k = 0
+        while k < len(spans) and spans[k].start + spans[k].length <= num_tokens:
+            k += 1
+        self.num_skipped_audio = sum(span.kind in (AUDIO, AUDIO_IN_VIDEO) for span in spans[:k])
+        self.num_skipped_vision = sum(span.kind != AUDIO for span in spans[:k])
+        self.skip_end = spans[k - 1].start + spans[k - 1].length if k else 0
+
+    @property
+    def pending_audio(self) -> list[int]:
+        """The audio items still to encode."""
+        return [i for i in range(self.num_skipped_audio, len(self.waves)) if self.audio_out[i] is None]
+
+    @property
+    def pending_vision(self) -> list[int]:
+        return [i for i in range(self.num_skipped_vision, len(self.vision)) if self.vision_out[i] is None]
+
+    @property
+    def has_skipped(self) -> bool:
+        return bool(self.num_skipped_audio or self.num_skipped_vision)
+
     @property
     def is_encoded(self) -> bool:
-        return all(o is not None for o in self.audio_out) and all(o is not None for o in self.vision_out)
+        return not self.pending_audio and not self.pending_vision
 
     def embeddings(self) -> MediaEmbeddings | None:
-        """Assemble the thinker's media rows (placeholder order within each modality)."""
-        if not self.waves and not self.vision:
+        """Assemble the thinker's media rows (placeholder order within each modality) of the items
+        not skipped: rows of a kind start at its first placeholder past ``skip_end``."""
+        audio_out = self.audio_out[self.num_skipped_audio :]
+        vision = list(zip(self.vision, self.vision_out, strict=True))[self.num_skipped_vision :]
+        if not audio_out and not vision:
             return None
-        media = MediaEmbeddings({AUDIO: torch.cat(self.audio_out)} if self.waves else {})
+        media = MediaEmbeddings({AUDIO: torch.cat(audio_out)} if audio_out else {})
         for kind in (IMAGE, VIDEO):
-            outs = [o for item, o in zip(self.vision, self.vision_out, strict=True) if item.kind == kind]
+            outs = [o for item, o in vision if item.kind == kind]
             if outs:
                 media.rows[kind] = torch.cat([main for main, _ in outs])
                 levels = list(zip(*[deep for _, deep in outs], strict=True))

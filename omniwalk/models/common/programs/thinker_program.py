@@ -160,13 +160,28 @@ class ThinkerProgram(KVProgram):
             except Exception as e:  # noqa: BLE001 - a grammar that fails (or is late) fails its request alone
                 req.fail(e)
                 return 0
-        if st.placeholders_before is None:  # media not counted yet
-            if not req.state.media.is_encoded:
-                return 0
-            ids = np.asarray(st.prompt.token_ids)
-            st.placeholders_before = {k: np.concatenate([[0], np.cumsum(ids == p)]) for k, p in self.pad_ids.items()}
+        if num_cached < st.prompt.num_prompt_tokens and st.prompt.spans and not self._has_media(req, num_cached):
+            return 0
         n = st.num_tokens - num_cached
         return n if n == 0 or req.state.thinker.lora is None or self.adapters.holds_slot(req) else 0
+
+    def _has_media(self, req: EngineRequest, num_cached: int) -> bool:
+        """Whether the rows of every item that the prompt past ``num_cached`` needs are encoded. Items
+        skipped for a prefix that keyed pages no longer hold are asked of the encoders again."""
+        st, media = req.state.thinker, req.state.media
+        if num_cached < media.skip_end:
+            media.skip(st.prompt.spans, num_cached)
+            st.media = None  # (assembled again with them)
+        if not media.is_encoded:
+            return False
+        if st.placeholders_before is None:
+            ids = np.asarray(st.prompt.token_ids)
+            st.placeholders_before = {k: np.concatenate([[0], np.cumsum(ids == p)]) for k, p in self.pad_ids.items()}
+        return True
+
+    def expect_prefix(self, req: EngineRequest, num_tokens: int) -> None:
+        """The encoders skip the items under the prefix keyed pages hold (their rows are not read)."""
+        req.state.media.skip(req.state.thinker.prompt.spans, num_tokens)
 
     def on_add(self, req: EngineRequest) -> None:
         if req.state.thinker.lora is not None:
@@ -325,7 +340,9 @@ class ThinkerProgram(KVProgram):
                 continue
             end = min(start + n, st.prompt.num_prompt_tokens)
             for kind in MEDIA:
-                a, b = int(st.placeholders_before[kind][start]), int(st.placeholders_before[kind][end])
+                before = st.placeholders_before[kind]
+                skipped = int(before[req.state.media.skip_end])  # (the rows start past the skipped items')
+                a, b = int(before[start]) - skipped, int(before[end]) - skipped
                 if b > a:
                     parts[kind].append(st.media.rows[kind][a:b])
                     if kind in st.media.deepstack:
@@ -437,11 +454,13 @@ def _store_prompt_rows(batch: list[Chunk], kv: PagedBatch, rows: torch.Tensor) -
 
 def item_digest(item) -> bytes:
     """A digest of a media item's content (its kind, measures and encoder input, ``MediaItem``): in a
-    prefix key it stands for the rows its placeholders get."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(repr((item.kind, item.num_audio_tokens, tuple(item.grid_thw), item.seconds_per_grid)).encode())
-    _feed(h, item.data)
-    return h.digest()
+    prefix key it stands for the rows its placeholders get (made once per item)."""
+    if item.digest is None:
+        h = hashlib.blake2b(digest_size=16)
+        h.update(repr((item.kind, item.num_audio_tokens, tuple(item.grid_thw), item.seconds_per_grid)).encode())
+        _feed(h, item.data)
+        item.digest = h.digest()
+    return item.digest
 
 
 def _feed(h, value) -> None:

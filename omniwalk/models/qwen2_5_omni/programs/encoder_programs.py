@@ -47,7 +47,7 @@ class VisionEncoderProgram(encoder_programs.VisionEncoderProgram):
 
     def stats(self) -> dict:
         """Calls (not runs): replays of the first run's graphs, and calls that fit no bucket."""
-        return self.first.stats() if self.first is not None else {}
+        return super().stats() | (self.first.stats() if self.first is not None else {})
 
     @torch.inference_mode()
     def encode(self, pixels: torch.Tensor, grids: list[tuple[int, int, int]]) -> VisionOutput:

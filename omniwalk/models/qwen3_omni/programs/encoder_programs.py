@@ -36,7 +36,7 @@ class VisionEncoderProgram(encoder_programs.VisionEncoderProgram):
         return self.graphs.capture(pool)
 
     def stats(self) -> dict:
-        return self.graphs.stats()
+        return super().stats() | self.graphs.stats()
 
     @torch.inference_mode()
     def encode(self, pixels: torch.Tensor, grids: list[tuple[int, int, int]]) -> VisionOutput:
