@@ -162,7 +162,14 @@ def test_encoder_stage_reports_graph_counters_and_cpu_stays_eager():
     assert stage.capture_graphs("pool") == "pool"  # nothing to capture: the pool passes through
     features = torch.randn(1, 128, 300)
     assert torch.equal(program.encode(features, [300]), encoder(features, [300]))
-    assert stage.stats() == {"requests": 0, "batch_size": 0, "graph_replays": 0, "eager_calls": 0}
+    assert stage.stats() == {
+        "requests": 0,
+        "batch_size": 0,
+        "items_encoded": 0,
+        "items_skipped": 0,
+        "graph_replays": 0,
+        "eager_calls": 0,
+    }
 
 
 @pytest.mark.parametrize("family", ["qwen3_omni", "qwen2_5_omni"])
@@ -371,7 +378,7 @@ def test_audio_program_graphs_on_vs_off(audio):
     big = _features([30000], 99)  # 3900 tokens: over the 2048-token graphs
     assert torch.equal(on.encode(big, [30000]), off.encode(big, [30000]))  # both eager, unpadded
     assert on.stats()["eager_calls"] == before["eager_calls"] + 1
-    assert off.stats() == {"graph_replays": 0, "eager_calls": 0}
+    assert off.stats() == {"items_encoded": 0, "items_skipped": 0, "graph_replays": 0, "eager_calls": 0}
 
     clip = _features([500], 5)
     graphed, eager = _ms(lambda: on.encode(clip, [500])), _ms(lambda: off.encode(clip, [500]))
@@ -400,7 +407,7 @@ def test_vision_program_graphs_on_vs_off(vision):
     big = _pixels(big_grids, 99, on.encoder.cfg.patch_dim)
     assert torch.equal(on.encode(big, big_grids).embeddings, off.encode(big, big_grids).embeddings)
     assert on.stats()["eager_calls"] == before["eager_calls"] + 1
-    assert off.stats() == {"graph_replays": 0, "eager_calls": 0}
+    assert off.stats() == {"items_encoded": 0, "items_skipped": 0, "graph_replays": 0, "eager_calls": 0}
 
     image = _pixels(VISION_LAYOUTS[0], 5, on.encoder.cfg.patch_dim)
     graphed = _ms(lambda: on.encode(image, VISION_LAYOUTS[0]))

@@ -2,9 +2,9 @@
 ``ModelInfo.patch_specs``) measure exactly as the family's own decoding of the same bytes would:
 same token counts and grids, same waveform and pixels, for each family's resizing.
 
-Decoded-size budgets from headers, the per-request budget, cancellation checks in the decode
-loops, and that streaming / per-frame resizing decode the same samples and pixels as whole-array
-processing."""
+Each part names its content with a digest (the engine keys prefix pages by it). Decoded-size
+budgets from headers, the per-request budget, cancellation checks in the decode loops, and that
+streaming / per-frame resizing decode the same samples and pixels as whole-array processing."""
 
 import base64
 import dataclasses
@@ -29,7 +29,7 @@ from omniwalk.models.family import ModelInfo
 from omniwalk.models.qwen2_5_omni.processing import media_inputs as qwen2_5
 from omniwalk.models.qwen3_omni import family as qwen3_family
 from omniwalk.models.qwen3_omni.processing import media_inputs as qwen3
-from omniwalk.serve.wire import Ready, pack, unpack
+from omniwalk.serve.wire import Add, Ready, pack, unpack
 
 N_WINDOW = 50
 # family -> (its measure, its declared resizing)
@@ -77,6 +77,26 @@ def test_preprocessed_parts_measure_as_the_bytes_do(family, sample):
             assert got.data[name] is None
         else:
             assert torch.equal(torch.as_tensor(got.data[name]), torch.as_tensor(value)), name
+
+
+def test_a_preprocessed_part_names_its_content_across_the_wire():
+    """Each array part carries a digest of its content (bytes): equal for the same bytes, another for
+    other audio or the same pixels at another size; it crosses the wire as bytes and the engine's
+    ``MediaPart`` reads it, while a client's JSON (a string) is never taken for one."""
+    wav = encode_audio(tone(1.0, 16000), 16000, "WAV")
+    parts = [
+        preprocess("audio", wav),
+        preprocess("audio", wav),
+        preprocess("audio", encode_audio(tone(1.1), 16000, "WAV")),
+    ]
+    image = encode_image(gradient_image(90, 130), "PNG")
+    parts += [preprocess("image", image), preprocess("image", image, spec=qwen3_family.PATCH_SPECS["image"])]
+    digests = [part["digest"] for part in parts]
+    assert all(isinstance(d, bytes) and len(d) == 16 for d in digests)
+    assert digests[0] == digests[1] and len(set(digests)) == 4
+    (crossed,) = unpack(pack(Add({"part": parts[0]})))
+    assert MediaPart("audio", crossed.request["part"]).digest == digests[0]
+    assert MediaPart("audio", {"type": "input_audio", "digest": digests[0].hex()}).digest is None
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -68,6 +68,28 @@ def test_usage_counts_the_prompt_tokens_taken_from_prefix_pages(client):
     assert second.cached_tokens < usages[1].prompt_tokens
 
 
+def test_a_conversations_recording_is_taken_from_prefix_pages_by_its_next_turn(client):
+    """Turn 2 of a chat whose first turn held a recording takes every full page of turn 1's prompt
+    (the recording inside: its digest, made in the HTTP process, crossed the wire); the same history
+    with another recording takes only the pages before it."""
+
+    def user(seconds: float, seed: int) -> dict:
+        wave = (0.1 * np.random.default_rng(seed).standard_normal(int(16000 * seconds))).astype(np.float32)
+        data = wav_data_url(wave).split(",", 1)[1]
+        return {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}]}
+
+    def usage(messages: list[dict]):
+        return client.chat.completions.create(model="qwen3-omni", messages=messages, max_tokens=2).usage
+
+    first = usage([user(1.0, 5)])
+    history = [{"role": "assistant", "content": "Yes."}, {"role": "user", "content": "And then?"}]
+    second, other = usage([user(1.0, 5), *history]), usage([user(1.0, 6), *history])
+    assert first.prompt_tokens_details.audio_tokens > 0
+    taken = second.prompt_tokens_details.cached_tokens
+    assert taken == 16 * ((first.prompt_tokens - 1) // 16)  # (page size 16)
+    assert other.prompt_tokens_details.cached_tokens < taken  # (the recording starts before the last page taken)
+
+
 def test_audio_and_image_in_text_and_speech_out(client):
     b64_wav = wav_data_url(AUDIO).split(",", 1)[1]
     content = [

@@ -12,7 +12,7 @@ from omniwalk.config import OmniConfig
 from omniwalk.engine.request import EngineRequest
 from omniwalk.errors import CheckpointError, ConfigError, InvalidRequestError
 from omniwalk.models.common.checkpoint.loader import Backends
-from omniwalk.models.common.processing.chat import Prompt
+from omniwalk.models.common.processing.chat import Prompt, measure_parts
 from omniwalk.models.common.programs.adapters import name_adapter, thinker_adapters
 from omniwalk.models.common.programs.request_state import constrain, grammars_for, prompt_tools
 from omniwalk.models.family import ModelFamily, ModelInfo, RequestOutput
@@ -119,7 +119,7 @@ class Qwen25OmniFamily(ModelFamily):
         ids, parts = self.processor.tokenize(
             request["messages"], bool(request.get("use_default_system_prompt", True)), **tools
         )
-        items = [measure(part, self.config.media) for part in parts]
+        items = measure_parts(parts, lambda part: measure(part, self.config.media))
         return self.processor.build(ids, items, bool(request.get("use_audio_in_video", False)))
 
     def new_request(self, request: dict):

@@ -14,7 +14,7 @@ from omniwalk.errors import InvalidRequestError
 from omniwalk.layers.moe import use_routing
 from omniwalk.media.patches import IMAGE_PATCHES, VIDEO_PATCHES
 from omniwalk.models.common.checkpoint.loader import Backends
-from omniwalk.models.common.processing.chat import ChatProcessor, Prompt
+from omniwalk.models.common.processing.chat import ChatProcessor, Prompt, measure_parts
 from omniwalk.models.common.programs.adapters import name_adapter, thinker_adapters
 from omniwalk.models.common.programs.request_state import constrain, grammars_for, prompt_tools
 from omniwalk.models.family import ModelFamily, ModelInfo, RequestOutput
@@ -140,7 +140,7 @@ class Qwen3OmniFamily(ModelFamily):
         ids, parts = self.processor.tokenize(
             request["messages"], bool(request.get("use_default_system_prompt", True)), **tools
         )
-        items = [measure(part, self.cfg.audio.n_window, self.config.media) for part in parts]
+        items = measure_parts(parts, lambda part: measure(part, self.cfg.audio.n_window, self.config.media))
         return self.processor.build(ids, items, bool(request.get("use_audio_in_video", False)))
 
     def new_request(self, request: dict):

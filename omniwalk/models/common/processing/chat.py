@@ -22,12 +22,14 @@ preprocessing (audio tokens from the audio encoder's length formula, grid_thw fr
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache
 from typing import Any
 
 from omniwalk.errors import CheckpointError, InvalidRequestError
+from omniwalk.media.preprocess import DIGEST
 from omniwalk.models.common.checkpoint.config import TokenIds
 from omniwalk.models.common.processing.positions import (
     AUDIO,
@@ -62,6 +64,13 @@ class MediaPart:
     kind: str  # AUDIO / IMAGE / VIDEO
     part: dict  # the original content part
 
+    @property
+    def digest(self) -> bytes | None:
+        """The HTTP process's digest of an array part's content (``media.preprocess``; bytes, which no
+        client's JSON can make), or None."""
+        digest = self.part.get(DIGEST)
+        return digest if isinstance(digest, bytes) else None
+
 
 @dataclass
 class MediaItem:
@@ -77,9 +86,18 @@ class MediaItem:
     grid_thw: tuple[int, int, int] = (0, 0, 0)
     seconds_per_grid: float = 0.0
     data: Any = None
-    # a digest of its content, made once when a prefix key first names it (``item_digest``): the thinker's
-    # and the talker's keys both name each item
+    # its part's content digest where the HTTP process made one (``MediaPart.digest``: the same arrays measure
+    # to the same item), and the item's digest, made once when a prefix key first names it (``item_digest``)
+    source_digest: bytes | None = field(default=None, repr=False, compare=False)
     digest: bytes | None = field(default=None, repr=False, compare=False)
+
+
+def measure_parts(parts: list[MediaPart], measure: Callable[[MediaPart], MediaItem]) -> list[MediaItem]:
+    """Each part measured by the family's ``measure``, with its part's content digest (``MediaPart.digest``)."""
+    items = [measure(part) for part in parts]
+    for item, part in zip(items, parts, strict=True):
+        item.source_digest = part.digest
+    return items
 
 
 @dataclass

@@ -39,6 +39,7 @@ from omniwalk.engine.paged_attention import DecodeKV, PagedBatch
 from omniwalk.engine.prefill_graphs import NO_PREFILL_GRAPHS, PrefillGraphs, PrefillPlan, prefill_layers
 from omniwalk.engine.request import Chunk, EngineRequest
 from omniwalk.layers.decoder import DecoderConfig
+from omniwalk.media.preprocess import feed_digest
 from omniwalk.modality import MEDIA, Modality
 from omniwalk.models.common.networks.thinker import MediaEmbeddings, Thinker
 from omniwalk.models.common.processing.positions import batch_spans
@@ -454,31 +455,17 @@ def _store_prompt_rows(batch: list[Chunk], kv: PagedBatch, rows: torch.Tensor) -
 
 def item_digest(item) -> bytes:
     """A digest of a media item's content (its kind, measures and encoder input, ``MediaItem``): in a
-    prefix key it stands for the rows its placeholders get (made once per item)."""
+    prefix key it stands for the rows its placeholders get. Made once per item, from its part's digest
+    where the HTTP process made one (``MediaItem.source_digest``), else from its data."""
     if item.digest is None:
         h = hashlib.blake2b(digest_size=16)
         h.update(repr((item.kind, item.num_audio_tokens, tuple(item.grid_thw), item.seconds_per_grid)).encode())
-        _feed(h, item.data)
+        if item.source_digest is not None:
+            h.update(item.source_digest)
+        else:
+            feed_digest(h, item.data)
         item.digest = h.digest()
     return item.digest
-
-
-def _feed(h, value) -> None:
-    if isinstance(value, dict):
-        for name in sorted(value):
-            h.update(repr(name).encode())
-            _feed(h, value[name])
-    elif isinstance(value, list | tuple):
-        for v in value:
-            _feed(h, v)
-    elif isinstance(value, torch.Tensor):
-        h.update(repr((str(value.dtype), tuple(value.shape))).encode())
-        h.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
-    elif isinstance(value, np.ndarray):
-        h.update(repr((value.dtype.str, value.shape)).encode())
-        h.update(np.ascontiguousarray(value).reshape(-1).view(np.uint8).data)
-    else:
-        h.update(repr(value).encode())
 
 
 def prefix_chain(seed: bytes, prompt, ends: list[int], extra: list[bytes] | None = None) -> list[bytes]:
