@@ -1,5 +1,6 @@
 """What the realtime load generator measures besides latency: playback underruns of an answer's audio,
-discarded preemptive answers (the server's /metrics), and the HTTP process's CPU time.
+discarded preemptive answers and (omniwalk) engine counters from the server's /metrics, and the HTTP
+process's CPU time.
 
 Playback (``underruns``): the client plays an answer's audio from its first chunk on, in real time,
 with no buffer beyond what has arrived; an underrun is a chunk that arrives after everything before
@@ -18,6 +19,18 @@ OUTPUT_RATE = 24000  # the Realtime API's PCM16 rate
 # /metrics series counting preemptive answers that were discarded (the server's realtime counters, where it
 # has them): a sample whose name or labels say "preempt" and "discard"
 PREEMPT = re.compile(r"^(\w*preempt\w*)(\{[^}]*\})?\s+([0-9.eE+-]+)$", re.MULTILINE)
+# omniwalk's engine series ({replica, stage, quantity}) read as "<stage>_<quantity>": media items the encoders
+# ran and skipped (under prefix pages), prompt tokens taken from prefix pages, KV preemptions
+ENGINE = re.compile(r"^omniwalk_engine(?:_events_total)?\{([^}]*)\}\s+([0-9.eE+-]+)$", re.MULTILINE)
+LABEL = re.compile(r'(\w+)="([^"]*)"')
+ENGINE_COUNTS = (
+    "audio_encoder_items_encoded",
+    "audio_encoder_items_skipped",
+    "thinker_prefix_tokens",
+    "thinker_preemptions",
+    "talker_prefix_tokens",
+    "talker_preemptions",
+)
 
 
 def underruns(chunks: list[tuple[float, int]]) -> int:
@@ -31,14 +44,31 @@ def underruns(chunks: list[tuple[float, int]]) -> int:
     return count
 
 
-def discarded_preemptions(base_url: str, api_key: str) -> float | None:
-    """The server's count of discarded preemptive answers, None where /metrics has no such counter."""
+def metrics_text(base_url: str, api_key: str) -> str:
     root = base_url.removesuffix("/").removesuffix("/v1")
     request = urllib.request.Request(f"{root}/metrics", headers={"Authorization": f"Bearer {api_key}"})
     with urllib.request.urlopen(request, timeout=10) as response:
-        text = response.read().decode()
+        return response.read().decode()
+
+
+def discarded_preemptions(text: str) -> float | None:
+    """The server's count of discarded preemptive answers in its /metrics ``text``, None where it has none."""
     found = [float(v) for name, labels, v in PREEMPT.findall(text) if "discard" in name + (labels or "")]
     return sum(found) if found else None
+
+
+def engine_counts(text: str) -> dict[str, float]:
+    """omniwalk's engine counters of ``ENGINE_COUNTS`` in its /metrics ``text`` (summed over replicas; none
+    from another server): what the engine did for the load besides answering it."""
+    counts = dict.fromkeys(ENGINE_COUNTS, 0.0)
+    found = False
+    for labels, value in ENGINE.findall(text):
+        label = dict(LABEL.findall(labels))
+        key = f"{label.get('stage')}_{label.get('quantity')}"
+        if key in counts:
+            counts[key] += float(value)
+            found = True
+    return counts if found else {}
 
 
 def cpu_seconds(pid: int) -> float:

@@ -12,7 +12,8 @@ from the moment the last chunk holding speech was sent: ``vad_ms`` to
 it), ``first_audio_ms`` to the first ``response.output_audio.delta``, ``answer_ms`` between the two
 (the server's share), the answer's playback ``underruns`` (``load_stats.py``), and whether the VAD
 split the turn at its pause (an answer came before the turn was said: ``split``). Per cell (a
-session count): discarded preemptive answers (the server's /metrics, where it counts them) and,
+session count): discarded preemptive answers (the server's /metrics, where it counts them), omniwalk's
+engine counters (recordings encoded and skipped under prefix pages, prefix tokens taken, KV preemptions) and,
 with ``--server-pid``, the HTTP process's CPU per session. Answers are bounded (``--max-tokens``;
 ``--audio-frames``, 0 = the server's speech cap) so that random weights give turns of equal work. One
 session's ``--warmup-turns`` go first, unmeasured. Writes ``--out`` (JSON) and the table beside it (.md).
@@ -33,13 +34,13 @@ import openai
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1])]  # benchmarks/
 from harness import markdown_table  # noqa: E402
-from load_stats import cpu_seconds, discarded_preemptions, summary, underruns  # noqa: E402
+from load_stats import cpu_seconds, discarded_preemptions, engine_counts, metrics_text, summary, underruns  # noqa: E402
 from speech_turns import RATE, quiet, source, turn  # noqa: E402
 
 CHUNK_S = 0.1
 COLUMNS = ["sessions", "turns", "vad_p50_ms", "first_audio_p50_ms", "first_audio_p90_ms", "answer_p50_ms"]
 COLUMNS += ["underruns_per_answer", "answers_underrun", "split_turns", "discarded_preemptions"]
-COLUMNS += ["error_turns", "http_cpu_pct_per_session", "answer_p50_ms_by_turn"]
+COLUMNS += ["error_turns", "http_cpu_pct_per_session", "audio_items_encoded_skipped", "answer_p50_ms_by_turn"]
 
 
 def pcm16(samples: np.ndarray) -> bytes:
@@ -139,11 +140,13 @@ async def session(client, args, index: int, records: list) -> None:
 async def cell(client, args, n: int) -> dict:
     """``n`` sessions of ``args.turns`` turns -> the cell's summaries and its records."""
     records: list = []
-    discarded = discarded_preemptions(args.base_url, args.api_key)
+    metrics = metrics_text(args.base_url, args.api_key)
     cpu, start = cpu_seconds(args.server_pid) if args.server_pid else None, time.monotonic()
     await asyncio.gather(*(session(client, args, i, records) for i in range(n)))
     wall = time.monotonic() - start
-    after = discarded_preemptions(args.base_url, args.api_key)
+    metrics_after = metrics_text(args.base_url, args.api_key)
+    discarded, after = discarded_preemptions(metrics), discarded_preemptions(metrics_after)
+    engine, engine_after = engine_counts(metrics), engine_counts(metrics_after)
     stats = {key: summary([r[key] for r in records if r[key] is not None]) for key in ("vad_ms", "first_audio_ms")}
     stats["answer_ms"] = summary([r["answer_ms"] for r in records if r["answer_ms"] is not None])
     counts = [r["underruns"] for r in records]
@@ -158,6 +161,8 @@ async def cell(client, args, n: int) -> dict:
         "error_turns": sum(r["status"].startswith("error") for r in records),
         "discarded_preemptions": None if after is None else after - (discarded or 0),
         "http_cpu_pct_per_session": None if cpu is None else 100 * (cpu_seconds(args.server_pid) - cpu) / wall / n,
+        # (omniwalk: media items encoded and skipped, prefix tokens taken, KV preemptions, during the cell)
+        "engine": {key: engine_after[key] - engine.get(key, 0.0) for key in engine_after},
         # (a median that grows from turn to turn: the server falls behind the sessions' turns)
         "answer_p50_ms_by_turn": [summary(values).get("p50") for values in by_turn],
         "records": records,
@@ -169,7 +174,10 @@ def table(results: dict) -> str:
     for n, c in results.items():
         picks = [c["vad_ms"].get("p50"), c["first_audio_ms"].get("p50"), c["first_audio_ms"].get("p90")]
         by_turn = " / ".join("-" if v is None else f"{v:.0f}" for v in c["answer_p50_ms_by_turn"])
-        rows.append([n, c["turns"], *picks, c["answer_ms"].get("p50"), *(c[k] for k in COLUMNS[6:-1]), by_turn])
+        engine, items = c["engine"], None
+        if engine:
+            items = f"{engine['audio_encoder_items_encoded']:.0f} / {engine['audio_encoder_items_skipped']:.0f}"
+        rows.append([n, c["turns"], *picks, c["answer_ms"].get("p50"), *(c[k] for k in COLUMNS[6:-2]), items, by_turn])
     return markdown_table(COLUMNS, rows)
 
 

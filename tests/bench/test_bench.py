@@ -32,7 +32,7 @@ from omniwalk.models.qwen3_omni.checkpoint.tiny import make_tiny_checkpoint
 ROOT = Path(__file__).resolve().parents[2]
 # the realtime load generator's own modules (benchmarks/realtime/)
 sys.path[:0] = [str(ROOT / "benchmarks" / "realtime"), str(ROOT / "benchmarks")]
-from load_stats import PREEMPT, underruns  # noqa: E402
+from load_stats import discarded_preemptions, engine_counts, underruns  # noqa: E402
 from speech_turns import PHRASES, QUIET_DBFS, RATE, spoken, turn  # noqa: E402
 
 
@@ -342,6 +342,7 @@ def test_every_session_answers_its_turn(run):
         assert r["underruns"] >= 0
     assert cell["turns"] == SESSIONS and cell["error_turns"] == 0 and cell["http_cpu_pct_per_session"] > 0
     assert "discarded_preemptions" in cell  # (None where the server does not count them)
+    assert cell["engine"]["audio_encoder_items_encoded"] >= SESSIONS  # (each turn's recording, at least)
     assert cell["answer_p50_ms_by_turn"] == [cell["answer_ms"]["p50"]]  # (one turn: the cell's own median)
     assert data["args"]["speech"] in ("espeak-ng", "synthetic")
 
@@ -360,15 +361,22 @@ def test_underruns_count_chunks_that_arrive_after_playback_ran_dry():
     assert underruns([(0.0, second), (1.5, second), (2.0, second), (4.0, second)]) == 2
 
 
-def test_preemption_counters_are_found_by_name_and_labels():
+def test_preemption_and_engine_counters_are_found_by_name_and_labels():
     text = (
         'omniwalk_realtime_preemptions_total{outcome="discarded"} 3.0\n'
         'omniwalk_realtime_preemptions_total{outcome="kept"} 5.0\n'
         "omniwalk_realtime_preempt_discarded_total 2\n"
-        'omniwalk_engine_events_total{stage="thinker",quantity="preemptions"} 7\n'
+        'omniwalk_engine_events_total{replica="0",stage="thinker",quantity="preemptions"} 7.0\n'
+        'omniwalk_engine_events_total{replica="1",stage="thinker",quantity="preemptions"} 1.0\n'
+        'omniwalk_engine_events_total{quantity="items_skipped",replica="0",stage="audio_encoder"} 4.0\n'
+        'omniwalk_engine{replica="0",stage="thinker",quantity="prefix_tokens"} 112.0\n'
+        'omniwalk_engine{replica="0",stage="thinker",quantity="running"} 3.0\n'
     )
-    found = [(n, labels, float(v)) for n, labels, v in PREEMPT.findall(text)]
-    assert sum(v for n, labels, v in found if "discard" in n + labels) == 5.0
+    assert discarded_preemptions(text) == 5.0 and discarded_preemptions("up 1\n") is None
+    counts = engine_counts(text)
+    assert counts["thinker_preemptions"] == 8.0 and counts["audio_encoder_items_skipped"] == 4.0
+    assert counts["thinker_prefix_tokens"] == 112.0 and counts["audio_encoder_items_encoded"] == 0.0
+    assert "thinker_running" not in counts and engine_counts("up 1\n") == {}
 
 
 def test_a_turn_is_two_phrases_with_quiet_between():
