@@ -82,6 +82,8 @@ class AudioEncoderProgram(_MediaProgram):
     """``zero_tail``: each clip featurised as the family's processor pads it (``media/mel.py``).
     ``graph_max_tokens``: the largest layout replayed from a CUDA graph (0: none)."""
 
+    is_audio = True
+
     def __init__(self, encoder, device, dtype: torch.dtype, zero_tail: bool = False, graph_max_tokens: int = 0):
         super().__init__()
         self.encoder, self.device, self.dtype, self.zero_tail = encoder, device, dtype, zero_tail
@@ -89,8 +91,6 @@ class AudioEncoderProgram(_MediaProgram):
         buckets = layout_buckets(graph_max_tokens, encoder.window_tokens, encoder.chunk_tokens)
         specs = {"x": StaticInput((encoder.cfg.d_model,), dtype)}
         self.graphs = PackedGraphs("audio encoder", self._layers, specs, buckets, device, GRAPH_KNOB)
-
-    is_audio = True
 
     def take(self, req: EngineRequest, budget: int, batch_is_empty: bool) -> int:
         waves = req.state.media.waves
