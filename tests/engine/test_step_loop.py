@@ -311,7 +311,7 @@ ALLOWED = {
     ("layers/kv_attention.py", "paged_decode_reference"),
     ("layers/attention.py", "reference_attention"),
     # host tensors the processor made (positions, media pixels), digested into the prefix pages' keys at add
-    ("models/common/programs/thinker_program.py", "prefix_chain"),
+    ("models/common/programs/prefix_keys.py", "prefix_chain"),
     ("media/preprocess.py", "feed_digest"),  # (media parts without the HTTP process's digest: offline)
     ("models/qwen3_omni/programs/talker_program.py", "prefix_keys"),  # (and the prompt's user positions)
 }

@@ -36,7 +36,7 @@ from omniwalk.engine.prefill_graphs import NO_PREFILL_GRAPHS, DecoderPrefill, Pr
 from omniwalk.engine.request import Chunk, EngineRequest
 from omniwalk.models.common.checkpoint.config import TokenIds
 from omniwalk.models.common.processing.positions import batch_spans, mrope_positions
-from omniwalk.models.common.programs.thinker_program import prefix_chain
+from omniwalk.models.common.programs.prefix_keys import prefix_chain
 from omniwalk.models.qwen3_omni.networks.talker import Talker
 from omniwalk.models.qwen3_omni.processing.talker_prompt import kept_spans, talker_prefix, user_positions
 from omniwalk.sampling import GRAPH_FIELDS, BatchParams, advance, draw
