@@ -18,6 +18,9 @@ implementations by the resolved names.
                        q/k norm + rope + KV store, ... (applied
                        to a component once its weights are loaded)
     lora_backend       LoRA adapters' delta after a projection      reference, triton
+    persistent_decode  a small batch's decode step in one launch    reference (layer by layer), triton
+                       (the code predictor's frame: its passes,
+                       ``kernels/persistent.py``)
 
 This module imports neither torch nor Triton (``omniwalk --help`` reads the choices).
 """
@@ -149,5 +152,17 @@ LORA = Registry(
     prefer=("triton", "reference"),
 )
 
+PERSISTENT_DECODE = Registry(
+    "persistent decode step",
+    "persistent_decode",
+    (
+        Impl("reference", "omniwalk.layers.decoder:keep_layered_steps"),
+        Impl("triton", "omniwalk.layers.decoder:use_persistent_kernels", cuda=True, package="triton"),
+    ),
+    prefer=("reference",),  # (triton by name only until it is measured faster on a GPU: docs/performance.md)
+)
+
 # the config knob each registry answers (``ModelConfig`` has one field per key)
-REGISTRIES: dict[str, Registry] = {r.knob: r for r in (MOE, ATTENTION, DECODE_ATTENTION, DECODER_KERNELS, LORA)}
+REGISTRIES: dict[str, Registry] = {
+    r.knob: r for r in (MOE, ATTENTION, DECODE_ATTENTION, DECODER_KERNELS, LORA, PERSISTENT_DECODE)
+}

@@ -35,7 +35,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from omniwalk.kernels.registry import DECODER_KERNELS
+from omniwalk.kernels.registry import DECODER_KERNELS, PERSISTENT_DECODE
 from omniwalk.layers.kv_attention import causal_attention
 from omniwalk.layers.linear import LoraExpand, LoraRows, MergesProjections, SkinnyLinear
 from omniwalk.layers.moe import GatedMLP, SparseMoE
@@ -319,14 +319,16 @@ class DecoderLayer(nn.Module):
 LayerHooks = dict[int, Callable[[torch.Tensor], torch.Tensor]]
 
 
-def use_kernels(module: nn.Module, decoder_kernels: str) -> None:
+def use_kernels(module: nn.Module, decoder_kernels: str, persistent_decode: str = "reference") -> None:
     """Once the weights are loaded, the implementations the config chose take their loaded form: every
     MoE layer prepares its experts for its implementation (the fused one folds its shared expert in),
-    then the ``decoder_kernels`` entry of ``DECODER_KERNELS`` is applied to ``module``."""
+    then the ``decoder_kernels`` entry of ``DECODER_KERNELS`` is applied to ``module``, then the
+    ``persistent_decode`` entry of ``PERSISTENT_DECODE``."""
     for m in list(module.modules()):
         if isinstance(m, SparseMoE):
             m.impl.prepare(m)
     DECODER_KERNELS.load(decoder_kernels)(module)
+    PERSISTENT_DECODE.load(persistent_decode)(module)
 
 
 def keep_reference_kernels(module: nn.Module) -> None:
@@ -344,6 +346,18 @@ def use_fused_kernels(module: nn.Module) -> None:
             m.use_fused_kernel()
         elif isinstance(m, MergesProjections):
             m.merge_projections()
+
+
+def keep_layered_steps(module: nn.Module) -> None:
+    """``persistent_decode="reference"``: decode steps run layer by layer, kernel by kernel."""
+
+
+def use_persistent_kernels(module: nn.Module) -> None:
+    """``persistent_decode="triton"`` (CUDA): every module under ``module`` with a persistent form of its
+    small-batch step (``use_persistent_kernel``: the code predictor's frame) takes it."""
+    for m in list(module.modules()):
+        if hasattr(m, "use_persistent_kernel"):
+            m.use_persistent_kernel()
 
 
 class Decoder(nn.Module):

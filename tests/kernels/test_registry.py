@@ -13,9 +13,17 @@ import torch
 from omniwalk.config import ModelConfig, backend_choices
 from omniwalk.errors import ConfigError
 from omniwalk.kernels import registry
-from omniwalk.kernels.registry import ATTENTION, DECODE_ATTENTION, DECODER_KERNELS, LORA, MOE, REGISTRIES
+from omniwalk.kernels.registry import (
+    ATTENTION,
+    DECODE_ATTENTION,
+    DECODER_KERNELS,
+    LORA,
+    MOE,
+    PERSISTENT_DECODE,
+    REGISTRIES,
+)
 
-ALL = (ATTENTION, DECODE_ATTENTION, MOE, DECODER_KERNELS, LORA)
+ALL = (ATTENTION, DECODE_ATTENTION, MOE, DECODER_KERNELS, LORA, PERSISTENT_DECODE)
 TRITON = importlib.util.find_spec("triton") is not None
 
 

@@ -92,7 +92,7 @@ class Qwen25OmniFamily(ModelFamily):
             cfg,
             dtype=mc.torch_dtype,
             device=mc.device,
-            backends=Backends(mc.attention_backend, mc.moe_backend, mc.decoder_kernels),
+            backends=Backends(mc.attention_backend, mc.moe_backend, mc.decoder_kernels, mc.persistent_decode),
             random_seed=0 if mc.random_weights else None,
         )
         self.max_model_len = mc.max_model_len or cfg.text.max_position_embeddings

@@ -92,7 +92,7 @@ class Qwen3OmniFamily(ModelFamily):
             tuple(COMPONENTS[stage] for stage in self.stages),
             dtype=mc.torch_dtype,
             device={COMPONENTS[stage]: device for stage, device in self.devices.items()},
-            backends=Backends(mc.attention_backend, mc.moe_backend, mc.decoder_kernels),
+            backends=Backends(mc.attention_backend, mc.moe_backend, mc.decoder_kernels, mc.persistent_decode),
             cfg=cfg,
             random_seed=0 if mc.random_weights else None,
             quantization=mc.quantization,

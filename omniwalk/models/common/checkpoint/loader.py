@@ -18,6 +18,7 @@ class Backends:
     attention: str = "reference"  # varlen attention for the encoders
     moe: str = "reference"
     decoder_kernels: str = "reference"  # "fused": the fused decoder kernels (``decoder.use_kernels``)
+    persistent_decode: str = "reference"  # "triton": small batches' steps in one launch where a module has one
 
 
 REFERENCE = Backends()  # the CPU reference implementations

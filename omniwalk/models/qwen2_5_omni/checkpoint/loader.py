@@ -96,7 +96,7 @@ def load_components(
                 load_weights(module.get_submodule(sub) if sub else module, ckpt_dir, prefix)
         if name == "token2wav" and dtype == torch.bfloat16:
             module.dit.run_in(dtype)
-        use_kernels(module, backends.decoder_kernels)
+        use_kernels(module, backends.decoder_kernels, backends.persistent_decode)
         out[name] = module.eval()
     if set(names) == set(components(cfg)) and random_seed is None:
         check_all_taken(ckpt_dir, (p for prefixes in PREFIXES.values() for p in prefixes.values()))

@@ -147,7 +147,8 @@ def load_components(
                 load_weights(module.get_submodule(sub) if sub else module, ckpt_dir, prefix, block)
         if transform is not None:
             transform(name, module)
-        use_kernels(module, backends.decoder_kernels)  # (merges and folds loaded weights on the fast path)
+        # (merges and folds loaded weights on the fast path; a persistent kernel stacks them)
+        use_kernels(module, backends.decoder_kernels, backends.persistent_decode)
         out[name] = module.eval()
     if set(names) == set(ALL_COMPONENTS) and random_seed is None:
         check_all_taken(ckpt_dir, [p for prefixes in PREFIXES.values() for p in prefixes.values()])

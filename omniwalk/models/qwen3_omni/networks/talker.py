@@ -31,7 +31,7 @@ from omniwalk.layers.decoder import Decoder, DecoderConfig, RowsKVCache
 from omniwalk.layers.linear import MergesProjections, SkinnyLinear
 from omniwalk.layers.rotary import rotary_tables
 from omniwalk.models.qwen3_omni.checkpoint.config import TalkerConfig
-from omniwalk.sampling import SamplingParams
+from omniwalk.sampling import BatchParams, SamplingParams, draw
 
 # (logits [B, vocab], draw index 0..G-2 within the frame) -> ids [B] on the device
 SampleFn = Callable[[torch.Tensor, int], torch.Tensor]
@@ -136,6 +136,7 @@ class CodePredictor(MergesProjections):
         # the fused kernels' forms once ``merge_projections`` ran
         self.embed_add: Callable = embed_add_reference
         self.paged_decode: Callable | None = None
+        self.persistent: Callable | None = None  # a frame in one launch (``use_persistent_kernel``)
 
     def forward(self, talker_hidden: torch.Tensor, code0_embedding: torch.Tensor, sample: SampleFn):
         """Groups 1..G-1 of a batch of frames, each row with a fresh short KV.
@@ -169,6 +170,23 @@ class CodePredictor(MergesProjections):
                 head = self.lm_head[group]
                 logits = self.model(embedding, None, cache, tables=self._tables(group + 1, p), head=head)
         return torch.stack(codes, dim=1), total
+
+    def draw_groups(self, talker_hidden: torch.Tensor, code0_embedding: torch.Tensor, params: BatchParams):
+        """``forward`` with group g drawn by ``sampling.draw(logits, params, g - 1)``: in one launch of the
+        persistent kernel where it was made and the batch is small enough, else pass by pass."""
+        if self.persistent is not None and talker_hidden.shape[0] <= self.persistent.max_batch:
+            return self.persistent(talker_hidden, code0_embedding, params)
+        return self(talker_hidden, code0_embedding, lambda logits, i: draw(logits, params, i))
+
+    def use_persistent_kernel(self) -> None:
+        """``persistent_decode="triton"``: frames of a few requests run ``kernels/persistent.py``'s kernel
+        (after the decoder kernels; it stacks the loaded weights, the modules keep views of them)."""
+        from omniwalk.kernels.persistent import PersistentCodePredictor, capacity
+
+        p = self.lm_head[0].weight
+        positions = torch.arange(capacity(self.num_code_groups), device=p.device)
+        cos, sin = rotary_tables(*self.model.rotary(positions), p.dtype)
+        self.persistent = PersistentCodePredictor(self, cos[:, 0], sin[:, 0])
 
     def merge_projections(self) -> None:
         """Fused kernels (``decoder.use_fused_kernels``, after loading): the heads become skinny GEMVs, which

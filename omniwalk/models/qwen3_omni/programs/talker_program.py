@@ -265,7 +265,7 @@ class TalkerProgram(KVProgram):
         """Talker hidden states [B, H] -> frames [B, G] and their summed codec embeddings [B, H]."""
         code0 = draw(self.talker.group0_logits(hidden), talker)
         code0_embedding = self.talker.model.codec_embedding(code0)
-        rest, rest_sum = self.talker.code_predictor(hidden, code0_embedding, lambda x, i: draw(x, cp, i))
+        rest, rest_sum = self.talker.code_predictor.draw_groups(hidden, code0_embedding, cp)
         return {"frames": torch.cat([code0[:, None], rest], dim=1), "codec_sum": code0_embedding + rest_sum}
 
     def _commit_frames(

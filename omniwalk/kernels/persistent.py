@@ -1,0 +1,687 @@
+"""The code predictor's frame in one launch: a persistent kernel that runs a schedule of phases.
+
+A talker frame draws codec groups 1..G-1 with G-1 passes of the code predictor (a small dense
+decoder: 5 layers at full size), each pass a chain of small dependent steps; launched one kernel
+a step, a frame is ~760 kernels whose launch, ramp and tail cost far more than their bytes. Here
+one launch walks the whole frame. The work is a **schedule** (``Schedule``, built on the host for a
+batch size): a list of phases, each one op over a number of tiles (``OPS``):
+
+    QKV      columns of the merged q/k/v projection of the input-normed residual rows
+    ATTN     (request, kv head): q/k norm + rope, K/V stored at the pass's positions, attention
+    OUT      columns of the output projection, added to the residual rows they own
+    GATE_UP  columns of the gated MLP's input projection (of the post-attention norm): silu(gate) * up
+    DOWN     columns of the MLP's output projection, added to the residual
+    HEAD     columns of the group's head over the final norm of each request's last token row
+    SAMPLE   a request: its code drawn (``kernels/sampling.py``'s steps), its embedding the next input
+
+A phase reads only what earlier phases wrote and its tiles write disjoint parts (``Schedule.check``
+proves it from each op's declared reads and writes). The kernel runs ``programs`` programs; in each
+phase they claim tiles from a counter in global memory (an atomic increment), count finished tiles
+in a second one (a release), and wait until that count reaches the phase's tiles (an acquire) before
+the next phase. Claiming, not a fixed split, means no program waits for a program that has not
+started: the kernel finishes even where not all its programs fit on the GPU at once (another
+stream's kernels). Activations written inside the kernel are read with ``.cg`` loads (past the SM's
+L1, which other SMs' writes do not update).
+
+Rounding follows the PyTorch reference (``networks/talker.CodePredictor`` on the reference decoder
+kernels): every value the reference holds in the model dtype is rounded to it here at the same step
+(the residual stream, norms, projections, rope's products, attention's output, silu and its product,
+logits, the running sum of embeddings); sums inside a step are fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from omniwalk.kernels.sampling import front, perturb, top_k_top_p
+
+QKV, ATTN, OUT, GATE_UP, DOWN, HEAD, SAMPLE = range(7)
+OPS = ("QKV", "ATTN", "OUT", "GATE_UP", "DOWN", "HEAD", "SAMPLE")
+COLUMNS = 5  # a phase's row in the table: op, tiles, layer, group, position
+BLOCK_N = 16  # output columns of a projection tile (the smallest ``tl.dot`` width)
+ROWS = 16  # token rows a tile multiplies at once (a ``tl.dot``'s smallest height; masked past the batch's)
+# (the kernel's copies of the constants above)
+_QKV, _ATTN, _OUT, _GATE_UP, _HEAD, _SAMPLE = (tl.constexpr(v) for v in (QKV, ATTN, OUT, GATE_UP, HEAD, SAMPLE))
+_COLUMNS, _BLOCK_N, _ROWS = tl.constexpr(COLUMNS), tl.constexpr(BLOCK_N), tl.constexpr(ROWS)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The code predictor's sizes (``DecoderConfig`` of it) and the batch a schedule is for."""
+
+    batch: int
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    groups: int  # codec groups (the first drawn by the talker; this kernel draws 1..groups-1)
+
+    @property
+    def qkv(self) -> int:
+        return (self.heads + 2 * self.kv_heads) * self.head_dim
+
+    @property
+    def max_rows(self) -> int:
+        return 2 * self.batch  # the first pass has two token rows per request
+
+    def tiles(self, op: int) -> int:
+        columns = {QKV: self.qkv, OUT: self.hidden, GATE_UP: self.intermediate, DOWN: self.hidden, HEAD: self.vocab}
+        if op in columns:
+            return -(-columns[op] // BLOCK_N)
+        return self.batch * self.kv_heads if op == ATTN else self.batch
+
+
+@dataclass(frozen=True)
+class Phase:
+    op: int
+    tiles: int
+    layer: int  # decoder layer (projections, norms, the KV of ATTN)
+    group: int  # the head / embedding table index (HEAD: lm_head[group]; SAMPLE: draws group + 1)
+    position: int  # rope position of the pass's last token (a pass of two tokens: position - 1 too)
+
+    @property
+    def tokens(self) -> int:
+        return 2 if self.position == 1 else 1  # (the first pass: the talker's hidden state, then code 0)
+
+
+class Schedule:
+    """The phases of one frame for ``shape`` (a batch size), and the table the kernel reads."""
+
+    def __init__(self, shape: Shape):
+        self.shape = shape
+        phases = []
+        for group in range(shape.groups - 1):  # pass ``group``: its last token at position group + 1
+            position = group + 1
+            for layer in range(shape.layers):
+                phases += [Phase(op, shape.tiles(op), layer, group, position) for op in (QKV, ATTN, OUT, GATE_UP, DOWN)]
+            phases += [Phase(op, shape.tiles(op), 0, group, position) for op in (HEAD, SAMPLE)]
+        self.phases = phases
+
+    def table(self, device) -> torch.Tensor:
+        rows = [(p.op, p.tiles, p.layer, p.group, p.position) for p in self.phases]
+        return torch.tensor(rows, dtype=torch.int32, device=device)
+
+    def regions(self, phase: Phase, tile: int) -> tuple[set, set]:
+        """What tile ``tile`` of ``phase`` reads and writes: sets of (buffer, row, column block), the
+        column blocks BLOCK_N wide (KV: (buffer, layer, request, position, kv head); the attention's
+        output and the cache are addressed by head). The kernel's ops, declared for ``check``."""
+        s, p = self.shape, phase
+        t = p.tokens
+        rows = [b * t + i for b in range(s.batch) for i in range(t)]
+        last = [b * t + t - 1 for b in range(s.batch)]
+        blocks = lambda n: range(-(-n // BLOCK_N))  # noqa: E731
+        full = lambda name, n, rs: {(name, r, c) for r in rs for c in blocks(n)}  # noqa: E731
+        cols = lambda name, rs: {(name, r, tile) for r in rs}  # noqa: E731
+        if p.op == QKV:
+            return full("h", s.hidden, rows), cols("qkv", rows)
+        if p.op == ATTN:
+            b, j = divmod(tile, s.kv_heads)
+            group = s.heads // s.kv_heads
+            own = [b * t + i for i in range(t)]
+            head_blocks = lambda first, n: range(first * s.head_dim // BLOCK_N, (first + n) * s.head_dim // BLOCK_N)  # noqa: E731
+            reads = {("qkv", r, c) for r in own for c in head_blocks(j * group, group)}
+            reads |= {("qkv", r, c) for r in own for c in head_blocks(s.heads + j, 1)}
+            reads |= {("qkv", r, c) for r in own for c in head_blocks(s.heads + s.kv_heads + j, 1)}
+            first = p.position - t + 1
+            stored = {(kv, p.layer, b, q, j) for kv in ("k", "v") for q in range(first, p.position + 1)}
+            reads |= {(kv, p.layer, b, q, j) for kv in ("k", "v") for q in range(first)}
+            writes = {("attn", r, c) for r in own for c in head_blocks(j * group, group)} | stored
+            return reads, writes
+        if p.op == OUT:
+            return full("attn", s.heads * s.head_dim, rows) | cols("h", rows), cols("h", rows)
+        if p.op == GATE_UP:
+            return full("h", s.hidden, rows), cols("act", rows)
+        if p.op == DOWN:
+            return full("act", s.intermediate, rows) | cols("h", rows), cols("h", rows)
+        if p.op == HEAD:
+            return full("h", s.hidden, last), {("logits", b, tile) for b in range(s.batch)}
+        b = tile
+        writes = {("code", b, p.group), ("total", b, 0)} | full("h", s.hidden, [b] if p.group < s.groups - 2 else [])
+        return {("logits", b, c) for c in blocks(s.vocab)} | {("total", b, 0)}, writes
+
+    def check(self, inputs: set | None = None) -> None:
+        """Raise ``ValueError`` where a tile reads what a tile of its own phase writes, two tiles of a
+        phase write one thing, or a phase reads what nothing wrote before it (``inputs``: what the
+        frame starts with; by default the first pass's residual rows and the running sum)."""
+        s = self.shape
+        written = (
+            set(inputs)
+            if inputs is not None
+            else {("h", r, c) for r in range(s.max_rows) for c in range(-(-s.hidden // BLOCK_N))}
+        )
+        written |= {("total", b, 0) for b in range(s.batch)} if inputs is None else set()
+        for index, phase in enumerate(self.phases):
+            regions = [self.regions(phase, tile) for tile in range(phase.tiles)]
+            writes = [w for _, w in regions]
+            everything = set().union(*writes)
+            if sum(len(w) for w in writes) != len(everything):
+                raise ValueError(f"phase {index} ({OPS[phase.op]}): two tiles write one region")
+            for tile, (reads, own) in enumerate(regions):
+                if (reads & everything) - own:
+                    raise ValueError(f"phase {index} ({OPS[phase.op]}) tile {tile} reads what another tile writes")
+                if reads - written - own:
+                    raise ValueError(f"phase {index} ({OPS[phase.op]}) tile {tile} reads what nothing wrote before it")
+            written |= everything
+
+
+@triton.jit
+def _rstd(x_ptr, row_of, rows_ok, eps, HIDDEN: tl.constexpr, BLOCK_K: tl.constexpr):
+    """1 / RMS of residual rows [ROWS] (fp32 statistics, as ``RMSNorm``)."""
+    kk = tl.arange(0, BLOCK_K)
+    squares = tl.zeros([_ROWS], dtype=tl.float32)
+    for k0 in tl.static_range(0, HIDDEN, BLOCK_K):
+        ks = k0 + kk
+        mask = rows_ok[:, None] & (ks < HIDDEN)[None, :]
+        x = tl.load(x_ptr + row_of[:, None] * HIDDEN + ks[None, :], mask=mask, other=0.0, cache_modifier=".cg")
+        x = x.to(tl.float32)
+        squares += tl.sum(x * x, 1)
+    return tl.rsqrt(squares / HIDDEN + eps)
+
+
+@triton.jit
+def _product(
+    x_ptr,
+    row_of,
+    rows_ok,
+    rstd,
+    norm_ptr,
+    w_ptr,
+    w2_ptr,
+    n0,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    NORMED: tl.constexpr,
+    TWO: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Rows ``row_of`` of x [*, K] (``NORMED``: RMS-normed with ``rstd`` and the norm's weight, rounded as
+    ``RMSNorm`` rounds) times columns n0.. of w [N, K] (and of w2, ``TWO``) -> fp32 [ROWS, BLOCK_N] (two)."""
+    dt = w_ptr.dtype.element_ty
+    nn = n0 + tl.arange(0, _BLOCK_N)
+    kk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([_ROWS, _BLOCK_N], dtype=tl.float32)
+    acc2 = tl.zeros([_ROWS, _BLOCK_N], dtype=tl.float32)
+    for k0 in tl.static_range(0, K, BLOCK_K):
+        ks = k0 + kk
+        k_ok = ks < K
+        x = tl.load(
+            x_ptr + row_of[:, None] * K + ks[None, :],
+            mask=rows_ok[:, None] & k_ok[None, :],
+            other=0.0,
+            cache_modifier=".cg",
+        )
+        if NORMED:
+            normed = (x.to(tl.float32) * rstd[:, None]).to(dt).to(tl.float32)
+            weight = tl.load(norm_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+            x = (weight[None, :] * normed).to(dt)
+        x = x.to(dt)
+        w_mask = (nn < N)[:, None] & k_ok[None, :]
+        w = tl.load(w_ptr + nn[:, None] * K + ks[None, :], mask=w_mask, other=0.0)
+        acc = tl.dot(x, tl.trans(w), acc)
+        if TWO:
+            w2 = tl.load(w2_ptr + nn[:, None] * K + ks[None, :], mask=w_mask, other=0.0)
+            acc2 = tl.dot(x, tl.trans(w2), acc2)
+    return acc, acc2
+
+
+@triton.jit
+def _head_rope(base, d, dr, rstd, norm_ptr, cos, sin, dt):
+    """One head's (or heads' [n, D]) q/k norm then rope at the loaded cos/sin, rounded as the reference
+    (``_head_norm``, then ``apply_rotary``'s two products and their sum)."""
+    x = tl.load(base + d, cache_modifier=".cg").to(tl.float32)
+    xr = tl.load(base + dr, cache_modifier=".cg").to(tl.float32)
+    x = (tl.load(norm_ptr + d).to(tl.float32) * (x * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    xr = (tl.load(norm_ptr + dr).to(tl.float32) * (xr * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    return ((x * cos).to(dt).to(tl.float32) + (xr * sin).to(dt).to(tl.float32)).to(dt)
+
+
+@triton.jit
+def _attend(
+    qkv_ptr,
+    attn_ptr,
+    keys_ptr,
+    values_ptr,
+    q_norm_ptr,
+    k_norm_ptr,
+    cos_ptr,
+    sin_ptr,
+    tile,
+    layer,
+    position,
+    tokens,
+    batch,
+    eps,
+    scale,
+    HEADS: tl.constexpr,
+    KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    CAPACITY: tl.constexpr,
+):
+    """ATTN tile (request b, kv head j), for each of the pass's tokens in order: k normed, roped and
+    stored with v at its position, then its q heads' attention over positions 0..its own."""
+    dt = qkv_ptr.dtype.element_ty
+    group: tl.constexpr = HEADS // KV_HEADS
+    width: tl.constexpr = (HEADS + 2 * KV_HEADS) * HEAD_DIM
+    b = tile // KV_HEADS
+    j = tile % KV_HEADS
+    d = tl.arange(0, HEAD_DIM)
+    dr = (d + HEAD_DIM // 2) % HEAD_DIM
+    q_heads = j * group + tl.arange(0, group)
+    slots = tl.arange(0, CAPACITY)
+    cache = ((layer * batch + b) * CAPACITY + slots[:, None]) * KV_HEADS * HEAD_DIM + j * HEAD_DIM + d[None, :]
+    for i in range(tokens):
+        pos = position - tokens + 1 + i
+        row = b * tokens + i
+        base = qkv_ptr + row * width
+        cos = tl.load(cos_ptr + pos * HEAD_DIM + d).to(tl.float32)
+        sin = tl.load(sin_ptr + pos * HEAD_DIM + d).to(tl.float32)
+        k_base = base + (HEADS + j) * HEAD_DIM
+        kx = tl.load(k_base + d, cache_modifier=".cg").to(tl.float32)
+        k = _head_rope(k_base, d, dr, tl.rsqrt(tl.sum(kx * kx, 0) / HEAD_DIM + eps), k_norm_ptr, cos, sin, dt)
+        v = tl.load(base + (HEADS + KV_HEADS + j) * HEAD_DIM + d, cache_modifier=".cg")
+        at = ((layer * batch + b) * CAPACITY + pos) * KV_HEADS * HEAD_DIM + j * HEAD_DIM + d
+        tl.store(keys_ptr + at, k)
+        tl.store(values_ptr + at, v)
+        tl.debug_barrier()  # (the program's own stores, read back below by its other threads)
+        q_at = q_heads[:, None] * HEAD_DIM
+        qx = tl.load(base + q_at + d[None, :], cache_modifier=".cg").to(tl.float32)
+        q_rstd = tl.rsqrt(tl.sum(qx * qx, 1) / HEAD_DIM + eps)[:, None]
+        q = _head_rope(base + q_at, d[None, :], dr[None, :], q_rstd, q_norm_ptr, cos[None, :], sin[None, :], dt)
+        seen = slots <= pos
+        keys = tl.load(keys_ptr + cache, mask=seen[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
+        values = tl.load(values_ptr + cache, mask=seen[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
+        scores = tl.sum(q.to(tl.float32)[:, None, :] * keys[None, :, :], 2) * scale
+        scores = tl.where(seen[None, :], scores, float("-inf"))
+        e = tl.exp(scores - tl.max(scores, 1)[:, None])
+        out = tl.sum(e[:, :, None] * values[None, :, :], 1) / tl.sum(e, 1)[:, None]
+        tl.store(attn_ptr + row * HEADS * HEAD_DIM + q_at + d[None, :], out.to(dt))
+
+
+@triton.jit(do_not_specialize=["num_phases", "batch", "flags"])
+def code_predictor_frame(
+    table_ptr,
+    num_phases,
+    counters_ptr,
+    in_norm_ptr,
+    qkv_w_ptr,
+    q_norm_ptr,
+    k_norm_ptr,
+    o_w_ptr,
+    post_norm_ptr,
+    gate_up_w_ptr,
+    down_w_ptr,
+    final_norm_ptr,
+    heads_ptr,
+    embeds_ptr,
+    cos_ptr,
+    sin_ptr,
+    h_ptr,
+    qkv_ptr,
+    attn_ptr,
+    act_ptr,
+    keys_ptr,
+    values_ptr,
+    logits_ptr,
+    codes_ptr,
+    total_ptr,
+    temperature_ptr,
+    penalty_ptr,
+    seen_ptr,
+    seen_stride,
+    banned_ptr,
+    banned_stride,
+    allowed_ptr,
+    allowed_stride,
+    top_k_ptr,
+    top_p_ptr,
+    sampled_ptr,
+    seeds_ptr,
+    steps_ptr,
+    flags,
+    batch,
+    eps,
+    scale,
+    HIDDEN: tl.constexpr,
+    HEADS: tl.constexpr,
+    KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    INTERMEDIATE: tl.constexpr,
+    VOCAB: tl.constexpr,
+    GROUPS: tl.constexpr,
+    CAPACITY: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    CANDIDATES: tl.constexpr,
+):
+    dt = qkv_w_ptr.dtype.element_ty
+    qkv_width: tl.constexpr = (HEADS + 2 * KV_HEADS) * HEAD_DIM
+    attn_width: tl.constexpr = HEADS * HEAD_DIM
+    r = tl.arange(0, _ROWS)
+    nn = tl.arange(0, _BLOCK_N)
+    for ph in range(num_phases):
+        entry = table_ptr + ph * _COLUMNS
+        op = tl.load(entry)
+        tiles = tl.load(entry + 1)
+        layer = tl.load(entry + 2)
+        group = tl.load(entry + 3)
+        position = tl.load(entry + 4)
+        tokens = tl.where(position == 1, 2, 1)
+        rows_ok = r < batch * tokens
+        claimed = counters_ptr + 2 * ph
+        finished = claimed + 1
+        tile = tl.atomic_add(claimed, 1, sem="relaxed")
+        while tile < tiles:
+            n0 = tile * _BLOCK_N
+            if op == _QKV:
+                rstd = _rstd(h_ptr, r, rows_ok, eps, HIDDEN, BLOCK_K)
+                acc, _ = _product(
+                    h_ptr,
+                    r,
+                    rows_ok,
+                    rstd,
+                    in_norm_ptr + layer * HIDDEN,
+                    qkv_w_ptr + layer * qkv_width * HIDDEN,
+                    qkv_w_ptr,
+                    n0,
+                    qkv_width,
+                    HIDDEN,
+                    True,
+                    False,
+                    BLOCK_K,
+                )
+                out = qkv_ptr + r[:, None] * qkv_width + (n0 + nn)[None, :]
+                tl.store(out, acc.to(dt), mask=rows_ok[:, None] & ((n0 + nn) < qkv_width)[None, :])
+            elif op == _ATTN:
+                _attend(
+                    qkv_ptr,
+                    attn_ptr,
+                    keys_ptr,
+                    values_ptr,
+                    q_norm_ptr + layer * HEAD_DIM,
+                    k_norm_ptr + layer * HEAD_DIM,
+                    cos_ptr,
+                    sin_ptr,
+                    tile,
+                    layer,
+                    position,
+                    tokens,
+                    batch,
+                    eps,
+                    scale,
+                    HEADS,
+                    KV_HEADS,
+                    HEAD_DIM,
+                    CAPACITY,
+                )
+            elif op == _GATE_UP:
+                rstd = _rstd(h_ptr, r, rows_ok, eps, HIDDEN, BLOCK_K)
+                w = gate_up_w_ptr + layer * 2 * INTERMEDIATE * HIDDEN
+                g, u = _product(
+                    h_ptr,
+                    r,
+                    rows_ok,
+                    rstd,
+                    post_norm_ptr + layer * HIDDEN,
+                    w,
+                    w + INTERMEDIATE * HIDDEN,
+                    n0,
+                    INTERMEDIATE,
+                    HIDDEN,
+                    True,
+                    True,
+                    BLOCK_K,
+                )
+                g = g.to(dt).to(tl.float32)
+                silu = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+                out = act_ptr + r[:, None] * INTERMEDIATE + (n0 + nn)[None, :]
+                mask = rows_ok[:, None] & ((n0 + nn) < INTERMEDIATE)[None, :]
+                tl.store(out, (silu * u.to(dt).to(tl.float32)).to(dt), mask=mask)
+            elif op == _HEAD:
+                last = r * tokens + tokens - 1
+                ok = r < batch
+                rstd = _rstd(h_ptr, last, ok, eps, HIDDEN, BLOCK_K)
+                acc, _ = _product(
+                    h_ptr,
+                    last,
+                    ok,
+                    rstd,
+                    final_norm_ptr,
+                    heads_ptr + group * VOCAB * HIDDEN,
+                    heads_ptr,
+                    n0,
+                    VOCAB,
+                    HIDDEN,
+                    True,
+                    False,
+                    BLOCK_K,
+                )
+                out = logits_ptr + r[:, None] * VOCAB + (n0 + nn)[None, :]
+                tl.store(out, acc.to(dt), mask=ok[:, None] & ((n0 + nn) < VOCAB)[None, :])
+            elif op == _SAMPLE:
+                cols = tl.arange(0, BLOCK_V)
+                valid = cols < VOCAB
+                x = tl.load(logits_ptr + tile * VOCAB + cols, mask=valid, other=float("-inf"), cache_modifier=".cg").to(
+                    tl.float32
+                )
+                x = front(
+                    x,
+                    tile,
+                    cols,
+                    valid,
+                    flags,
+                    temperature_ptr,
+                    penalty_ptr,
+                    seen_ptr,
+                    seen_stride,
+                    banned_ptr,
+                    banned_stride,
+                    allowed_ptr,
+                    allowed_stride,
+                )
+                if (flags & 4) != 0:
+                    x = top_k_top_p(x, tile, cols, VOCAB, top_k_ptr, top_p_ptr, BLOCK_V, CANDIDATES)
+                x = perturb(x, tile, cols, flags, group, sampled_ptr, seeds_ptr, steps_ptr)
+                code = tl.argmax(x, 0).to(tl.int64)
+                tl.store(codes_ptr + tile * (GROUPS - 1) + group, code)
+                hh = tl.arange(0, BLOCK_H)
+                h_ok = hh < HIDDEN
+                e = tl.load(embeds_ptr + (group * VOCAB + code) * HIDDEN + hh, mask=h_ok, other=0.0)
+                running = tl.load(total_ptr + tile * HIDDEN + hh, mask=h_ok, other=0.0, cache_modifier=".cg")
+                tl.store(total_ptr + tile * HIDDEN + hh, (running.to(tl.float32) + e.to(tl.float32)).to(dt), mask=h_ok)
+                if group < GROUPS - 2:
+                    tl.store(h_ptr + tile * HIDDEN + hh, e, mask=h_ok)
+            else:  # OUT, DOWN: a projection added to the residual columns the tile owns
+                if op == _OUT:
+                    acc, _ = _product(
+                        attn_ptr,
+                        r,
+                        rows_ok,
+                        r,
+                        o_w_ptr,
+                        o_w_ptr + layer * HIDDEN * attn_width,
+                        o_w_ptr,
+                        n0,
+                        HIDDEN,
+                        attn_width,
+                        False,
+                        False,
+                        BLOCK_K,
+                    )
+                else:
+                    acc, _ = _product(
+                        act_ptr,
+                        r,
+                        rows_ok,
+                        r,
+                        down_w_ptr,
+                        down_w_ptr + layer * HIDDEN * INTERMEDIATE,
+                        down_w_ptr,
+                        n0,
+                        HIDDEN,
+                        INTERMEDIATE,
+                        False,
+                        False,
+                        BLOCK_K,
+                    )
+                at = h_ptr + r[:, None] * HIDDEN + (n0 + nn)[None, :]
+                mask = rows_ok[:, None] & ((n0 + nn) < HIDDEN)[None, :]
+                h = tl.load(at, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+                tl.store(at, (h + acc.to(dt).to(tl.float32)).to(dt), mask=mask)
+            tl.debug_barrier()  # (every thread's stores issued before the count says the tile is done)
+            tl.atomic_add(finished, 1, sem="release")
+            tile = tl.atomic_add(claimed, 1, sem="relaxed")
+        done = tl.atomic_add(finished, 0, sem="acquire")
+        while done < tiles:
+            done = tl.atomic_add(finished, 0, sem="acquire")
+        tl.debug_barrier()
+
+
+MAX_BATCH = 4  # frames of up to this many requests take the persistent kernel (more: the layered path)
+PROGRAMS_PER_SM = 2  # programs the kernel launches per SM on CUDA (a program: 8 warps)
+
+
+class PersistentCodePredictor:
+    """``CodePredictor.forward`` for frames of up to ``MAX_BATCH`` requests in one launch of
+    ``code_predictor_frame``. Built once the weights are loaded (``use_persistent``): the layers' weights
+    are stacked per kind into one tensor each and, where the fused decoder kernels merged them, the
+    modules' parameters become views of those stacks (nothing held twice)."""
+
+    max_batch = MAX_BATCH
+
+    def __init__(self, cp, cos: torch.Tensor, sin: torch.Tensor):
+        """``cp``: a ``CodePredictor``; cos/sin: its rotary tables of positions 0..CAPACITY-1 [CAPACITY, head_dim]
+        (``rotary.rotary_tables``' rounding and sign), CAPACITY = ``capacity(cp.num_code_groups)``."""
+        cfg, model = cp.cfg, cp.model
+        p = cp.lm_head[0].weight
+        self.shape = lambda batch: Shape(  # noqa: E731
+            batch,
+            cfg.num_hidden_layers,
+            cfg.hidden_size,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            cfg.intermediate_size,
+            cfg.vocab_size,
+            cp.num_code_groups,
+        )
+        self.eps, self.device, self.dtype = cfg.rms_norm_eps, p.device, p.dtype
+        layers = list(model.layers)
+        self.in_norm = _stack([layer.input_layernorm.weight for layer in layers])
+        self.q_norm = _stack([layer.self_attn.q_norm.weight for layer in layers])
+        self.k_norm = _stack([layer.self_attn.k_norm.weight for layer in layers])
+        self.post_norm = _stack([layer.post_attention_layernorm.weight for layer in layers])
+        self.qkv = _stack([_qkv_weight(layer.self_attn) for layer in layers])
+        self.o = _stack([layer.self_attn.o_proj.weight for layer in layers])
+        self.gate_up = _stack([_gate_up_weight(layer.mlp) for layer in layers])
+        self.down = _stack([layer.mlp.down_proj.weight for layer in layers])
+        self.final_norm = model.norm.weight.data
+        self.heads = _stack([head.weight for head in cp.lm_head])
+        self.embeds = _stack([table.weight for table in model.codec_embedding])
+        self.cos, self.sin, self.capacity = cos.contiguous(), sin.contiguous(), capacity(cp.num_code_groups)
+        self.schedules = {b: Schedule(self.shape(b)) for b in range(1, MAX_BATCH + 1)}
+        self.tables = {b: s.table(self.device) for b, s in self.schedules.items()}
+        self.programs = 1
+        if self.device.type == "cuda" and not triton.knobs.runtime.interpret:
+            self.programs = PROGRAMS_PER_SM * torch.cuda.get_device_properties(self.device).multi_processor_count
+
+    def __call__(self, talker_hidden: torch.Tensor, code0_embedding: torch.Tensor, params) -> tuple:
+        """As ``CodePredictor.forward`` with draws by ``sampling.draw(logits, params, group - 1)``:
+        (codes [B, G-1] int64, the sum of their embeddings [B, hidden]). No host reads: graph-capturable."""
+        from omniwalk.kernels.sampling import TOP_CANDIDATES, _param_args
+
+        batch, hidden = talker_hidden.shape
+        shape, table = self.shape(batch), self.tables[batch]
+        device, dtype = talker_hidden.device, self.dtype
+        h = torch.stack([talker_hidden, code0_embedding], dim=1).reshape(2 * batch, hidden).to(dtype)
+        qkv = torch.empty(shape.max_rows, shape.qkv, dtype=dtype, device=device)
+        attn = torch.empty(shape.max_rows, shape.heads * shape.head_dim, dtype=dtype, device=device)
+        act = torch.empty(shape.max_rows, shape.intermediate, dtype=dtype, device=device)
+        kv = (shape.layers, batch, self.capacity, shape.kv_heads, shape.head_dim)
+        keys, values = torch.empty(kv, dtype=dtype, device=device), torch.empty(kv, dtype=dtype, device=device)
+        logits = torch.empty(batch, shape.vocab, dtype=dtype, device=device)
+        codes = torch.empty(batch, shape.groups - 1, dtype=torch.long, device=device)
+        total = torch.zeros(batch, hidden, dtype=dtype, device=device)
+        counters = torch.zeros(table.shape[0], 2, dtype=torch.int32, device=device)
+        args, flags = _param_args(params, device, skip_front=False)
+        block_v = 1 << (shape.vocab - 1).bit_length()
+        code_predictor_frame[(self.programs,)](
+            table,
+            table.shape[0],
+            counters,
+            self.in_norm,
+            self.qkv,
+            self.q_norm,
+            self.k_norm,
+            self.o,
+            self.post_norm,
+            self.gate_up,
+            self.down,
+            self.final_norm,
+            self.heads,
+            self.embeds,
+            self.cos,
+            self.sin,
+            h,
+            qkv,
+            attn,
+            act,
+            keys,
+            values,
+            logits,
+            codes,
+            total,
+            *args,
+            flags,
+            batch,
+            self.eps,
+            shape.head_dim**-0.5,
+            HIDDEN=hidden,
+            HEADS=shape.heads,
+            KV_HEADS=shape.kv_heads,
+            HEAD_DIM=shape.head_dim,
+            INTERMEDIATE=shape.intermediate,
+            VOCAB=shape.vocab,
+            GROUPS=shape.groups,
+            CAPACITY=self.capacity,
+            BLOCK_K=min(256, 1 << (min(hidden, shape.heads * shape.head_dim, shape.intermediate) - 1).bit_length()),
+            BLOCK_V=block_v,
+            BLOCK_H=1 << (hidden - 1).bit_length(),
+            CANDIDATES=min(TOP_CANDIDATES, block_v),
+            num_warps=8,
+        )
+        return codes, total
+
+
+def capacity(groups: int) -> int:
+    """Positions a frame's KV holds per request (a power of two: the attention's block)."""
+    return 1 << (groups - 1).bit_length()
+
+
+def _stack(params: list[torch.Tensor]) -> torch.Tensor:
+    """One tensor [n, *shape] of ``params``; each parameter then becomes a view of its slice."""
+    stacked = torch.stack([p.data for p in params])
+    for i, p in enumerate(params):
+        if isinstance(p, torch.nn.Parameter):
+            p.data = stacked[i]
+    return stacked
+
+
+def _qkv_weight(attention) -> torch.Tensor:
+    """The merged q/k/v weight (the fused kernels' ``qkv_proj``; else the three concatenated: the reference)."""
+    if attention.qkv_proj is not None:
+        return attention.qkv_proj.weight
+    return torch.cat([attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight])
+
+
+def _gate_up_weight(mlp) -> torch.Tensor:
+    if mlp.gate_up_proj is not None:
+        return mlp.gate_up_proj.weight
+    return torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])

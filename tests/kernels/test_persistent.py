@@ -1,0 +1,179 @@
+"""The persistent code-predictor kernel (``kernels/persistent.py``): its schedule checked by the model of
+its reads and writes, its frame against ``CodePredictor.forward`` on the reference path (CPU: Triton's
+interpreter in fp32, every frame's codes equal), and on the GPU at full size in bf16 against the
+layered fast path (``gpu``: codes of 64 frames equal at B = 1, 2, 4)."""
+
+import random
+
+import pytest
+import torch
+from helpers.triton_cpu import CPU_ONLY
+
+from omniwalk.kernels.persistent import ATTN, QKV, SAMPLE, Phase, Schedule, Shape
+from omniwalk.layers.decoder import use_kernels
+from omniwalk.models.common.checkpoint.loader import randomize
+from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
+from omniwalk.models.qwen3_omni.checkpoint.tiny import TINY_CONFIG, load_config_dict
+from omniwalk.models.qwen3_omni.networks.talker import Talker
+from omniwalk.sampling import BatchParams, SamplerState, SamplingParams, draw_reference
+
+SMALL = dict(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=96, vocab=64, groups=5)
+FULL = dict(layers=5, hidden=1024, heads=16, kv_heads=8, head_dim=128, intermediate=3072, vocab=2048, groups=16)
+
+
+@pytest.mark.parametrize(
+    "shape", [Shape(1, 2, 64, 4, 2, 16, 96, 64, 5), Shape(3, 2, 64, 4, 2, 16, 96, 64, 5), Shape(4, **FULL)]
+)
+def test_the_schedule_reads_only_what_earlier_phases_wrote(shape):
+    schedule = Schedule(shape)
+    schedule.check()
+    ops = [p.op for p in schedule.phases]
+    assert len(ops) == (shape.groups - 1) * (5 * shape.layers + 2) and ops.count(SAMPLE) == shape.groups - 1
+    assert [p.tokens for p in schedule.phases if p.op == SAMPLE] == [2] + [1] * (shape.groups - 2)
+
+
+def test_the_check_finds_a_schedule_without_its_barrier_or_its_writer():
+    """The model of the schedule is a real check: an attention merged into its projection's phase
+    (its rows read by the other tiles as they are written), or a layer's attention skipped in an
+    earlier pass (its keys read where nothing stored them), is refused."""
+    schedule = Schedule(Shape(2, 1, 64, 4, 2, 16, 96, 64, 4))
+    merged = Schedule(schedule.shape)
+    merged.regions = lambda phase, tile: _merged_regions(schedule, phase, tile)
+    with pytest.raises(ValueError, match="another tile writes"):
+        merged.check()
+    skipped = Schedule(schedule.shape)
+    first_attention = next(i for i, p in enumerate(skipped.phases) if p.op == ATTN)
+    del skipped.phases[first_attention]
+    with pytest.raises(ValueError, match="nothing wrote before it"):
+        skipped.check()
+
+
+def _merged_regions(schedule, phase: Phase, tile: int):
+    """QKV's tile also doing the attention of its columns' heads (what one phase without a wait between would be)."""
+    reads, writes = Schedule.regions(schedule, phase, tile)
+    if phase.op == QKV and tile < schedule.shape.batch * schedule.shape.kv_heads:
+        attention = Phase(ATTN, 0, phase.layer, phase.group, phase.position)
+        more_reads, more_writes = Schedule.regions(schedule, attention, tile)
+        return reads | more_reads, writes | more_writes
+    return reads, writes
+
+
+def test_claiming_runs_every_tile_once_in_any_interleaving():
+    """The counters' protocol, modelled: programs that claim a tile, finish it, and wait for the phase's
+    count, interleaved at random (some programs start late, as on a GPU busy with another stream): every
+    tile of every phase runs once, and no program passes a phase before its tiles are all done."""
+    tiles = [p.tiles for p in Schedule(Shape(2, 1, 64, 4, 2, 16, 96, 64, 4)).phases]
+    for seed in range(20):
+        rng = random.Random(seed)
+        programs = rng.randint(1, 9)
+        claimed, finished = [0] * len(tiles), [0] * len(tiles)
+        runs = [[0] * n for n in tiles]
+        state = [dict(phase=0, tile=None) for _ in range(programs)]
+        started = [rng.random() < 0.5 for _ in range(programs)] or [True]
+        started[0] = True
+        while any(s["phase"] < len(tiles) for s in state):
+            i = rng.randrange(programs)
+            if not started[i]:
+                started[i] = rng.random() < 0.1
+                continue
+            s = state[i]
+            ph = s["phase"]
+            if ph == len(tiles):
+                continue
+            if s["tile"] is not None:  # finish the tile (the release)
+                runs[ph][s["tile"]] += 1
+                finished[ph] += 1
+                s["tile"] = None
+            elif claimed[ph] < tiles[ph]:  # claim
+                s["tile"], claimed[ph] = claimed[ph], claimed[ph] + 1
+            else:
+                claimed[ph] += 1
+                if finished[ph] == tiles[ph]:  # the wait (the acquire): the phase is done
+                    assert all(r == 1 for r in runs[ph])
+                    s["phase"] += 1
+        assert all(r == [1] * len(r) for r in runs)
+
+
+def _talker(dtype=torch.float32, device="cpu", fused=False, cfg=None):
+    if cfg is None:  # the tiny config, its code predictor's vocabulary cut to 256 (the interpreter's sorts are slow)
+        raw = load_config_dict(TINY_CONFIG)
+        raw["talker_config"]["code_predictor_config"]["vocab_size"] = 256
+        cfg = Qwen3OmniConfig.from_hf(raw)
+    with torch.device(device):
+        talker = Talker(cfg.talker, "fused" if fused else "reference").to(dtype).eval()
+    randomize(talker, 7)
+    if fused:
+        use_kernels(talker, "fused")
+    return talker
+
+
+def _params(batch, vocab, device, sampled=True, seed=0):
+    states = []
+    for row in range(batch):
+        params = SamplingParams(temperature=1.0 if sampled else 0.0, top_k=50, top_p=0.8, seed=seed + row)
+        state = SamplerState(params, (), [])
+        state.num_generated = 3 * row
+        states.append(state)
+    return BatchParams.of(states, vocab, device)
+
+
+@CPU_ONLY
+@torch.no_grad()
+@pytest.mark.parametrize(("batch", "sampled"), [(1, True), (3, True), (4, False)])
+def test_a_frame_in_one_launch_equals_the_code_predictor(interpreter, batch, sampled):
+    talker = _talker()
+    cp = talker.code_predictor
+    gen = torch.Generator().manual_seed(batch)
+    hidden, code0 = (torch.randn(batch, cp.cfg.hidden_size, generator=gen) for _ in range(2))
+    params = _params(batch, cp.cfg.vocab_size, "cpu", sampled)
+    want_codes, want_total = cp(hidden, code0, lambda logits, i: draw_reference(logits, params, i))
+    cp.use_persistent_kernel()
+    codes, total = cp.persistent(hidden, code0, params)
+    assert torch.equal(codes, want_codes)
+    torch.testing.assert_close(total, want_total, rtol=1e-5, atol=1e-5)
+    again = cp.draw_groups(hidden, code0, params)  # (the same through the module's entry)
+    assert torch.equal(again[0], codes)
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+@pytest.mark.parametrize("batch", [1, 2, 4])
+def test_frames_in_one_launch_equal_the_layered_fast_path_at_full_size(batch):
+    """Full size, bf16, random weights: 64 frames (fresh inputs and sampling steps each) drawn by the
+    persistent kernel and by the layered fused kernels give equal codes; the running sums agree to the
+    bf16 rounding of their different summation orders. Then the same frames replayed from a CUDA graph."""
+    from helpers.gpu_pairs import randomize_, real_config_dict
+
+    from omniwalk.models.qwen3_omni.networks.talker import CodePredictor
+    from omniwalk.sampling import draw
+
+    cfg = Qwen3OmniConfig.from_hf(real_config_dict()).talker
+    with torch.device("cuda"):
+        cp = CodePredictor(cfg.code_predictor, cfg.num_code_groups).to(torch.bfloat16).eval()
+    randomize_(cp, 3)
+    use_kernels(cp, "fused")
+    cp.use_persistent_kernel()
+    gen = torch.Generator(device="cuda").manual_seed(batch)
+    hidden_size, vocab = cfg.code_predictor.hidden_size, cfg.code_predictor.vocab_size
+    frames = []
+    for frame in range(64):
+        inputs = [torch.randn(batch, hidden_size, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+        params = _params(batch, vocab, "cuda", sampled=frame % 4 != 3, seed=10 * frame)
+        want = cp(*inputs, lambda logits, i: draw(logits, params, i))  # noqa: B023 (called at once)
+        got = cp.persistent(*inputs, params)
+        frames.append((inputs, params, got))
+        assert torch.equal(got[0], want[0]), f"frame {frame}: {(got[0] != want[0]).sum().item()} codes differ"
+        torch.testing.assert_close(got[1], want[1], rtol=2e-2, atol=2e-2)
+    static = [torch.zeros_like(t) for t in frames[0][0]]
+    params = _params(batch, vocab, "cuda", seed=0)
+    cp.persistent(*static, params)  # (compiled before the capture)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        codes, total = cp.persistent(*static, params)
+    for inputs, frame_params, (want_codes, want_total) in [f for i, f in enumerate(frames) if i % 4 != 3][:6]:
+        for dst, src in zip(static, inputs, strict=True):
+            dst.copy_(src)
+        for name in ("temperature", "top_k", "top_p", "sampled", "seeds", "steps"):
+            getattr(params, name).copy_(getattr(frame_params, name))
+        graph.replay()
+        assert torch.equal(codes, want_codes) and torch.equal(total, want_total)
