@@ -1,0 +1,89 @@
+"""The code predictor's frame: the layered fused kernels vs the persistent kernel (``kernels/persistent.py``).
+
+    PYTHONPATH=. python benchmarks/kernels/persistent.py --out DIR [--batches 1,2,4] [--programs 0.5,1,2,3]
+
+Full-size code predictor (the packaged Qwen3-Omni config), random bf16 weights on the GPU, sampled draws
+as served (temperature 1, top-k 50, top-p 0.8). Per batch B: microseconds per frame replayed from a CUDA
+graph of 8 frames, the layered path and the persistent kernel at each ``--programs`` (programs per SM),
+and the frame's weight-read floor (bytes it reads at the measured copy rate). Writes persistent.json/.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[i]) for i in (2, 1)]  # the repository root, benchmarks/
+from harness import graph_call_us, int_list, machine, markdown_table, write_report  # noqa: E402
+
+from omniwalk.layers.decoder import use_kernels  # noqa: E402
+from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig  # noqa: E402
+from omniwalk.models.qwen3_omni.checkpoint.tiny import PRESETS, load_config_dict  # noqa: E402
+from omniwalk.models.qwen3_omni.networks.talker import CodePredictor  # noqa: E402
+from omniwalk.sampling import BatchParams, SamplerState, SamplingParams, draw  # noqa: E402
+
+
+def float_list(text: str) -> list[float]:
+    return [float(x) for x in text.split(",")]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--batches", type=int_list, default=[1, 2, 4])
+    p.add_argument("--programs", type=float_list, default=[0.5, 1, 2, 3], help="programs per SM")
+    args = p.parse_args()
+    cfg = Qwen3OmniConfig.from_hf(load_config_dict(PRESETS["qwen3-omni-30b-a3b"])).talker
+    with torch.device("cuda"):
+        cp = CodePredictor(cfg.code_predictor, cfg.num_code_groups).to(torch.bfloat16).eval()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    with torch.no_grad():
+        for param in cp.parameters():
+            noise = torch.randn(param.shape, generator=gen, device="cuda")
+            param.copy_(1.0 + 0.1 * noise if param.dim() == 1 else noise / param.shape[-1] ** 0.5)
+    use_kernels(cp, "fused")
+    cp.use_persistent_kernel()
+    copy_gbs = _copy_gbs()
+    layer_bytes = sum(t.numel() * t.element_size() for t in (cp.persistent.qkv, cp.persistent.o, cp.persistent.gate_up))
+    layer_bytes += cp.persistent.down.numel() * cp.persistent.down.element_size()
+    passes = cfg.num_code_groups - 1
+    frame_bytes = passes * layer_bytes + cp.persistent.heads.numel() * 2
+    floor_us = frame_bytes / (copy_gbs * 1e3)
+    sms = torch.cuda.get_device_properties("cuda").multi_processor_count
+    rows, data = [], {"machine": machine("cuda"), "copy_gbs": copy_gbs, "frame_mb": frame_bytes / 1e6, "cells": []}
+    for batch in args.batches:
+        params = _params(batch, cfg.code_predictor.vocab_size)
+        h = torch.randn(batch, cfg.code_predictor.hidden_size, device="cuda", dtype=torch.bfloat16)
+        c = torch.randn_like(h)
+        with torch.no_grad():
+            layered = graph_call_us(lambda i: cp(h, c, lambda x, g: draw(x, params, g)), 8)  # noqa: B023
+            cell = {"batch": batch, "layered_us": layered, "floor_us": floor_us, "persistent_us": {}}
+            for per_sm in args.programs:
+                cp.persistent.programs = max(1, round(per_sm * sms))
+                cell["persistent_us"][per_sm] = graph_call_us(lambda i: cp.persistent(h, c, params), 8)  # noqa: B023
+        best = min(cell["persistent_us"], key=cell["persistent_us"].get)
+        rows.append([batch, layered, *cell["persistent_us"].values(), best, floor_us])
+        print(f"B={batch}: layered {layered:.0f} us, persistent {cell['persistent_us']} (per SM), floor {floor_us:.0f} us")
+        data["cells"].append(cell)
+    headers = ["B", "layered (us)", *[f"persistent, {x:g}/SM (us)" for x in args.programs], "best /SM", "floor (us)"]
+    note = f"{data['machine']['device']}, copy {copy_gbs:.0f} GB/s, {frame_bytes / 1e6:.0f} MB of weights a frame"
+    write_report(args.out, "persistent", data, f"{note}\n\n{markdown_table(headers, rows)}")
+
+
+def _params(batch: int, vocab: int) -> BatchParams:
+    states = [SamplerState(SamplingParams(temperature=1.0, top_k=50, top_p=0.8, seed=i), (), []) for i in range(batch)]
+    return BatchParams.of(states, vocab, "cuda")
+
+
+def _copy_gbs() -> float:
+    a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    us = graph_call_us(lambda i: b.copy_(a), 4)
+    return 2 * a.numel() / (us * 1e3)
+
+
+if __name__ == "__main__":
+    main()
