@@ -66,7 +66,7 @@ def main() -> None:
                 cell["persistent_us"][per_sm] = graph_call_us(lambda i: cp.persistent(h, c, params), 8)  # noqa: B023
         best = min(cell["persistent_us"], key=cell["persistent_us"].get)
         rows.append([batch, layered, *cell["persistent_us"].values(), best, floor_us])
-        print(f"B={batch}: layered {layered:.0f} us, persistent {cell['persistent_us']} (per SM), floor {floor_us:.0f} us")
+        print(f"B={batch}: layered {layered:.0f} us, persistent per SM {cell['persistent_us']}, floor {floor_us:.0f}")
         data["cells"].append(cell)
     headers = ["B", "layered (us)", *[f"persistent, {x:g}/SM (us)" for x in args.programs], "best /SM", "floor (us)"]
     note = f"{data['machine']['device']}, copy {copy_gbs:.0f} GB/s, {frame_bytes / 1e6:.0f} MB of weights a frame"
