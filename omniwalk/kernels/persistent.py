@@ -18,10 +18,12 @@ A phase reads only what earlier phases wrote and its tiles write disjoint parts 
 proves it from each op's declared reads and writes). The kernel runs ``programs`` programs; in each
 phase they claim tiles from a counter in global memory (an atomic increment), count finished tiles
 in a second one (a release), and wait until that count reaches the phase's tiles (an acquire) before
-the next phase. Claiming, not a fixed split, means no program waits for a program that has not
-started: the kernel finishes even where not all its programs fit on the GPU at once (another
-stream's kernels). Activations written inside the kernel are read with ``.cg`` loads (past the SM's
-L1, which other SMs' writes do not update).
+the next phase; the program that finishes a phase's last tile counts the phase in a third counter.
+Claiming, not a fixed split, means no program waits for a program that has not started: the kernel
+finishes even where not all its programs fit on the GPU at once (another stream's kernels), and a
+program that starts late begins at the first phase not yet complete (the third counter). Activations
+written inside the kernel are read with ``.cg`` loads (past the SM's L1, which other SMs' writes do
+not update).
 
 Rounding follows the PyTorch reference (``networks/talker.CodePredictor`` on the reference decoder
 kernels): every value the reference holds in the model dtype is rounded to it here at the same step
@@ -366,7 +368,9 @@ def code_predictor_frame(
     attn_width: tl.constexpr = HEADS * HEAD_DIM
     r = tl.arange(0, _ROWS)
     nn = tl.arange(0, _BLOCK_N)
-    for ph in range(num_phases):
+    progress = counters_ptr + 2 * num_phases  # phases completed (a program that starts late begins there)
+    ph = tl.atomic_add(progress, 0, sem="acquire")
+    while ph < num_phases:
         entry = table_ptr + ph * _COLUMNS
         op = tl.load(entry)
         tiles = tl.load(entry + 1)
@@ -536,12 +540,14 @@ def code_predictor_frame(
                 h = tl.load(at, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
                 tl.store(at, (h + acc.to(dt).to(tl.float32)).to(dt), mask=mask)
             tl.debug_barrier()  # (every thread's stores issued before the count says the tile is done)
-            tl.atomic_add(finished, 1, sem="release")
+            if tl.atomic_add(finished, 1, sem="acq_rel") == tiles - 1:  # the phase's last tile
+                tl.atomic_add(progress, 1, sem="release")
             tile = tl.atomic_add(claimed, 1, sem="relaxed")
         done = tl.atomic_add(finished, 0, sem="acquire")
         while done < tiles:
             done = tl.atomic_add(finished, 0, sem="acquire")
         tl.debug_barrier()
+        ph += 1
 
 
 MAX_BATCH = 4  # frames of up to this many requests take the persistent kernel (more: the layered path)
@@ -609,7 +615,7 @@ class PersistentCodePredictor:
         logits = torch.empty(batch, shape.vocab, dtype=dtype, device=device)
         codes = torch.empty(batch, shape.groups - 1, dtype=torch.long, device=device)
         total = torch.zeros(batch, hidden, dtype=dtype, device=device)
-        counters = torch.zeros(table.shape[0], 2, dtype=torch.int32, device=device)
+        counters = torch.zeros(table.shape[0] + 1, 2, dtype=torch.int32, device=device)
         args, flags = _param_args(params, device, skip_front=False)
         block_v = 1 << (shape.vocab - 1).bit_length()
         code_predictor_frame[(self.programs,)](

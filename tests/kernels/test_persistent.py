@@ -60,38 +60,43 @@ def _merged_regions(schedule, phase: Phase, tile: int):
 
 def test_claiming_runs_every_tile_once_in_any_interleaving():
     """The counters' protocol, modelled: programs that claim a tile, finish it, and wait for the phase's
-    count, interleaved at random (some programs start late, as on a GPU busy with another stream): every
-    tile of every phase runs once, and no program passes a phase before its tiles are all done."""
-    tiles = [p.tiles for p in Schedule(Shape(2, 1, 64, 4, 2, 16, 96, 64, 4)).phases]
+    count, interleaved at random, some starting late (as on a GPU busy with another stream) at the count of
+    completed phases: every tile of every phase runs once, no program passes a phase before its tiles are
+    all done, and a late program skips the phases completed before it started."""
+    tiles = [p.tiles for p in Schedule(Shape(2, **SMALL)).phases]
+    late = 0
     for seed in range(20):
         rng = random.Random(seed)
         programs = rng.randint(1, 9)
-        claimed, finished = [0] * len(tiles), [0] * len(tiles)
+        claimed, finished, progress = [0] * len(tiles), [0] * len(tiles), 0
         runs = [[0] * n for n in tiles]
-        state = [dict(phase=0, tile=None) for _ in range(programs)]
-        started = [rng.random() < 0.5 for _ in range(programs)] or [True]
-        started[0] = True
-        while any(s["phase"] < len(tiles) for s in state):
+        state = [None] * programs  # a started program's phase and the tile it holds
+        started = [0] * programs  # the phase each program began at
+        while any(s is None or s["phase"] < len(tiles) for s in state):
             i = rng.randrange(programs)
-            if not started[i]:
-                started[i] = rng.random() < 0.1
+            if state[i] is None:  # not resident yet
+                if i == 0 or rng.random() < 0.05:
+                    state[i], started[i] = dict(phase=progress, tile=None), progress
                 continue
             s = state[i]
             ph = s["phase"]
             if ph == len(tiles):
                 continue
-            if s["tile"] is not None:  # finish the tile (the release)
+            if s["tile"] is not None:  # finish the tile (the release); the last one counts the phase
                 runs[ph][s["tile"]] += 1
                 finished[ph] += 1
+                progress += finished[ph] == tiles[ph]
                 s["tile"] = None
             elif claimed[ph] < tiles[ph]:  # claim
                 s["tile"], claimed[ph] = claimed[ph], claimed[ph] + 1
             else:
                 claimed[ph] += 1
                 if finished[ph] == tiles[ph]:  # the wait (the acquire): the phase is done
-                    assert all(r == 1 for r in runs[ph])
+                    assert all(r == 1 for r in runs[ph]) and progress > ph
                     s["phase"] += 1
-        assert all(r == [1] * len(r) for r in runs)
+        assert all(r == [1] * len(r) for r in runs) and progress == len(tiles)
+        late += sum(phase > 0 for phase in started)
+    assert late > 20  # (programs did start past the first phase)
 
 
 def _talker(dtype=torch.float32, device="cpu", fused=False, cfg=None):
