@@ -306,9 +306,32 @@ def _attend(
         tl.store(attn_ptr + row * HEADS * HEAD_DIM + q_at + d[None, :], out.to(dt))
 
 
+@triton.jit
+def _prefetch_l2(prefetch_ptr, ph, THREADS: tl.constexpr):
+    """This program's share of the bytes phase ``ph`` + 1 reads from weights (``prefetch`` [phases, 2]:
+    address, bytes), asked into L2 now (one bulk prefetch per thread): the next phase then reads L2."""
+    base = tl.load(prefetch_ptr + 2 * ph)
+    nbytes = tl.load(prefetch_ptr + 2 * ph + 1)
+    programs = tl.num_programs(0)
+    share = ((nbytes + programs - 1) // programs + 15) // 16 * 16
+    chunk = ((share + THREADS - 1) // THREADS + 15) // 16 * 16
+    start = tl.program_id(0) * share + tl.arange(0, THREADS) * chunk
+    end = tl.minimum(tl.minimum(start + chunk, (tl.program_id(0) + 1) * share), nbytes)
+    size = tl.maximum(end - start, 0).to(tl.int32)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r",
+        [base + start, size],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
 @triton.jit(do_not_specialize=["num_phases", "batch", "flags"])
 def code_predictor_frame(
     table_ptr,
+    prefetch_ptr,
     num_phases,
     counters_ptr,
     in_norm_ptr,
@@ -362,6 +385,8 @@ def code_predictor_frame(
     BLOCK_V: tl.constexpr,
     BLOCK_H: tl.constexpr,
     CANDIDATES: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    WARPS: tl.constexpr,
 ):
     dt = qkv_w_ptr.dtype.element_ty
     qkv_width: tl.constexpr = (HEADS + 2 * KV_HEADS) * HEAD_DIM
@@ -379,6 +404,8 @@ def code_predictor_frame(
         position = tl.load(entry + 4)
         tokens = tl.where(position == 1, 2, 1)
         rows_ok = r < batch * tokens
+        if PREFETCH:
+            _prefetch_l2(prefetch_ptr, ph, 32 * WARPS)
         claimed = counters_ptr + 2 * ph
         finished = claimed + 1
         tile = tl.atomic_add(claimed, 1, sem="relaxed")
@@ -551,7 +578,8 @@ def code_predictor_frame(
 
 
 MAX_BATCH = 4  # frames of up to this many requests take the persistent kernel (more: the layered path)
-PROGRAMS_PER_SM = 2  # programs the kernel launches per SM on CUDA (a program: 8 warps)
+PROGRAMS_PER_SM = 2  # programs the kernel launches per SM on CUDA
+WARPS = 8  # warps of a program
 
 
 class PersistentCodePredictor:
@@ -594,9 +622,23 @@ class PersistentCodePredictor:
         self.cos, self.sin, self.capacity = cos.contiguous(), sin.contiguous(), capacity(cp.num_code_groups)
         self.schedules = {b: Schedule(self.shape(b)) for b in range(1, MAX_BATCH + 1)}
         self.tables = {b: s.table(self.device) for b, s in self.schedules.items()}
-        self.programs = 1
+        self.prefetch = self._prefetch_table(self.schedules[1])
+        self.programs, self.prefetches = 1, False  # (Triton's interpreter: one program, no PTX)
         if self.device.type == "cuda" and not triton.knobs.runtime.interpret:
             self.programs = PROGRAMS_PER_SM * torch.cuda.get_device_properties(self.device).multi_processor_count
+            self.prefetches = True
+
+    def _prefetch_table(self, schedule: Schedule) -> torch.Tensor:
+        """[phases, 2] int64: the address and bytes of the weights the phase after each one reads (the
+        batch size does not change them); none after the last, and none for ATTN and SAMPLE."""
+        reads = {QKV: self.qkv, OUT: self.o, GATE_UP: self.gate_up, DOWN: self.down}
+        rows = []
+        for phase in schedule.phases[1:]:
+            weights = reads.get(phase.op)
+            weights = weights[phase.layer] if weights is not None else None
+            weights = self.heads[phase.group] if phase.op == HEAD else weights
+            rows.append((0, 0) if weights is None else (weights.data_ptr(), weights.numel() * weights.element_size()))
+        return torch.tensor([*rows, (0, 0)], dtype=torch.int64, device=self.device)
 
     def __call__(self, talker_hidden: torch.Tensor, code0_embedding: torch.Tensor, params) -> tuple:
         """As ``CodePredictor.forward`` with draws by ``sampling.draw(logits, params, group - 1)``:
@@ -620,6 +662,7 @@ class PersistentCodePredictor:
         block_v = 1 << (shape.vocab - 1).bit_length()
         code_predictor_frame[(self.programs,)](
             table,
+            self.prefetch,
             table.shape[0],
             counters,
             self.in_norm,
@@ -661,7 +704,9 @@ class PersistentCodePredictor:
             BLOCK_V=block_v,
             BLOCK_H=1 << (hidden - 1).bit_length(),
             CANDIDATES=min(TOP_CANDIDATES, block_v),
-            num_warps=8,
+            PREFETCH=self.prefetches,
+            WARPS=WARPS,
+            num_warps=WARPS,
         )
         return codes, total
 

@@ -1,8 +1,14 @@
-"""The q/k norm + rope kernel compiled for the H200 (sm_90) on any machine with Triton: with the
+"""Kernels compiled for the H200 (sm_90) on any machine with Triton.
+
+The q/k norm + rope kernel: with the
 compile options its launch uses, its PTX has no fused bf16 multiply-add. With LLVM's default
 contraction it has one (``x * cos`` fused into the rotary's add), which skips a rounding the
 reference makes: ~20% of q/k elements come out a bf16 step off on the H200. (The GPU
-tests of ``test_fused_kernels.py`` assert the kernel bitwise equal to the reference.)"""
+tests of ``test_fused_kernels.py`` assert the kernel bitwise equal to the reference.)
+
+The persistent code-predictor kernel at full size: it compiles (ptxas included), and the ordering its
+phases rely on is in its PTX: tiles counted finished with release semantics, the counts read with acquire
+loads, activations read past L1 (``.cg``), the next phase's weights prefetched into L2."""
 
 import os
 import subprocess
@@ -33,11 +39,33 @@ print(kernel.asm["ptx"])
 """
 
 
-def _ptx(options: str, norm: str = "norm") -> str:
+PERSISTENT = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from omniwalk.kernels import persistent
+
+fn = persistent.code_predictor_frame
+consts = dict(HIDDEN=1024, HEADS=16, KV_HEADS=8, HEAD_DIM=128, INTERMEDIATE=3072, VOCAB=2048, GROUPS=16, CAPACITY=16)
+consts |= dict(BLOCK_K=256, BLOCK_V=2048, BLOCK_H=1024, CANDIDATES=64, PREFETCH=True, WARPS=persistent.WARPS)
+types = {"table_ptr": "*i32", "counters_ptr": "*i32", "allowed_ptr": "*i32", "eps": "fp32", "scale": "fp32"}
+types |= {name: "*i64" for name in ("prefetch_ptr", "codes_ptr", "top_k_ptr", "seeds_ptr", "steps_ptr")}
+types |= {name: "*fp32" for name in ("temperature_ptr", "penalty_ptr", "top_p_ptr")}
+types |= {name: "*i1" for name in ("seen_ptr", "banned_ptr", "sampled_ptr")}
+default = lambda n: "*bf16" if n.endswith("_ptr") else "i32"
+signature = {n: "constexpr" if n in consts else types.get(n, default(n)) for n in fn.arg_names}
+options = {"num_warps": persistent.WARPS}
+kernel = triton.compile(ASTSource(fn, signature, consts), target=GPUTarget("cuda", 90, 32), options=options)
+assert kernel.asm["cubin"]
+print(kernel.asm["ptx"])
+"""
+
+
+def _ptx(options: str, norm: str = "norm", script: str = COMPILE) -> str:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
     done = subprocess.run(
-        [sys.executable, "-c", COMPILE, options, norm], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", script, options, norm], env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
@@ -52,3 +80,12 @@ def test_qk_norm_rope_ptx_keeps_the_rotary_products_rounding(norm):
     assert ("cvt.rn.bf16.f32" if norm == "norm" else "mul.rn.bf16") in ptx
     assert "fma.rn.bf16" not in ptx
     assert "fma.rn.bf16" in _ptx("default", norm)  # what the options prevent
+
+
+def test_the_persistent_kernel_compiles_with_its_ordering():
+    pytest.importorskip("triton")
+    ptx = _ptx("", script=PERSISTENT)
+    assert "atom.global.gpu.acq_rel.add" in ptx  # a tile counted finished (the phase's last one counts the phase)
+    assert "atom.global.gpu.release.add" in ptx
+    assert "ld.global.gpu.acquire" in ptx  # the counts waited for
+    assert "ld.global.cg" in ptx and "cp.async.bulk.prefetch.L2.global" in ptx
