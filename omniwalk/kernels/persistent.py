@@ -18,10 +18,11 @@ A phase reads only what earlier phases wrote and its tiles write disjoint parts 
 proves it from each op's declared reads and writes). The kernel runs ``programs`` programs; in each
 phase they claim tiles from a counter in global memory (an atomic increment), count finished tiles
 in a second one (a release), and wait until that count reaches the phase's tiles (an acquire) before
-the next phase; the program that finishes a phase's last tile counts the phase in a third counter.
+the next phase; a program takes its ticket of the next phase before that wait (off the path from
+one phase to the next), and the first program records each completed phase in a third counter.
 Claiming, not a fixed split, means no program waits for a program that has not started: the kernel
 finishes even where not all its programs fit on the GPU at once (another stream's kernels), and a
-program that starts late begins at the first phase not yet complete (the third counter). Activations
+program that starts late begins at the last phase recorded complete (the third counter). Activations
 written inside the kernel are read with ``.cg`` loads (past the SM's L1, which other SMs' writes do
 not update).
 
@@ -395,6 +396,9 @@ def code_predictor_frame(
     nn = tl.arange(0, _BLOCK_N)
     progress = counters_ptr + 2 * num_phases  # phases completed (a program that starts late begins there)
     ph = tl.atomic_add(progress, 0, sem="acquire")
+    tile = num_phases * 0  # (a ticket of phase ph: taken here, then while the phase before completes)
+    if ph < num_phases:
+        tile = tl.atomic_add(counters_ptr + 2 * ph, 1, sem="relaxed")
     while ph < num_phases:
         entry = table_ptr + ph * _COLUMNS
         op = tl.load(entry)
@@ -408,7 +412,6 @@ def code_predictor_frame(
             _prefetch_l2(prefetch_ptr, ph, 32 * WARPS)
         claimed = counters_ptr + 2 * ph
         finished = claimed + 1
-        tile = tl.atomic_add(claimed, 1, sem="relaxed")
         while tile < tiles:
             n0 = tile * _BLOCK_N
             if op == _QKV:
@@ -567,13 +570,16 @@ def code_predictor_frame(
                 h = tl.load(at, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
                 tl.store(at, (h + acc.to(dt).to(tl.float32)).to(dt), mask=mask)
             tl.debug_barrier()  # (every thread's stores issued before the count says the tile is done)
-            if tl.atomic_add(finished, 1, sem="acq_rel") == tiles - 1:  # the phase's last tile
-                tl.atomic_add(progress, 1, sem="release")
+            tl.atomic_add(finished, 1, sem="release")
             tile = tl.atomic_add(claimed, 1, sem="relaxed")
+        if ph + 1 < num_phases:  # the next phase's ticket, while this one completes
+            tile = tl.atomic_add(claimed + 2, 1, sem="relaxed")
         done = tl.atomic_add(finished, 0, sem="acquire")
         while done < tiles:
             done = tl.atomic_add(finished, 0, sem="acquire")
         tl.debug_barrier()
+        if tl.program_id(0) == 0:
+            tl.atomic_max(progress, ph + 1, sem="release")
         ph += 1
 
 

@@ -7,7 +7,7 @@ reference makes: ~20% of q/k elements come out a bf16 step off on the H200. (The
 tests of ``test_fused_kernels.py`` assert the kernel bitwise equal to the reference.)
 
 The persistent code-predictor kernel at full size: it compiles (ptxas included), and the ordering its
-phases rely on is in its PTX: tiles counted finished with release semantics, the counts read with acquire
+phases rely on is in its PTX: tiles counted finished and phases recorded with release semantics, the counts read with acquire
 loads, activations read past L1 (``.cg``), the next phase's weights prefetched into L2."""
 
 import os
@@ -85,7 +85,7 @@ def test_qk_norm_rope_ptx_keeps_the_rotary_products_rounding(norm):
 def test_the_persistent_kernel_compiles_with_its_ordering():
     pytest.importorskip("triton")
     ptx = _ptx("", script=PERSISTENT)
-    assert "atom.global.gpu.acq_rel.add" in ptx  # a tile counted finished (the phase's last one counts the phase)
-    assert "atom.global.gpu.release.add" in ptx
+    assert "atom.global.gpu.release.add" in ptx  # a tile counted finished
+    assert "atom.global.gpu.release.max" in ptx  # a phase recorded complete
     assert "ld.global.gpu.acquire" in ptx  # the counts waited for
     assert "ld.global.cg" in ptx and "cp.async.bulk.prefetch.L2.global" in ptx

@@ -59,10 +59,11 @@ def _merged_regions(schedule, phase: Phase, tile: int):
 
 
 def test_claiming_runs_every_tile_once_in_any_interleaving():
-    """The counters' protocol, modelled: programs that claim a tile, finish it, and wait for the phase's
-    count, interleaved at random, some starting late (as on a GPU busy with another stream) at the count of
-    completed phases: every tile of every phase runs once, no program passes a phase before its tiles are
-    all done, and a late program skips the phases completed before it started."""
+    """The counters' protocol, modelled step by step as the kernel runs it: a program takes a ticket of a
+    phase, works while its ticket is a tile, counts it finished and takes another; out of tiles, it takes
+    a ticket of the next phase and waits for this phase's count; program 0 records completed phases, where
+    a program that starts late begins. Programs interleave at random and start late (a GPU busy with
+    another stream): every tile of every phase runs once, and none before the phase before it is done."""
     tiles = [p.tiles for p in Schedule(Shape(2, **SMALL)).phases]
     late = 0
     for seed in range(20):
@@ -70,32 +71,37 @@ def test_claiming_runs_every_tile_once_in_any_interleaving():
         programs = rng.randint(1, 9)
         claimed, finished, progress = [0] * len(tiles), [0] * len(tiles), 0
         runs = [[0] * n for n in tiles]
-        state = [None] * programs  # a started program's phase and the tile it holds
-        started = [0] * programs  # the phase each program began at
+        state = [None] * programs  # a started program: its phase, ticket, and whether it is waiting
+
+        def take(ph, claimed=claimed):
+            claimed[ph] += 1
+            return claimed[ph] - 1
+
         while any(s is None or s["phase"] < len(tiles) for s in state):
             i = rng.randrange(programs)
             if state[i] is None:  # not resident yet
                 if i == 0 or rng.random() < 0.05:
-                    state[i], started[i] = dict(phase=progress, tile=None), progress
+                    state[i] = dict(phase=progress, ticket=take(progress) if progress < len(tiles) else 0, waits=False)
+                    late += progress > 0
                 continue
             s = state[i]
             ph = s["phase"]
             if ph == len(tiles):
                 continue
-            if s["tile"] is not None:  # finish the tile (the release); the last one counts the phase
-                runs[ph][s["tile"]] += 1
+            if s["waits"]:  # the wait (the acquire)
+                if finished[ph] == tiles[ph]:
+                    assert all(r == 1 for r in runs[ph])
+                    progress = max(progress, ph + 1) if i == 0 else progress
+                    s["phase"], s["waits"] = ph + 1, False
+            elif s["ticket"] < tiles[ph]:  # a tile: the phase before is complete, so its inputs are
+                assert ph == 0 or finished[ph - 1] == tiles[ph - 1]
+                runs[ph][s["ticket"]] += 1
                 finished[ph] += 1
-                progress += finished[ph] == tiles[ph]
-                s["tile"] = None
-            elif claimed[ph] < tiles[ph]:  # claim
-                s["tile"], claimed[ph] = claimed[ph], claimed[ph] + 1
-            else:
-                claimed[ph] += 1
-                if finished[ph] == tiles[ph]:  # the wait (the acquire): the phase is done
-                    assert all(r == 1 for r in runs[ph]) and progress > ph
-                    s["phase"] += 1
-        assert all(r == [1] * len(r) for r in runs) and progress == len(tiles)
-        late += sum(phase > 0 for phase in started)
+                s["ticket"] = take(ph)
+            else:  # out of tiles: the next phase's ticket, then the wait
+                s["ticket"] = take(ph + 1) if ph + 1 < len(tiles) else 0
+                s["waits"] = True
+        assert all(r == [1] * len(r) for r in runs)
     assert late > 20  # (programs did start past the first phase)
 
 
