@@ -7,8 +7,9 @@ reference makes: ~20% of q/k elements come out a bf16 step off on the H200. (The
 tests of ``test_fused_kernels.py`` assert the kernel bitwise equal to the reference.)
 
 The persistent code-predictor kernel at full size: it compiles (ptxas included), and the ordering its
-phases rely on is in its PTX: tiles counted finished and phases recorded with release semantics, the counts read with acquire
-loads, activations read past L1 (``.cg``), the next phase's weights prefetched into L2."""
+phases rely on is in its PTX: tiles counted finished and phases recorded with release semantics, the
+counts read with acquire loads, activations read past L1 (``.cg``), the next phase's weights prefetched
+into L2."""
 
 import os
 import subprocess
