@@ -44,7 +44,7 @@ from omniwalk.kernels.sampling import front, perturb, top_k_top_p
 
 QKV, ATTN, OUT, GATE_UP, DOWN, HEAD, SAMPLE = range(7)
 OPS = ("QKV", "ATTN", "OUT", "GATE_UP", "DOWN", "HEAD", "SAMPLE")
-COLUMNS = 5  # a phase's row in the table: op, tiles, layer, group, position
+COLUMNS = 8  # a phase's row in the table: op, tiles, layer, group, position, source, target, parts
 BLOCK_N = 16  # output columns of a projection tile (the smallest ``tl.dot`` width)
 ROWS = 16  # token rows a tile multiplies at once (a ``tl.dot``'s smallest height; masked past the batch's)
 # (the kernel's copies of the constants above)
@@ -74,10 +74,21 @@ class Shape:
     def max_rows(self) -> int:
         return 2 * self.batch  # the first pass has two token rows per request
 
+    @property
+    def block_k(self) -> int:
+        """Input columns a projection tile multiplies at once, and the share of the output projections'
+        inputs each of their tiles takes (their products are split: partial sums, summed by the next norm)."""
+        return min(512, 1 << (min(self.hidden, self.heads * self.head_dim, self.intermediate) - 1).bit_length())
+
+    def splits(self, op: int) -> int:
+        """OUT and DOWN: the partial sums of a column (their input split ``block_k`` columns a part)."""
+        inputs = {OUT: self.heads * self.head_dim, DOWN: self.intermediate}
+        return -(-inputs[op] // self.block_k) if op in inputs else 0
+
     def tiles(self, op: int) -> int:
         columns = {QKV: self.qkv, OUT: self.hidden, GATE_UP: self.intermediate, DOWN: self.hidden, HEAD: self.vocab}
         if op in columns:
-            return -(-columns[op] // BLOCK_N)
+            return -(-columns[op] // BLOCK_N) * max(1, self.splits(op))
         return self.batch * self.kv_heads if op == ATTN else self.batch
 
 
@@ -88,6 +99,9 @@ class Phase:
     layer: int  # decoder layer (projections, norms, the KV of ATTN)
     group: int  # the head / embedding table index (HEAD: lm_head[group]; SAMPLE: draws group + 1)
     position: int  # rope position of the pass's last token (a pass of two tokens: position - 1 too)
+    source: int = 0  # QKV, GATE_UP, HEAD: the residual buffer (0 or 1) read; SAMPLE: the one the next input goes to
+    target: int = -1  # QKV, GATE_UP: the buffer the residual plus the pending partial sums goes to (-1: none)
+    parts: int = 0  # QKV, GATE_UP, HEAD: partial sums pending on the residual; OUT, DOWN: the ones written
 
     @property
     def tokens(self) -> int:
@@ -95,35 +109,60 @@ class Phase:
 
 
 class Schedule:
-    """The phases of one frame for ``shape`` (a batch size), and the table the kernel reads."""
+    """The phases of one frame for ``shape`` (a batch size), and the table the kernel reads.
+
+    The residual stream lives in two buffers: a norm's phase (QKV, GATE_UP, HEAD) reads one, adds the
+    partial sums the output projection before it left (OUT's or DOWN's, summed in fp32 and rounded once,
+    as the unsplit product) and, where later phases need the sum, writes it to the other."""
 
     def __init__(self, shape: Shape):
         self.shape = shape
-        phases = []
+        phases, current, pending = [], 0, 0
         for group in range(shape.groups - 1):  # pass ``group``: its last token at position group + 1
             position = group + 1
             for layer in range(shape.layers):
-                phases += [Phase(op, shape.tiles(op), layer, group, position) for op in (QKV, ATTN, OUT, GATE_UP, DOWN)]
-            phases += [Phase(op, shape.tiles(op), 0, group, position) for op in (HEAD, SAMPLE)]
+                at = dict(layer=layer, group=group, position=position)
+                for op in (QKV, ATTN, OUT, GATE_UP, DOWN):
+                    phase = Phase(op, shape.tiles(op), **at)
+                    if op in (QKV, GATE_UP):
+                        target = 1 - current if pending else -1
+                        phase = Phase(op, shape.tiles(op), **at, source=current, target=target, parts=pending)
+                        current, pending = (target if pending else current), 0
+                    elif op in (OUT, DOWN):
+                        phase = Phase(op, shape.tiles(op), **at, parts=shape.splits(op))
+                        pending = shape.splits(op)
+                    phases.append(phase)
+            at = dict(layer=0, group=group, position=position)
+            phases.append(Phase(HEAD, shape.tiles(HEAD), **at, source=current, parts=pending))
+            phases.append(Phase(SAMPLE, shape.tiles(SAMPLE), **at, source=current))
+            pending = 0
         self.phases = phases
 
     def table(self, device) -> torch.Tensor:
-        rows = [(p.op, p.tiles, p.layer, p.group, p.position) for p in self.phases]
+        rows = [(p.op, p.tiles, p.layer, p.group, p.position, p.source, p.target, p.parts) for p in self.phases]
         return torch.tensor(rows, dtype=torch.int32, device=device)
 
     def regions(self, phase: Phase, tile: int) -> tuple[set, set]:
         """What tile ``tile`` of ``phase`` reads and writes: sets of (buffer, row, column block), the
-        column blocks BLOCK_N wide (KV: (buffer, layer, request, position, kv head); the attention's
-        output and the cache are addressed by head). The kernel's ops, declared for ``check``."""
+        column blocks BLOCK_N wide (the residual buffers: ("h", buffer, row, block); partial sums:
+        ("part", part, row, block); KV: (buffer, layer, request, position, kv head)). The kernel's ops,
+        declared for ``check``."""
         s, p = self.shape, phase
         t = p.tokens
         rows = [b * t + i for b in range(s.batch) for i in range(t)]
         last = [b * t + t - 1 for b in range(s.batch)]
         blocks = lambda n: range(-(-n // BLOCK_N))  # noqa: E731
-        full = lambda name, n, rs: {(name, r, c) for r in rs for c in blocks(n)}  # noqa: E731
         cols = lambda name, rs: {(name, r, tile) for r in rs}  # noqa: E731
-        if p.op == QKV:
-            return full("h", s.hidden, rows), cols("qkv", rows)
+
+        def residual(rs):  # a norm's input: the source buffer's rows and the partial sums pending on them
+            reads = {("h", p.source, r, c) for r in rs for c in blocks(s.hidden)}
+            return reads | {("part", k, r, c) for k in range(p.parts) for r in rs for c in blocks(s.hidden)}
+
+        if p.op in (QKV, GATE_UP):
+            out = cols("qkv" if p.op == QKV else "act", rows)
+            if p.target >= 0 and tile < len(blocks(s.hidden)):  # the sum, written by the first tiles a block each
+                out |= {("h", p.target, r, tile) for r in rows}
+            return residual(rows), out
         if p.op == ATTN:
             b, j = divmod(tile, s.kv_heads)
             group = s.heads // s.kv_heads
@@ -137,29 +176,28 @@ class Schedule:
             reads |= {(kv, p.layer, b, q, j) for kv in ("k", "v") for q in range(first)}
             writes = {("attn", r, c) for r in own for c in head_blocks(j * group, group)} | stored
             return reads, writes
-        if p.op == OUT:
-            return full("attn", s.heads * s.head_dim, rows) | cols("h", rows), cols("h", rows)
-        if p.op == GATE_UP:
-            return full("h", s.hidden, rows), cols("act", rows)
-        if p.op == DOWN:
-            return full("act", s.intermediate, rows) | cols("h", rows), cols("h", rows)
+        if p.op in (OUT, DOWN):
+            split, column = divmod(tile, len(blocks(s.hidden)))
+            width = s.block_k // BLOCK_N
+            name, n = ("attn", s.heads * s.head_dim) if p.op == OUT else ("act", s.intermediate)
+            reads = {(name, r, c) for r in rows for c in blocks(n) if split * width <= c < (split + 1) * width}
+            return reads, {("part", split, r, column) for r in rows}
         if p.op == HEAD:
-            return full("h", s.hidden, last), {("logits", b, tile) for b in range(s.batch)}
+            return residual(last), {("logits", b, tile) for b in range(s.batch)}
         b = tile
-        writes = {("code", b, p.group), ("total", b, 0)} | full("h", s.hidden, [b] if p.group < s.groups - 2 else [])
+        writes = {("code", b, p.group), ("total", b, 0)}
+        writes |= {("h", p.source, b, c) for c in blocks(s.hidden)} if p.group < s.groups - 2 else set()
         return {("logits", b, c) for c in blocks(s.vocab)} | {("total", b, 0)}, writes
 
     def check(self, inputs: set | None = None) -> None:
         """Raise ``ValueError`` where a tile reads what a tile of its own phase writes, two tiles of a
         phase write one thing, or a phase reads what nothing wrote before it (``inputs``: what the
-        frame starts with; by default the first pass's residual rows and the running sum)."""
+        frame starts with; by default the first pass's residual rows, in buffer 0, and the running sum)."""
         s = self.shape
-        written = (
-            set(inputs)
-            if inputs is not None
-            else {("h", r, c) for r in range(s.max_rows) for c in range(-(-s.hidden // BLOCK_N))}
-        )
-        written |= {("total", b, 0) for b in range(s.batch)} if inputs is None else set()
+        if inputs is None:
+            inputs = {("h", 0, r, c) for r in range(s.max_rows) for c in range(-(-s.hidden // BLOCK_N))}
+            inputs |= {("total", b, 0) for b in range(s.batch)}
+        written = set(inputs)
         for index, phase in enumerate(self.phases):
             regions = [self.regions(phase, tile) for tile in range(phase.tiles)]
             writes = [w for _, w in regions]
@@ -175,63 +213,97 @@ class Schedule:
 
 
 @triton.jit
-def _rstd(x_ptr, row_of, rows_ok, eps, HIDDEN: tl.constexpr, BLOCK_K: tl.constexpr):
-    """1 / RMS of residual rows [ROWS] (fp32 statistics, as ``RMSNorm``)."""
+def _residual(h_ptr, part_ptr, parts, row_of, rows_ok, ks, k_ok, HIDDEN: tl.constexpr):
+    """Residual rows ``row_of`` at columns ``ks``: h plus the ``parts`` partial sums pending on it (summed in
+    fp32 in part order and rounded once, as the unsplit product), the sum rounded (``residual_add``)."""
+    dt = h_ptr.dtype.element_ty
+    mask = rows_ok[:, None] & k_ok[None, :]
+    at = row_of[:, None] * HIDDEN + ks[None, :]
+    x = tl.load(h_ptr + at, mask=mask, other=0.0, cache_modifier=".cg")
+    if parts > 0:
+        total = tl.zeros(at.shape, dtype=tl.float32)
+        for k in range(parts):
+            total += tl.load(part_ptr + k * _ROWS * HIDDEN + at, mask=mask, other=0.0, cache_modifier=".cg")
+        x = (x.to(tl.float32) + total.to(dt).to(tl.float32)).to(dt)
+    return x
+
+
+@triton.jit
+def _rstd(h_ptr, part_ptr, parts, row_of, rows_ok, eps, HIDDEN: tl.constexpr, BLOCK_K: tl.constexpr):
+    """1 / RMS of the residual rows [ROWS] (fp32 statistics, as ``RMSNorm``)."""
     kk = tl.arange(0, BLOCK_K)
     squares = tl.zeros([_ROWS], dtype=tl.float32)
     for k0 in tl.static_range(0, HIDDEN, BLOCK_K):
         ks = k0 + kk
-        mask = rows_ok[:, None] & (ks < HIDDEN)[None, :]
-        x = tl.load(x_ptr + row_of[:, None] * HIDDEN + ks[None, :], mask=mask, other=0.0, cache_modifier=".cg")
-        x = x.to(tl.float32)
+        x = _residual(h_ptr, part_ptr, parts, row_of, rows_ok, ks, ks < HIDDEN, HIDDEN).to(tl.float32)
         squares += tl.sum(x * x, 1)
     return tl.rsqrt(squares / HIDDEN + eps)
 
 
 @triton.jit
-def _product(
-    x_ptr,
+def _normed_product(
+    h_ptr,
+    part_ptr,
+    parts,
     row_of,
     rows_ok,
-    rstd,
+    eps,
     norm_ptr,
     w_ptr,
     w2_ptr,
     n0,
     N: tl.constexpr,
-    K: tl.constexpr,
-    NORMED: tl.constexpr,
+    HIDDEN: tl.constexpr,
     TWO: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """Rows ``row_of`` of x [*, K] (``NORMED``: RMS-normed with ``rstd`` and the norm's weight, rounded as
-    ``RMSNorm`` rounds) times columns n0.. of w [N, K] (and of w2, ``TWO``) -> fp32 [ROWS, BLOCK_N] (two)."""
+    """The residual rows RMS-normed (rounded as ``RMSNorm`` rounds) times columns n0.. of w [N, HIDDEN] (and
+    of w2, ``TWO``) -> fp32 [ROWS, BLOCK_N] (two)."""
     dt = w_ptr.dtype.element_ty
+    rstd = _rstd(h_ptr, part_ptr, parts, row_of, rows_ok, eps, HIDDEN, BLOCK_K)
     nn = n0 + tl.arange(0, _BLOCK_N)
     kk = tl.arange(0, BLOCK_K)
     acc = tl.zeros([_ROWS, _BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([_ROWS, _BLOCK_N], dtype=tl.float32)
-    for k0 in tl.static_range(0, K, BLOCK_K):
+    for k0 in tl.static_range(0, HIDDEN, BLOCK_K):
         ks = k0 + kk
-        k_ok = ks < K
-        x = tl.load(
-            x_ptr + row_of[:, None] * K + ks[None, :],
-            mask=rows_ok[:, None] & k_ok[None, :],
-            other=0.0,
-            cache_modifier=".cg",
-        )
-        if NORMED:
-            normed = (x.to(tl.float32) * rstd[:, None]).to(dt).to(tl.float32)
-            weight = tl.load(norm_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
-            x = (weight[None, :] * normed).to(dt)
-        x = x.to(dt)
+        k_ok = ks < HIDDEN
+        x = _residual(h_ptr, part_ptr, parts, row_of, rows_ok, ks, k_ok, HIDDEN)
+        normed = (x.to(tl.float32) * rstd[:, None]).to(dt).to(tl.float32)
+        x = (tl.load(norm_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :] * normed).to(dt)
         w_mask = (nn < N)[:, None] & k_ok[None, :]
-        w = tl.load(w_ptr + nn[:, None] * K + ks[None, :], mask=w_mask, other=0.0)
-        acc = tl.dot(x, tl.trans(w), acc)
+        acc = tl.dot(x, tl.trans(tl.load(w_ptr + nn[:, None] * HIDDEN + ks[None, :], mask=w_mask, other=0.0)), acc)
         if TWO:
-            w2 = tl.load(w2_ptr + nn[:, None] * K + ks[None, :], mask=w_mask, other=0.0)
+            w2 = tl.load(w2_ptr + nn[:, None] * HIDDEN + ks[None, :], mask=w_mask, other=0.0)
             acc2 = tl.dot(x, tl.trans(w2), acc2)
     return acc, acc2
+
+
+@triton.jit
+def _split_product(x_ptr, rows_ok, w_ptr, n0, k0, N: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Rows of x [*, K] times columns n0.. of w [N, K] over inputs k0 .. k0 + BLOCK_K: a partial sum, fp32
+    [ROWS, BLOCK_N]."""
+    r = tl.arange(0, _ROWS)
+    nn = n0 + tl.arange(0, _BLOCK_N)
+    ks = k0 + tl.arange(0, BLOCK_K)
+    k_ok = ks < K
+    x = tl.load(
+        x_ptr + r[:, None] * K + ks[None, :], mask=rows_ok[:, None] & k_ok[None, :], other=0.0, cache_modifier=".cg"
+    )
+    w = tl.load(w_ptr + nn[:, None] * K + ks[None, :], mask=(nn < N)[:, None] & k_ok[None, :], other=0.0)
+    return tl.dot(x.to(w.dtype), tl.trans(w))
+
+
+@triton.jit
+def _keep_residual(h_ptr, part_ptr, parts, target_ptr, target, tile, rows_ok, HIDDEN: tl.constexpr):
+    """Where later phases read the residual with these partial sums added (``target`` >= 0), the phase's
+    tile ``tile`` writes its block of it (the first HIDDEN / BLOCK_N tiles cover the rows)."""
+    if (target >= 0) & (tile * _BLOCK_N < HIDDEN):
+        r = tl.arange(0, _ROWS)
+        ks = tile * _BLOCK_N + tl.arange(0, _BLOCK_N)
+        k_ok = ks < HIDDEN
+        x = _residual(h_ptr, part_ptr, parts, r, rows_ok, ks, k_ok, HIDDEN)
+        tl.store(target_ptr + r[:, None] * HIDDEN + ks[None, :], x, mask=rows_ok[:, None] & k_ok[None, :])
 
 
 @triton.jit
@@ -349,6 +421,7 @@ def code_predictor_frame(
     cos_ptr,
     sin_ptr,
     h_ptr,
+    part_ptr,
     qkv_ptr,
     attn_ptr,
     act_ptr,
@@ -392,6 +465,8 @@ def code_predictor_frame(
     dt = qkv_w_ptr.dtype.element_ty
     qkv_width: tl.constexpr = (HEADS + 2 * KV_HEADS) * HEAD_DIM
     attn_width: tl.constexpr = HEADS * HEAD_DIM
+    hidden_blocks: tl.constexpr = (HIDDEN + _BLOCK_N - 1) // _BLOCK_N
+    residual_size: tl.constexpr = _ROWS * HIDDEN  # (one residual buffer, or one part of the partial sums)
     r = tl.arange(0, _ROWS)
     nn = tl.arange(0, _BLOCK_N)
     progress = counters_ptr + 2 * num_phases  # phases completed (a program that starts late begins there)
@@ -406,6 +481,9 @@ def code_predictor_frame(
         layer = tl.load(entry + 2)
         group = tl.load(entry + 3)
         position = tl.load(entry + 4)
+        source = h_ptr + tl.load(entry + 5) * residual_size
+        target = tl.load(entry + 6)
+        parts = tl.load(entry + 7)
         tokens = tl.where(position == 1, 2, 1)
         rows_ok = r < batch * tokens
         if PREFETCH:
@@ -415,24 +493,25 @@ def code_predictor_frame(
         while tile < tiles:
             n0 = tile * _BLOCK_N
             if op == _QKV:
-                rstd = _rstd(h_ptr, r, rows_ok, eps, HIDDEN, BLOCK_K)
-                acc, _ = _product(
-                    h_ptr,
+                acc, _ = _normed_product(
+                    source,
+                    part_ptr,
+                    parts,
                     r,
                     rows_ok,
-                    rstd,
+                    eps,
                     in_norm_ptr + layer * HIDDEN,
                     qkv_w_ptr + layer * qkv_width * HIDDEN,
                     qkv_w_ptr,
                     n0,
                     qkv_width,
                     HIDDEN,
-                    True,
                     False,
                     BLOCK_K,
                 )
                 out = qkv_ptr + r[:, None] * qkv_width + (n0 + nn)[None, :]
                 tl.store(out, acc.to(dt), mask=rows_ok[:, None] & ((n0 + nn) < qkv_width)[None, :])
+                _keep_residual(source, part_ptr, parts, h_ptr + target * residual_size, target, tile, rows_ok, HIDDEN)
             elif op == _ATTN:
                 _attend(
                     qkv_ptr,
@@ -456,20 +535,20 @@ def code_predictor_frame(
                     CAPACITY,
                 )
             elif op == _GATE_UP:
-                rstd = _rstd(h_ptr, r, rows_ok, eps, HIDDEN, BLOCK_K)
                 w = gate_up_w_ptr + layer * 2 * INTERMEDIATE * HIDDEN
-                g, u = _product(
-                    h_ptr,
+                g, u = _normed_product(
+                    source,
+                    part_ptr,
+                    parts,
                     r,
                     rows_ok,
-                    rstd,
+                    eps,
                     post_norm_ptr + layer * HIDDEN,
                     w,
                     w + INTERMEDIATE * HIDDEN,
                     n0,
                     INTERMEDIATE,
                     HIDDEN,
-                    True,
                     True,
                     BLOCK_K,
                 )
@@ -478,22 +557,23 @@ def code_predictor_frame(
                 out = act_ptr + r[:, None] * INTERMEDIATE + (n0 + nn)[None, :]
                 mask = rows_ok[:, None] & ((n0 + nn) < INTERMEDIATE)[None, :]
                 tl.store(out, (silu * u.to(dt).to(tl.float32)).to(dt), mask=mask)
+                _keep_residual(source, part_ptr, parts, h_ptr + target * residual_size, target, tile, rows_ok, HIDDEN)
             elif op == _HEAD:
                 last = r * tokens + tokens - 1
                 ok = r < batch
-                rstd = _rstd(h_ptr, last, ok, eps, HIDDEN, BLOCK_K)
-                acc, _ = _product(
-                    h_ptr,
+                acc, _ = _normed_product(
+                    source,
+                    part_ptr,
+                    parts,
                     last,
                     ok,
-                    rstd,
+                    eps,
                     final_norm_ptr,
                     heads_ptr + group * VOCAB * HIDDEN,
                     heads_ptr,
                     n0,
                     VOCAB,
                     HIDDEN,
-                    True,
                     False,
                     BLOCK_K,
                 )
@@ -530,45 +610,35 @@ def code_predictor_frame(
                 e = tl.load(embeds_ptr + (group * VOCAB + code) * HIDDEN + hh, mask=h_ok, other=0.0)
                 running = tl.load(total_ptr + tile * HIDDEN + hh, mask=h_ok, other=0.0, cache_modifier=".cg")
                 tl.store(total_ptr + tile * HIDDEN + hh, (running.to(tl.float32) + e.to(tl.float32)).to(dt), mask=h_ok)
-                if group < GROUPS - 2:
-                    tl.store(h_ptr + tile * HIDDEN + hh, e, mask=h_ok)
-            else:  # OUT, DOWN: a projection added to the residual columns the tile owns
+                if group < GROUPS - 2:  # (the next pass's input)
+                    tl.store(source + tile * HIDDEN + hh, e, mask=h_ok)
+            else:  # OUT, DOWN: a share of the output projection's inputs -> one partial sum of a column block
+                split = tile // hidden_blocks
+                n0 = (tile % hidden_blocks) * _BLOCK_N
                 if op == _OUT:
-                    acc, _ = _product(
+                    acc = _split_product(
                         attn_ptr,
-                        r,
                         rows_ok,
-                        r,
-                        o_w_ptr,
                         o_w_ptr + layer * HIDDEN * attn_width,
-                        o_w_ptr,
                         n0,
+                        split * BLOCK_K,
                         HIDDEN,
                         attn_width,
-                        False,
-                        False,
                         BLOCK_K,
                     )
                 else:
-                    acc, _ = _product(
+                    acc = _split_product(
                         act_ptr,
-                        r,
                         rows_ok,
-                        r,
-                        down_w_ptr,
                         down_w_ptr + layer * HIDDEN * INTERMEDIATE,
-                        down_w_ptr,
                         n0,
+                        split * BLOCK_K,
                         HIDDEN,
                         INTERMEDIATE,
-                        False,
-                        False,
                         BLOCK_K,
                     )
-                at = h_ptr + r[:, None] * HIDDEN + (n0 + nn)[None, :]
-                mask = rows_ok[:, None] & ((n0 + nn) < HIDDEN)[None, :]
-                h = tl.load(at, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-                tl.store(at, (h + acc.to(dt).to(tl.float32)).to(dt), mask=mask)
+                out = part_ptr + split * residual_size + r[:, None] * HIDDEN + (n0 + nn)[None, :]
+                tl.store(out, acc, mask=rows_ok[:, None] & ((n0 + nn) < HIDDEN)[None, :])
             tl.debug_barrier()  # (every thread's stores issued before the count says the tile is done)
             tl.atomic_add(finished, 1, sem="release")
             tile = tl.atomic_add(claimed, 1, sem="relaxed")
@@ -654,7 +724,10 @@ class PersistentCodePredictor:
         batch, hidden = talker_hidden.shape
         shape, table = self.shape(batch), self.tables[batch]
         device, dtype = talker_hidden.device, self.dtype
-        h = torch.stack([talker_hidden, code0_embedding], dim=1).reshape(2 * batch, hidden).to(dtype)
+        h = torch.empty(2, ROWS, hidden, dtype=dtype, device=device)  # the residual's two buffers, 0 first
+        h[0, : 2 * batch] = torch.stack([talker_hidden, code0_embedding], dim=1).reshape(2 * batch, hidden)
+        parts = max(shape.splits(OUT), shape.splits(DOWN))
+        part = torch.empty(parts, ROWS, hidden, dtype=torch.float32, device=device)
         qkv = torch.empty(shape.max_rows, shape.qkv, dtype=dtype, device=device)
         attn = torch.empty(shape.max_rows, shape.heads * shape.head_dim, dtype=dtype, device=device)
         act = torch.empty(shape.max_rows, shape.intermediate, dtype=dtype, device=device)
@@ -685,6 +758,7 @@ class PersistentCodePredictor:
             self.cos,
             self.sin,
             h,
+            part,
             qkv,
             attn,
             act,
@@ -706,7 +780,7 @@ class PersistentCodePredictor:
             VOCAB=shape.vocab,
             GROUPS=shape.groups,
             CAPACITY=self.capacity,
-            BLOCK_K=min(256, 1 << (min(hidden, shape.heads * shape.head_dim, shape.intermediate) - 1).bit_length()),
+            BLOCK_K=shape.block_k,
             BLOCK_V=block_v,
             BLOCK_H=1 << (hidden - 1).bit_length(),
             CANDIDATES=min(TOP_CANDIDATES, block_v),
