@@ -20,6 +20,7 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parents[i]) for i in (2, 1)]  # the repository root, benchmarks/
 from harness import graph_call_us, int_list, machine, markdown_table, write_report  # noqa: E402
 
+from omniwalk.kernels import persistent  # noqa: E402
 from omniwalk.layers.decoder import use_kernels  # noqa: E402
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig  # noqa: E402
 from omniwalk.models.qwen3_omni.checkpoint.tiny import PRESETS, load_config_dict  # noqa: E402
@@ -69,13 +70,40 @@ def main() -> None:
             cp.persistent.programs, cp.persistent.prefetches = max(1, round(best * sms)), False
             cell["no_prefetch_us"] = graph_call_us(lambda i: cp.persistent(h, c, params), 8)  # noqa: B023
             cp.persistent.prefetches = True
+            cp.persistent.programs = max(1, round(best * sms))
+            if batch == args.batches[0]:
+                data["phases"] = _phase_costs(cp.persistent, h, c, params, batch)
         rows.append([batch, layered, *cell["persistent_us"].values(), best, cell["no_prefetch_us"], floor_us])
         print(f"B={batch}: layered {layered:.0f} us, persistent per SM {cell['persistent_us']}, floor {floor_us:.0f}")
         data["cells"].append(cell)
     per_sm = [f"persistent, {x:g}/SM (us)" for x in args.programs]
     headers = ["B", "layered (us)", *per_sm, "best /SM", "best, no L2 prefetch (us)", "floor (us)"]
     note = f"{data['machine']['device']}, copy {copy_gbs:.0f} GB/s, {frame_bytes / 1e6:.0f} MB of weights a frame"
-    write_report(args.out, "persistent", data, f"{note}\n\n{markdown_table(headers, rows)}")
+    phases = markdown_table(
+        [f"phases of one op (B = {args.batches[0]})", "count", "us a frame", "us a phase"],
+        [[op, *v] for op, v in data["phases"].items()],
+    )
+    write_report(args.out, "persistent", data, f"{note}\n\n{markdown_table(headers, rows)}\n\n{phases}")
+
+
+def _phase_costs(kernel, h, c, params, batch: int) -> dict:
+    """Where a frame's time goes: the kernel run on its schedule's phases of one op only (what they compute
+    is not used), and on every phase with no tiles (the cost of the counters alone)."""
+    table, prefetch = kernel.tables[batch], kernel.prefetch
+    costs = {}
+    for name, keep in [*[(op, table[:, 0] == i) for i, op in enumerate(persistent.OPS)], ("no tiles", None)]:
+        if keep is None:
+            kernel.tables[batch] = table.clone()
+            kernel.tables[batch][:, 1] = 0
+        else:
+            kernel.tables[batch], kernel.prefetch = table[keep].contiguous(), prefetch[keep].contiguous()
+        count = kernel.tables[batch].shape[0]
+        with torch.no_grad():
+            us = graph_call_us(lambda i: kernel(h, c, params), 8)
+        costs[name] = (count, us, us / count)
+        kernel.tables[batch], kernel.prefetch = table, prefetch
+        print(f"  {name}: {count} phases, {us:.0f} us, {us / count:.2f} us a phase")
+    return costs
 
 
 def _params(batch: int, vocab: int) -> BatchParams:
