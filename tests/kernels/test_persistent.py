@@ -151,10 +151,11 @@ def test_a_frame_in_one_launch_equals_the_code_predictor(interpreter, batch, sam
 @pytest.mark.parametrize("batch", [1, 2, 4])
 def test_frames_in_one_launch_equal_the_layered_fast_path_at_full_size(batch):
     """Full size, bf16, random weights: 64 frames (fresh inputs and sampling steps each) drawn by the
-    persistent kernel and by the layered fused kernels. The two sum their products in different orders, so
-    bf16 logits may differ by a rounding step and a draw at a near-tie may go the other way (then the
-    frame's later groups follow different inputs): compared up to each frame's first difference, at most
-    1% of draws differ, and frames drawn alike have running sums equal to bf16 rounding. Then frames
+    persistent kernel, by the layered fused kernels and by the PyTorch reference (same weights). Each sums
+    its products in its own order, so bf16 logits may differ by a rounding step and a draw at a near-tie may
+    go the other way (then the frame's later groups follow different inputs). Compared with the layered
+    path up to each frame's first difference, the persistent kernel's draws differ at most twice as often
+    (+0.5%) as the reference's do; frames drawn alike have running sums equal to bf16 rounding. Then frames
     replayed from a CUDA graph of the kernel equal its eager launches exactly."""
     from helpers.gpu_pairs import randomize_, real_config_dict
 
@@ -164,26 +165,32 @@ def test_frames_in_one_launch_equal_the_layered_fast_path_at_full_size(batch):
     cfg = Qwen3OmniConfig.from_hf(real_config_dict()).talker
     with torch.device("cuda"):
         cp = CodePredictor(cfg.code_predictor, cfg.num_code_groups).to(torch.bfloat16).eval()
+        reference = CodePredictor(cfg.code_predictor, cfg.num_code_groups).to(torch.bfloat16).eval()
     randomize_(cp, 3)
+    reference.load_state_dict(cp.state_dict())
     use_kernels(cp, "fused")
     cp.use_persistent_kernel()
     gen = torch.Generator(device="cuda").manual_seed(batch)
     hidden_size, vocab = cfg.code_predictor.hidden_size, cfg.code_predictor.vocab_size
-    frames, compared, differing = [], 0, 0
+    frames, counts = [], {"persistent": [0, 0], "reference": [0, 0]}  # draws compared, draws that differ
     for frame in range(64):
         inputs = [torch.randn(batch, hidden_size, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
         params = _params(batch, vocab, "cuda", sampled=frame % 4 != 3, seed=10 * frame)
         want = cp(*inputs, lambda logits, i: draw(logits, params, i))  # noqa: B023 (called at once)
         got = cp.persistent(*inputs, params)
         frames.append((inputs, params, got))
-        for row in range(batch):
-            same = (got[0][row] == want[0][row]).tolist()
-            first = same.index(False) if False in same else len(same)
-            compared, differing = compared + min(first + 1, len(same)), differing + (first < len(same))
-            if first == len(same):
-                torch.testing.assert_close(got[1][row], want[1][row], rtol=2e-2, atol=2e-2)
-    print(f"B={batch}: {differing} of {compared} draws differ (each frame compared up to its first difference)")
-    assert differing <= 0.01 * compared
+        other = reference(*inputs, lambda logits, i: draw(logits, params, i))  # noqa: B023
+        for name, codes in (("persistent", got), ("reference", other)):
+            for row in range(batch):
+                same = (codes[0][row] == want[0][row]).tolist()
+                first = same.index(False) if False in same else len(same)
+                counts[name][0] += min(first + 1, len(same))
+                counts[name][1] += first < len(same)
+                if first == len(same) and name == "persistent":
+                    torch.testing.assert_close(codes[1][row], want[1][row], rtol=2e-2, atol=2e-2)
+    print(f"B={batch}: draws differing from the layered path's (compared, differing): {counts}")
+    (compared, differing), (ref_compared, ref_differing) = counts["persistent"], counts["reference"]
+    assert differing / compared <= 2 * ref_differing / ref_compared + 0.005
     static = [torch.zeros_like(t) for t in frames[0][0]]
     params = _params(batch, vocab, "cuda", seed=0)
     cp.persistent(*static, params)  # (compiled before the capture)
