@@ -131,6 +131,12 @@ def _extra_cases():
         Builder("audio_outlasts_video", t, use_audio_in_video=True)
         .turn(t.user, lambda x: x.video(2, 12, 12, fps=26.0, audio_frames=30), (5, 6))
         .generation_prompt(),
+        # a voice conversation (text and audio alone: positions made at once, not span by span)
+        Builder("voice_turns", t)
+        .turn(t.user, lambda x: x.audio(250), (5, 6))
+        .turn(t.assistant, (7, 8, 9))
+        .turn(t.user, lambda x: x.audio(120))
+        .generation_prompt(),
         Builder("two_videos_with_audio", t, use_audio_in_video=True)
         .turn(
             t.user,

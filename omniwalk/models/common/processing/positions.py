@@ -151,12 +151,16 @@ def mrope_positions(
     num_tokens: int, spans: list[MediaSpan], position_id_per_seconds: float, span_blocks=None
 ) -> RopePositions:
     """Positions of a ``num_tokens`` prompt whose media placeholder runs are ``spans``;
-    ``span_blocks(span, p, position_id_per_seconds)``: a span's position blocks (default: the rules above)."""
+    ``span_blocks(span, p, position_id_per_seconds)``: a span's position blocks (default: the rules above).
+    With the default rules a prompt of text and audio alone (a voice conversation) is numbered token by
+    token on all three rows (each audio span advances one position a token too): made at once, not span by
+    span, since the engine makes it for every turn of a conversation."""
+    if span_blocks is None and all(span.kind == AUDIO for span in spans):
+        _check_spans(num_tokens, spans)
+        return RopePositions(torch.arange(num_tokens, dtype=torch.float32).repeat(3, 1), 0.0)
     span_blocks = span_blocks or _span_blocks
     blocks, cursor = [], 0
-    for span in sorted(spans, key=lambda s: s.start):
-        if span.start < cursor or span.start + span.length > num_tokens:
-            raise ValueError(f"media span {span} overlaps another span or the prompt end")
+    for span in _check_spans(num_tokens, spans):
         if span.start > cursor:
             blocks.append(run(_next(blocks), span.start - cursor))
         blocks += span_blocks(span, _next(blocks), position_id_per_seconds)
@@ -166,6 +170,16 @@ def mrope_positions(
     positions = torch.cat(blocks, dim=1) if blocks else torch.zeros(3, 0)
     delta = float(positions.max()) + 1 - num_tokens if num_tokens else 0.0
     return RopePositions(positions, delta)
+
+
+def _check_spans(num_tokens: int, spans: list[MediaSpan]) -> list[MediaSpan]:
+    """``spans`` in prompt order; ``ValueError`` where one overlaps another or the prompt's end."""
+    ordered, cursor = sorted(spans, key=lambda s: s.start), 0
+    for span in ordered:
+        if span.start < cursor or span.start + span.length > num_tokens:
+            raise ValueError(f"media span {span} overlaps another span or the prompt end")
+        cursor = span.start + span.length
+    return ordered
 
 
 def _next(blocks: list[torch.Tensor]) -> float:
