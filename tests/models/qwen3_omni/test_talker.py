@@ -8,6 +8,7 @@ outputs and generate with our talker. EOS is masked (``min_new_tokens``) so ever
 import copy
 from functools import cache
 
+import numpy as np
 import pytest
 import torch
 from helpers.hf_oracle import config_dict, hf_checkpoint, hf_model
@@ -144,3 +145,23 @@ def test_talker_loads_from_checkpoint():
     reference = hf_model("uneven", 0).talker.state_dict()
     for key, value in talker.state_dict().items():
         assert torch.equal(value, reference[key]), key
+
+
+def test_user_positions_are_the_user_turns():
+    """The talker's user part: every token from a <|im_start|> whose role is the user's to the next
+    <|im_start|> (the ids' last token a start: no role), as the token-by-token rule reads them."""
+    from omniwalk.models.qwen3_omni.checkpoint.tiny import TINY_CONFIG, load_config_dict
+    from omniwalk.models.qwen3_omni.processing.talker_prompt import user_positions
+
+    t = Qwen3OmniConfig.from_hf(load_config_dict(TINY_CONFIG)).tokens
+    rng = np.random.default_rng(0)
+    alphabet = [t.im_start, t.user, t.assistant, 7, 8, 9]
+    for n in (0, 1, 2, 5, 40, 200):
+        for _ in range(20):
+            ids = [int(x) for x in rng.choice(alphabet, n)]
+            role, want = None, []
+            for i, token in enumerate(ids):
+                if token == t.im_start:
+                    role = ids[i + 1] if i + 1 < n else None
+                want.append(role == t.user)
+            assert user_positions(ids, t).tolist() == want

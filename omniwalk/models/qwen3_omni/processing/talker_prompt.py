@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 
 from omniwalk.device import to_device
@@ -50,13 +51,13 @@ def resolve_speaker(speakers: dict[str, int], voice: str | None, default: str = 
 
 
 def user_positions(ids: list[int], tokens: TokenIds) -> torch.Tensor:
-    """Bool [len(ids)]: positions inside a user turn (the role is the token after the last <|im_start|>)."""
-    mask, role = [], None
-    for i, token in enumerate(ids):
-        if token == tokens.im_start:
-            role = ids[i + 1] if i + 1 < len(ids) else None
-        mask.append(role == tokens.user)
-    return torch.tensor(mask, dtype=torch.bool)
+    """Bool [len(ids)]: positions inside a user turn (the role is the token after the last <|im_start|>, none
+    for an <|im_start|> that ends the ids). Array work, not a loop: made at every turn of a conversation."""
+    ids = np.asarray(ids, dtype=np.int64)
+    starts = np.flatnonzero(ids == tokens.im_start)
+    roles = np.append(ids, -1)[starts + 1]  # (-1: no token after the last start)
+    turn = np.searchsorted(starts, np.arange(len(ids)), side="right") - 1  # the last start at or before each
+    return torch.from_numpy((turn >= 0) & (np.append(roles, -1)[turn] == tokens.user))
 
 
 def last_assistant_start(ids: list[int], tokens: TokenIds) -> int:
