@@ -20,7 +20,7 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parents[i]) for i in (2, 1)]  # the repository root, benchmarks/
 from harness import graph_call_us, int_list, machine, markdown_table, write_report  # noqa: E402
 
-from omniwalk.kernels import persistent  # noqa: E402
+from omniwalk.kernels.persistent_schedule import OPS  # noqa: E402
 from omniwalk.layers.decoder import use_kernels  # noqa: E402
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig  # noqa: E402
 from omniwalk.models.qwen3_omni.checkpoint.tiny import PRESETS, load_config_dict  # noqa: E402
@@ -91,7 +91,7 @@ def _phase_costs(kernel, h, c, params, batch: int) -> dict:
     is not used; no L2 prefetch), and on every phase with no tiles (the cost of the counters alone)."""
     table, prefetch = kernel.tables[batch], kernel.prefetch
     costs = {}
-    for name, keep in [*[(op, table[:, 0] == i) for i, op in enumerate(persistent.OPS)], ("no tiles", None)]:
+    for name, keep in [*[(op, table[:, 0] == i) for i, op in enumerate(OPS)], ("no tiles", None)]:
         if keep is None:
             kernel.tables[batch] = table.clone()
             kernel.tables[batch][:, 1] = 0

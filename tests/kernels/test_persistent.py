@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers.triton_cpu import CPU_ONLY
 
-from omniwalk.kernels.persistent import ATTN, QKV, SAMPLE, Phase, Schedule, Shape
+from omniwalk.kernels.persistent_schedule import ATTN, QKV, SAMPLE, Phase, Schedule, Shape
 from omniwalk.layers.decoder import use_kernels
 from omniwalk.models.common.checkpoint.loader import randomize
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
