@@ -8,23 +8,26 @@ batch size): a list of phases, each one op over a number of tiles (``OPS``):
 
     QKV      columns of the merged q/k/v projection of the input-normed residual rows
     ATTN     (request, kv head): q/k norm + rope, K/V stored at the pass's positions, attention
-    OUT      columns of the output projection, added to the residual rows they own
+    OUT      a share of the output projection's inputs times a block of its columns: a partial sum
     GATE_UP  columns of the gated MLP's input projection (of the post-attention norm): silu(gate) * up
-    DOWN     columns of the MLP's output projection, added to the residual
+    DOWN     as OUT, for the MLP's output projection
     HEAD     columns of the group's head over the final norm of each request's last token row
     SAMPLE   a request: its code drawn (``kernels/sampling.py``'s steps), its embedding the next input
 
 A phase reads only what earlier phases wrote and its tiles write disjoint parts (``Schedule.check``
 proves it from each op's declared reads and writes). The kernel runs ``programs`` programs; in each
-phase they claim tiles from a counter in global memory (an atomic increment), count finished tiles
-in a second one (a release), and wait until that count reaches the phase's tiles (an acquire) before
-the next phase; a program takes its ticket of the next phase before that wait (off the path from
-one phase to the next), and the first program records each completed phase in a third counter.
-Claiming, not a fixed split, means no program waits for a program that has not started: the kernel
-finishes even where not all its programs fit on the GPU at once (another stream's kernels), and a
-program that starts late begins at the last phase recorded complete (the third counter). Activations
-written inside the kernel are read with ``.cg`` loads (past the SM's L1, which other SMs' writes do
-not update).
+phase they claim tiles from a counter in global memory (an atomic increment; a program takes its next
+ticket as it starts a tile), count finished tiles in a second one (a release), and wait until that count
+reaches the phase's tiles (an acquire) before the next phase; a program takes its ticket of the next
+phase before that wait (off the path from one phase to the next), and the first program records each
+completed phase in a third counter. Claiming, not a fixed split, means no program waits for a program
+that has not started: the kernel finishes even where not all its programs fit on the GPU at once
+(another stream's kernels), and a program that starts late begins at the last phase recorded complete.
+The residual stream is one buffer: OUT's and DOWN's tiles count the parts of each column block they
+write, and the tile that writes a block's last part adds them all to the residual's block, so a norm's
+phase reads the residual alone.
+Activations written inside the kernel are read with ``.cg`` loads (past the SM's L1, which other SMs'
+writes do not update).
 
 Rounding follows the PyTorch reference (``networks/talker.CodePredictor`` on the reference decoder
 kernels): every value the reference holds in the model dtype is rounded to it here at the same step
@@ -45,53 +48,26 @@ from omniwalk.kernels.persistent_schedule import (
     DOWN,
     GATE_UP,
     HEAD,
+    NORM_K,
     OUT,
     QKV,
     ROWS,
     SAMPLE,
     Schedule,
     Shape,
+    blocks_of,
 )
 from omniwalk.kernels.sampling import front, perturb, top_k_top_p
 
 # (the kernel's copies of the schedule's constants)
 _QKV, _ATTN, _OUT, _GATE_UP, _HEAD, _SAMPLE = (tl.constexpr(v) for v in (QKV, ATTN, OUT, GATE_UP, HEAD, SAMPLE))
 _COLUMNS, _BLOCK_N, _ROWS = tl.constexpr(COLUMNS), tl.constexpr(BLOCK_N), tl.constexpr(ROWS)
-
-
-@triton.jit
-def _residual(h_ptr, part_ptr, parts, row_of, rows_ok, ks, k_ok, HIDDEN: tl.constexpr):
-    """Residual rows ``row_of`` at columns ``ks``: h plus the ``parts`` partial sums pending on it (summed in
-    fp32 in part order and rounded once, as the unsplit product), the sum rounded (``residual_add``)."""
-    dt = h_ptr.dtype.element_ty
-    mask = rows_ok[:, None] & k_ok[None, :]
-    at = row_of[:, None] * HIDDEN + ks[None, :]
-    x = tl.load(h_ptr + at, mask=mask, other=0.0, cache_modifier=".cg")
-    if parts > 0:
-        total = tl.zeros(at.shape, dtype=tl.float32)
-        for k in range(parts):
-            total += tl.load(part_ptr + k * _ROWS * HIDDEN + at, mask=mask, other=0.0, cache_modifier=".cg")
-        x = (x.to(tl.float32) + total.to(dt).to(tl.float32)).to(dt)
-    return x
-
-
-@triton.jit
-def _rstd(h_ptr, part_ptr, parts, row_of, rows_ok, eps, HIDDEN: tl.constexpr, BLOCK_K: tl.constexpr):
-    """1 / RMS of the residual rows [ROWS] (fp32 statistics, as ``RMSNorm``)."""
-    kk = tl.arange(0, BLOCK_K)
-    squares = tl.zeros([_ROWS], dtype=tl.float32)
-    for k0 in tl.static_range(0, HIDDEN, BLOCK_K):
-        ks = k0 + kk
-        x = _residual(h_ptr, part_ptr, parts, row_of, rows_ok, ks, ks < HIDDEN, HIDDEN).to(tl.float32)
-        squares += tl.sum(x * x, 1)
-    return tl.rsqrt(squares / HIDDEN + eps)
+_NORM_K = tl.constexpr(NORM_K)
 
 
 @triton.jit
 def _normed_product(
     h_ptr,
-    part_ptr,
-    parts,
     row_of,
     rows_ok,
     eps,
@@ -102,27 +78,37 @@ def _normed_product(
     N: tl.constexpr,
     HIDDEN: tl.constexpr,
     TWO: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
 ):
-    """The residual rows RMS-normed (rounded as ``RMSNorm`` rounds) times columns n0.. of w [N, HIDDEN] (and
-    of w2, ``TWO``) -> fp32 [ROWS, BLOCK_N] (two)."""
+    """The residual rows ``row_of`` RMS-normed (fp32 statistics, rounded as ``RMSNorm`` rounds) times columns
+    n0.. of w [N, HIDDEN] (and of w2, ``TWO``) -> fp32 [ROWS, BLOCK_N] (two), over NORM_K inputs at a time
+    (the rows read twice: for their statistics, then for the product)."""
     dt = w_ptr.dtype.element_ty
-    rstd = _rstd(h_ptr, part_ptr, parts, row_of, rows_ok, eps, HIDDEN, BLOCK_K)
+    kk = tl.arange(0, _NORM_K)
+    squares = tl.zeros([_ROWS], dtype=tl.float32)
+    for k0 in tl.static_range(0, BLOCK_H, _NORM_K):
+        ks = k0 + kk
+        x_mask = rows_ok[:, None] & (ks < HIDDEN)[None, :]
+        x = tl.load(h_ptr + row_of[:, None] * HIDDEN + ks[None, :], mask=x_mask, other=0.0, cache_modifier=".cg")
+        x = x.to(tl.float32)
+        squares += tl.sum(x * x, 1)
+    rstd = tl.rsqrt(squares / HIDDEN + eps)
     nn = n0 + tl.arange(0, _BLOCK_N)
-    kk = tl.arange(0, BLOCK_K)
     acc = tl.zeros([_ROWS, _BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([_ROWS, _BLOCK_N], dtype=tl.float32)
-    for k0 in tl.static_range(0, HIDDEN, BLOCK_K):
+    for k0 in tl.static_range(0, BLOCK_H, _NORM_K):
         ks = k0 + kk
         k_ok = ks < HIDDEN
-        x = _residual(h_ptr, part_ptr, parts, row_of, rows_ok, ks, k_ok, HIDDEN)
+        w_at = nn[:, None] * HIDDEN + ks[None, :]
+        w_mask = (nn < N)[:, None] & k_ok[None, :]
+        w = tl.load(w_ptr + w_at, mask=w_mask, other=0.0)
+        x_mask = rows_ok[:, None] & k_ok[None, :]
+        x = tl.load(h_ptr + row_of[:, None] * HIDDEN + ks[None, :], mask=x_mask, other=0.0, cache_modifier=".cg")
         normed = (x.to(tl.float32) * rstd[:, None]).to(dt).to(tl.float32)
         x = (tl.load(norm_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :] * normed).to(dt)
-        w_mask = (nn < N)[:, None] & k_ok[None, :]
-        acc = tl.dot(x, tl.trans(tl.load(w_ptr + nn[:, None] * HIDDEN + ks[None, :], mask=w_mask, other=0.0)), acc)
+        acc = tl.dot(x, tl.trans(w), acc)
         if TWO:
-            w2 = tl.load(w2_ptr + nn[:, None] * HIDDEN + ks[None, :], mask=w_mask, other=0.0)
-            acc2 = tl.dot(x, tl.trans(w2), acc2)
+            acc2 = tl.dot(x, tl.trans(tl.load(w2_ptr + w_at, mask=w_mask, other=0.0)), acc2)
     return acc, acc2
 
 
@@ -142,15 +128,19 @@ def _split_product(x_ptr, rows_ok, w_ptr, n0, k0, N: tl.constexpr, K: tl.constex
 
 
 @triton.jit
-def _keep_residual(h_ptr, part_ptr, parts, target_ptr, target, tile, rows_ok, HIDDEN: tl.constexpr):
-    """Where later phases read the residual with these partial sums added (``target`` >= 0), the phase's
-    tile ``tile`` writes its block of it (the first HIDDEN / BLOCK_N tiles cover the rows)."""
-    if (target >= 0) & (tile * _BLOCK_N < HIDDEN):
-        r = tl.arange(0, _ROWS)
-        ks = tile * _BLOCK_N + tl.arange(0, _BLOCK_N)
-        k_ok = ks < HIDDEN
-        x = _residual(h_ptr, part_ptr, parts, r, rows_ok, ks, k_ok, HIDDEN)
-        tl.store(target_ptr + r[:, None] * HIDDEN + ks[None, :], x, mask=rows_ok[:, None] & k_ok[None, :])
+def _reduce(h_ptr, part_ptr, column, rows_ok, SPLITS: tl.constexpr, HIDDEN: tl.constexpr):
+    """The residual's column block ``column`` plus every split's partial sum of it (summed in fp32 in split
+    order and rounded once, as the unsplit product), rounded as ``residual_add``; in place."""
+    dt = h_ptr.dtype.element_ty
+    r = tl.arange(0, _ROWS)
+    ks = column * _BLOCK_N + tl.arange(0, _BLOCK_N)
+    mask = rows_ok[:, None] & (ks < HIDDEN)[None, :]
+    at = r[:, None] * HIDDEN + ks[None, :]
+    total = tl.zeros([_ROWS, _BLOCK_N], dtype=tl.float32)
+    for k in tl.static_range(SPLITS):
+        total += tl.load(part_ptr + k * _ROWS * HIDDEN + at, mask=mask, other=0.0, cache_modifier=".cg")
+    x = tl.load(h_ptr + at, mask=mask, other=0.0, cache_modifier=".cg")
+    tl.store(h_ptr + at, (x.to(tl.float32) + total.to(dt).to(tl.float32)).to(dt), mask=mask)
 
 
 @triton.jit
@@ -313,14 +303,17 @@ def code_predictor_frame(
     qkv_width: tl.constexpr = (HEADS + 2 * KV_HEADS) * HEAD_DIM
     attn_width: tl.constexpr = HEADS * HEAD_DIM
     hidden_blocks: tl.constexpr = (HIDDEN + _BLOCK_N - 1) // _BLOCK_N
-    residual_size: tl.constexpr = _ROWS * HIDDEN  # (one residual buffer, or one part of the partial sums)
+    out_splits: tl.constexpr = (attn_width + BLOCK_K - 1) // BLOCK_K
+    down_splits: tl.constexpr = (INTERMEDIATE + BLOCK_K - 1) // BLOCK_K
+    stride: tl.constexpr = 2 + hidden_blocks  # a phase's counters: claimed, finished, one per column block
+    part_size: tl.constexpr = _ROWS * HIDDEN  # (one split's partial sums)
     r = tl.arange(0, _ROWS)
     nn = tl.arange(0, _BLOCK_N)
-    progress = counters_ptr + 2 * num_phases  # phases completed (a program that starts late begins there)
+    progress = counters_ptr + stride * num_phases  # phases completed (a program that starts late begins there)
     ph = tl.atomic_add(progress, 0, sem="acquire")
     tile = num_phases * 0  # (a ticket of phase ph: taken here, then while the phase before completes)
     if ph < num_phases:
-        tile = tl.atomic_add(counters_ptr + 2 * ph, 1, sem="relaxed")
+        tile = tl.atomic_add(counters_ptr + stride * ph, 1, sem="relaxed")
     while ph < num_phases:
         entry = table_ptr + ph * _COLUMNS
         op = tl.load(entry)
@@ -328,22 +321,18 @@ def code_predictor_frame(
         layer = tl.load(entry + 2)
         group = tl.load(entry + 3)
         position = tl.load(entry + 4)
-        source = h_ptr + tl.load(entry + 5) * residual_size
-        target = tl.load(entry + 6)
-        parts = tl.load(entry + 7)
         tokens = tl.where(position == 1, 2, 1)
         rows_ok = r < batch * tokens
         if PREFETCH:
             _prefetch_l2(prefetch_ptr, ph, 32 * WARPS)
-        claimed = counters_ptr + 2 * ph
+        claimed = counters_ptr + stride * ph
         finished = claimed + 1
         while tile < tiles:
+            following = tl.atomic_add(claimed, 1, sem="relaxed")  # (the next ticket, taken while this tile runs)
             n0 = tile * _BLOCK_N
             if op == _QKV:
                 acc, _ = _normed_product(
-                    source,
-                    part_ptr,
-                    parts,
+                    h_ptr,
                     r,
                     rows_ok,
                     eps,
@@ -354,11 +343,10 @@ def code_predictor_frame(
                     qkv_width,
                     HIDDEN,
                     False,
-                    BLOCK_K,
+                    BLOCK_H,
                 )
                 out = qkv_ptr + r[:, None] * qkv_width + (n0 + nn)[None, :]
                 tl.store(out, acc.to(dt), mask=rows_ok[:, None] & ((n0 + nn) < qkv_width)[None, :])
-                _keep_residual(source, part_ptr, parts, h_ptr + target * residual_size, target, tile, rows_ok, HIDDEN)
             elif op == _ATTN:
                 _attend(
                     qkv_ptr,
@@ -384,9 +372,7 @@ def code_predictor_frame(
             elif op == _GATE_UP:
                 w = gate_up_w_ptr + layer * 2 * INTERMEDIATE * HIDDEN
                 g, u = _normed_product(
-                    source,
-                    part_ptr,
-                    parts,
+                    h_ptr,
                     r,
                     rows_ok,
                     eps,
@@ -397,21 +383,18 @@ def code_predictor_frame(
                     INTERMEDIATE,
                     HIDDEN,
                     True,
-                    BLOCK_K,
+                    BLOCK_H,
                 )
                 g = g.to(dt).to(tl.float32)
                 silu = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
                 out = act_ptr + r[:, None] * INTERMEDIATE + (n0 + nn)[None, :]
                 mask = rows_ok[:, None] & ((n0 + nn) < INTERMEDIATE)[None, :]
                 tl.store(out, (silu * u.to(dt).to(tl.float32)).to(dt), mask=mask)
-                _keep_residual(source, part_ptr, parts, h_ptr + target * residual_size, target, tile, rows_ok, HIDDEN)
             elif op == _HEAD:
                 last = r * tokens + tokens - 1
                 ok = r < batch
                 acc, _ = _normed_product(
-                    source,
-                    part_ptr,
-                    parts,
+                    h_ptr,
                     last,
                     ok,
                     eps,
@@ -422,7 +405,7 @@ def code_predictor_frame(
                     VOCAB,
                     HIDDEN,
                     False,
-                    BLOCK_K,
+                    BLOCK_H,
                 )
                 out = logits_ptr + r[:, None] * VOCAB + (n0 + nn)[None, :]
                 tl.store(out, acc.to(dt), mask=ok[:, None] & ((n0 + nn) < VOCAB)[None, :])
@@ -457,11 +440,12 @@ def code_predictor_frame(
                 e = tl.load(embeds_ptr + (group * VOCAB + code) * HIDDEN + hh, mask=h_ok, other=0.0)
                 running = tl.load(total_ptr + tile * HIDDEN + hh, mask=h_ok, other=0.0, cache_modifier=".cg")
                 tl.store(total_ptr + tile * HIDDEN + hh, (running.to(tl.float32) + e.to(tl.float32)).to(dt), mask=h_ok)
-                if group < GROUPS - 2:  # (the next pass's input)
-                    tl.store(source + tile * HIDDEN + hh, e, mask=h_ok)
+                if group < GROUPS - 2:  # (the next pass's input: the request's residual row)
+                    tl.store(h_ptr + tile * HIDDEN + hh, e, mask=h_ok)
             else:  # OUT, DOWN: a share of the output projection's inputs -> one partial sum of a column block
                 split = tile // hidden_blocks
-                n0 = (tile % hidden_blocks) * _BLOCK_N
+                column = tile % hidden_blocks
+                n0 = column * _BLOCK_N
                 if op == _OUT:
                     acc = _split_product(
                         attn_ptr,
@@ -484,13 +468,21 @@ def code_predictor_frame(
                         INTERMEDIATE,
                         BLOCK_K,
                     )
-                out = part_ptr + split * residual_size + r[:, None] * HIDDEN + (n0 + nn)[None, :]
+                out = part_ptr + split * part_size + r[:, None] * HIDDEN + (n0 + nn)[None, :]
                 tl.store(out, acc, mask=rows_ok[:, None] & ((n0 + nn) < HIDDEN)[None, :])
+                tl.debug_barrier()  # (every thread's stores issued before the count says the part is written)
+                added = tl.atomic_add(claimed + 2 + column, 1, sem="acq_rel")
+                tl.debug_barrier()
+                if op == _OUT:  # the block's last part written: the residual takes them all (this tile)
+                    if added == out_splits - 1:
+                        _reduce(h_ptr, part_ptr, column, rows_ok, out_splits, HIDDEN)
+                elif added == down_splits - 1:
+                    _reduce(h_ptr, part_ptr, column, rows_ok, down_splits, HIDDEN)
             tl.debug_barrier()  # (every thread's stores issued before the count says the tile is done)
             tl.atomic_add(finished, 1, sem="release")
-            tile = tl.atomic_add(claimed, 1, sem="relaxed")
+            tile = following
         if ph + 1 < num_phases:  # the next phase's ticket, while this one completes
-            tile = tl.atomic_add(claimed + 2, 1, sem="relaxed")
+            tile = tl.atomic_add(claimed + stride, 1, sem="relaxed")
         done = tl.atomic_add(finished, 0, sem="acquire")
         while done < tiles:
             done = tl.atomic_add(finished, 0, sem="acquire")
@@ -571,8 +563,8 @@ class PersistentCodePredictor:
         batch, hidden = talker_hidden.shape
         shape, table = self.shape(batch), self.tables[batch]
         device, dtype = talker_hidden.device, self.dtype
-        h = torch.empty(2, ROWS, hidden, dtype=dtype, device=device)  # the residual's two buffers, 0 first
-        h[0, : 2 * batch] = torch.stack([talker_hidden, code0_embedding], dim=1).reshape(2 * batch, hidden)
+        h = torch.empty(ROWS, hidden, dtype=dtype, device=device)  # the residual rows (the first pass: two each)
+        h[: 2 * batch] = torch.stack([talker_hidden, code0_embedding], dim=1).reshape(2 * batch, hidden)
         parts = max(shape.splits(OUT), shape.splits(DOWN))
         part = torch.empty(parts, ROWS, hidden, dtype=torch.float32, device=device)
         qkv = torch.empty(shape.max_rows, shape.qkv, dtype=dtype, device=device)
@@ -583,7 +575,7 @@ class PersistentCodePredictor:
         logits = torch.empty(batch, shape.vocab, dtype=dtype, device=device)
         codes = torch.empty(batch, shape.groups - 1, dtype=torch.long, device=device)
         total = torch.zeros(batch, hidden, dtype=dtype, device=device)
-        counters = torch.zeros(table.shape[0] + 1, 2, dtype=torch.int32, device=device)
+        counters = torch.zeros(table.shape[0] + 1, 2 + blocks_of(hidden).stop, dtype=torch.int32, device=device)
         args, flags = _param_args(params, device, skip_front=False)
         block_v = 1 << (shape.vocab - 1).bit_length()
         code_predictor_frame[(self.programs,)](

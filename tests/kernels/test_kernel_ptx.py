@@ -8,6 +8,7 @@ tests of ``test_fused_kernels.py`` assert the kernel bitwise equal to the refere
 
 The persistent code-predictor kernel at full size: it compiles (ptxas included), and the ordering its
 phases rely on is in its PTX: tiles counted finished and phases recorded with release semantics, the
+output projections' parts counted with acquire-release (the tile counting a block's last one adds them all), the
 counts read with acquire loads, activations read past L1 (``.cg``), the next phase's weights prefetched
 into L2."""
 
@@ -87,6 +88,7 @@ def test_the_persistent_kernel_compiles_with_its_ordering():
     pytest.importorskip("triton")
     ptx = _ptx("", script=PERSISTENT)
     assert "atom.global.gpu.release.add" in ptx  # a tile counted finished
+    assert "atom.global.gpu.acq_rel.add" in ptx  # a column block's part counted (the last one reduces the block)
     assert "atom.global.gpu.release.max" in ptx  # a phase recorded complete
     assert "ld.global.gpu.acquire" in ptx  # the counts waited for
     assert "ld.global.cg" in ptx and "cp.async.bulk.prefetch.L2.global" in ptx

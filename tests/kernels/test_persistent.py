@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers.triton_cpu import CPU_ONLY
 
-from omniwalk.kernels.persistent_schedule import ATTN, QKV, SAMPLE, Phase, Schedule, Shape
+from omniwalk.kernels.persistent_schedule import ATTN, DOWN, OUT, QKV, SAMPLE, Phase, Schedule, Shape, blocks_of
 from omniwalk.layers.decoder import use_kernels
 from omniwalk.models.common.checkpoint.loader import randomize
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
@@ -34,8 +34,9 @@ def test_the_schedule_reads_only_what_earlier_phases_wrote(shape):
 
 def test_the_check_finds_a_schedule_without_its_barrier_or_its_writer():
     """The model of the schedule is a real check: an attention merged into its projection's phase
-    (its rows read by the other tiles as they are written), or a layer's attention skipped in an
-    earlier pass (its keys read where nothing stored them), is refused."""
+    (its rows read by the other tiles as they are written), a layer's attention skipped in an earlier
+    pass (its keys read where nothing stored them), or an output projection's column block reduced
+    with a part its tiles did not write, is refused."""
     schedule = Schedule(Shape(2, 1, 64, 4, 2, 16, 96, 64, 4))
     merged = Schedule(schedule.shape)
     merged.regions = lambda phase, tile: _merged_regions(schedule, phase, tile)
@@ -46,6 +47,16 @@ def test_the_check_finds_a_schedule_without_its_barrier_or_its_writer():
     del skipped.phases[first_attention]
     with pytest.raises(ValueError, match="nothing wrote before it"):
         skipped.check()
+    early = Schedule(schedule.shape)  # a reduction that would run before the block's last part is written
+    early.reduction = lambda phase, column: _reduction_of_one_more_part(schedule, phase, column)
+    with pytest.raises(ValueError, match="reads what its tiles did not write"):
+        early.check()
+
+
+def _reduction_of_one_more_part(schedule, phase: Phase, column: int):
+    reads, writes = Schedule.reduction(schedule, phase, column)
+    splits = schedule.shape.splits(phase.op)
+    return reads | {("part", splits, r, column) for r in range(schedule.shape.batch * phase.tokens)}, writes
 
 
 def _merged_regions(schedule, phase: Phase, tile: int):
@@ -60,47 +71,72 @@ def _merged_regions(schedule, phase: Phase, tile: int):
 
 def test_claiming_runs_every_tile_once_in_any_interleaving():
     """The counters' protocol, modelled step by step as the kernel runs it: a program takes a ticket of a
-    phase, works while its ticket is a tile, counts it finished and takes another; out of tiles, it takes
-    a ticket of the next phase and waits for this phase's count; program 0 records completed phases, where
-    a program that starts late begins. Programs interleave at random and start late (a GPU busy with
-    another stream): every tile of every phase runs once, and none before the phase before it is done."""
-    tiles = [p.tiles for p in Schedule(Shape(2, **SMALL)).phases]
+    phase; starting a tile it takes its next ticket, then runs the tile; an OUT or DOWN tile then counts
+    its column block's parts, and the tile that counts the last one adds them to the residual; the tile is
+    counted finished and the program goes on with its next ticket. Out of tiles, it takes a ticket of the
+    next phase and waits for this phase's count; program 0 records completed phases, where a program that
+    starts late begins. Programs interleave at random and start late (a GPU busy with another stream):
+    every tile of every phase runs once and none before the phase before it is done; each column block is
+    reduced once, after all its parts are written, and before its phase counts as done."""
+    schedule = Schedule(
+        Shape(2, layers=2, hidden=64, heads=8, kv_heads=2, head_dim=16, intermediate=192, vocab=64, groups=4)
+    )
+    phases, columns = schedule.phases, len(blocks_of(schedule.shape.hidden))
+    splits = [schedule.shape.splits(p.op) for p in phases]
+    assert max(splits) == 3 and {p.op for p in phases if schedule.shape.splits(p.op) > 1} == {OUT, DOWN}
     late = 0
     for seed in range(20):
         rng = random.Random(seed)
         programs = rng.randint(1, 9)
-        claimed, finished, progress = [0] * len(tiles), [0] * len(tiles), 0
-        runs = [[0] * n for n in tiles]
-        state = [None] * programs  # a started program: its phase, ticket, and whether it is waiting
+        claimed, finished, progress = [0] * len(phases), [0] * len(phases), 0
+        runs = [[0] * p.tiles for p in phases]
+        parts = [[0] * columns for _ in phases]  # parts written, parts counted, reductions run
+        counted, reduced = [[0] * columns for _ in phases], [[0] * columns for _ in phases]
+        state = [None] * programs  # a started program: its phase, ticket, next ticket, and its step
 
         def take(ph, claimed=claimed):
             claimed[ph] += 1
             return claimed[ph] - 1
 
-        while any(s is None or s["phase"] < len(tiles) for s in state):
+        while any(s is None or s["phase"] < len(phases) for s in state):
             i = rng.randrange(programs)
             if state[i] is None:  # not resident yet
                 if i == 0 or rng.random() < 0.05:
-                    state[i] = dict(phase=progress, ticket=take(progress) if progress < len(tiles) else 0, waits=False)
+                    ticket = take(progress) if progress < len(phases) else 0
+                    state[i] = dict(phase=progress, ticket=ticket, following=None, step="start")
                     late += progress > 0
                 continue
             s = state[i]
             ph = s["phase"]
-            if ph == len(tiles):
+            if ph == len(phases):
                 continue
-            if s["waits"]:  # the wait (the acquire)
-                if finished[ph] == tiles[ph]:
+            tile = s["ticket"]
+            if s["step"] == "wait":  # the wait (the acquire)
+                if finished[ph] == phases[ph].tiles:
                     assert all(r == 1 for r in runs[ph])
+                    assert splits[ph] == 0 or reduced[ph] == [1] * columns
                     progress = max(progress, ph + 1) if i == 0 else progress
-                    s["phase"], s["waits"] = ph + 1, False
-            elif s["ticket"] < tiles[ph]:  # a tile: the phase before is complete, so its inputs are
-                assert ph == 0 or finished[ph - 1] == tiles[ph - 1]
-                runs[ph][s["ticket"]] += 1
+                    s["phase"], s["step"] = ph + 1, "start"
+            elif s["step"] == "start" and tile < phases[ph].tiles:  # the inputs are there: the phase before is done
+                assert ph == 0 or finished[ph - 1] == phases[ph - 1].tiles
+                s["following"] = take(ph)
+                runs[ph][tile] += 1
+                if splits[ph]:
+                    parts[ph][tile % columns] += 1
+                s["step"] = "count" if splits[ph] else "finish"
+            elif s["step"] == "count":  # a part of the column block counted; the last one reduces it
+                column = tile % columns
+                counted[ph][column] += 1
+                if counted[ph][column] == splits[ph]:
+                    assert parts[ph][column] == splits[ph] and reduced[ph][column] == 0
+                    reduced[ph][column] += 1
+                s["step"] = "finish"
+            elif s["step"] == "finish":
                 finished[ph] += 1
-                s["ticket"] = take(ph)
+                s["ticket"], s["step"] = s["following"], "start"
             else:  # out of tiles: the next phase's ticket, then the wait
-                s["ticket"] = take(ph + 1) if ph + 1 < len(tiles) else 0
-                s["waits"] = True
+                s["ticket"] = take(ph + 1) if ph + 1 < len(phases) else 0
+                s["step"] = "wait"
         assert all(r == [1] * len(r) for r in runs)
     assert late > 20  # (programs did start past the first phase)
 
