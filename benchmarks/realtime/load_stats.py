@@ -23,6 +23,11 @@ PREEMPT = re.compile(r"^(\w*preempt\w*)(\{[^}]*\})?\s+([0-9.eE+-]+)$", re.MULTIL
 # ran and skipped (under prefix pages), prompt tokens taken from prefix pages, KV preemptions
 ENGINE = re.compile(r"^omniwalk_engine(?:_events_total)?\{([^}]*)\}\s+([0-9.eE+-]+)$", re.MULTILINE)
 LABEL = re.compile(r'(\w+)="([^"]*)"')
+# omniwalk's time to a first output by phase (sum and count per phase): "inbox" (waiting for the engine
+# process's step loop), "add" (the request's processing in that loop: chat template, tokens, prompt, keys)
+PHASE = re.compile(
+    r'^omniwalk_first_output_phase_seconds_(sum|count)\{[^}]*phase="(\w+)"[^}]*\}\s+([0-9.eE+-]+)$', re.M
+)
 ENGINE_COUNTS = (
     "audio_encoder_items_encoded",
     "audio_encoder_items_skipped",
@@ -69,6 +74,15 @@ def engine_counts(text: str) -> dict[str, float]:
             counts[key] += float(value)
             found = True
     return counts if found else {}
+
+
+def phase_totals(text: str) -> dict[str, tuple[float, float]]:
+    """omniwalk's first-output phases in its /metrics ``text``: phase -> (seconds, requests), summed over
+    replicas; none from another server."""
+    totals: dict[str, list[float]] = {}
+    for kind, phase, value in PHASE.findall(text):
+        totals.setdefault(phase, [0.0, 0.0])[kind == "count"] += float(value)
+    return {phase: (seconds, count) for phase, (seconds, count) in totals.items()}
 
 
 def cpu_seconds(pid: int) -> float:

@@ -12,11 +12,13 @@ from the moment the last chunk holding speech was sent: ``vad_ms`` to
 it), ``first_audio_ms`` to the first ``response.output_audio.delta``, ``answer_ms`` between the two
 (the server's share), the answer's playback ``underruns`` (``load_stats.py``), and whether the VAD
 split the turn at its pause (an answer came before the turn was said: ``split``). Per cell (a
-session count): discarded preemptive answers (the server's /metrics, where it counts them), omniwalk's
-engine counters (recordings encoded and skipped under prefix pages, prefix tokens taken, KV preemptions) and,
-with ``--server-pid``, the HTTP process's CPU per session. Answers are bounded (``--max-tokens``;
-``--audio-frames``, 0 = the server's speech cap) so that random weights give turns of equal work. One
-session's ``--warmup-turns`` go first, unmeasured. Writes ``--out`` (JSON) and the table beside it (.md).
+session count): discarded preemptive answers (the server's /metrics, where it counts them), omniwalk's engine
+counters (recordings encoded and skipped under prefix pages, prefix tokens taken, KV preemptions), the mean
+time a request waited for the engine's step loop and its processing took in it (``inbox_ms_mean``,
+``add_ms_mean``: omniwalk's first-output phases) and, with ``--server-pid``, the HTTP process's CPU per
+session. Answers are bounded (``--max-tokens``; ``--audio-frames``, 0 = the server's speech cap) so that
+random weights give turns of equal work. One session's ``--warmup-turns`` go first, unmeasured. Writes
+``--out`` (JSON) and the table beside it (.md).
 """
 
 from __future__ import annotations
@@ -34,13 +36,22 @@ import openai
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1])]  # benchmarks/
 from harness import markdown_table  # noqa: E402
-from load_stats import cpu_seconds, discarded_preemptions, engine_counts, metrics_text, summary, underruns  # noqa: E402
+from load_stats import (  # noqa: E402
+    cpu_seconds,
+    discarded_preemptions,
+    engine_counts,
+    metrics_text,
+    phase_totals,
+    summary,
+    underruns,
+)
 from speech_turns import RATE, quiet, source, turn  # noqa: E402
 
 CHUNK_S = 0.1
 COLUMNS = ["sessions", "turns", "vad_p50_ms", "first_audio_p50_ms", "first_audio_p90_ms", "answer_p50_ms"]
 COLUMNS += ["underruns_per_answer", "answers_underrun", "split_turns", "discarded_preemptions"]
-COLUMNS += ["error_turns", "http_cpu_pct_per_session", "audio_items_encoded_skipped", "answer_p50_ms_by_turn"]
+COLUMNS += ["error_turns", "http_cpu_pct_per_session", "inbox_ms_mean", "add_ms_mean", "audio_items_encoded_skipped"]
+COLUMNS += ["answer_p50_ms_by_turn"]
 
 
 def pcm16(samples: np.ndarray) -> bytes:
@@ -147,6 +158,7 @@ async def cell(client, args, n: int) -> dict:
     metrics_after = metrics_text(args.base_url, args.api_key)
     discarded, after = discarded_preemptions(metrics), discarded_preemptions(metrics_after)
     engine, engine_after = engine_counts(metrics), engine_counts(metrics_after)
+    phases, phases_after = phase_totals(metrics), phase_totals(metrics_after)
     stats = {key: summary([r[key] for r in records if r[key] is not None]) for key in ("vad_ms", "first_audio_ms")}
     stats["answer_ms"] = summary([r["answer_ms"] for r in records if r["answer_ms"] is not None])
     counts = [r["underruns"] for r in records]
@@ -163,10 +175,18 @@ async def cell(client, args, n: int) -> dict:
         "http_cpu_pct_per_session": None if cpu is None else 100 * (cpu_seconds(args.server_pid) - cpu) / wall / n,
         # (omniwalk: media items encoded and skipped, prefix tokens taken, KV preemptions, during the cell)
         "engine": {key: engine_after[key] - engine.get(key, 0.0) for key in engine_after},
+        # (omniwalk: mean ms a request waited for the engine's step loop, and its processing took in that loop)
+        **{f"{phase}_ms_mean": _phase_mean(phases, phases_after, phase) for phase in ("inbox", "add")},
         # (a median that grows from turn to turn: the server falls behind the sessions' turns)
         "answer_p50_ms_by_turn": [summary(values).get("p50") for values in by_turn],
         "records": records,
     }
+
+
+def _phase_mean(before: dict, after: dict, phase: str) -> float | None:
+    seconds, count = after.get(phase, (0.0, 0.0))
+    seconds, count = seconds - before.get(phase, (0.0, 0.0))[0], count - before.get(phase, (0.0, 0.0))[1]
+    return 1e3 * seconds / count if count else None
 
 
 def table(results: dict) -> str:

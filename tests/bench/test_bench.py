@@ -343,6 +343,7 @@ def test_every_session_answers_its_turn(run):
     assert cell["turns"] == SESSIONS and cell["error_turns"] == 0 and cell["http_cpu_pct_per_session"] > 0
     assert "discarded_preemptions" in cell  # (None where the server does not count them)
     assert cell["engine"]["audio_encoder_items_encoded"] >= SESSIONS  # (each turn's recording, at least)
+    assert cell["add_ms_mean"] > 0 and cell["inbox_ms_mean"] >= 0  # (every turn's answer had a first output)
     assert cell["answer_p50_ms_by_turn"] == [cell["answer_ms"]["p50"]]  # (one turn: the cell's own median)
     assert data["args"]["speech"] in ("espeak-ng", "synthetic")
 
