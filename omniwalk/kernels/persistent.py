@@ -217,11 +217,18 @@ def _attend(
 
 
 @triton.jit
-def _prefetch_l2(prefetch_ptr, ph, THREADS: tl.constexpr):
-    """This program's share of the bytes phase ``ph`` + 1 reads from weights (``prefetch`` [phases, 2]:
-    address, bytes), asked into L2 now (one bulk prefetch per thread): the next phase then reads L2."""
-    base = tl.load(prefetch_ptr + 2 * ph)
-    nbytes = tl.load(prefetch_ptr + 2 * ph + 1)
+def _row(table_ptr, prefetch_ptr, ph):
+    """Phase ``ph``'s row of the table (op, tiles, layer, group, position) and of ``prefetch``: read while the
+    phase before completes, so that none of it is a load after the wait."""
+    entry = table_ptr + ph * _COLUMNS
+    row = (tl.load(entry), tl.load(entry + 1), tl.load(entry + 2), tl.load(entry + 3), tl.load(entry + 4))
+    return row + (tl.load(prefetch_ptr + 2 * ph), tl.load(prefetch_ptr + 2 * ph + 1))
+
+
+@triton.jit
+def _prefetch_l2(base, nbytes, THREADS: tl.constexpr):
+    """This program's share of ``nbytes`` from ``base`` (what the next phase reads from weights: the
+    ``prefetch`` table), asked into L2 now (one bulk prefetch per thread): the next phase then reads L2."""
     programs = tl.num_programs(0)
     share = ((nbytes + programs - 1) // programs + 15) // 16 * 16
     chunk = ((share + THREADS - 1) // THREADS + 15) // 16 * 16
@@ -314,17 +321,13 @@ def code_predictor_frame(
     tile = num_phases * 0  # (a ticket of phase ph: taken here, then while the phase before completes)
     if ph < num_phases:
         tile = tl.atomic_add(counters_ptr + stride * ph, 1, sem="relaxed")
+    first = tl.minimum(ph, num_phases - 1)
+    op, tiles, layer, group, position, fetch_at, fetch_bytes = _row(table_ptr, prefetch_ptr, first)
     while ph < num_phases:
-        entry = table_ptr + ph * _COLUMNS
-        op = tl.load(entry)
-        tiles = tl.load(entry + 1)
-        layer = tl.load(entry + 2)
-        group = tl.load(entry + 3)
-        position = tl.load(entry + 4)
         tokens = tl.where(position == 1, 2, 1)
         rows_ok = r < batch * tokens
         if PREFETCH:
-            _prefetch_l2(prefetch_ptr, ph, 32 * WARPS)
+            _prefetch_l2(fetch_at, fetch_bytes, 32 * WARPS)
         claimed = counters_ptr + stride * ph
         finished = claimed + 1
         while tile < tiles:
@@ -483,12 +486,14 @@ def code_predictor_frame(
             tile = following
         if ph + 1 < num_phases:  # the next phase's ticket, while this one completes
             tile = tl.atomic_add(claimed + stride, 1, sem="relaxed")
+        following_row = _row(table_ptr, prefetch_ptr, tl.minimum(ph + 1, num_phases - 1))
         done = tl.atomic_add(finished, 0, sem="acquire")
         while done < tiles:
             done = tl.atomic_add(finished, 0, sem="acquire")
         tl.debug_barrier()
         if tl.program_id(0) == 0:
             tl.atomic_max(progress, ph + 1, sem="release")
+        op, tiles, layer, group, position, fetch_at, fetch_bytes = following_row
         ph += 1
 
 
