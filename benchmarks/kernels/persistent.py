@@ -1,12 +1,12 @@
 """The code predictor's frame: the layered fused kernels vs the persistent kernel (``kernels/persistent.py``).
 
-    PYTHONPATH=. python benchmarks/kernels/persistent.py --out DIR [--batches 1,2,4] [--programs 0.5,1,2,3]
+    PYTHONPATH=. python benchmarks/kernels/persistent.py --out DIR [--batches 1,2,4] [--programs 0.5,1,2]
 
 Full-size code predictor (the packaged Qwen3-Omni config), random bf16 weights on the GPU, sampled draws
 as served (temperature 1, top-k 50, top-p 0.8). Per batch B: microseconds per frame replayed from a CUDA
 graph of 8 frames, the layered path and the persistent kernel at each ``--programs`` (programs per SM),
-the best of those without its L2 prefetch of the next phase's weights, and the frame's weight-read floor
-(bytes it reads at the measured copy rate). Writes persistent.json/.md.
+the best of those without its tiles' L2 prefetch of their weights (before they wait), and the frame's
+weight-read floor (bytes it reads at the measured copy rate). Writes persistent.json/.md.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parents[i]) for i in (2, 1)]  # the repository root, benchmarks/
 from harness import graph_call_us, int_list, machine, markdown_table, write_report  # noqa: E402
 
-from omniwalk.kernels.persistent_schedule import OPS  # noqa: E402
 from omniwalk.layers.decoder import use_kernels  # noqa: E402
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig  # noqa: E402
 from omniwalk.models.qwen3_omni.checkpoint.tiny import PRESETS, load_config_dict  # noqa: E402
@@ -36,7 +35,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--batches", type=int_list, default=[1, 2, 4])
-    p.add_argument("--programs", type=float_list, default=[0.5, 1, 2, 3], help="programs per SM")
+    p.add_argument("--programs", type=float_list, default=[0.5, 1, 2], help="programs per SM")
     args = p.parse_args()
     cfg = Qwen3OmniConfig.from_hf(load_config_dict(PRESETS["qwen3-omni-30b-a3b"])).talker
     with torch.device("cuda"):
@@ -70,40 +69,13 @@ def main() -> None:
             cp.persistent.programs, cp.persistent.prefetches = max(1, round(best * sms)), False
             cell["no_prefetch_us"] = graph_call_us(lambda i: cp.persistent(h, c, params), 8)  # noqa: B023
             cp.persistent.prefetches = True
-            cp.persistent.programs = max(1, round(best * sms))
-            if batch == args.batches[0]:
-                data["phases"] = _phase_costs(cp.persistent, h, c, params, batch)
         rows.append([batch, layered, *cell["persistent_us"].values(), best, cell["no_prefetch_us"], floor_us])
         print(f"B={batch}: layered {layered:.0f} us, persistent per SM {cell['persistent_us']}, floor {floor_us:.0f}")
         data["cells"].append(cell)
     per_sm = [f"persistent, {x:g}/SM (us)" for x in args.programs]
     headers = ["B", "layered (us)", *per_sm, "best /SM", "best, no L2 prefetch (us)", "floor (us)"]
     note = f"{data['machine']['device']}, copy {copy_gbs:.0f} GB/s, {frame_bytes / 1e6:.0f} MB of weights a frame"
-    phases = markdown_table(
-        [f"phases of one op (B = {args.batches[0]})", "count", "us a frame", "us a phase"],
-        [[op, *v] for op, v in data["phases"].items()],
-    )
-    write_report(args.out, "persistent", data, f"{note}\n\n{markdown_table(headers, rows)}\n\n{phases}")
-
-
-def _phase_costs(kernel, h, c, params, batch: int) -> dict:
-    """Where a frame's time goes: the kernel run on its schedule's phases of one op only (what they compute
-    is not used; no L2 prefetch), and on every phase with no tiles (the cost of the counters alone)."""
-    table, prefetch = kernel.tables[batch], kernel.prefetch
-    costs = {}
-    for name, keep in [*[(op, table[:, 0] == i) for i, op in enumerate(OPS)], ("no tiles", None)]:
-        if keep is None:
-            kernel.tables[batch] = table.clone()
-            kernel.tables[batch][:, 1] = 0
-        else:
-            kernel.tables[batch], kernel.prefetch = table[keep].contiguous(), torch.zeros_like(prefetch[keep])
-        count = kernel.tables[batch].shape[0]
-        with torch.no_grad():
-            us = graph_call_us(lambda i: kernel(h, c, params), 8)
-        costs[name] = (count, us, us / count)
-        kernel.tables[batch], kernel.prefetch = table, prefetch
-        print(f"  {name}: {count} phases, {us:.0f} us, {us / count:.2f} us a phase")
-    return costs
+    write_report(args.out, "persistent", data, f"{note}\n\n{markdown_table(headers, rows)}")
 
 
 def _params(batch: int, vocab: int) -> BatchParams:

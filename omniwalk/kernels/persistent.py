@@ -1,10 +1,10 @@
-"""The code predictor's frame in one launch: a persistent kernel that runs a schedule of phases.
+"""The code predictor's frame in one launch: a persistent kernel that runs a schedule of tiles.
 
 A talker frame draws codec groups 1..G-1 with G-1 passes of the code predictor (a small dense
 decoder: 5 layers at full size), each pass a chain of small dependent steps; launched one kernel
 a step, a frame is ~760 kernels whose launch, ramp and tail cost far more than their bytes. Here
-one launch walks the whole frame. The work is a **schedule** (``Schedule``, built on the host for a
-batch size): a list of phases, each one op over a number of tiles (``OPS``):
+one launch walks the whole frame. The work is a **schedule** (``persistent_schedule.Schedule``, built
+on the host for a batch size): steps, each one op over a number of tiles (``OPS``):
 
     QKV      columns of the merged q/k/v projection of the input-normed residual rows
     ATTN     (request, kv head): q/k norm + rope, K/V stored at the pass's positions, attention
@@ -14,18 +14,18 @@ batch size): a list of phases, each one op over a number of tiles (``OPS``):
     HEAD     columns of the group's head over the final norm of each request's last token row
     SAMPLE   a request: its code drawn (``kernels/sampling.py``'s steps), its embedding the next input
 
-A phase reads only what earlier phases wrote and its tiles write disjoint parts (``Schedule.check``
-proves it from each op's declared reads and writes). The kernel runs ``programs`` programs; in each
-phase they claim tiles from a counter in global memory (an atomic increment; a program takes its next
-ticket as it starts a tile), count finished tiles in a second one (a release), and wait until that count
-reaches the phase's tiles (an acquire) before the next phase; a program takes its ticket of the next
-phase before that wait (off the path from one phase to the next), and the first program records each
-completed phase in a third counter. Claiming, not a fixed split, means no program waits for a program
-that has not started: the kernel finishes even where not all its programs fit on the GPU at once
-(another stream's kernels), and a program that starts late begins at the last phase recorded complete.
-The residual stream is one buffer: OUT's and DOWN's tiles count the parts of each column block they
-write, and the tile that writes a block's last part adds them all to the residual's block, so a norm's
-phase reads the residual alone.
+The frame's tiles are one sequence; the kernel's programs claim them in order from one counter (a
+program takes its next ticket as it starts a tile). A tile loads its weights, then waits for the
+counters of the earlier step it reads (``Schedule.waits``: e.g. an attention tile for the QKV tiles of
+its kv head's columns, a DOWN tile for the GATE_UP tiles of its inputs), runs, and counts itself in a
+counter of its own step (``Schedule.signals``, a release); the waits are acquires. No barrier between
+steps: a tile starts as soon as what it reads is written, and its weights' loads are in flight while it
+waits. A tile waits only for tiles numbered before it, all claimed by running programs, so the kernel
+finishes even where not all its programs fit on the GPU at once (another stream's kernels): a program
+that starts late claims the next tile. The residual stream is one buffer: OUT's and DOWN's tiles count
+the parts of each column block they write, and the tile that counts a block's last part adds them all
+to the residual's block and counts the block reduced. ``Schedule.check`` proves from each tile's
+declared reads and writes that the waits order every access as the frame run step by step would.
 Activations written inside the kernel are read with ``.cg`` loads (past the SM's L1, which other SMs'
 writes do not update).
 
@@ -45,6 +45,7 @@ from omniwalk.kernels.persistent_schedule import (
     ATTN,
     BLOCK_N,
     COLUMNS,
+    DONE,
     DOWN,
     GATE_UP,
     HEAD,
@@ -55,14 +56,22 @@ from omniwalk.kernels.persistent_schedule import (
     SAMPLE,
     Schedule,
     Shape,
-    blocks_of,
 )
-from omniwalk.kernels.sampling import front, perturb, top_k_top_p
+from omniwalk.kernels.sampling import pick
 
 # (the kernel's copies of the schedule's constants)
 _QKV, _ATTN, _OUT, _GATE_UP, _HEAD, _SAMPLE = (tl.constexpr(v) for v in (QKV, ATTN, OUT, GATE_UP, HEAD, SAMPLE))
-_COLUMNS, _BLOCK_N, _ROWS = tl.constexpr(COLUMNS), tl.constexpr(BLOCK_N), tl.constexpr(ROWS)
+_COLUMNS, _BLOCK_N, _ROWS, _DONE = tl.constexpr(COLUMNS), tl.constexpr(BLOCK_N), tl.constexpr(ROWS), tl.constexpr(DONE)
 _NORM_K = tl.constexpr(NORM_K)
+
+
+@triton.jit
+def _weights(w_ptr, n0, N: tl.constexpr, K: tl.constexpr, k0, BLOCK_K: tl.constexpr):
+    """Columns n0.. of w [N, K] over inputs k0 .. k0 + BLOCK_K: a tile [BLOCK_N, BLOCK_K] (loaded before the
+    tile waits: weights depend on nothing the kernel writes)."""
+    nn = n0 + tl.arange(0, _BLOCK_N)
+    ks = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(w_ptr + nn[:, None] * K + ks[None, :], mask=(nn < N)[:, None] & (ks < K)[None, :], other=0.0)
 
 
 @triton.jit
@@ -113,18 +122,23 @@ def _normed_product(
 
 
 @triton.jit
-def _split_product(x_ptr, rows_ok, w_ptr, n0, k0, N: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Rows of x [*, K] times columns n0.. of w [N, K] over inputs k0 .. k0 + BLOCK_K: a partial sum, fp32
-    [ROWS, BLOCK_N]."""
-    r = tl.arange(0, _ROWS)
-    nn = n0 + tl.arange(0, _BLOCK_N)
-    ks = k0 + tl.arange(0, BLOCK_K)
-    k_ok = ks < K
-    x = tl.load(
-        x_ptr + r[:, None] * K + ks[None, :], mask=rows_ok[:, None] & k_ok[None, :], other=0.0, cache_modifier=".cg"
-    )
-    w = tl.load(w_ptr + nn[:, None] * K + ks[None, :], mask=(nn < N)[:, None] & k_ok[None, :], other=0.0)
-    return tl.dot(x.to(w.dtype), tl.trans(w))
+def _prefetch_rows(w_ptr, n0, N: tl.constexpr, K: tl.constexpr, ON: tl.constexpr):
+    """Rows n0 .. n0 + BLOCK_N of w [N, K] (contiguous) asked into L2, one 128-byte line a thread at a time:
+    issued before the tile waits, so that its loads after the wait read L2 (``ON``: not in Triton's
+    interpreter, which has no PTX)."""
+    if ON:
+        size: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
+        lines: tl.constexpr = _BLOCK_N * K * size // 128
+        offsets = tl.arange(0, lines) * (128 // size)
+        ok = (offsets < (N - n0) * K).to(tl.int32)
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+            "=r,l,r",
+            [w_ptr + n0 * K + offsets, ok],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
 
 
 @triton.jit
@@ -141,6 +155,37 @@ def _reduce(h_ptr, part_ptr, column, rows_ok, SPLITS: tl.constexpr, HIDDEN: tl.c
         total += tl.load(part_ptr + k * _ROWS * HIDDEN + at, mask=mask, other=0.0, cache_modifier=".cg")
     x = tl.load(h_ptr + at, mask=mask, other=0.0, cache_modifier=".cg")
     tl.store(h_ptr + at, (x.to(tl.float32) + total.to(dt).to(tl.float32)).to(dt), mask=mask)
+
+
+@triton.jit
+def _wait(counter_ptr, count):
+    """Until the counter reaches ``count`` (acquire loads: what was counted is then visible)."""
+    seen = tl.atomic_add(counter_ptr, 0, sem="acquire")
+    while seen < count:
+        seen = tl.atomic_add(counter_ptr, 0, sem="acquire")
+    tl.debug_barrier()  # (every thread's loads after the wait)
+
+
+@triton.jit
+def _signal(counter_ptr):
+    tl.debug_barrier()  # (every thread's stores issued before the count says they are done)
+    tl.atomic_add(counter_ptr, 1, sem="release")
+
+
+@triton.jit
+def _row(table_ptr, step):
+    """Step ``step``'s row of the table: op, tiles, layer, group, position, first tile, producer, need."""
+    entry = table_ptr + step * _COLUMNS
+    return (
+        tl.load(entry),
+        tl.load(entry + 1),
+        tl.load(entry + 2),
+        tl.load(entry + 3),
+        tl.load(entry + 4),
+        tl.load(entry + 5),
+        tl.load(entry + 6),
+        tl.load(entry + 7),
+    )
 
 
 @triton.jit
@@ -216,40 +261,11 @@ def _attend(
         tl.store(attn_ptr + row * HEADS * HEAD_DIM + q_at + d[None, :], out.to(dt))
 
 
-@triton.jit
-def _row(table_ptr, prefetch_ptr, ph):
-    """Phase ``ph``'s row of the table (op, tiles, layer, group, position) and of ``prefetch``: read while the
-    phase before completes, so that none of it is a load after the wait."""
-    entry = table_ptr + ph * _COLUMNS
-    row = (tl.load(entry), tl.load(entry + 1), tl.load(entry + 2), tl.load(entry + 3), tl.load(entry + 4))
-    return row + (tl.load(prefetch_ptr + 2 * ph), tl.load(prefetch_ptr + 2 * ph + 1))
-
-
-@triton.jit
-def _prefetch_l2(base, nbytes, THREADS: tl.constexpr):
-    """This program's share of ``nbytes`` from ``base`` (what the next phase reads from weights: the
-    ``prefetch`` table), asked into L2 now (one bulk prefetch per thread): the next phase then reads L2."""
-    programs = tl.num_programs(0)
-    share = ((nbytes + programs - 1) // programs + 15) // 16 * 16
-    chunk = ((share + THREADS - 1) // THREADS + 15) // 16 * 16
-    start = tl.program_id(0) * share + tl.arange(0, THREADS) * chunk
-    end = tl.minimum(tl.minimum(start + chunk, (tl.program_id(0) + 1) * share), nbytes)
-    size = tl.maximum(end - start, 0).to(tl.int32)
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r",
-        [base + start, size],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
-
-
-@triton.jit(do_not_specialize=["num_phases", "batch", "flags"])
+@triton.jit(do_not_specialize=["num_tiles", "batch", "flags"])
 def code_predictor_frame(
     table_ptr,
-    prefetch_ptr,
-    num_phases,
+    num_steps,
+    num_tiles,
     counters_ptr,
     in_norm_ptr,
     qkv_w_ptr,
@@ -299,206 +315,160 @@ def code_predictor_frame(
     VOCAB: tl.constexpr,
     GROUPS: tl.constexpr,
     CAPACITY: tl.constexpr,
+    COUNTERS: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_H: tl.constexpr,
     CANDIDATES: tl.constexpr,
     PREFETCH: tl.constexpr,
-    WARPS: tl.constexpr,
 ):
     dt = qkv_w_ptr.dtype.element_ty
+    group_heads: tl.constexpr = HEADS // KV_HEADS
     qkv_width: tl.constexpr = (HEADS + 2 * KV_HEADS) * HEAD_DIM
     attn_width: tl.constexpr = HEADS * HEAD_DIM
     hidden_blocks: tl.constexpr = (HIDDEN + _BLOCK_N - 1) // _BLOCK_N
     out_splits: tl.constexpr = (attn_width + BLOCK_K - 1) // BLOCK_K
     down_splits: tl.constexpr = (INTERMEDIATE + BLOCK_K - 1) // BLOCK_K
-    stride: tl.constexpr = 2 + hidden_blocks  # a phase's counters: claimed, finished, one per column block
+    gate_up_tiles: tl.constexpr = (INTERMEDIATE + _BLOCK_N - 1) // _BLOCK_N
+    split_tiles: tl.constexpr = BLOCK_K // _BLOCK_N  # GATE_UP tiles whose columns are one DOWN split's inputs
+    qkv_group_tiles: tl.constexpr = (group_heads + 2) * HEAD_DIM // _BLOCK_N  # QKV tiles of one kv head
     part_size: tl.constexpr = _ROWS * HIDDEN  # (one split's partial sums)
+    sampling = (temperature_ptr, penalty_ptr, seen_ptr, seen_stride, banned_ptr, banned_stride, allowed_ptr)
+    sampling += (allowed_stride, top_k_ptr, top_p_ptr, sampled_ptr, seeds_ptr, steps_ptr)  # (``sampling.pick``'s)
     r = tl.arange(0, _ROWS)
     nn = tl.arange(0, _BLOCK_N)
-    progress = counters_ptr + stride * num_phases  # phases completed (a program that starts late begins there)
-    ph = tl.atomic_add(progress, 0, sem="acquire")
-    tile = num_phases * 0  # (a ticket of phase ph: taken here, then while the phase before completes)
-    if ph < num_phases:
-        tile = tl.atomic_add(counters_ptr + stride * ph, 1, sem="relaxed")
-    first = tl.minimum(ph, num_phases - 1)
-    op, tiles, layer, group, position, fetch_at, fetch_bytes = _row(table_ptr, prefetch_ptr, first)
-    while ph < num_phases:
+    claim = counters_ptr + num_steps * COUNTERS  # the frame's tiles, claimed in order
+    ticket = tl.atomic_add(claim, 1, sem="relaxed")
+    step = 0
+    op, tiles, layer, group, position, first, producer, need = _row(table_ptr, 0)
+    while ticket < num_tiles:
+        following = tl.atomic_add(claim, 1, sem="relaxed")  # (the next ticket, taken while this tile runs)
+        while ticket >= first + tiles:  # (the ticket's step: tickets only grow, so a program walks forward)
+            step += 1
+            op, tiles, layer, group, position, first, producer, need = _row(table_ptr, step)
+        tile = ticket - first
+        mine = counters_ptr + step * COUNTERS
+        theirs = counters_ptr + producer * COUNTERS
         tokens = tl.where(position == 1, 2, 1)
         rows_ok = r < batch * tokens
-        if PREFETCH:
-            _prefetch_l2(fetch_at, fetch_bytes, 32 * WARPS)
-        claimed = counters_ptr + stride * ph
-        finished = claimed + 1
-        while tile < tiles:
-            following = tl.atomic_add(claimed, 1, sem="relaxed")  # (the next ticket, taken while this tile runs)
-            n0 = tile * _BLOCK_N
-            if op == _QKV:
-                acc, _ = _normed_product(
-                    h_ptr,
-                    r,
-                    rows_ok,
-                    eps,
-                    in_norm_ptr + layer * HIDDEN,
-                    qkv_w_ptr + layer * qkv_width * HIDDEN,
-                    qkv_w_ptr,
-                    n0,
-                    qkv_width,
-                    HIDDEN,
-                    False,
-                    BLOCK_H,
+        n0 = tile * _BLOCK_N
+        if op == _QKV:
+            w_qkv = qkv_w_ptr + layer * qkv_width * HIDDEN
+            _prefetch_rows(w_qkv, n0, qkv_width, HIDDEN, PREFETCH)
+            if producer >= 0:
+                _wait(theirs + _DONE, need)
+            norm = in_norm_ptr + layer * HIDDEN
+            acc, _ = _normed_product(h_ptr, r, rows_ok, eps, norm, w_qkv, w_qkv, n0, qkv_width, HIDDEN, False, BLOCK_H)
+            out = qkv_ptr + r[:, None] * qkv_width + (n0 + nn)[None, :]
+            tl.store(out, acc.to(dt), mask=rows_ok[:, None] & ((n0 + nn) < qkv_width)[None, :])
+            head = n0 // HEAD_DIM  # (q heads, then k heads, then v heads)
+            kv_head = tl.where(head < HEADS, head // group_heads, (head - HEADS) % KV_HEADS)
+            _signal(mine + 1 + kv_head)
+        elif op == _ATTN:
+            j = tile % KV_HEADS
+            _wait(theirs + 1 + j, qkv_group_tiles)
+            _attend(
+                qkv_ptr,
+                attn_ptr,
+                keys_ptr,
+                values_ptr,
+                q_norm_ptr + layer * HEAD_DIM,
+                k_norm_ptr + layer * HEAD_DIM,
+                cos_ptr,
+                sin_ptr,
+                tile,
+                layer,
+                position,
+                tokens,
+                batch,
+                eps,
+                scale,
+                HEADS,
+                KV_HEADS,
+                HEAD_DIM,
+                CAPACITY,
+            )
+            _signal(mine + 1 + j)
+        elif op == _GATE_UP:
+            w_gate = gate_up_w_ptr + layer * 2 * INTERMEDIATE * HIDDEN
+            w_up = w_gate + INTERMEDIATE * HIDDEN
+            _prefetch_rows(w_gate, n0, INTERMEDIATE, HIDDEN, PREFETCH)
+            _prefetch_rows(w_up, n0, INTERMEDIATE, HIDDEN, PREFETCH)
+            _wait(theirs + _DONE, need)
+            norm = post_norm_ptr + layer * HIDDEN
+            g, u = _normed_product(h_ptr, r, rows_ok, eps, norm, w_gate, w_up, n0, INTERMEDIATE, HIDDEN, True, BLOCK_H)
+            g = g.to(dt).to(tl.float32)
+            u = u.to(dt).to(tl.float32)
+            silu = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+            out = act_ptr + r[:, None] * INTERMEDIATE + (n0 + nn)[None, :]
+            tl.store(out, (silu * u).to(dt), mask=rows_ok[:, None] & ((n0 + nn) < INTERMEDIATE)[None, :])
+            _signal(mine + 1 + n0 // BLOCK_K)
+        elif op == _HEAD:
+            w_head = heads_ptr + group * VOCAB * HIDDEN
+            _prefetch_rows(w_head, n0, VOCAB, HIDDEN, PREFETCH)
+            _wait(theirs + _DONE, need)
+            last = r * tokens + tokens - 1
+            ok = r < batch
+            norm = final_norm_ptr
+            logits, _ = _normed_product(h_ptr, last, ok, eps, norm, w_head, w_head, n0, VOCAB, HIDDEN, False, BLOCK_H)
+            out = logits_ptr + r[:, None] * VOCAB + (n0 + nn)[None, :]
+            tl.store(out, logits.to(dt), mask=ok[:, None] & ((n0 + nn) < VOCAB)[None, :])
+            _signal(mine + _DONE)
+        elif op == _SAMPLE:
+            _wait(theirs + _DONE, need)
+            cols = tl.arange(0, BLOCK_V)
+            valid = cols < VOCAB
+            scores = tl.load(logits_ptr + tile * VOCAB + cols, mask=valid, other=float("-inf"), cache_modifier=".cg")
+            code = pick(scores.to(tl.float32), tile, cols, valid, VOCAB, flags, group, sampling, BLOCK_V, CANDIDATES)
+            tl.store(codes_ptr + tile * (GROUPS - 1) + group, code)
+            hh = tl.arange(0, BLOCK_H)
+            h_ok = hh < HIDDEN
+            e = tl.load(embeds_ptr + (group * VOCAB + code) * HIDDEN + hh, mask=h_ok, other=0.0)
+            running = tl.load(total_ptr + tile * HIDDEN + hh, mask=h_ok, other=0.0, cache_modifier=".cg")
+            tl.store(total_ptr + tile * HIDDEN + hh, (running.to(tl.float32) + e.to(tl.float32)).to(dt), mask=h_ok)
+            if group < GROUPS - 2:  # (the next pass's input: the request's residual row)
+                tl.store(h_ptr + tile * HIDDEN + hh, e, mask=h_ok)
+            _signal(mine + _DONE)
+        else:  # OUT, DOWN: a share of the output projection's inputs -> one partial sum of a column block
+            split = tile // hidden_blocks
+            column = tile % hidden_blocks
+            n0 = column * _BLOCK_N
+            k0 = split * BLOCK_K
+            ks = k0 + tl.arange(0, BLOCK_K)
+            if op == _OUT:
+                w_part = _weights(o_w_ptr + layer * HIDDEN * attn_width, n0, HIDDEN, attn_width, k0, BLOCK_K)
+                last_head = (tl.minimum(k0 + BLOCK_K, attn_width) - 1) // HEAD_DIM // group_heads
+                for j in range(k0 // HEAD_DIM // group_heads, last_head + 1):
+                    _wait(theirs + 1 + j, batch)
+                x_mask = rows_ok[:, None] & (ks < attn_width)[None, :]
+                x_part = tl.load(
+                    attn_ptr + r[:, None] * attn_width + ks[None, :], mask=x_mask, other=0.0, cache_modifier=".cg"
                 )
-                out = qkv_ptr + r[:, None] * qkv_width + (n0 + nn)[None, :]
-                tl.store(out, acc.to(dt), mask=rows_ok[:, None] & ((n0 + nn) < qkv_width)[None, :])
-            elif op == _ATTN:
-                _attend(
-                    qkv_ptr,
-                    attn_ptr,
-                    keys_ptr,
-                    values_ptr,
-                    q_norm_ptr + layer * HEAD_DIM,
-                    k_norm_ptr + layer * HEAD_DIM,
-                    cos_ptr,
-                    sin_ptr,
-                    tile,
-                    layer,
-                    position,
-                    tokens,
-                    batch,
-                    eps,
-                    scale,
-                    HEADS,
-                    KV_HEADS,
-                    HEAD_DIM,
-                    CAPACITY,
+            else:
+                w_part = _weights(down_w_ptr + layer * HIDDEN * INTERMEDIATE, n0, HIDDEN, INTERMEDIATE, k0, BLOCK_K)
+                _wait(theirs + 1 + split, tl.minimum(split_tiles, gate_up_tiles - split * split_tiles))
+                x_mask = rows_ok[:, None] & (ks < INTERMEDIATE)[None, :]
+                x_part = tl.load(
+                    act_ptr + r[:, None] * INTERMEDIATE + ks[None, :], mask=x_mask, other=0.0, cache_modifier=".cg"
                 )
-            elif op == _GATE_UP:
-                w = gate_up_w_ptr + layer * 2 * INTERMEDIATE * HIDDEN
-                g, u = _normed_product(
-                    h_ptr,
-                    r,
-                    rows_ok,
-                    eps,
-                    post_norm_ptr + layer * HIDDEN,
-                    w,
-                    w + INTERMEDIATE * HIDDEN,
-                    n0,
-                    INTERMEDIATE,
-                    HIDDEN,
-                    True,
-                    BLOCK_H,
-                )
-                g = g.to(dt).to(tl.float32)
-                silu = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
-                out = act_ptr + r[:, None] * INTERMEDIATE + (n0 + nn)[None, :]
-                mask = rows_ok[:, None] & ((n0 + nn) < INTERMEDIATE)[None, :]
-                tl.store(out, (silu * u.to(dt).to(tl.float32)).to(dt), mask=mask)
-            elif op == _HEAD:
-                last = r * tokens + tokens - 1
-                ok = r < batch
-                acc, _ = _normed_product(
-                    h_ptr,
-                    last,
-                    ok,
-                    eps,
-                    final_norm_ptr,
-                    heads_ptr + group * VOCAB * HIDDEN,
-                    heads_ptr,
-                    n0,
-                    VOCAB,
-                    HIDDEN,
-                    False,
-                    BLOCK_H,
-                )
-                out = logits_ptr + r[:, None] * VOCAB + (n0 + nn)[None, :]
-                tl.store(out, acc.to(dt), mask=ok[:, None] & ((n0 + nn) < VOCAB)[None, :])
-            elif op == _SAMPLE:
-                cols = tl.arange(0, BLOCK_V)
-                valid = cols < VOCAB
-                x = tl.load(logits_ptr + tile * VOCAB + cols, mask=valid, other=float("-inf"), cache_modifier=".cg").to(
-                    tl.float32
-                )
-                x = front(
-                    x,
-                    tile,
-                    cols,
-                    valid,
-                    flags,
-                    temperature_ptr,
-                    penalty_ptr,
-                    seen_ptr,
-                    seen_stride,
-                    banned_ptr,
-                    banned_stride,
-                    allowed_ptr,
-                    allowed_stride,
-                )
-                if (flags & 4) != 0:
-                    x = top_k_top_p(x, tile, cols, VOCAB, top_k_ptr, top_p_ptr, BLOCK_V, CANDIDATES)
-                x = perturb(x, tile, cols, flags, group, sampled_ptr, seeds_ptr, steps_ptr)
-                code = tl.argmax(x, 0).to(tl.int64)
-                tl.store(codes_ptr + tile * (GROUPS - 1) + group, code)
-                hh = tl.arange(0, BLOCK_H)
-                h_ok = hh < HIDDEN
-                e = tl.load(embeds_ptr + (group * VOCAB + code) * HIDDEN + hh, mask=h_ok, other=0.0)
-                running = tl.load(total_ptr + tile * HIDDEN + hh, mask=h_ok, other=0.0, cache_modifier=".cg")
-                tl.store(total_ptr + tile * HIDDEN + hh, (running.to(tl.float32) + e.to(tl.float32)).to(dt), mask=h_ok)
-                if group < GROUPS - 2:  # (the next pass's input: the request's residual row)
-                    tl.store(h_ptr + tile * HIDDEN + hh, e, mask=h_ok)
-            else:  # OUT, DOWN: a share of the output projection's inputs -> one partial sum of a column block
-                split = tile // hidden_blocks
-                column = tile % hidden_blocks
-                n0 = column * _BLOCK_N
-                if op == _OUT:
-                    acc = _split_product(
-                        attn_ptr,
-                        rows_ok,
-                        o_w_ptr + layer * HIDDEN * attn_width,
-                        n0,
-                        split * BLOCK_K,
-                        HIDDEN,
-                        attn_width,
-                        BLOCK_K,
-                    )
-                else:
-                    acc = _split_product(
-                        act_ptr,
-                        rows_ok,
-                        down_w_ptr + layer * HIDDEN * INTERMEDIATE,
-                        n0,
-                        split * BLOCK_K,
-                        HIDDEN,
-                        INTERMEDIATE,
-                        BLOCK_K,
-                    )
-                out = part_ptr + split * part_size + r[:, None] * HIDDEN + (n0 + nn)[None, :]
-                tl.store(out, acc, mask=rows_ok[:, None] & ((n0 + nn) < HIDDEN)[None, :])
-                tl.debug_barrier()  # (every thread's stores issued before the count says the part is written)
-                added = tl.atomic_add(claimed + 2 + column, 1, sem="acq_rel")
-                tl.debug_barrier()
-                if op == _OUT:  # the block's last part written: the residual takes them all (this tile)
-                    if added == out_splits - 1:
-                        _reduce(h_ptr, part_ptr, column, rows_ok, out_splits, HIDDEN)
-                elif added == down_splits - 1:
-                    _reduce(h_ptr, part_ptr, column, rows_ok, down_splits, HIDDEN)
-            tl.debug_barrier()  # (every thread's stores issued before the count says the tile is done)
-            tl.atomic_add(finished, 1, sem="release")
-            tile = following
-        if ph + 1 < num_phases:  # the next phase's ticket, while this one completes
-            tile = tl.atomic_add(claimed + stride, 1, sem="relaxed")
-        following_row = _row(table_ptr, prefetch_ptr, tl.minimum(ph + 1, num_phases - 1))
-        done = tl.atomic_add(finished, 0, sem="acquire")
-        while done < tiles:
-            done = tl.atomic_add(finished, 0, sem="acquire")
-        tl.debug_barrier()
-        if tl.program_id(0) == 0:
-            tl.atomic_max(progress, ph + 1, sem="release")
-        op, tiles, layer, group, position, fetch_at, fetch_bytes = following_row
-        ph += 1
+            acc = tl.dot(x_part.to(w_part.dtype), tl.trans(w_part))
+            out = part_ptr + split * part_size + r[:, None] * HIDDEN + (n0 + nn)[None, :]
+            tl.store(out, acc, mask=rows_ok[:, None] & ((n0 + nn) < HIDDEN)[None, :])
+            tl.debug_barrier()  # (every thread's stores issued before the count says the part is written)
+            added = tl.atomic_add(mine + 1 + column, 1, sem="acq_rel")
+            tl.debug_barrier()
+            if op == _OUT:  # the block's last part written: the residual takes them all (this tile), then DONE
+                if added == out_splits - 1:
+                    _reduce(h_ptr, part_ptr, column, rows_ok, out_splits, HIDDEN)
+                    _signal(mine + _DONE)
+            elif added == down_splits - 1:
+                _reduce(h_ptr, part_ptr, column, rows_ok, down_splits, HIDDEN)
+                _signal(mine + _DONE)
+        ticket = following
 
 
 MAX_BATCH = 4  # frames of up to this many requests take the persistent kernel (more: the layered path)
-PROGRAMS_PER_SM = 2  # programs the kernel launches per SM on CUDA
+PROGRAMS_PER_SM = 1  # programs the kernel launches per SM on CUDA (its registers: one 8-warp program fits an SM)
 WARPS = 8  # warps of a program
 
 
@@ -542,23 +512,10 @@ class PersistentCodePredictor:
         self.cos, self.sin, self.capacity = cos.contiguous(), sin.contiguous(), capacity(cp.num_code_groups)
         self.schedules = {b: Schedule(self.shape(b)) for b in range(1, MAX_BATCH + 1)}
         self.tables = {b: s.table(self.device) for b, s in self.schedules.items()}
-        self.prefetch = self._prefetch_table(self.schedules[1])
         self.programs, self.prefetches = 1, False  # (Triton's interpreter: one program, no PTX)
         if self.device.type == "cuda" and not triton.knobs.runtime.interpret:
             self.programs = PROGRAMS_PER_SM * torch.cuda.get_device_properties(self.device).multi_processor_count
             self.prefetches = True
-
-    def _prefetch_table(self, schedule: Schedule) -> torch.Tensor:
-        """[phases, 2] int64: the address and bytes of the weights the phase after each one reads (the
-        batch size does not change them); none after the last, and none for ATTN and SAMPLE."""
-        reads = {QKV: self.qkv, OUT: self.o, GATE_UP: self.gate_up, DOWN: self.down}
-        rows = []
-        for phase in schedule.phases[1:]:
-            weights = reads.get(phase.op)
-            weights = weights[phase.layer] if weights is not None else None
-            weights = self.heads[phase.group] if phase.op == HEAD else weights
-            rows.append((0, 0) if weights is None else (weights.data_ptr(), weights.numel() * weights.element_size()))
-        return torch.tensor([*rows, (0, 0)], dtype=torch.int64, device=self.device)
 
     def __call__(self, talker_hidden: torch.Tensor, code0_embedding: torch.Tensor, params) -> tuple:
         """As ``CodePredictor.forward`` with draws by ``sampling.draw(logits, params, group - 1)``:
@@ -580,13 +537,14 @@ class PersistentCodePredictor:
         logits = torch.empty(batch, shape.vocab, dtype=dtype, device=device)
         codes = torch.empty(batch, shape.groups - 1, dtype=torch.long, device=device)
         total = torch.zeros(batch, hidden, dtype=dtype, device=device)
-        counters = torch.zeros(table.shape[0] + 1, 2 + blocks_of(hidden).stop, dtype=torch.int32, device=device)
+        schedule = self.schedules[batch]
+        counters = torch.zeros(len(schedule.steps) * shape.counters + 1, dtype=torch.int32, device=device)
         args, flags = _param_args(params, device, skip_front=False)
         block_v = 1 << (shape.vocab - 1).bit_length()
         code_predictor_frame[(self.programs,)](
             table,
-            self.prefetch,
-            table.shape[0],
+            len(schedule.steps),
+            schedule.num_tiles,
             counters,
             self.in_norm,
             self.qkv,
@@ -624,12 +582,12 @@ class PersistentCodePredictor:
             VOCAB=shape.vocab,
             GROUPS=shape.groups,
             CAPACITY=self.capacity,
+            COUNTERS=shape.counters,
             BLOCK_K=shape.block_k,
             BLOCK_V=block_v,
             BLOCK_H=1 << (hidden - 1).bit_length(),
             CANDIDATES=min(TOP_CANDIDATES, block_v),
             PREFETCH=self.prefetches,
-            WARPS=WARPS,
             num_warps=WARPS,
         )
         return codes, total

@@ -287,6 +287,18 @@ def draw_rows(
     cols = tl.arange(0, BLOCK)
     valid = cols < vocab
     x = tl.load(logits_ptr + row * logits_stride + cols, mask=valid, other=float("-inf")).to(tl.float32)
+    args = (temperature_ptr, penalty_ptr, seen_ptr, seen_stride, banned_ptr, banned_stride, allowed_ptr, allowed_stride)
+    args += (top_k_ptr, top_p_ptr, sampled_ptr, seeds_ptr, steps_ptr)
+    tl.store(out_ptr + row, pick(x, row, cols, valid, vocab, flags, step_offset, args, BLOCK, CANDIDATES))
+
+
+@triton.jit
+def pick(x, row, cols, valid, vocab, flags, step_offset, params, BLOCK: tl.constexpr, CANDIDATES: tl.constexpr):
+    """A row's fp32 scores ``x`` [BLOCK] -> its drawn id (int64): ``front``, top-k / top-p, the noise of a
+    sampled row, argmax (``sampling.draw``'s steps). ``params``: the parameters' pointers and strides, in
+    ``draw_rows``' order (temperature .. steps)."""
+    temperature_ptr, penalty_ptr, seen_ptr, seen_stride, banned_ptr, banned_stride, allowed_ptr = params[:7]
+    allowed_stride, top_k_ptr, top_p_ptr, sampled_ptr, seeds_ptr, steps_ptr = params[7:]
     x = front(
         x,
         row,
@@ -305,7 +317,7 @@ def draw_rows(
     if (flags & 4) != 0:
         x = top_k_top_p(x, row, cols, vocab, top_k_ptr, top_p_ptr, BLOCK, CANDIDATES)
     x = perturb(x, row, cols, flags, step_offset, sampled_ptr, seeds_ptr, steps_ptr)
-    tl.store(out_ptr + row, tl.argmax(x, 0).to(tl.int64))
+    return tl.argmax(x, 0).to(tl.int64)
 
 
 @triton.jit(do_not_specialize=["flags", "step_offset"])

@@ -7,10 +7,9 @@ reference makes: ~20% of q/k elements come out a bf16 step off on the H200. (The
 tests of ``test_fused_kernels.py`` assert the kernel bitwise equal to the reference.)
 
 The persistent code-predictor kernel at full size: it compiles (ptxas included), and the ordering its
-phases rely on is in its PTX: tiles counted finished and phases recorded with release semantics, the
-output projections' parts counted with acquire-release (the tile counting a block's last one adds them all), the
-counts read with acquire loads, activations read past L1 (``.cg``), the next phase's weights prefetched
-into L2."""
+tiles rely on is in its PTX: tiles counted done with release semantics, the output projections' parts
+counted with acquire-release (the tile counting a block's last one adds them all), the counts waited for
+with acquire loads, activations read past L1 (``.cg``)."""
 
 import os
 import subprocess
@@ -49,9 +48,9 @@ from omniwalk.kernels import persistent
 
 fn = persistent.code_predictor_frame
 consts = dict(HIDDEN=1024, HEADS=16, KV_HEADS=8, HEAD_DIM=128, INTERMEDIATE=3072, VOCAB=2048, GROUPS=16, CAPACITY=16)
-consts |= dict(BLOCK_K=256, BLOCK_V=2048, BLOCK_H=1024, CANDIDATES=64, PREFETCH=True, WARPS=persistent.WARPS)
+consts |= dict(COUNTERS=65, BLOCK_K=512, BLOCK_V=2048, BLOCK_H=1024, CANDIDATES=64, PREFETCH=True)
 types = {"table_ptr": "*i32", "counters_ptr": "*i32", "allowed_ptr": "*i32", "eps": "fp32", "scale": "fp32"}
-types |= {name: "*i64" for name in ("prefetch_ptr", "codes_ptr", "top_k_ptr", "seeds_ptr", "steps_ptr")}
+types |= {name: "*i64" for name in ("codes_ptr", "top_k_ptr", "seeds_ptr", "steps_ptr")}
 types |= {name: "*fp32" for name in ("temperature_ptr", "penalty_ptr", "top_p_ptr")}
 types |= {name: "*i1" for name in ("seen_ptr", "banned_ptr", "sampled_ptr")}
 default = lambda n: "*bf16" if n.endswith("_ptr") else "i32"
@@ -89,6 +88,5 @@ def test_the_persistent_kernel_compiles_with_its_ordering():
     ptx = _ptx("", script=PERSISTENT)
     assert "atom.global.gpu.release.add" in ptx  # a tile counted finished
     assert "atom.global.gpu.acq_rel.add" in ptx  # a column block's part counted (the last one reduces the block)
-    assert "atom.global.gpu.release.max" in ptx  # a phase recorded complete
     assert "ld.global.gpu.acquire" in ptx  # the counts waited for
-    assert "ld.global.cg" in ptx and "cp.async.bulk.prefetch.L2.global" in ptx
+    assert "ld.global.cg" in ptx and "prefetch.global.L2" in ptx  # (a tile's weights asked into L2 before its wait)

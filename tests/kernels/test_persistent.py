@@ -3,13 +3,14 @@ its reads and writes, its frame against ``CodePredictor.forward`` on the referen
 interpreter in fp32, every frame's codes equal), and on the GPU at full size in bf16 against the
 layered fast path (``gpu``: codes of 64 frames equal at B = 1, 2, 4)."""
 
+import dataclasses
 import random
 
 import pytest
 import torch
 from helpers.triton_cpu import CPU_ONLY
 
-from omniwalk.kernels.persistent_schedule import ATTN, DOWN, OUT, QKV, SAMPLE, Phase, Schedule, Shape, blocks_of
+from omniwalk.kernels.persistent_schedule import ATTN, DONE, DOWN, GATE_UP, OUT, SAMPLE, Schedule, Shape
 from omniwalk.layers.decoder import use_kernels
 from omniwalk.models.common.checkpoint.loader import randomize
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
@@ -19,126 +20,115 @@ from omniwalk.sampling import BatchParams, SamplerState, SamplingParams, draw_re
 
 SMALL = dict(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=96, vocab=64, groups=5)
 FULL = dict(layers=5, hidden=1024, heads=16, kv_heads=8, head_dim=128, intermediate=3072, vocab=2048, groups=16)
+SPLIT = dict(layers=2, hidden=64, heads=8, kv_heads=2, head_dim=16, intermediate=192, vocab=64, groups=4)
 
 
 @pytest.mark.parametrize(
-    "shape", [Shape(1, 2, 64, 4, 2, 16, 96, 64, 5), Shape(3, 2, 64, 4, 2, 16, 96, 64, 5), Shape(1, **FULL)]
+    "shape",
+    [Shape(1, **SMALL), Shape(3, **SMALL), Shape(2, **SPLIT), Shape(1, **{**FULL, "layers": 2, "groups": 3})],
 )
-def test_the_schedule_reads_only_what_earlier_phases_wrote(shape):
+def test_every_access_waits_for_what_it_reads_and_overwrites(shape):
+    """The model of the tiles' reads and writes, ordered by their waits: a tile reads only what was
+    written before it in the frame run step by step, after waiting for its writer, and overwrites nothing
+    a tile before it still reads (the last case: full-size widths, 2 layers and 2 passes)."""
     schedule = Schedule(shape)
     schedule.check()
-    ops = [p.op for p in schedule.phases]
+    ops = [step.op for step in schedule.steps]
     assert len(ops) == (shape.groups - 1) * (5 * shape.layers + 2) and ops.count(SAMPLE) == shape.groups - 1
-    assert [p.tokens for p in schedule.phases if p.op == SAMPLE] == [2] + [1] * (shape.groups - 2)
+    assert [step.tokens for step in schedule.steps if step.op == SAMPLE] == [2] + [1] * (shape.groups - 2)
+    assert schedule.num_tiles == sum(step.tiles for step in schedule.steps)
 
 
-def test_the_check_finds_a_schedule_without_its_barrier_or_its_writer():
-    """The model of the schedule is a real check: an attention merged into its projection's phase
-    (its rows read by the other tiles as they are written), a layer's attention skipped in an earlier
-    pass (its keys read where nothing stored them), or an output projection's column block reduced
-    with a part its tiles did not write, is refused."""
-    schedule = Schedule(Shape(2, 1, 64, 4, 2, 16, 96, 64, 4))
-    merged = Schedule(schedule.shape)
-    merged.regions = lambda phase, tile: _merged_regions(schedule, phase, tile)
-    with pytest.raises(ValueError, match="another tile writes"):
-        merged.check()
-    skipped = Schedule(schedule.shape)
-    first_attention = next(i for i, p in enumerate(skipped.phases) if p.op == ATTN)
-    del skipped.phases[first_attention]
-    with pytest.raises(ValueError, match="nothing wrote before it"):
+def test_the_check_finds_a_missing_or_wrong_wait():
+    """The check is a real one: an attention tile waiting for another kv head's QKV tiles, the MLP's
+    input waiting for nothing, a layer's attention skipped in an earlier pass (its keys read where
+    nothing stored them), or a wait counting more tiles than signal it, is refused."""
+    shape = Shape(2, **SPLIT)
+    wrong_head = Schedule(shape)
+    wrong_head.waits = lambda index, tile: _wrong_kv_head(wrong_head, index, tile)
+    with pytest.raises(ValueError, match="without waiting for its writer"):
+        wrong_head.check()
+    unordered = Schedule(shape)
+    unordered.waits = lambda index, tile: (
+        [] if unordered.steps[index].op == GATE_UP else Schedule.waits(unordered, index, tile)
+    )
+    with pytest.raises(ValueError, match="without waiting"):
+        unordered.check()
+    skipped = Schedule(shape)
+    first_attention = next(i for i, step in enumerate(skipped.steps) if step.op == ATTN)
+    skipped.steps[first_attention] = dataclasses.replace(skipped.steps[first_attention], tiles=0)
+    with pytest.raises(ValueError, match="waits for .* signal it|nothing wrote before it"):
         skipped.check()
-    early = Schedule(schedule.shape)  # a reduction that would run before the block's last part is written
-    early.reduction = lambda phase, column: _reduction_of_one_more_part(schedule, phase, column)
-    with pytest.raises(ValueError, match="reads what its tiles did not write"):
-        early.check()
+    greedy = Schedule(shape)
+    greedy.waits = lambda index, tile: [(p, c, n + 1) for p, c, n in Schedule.waits(greedy, index, tile)]
+    with pytest.raises(ValueError, match="signal it"):
+        greedy.check()
 
 
-def _reduction_of_one_more_part(schedule, phase: Phase, column: int):
-    reads, writes = Schedule.reduction(schedule, phase, column)
-    splits = schedule.shape.splits(phase.op)
-    return reads | {("part", splits, r, column) for r in range(schedule.shape.batch * phase.tokens)}, writes
-
-
-def _merged_regions(schedule, phase: Phase, tile: int):
-    """QKV's tile also doing the attention of its columns' heads (what one phase without a wait between would be)."""
-    reads, writes = Schedule.regions(schedule, phase, tile)
-    if phase.op == QKV and tile < schedule.shape.batch * schedule.shape.kv_heads:
-        attention = Phase(ATTN, 0, phase.layer, phase.group, phase.position)
-        more_reads, more_writes = Schedule.regions(schedule, attention, tile)
-        return reads | more_reads, writes | more_writes
-    return reads, writes
+def _wrong_kv_head(schedule, index: int, tile: int):
+    waits = Schedule.waits(schedule, index, tile)
+    if schedule.steps[index].op == ATTN:
+        kv_heads = schedule.shape.kv_heads
+        return [(p, 1 + (c - 1 + 1) % kv_heads, n) for p, c, n in waits]
+    return waits
 
 
 def test_claiming_runs_every_tile_once_in_any_interleaving():
-    """The counters' protocol, modelled step by step as the kernel runs it: a program takes a ticket of a
-    phase; starting a tile it takes its next ticket, then runs the tile; an OUT or DOWN tile then counts
-    its column block's parts, and the tile that counts the last one adds them to the residual; the tile is
-    counted finished and the program goes on with its next ticket. Out of tiles, it takes a ticket of the
-    next phase and waits for this phase's count; program 0 records completed phases, where a program that
-    starts late begins. Programs interleave at random and start late (a GPU busy with another stream):
-    every tile of every phase runs once and none before the phase before it is done; each column block is
-    reduced once, after all its parts are written, and before its phase counts as done."""
-    schedule = Schedule(
-        Shape(2, layers=2, hidden=64, heads=8, kv_heads=2, head_dim=16, intermediate=192, vocab=64, groups=4)
-    )
-    phases, columns = schedule.phases, len(blocks_of(schedule.shape.hidden))
-    splits = [schedule.shape.splits(p.op) for p in phases]
-    assert max(splits) == 3 and {p.op for p in phases if schedule.shape.splits(p.op) > 1} == {OUT, DOWN}
+    """The counters' protocol, modelled step by step as the kernel runs it: a program claims the frame's
+    tiles in order from one counter, taking its next ticket as it starts a tile; a tile waits for its
+    producer's counters (``Schedule.waits``), runs, and counts itself in its counter (``signals``; an OUT
+    or DOWN tile counts its column block's part, and the tile that counts the last one reduces the block
+    and counts DONE). Programs interleave at random and start late (a GPU busy with another stream): the
+    frame never stalls, every tile runs once, none before what it waits for is counted, and each column
+    block is reduced once, after all its parts."""
+    schedule = Schedule(Shape(2, **SPLIT))
+    steps, total = schedule.steps, schedule.num_tiles
+    where = [(index, tile) for index, step in enumerate(steps) for tile in range(step.tiles)]
+    splits = [schedule.shape.splits(step.op) for step in steps]
     late = 0
     for seed in range(20):
         rng = random.Random(seed)
         programs = rng.randint(1, 9)
-        claimed, finished, progress = [0] * len(phases), [0] * len(phases), 0
-        runs = [[0] * p.tiles for p in phases]
-        parts = [[0] * columns for _ in phases]  # parts written, parts counted, reductions run
-        counted, reduced = [[0] * columns for _ in phases], [[0] * columns for _ in phases]
-        state = [None] * programs  # a started program: its phase, ticket, next ticket, and its step
+        claimed, counts, runs, reduced = 0, {}, [0] * total, {}
+        state = [None] * programs  # a started program: its tile, its next ticket, and its stage in the tile
 
-        def take(ph, claimed=claimed):
-            claimed[ph] += 1
-            return claimed[ph] - 1
-
-        while any(s is None or s["phase"] < len(phases) for s in state):
-            i = rng.randrange(programs)
-            if state[i] is None:  # not resident yet
-                if i == 0 or rng.random() < 0.05:
-                    ticket = take(progress) if progress < len(phases) else 0
-                    state[i] = dict(phase=progress, ticket=ticket, following=None, step="start")
-                    late += progress > 0
-                continue
-            s = state[i]
-            ph = s["phase"]
-            if ph == len(phases):
-                continue
-            tile = s["ticket"]
-            if s["step"] == "wait":  # the wait (the acquire)
-                if finished[ph] == phases[ph].tiles:
-                    assert all(r == 1 for r in runs[ph])
-                    assert splits[ph] == 0 or reduced[ph] == [1] * columns
-                    progress = max(progress, ph + 1) if i == 0 else progress
-                    s["phase"], s["step"] = ph + 1, "start"
-            elif s["step"] == "start" and tile < phases[ph].tiles:  # the inputs are there: the phase before is done
-                assert ph == 0 or finished[ph - 1] == phases[ph - 1].tiles
-                s["following"] = take(ph)
-                runs[ph][tile] += 1
-                if splits[ph]:
-                    parts[ph][tile % columns] += 1
-                s["step"] = "count" if splits[ph] else "finish"
-            elif s["step"] == "count":  # a part of the column block counted; the last one reduces it
-                column = tile % columns
-                counted[ph][column] += 1
-                if counted[ph][column] == splits[ph]:
-                    assert parts[ph][column] == splits[ph] and reduced[ph][column] == 0
-                    reduced[ph][column] += 1
-                s["step"] = "finish"
-            elif s["step"] == "finish":
-                finished[ph] += 1
-                s["ticket"], s["step"] = s["following"], "start"
-            else:  # out of tiles: the next phase's ticket, then the wait
-                s["ticket"] = take(ph + 1) if ph + 1 < len(phases) else 0
-                s["step"] = "wait"
-        assert all(r == [1] * len(r) for r in runs)
-    assert late > 20  # (programs did start past the first phase)
+        while claimed < total or any(s is not None and s["tile"] < total for s in state):
+            moved = False
+            for i in rng.sample(range(programs), programs):
+                s = state[i]
+                if s is None:  # not resident yet
+                    if i == 0 or rng.random() < 0.05:
+                        state[i] = dict(tile=claimed, following=None, stage="start")
+                        claimed, moved, late = claimed + 1, True, late + (claimed > 0)
+                    continue
+                if s["tile"] >= total:
+                    continue
+                index, tile = where[s["tile"]]
+                if s["stage"] == "start":  # the next ticket, then the wait
+                    s["following"], claimed, s["stage"] = claimed, claimed + 1, "wait"
+                elif s["stage"] == "wait":
+                    if all(counts.get((p, c), 0) >= n for p, c, n in schedule.waits(index, tile)):
+                        runs[s["tile"]] += 1
+                        s["stage"] = "signal"
+                    else:
+                        continue  # (spinning is not progress)
+                else:  # the count; an OUT / DOWN block's last part reduces the block, then counts DONE
+                    key = (index, schedule.signals(index, tile))
+                    counts[key] = counts.get(key, 0) + 1
+                    if splits[index] and counts[key] == splits[index]:
+                        reduced[key] = reduced.get(key, 0) + 1
+                        counts[(index, DONE)] = counts.get((index, DONE), 0) + 1
+                    s["tile"], s["stage"] = s["following"], "start"
+                moved = True
+                break
+            assert moved or any(s is None for s in state), f"seed {seed}: no program can go on"
+        assert runs == [1] * total
+        blocks = schedule.shape.hidden_blocks
+        assert sorted(reduced) == sorted(
+            (i, 1 + c) for i, st in enumerate(steps) if st.op in (OUT, DOWN) for c in range(blocks)
+        )
+        assert set(reduced.values()) == {1}
+    assert late > 20  # (programs did start after others had claimed tiles)
 
 
 def _talker(dtype=torch.float32, device="cpu", fused=False, cfg=None):
