@@ -158,11 +158,16 @@ def _reduce(h_ptr, part_ptr, column, rows_ok, SPLITS: tl.constexpr, HIDDEN: tl.c
 
 
 @triton.jit
-def _wait(counter_ptr, count):
-    """Until the counter reaches ``count`` (acquire loads: what was counted is then visible)."""
+def _wait(counter_ptr, count, unmet_ptr, SPIN: tl.constexpr):
+    """Until the counter reaches ``count`` (acquire loads: what was counted is then visible). Not ``SPIN``
+    (Triton's interpreter: one program, running the tiles in order): a wait not met when reached never
+    would be; it is counted in ``unmet`` instead of spun on."""
     seen = tl.atomic_add(counter_ptr, 0, sem="acquire")
-    while seen < count:
-        seen = tl.atomic_add(counter_ptr, 0, sem="acquire")
+    if SPIN:
+        while seen < count:
+            seen = tl.atomic_add(counter_ptr, 0, sem="acquire")
+    elif seen < count:
+        tl.atomic_add(unmet_ptr, 1)
     tl.debug_barrier()  # (every thread's loads after the wait)
 
 
@@ -321,6 +326,7 @@ def code_predictor_frame(
     BLOCK_H: tl.constexpr,
     CANDIDATES: tl.constexpr,
     PREFETCH: tl.constexpr,
+    SPIN: tl.constexpr,
 ):
     dt = qkv_w_ptr.dtype.element_ty
     group_heads: tl.constexpr = HEADS // KV_HEADS
@@ -338,6 +344,7 @@ def code_predictor_frame(
     r = tl.arange(0, _ROWS)
     nn = tl.arange(0, _BLOCK_N)
     claim = counters_ptr + num_steps * COUNTERS  # the frame's tiles, claimed in order
+    unmet = claim + 1  # (waits not met where they cannot be: ``_wait``)
     ticket = tl.atomic_add(claim, 1, sem="relaxed")
     step = 0
     op, tiles, layer, group, position, first, producer, need = _row(table_ptr, 0)
@@ -356,7 +363,7 @@ def code_predictor_frame(
             w_qkv = qkv_w_ptr + layer * qkv_width * HIDDEN
             _prefetch_rows(w_qkv, n0, qkv_width, HIDDEN, PREFETCH)
             if producer >= 0:
-                _wait(theirs + _DONE, need)
+                _wait(theirs + _DONE, need, unmet, SPIN)
             norm = in_norm_ptr + layer * HIDDEN
             acc, _ = _normed_product(h_ptr, r, rows_ok, eps, norm, w_qkv, w_qkv, n0, qkv_width, HIDDEN, False, BLOCK_H)
             out = qkv_ptr + r[:, None] * qkv_width + (n0 + nn)[None, :]
@@ -366,7 +373,7 @@ def code_predictor_frame(
             _signal(mine + 1 + kv_head)
         elif op == _ATTN:
             j = tile % KV_HEADS
-            _wait(theirs + 1 + j, qkv_group_tiles)
+            _wait(theirs + 1 + j, qkv_group_tiles, unmet, SPIN)
             _attend(
                 qkv_ptr,
                 attn_ptr,
@@ -394,7 +401,7 @@ def code_predictor_frame(
             w_up = w_gate + INTERMEDIATE * HIDDEN
             _prefetch_rows(w_gate, n0, INTERMEDIATE, HIDDEN, PREFETCH)
             _prefetch_rows(w_up, n0, INTERMEDIATE, HIDDEN, PREFETCH)
-            _wait(theirs + _DONE, need)
+            _wait(theirs + _DONE, need, unmet, SPIN)
             norm = post_norm_ptr + layer * HIDDEN
             g, u = _normed_product(h_ptr, r, rows_ok, eps, norm, w_gate, w_up, n0, INTERMEDIATE, HIDDEN, True, BLOCK_H)
             g = g.to(dt).to(tl.float32)
@@ -406,7 +413,7 @@ def code_predictor_frame(
         elif op == _HEAD:
             w_head = heads_ptr + group * VOCAB * HIDDEN
             _prefetch_rows(w_head, n0, VOCAB, HIDDEN, PREFETCH)
-            _wait(theirs + _DONE, need)
+            _wait(theirs + _DONE, need, unmet, SPIN)
             last = r * tokens + tokens - 1
             ok = r < batch
             norm = final_norm_ptr
@@ -415,7 +422,7 @@ def code_predictor_frame(
             tl.store(out, logits.to(dt), mask=ok[:, None] & ((n0 + nn) < VOCAB)[None, :])
             _signal(mine + _DONE)
         elif op == _SAMPLE:
-            _wait(theirs + _DONE, need)
+            _wait(theirs + _DONE, need, unmet, SPIN)
             cols = tl.arange(0, BLOCK_V)
             valid = cols < VOCAB
             scores = tl.load(logits_ptr + tile * VOCAB + cols, mask=valid, other=float("-inf"), cache_modifier=".cg")
@@ -439,14 +446,14 @@ def code_predictor_frame(
                 w_part = _weights(o_w_ptr + layer * HIDDEN * attn_width, n0, HIDDEN, attn_width, k0, BLOCK_K)
                 last_head = (tl.minimum(k0 + BLOCK_K, attn_width) - 1) // HEAD_DIM // group_heads
                 for j in range(k0 // HEAD_DIM // group_heads, last_head + 1):
-                    _wait(theirs + 1 + j, batch)
+                    _wait(theirs + 1 + j, batch, unmet, SPIN)
                 x_mask = rows_ok[:, None] & (ks < attn_width)[None, :]
                 x_part = tl.load(
                     attn_ptr + r[:, None] * attn_width + ks[None, :], mask=x_mask, other=0.0, cache_modifier=".cg"
                 )
             else:
                 w_part = _weights(down_w_ptr + layer * HIDDEN * INTERMEDIATE, n0, HIDDEN, INTERMEDIATE, k0, BLOCK_K)
-                _wait(theirs + 1 + split, tl.minimum(split_tiles, gate_up_tiles - split * split_tiles))
+                _wait(theirs + 1 + split, tl.minimum(split_tiles, gate_up_tiles - split * split_tiles), unmet, SPIN)
                 x_mask = rows_ok[:, None] & (ks < INTERMEDIATE)[None, :]
                 x_part = tl.load(
                     act_ptr + r[:, None] * INTERMEDIATE + ks[None, :], mask=x_mask, other=0.0, cache_modifier=".cg"
@@ -513,7 +520,8 @@ class PersistentCodePredictor:
         self.schedules = {b: Schedule(self.shape(b)) for b in range(1, MAX_BATCH + 1)}
         self.tables = {b: s.table(self.device) for b, s in self.schedules.items()}
         self.programs, self.prefetches = 1, False  # (Triton's interpreter: one program, no PTX)
-        if self.device.type == "cuda" and not triton.knobs.runtime.interpret:
+        self.compiled = self.device.type == "cuda" and not triton.knobs.runtime.interpret
+        if self.compiled:
             self.programs = PROGRAMS_PER_SM * torch.cuda.get_device_properties(self.device).multi_processor_count
             self.prefetches = True
 
@@ -538,7 +546,7 @@ class PersistentCodePredictor:
         codes = torch.empty(batch, shape.groups - 1, dtype=torch.long, device=device)
         total = torch.zeros(batch, hidden, dtype=dtype, device=device)
         schedule = self.schedules[batch]
-        counters = torch.zeros(len(schedule.steps) * shape.counters + 1, dtype=torch.int32, device=device)
+        counters = torch.zeros(len(schedule.steps) * shape.counters + 2, dtype=torch.int32, device=device)
         args, flags = _param_args(params, device, skip_front=False)
         block_v = 1 << (shape.vocab - 1).bit_length()
         code_predictor_frame[(self.programs,)](
@@ -588,8 +596,11 @@ class PersistentCodePredictor:
             BLOCK_H=1 << (hidden - 1).bit_length(),
             CANDIDATES=min(TOP_CANDIDATES, block_v),
             PREFETCH=self.prefetches,
+            SPIN=self.compiled,
             num_warps=WARPS,
         )
+        if not self.compiled and counters[-1].item():
+            raise RuntimeError(f"{counters[-1].item()} waits of the frame's tiles were not met in claim order")
         return codes, total
 
 

@@ -15,7 +15,7 @@ from omniwalk.layers.decoder import use_kernels
 from omniwalk.models.common.checkpoint.loader import randomize
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
 from omniwalk.models.qwen3_omni.checkpoint.tiny import TINY_CONFIG, load_config_dict
-from omniwalk.models.qwen3_omni.networks.talker import Talker
+from omniwalk.models.qwen3_omni.networks.talker import CodePredictor
 from omniwalk.sampling import BatchParams, SamplerState, SamplingParams, draw_reference
 
 SMALL = dict(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=96, vocab=64, groups=5)
@@ -131,19 +131,6 @@ def test_claiming_runs_every_tile_once_in_any_interleaving():
     assert late > 20  # (programs did start after others had claimed tiles)
 
 
-def _talker(dtype=torch.float32, device="cpu", fused=False, cfg=None):
-    if cfg is None:  # the tiny config, its code predictor's vocabulary cut to 256 (the interpreter's sorts are slow)
-        raw = load_config_dict(TINY_CONFIG)
-        raw["talker_config"]["code_predictor_config"]["vocab_size"] = 256
-        cfg = Qwen3OmniConfig.from_hf(raw)
-    with torch.device(device):
-        talker = Talker(cfg.talker, "fused" if fused else "reference").to(dtype).eval()
-    randomize(talker, 7)
-    if fused:
-        use_kernels(talker, "fused")
-    return talker
-
-
 def _params(batch, vocab, device, sampled=True, seed=0):
     states = []
     for row in range(batch):
@@ -154,12 +141,26 @@ def _params(batch, vocab, device, sampled=True, seed=0):
     return BatchParams.of(states, vocab, device)
 
 
+# the tiny config's code predictor has one kv head and its output projections one or two splits; WIDE has
+# several of each, so that every wait of the kernel counts on more than one group of tiles
+WIDE = dict(num_attention_heads=8, num_key_value_heads=2, head_dim=16, intermediate_size=192)
+
+
 @CPU_ONLY
 @torch.no_grad()
-@pytest.mark.parametrize(("batch", "sampled"), [(1, True), (3, True), (4, False)])
-def test_a_frame_in_one_launch_equals_the_code_predictor(interpreter, batch, sampled):
-    talker = _talker()
-    cp = talker.code_predictor
+@pytest.mark.parametrize(
+    ("batch", "sampled", "wide"), [(1, True, False), (3, True, False), (4, False, False), (2, True, True)]
+)
+def test_a_frame_in_one_launch_equals_the_code_predictor(interpreter, batch, sampled, wide):
+    """In Triton's interpreter (one program, the tiles in claim order: every wait must be met when reached,
+    else the launcher raises), a frame's codes equal ``CodePredictor.forward`` + ``draw_reference``."""
+    raw = load_config_dict(TINY_CONFIG)
+    raw["talker_config"]["code_predictor_config"]["vocab_size"] = 256  # (the interpreter's sorts are slow)
+    if wide:
+        raw["talker_config"]["code_predictor_config"].update(WIDE)
+    cfg = Qwen3OmniConfig.from_hf(raw).talker
+    cp = CodePredictor(cfg.code_predictor, cfg.num_code_groups).eval()
+    randomize(cp, 7)
     gen = torch.Generator().manual_seed(batch)
     hidden, code0 = (torch.randn(batch, cp.cfg.hidden_size, generator=gen) for _ in range(2))
     params = _params(batch, cp.cfg.vocab_size, "cpu", sampled)
@@ -185,7 +186,6 @@ def test_frames_in_one_launch_equal_the_layered_fast_path_at_full_size(batch):
     replayed from a CUDA graph of the kernel equal its eager launches exactly."""
     from helpers.gpu_pairs import randomize_, real_config_dict
 
-    from omniwalk.models.qwen3_omni.networks.talker import CodePredictor
     from omniwalk.sampling import draw
 
     cfg = Qwen3OmniConfig.from_hf(real_config_dict()).talker
