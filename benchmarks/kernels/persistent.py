@@ -6,7 +6,8 @@ Full-size code predictor (the packaged Qwen3-Omni config), random bf16 weights o
 as served (temperature 1, top-k 50, top-p 0.8). Per batch B: microseconds per frame replayed from a CUDA
 graph of 8 frames, the layered path and the persistent kernel at each ``--programs`` (programs per SM),
 the best of those without its tiles' L2 prefetch of their weights (before they wait), and the frame's
-weight-read floor (bytes it reads at the measured copy rate). Writes persistent.json/.md.
+weight-read floor (bytes it reads at the measured copy rate); then one frame at the first batch traced (each
+tile's start, end of its wait, end: per op, the mean time a tile waits and works). Writes persistent.json/.md.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parents[i]) for i in (2, 1)]  # the repository root, benchmarks/
 from harness import graph_call_us, int_list, machine, markdown_table, write_report  # noqa: E402
 
+from omniwalk.kernels.persistent_schedule import OPS  # noqa: E402
 from omniwalk.layers.decoder import use_kernels  # noqa: E402
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig  # noqa: E402
 from omniwalk.models.qwen3_omni.checkpoint.tiny import PRESETS, load_config_dict  # noqa: E402
@@ -69,13 +71,56 @@ def main() -> None:
             cp.persistent.programs, cp.persistent.prefetches = max(1, round(best * sms)), False
             cell["no_prefetch_us"] = graph_call_us(lambda i: cp.persistent(h, c, params), 8)  # noqa: B023
             cp.persistent.prefetches = True
+            if batch == args.batches[0]:
+                data["timeline"] = _timeline(cp.persistent, h, c, params, batch)
         rows.append([batch, layered, *cell["persistent_us"].values(), best, cell["no_prefetch_us"], floor_us])
         print(f"B={batch}: layered {layered:.0f} us, persistent per SM {cell['persistent_us']}, floor {floor_us:.0f}")
         data["cells"].append(cell)
     per_sm = [f"persistent, {x:g}/SM (us)" for x in args.programs]
     headers = ["B", "layered (us)", *per_sm, "best /SM", "best, no L2 prefetch (us)", "floor (us)"]
     note = f"{data['machine']['device']}, copy {copy_gbs:.0f} GB/s, {frame_bytes / 1e6:.0f} MB of weights a frame"
-    write_report(args.out, "persistent", data, f"{note}\n\n{markdown_table(headers, rows)}")
+    timeline = data["timeline"]
+    ops = markdown_table(
+        [
+            f"op (B = {args.batches[0]}, one traced frame)",
+            "tiles",
+            "waiting, mean us",
+            "working, mean us",
+            "step span, mean us",
+        ],
+        [[op, *v] for op, v in timeline["ops"].items()],
+    )
+    spans = f"The traced frame: {timeline['frame_us']:.0f} us from its first tile's start to its last tile's end."
+    write_report(args.out, "persistent", data, f"{note}\n\n{markdown_table(headers, rows)}\n\n{ops}\n\n{spans}")
+
+
+def _timeline(kernel, h, c, params, batch: int) -> dict:
+    """One frame traced (``PersistentCodePredictor.trace``: each tile's start, end of its wait, end): per op,
+    its tiles' mean time waiting (from their start, weights' prefetch included) and working, and a step's mean
+    span (its first tile's start to its last tile's end); the frame's span."""
+    schedule = kernel.schedules[batch]
+    kernel.trace = torch.zeros(schedule.num_tiles, 4, dtype=torch.int64, device="cuda")
+    with torch.no_grad():
+        kernel(h, c, params)
+    torch.cuda.synchronize()
+    stamps, kernel.trace = kernel.trace.cpu(), None
+    start, waited, end = stamps[:, 0], stamps[:, 1], stamps[:, 2]
+    waited = torch.where(waited > 0, waited, start)  # (the frame's first tiles wait for nothing)
+    ops = {}
+    for i, op in enumerate(OPS):
+        steps = [s for s in schedule.steps if s.op == i]
+        if not steps:
+            continue
+        tiles = torch.cat([torch.arange(s.first, s.first + s.tiles) for s in steps])
+        span = sum(
+            (end[s.first : s.first + s.tiles].max() - start[s.first : s.first + s.tiles].min()).item() for s in steps
+        )
+        wait = (waited[tiles] - start[tiles]).double().mean().item() / 1e3
+        work = (end[tiles] - waited[tiles]).double().mean().item() / 1e3
+        step_us = span / len(steps) / 1e3
+        ops[op] = (len(tiles), round(wait, 2), round(work, 2), round(step_us, 2))
+        print(f"  {op}: {len(tiles)} tiles, waiting {wait:.2f} us, working {work:.2f} us, a step {step_us:.2f} us")
+    return {"ops": ops, "frame_us": (end.max() - start.min()).item() / 1e3}
 
 
 def _params(batch: int, vocab: int) -> BatchParams:

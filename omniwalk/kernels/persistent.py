@@ -158,10 +158,11 @@ def _reduce(h_ptr, part_ptr, column, rows_ok, SPLITS: tl.constexpr, HIDDEN: tl.c
 
 
 @triton.jit
-def _wait(counter_ptr, count, unmet_ptr, SPIN: tl.constexpr):
+def _wait(counter_ptr, count, unmet_ptr, trace_ptr, SPIN: tl.constexpr, TRACE: tl.constexpr):
     """Until the counter reaches ``count`` (acquire loads: what was counted is then visible). Not ``SPIN``
     (Triton's interpreter: one program, running the tiles in order): a wait not met when reached never
-    would be; it is counted in ``unmet`` instead of spun on."""
+    would be; it is counted in ``unmet`` instead of spun on. ``TRACE``: the time the wait ended, at
+    ``trace_ptr``."""
     seen = tl.atomic_add(counter_ptr, 0, sem="acquire")
     if SPIN:
         while seen < count:
@@ -169,6 +170,16 @@ def _wait(counter_ptr, count, unmet_ptr, SPIN: tl.constexpr):
     elif seen < count:
         tl.atomic_add(unmet_ptr, 1)
     tl.debug_barrier()  # (every thread's loads after the wait)
+    _stamp(trace_ptr, TRACE)
+
+
+@triton.jit
+def _stamp(at_ptr, TRACE: tl.constexpr):
+    """``TRACE`` (a benchmark's timeline of the frame, ``PersistentCodePredictor.trace``): the GPU's global
+    timer (ns) at ``at_ptr``."""
+    if TRACE:
+        now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+        tl.store(at_ptr, now)
 
 
 @triton.jit
@@ -308,6 +319,7 @@ def code_predictor_frame(
     sampled_ptr,
     seeds_ptr,
     steps_ptr,
+    trace_ptr,
     flags,
     batch,
     eps,
@@ -327,6 +339,7 @@ def code_predictor_frame(
     CANDIDATES: tl.constexpr,
     PREFETCH: tl.constexpr,
     SPIN: tl.constexpr,
+    TRACE: tl.constexpr,
 ):
     dt = qkv_w_ptr.dtype.element_ty
     group_heads: tl.constexpr = HEADS // KV_HEADS
@@ -354,6 +367,8 @@ def code_predictor_frame(
             step += 1
             op, tiles, layer, group, position, first, producer, need = _row(table_ptr, step)
         tile = ticket - first
+        stamps = trace_ptr + 4 * ticket  # (TRACE: the tile's start, end of its wait, end, and program)
+        _stamp(stamps, TRACE)
         mine = counters_ptr + step * COUNTERS
         theirs = counters_ptr + producer * COUNTERS
         tokens = tl.where(position == 1, 2, 1)
@@ -363,7 +378,7 @@ def code_predictor_frame(
             w_qkv = qkv_w_ptr + layer * qkv_width * HIDDEN
             _prefetch_rows(w_qkv, n0, qkv_width, HIDDEN, PREFETCH)
             if producer >= 0:
-                _wait(theirs + _DONE, need, unmet, SPIN)
+                _wait(theirs + _DONE, need, unmet, stamps + 1, SPIN, TRACE)
             norm = in_norm_ptr + layer * HIDDEN
             acc, _ = _normed_product(h_ptr, r, rows_ok, eps, norm, w_qkv, w_qkv, n0, qkv_width, HIDDEN, False, BLOCK_H)
             out = qkv_ptr + r[:, None] * qkv_width + (n0 + nn)[None, :]
@@ -373,7 +388,7 @@ def code_predictor_frame(
             _signal(mine + 1 + kv_head)
         elif op == _ATTN:
             j = tile % KV_HEADS
-            _wait(theirs + 1 + j, qkv_group_tiles, unmet, SPIN)
+            _wait(theirs + 1 + j, qkv_group_tiles, unmet, stamps + 1, SPIN, TRACE)
             _attend(
                 qkv_ptr,
                 attn_ptr,
@@ -401,7 +416,7 @@ def code_predictor_frame(
             w_up = w_gate + INTERMEDIATE * HIDDEN
             _prefetch_rows(w_gate, n0, INTERMEDIATE, HIDDEN, PREFETCH)
             _prefetch_rows(w_up, n0, INTERMEDIATE, HIDDEN, PREFETCH)
-            _wait(theirs + _DONE, need, unmet, SPIN)
+            _wait(theirs + _DONE, need, unmet, stamps + 1, SPIN, TRACE)
             norm = post_norm_ptr + layer * HIDDEN
             g, u = _normed_product(h_ptr, r, rows_ok, eps, norm, w_gate, w_up, n0, INTERMEDIATE, HIDDEN, True, BLOCK_H)
             g = g.to(dt).to(tl.float32)
@@ -413,7 +428,7 @@ def code_predictor_frame(
         elif op == _HEAD:
             w_head = heads_ptr + group * VOCAB * HIDDEN
             _prefetch_rows(w_head, n0, VOCAB, HIDDEN, PREFETCH)
-            _wait(theirs + _DONE, need, unmet, SPIN)
+            _wait(theirs + _DONE, need, unmet, stamps + 1, SPIN, TRACE)
             last = r * tokens + tokens - 1
             ok = r < batch
             norm = final_norm_ptr
@@ -422,7 +437,7 @@ def code_predictor_frame(
             tl.store(out, logits.to(dt), mask=ok[:, None] & ((n0 + nn) < VOCAB)[None, :])
             _signal(mine + _DONE)
         elif op == _SAMPLE:
-            _wait(theirs + _DONE, need, unmet, SPIN)
+            _wait(theirs + _DONE, need, unmet, stamps + 1, SPIN, TRACE)
             cols = tl.arange(0, BLOCK_V)
             valid = cols < VOCAB
             scores = tl.load(logits_ptr + tile * VOCAB + cols, mask=valid, other=float("-inf"), cache_modifier=".cg")
@@ -446,14 +461,21 @@ def code_predictor_frame(
                 w_part = _weights(o_w_ptr + layer * HIDDEN * attn_width, n0, HIDDEN, attn_width, k0, BLOCK_K)
                 last_head = (tl.minimum(k0 + BLOCK_K, attn_width) - 1) // HEAD_DIM // group_heads
                 for j in range(k0 // HEAD_DIM // group_heads, last_head + 1):
-                    _wait(theirs + 1 + j, batch, unmet, SPIN)
+                    _wait(theirs + 1 + j, batch, unmet, stamps + 1, SPIN, TRACE)
                 x_mask = rows_ok[:, None] & (ks < attn_width)[None, :]
                 x_part = tl.load(
                     attn_ptr + r[:, None] * attn_width + ks[None, :], mask=x_mask, other=0.0, cache_modifier=".cg"
                 )
             else:
                 w_part = _weights(down_w_ptr + layer * HIDDEN * INTERMEDIATE, n0, HIDDEN, INTERMEDIATE, k0, BLOCK_K)
-                _wait(theirs + 1 + split, tl.minimum(split_tiles, gate_up_tiles - split * split_tiles), unmet, SPIN)
+                _wait(
+                    theirs + 1 + split,
+                    tl.minimum(split_tiles, gate_up_tiles - split * split_tiles),
+                    unmet,
+                    stamps + 1,
+                    SPIN,
+                    TRACE,
+                )
                 x_mask = rows_ok[:, None] & (ks < INTERMEDIATE)[None, :]
                 x_part = tl.load(
                     act_ptr + r[:, None] * INTERMEDIATE + ks[None, :], mask=x_mask, other=0.0, cache_modifier=".cg"
@@ -471,6 +493,9 @@ def code_predictor_frame(
             elif added == down_splits - 1:
                 _reduce(h_ptr, part_ptr, column, rows_ok, down_splits, HIDDEN)
                 _signal(mine + _DONE)
+        _stamp(stamps + 2, TRACE)
+        if TRACE:
+            tl.store(stamps + 3, tl.program_id(0).to(tl.int64))
         ticket = following
 
 
@@ -521,6 +546,9 @@ class PersistentCodePredictor:
         self.tables = {b: s.table(self.device) for b, s in self.schedules.items()}
         self.programs, self.prefetches = 1, False  # (Triton's interpreter: one program, no PTX)
         self.compiled = self.device.type == "cuda" and not triton.knobs.runtime.interpret
+        # a benchmark's timeline: an int64 tensor [tiles of the frame, 4] (each tile's start, end of its wait,
+        # end, program) the next launches fill; None: not recorded (CUDA only: the GPU's global timer)
+        self.trace: torch.Tensor | None = None
         if self.compiled:
             self.programs = PROGRAMS_PER_SM * torch.cuda.get_device_properties(self.device).multi_processor_count
             self.prefetches = True
@@ -578,6 +606,7 @@ class PersistentCodePredictor:
             codes,
             total,
             *args,
+            codes if self.trace is None else self.trace,  # (unused where not traced)
             flags,
             batch,
             self.eps,
@@ -597,6 +626,7 @@ class PersistentCodePredictor:
             CANDIDATES=min(TOP_CANDIDATES, block_v),
             PREFETCH=self.prefetches,
             SPIN=self.compiled,
+            TRACE=self.trace is not None,
             num_warps=WARPS,
         )
         if not self.compiled and counters[-1].item():
