@@ -517,7 +517,7 @@ class PersistentCodePredictor:
         (``rotary.rotary_tables``' rounding and sign), CAPACITY = ``capacity(cp.num_code_groups)``."""
         cfg, model = cp.cfg, cp.model
         p = cp.lm_head[0].weight
-        self.shape = lambda batch: Shape(  # noqa: E731
+        shape = lambda batch: Shape(  # noqa: E731
             batch,
             cfg.num_hidden_layers,
             cfg.hidden_size,
@@ -542,7 +542,7 @@ class PersistentCodePredictor:
         self.heads = _stack([head.weight for head in cp.lm_head])
         self.embeds = _stack([table.weight for table in model.codec_embedding])
         self.cos, self.sin, self.capacity = cos.contiguous(), sin.contiguous(), capacity(cp.num_code_groups)
-        self.schedules = {b: Schedule(self.shape(b)) for b in range(1, MAX_BATCH + 1)}
+        self.schedules = {b: Schedule(shape(b)) for b in range(1, MAX_BATCH + 1)}
         self.tables = {b: s.table(self.device) for b, s in self.schedules.items()}
         self.programs, self.prefetches = 1, False  # (Triton's interpreter: one program, no PTX)
         self.compiled = self.device.type == "cuda" and not triton.knobs.runtime.interpret
@@ -559,7 +559,8 @@ class PersistentCodePredictor:
         from omniwalk.kernels.sampling import TOP_CANDIDATES, _param_args
 
         batch, hidden = talker_hidden.shape
-        shape, table = self.shape(batch), self.tables[batch]
+        schedule, table = self.schedules[batch], self.tables[batch]
+        shape = schedule.shape
         device, dtype = talker_hidden.device, self.dtype
         h = torch.empty(ROWS, hidden, dtype=dtype, device=device)  # the residual rows (the first pass: two each)
         h[: 2 * batch] = torch.stack([talker_hidden, code0_embedding], dim=1).reshape(2 * batch, hidden)
@@ -573,7 +574,6 @@ class PersistentCodePredictor:
         logits = torch.empty(batch, shape.vocab, dtype=dtype, device=device)
         codes = torch.empty(batch, shape.groups - 1, dtype=torch.long, device=device)
         total = torch.zeros(batch, hidden, dtype=dtype, device=device)
-        schedule = self.schedules[batch]
         counters = torch.zeros(len(schedule.steps) * shape.counters + 2, dtype=torch.int32, device=device)
         args, flags = _param_args(params, device, skip_front=False)
         block_v = 1 << (shape.vocab - 1).bit_length()

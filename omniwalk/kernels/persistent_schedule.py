@@ -83,7 +83,9 @@ class Shape:
             return column // self.head_dim // (self.heads // self.kv_heads)
         return (column - width) // self.head_dim % self.kv_heads
 
-    def qkv_tiles_of(self, kv_head: int) -> int:
+    @property
+    def qkv_tiles_per_kv_head(self) -> int:
+        """QKV tiles whose columns one kv head's attention reads (q of its heads, its k, its v)."""
         return (self.heads // self.kv_heads + 2) * self.head_dim // BLOCK_N
 
     def kv_heads_of(self, out_split: int) -> range:
@@ -134,9 +136,8 @@ class Schedule:
         steps, first = [], 0
         for group in range(shape.groups - 1):  # pass ``group`` (drawing group + 1): its last token at group + 1
             for layer, op in one_pass:
-                producer = len(steps) - 1
+                producer = len(steps) - 1  # (-1: the frame's first step waits for nothing)
                 if op == QKV:  # the residual whole: the pass's input, or the layer before's DOWN reduced
-                    producer = len(steps) - 1 if steps else -1
                     need = shape.batch if steps and steps[-1].op == SAMPLE else shape.hidden_blocks
                 elif op in (GATE_UP, HEAD):
                     need = shape.hidden_blocks
@@ -164,7 +165,7 @@ class Schedule:
             return []
         if step.op == ATTN:
             j = tile % s.kv_heads
-            return [(step.producer, 1 + j, s.qkv_tiles_of(j))]
+            return [(step.producer, 1 + j, s.qkv_tiles_per_kv_head)]
         if step.op == OUT:
             split = tile // s.hidden_blocks
             return [(step.producer, 1 + j, s.batch) for j in s.kv_heads_of(split)]
