@@ -48,7 +48,7 @@ from omniwalk.kernels import persistent
 
 fn = persistent.code_predictor_frame
 consts = dict(HIDDEN=1024, HEADS=16, KV_HEADS=8, HEAD_DIM=128, INTERMEDIATE=3072, VOCAB=2048, GROUPS=16, CAPACITY=16)
-consts |= dict(COUNTERS=65, BLOCK_K=512, BLOCK_V=2048, BLOCK_H=1024, CANDIDATES=64)
+consts |= dict(COUNTERS=65, BLOCK_K=512, BLOCK_V=2048, BLOCK_H=1024)
 consts |= dict(PREFETCH=True, SPIN=True, TRACE=False)
 types = {"table_ptr": "*i32", "counters_ptr": "*i32", "allowed_ptr": "*i32", "eps": "fp32", "scale": "fp32"}
 types |= {name: "*i64" for name in ("codes_ptr", "top_k_ptr", "seeds_ptr", "steps_ptr", "trace_ptr")}
