@@ -43,7 +43,6 @@ import triton.language as tl
 
 from omniwalk.kernels.persistent_schedule import (
     ATTN,
-    BLOCK_N,
     COLUMNS,
     DONE,
     DOWN,
@@ -60,16 +59,18 @@ from omniwalk.kernels.persistent_schedule import (
 from omniwalk.kernels.sampling import pick
 
 # (the kernel's copies of the schedule's constants)
-_QKV, _ATTN, _OUT, _GATE_UP, _HEAD, _SAMPLE = (tl.constexpr(v) for v in (QKV, ATTN, OUT, GATE_UP, HEAD, SAMPLE))
-_COLUMNS, _BLOCK_N, _ROWS, _DONE = tl.constexpr(COLUMNS), tl.constexpr(BLOCK_N), tl.constexpr(ROWS), tl.constexpr(DONE)
+_QKV, _ATTN, _OUT, _GATE_UP, _DOWN, _HEAD, _SAMPLE = (
+    tl.constexpr(v) for v in (QKV, ATTN, OUT, GATE_UP, DOWN, HEAD, SAMPLE)
+)
+_COLUMNS, _ROWS, _DONE = tl.constexpr(COLUMNS), tl.constexpr(ROWS), tl.constexpr(DONE)
 _NORM_K = tl.constexpr(NORM_K)
 
 
 @triton.jit
-def _weights(w_ptr, n0, N: tl.constexpr, K: tl.constexpr, k0, BLOCK_K: tl.constexpr):
+def _weights(w_ptr, n0, N: tl.constexpr, K: tl.constexpr, k0, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Columns n0.. of w [N, K] over inputs k0 .. k0 + BLOCK_K: a tile [BLOCK_N, BLOCK_K] (loaded before the
     tile waits: weights depend on nothing the kernel writes)."""
-    nn = n0 + tl.arange(0, _BLOCK_N)
+    nn = n0 + tl.arange(0, BLOCK_N)
     ks = k0 + tl.arange(0, BLOCK_K)
     return tl.load(w_ptr + nn[:, None] * K + ks[None, :], mask=(nn < N)[:, None] & (ks < K)[None, :], other=0.0)
 
@@ -87,6 +88,7 @@ def _normed_product(
     N: tl.constexpr,
     HIDDEN: tl.constexpr,
     TWO: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
     """The residual rows ``row_of`` RMS-normed (fp32 statistics, rounded as ``RMSNorm`` rounds) times columns
@@ -102,9 +104,9 @@ def _normed_product(
         x = x.to(tl.float32)
         squares += tl.sum(x * x, 1)
     rstd = tl.rsqrt(squares / HIDDEN + eps)
-    nn = n0 + tl.arange(0, _BLOCK_N)
-    acc = tl.zeros([_ROWS, _BLOCK_N], dtype=tl.float32)
-    acc2 = tl.zeros([_ROWS, _BLOCK_N], dtype=tl.float32)
+    nn = n0 + tl.arange(0, BLOCK_N)
+    acc = tl.zeros([_ROWS, BLOCK_N], dtype=tl.float32)
+    acc2 = tl.zeros([_ROWS, BLOCK_N], dtype=tl.float32)
     for k0 in tl.static_range(0, BLOCK_H, _NORM_K):
         ks = k0 + kk
         k_ok = ks < HIDDEN
@@ -122,35 +124,75 @@ def _normed_product(
 
 
 @triton.jit
-def _prefetch_rows(w_ptr, n0, N: tl.constexpr, K: tl.constexpr, ON: tl.constexpr):
-    """Rows n0 .. n0 + BLOCK_N of w [N, K] (contiguous) asked into L2, one 128-byte line a thread at a time:
-    issued before the tile waits, so that its loads after the wait read L2 (``ON``: not in Triton's
-    interpreter, which has no PTX)."""
-    if ON:
-        size: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-        lines: tl.constexpr = _BLOCK_N * K * size // 128
-        offsets = tl.arange(0, lines) * (128 // size)
-        ok = (offsets < (N - n0) * K).to(tl.int32)
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-            "=r,l,r",
-            [w_ptr + n0 * K + offsets, ok],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
+def _prefetch(w_ptr, n0, N: tl.constexpr, K: tl.constexpr, k0, BLOCK_N: tl.constexpr, WIDTH: tl.constexpr):
+    """Rows n0 .. n0 + BLOCK_N of w [N, K], columns k0 .. k0 + WIDTH, asked into L2 one 128-byte line a
+    thread at a time (``prefetch.global.L2``: nothing waits for it)."""
+    size: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
+    per_row: tl.constexpr = WIDTH * size // 128
+    i = tl.arange(0, BLOCK_N * per_row)
+    offsets = (n0 + i // per_row) * K + k0 + (i % per_row) * (128 // size)
+    ok = ((n0 + i // per_row) < N).to(tl.int32)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+        "=r,l,r",
+        [w_ptr + offsets, ok],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
 
 
 @triton.jit
-def _reduce(h_ptr, part_ptr, column, rows_ok, SPLITS: tl.constexpr, HIDDEN: tl.constexpr):
+def _prefetch_tile(
+    op,
+    tile,
+    layer,
+    group,
+    weights,
+    HIDDEN: tl.constexpr,
+    QKV_WIDTH: tl.constexpr,
+    ATTN_WIDTH: tl.constexpr,
+    INTERMEDIATE: tl.constexpr,
+    VOCAB: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    ON: tl.constexpr,
+):
+    """A tile's weights asked into L2 (``ON``: not in Triton's interpreter, which has no PTX): a program asks
+    for its next tile's as it starts one, so that they are near when that tile starts. ``weights``: the
+    q/k/v, output, gate/up, down and heads' pointers."""
+    qkv_w_ptr, o_w_ptr, gate_up_w_ptr, down_w_ptr, heads_ptr = weights
+    if ON:
+        n0 = tile * BLOCK_N
+        blocks: tl.constexpr = (HIDDEN + BLOCK_N - 1) // BLOCK_N  # (OUT, DOWN: a split's column blocks)
+        if op == _QKV:
+            _prefetch(qkv_w_ptr + layer * QKV_WIDTH * HIDDEN, n0, QKV_WIDTH, HIDDEN, 0, BLOCK_N, HIDDEN)
+        elif op == _GATE_UP:
+            w_gate = gate_up_w_ptr + layer * 2 * INTERMEDIATE * HIDDEN
+            _prefetch(w_gate, n0, INTERMEDIATE, HIDDEN, 0, BLOCK_N, HIDDEN)
+            _prefetch(w_gate + INTERMEDIATE * HIDDEN, n0, INTERMEDIATE, HIDDEN, 0, BLOCK_N, HIDDEN)
+        elif op == _HEAD:
+            _prefetch(heads_ptr + group * VOCAB * HIDDEN, n0, VOCAB, HIDDEN, 0, BLOCK_N, HIDDEN)
+        elif op == _OUT:
+            split, column = tile // blocks, tile % blocks
+            w_o = o_w_ptr + layer * HIDDEN * ATTN_WIDTH
+            _prefetch(w_o, column * BLOCK_N, HIDDEN, ATTN_WIDTH, split * BLOCK_K, BLOCK_N, BLOCK_K)
+        elif op == _DOWN:
+            split, column = tile // blocks, tile % blocks
+            w_down = down_w_ptr + layer * HIDDEN * INTERMEDIATE
+            _prefetch(w_down, column * BLOCK_N, HIDDEN, INTERMEDIATE, split * BLOCK_K, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def _reduce(h_ptr, part_ptr, column, rows_ok, SPLITS: tl.constexpr, HIDDEN: tl.constexpr, BLOCK_N: tl.constexpr):
     """The residual's column block ``column`` plus every split's partial sum of it (summed in fp32 in split
     order and rounded once, as the unsplit product), rounded as ``residual_add``; in place."""
     dt = h_ptr.dtype.element_ty
     r = tl.arange(0, _ROWS)
-    ks = column * _BLOCK_N + tl.arange(0, _BLOCK_N)
+    ks = column * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = rows_ok[:, None] & (ks < HIDDEN)[None, :]
     at = r[:, None] * HIDDEN + ks[None, :]
-    total = tl.zeros([_ROWS, _BLOCK_N], dtype=tl.float32)
+    total = tl.zeros([_ROWS, BLOCK_N], dtype=tl.float32)
     for k in tl.static_range(SPLITS):
         total += tl.load(part_ptr + k * _ROWS * HIDDEN + at, mask=mask, other=0.0, cache_modifier=".cg")
     x = tl.load(h_ptr + at, mask=mask, other=0.0, cache_modifier=".cg")
@@ -333,6 +375,7 @@ def code_predictor_frame(
     GROUPS: tl.constexpr,
     CAPACITY: tl.constexpr,
     COUNTERS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -344,42 +387,80 @@ def code_predictor_frame(
     group_heads: tl.constexpr = HEADS // KV_HEADS
     qkv_width: tl.constexpr = (HEADS + 2 * KV_HEADS) * HEAD_DIM
     attn_width: tl.constexpr = HEADS * HEAD_DIM
-    hidden_blocks: tl.constexpr = (HIDDEN + _BLOCK_N - 1) // _BLOCK_N
+    hidden_blocks: tl.constexpr = (HIDDEN + BLOCK_N - 1) // BLOCK_N
     out_splits: tl.constexpr = (attn_width + BLOCK_K - 1) // BLOCK_K
     down_splits: tl.constexpr = (INTERMEDIATE + BLOCK_K - 1) // BLOCK_K
-    gate_up_tiles: tl.constexpr = (INTERMEDIATE + _BLOCK_N - 1) // _BLOCK_N
-    split_tiles: tl.constexpr = BLOCK_K // _BLOCK_N  # GATE_UP tiles whose columns are one DOWN split's inputs
-    qkv_group_tiles: tl.constexpr = (group_heads + 2) * HEAD_DIM // _BLOCK_N  # QKV tiles of one kv head
+    gate_up_tiles: tl.constexpr = (INTERMEDIATE + BLOCK_N - 1) // BLOCK_N
+    split_tiles: tl.constexpr = BLOCK_K // BLOCK_N  # GATE_UP tiles whose columns are one DOWN split's inputs
+    qkv_group_tiles: tl.constexpr = (group_heads + 2) * HEAD_DIM // BLOCK_N  # QKV tiles of one kv head
     part_size: tl.constexpr = _ROWS * HIDDEN  # (one split's partial sums)
     sampling = (temperature_ptr, penalty_ptr, seen_ptr, seen_stride, banned_ptr, banned_stride, allowed_ptr)
     sampling += (allowed_stride, top_k_ptr, top_p_ptr, sampled_ptr, seeds_ptr, steps_ptr)  # (``sampling.pick``'s)
     r = tl.arange(0, _ROWS)
-    nn = tl.arange(0, _BLOCK_N)
+    nn = tl.arange(0, BLOCK_N)
     claim = counters_ptr + num_steps * COUNTERS  # the frame's tiles, claimed in order
     unmet = claim + 1  # (waits not met where they cannot be: ``_wait``)
     ticket = tl.atomic_add(claim, 1, sem="relaxed")
     step = 0
     op, tiles, layer, group, position, first, producer, need = _row(table_ptr, 0)
+    weights = (qkv_w_ptr, o_w_ptr, gate_up_w_ptr, down_w_ptr, heads_ptr)
+    if ticket < tiles:  # (the program's first tile: those after it are asked for one tile ahead)
+        _prefetch_tile(
+            op,
+            ticket,
+            layer,
+            group,
+            weights,
+            HIDDEN,
+            qkv_width,
+            attn_width,
+            INTERMEDIATE,
+            VOCAB,
+            BLOCK_N,
+            BLOCK_K,
+            PREFETCH,
+        )
     while ticket < num_tiles:
         following = tl.atomic_add(claim, 1, sem="relaxed")  # (the next ticket, taken while this tile runs)
         while ticket >= first + tiles:  # (the ticket's step: tickets only grow, so a program walks forward)
             step += 1
             op, tiles, layer, group, position, first, producer, need = _row(table_ptr, step)
         tile = ticket - first
+        ahead, n_op, n_tiles, n_layer, n_group, n_first = step, op, tiles, layer, group, first
+        while (following >= n_first + n_tiles) & (following < num_tiles):  # (the next ticket's step)
+            ahead += 1
+            n_op, n_tiles, n_layer, n_group, _, n_first, _, _ = _row(table_ptr, ahead)
+        if following < num_tiles:
+            _prefetch_tile(
+                n_op,
+                following - n_first,
+                n_layer,
+                n_group,
+                weights,
+                HIDDEN,
+                qkv_width,
+                attn_width,
+                INTERMEDIATE,
+                VOCAB,
+                BLOCK_N,
+                BLOCK_K,
+                PREFETCH,
+            )
         stamps = trace_ptr + 4 * ticket  # (TRACE: the tile's start, end of its wait, end, and program)
         _stamp(stamps, TRACE)
         mine = counters_ptr + step * COUNTERS
         theirs = counters_ptr + producer * COUNTERS
         tokens = tl.where(position == 1, 2, 1)
         rows_ok = r < batch * tokens
-        n0 = tile * _BLOCK_N
+        n0 = tile * BLOCK_N
         if op == _QKV:
             w_qkv = qkv_w_ptr + layer * qkv_width * HIDDEN
-            _prefetch_rows(w_qkv, n0, qkv_width, HIDDEN, PREFETCH)
             if producer >= 0:
                 _wait(theirs + _DONE, need, unmet, stamps + 1, SPIN, TRACE)
             norm = in_norm_ptr + layer * HIDDEN
-            acc, _ = _normed_product(h_ptr, r, rows_ok, eps, norm, w_qkv, w_qkv, n0, qkv_width, HIDDEN, False, BLOCK_H)
+            acc, _ = _normed_product(
+                h_ptr, r, rows_ok, eps, norm, w_qkv, w_qkv, n0, qkv_width, HIDDEN, False, BLOCK_N, BLOCK_H
+            )
             out = qkv_ptr + r[:, None] * qkv_width + (n0 + nn)[None, :]
             tl.store(out, acc.to(dt), mask=rows_ok[:, None] & ((n0 + nn) < qkv_width)[None, :])
             head = n0 // HEAD_DIM  # (q heads, then k heads, then v heads)
@@ -413,11 +494,11 @@ def code_predictor_frame(
         elif op == _GATE_UP:
             w_gate = gate_up_w_ptr + layer * 2 * INTERMEDIATE * HIDDEN
             w_up = w_gate + INTERMEDIATE * HIDDEN
-            _prefetch_rows(w_gate, n0, INTERMEDIATE, HIDDEN, PREFETCH)
-            _prefetch_rows(w_up, n0, INTERMEDIATE, HIDDEN, PREFETCH)
             _wait(theirs + _DONE, need, unmet, stamps + 1, SPIN, TRACE)
             norm = post_norm_ptr + layer * HIDDEN
-            g, u = _normed_product(h_ptr, r, rows_ok, eps, norm, w_gate, w_up, n0, INTERMEDIATE, HIDDEN, True, BLOCK_H)
+            g, u = _normed_product(
+                h_ptr, r, rows_ok, eps, norm, w_gate, w_up, n0, INTERMEDIATE, HIDDEN, True, BLOCK_N, BLOCK_H
+            )
             g = g.to(dt).to(tl.float32)
             u = u.to(dt).to(tl.float32)
             silu = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
@@ -426,12 +507,13 @@ def code_predictor_frame(
             _signal(mine + 1 + n0 // BLOCK_K)
         elif op == _HEAD:
             w_head = heads_ptr + group * VOCAB * HIDDEN
-            _prefetch_rows(w_head, n0, VOCAB, HIDDEN, PREFETCH)
             _wait(theirs + _DONE, need, unmet, stamps + 1, SPIN, TRACE)
             last = r * tokens + tokens - 1
             ok = r < batch
             norm = final_norm_ptr
-            logits, _ = _normed_product(h_ptr, last, ok, eps, norm, w_head, w_head, n0, VOCAB, HIDDEN, False, BLOCK_H)
+            logits, _ = _normed_product(
+                h_ptr, last, ok, eps, norm, w_head, w_head, n0, VOCAB, HIDDEN, False, BLOCK_N, BLOCK_H
+            )
             out = logits_ptr + r[:, None] * VOCAB + (n0 + nn)[None, :]
             tl.store(out, logits.to(dt), mask=ok[:, None] & ((n0 + nn) < VOCAB)[None, :])
             _signal(mine + _DONE)
@@ -453,11 +535,11 @@ def code_predictor_frame(
         else:  # OUT, DOWN: a share of the output projection's inputs -> one partial sum of a column block
             split = tile // hidden_blocks
             column = tile % hidden_blocks
-            n0 = column * _BLOCK_N
+            n0 = column * BLOCK_N
             k0 = split * BLOCK_K
             ks = k0 + tl.arange(0, BLOCK_K)
             if op == _OUT:
-                w_part = _weights(o_w_ptr + layer * HIDDEN * attn_width, n0, HIDDEN, attn_width, k0, BLOCK_K)
+                w_part = _weights(o_w_ptr + layer * HIDDEN * attn_width, n0, HIDDEN, attn_width, k0, BLOCK_N, BLOCK_K)
                 last_head = (tl.minimum(k0 + BLOCK_K, attn_width) - 1) // HEAD_DIM // group_heads
                 for j in range(k0 // HEAD_DIM // group_heads, last_head + 1):
                     _wait(theirs + 1 + j, batch, unmet, stamps + 1, SPIN, TRACE)
@@ -466,7 +548,9 @@ def code_predictor_frame(
                     attn_ptr + r[:, None] * attn_width + ks[None, :], mask=x_mask, other=0.0, cache_modifier=".cg"
                 )
             else:
-                w_part = _weights(down_w_ptr + layer * HIDDEN * INTERMEDIATE, n0, HIDDEN, INTERMEDIATE, k0, BLOCK_K)
+                w_part = _weights(
+                    down_w_ptr + layer * HIDDEN * INTERMEDIATE, n0, HIDDEN, INTERMEDIATE, k0, BLOCK_N, BLOCK_K
+                )
                 _wait(
                     theirs + 1 + split,
                     tl.minimum(split_tiles, gate_up_tiles - split * split_tiles),
@@ -487,10 +571,10 @@ def code_predictor_frame(
             tl.debug_barrier()
             if op == _OUT:  # the block's last part written: the residual takes them all (this tile), then DONE
                 if added == out_splits - 1:
-                    _reduce(h_ptr, part_ptr, column, rows_ok, out_splits, HIDDEN)
+                    _reduce(h_ptr, part_ptr, column, rows_ok, out_splits, HIDDEN, BLOCK_N)
                     _signal(mine + _DONE)
             elif added == down_splits - 1:
-                _reduce(h_ptr, part_ptr, column, rows_ok, down_splits, HIDDEN)
+                _reduce(h_ptr, part_ptr, column, rows_ok, down_splits, HIDDEN, BLOCK_N)
                 _signal(mine + _DONE)
         _stamp(stamps + 2, TRACE)
         if TRACE:
@@ -619,6 +703,7 @@ class PersistentCodePredictor:
             GROUPS=shape.groups,
             CAPACITY=self.capacity,
             COUNTERS=shape.counters,
+            BLOCK_N=shape.block_n,
             BLOCK_K=shape.block_k,
             BLOCK_V=block_v,
             BLOCK_H=1 << (hidden - 1).bit_length(),

@@ -17,7 +17,7 @@ import torch
 QKV, ATTN, OUT, GATE_UP, DOWN, HEAD, SAMPLE = range(7)
 OPS = ("QKV", "ATTN", "OUT", "GATE_UP", "DOWN", "HEAD", "SAMPLE")
 COLUMNS = 8  # a step's row in the table: op, tiles, layer, group, position, first tile, producer, need
-BLOCK_N = 16  # output columns of a projection tile (the smallest ``tl.dot`` width)
+BLOCK_N = (32, 16)  # output columns of a projection tile: the widest that divides head_dim (16: ``tl.dot``'s least)
 NORM_K = 256  # inputs a norm's projection tile multiplies at once (its registers: the kernel's largest op)
 ROWS = 16  # token rows a tile multiplies at once (a ``tl.dot``'s smallest height; masked past the batch's)
 DONE = 0  # a step's counter of finished work its consumers wait for whole (tiles; OUT, DOWN: blocks reduced)
@@ -38,8 +38,13 @@ class Shape:
     groups: int  # codec groups (the first drawn by the talker; this kernel draws 1..groups-1)
 
     def __post_init__(self):
-        if self.head_dim % BLOCK_N or self.heads % self.kv_heads:
-            raise ValueError(f"head_dim must be a multiple of {BLOCK_N} and heads of kv_heads: {self}")
+        if self.head_dim % BLOCK_N[-1] or self.heads % self.kv_heads:
+            raise ValueError(f"head_dim must be a multiple of {BLOCK_N[-1]} and heads of kv_heads: {self}")
+
+    @property
+    def block_n(self) -> int:
+        """Output columns of a projection tile (one tile's columns lie in one head)."""
+        return next(n for n in BLOCK_N if self.head_dim % n == 0)
 
     @property
     def qkv(self) -> int:
@@ -55,9 +60,13 @@ class Shape:
         into partial sums, which the last tile of a column block to finish adds to the residual)."""
         return min(512, 1 << (min(self.hidden, self.heads * self.head_dim, self.intermediate) - 1).bit_length())
 
+    def blocks_of(self, n: int) -> range:
+        """The ``block_n``-wide column blocks of n columns."""
+        return range(-(-n // self.block_n))
+
     @property
     def hidden_blocks(self) -> int:
-        return len(blocks_of(self.hidden))
+        return len(self.blocks_of(self.hidden))
 
     @property
     def counters(self) -> int:
@@ -73,12 +82,12 @@ class Shape:
     def tiles(self, op: int) -> int:
         columns = {QKV: self.qkv, OUT: self.hidden, GATE_UP: self.intermediate, DOWN: self.hidden, HEAD: self.vocab}
         if op in columns:
-            return len(blocks_of(columns[op])) * max(1, self.splits(op))
+            return len(self.blocks_of(columns[op])) * max(1, self.splits(op))
         return self.batch * self.kv_heads if op == ATTN else self.batch
 
     def kv_head_of(self, qkv_tile: int) -> int:
         """The kv head whose attention reads a QKV tile's columns (q of its heads, its k, its v)."""
-        column, width = qkv_tile * BLOCK_N, self.heads * self.head_dim
+        column, width = qkv_tile * self.block_n, self.heads * self.head_dim
         if column < width:
             return column // self.head_dim // (self.heads // self.kv_heads)
         return (column - width) // self.head_dim % self.kv_heads
@@ -86,7 +95,7 @@ class Shape:
     @property
     def qkv_tiles_per_kv_head(self) -> int:
         """QKV tiles whose columns one kv head's attention reads (q of its heads, its k, its v)."""
-        return (self.heads // self.kv_heads + 2) * self.head_dim // BLOCK_N
+        return (self.heads // self.kv_heads + 2) * self.head_dim // self.block_n
 
     def kv_heads_of(self, out_split: int) -> range:
         """The kv heads whose attention output an OUT split's inputs are."""
@@ -97,8 +106,8 @@ class Shape:
 
     def gate_up_tiles_of(self, down_split: int) -> int:
         """GATE_UP tiles whose columns a DOWN split's inputs are."""
-        per = self.block_k // BLOCK_N
-        return min(per, len(blocks_of(self.intermediate)) - down_split * per)
+        per = self.block_k // self.block_n
+        return min(per, len(self.blocks_of(self.intermediate)) - down_split * per)
 
 
 @dataclass(frozen=True)
@@ -183,7 +192,7 @@ class Schedule:
         if step.op == ATTN:
             return 1 + tile % s.kv_heads
         if step.op == GATE_UP:
-            return 1 + tile * BLOCK_N // s.block_k
+            return 1 + tile * s.block_n // s.block_k
         if step.op in (OUT, DOWN):
             return 1 + tile % s.hidden_blocks
         return DONE
@@ -192,13 +201,13 @@ class Schedule:
 
     def regions(self, index: int, tile: int) -> tuple[set, set]:
         """What tile ``tile`` of step ``index`` reads and writes: sets of (buffer, row, column block), the
-        column blocks BLOCK_N wide (the residual: ("h", row, block); partial sums: ("part", split, row,
+        column blocks ``block_n`` wide (the residual: ("h", row, block); partial sums: ("part", split, row,
         block); KV: (buffer, layer, request, position, kv head)). The kernel's ops, declared for ``check``."""
         s, p = self.shape, self.steps[index]
         t = p.tokens
         rows = [b * t + i for b in range(s.batch) for i in range(t)]
         last = [b * t + t - 1 for b in range(s.batch)]
-        blocks = blocks_of(s.hidden)
+        blocks = s.blocks_of(s.hidden)
         cols = lambda name, rs: {(name, r, tile) for r in rs}  # noqa: E731
         residual = lambda rs: {("h", r, c) for r in rs for c in blocks}  # noqa: E731
 
@@ -208,7 +217,7 @@ class Schedule:
             b, j = divmod(tile, s.kv_heads)
             group = s.heads // s.kv_heads
             own = [b * t + i for i in range(t)]
-            head_blocks = lambda first, n: range(first * s.head_dim // BLOCK_N, (first + n) * s.head_dim // BLOCK_N)  # noqa: E731
+            head_blocks = lambda first, n: range(first * s.head_dim // s.block_n, (first + n) * s.head_dim // s.block_n)  # noqa: E731
             reads = {("qkv", r, c) for r in own for c in head_blocks(j * group, group)}
             reads |= {("qkv", r, c) for r in own for c in head_blocks(s.heads + j, 1)}
             reads |= {("qkv", r, c) for r in own for c in head_blocks(s.heads + s.kv_heads + j, 1)}
@@ -219,16 +228,16 @@ class Schedule:
             return reads, writes
         if p.op in (OUT, DOWN):
             split, column = divmod(tile, len(blocks))
-            width = s.block_k // BLOCK_N
+            width = s.block_k // s.block_n
             name, n = ("attn", s.heads * s.head_dim) if p.op == OUT else ("act", s.intermediate)
-            reads = {(name, r, c) for r in rows for c in blocks_of(n) if split * width <= c < (split + 1) * width}
+            reads = {(name, r, c) for r in rows for c in s.blocks_of(n) if split * width <= c < (split + 1) * width}
             return reads, {("part", split, r, column) for r in rows}
         if p.op == HEAD:
             return residual(last), {("logits", b, tile) for b in range(s.batch)}
         b = tile
         writes = {("code", b, p.group), ("total", b, 0)}
         writes |= {("h", b, c) for c in blocks} if p.group < s.groups - 2 else set()
-        return {("logits", b, c) for c in blocks_of(s.vocab)} | {("total", b, 0)}, writes
+        return {("logits", b, c) for c in s.blocks_of(s.vocab)} | {("total", b, 0)}, writes
 
     def reduction(self, index: int, column: int) -> tuple[set, set]:
         """OUT, DOWN: what the reduction of column block ``column`` reads and writes (run by the tile that
@@ -246,7 +255,7 @@ class Schedule:
         its counter: its count must be theirs."""
         s = self.shape
         if inputs is None:
-            inputs = {("h", r, c) for r in range(s.max_rows) for c in blocks_of(s.hidden)}
+            inputs = {("h", r, c) for r in range(s.max_rows) for c in s.blocks_of(s.hidden)}
             inputs |= {("total", b, 0) for b in range(s.batch)}
         nodes, signalers = [], {}  # nodes in sequential order: (name, reads, writes, direct dependencies)
         for index, step in enumerate(self.steps):
@@ -306,7 +315,3 @@ def _check_order(nodes: list, inputs: set) -> None:
         for region in reads - writes:
             reads_since.setdefault(region, []).append(i)
 
-
-def blocks_of(n: int) -> range:
-    """The BLOCK_N-wide column blocks of n columns."""
-    return range(-(-n // BLOCK_N))

@@ -143,8 +143,9 @@ def _params(batch, vocab, device, sampled=True, seed=0):
 
 
 # the tiny config's code predictor has one kv head and its output projections one or two splits; WIDE has
-# several of each, so that every wait of the kernel counts on more than one group of tiles
-WIDE = dict(num_attention_heads=8, num_key_value_heads=2, head_dim=16, intermediate_size=192)
+# several of each, so that every wait of the kernel counts on more than one group of tiles, and tiles 32
+# columns wide (head_dim 32; the tiny one: 16)
+WIDE = dict(num_attention_heads=8, num_key_value_heads=2, head_dim=32, intermediate_size=192)
 
 
 @CPU_ONLY
