@@ -15,7 +15,9 @@ on the host for a batch size): steps, each one op over a number of tiles (``OPS`
     SAMPLE   a request: its code drawn (``kernels/sampling.py``'s steps), its embedding the next input
 
 The frame's tiles are one sequence; the kernel's programs claim them in order from one counter (a
-program takes its next ticket as it starts a tile). A tile loads its weights, then waits for the
+program takes its next ticket as it starts a tile, and asks that tile's weights into L2 then). A
+tile's projection is 32 output columns wide (16 where head_dim is not a multiple of 32), so that a
+step at full size is about one tile a program. A tile loads its weights, then waits for the
 counters of the earlier step it reads (``Schedule.waits``: e.g. an attention tile for the QKV tiles of
 its kv head's columns, a DOWN tile for the GATE_UP tiles of its inputs), runs, and counts itself in a
 counter of its own step (``Schedule.signals``, a release); the waits are acquires. No barrier between

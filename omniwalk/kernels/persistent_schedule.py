@@ -314,4 +314,3 @@ def _check_order(nodes: list, inputs: set) -> None:
             last_write[region], reads_since[region] = i, []
         for region in reads - writes:
             reads_since.setdefault(region, []).append(i)
-
