@@ -387,6 +387,7 @@ def code_predictor_frame(
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    CANDIDATES: tl.constexpr,
     PREFETCH: tl.constexpr,
     SPIN: tl.constexpr,
     TRACE: tl.constexpr,
@@ -531,7 +532,7 @@ def code_predictor_frame(
             cols = tl.arange(0, BLOCK_V)
             valid = cols < VOCAB
             scores = tl.load(logits_ptr + tile * VOCAB + cols, mask=valid, other=float("-inf"), cache_modifier=".cg")
-            code = pick(scores.to(tl.float32), tile, cols, valid, VOCAB, flags, group, sampling, BLOCK_V)
+            code = pick(scores.to(tl.float32), tile, cols, valid, VOCAB, flags, group, sampling, BLOCK_V, CANDIDATES)
             tl.store(codes_ptr + tile * (GROUPS - 1) + group, code)
             hh = tl.arange(0, BLOCK_H)
             h_ok = hh < HIDDEN
@@ -648,7 +649,7 @@ class PersistentCodePredictor:
     def __call__(self, talker_hidden: torch.Tensor, code0_embedding: torch.Tensor, params) -> tuple:
         """As ``CodePredictor.forward`` with draws by ``sampling.draw(logits, params, group - 1)``:
         (codes [B, G-1] int64, the sum of their embeddings [B, hidden]). No host reads: graph-capturable."""
-        from omniwalk.kernels.sampling import _param_args
+        from omniwalk.kernels.sampling import TOP_CANDIDATES, _param_args
 
         batch, hidden = talker_hidden.shape
         schedule, table = self.schedules[batch], self.tables[batch]
@@ -717,6 +718,7 @@ class PersistentCodePredictor:
             BLOCK_K=shape.block_k,
             BLOCK_V=block_v,
             BLOCK_H=1 << (hidden - 1).bit_length(),
+            CANDIDATES=min(TOP_CANDIDATES, block_v),
             PREFETCH=self.prefetches,
             SPIN=self.compiled,
             TRACE=self.trace is not None,

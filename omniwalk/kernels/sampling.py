@@ -10,8 +10,8 @@ draws and CUDA graphs (every field present, neutral rows) share the kernels.
 Policy by vocabulary size (no switch):
 
     vocab <= 4096 (talker 3072, code predictor 2048): one program per row, the row held whole
-        in registers -> ``draw_rows``, one launch. Top-k/top-p find their cuts over (score, index)
-        keys by counting, 4 bits of the key a step (``_largest``: 11 steps, no sort).
+        in registers -> ``draw_rows``, one launch. Top-k/top-p sort (score, index) keys: a
+        partial sort (``tl.topk`` of 64) when the row's top_k <= 64, else the full row.
     vocab > 4096 (thinker 152064): ``draw_blocks`` over (row, 2048-wide block) then
         ``pick_blocks``, two launches. When top-k/top-p are asked, ``sampling.draw`` runs the
         PyTorch ``_top_k_top_p`` (torch.sort) between a processing launch and the draw.
@@ -21,7 +21,7 @@ A draw replayed in a CUDA graph takes one kernel where the PyTorch expression ta
 
 Ties: keys order by (score desc, index asc): the order of the stable ``torch.sort`` in the
 reference; -0.0 and +0.0 are one score there, so the keys merge them. The one place the ids can
-differ is the top-p cut: the kernel sums the softmax and the mass of the better tokens in its own order,
+differ is the top-p cut: the kernel sums the softmax and its cumulative mass in its own order,
 so where the mass of the better tokens lies within rounding (~1e-6) of ``top_p`` the cut may
 fall one token apart (tests count such rows separately).
 """
@@ -36,9 +36,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from omniwalk.kernels import pdl
 
 SMALL_VOCAB_MAX = 4096  # rows up to this many ids are one program each
-RADIX = 16  # thresholds the top-k / top-p search weighs at once (4 bits of a key a step)
+TOP_CANDIDATES = 64  # top_k up to this takes the partial sort (talker and code predictor: 50)
 LARGE_BLOCK = 2048  # ids per program for larger vocabularies
-_RADIX, _INDEX_MAX = tl.constexpr(RADIX), tl.constexpr(SMALL_VOCAB_MAX)  # (the kernels' copies)
 _PENALTY, _BANNED, _TOP, _SAMPLED, _ALLOWED = 1, 2, 4, 8, 16  # bits of ``flags``: BatchParams fields present
 
 
@@ -65,6 +64,7 @@ def draw(logits: torch.Tensor, p, step_offset: int = 0, processed: bool = False)
             flags,
             step_offset,
             BLOCK=block,
+            CANDIDATES=min(TOP_CANDIDATES, block),
             num_warps=16 if block >= 2048 else 4,
             **pdl.launch(logits.device),
         )
@@ -215,60 +215,42 @@ def perturb(x, row, cols, flags, step_offset, sampled_ptr, seeds_ptr, steps_ptr)
 
 @triton.jit
 def keys_of(x, cols, BLOCK: tl.constexpr):
-    """uint64 keys ordered as (score desc, index asc) is descending key order; -0.0 == +0.0. The score's
-    32 bits (float order as unsigned order) above the index's complement in the low log2(BLOCK) bits."""
+    """int64 keys ordered as (score desc, index asc) when sorted descending; -0.0 == +0.0."""
     bits = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
-    order = (bits ^ ((bits >> 31) & 0x7FFFFFFF)) ^ -0x80000000  # float order as unsigned int order
-    return (order.to(tl.uint32, bitcast=True).to(tl.uint64) << 32) | (BLOCK - 1 - cols).to(tl.uint64)
+    order = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # float order as signed int order
+    return (order.to(tl.int64) << 32) | (BLOCK - 1 - cols).to(tl.int64)
 
 
 @triton.jit
 def scores_of(keys):
-    order = ((keys >> 32).to(tl.uint32).to(tl.int32, bitcast=True)) ^ -0x80000000
+    order = (keys >> 32).to(tl.int32)
     return (order ^ ((order >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _digit(keys, found, weights, bound, shift: tl.constexpr):
-    """One radix step of ``_largest``: ``found`` with the largest digit at ``shift`` whose key v still has
-    (the sum of ``weights`` of keys >= v) >= ``bound``."""
-    digits = tl.arange(0, _RADIX).to(tl.uint64)
-    candidates = found + (digits << shift)
-    totals = tl.sum(tl.where(keys[None, :] >= candidates[:, None], weights[None, :], 0), 1)
-    return found + (tl.max(tl.where(totals >= bound, digits, 0), 0).to(tl.uint64) << shift)
+def cut(sorted_keys, top_k, top_p, N: tl.constexpr):
+    """Keys sorted descending [N] -> the smallest key that top-k then top-p keep (a prefix)."""
+    ranks = tl.arange(0, N)
+    scores = tl.where(ranks < top_k, scores_of(sorted_keys), float("-inf"))
+    e = tl.exp(scores - tl.max(scores, 0))
+    probs = e / tl.sum(e, 0)
+    before = tl.cumsum(probs, 0) - probs  # mass of the better tokens
+    limit = tl.where(top_p < 1.0, top_p, float("inf"))  # (top_p 1: even a mass rounded to 1 keeps)
+    drop = ((before >= limit) & (ranks > 0)) | (ranks >= top_k)
+    num_kept = tl.min(tl.where(drop, ranks, N), 0)
+    return tl.min(tl.where(ranks < num_kept, sorted_keys, 0x7FFFFFFFFFFFFFFF), 0)
 
 
 @triton.jit
-def _largest(keys, weights, bound, BLOCK: tl.constexpr):
-    """The largest v with the sum of ``weights`` of keys >= v at least ``bound`` (0 where none is), found a
-    radix digit at a time over a key's bits (the score's 32, the index's 12): one [BLOCK, RADIX] sum a
-    digit, no sort."""
-    tl.static_assert(BLOCK <= _INDEX_MAX)  # (the index's 12 bits)
-    found = tl.zeros([], dtype=tl.uint64)
-    for i in tl.static_range(8):
-        found = _digit(keys, found, weights, bound, 60 - 4 * i)
-    for i in tl.static_range(3):
-        found = _digit(keys, found, weights, bound, 8 - 4 * i)
-    return found
-
-
-@triton.jit
-def top_k_top_p(x, row, cols, vocab, top_k_ptr, top_p_ptr, BLOCK: tl.constexpr):
-    """Scores past the row's top-k, then past the smallest best set whose mass reaches top-p, to -inf
-    (``sampling._top_k_top_p``), the cuts found by counting (``_largest``). Top-k keeps keys >= the
-    top_k-th largest. A key is dropped by top-p where the mass of the keys above it, those >= key + 1,
-    reaches top_p: where key + 1 <= v, v the largest with mass(keys >= v) >= top_p; so the keys >= v
-    stay, and the best key always."""
+def top_k_top_p(x, row, cols, vocab, top_k_ptr, top_p_ptr, BLOCK: tl.constexpr, CANDIDATES: tl.constexpr):
     top_k = tl.load(top_k_ptr + row)
     top_p = tl.load(top_p_ptr + row)
-    if (top_k < vocab) | (top_p < 1.0):  # (neutral rows of a graph skip the search)
+    if (top_k < vocab) | (top_p < 1.0):  # (neutral rows of a graph skip the sort)
         keys = keys_of(x, cols, BLOCK)
-        smallest = _largest(keys, tl.full([BLOCK], 1, tl.int32), tl.minimum(top_k, BLOCK).to(tl.int32), BLOCK)
-        if top_p < 1.0:
-            scores = tl.where(keys >= smallest, scores_of(keys), float("-inf"))
-            e = tl.exp(scores - tl.max(scores, 0))
-            probs = e / tl.sum(e, 0)
-            smallest = tl.maximum(smallest, tl.minimum(_largest(keys, probs, top_p, BLOCK), tl.max(keys, 0)))
+        if top_k <= CANDIDATES:
+            smallest = cut(tl.topk(keys, CANDIDATES), top_k, top_p, CANDIDATES)
+        else:
+            smallest = cut(tl.sort(keys, descending=True), top_k, top_p, BLOCK)
         x = tl.where(keys >= smallest, x, float("-inf"))
     return x
 
@@ -295,6 +277,7 @@ def draw_rows(
     flags,
     step_offset,
     BLOCK: tl.constexpr,
+    CANDIDATES: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -306,11 +289,11 @@ def draw_rows(
     x = tl.load(logits_ptr + row * logits_stride + cols, mask=valid, other=float("-inf")).to(tl.float32)
     args = (temperature_ptr, penalty_ptr, seen_ptr, seen_stride, banned_ptr, banned_stride, allowed_ptr, allowed_stride)
     args += (top_k_ptr, top_p_ptr, sampled_ptr, seeds_ptr, steps_ptr)
-    tl.store(out_ptr + row, pick(x, row, cols, valid, vocab, flags, step_offset, args, BLOCK))
+    tl.store(out_ptr + row, pick(x, row, cols, valid, vocab, flags, step_offset, args, BLOCK, CANDIDATES))
 
 
 @triton.jit
-def pick(x, row, cols, valid, vocab, flags, step_offset, params, BLOCK: tl.constexpr):
+def pick(x, row, cols, valid, vocab, flags, step_offset, params, BLOCK: tl.constexpr, CANDIDATES: tl.constexpr):
     """A row's fp32 scores ``x`` [BLOCK] -> its drawn id (int64): ``front``, top-k / top-p, the noise of a
     sampled row, argmax (``sampling.draw``'s steps). ``params``: the parameters' pointers and strides, in
     ``draw_rows``' order (temperature .. steps)."""
@@ -332,7 +315,7 @@ def pick(x, row, cols, valid, vocab, flags, step_offset, params, BLOCK: tl.const
         allowed_stride,
     )
     if (flags & 4) != 0:
-        x = top_k_top_p(x, row, cols, vocab, top_k_ptr, top_p_ptr, BLOCK)
+        x = top_k_top_p(x, row, cols, vocab, top_k_ptr, top_p_ptr, BLOCK, CANDIDATES)
     x = perturb(x, row, cols, flags, step_offset, sampled_ptr, seeds_ptr, steps_ptr)
     return tl.argmax(x, 0).to(tl.int64)
 
