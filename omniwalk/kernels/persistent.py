@@ -6,9 +6,8 @@ a step, a frame is ~760 kernels whose launch, ramp and tail cost far more than t
 one launch walks the whole frame. The work is a **schedule** (``persistent_schedule.Schedule``, built
 on the host for a batch size): steps, each one op over a number of tiles (``OPS``):
 
-    QKV      columns of the merged q/k/v projection of the input-normed residual rows; the tile that
-             writes a kv head's last columns runs its attention for every request (q/k norm + rope, K/V
-             stored at the pass's positions, attention)
+    QKV      columns of the merged q/k/v projection of the input-normed residual rows
+    ATTN     (request, kv head): q/k norm + rope, K/V stored at the pass's positions, attention
     OUT      a share of the output projection's inputs times a block of its columns: a partial sum
     GATE_UP  columns of the gated MLP's input projection (of the post-attention norm): silu(gate) * up
     DOWN     as OUT, for the MLP's output projection
@@ -45,6 +44,7 @@ import triton
 import triton.language as tl
 
 from omniwalk.kernels.persistent_schedule import (
+    ATTN,
     COLUMNS,
     DONE,
     DOWN,
@@ -61,7 +61,9 @@ from omniwalk.kernels.persistent_schedule import (
 from omniwalk.kernels.sampling import pick
 
 # (the kernel's copies of the schedule's constants)
-_QKV, _OUT, _GATE_UP, _DOWN, _HEAD, _SAMPLE = (tl.constexpr(v) for v in (QKV, OUT, GATE_UP, DOWN, HEAD, SAMPLE))
+_QKV, _ATTN, _OUT, _GATE_UP, _DOWN, _HEAD, _SAMPLE = (
+    tl.constexpr(v) for v in (QKV, ATTN, OUT, GATE_UP, DOWN, HEAD, SAMPLE)
+)
 _COLUMNS, _ROWS, _DONE = tl.constexpr(COLUMNS), tl.constexpr(ROWS), tl.constexpr(DONE)
 _NORM_K = tl.constexpr(NORM_K)
 
@@ -267,7 +269,7 @@ def _attend(
     k_norm_ptr,
     cos_ptr,
     sin_ptr,
-    j,
+    tile,
     layer,
     position,
     tokens,
@@ -278,52 +280,45 @@ def _attend(
     KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     CAPACITY: tl.constexpr,
-    REQUESTS: tl.constexpr,
 ):
-    """Kv head j's attention for every request at once (``REQUESTS``: the batch rounded up to a power of
-    two; rows past it repeat the last request's and are not stored), for each of the pass's tokens in
-    order: k normed, roped and stored with v at its position, then its q heads' attention over positions
-    0..its own."""
+    """ATTN tile (request b, kv head j), for each of the pass's tokens in order: k normed, roped and
+    stored with v at its position, then its q heads' attention over positions 0..its own."""
     dt = qkv_ptr.dtype.element_ty
     group: tl.constexpr = HEADS // KV_HEADS
     width: tl.constexpr = (HEADS + 2 * KV_HEADS) * HEAD_DIM
-    requests = tl.arange(0, REQUESTS)
-    ok = requests < batch
-    b = tl.minimum(requests, batch - 1)  # [R]
+    b = tile // KV_HEADS
+    j = tile % KV_HEADS
     d = tl.arange(0, HEAD_DIM)
     dr = (d + HEAD_DIM // 2) % HEAD_DIM
     q_heads = j * group + tl.arange(0, group)
     slots = tl.arange(0, CAPACITY)
-    cache = (((layer * batch + b[:, None, None]) * CAPACITY + slots[None, :, None]) * KV_HEADS + j) * HEAD_DIM
-    cache += d[None, None, :]  # [R, CAPACITY, D]
+    cache = ((layer * batch + b) * CAPACITY + slots[:, None]) * KV_HEADS * HEAD_DIM + j * HEAD_DIM + d[None, :]
     for i in range(tokens):
         pos = position - tokens + 1 + i
-        row = b * tokens + i  # [R]
-        base = qkv_ptr + row[:, None] * width  # [R, 1]
-        cos = tl.load(cos_ptr + pos * HEAD_DIM + d).to(tl.float32)[None, :]
-        sin = tl.load(sin_ptr + pos * HEAD_DIM + d).to(tl.float32)[None, :]
+        row = b * tokens + i
+        base = qkv_ptr + row * width
+        cos = tl.load(cos_ptr + pos * HEAD_DIM + d).to(tl.float32)
+        sin = tl.load(sin_ptr + pos * HEAD_DIM + d).to(tl.float32)
         k_base = base + (HEADS + j) * HEAD_DIM
-        kx = tl.load(k_base + d[None, :], cache_modifier=".cg").to(tl.float32)
-        k_rstd = tl.rsqrt(tl.sum(kx * kx, 1) / HEAD_DIM + eps)[:, None]
-        k = _head_rope(k_base, d[None, :], dr[None, :], k_rstd, k_norm_ptr, cos, sin, dt)  # [R, D]
-        v = tl.load(base + (HEADS + KV_HEADS + j) * HEAD_DIM + d[None, :], cache_modifier=".cg")
-        at = (((layer * batch + b[:, None]) * CAPACITY + pos) * KV_HEADS + j) * HEAD_DIM + d[None, :]
-        tl.store(keys_ptr + at, k, mask=ok[:, None])
-        tl.store(values_ptr + at, v, mask=ok[:, None])
+        kx = tl.load(k_base + d, cache_modifier=".cg").to(tl.float32)
+        k = _head_rope(k_base, d, dr, tl.rsqrt(tl.sum(kx * kx, 0) / HEAD_DIM + eps), k_norm_ptr, cos, sin, dt)
+        v = tl.load(base + (HEADS + KV_HEADS + j) * HEAD_DIM + d, cache_modifier=".cg")
+        at = ((layer * batch + b) * CAPACITY + pos) * KV_HEADS * HEAD_DIM + j * HEAD_DIM + d
+        tl.store(keys_ptr + at, k)
+        tl.store(values_ptr + at, v)
         tl.debug_barrier()  # (the program's own stores, read back below by its other threads)
-        q_base = base[:, :, None] + q_heads[None, :, None] * HEAD_DIM  # [R, G, 1]
-        qx = tl.load(q_base + d[None, None, :], cache_modifier=".cg").to(tl.float32)
-        q_rstd = tl.rsqrt(tl.sum(qx * qx, 2) / HEAD_DIM + eps)[:, :, None]
-        q = _head_rope(q_base, d[None, None, :], dr[None, None, :], q_rstd, q_norm_ptr, cos[None], sin[None], dt)
-        seen = (slots <= pos)[None, :, None]
-        keys = tl.load(keys_ptr + cache, mask=seen, other=0.0, cache_modifier=".cg").to(tl.float32)
-        values = tl.load(values_ptr + cache, mask=seen, other=0.0, cache_modifier=".cg").to(tl.float32)
-        scores = tl.sum(q.to(tl.float32)[:, :, None, :] * keys[:, None, :, :], 3) * scale  # [R, G, CAPACITY]
-        scores = tl.where((slots <= pos)[None, None, :], scores, float("-inf"))
-        e = tl.exp(scores - tl.max(scores, 2)[:, :, None])
-        out = tl.sum(e[:, :, :, None] * values[:, None, :, :], 2) / tl.sum(e, 2)[:, :, None]  # [R, G, D]
-        out_at = row[:, None, None] * HEADS * HEAD_DIM + q_heads[None, :, None] * HEAD_DIM + d[None, None, :]
-        tl.store(attn_ptr + out_at, out.to(dt), mask=ok[:, None, None])
+        q_at = q_heads[:, None] * HEAD_DIM
+        qx = tl.load(base + q_at + d[None, :], cache_modifier=".cg").to(tl.float32)
+        q_rstd = tl.rsqrt(tl.sum(qx * qx, 1) / HEAD_DIM + eps)[:, None]
+        q = _head_rope(base + q_at, d[None, :], dr[None, :], q_rstd, q_norm_ptr, cos[None, :], sin[None, :], dt)
+        seen = slots <= pos
+        keys = tl.load(keys_ptr + cache, mask=seen[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
+        values = tl.load(values_ptr + cache, mask=seen[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
+        scores = tl.sum(q.to(tl.float32)[:, None, :] * keys[None, :, :], 2) * scale
+        scores = tl.where(seen[None, :], scores, float("-inf"))
+        e = tl.exp(scores - tl.max(scores, 1)[:, None])
+        out = tl.sum(e[:, :, None] * values[None, :, :], 1) / tl.sum(e, 1)[:, None]
+        tl.store(attn_ptr + row * HEADS * HEAD_DIM + q_at + d[None, :], out.to(dt))
 
 
 @triton.jit(do_not_specialize=["num_tiles", "batch", "flags"])
@@ -381,7 +376,6 @@ def code_predictor_frame(
     VOCAB: tl.constexpr,
     GROUPS: tl.constexpr,
     CAPACITY: tl.constexpr,
-    REQUESTS: tl.constexpr,
     COUNTERS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -474,33 +468,32 @@ def code_predictor_frame(
             tl.store(out, acc.to(dt), mask=rows_ok[:, None] & ((n0 + nn) < qkv_width)[None, :])
             head = n0 // HEAD_DIM  # (q heads, then k heads, then v heads)
             kv_head = tl.where(head < HEADS, head // group_heads, (head - HEADS) % KV_HEADS)
-            tl.debug_barrier()  # (every thread's stores issued before the count says the columns are written)
-            written = tl.atomic_add(mine + 1 + kv_head, 1, sem="acq_rel")
-            tl.debug_barrier()
-            if written == qkv_group_tiles - 1:  # the kv head's last q/k/v columns: its attention, here
-                _attend(
-                    qkv_ptr,
-                    attn_ptr,
-                    keys_ptr,
-                    values_ptr,
-                    q_norm_ptr + layer * HEAD_DIM,
-                    k_norm_ptr + layer * HEAD_DIM,
-                    cos_ptr,
-                    sin_ptr,
-                    kv_head,
-                    layer,
-                    position,
-                    tokens,
-                    batch,
-                    eps,
-                    scale,
-                    HEADS,
-                    KV_HEADS,
-                    HEAD_DIM,
-                    CAPACITY,
-                    REQUESTS,
-                )
-                _signal(mine + 1 + KV_HEADS + kv_head)
+            _signal(mine + 1 + kv_head)
+        elif op == _ATTN:
+            j = tile % KV_HEADS
+            _wait(theirs + 1 + j, qkv_group_tiles, unmet, stamps + 1, SPIN, TRACE)
+            _attend(
+                qkv_ptr,
+                attn_ptr,
+                keys_ptr,
+                values_ptr,
+                q_norm_ptr + layer * HEAD_DIM,
+                k_norm_ptr + layer * HEAD_DIM,
+                cos_ptr,
+                sin_ptr,
+                tile,
+                layer,
+                position,
+                tokens,
+                batch,
+                eps,
+                scale,
+                HEADS,
+                KV_HEADS,
+                HEAD_DIM,
+                CAPACITY,
+            )
+            _signal(mine + 1 + j)
         elif op == _GATE_UP:
             w_gate = gate_up_w_ptr + layer * 2 * INTERMEDIATE * HIDDEN
             w_up = w_gate + INTERMEDIATE * HIDDEN
@@ -552,7 +545,7 @@ def code_predictor_frame(
                 w_part = _weights(o_w_ptr + layer * HIDDEN * attn_width, n0, HIDDEN, attn_width, k0, BLOCK_N, BLOCK_K)
                 last_head = (tl.minimum(k0 + BLOCK_K, attn_width) - 1) // HEAD_DIM // group_heads
                 for j in range(k0 // HEAD_DIM // group_heads, last_head + 1):
-                    _wait(theirs + 1 + KV_HEADS + j, 1, unmet, stamps + 1, SPIN, TRACE)
+                    _wait(theirs + 1 + j, batch, unmet, stamps + 1, SPIN, TRACE)
                 x_mask = rows_ok[:, None] & (ks < attn_width)[None, :]
                 x_part = tl.load(
                     attn_ptr + r[:, None] * attn_width + ks[None, :], mask=x_mask, other=0.0, cache_modifier=".cg"
@@ -712,7 +705,6 @@ class PersistentCodePredictor:
             VOCAB=shape.vocab,
             GROUPS=shape.groups,
             CAPACITY=self.capacity,
-            REQUESTS=1 << (batch - 1).bit_length(),
             COUNTERS=shape.counters,
             BLOCK_N=shape.block_n,
             BLOCK_K=shape.block_k,

@@ -5,11 +5,8 @@ and writes that ``Schedule.check`` proves the waits against (the CPU model of th
 A frame's tiles are numbered in one sequence, step after step; the kernel's programs claim them in that
 order from one counter. A tile waits only for counters of an earlier step (``waits``), and signals one
 counter of its own step when it is done (``signals``), so the tile with the lowest number not yet done
-can always run: no program waits on a tile that no running program holds. Some counters count parts
-(``parts``): the tile that counts a group's last part finishes the group's work itself (``completion``:
-a column block of the residual reduced, a kv head's attention) and counts that in another counter. There
-is no barrier between steps: a tile starts as soon as what it reads is written, and loads its weights
-before it waits."""
+can always run: no program waits on a tile that no running program holds. There is no barrier between
+steps: a tile starts as soon as what it reads is written, and loads its weights before it waits."""
 
 from __future__ import annotations
 
@@ -17,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-QKV, OUT, GATE_UP, DOWN, HEAD, SAMPLE = range(6)
-OPS = ("QKV", "OUT", "GATE_UP", "DOWN", "HEAD", "SAMPLE")
+QKV, ATTN, OUT, GATE_UP, DOWN, HEAD, SAMPLE = range(7)
+OPS = ("QKV", "ATTN", "OUT", "GATE_UP", "DOWN", "HEAD", "SAMPLE")
 COLUMNS = 8  # a step's row in the table: op, tiles, layer, group, position, first tile, producer, need
 BLOCK_N = (32, 16)  # output columns of a projection tile: the widest that divides head_dim (16: ``tl.dot``'s least)
 NORM_K = 256  # inputs a norm's projection tile multiplies at once (its registers: the kernel's largest op)
@@ -73,9 +70,9 @@ class Shape:
 
     @property
     def counters(self) -> int:
-        """Counters a step has: DONE, then one per group its consumers wait for (QKV: a kv head's q/k/v
-        columns, then its attention done; DOWN's input splits; column blocks)."""
-        return 1 + max(self.hidden_blocks, 2 * self.kv_heads, self.splits(DOWN))
+        """Counters a step has: DONE, then one per group its consumers wait for (kv heads, DOWN's input
+        splits, column blocks)."""
+        return 1 + max(self.hidden_blocks, self.kv_heads, self.splits(DOWN))
 
     def splits(self, op: int) -> int:
         """OUT and DOWN: the partial sums of a column block (their inputs split ``block_k`` columns a part)."""
@@ -86,7 +83,7 @@ class Shape:
         columns = {QKV: self.qkv, OUT: self.hidden, GATE_UP: self.intermediate, DOWN: self.hidden, HEAD: self.vocab}
         if op in columns:
             return len(self.blocks_of(columns[op])) * max(1, self.splits(op))
-        return self.batch
+        return self.batch * self.kv_heads if op == ATTN else self.batch
 
     def kv_head_of(self, qkv_tile: int) -> int:
         """The kv head whose attention reads a QKV tile's columns (q of its heads, its k, its v)."""
@@ -117,7 +114,7 @@ class Shape:
 class Step:
     op: int
     tiles: int
-    layer: int  # decoder layer (projections, norms, attention's KV)
+    layer: int  # decoder layer (projections, norms, the KV of ATTN)
     group: int  # the head / embedding table index (HEAD: lm_head[group]; SAMPLE: draws group + 1)
     position: int  # rope position of the pass's last token (a pass of two tokens: position - 1 too)
     first: int  # the number of its first tile in the frame's sequence
@@ -132,18 +129,18 @@ class Step:
 class Schedule:
     """The steps of one frame for ``shape`` (a batch size), and the table the kernel reads.
 
-    Per layer: QKV (the input norm's projection; the tile that writes a kv head's last q/k/v columns then
-    runs that kv head's attention for every request) -> OUT (a split of the attention output, once its
-    heads' attention is done) -> GATE_UP (once the residual has every OUT block) -> DOWN (a split of the
-    MLP's inputs, once its GATE_UP columns are written); a pass ends with HEAD (once the residual has
-    every DOWN block) and SAMPLE (once the logits are written), whose codes' embeddings are the next
-    pass's input. The residual stream is one buffer: OUT's and DOWN's tiles count the parts of each
-    column block they write, and the tile that counts a block's last part adds them all to the residual
-    (in fp32, in split order, rounded once as the unsplit product) and counts the block reduced (DONE)."""
+    Per layer: QKV (the input norm's projection) -> ATTN (a request's kv head, once its q/k/v columns
+    are written) -> OUT (a split of the attention output, once its heads are done) -> GATE_UP (once the
+    residual has every OUT block) -> DOWN (a split of the MLP's inputs, once its GATE_UP columns are
+    written); a pass ends with HEAD (once the residual has every DOWN block) and SAMPLE (once the logits
+    are written), whose codes' embeddings are the next pass's input. The residual stream is one buffer:
+    OUT's and DOWN's tiles count the parts of each column block they write, and the tile that counts a
+    block's last part adds them all to the residual (in fp32, in split order, rounded once as the unsplit
+    product) and counts the block reduced (DONE)."""
 
     def __init__(self, shape: Shape):
         self.shape = shape
-        one_pass = [(layer, op) for layer in range(shape.layers) for op in (QKV, OUT, GATE_UP, DOWN)]
+        one_pass = [(layer, op) for layer in range(shape.layers) for op in (QKV, ATTN, OUT, GATE_UP, DOWN)]
         one_pass += [(0, HEAD), (0, SAMPLE)]
         steps, first = [], 0
         for group in range(shape.groups - 1):  # pass ``group`` (drawing group + 1): its last token at group + 1
@@ -155,7 +152,7 @@ class Schedule:
                     need = shape.hidden_blocks
                 elif op == SAMPLE:
                     need = shape.tiles(HEAD)
-                else:  # (OUT, DOWN wait for groups of the producer's counters, not its DONE)
+                else:  # (ATTN, OUT, DOWN wait for groups of the producer's counters, not its DONE)
                     need = 0
                 steps.append(
                     Step(op, shape.tiles(op), layer, group, group + 1, first, producer, need if producer >= 0 else 0)
@@ -175,40 +172,30 @@ class Schedule:
         step, s = self.steps[index], self.shape
         if step.producer < 0:
             return []
+        if step.op == ATTN:
+            j = tile % s.kv_heads
+            return [(step.producer, 1 + j, s.qkv_tiles_per_kv_head)]
         if step.op == OUT:
             split = tile // s.hidden_blocks
-            return [(step.producer, 1 + s.kv_heads + j, 1) for j in s.kv_heads_of(split)]
+            return [(step.producer, 1 + j, s.batch) for j in s.kv_heads_of(split)]
         if step.op == DOWN:
             split = tile // s.hidden_blocks
             return [(step.producer, 1 + split, s.gate_up_tiles_of(split))]
         return [(step.producer, DONE, step.need)]
 
     def signals(self, index: int, tile: int) -> int:
-        """The counter of its own step tile ``tile`` of step ``index`` counts itself in (QKV: its kv head's
-        parts; OUT, DOWN: its column block's parts)."""
+        """The counter of its own step tile ``tile`` of step ``index`` counts itself in (OUT, DOWN: its
+        column block's parts; the tile that counts the last one reduces the block, then counts DONE)."""
         step, s = self.steps[index], self.shape
         if step.op == QKV:
             return 1 + s.kv_head_of(tile)
+        if step.op == ATTN:
+            return 1 + tile % s.kv_heads
         if step.op == GATE_UP:
             return 1 + tile * s.block_n // s.block_k
         if step.op in (OUT, DOWN):
             return 1 + tile % s.hidden_blocks
         return DONE
-
-    def parts(self, index: int, counter: int) -> int:
-        """Where a counter of step ``index`` counts parts: how many (the tile that counts the last one runs
-        ``completion``); else 0."""
-        step, s = self.steps[index], self.shape
-        if step.op == QKV and 1 <= counter <= s.kv_heads:
-            return s.qkv_tiles_per_kv_head
-        if step.op in (OUT, DOWN) and counter >= 1:
-            return s.splits(step.op)
-        return 0
-
-    def completes(self, index: int, counter: int) -> int:
-        """The counter a parts counter's completion counts in: a kv head's attention done (QKV); a column
-        block reduced (OUT, DOWN: DONE)."""
-        return counter + self.shape.kv_heads if self.steps[index].op == QKV else DONE
 
     # -- the model: what each tile reads and writes -----------------------------------------------------------------
 
@@ -226,6 +213,19 @@ class Schedule:
 
         if p.op in (QKV, GATE_UP):
             return residual(rows), cols("qkv" if p.op == QKV else "act", rows)
+        if p.op == ATTN:
+            b, j = divmod(tile, s.kv_heads)
+            group = s.heads // s.kv_heads
+            own = [b * t + i for i in range(t)]
+            head_blocks = lambda first, n: range(first * s.head_dim // s.block_n, (first + n) * s.head_dim // s.block_n)  # noqa: E731
+            reads = {("qkv", r, c) for r in own for c in head_blocks(j * group, group)}
+            reads |= {("qkv", r, c) for r in own for c in head_blocks(s.heads + j, 1)}
+            reads |= {("qkv", r, c) for r in own for c in head_blocks(s.heads + s.kv_heads + j, 1)}
+            first = p.position - t + 1
+            stored = {(kv, p.layer, b, q, j) for kv in ("k", "v") for q in range(first, p.position + 1)}
+            reads |= {(kv, p.layer, b, q, j) for kv in ("k", "v") for q in range(first)}
+            writes = {("attn", r, c) for r in own for c in head_blocks(j * group, group)} | stored
+            return reads, writes
         if p.op in (OUT, DOWN):
             split, column = divmod(tile, len(blocks))
             width = s.block_k // s.block_n
@@ -239,32 +239,17 @@ class Schedule:
         writes |= {("h", b, c) for c in blocks} if p.group < s.groups - 2 else set()
         return {("logits", b, c) for c in s.blocks_of(s.vocab)} | {("total", b, 0)}, writes
 
-    def completion(self, index: int, counter: int) -> tuple[set, set]:
-        """What the tile that counts the last part of ``counter`` (``parts``) then does, its reads and writes:
-        QKV, kv head j = counter - 1: its attention for every request (q/k normed and roped, K/V stored at
-        the pass's positions, attention over positions 0..each token's own); OUT, DOWN, column block
-        counter - 1: every split's partial sum of it added to the residual's block."""
-        s, step = self.shape, self.steps[index]
-        t = step.tokens
-        rows = range(s.batch * t)
-        if step.op == QKV:
-            j, group = counter - 1, s.heads // s.kv_heads
-            blocks = lambda first, n: range(first * s.head_dim // s.block_n, (first + n) * s.head_dim // s.block_n)  # noqa: E731
-            columns = [*blocks(j * group, group), *blocks(s.heads + j, 1), *blocks(s.heads + s.kv_heads + j, 1)]
-            reads = {("qkv", r, c) for r in rows for c in columns}
-            first = step.position - t + 1
-            kv = lambda positions: {
-                (n, step.layer, b, q, j) for n in ("k", "v") for b in range(s.batch) for q in positions
-            }  # noqa: E731
-            writes = {("attn", r, c) for r in rows for c in blocks(j * group, group)}
-            return reads | kv(range(first)), writes | kv(range(first, step.position + 1))
-        column = counter - 1
-        parts = {("part", k, r, column) for k in range(s.splits(step.op)) for r in rows}
+    def reduction(self, index: int, column: int) -> tuple[set, set]:
+        """OUT, DOWN: what the reduction of column block ``column`` reads and writes (run by the tile that
+        counts the block's last part: every split's partial sum of it, added to the residual's block)."""
+        step = self.steps[index]
+        rows = range(self.shape.batch * step.tokens)
+        parts = {("part", k, r, column) for k in range(self.shape.splits(step.op)) for r in rows}
         return parts | {("h", r, column) for r in rows}, {("h", r, column) for r in rows}
 
     def check(self, inputs: set | None = None) -> None:
         """Raise ``ValueError`` unless the waits order every two accesses of one region the way the
-        sequential frame (step after step, a step's completions after its tiles) orders them,
+        sequential frame (step after step, each OUT / DOWN step's reductions after its tiles) orders them,
         and everything read was written before or is an input (``inputs``: by default the first pass's
         residual rows and the running sum). A wait counts on exactly the tiles (or reductions) that signal
         its counter: its count must be theirs."""
@@ -291,15 +276,15 @@ class Schedule:
                 reads, writes = self.regions(index, tile)
                 nodes.append((f"{name} tile {tile}", reads, writes, deps))
                 counter = self.signals(index, tile)
-                signalers.setdefault((index, counter), []).append(len(nodes) - 1)
-                if self.parts(index, counter):
+                if step.op in (OUT, DOWN):
                     parts.setdefault(counter, []).append(len(nodes) - 1)
-            for counter, part_nodes in parts.items():  # the completions: after the group's every part
-                if len(part_nodes) != self.parts(index, counter):
-                    raise ValueError(f"{name}: {len(part_nodes)} tiles count parts of counter {counter}")
-                reads, writes = self.completion(index, counter)
-                nodes.append((f"{name} completion of counter {counter}", reads, writes, part_nodes))
-                signalers.setdefault((index, self.completes(index, counter)), []).append(len(nodes) - 1)
+                else:
+                    signalers.setdefault((index, counter), []).append(len(nodes) - 1)
+            for counter, part_nodes in parts.items():  # the reductions: after the block's every part
+                signalers[(index, counter)] = part_nodes
+                reads, writes = self.reduction(index, counter - 1)
+                nodes.append((f"{name} reduction of block {counter - 1}", reads, writes, part_nodes))
+                signalers.setdefault((index, DONE), []).append(len(nodes) - 1)
         _check_order(nodes, inputs)
 
 

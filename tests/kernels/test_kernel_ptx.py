@@ -50,7 +50,6 @@ from omniwalk.kernels.persistent_schedule import Shape
 fn = persistent.code_predictor_frame
 shape = Shape(1, 5, 1024, 16, 8, 128, 3072, 2048, 16)
 consts = dict(HIDDEN=1024, HEADS=16, KV_HEADS=8, HEAD_DIM=128, INTERMEDIATE=3072, VOCAB=2048, GROUPS=16, CAPACITY=16)
-consts |= dict(REQUESTS=4)
 consts |= dict(COUNTERS=shape.counters, BLOCK_N=shape.block_n, BLOCK_K=shape.block_k, BLOCK_V=2048, BLOCK_H=1024)
 consts |= dict(CANDIDATES=64)
 consts |= dict(PREFETCH=True, SPIN=True, TRACE=False)

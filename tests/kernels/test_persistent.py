@@ -4,13 +4,14 @@ interpreter in fp32, every frame's codes equal), and on the GPU at full size in 
 layered fast path (``gpu``: 64 frames at B = 1, 2, 4, their draws apart from the layered path's no more
 often than the PyTorch reference's)."""
 
+import dataclasses
 import random
 
 import pytest
 import torch
 from helpers.triton_cpu import CPU_ONLY
 
-from omniwalk.kernels.persistent_schedule import DOWN, GATE_UP, OUT, QKV, SAMPLE, Schedule, Shape
+from omniwalk.kernels.persistent_schedule import ATTN, DONE, DOWN, GATE_UP, OUT, SAMPLE, Schedule, Shape
 from omniwalk.layers.decoder import use_kernels
 from omniwalk.models.common.checkpoint.loader import randomize
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
@@ -34,16 +35,15 @@ def test_every_access_waits_for_what_it_reads_and_overwrites(shape):
     schedule = Schedule(shape)
     schedule.check()
     ops = [step.op for step in schedule.steps]
-    assert len(ops) == (shape.groups - 1) * (4 * shape.layers + 2) and ops.count(SAMPLE) == shape.groups - 1
+    assert len(ops) == (shape.groups - 1) * (5 * shape.layers + 2) and ops.count(SAMPLE) == shape.groups - 1
     assert [step.tokens for step in schedule.steps if step.op == SAMPLE] == [2] + [1] * (shape.groups - 2)
     assert schedule.num_tiles == sum(step.tiles for step in schedule.steps)
 
 
 def test_the_check_finds_a_missing_or_wrong_wait():
-    """The check is a real one: an output projection waiting for another kv head's attention, the MLP's
-    input waiting for nothing, a layer's q/k/v columns counted for the wrong kv head (that head's
-    attention would run before its columns are written), or a wait counting more than signal it, is
-    refused."""
+    """The check is a real one: an attention tile waiting for another kv head's QKV tiles, the MLP's
+    input waiting for nothing, a layer's attention skipped in an earlier pass (its keys read where
+    nothing stored them), or a wait counting more tiles than signal it, is refused."""
     shape = Shape(2, **SPLIT)
     wrong_head = Schedule(shape)
     wrong_head.waits = lambda index, tile: _wrong_kv_head(wrong_head, index, tile)
@@ -55,14 +55,11 @@ def test_the_check_finds_a_missing_or_wrong_wait():
     )
     with pytest.raises(ValueError, match="without waiting"):
         unordered.check()
-    miscounted = Schedule(shape)
-    miscounted.signals = lambda index, tile: (
-        1 + (shape.kv_head_of(tile) + (tile == 0)) % shape.kv_heads
-        if miscounted.steps[index].op == QKV
-        else Schedule.signals(miscounted, index, tile)
-    )
-    with pytest.raises(ValueError, match="tiles count parts"):
-        miscounted.check()
+    skipped = Schedule(shape)
+    first_attention = next(i for i, step in enumerate(skipped.steps) if step.op == ATTN)
+    skipped.steps[first_attention] = dataclasses.replace(skipped.steps[first_attention], tiles=0)
+    with pytest.raises(ValueError, match="waits for .* signal it|nothing wrote before it"):
+        skipped.check()
     greedy = Schedule(shape)
     greedy.waits = lambda index, tile: [(p, c, n + 1) for p, c, n in Schedule.waits(greedy, index, tile)]
     with pytest.raises(ValueError, match="signal it"):
@@ -71,29 +68,29 @@ def test_the_check_finds_a_missing_or_wrong_wait():
 
 def _wrong_kv_head(schedule, index: int, tile: int):
     waits = Schedule.waits(schedule, index, tile)
-    if schedule.steps[index].op == OUT:
+    if schedule.steps[index].op == ATTN:
         kv_heads = schedule.shape.kv_heads
-        return [(p, 1 + kv_heads + (c - 1 - kv_heads + 1) % kv_heads, n) for p, c, n in waits]
+        return [(p, 1 + (c - 1 + 1) % kv_heads, n) for p, c, n in waits]
     return waits
 
 
 def test_claiming_runs_every_tile_once_in_any_interleaving():
     """The counters' protocol, modelled step by step as the kernel runs it: a program claims the frame's
     tiles in order from one counter, taking its next ticket as it starts a tile; a tile waits for its
-    producer's counters (``Schedule.waits``), runs, and counts itself in its counter (``signals``; where
-    that counts parts, a QKV tile's kv head's or an OUT / DOWN tile's column block's, the tile that counts
-    the last one completes the group: the kv head's attention, the block reduced, and counts that in
-    ``completes``). Programs interleave at random and start late (a GPU busy with another stream): the
-    frame never stalls, every tile runs once, none before what it waits for is counted, and each kv head's
-    attention and each column block's reduction runs once, after all its parts."""
+    producer's counters (``Schedule.waits``), runs, and counts itself in its counter (``signals``; an OUT
+    or DOWN tile counts its column block's part, and the tile that counts the last one reduces the block
+    and counts DONE). Programs interleave at random and start late (a GPU busy with another stream): the
+    frame never stalls, every tile runs once, none before what it waits for is counted, and each column
+    block is reduced once, after all its parts."""
     schedule = Schedule(Shape(2, **SPLIT))
     steps, total = schedule.steps, schedule.num_tiles
     where = [(index, tile) for index, step in enumerate(steps) for tile in range(step.tiles)]
+    splits = [schedule.shape.splits(step.op) for step in steps]
     late = 0
     for seed in range(20):
         rng = random.Random(seed)
         programs = rng.randint(1, 9)
-        claimed, counts, runs, completed = 0, {}, [0] * total, {}
+        claimed, counts, runs, reduced = 0, {}, [0] * total, {}
         state = [None] * programs  # a started program: its tile, its next ticket, and its stage in the tile
 
         while claimed < total or any(s is not None and s["tile"] < total for s in state):
@@ -116,25 +113,22 @@ def test_claiming_runs_every_tile_once_in_any_interleaving():
                         s["stage"] = "signal"
                     else:
                         continue  # (spinning is not progress)
-                else:  # the count; a group's last part completes the group, then counts that
-                    counter = schedule.signals(index, tile)
-                    key = (index, counter)
+                else:  # the count; an OUT / DOWN block's last part reduces the block, then counts DONE
+                    key = (index, schedule.signals(index, tile))
                     counts[key] = counts.get(key, 0) + 1
-                    if schedule.parts(index, counter) and counts[key] == schedule.parts(index, counter):
-                        completed[key] = completed.get(key, 0) + 1
-                        done = (index, schedule.completes(index, counter))
-                        counts[done] = counts.get(done, 0) + 1
+                    if splits[index] and counts[key] == splits[index]:
+                        reduced[key] = reduced.get(key, 0) + 1
+                        counts[(index, DONE)] = counts.get((index, DONE), 0) + 1
                     s["tile"], s["stage"] = s["following"], "start"
                 moved = True
                 break
             assert moved or any(s is None for s in state), f"seed {seed}: no program can go on"
         assert runs == [1] * total
-        shape = schedule.shape
-        groups = {QKV: shape.kv_heads, OUT: shape.hidden_blocks, DOWN: shape.hidden_blocks}
-        assert sorted(completed) == sorted(
-            (i, 1 + c) for i, st in enumerate(steps) if st.op in groups for c in range(groups[st.op])
+        blocks = schedule.shape.hidden_blocks
+        assert sorted(reduced) == sorted(
+            (i, 1 + c) for i, st in enumerate(steps) if st.op in (OUT, DOWN) for c in range(blocks)
         )
-        assert set(completed.values()) == {1}
+        assert set(reduced.values()) == {1}
     assert late > 20  # (programs did start after others had claimed tiles)
 
 
