@@ -74,6 +74,9 @@ _QKV, _ATTN, _OUT, _GATE_UP, _HEAD, _SAMPLE = (tl.constexpr(v) for v in (QKV, AT
 _ROWS, _DONE = tl.constexpr(ROWS), tl.constexpr(DONE)
 
 
+# (one long function: the loop that claims tiles and dispatches the seven ops, each op's body inline; its
+# device functions are in ``persistent_tiles``. A function per op body would take ~20 pointer and constexpr
+# arguments each, as long again at the call sites; Triton inlines either way.)
 @triton.jit(do_not_specialize=["num_tiles", "batch", "flags"])
 def code_predictor_frame(
     table_ptr,
