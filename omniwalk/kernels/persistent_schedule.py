@@ -17,7 +17,7 @@ import torch
 QKV, ATTN, OUT, GATE_UP, DOWN, HEAD, SAMPLE = range(7)
 OPS = ("QKV", "ATTN", "OUT", "GATE_UP", "DOWN", "HEAD", "SAMPLE")
 COLUMNS = 8  # a step's row in the table: op, tiles, layer, group, position, first tile, producer, need
-BLOCK_N = (32, 16)  # output columns of a projection tile: the widest that divides head_dim (16: ``tl.dot``'s least)
+TILE_WIDTHS = (32, 16)  # output columns of a projection tile: the widest that divides head_dim (16: tl.dot's least)
 NORM_K = 256  # inputs a norm's projection tile multiplies at once (its registers: the kernel's largest op)
 ROWS = 16  # token rows a tile multiplies at once (a ``tl.dot``'s smallest height; masked past the batch's)
 DONE = 0  # a step's counter of finished work its consumers wait for whole (tiles; OUT, DOWN: blocks reduced)
@@ -38,13 +38,13 @@ class Shape:
     groups: int  # codec groups (the first drawn by the talker; this kernel draws 1..groups-1)
 
     def __post_init__(self):
-        if self.head_dim % BLOCK_N[-1] or self.heads % self.kv_heads:
-            raise ValueError(f"head_dim must be a multiple of {BLOCK_N[-1]} and heads of kv_heads: {self}")
+        if self.head_dim % TILE_WIDTHS[-1] or self.heads % self.kv_heads:
+            raise ValueError(f"head_dim must be a multiple of {TILE_WIDTHS[-1]} and heads of kv_heads: {self}")
 
     @property
     def block_n(self) -> int:
         """Output columns of a projection tile (one tile's columns lie in one head)."""
-        return next(n for n in BLOCK_N if self.head_dim % n == 0)
+        return next(n for n in TILE_WIDTHS if self.head_dim % n == 0)
 
     @property
     def qkv(self) -> int:
