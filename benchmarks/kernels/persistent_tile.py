@@ -96,26 +96,24 @@ def tiles(
     """``reps`` tiles a program, each its own next columns; out [programs, R, BLOCK_N]: the sum of its tiles."""
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
-    rr = tl.arange(0, R)
+    ACC: tl.constexpr = R if FMA else _ROWS  # (the dot form's rows: all 16, stored up to R at the end)
+    rr = tl.arange(0, ACC)
     nn = tl.arange(0, BLOCK_N)
-    total = tl.zeros([R, BLOCK_N], dtype=tl.float32)
+    total = tl.zeros([ACC, BLOCK_N], dtype=tl.float32)
     i = 0
     while i < reps:  # (a while loop: not software-pipelined, as the kernel's tiles are apart)
         n0 = ((pid + i * programs) % (N // BLOCK_N)) * BLOCK_N
         if FMA:
             acc, acc2 = _fma_product(h_ptr, rows, eps, norm_ptr, w_ptr, w2_ptr, n0, N, HIDDEN, TWO, BLOCK_N, R, CHUNK)
         else:
-            r = tl.arange(0, _ROWS)
-            acc16, acc16_2 = normed_product(
-                h_ptr, r, r < rows, eps, norm_ptr, w_ptr, w2_ptr, n0, N, HIDDEN, TWO, BLOCK_N, HIDDEN
+            acc, acc2 = normed_product(
+                h_ptr, rr, rr < rows, eps, norm_ptr, w_ptr, w2_ptr, n0, N, HIDDEN, TWO, BLOCK_N, HIDDEN
             )
-            pick = (tl.arange(0, _ROWS)[:, None] == rr[None, :]).to(tl.float32)  # rows 0..R-1 of the 16
-            acc = tl.sum(acc16[:, None, :] * pick[:, :, None], 0)
-            acc2 = tl.sum(acc16_2[:, None, :] * pick[:, :, None], 0)
         total += acc + acc2
         tl.debug_barrier()  # (as the kernel's signal after each tile)
         i += 1
-    tl.store(out_ptr + pid * R * BLOCK_N + rr[:, None] * BLOCK_N + nn[None, :], total)
+    out = out_ptr + pid * R * BLOCK_N + rr[:, None] * BLOCK_N + nn[None, :]
+    tl.store(out, total, mask=(rr < R)[:, None])
 
 
 def expected(h, norm, w, w2, rows, eps, programs, reps, block_n, two):
