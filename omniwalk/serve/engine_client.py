@@ -159,9 +159,9 @@ class EngineClient:
                 if isinstance(message, Failed):
                     done = True
                     raise EngineRequestError(message.error, message.error_type, message.bad_request, message.param)
+                done = isinstance(message, Finished)  # (before the yield: a consumer may close it at its Finished)
                 yield message
-                if isinstance(message, Finished):
-                    done = True
+                if done:
                     return
         finally:
             self._queues.pop(rid, None)

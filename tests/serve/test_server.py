@@ -396,6 +396,22 @@ async def streamed(client: EngineClient, request: dict) -> list[tuple[str, objec
     return [(e.kind, e.data) async for e in client.generate(request) if not isinstance(e, Finished)]
 
 
+async def sent_after_close(client: EngineClient, request: dict) -> list:
+    """The messages ``client`` sends the engine for ``request`` when its consumer closes the stream at its
+    Finished (as a server's response does once it has the end), without asking for more."""
+    sent, send = [], client._push.send
+    client._push.send = lambda data, *args, **kwargs: (sent.extend(unpack(data)), send(data, *args, **kwargs))[1]
+    events = client.generate(request)
+    try:
+        async for event in events:
+            if isinstance(event, Finished):
+                break
+        await events.aclose()
+    finally:
+        client._push.send = send
+    return sent
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_stream_interval_sends_text_pieces_together_and_the_first_at_once():
     """``stream_interval=4``: the deltas of a text and a speech request (one at a time) are the in-process
@@ -407,11 +423,13 @@ def test_stream_interval_sends_text_pieces_together_and_the_first_at_once():
         client = EngineClient(model=checkpoint("tiny"), vocoder_max_batch=1, stream_interval=4)
         try:
             await client.start()
-            return [await streamed(client, request) for request in requests]
+            got = [await streamed(client, request) for request in requests]
+            return got, await sent_after_close(client, {**requests[0], "request_id": "closed-at-finished"})
         finally:
             client.close()
 
-    got = asyncio.run(run())
+    got, sent = asyncio.run(run())
+    assert [type(m).__name__ for m in sent] == ["Add"]  # (a consumer that closes it at its Finished aborts nothing)
     for request, deltas in zip(requests, got, strict=True):
         events = list(walk_omni(vocoder_max_batch=1).stream(request))
         want = held_stream(events, 4)
