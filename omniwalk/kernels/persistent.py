@@ -12,7 +12,10 @@ on the host for a batch size): steps, each one op over a number of tiles (``OPS`
     GATE_UP  columns of the gated MLP's input projection (of the post-attention norm): silu(gate) * up
     DOWN     as OUT, for the MLP's output projection
     HEAD     columns of the group's head over the final norm of each request's last token row
-    SAMPLE   a request: its code drawn (``kernels/sampling.py``'s steps), its embedding the next input
+    SELECT   a part of a request's logits (256 ids): its best candidates for the draw (where top-k /
+             top-p apply, its best 64 processed scores; else its best perturbed score)
+    SAMPLE   a request: its code drawn from its parts' candidates (``kernels/sampling.py``'s steps; a
+             top_k over 64: from its whole row), its embedding the next input
 
 The frame's tiles are one sequence; the kernel's programs claim them in order from one counter (a
 program takes its next ticket as it starts a tile, and asks that tile's weights into L2 then). A
@@ -53,6 +56,7 @@ from omniwalk.kernels.persistent_schedule import (
     QKV,
     ROWS,
     SAMPLE,
+    SELECT,
     Schedule,
     Shape,
 )
@@ -67,14 +71,16 @@ from omniwalk.kernels.persistent_tiles import (
     table_row,
     wait,
 )
-from omniwalk.kernels.sampling import pick
+from omniwalk.kernels.sampling import part_candidates, pick, pick_candidates, whole_row
 
 # (the kernel's copies of the schedule's constants)
-_QKV, _ATTN, _OUT, _GATE_UP, _HEAD, _SAMPLE = (tl.constexpr(v) for v in (QKV, ATTN, OUT, GATE_UP, HEAD, SAMPLE))
+_QKV, _ATTN, _OUT, _GATE_UP, _HEAD, _SAMPLE, _SELECT = (
+    tl.constexpr(v) for v in (QKV, ATTN, OUT, GATE_UP, HEAD, SAMPLE, SELECT)
+)
 _ROWS, _DONE = tl.constexpr(ROWS), tl.constexpr(DONE)
 
 
-# (one long function: the loop that claims tiles and dispatches the seven ops, each op's body inline; its
+# (one long function: the loop that claims tiles and dispatches the eight ops, each op's body inline; its
 # device functions are in ``persistent_tiles``. A function per op body would take ~20 pointer and constexpr
 # arguments each, as long again at the call sites; Triton inlines either way.)
 @triton.jit(do_not_specialize=["num_tiles", "batch", "flags"])
@@ -104,6 +110,7 @@ def code_predictor_frame(
     keys_ptr,
     values_ptr,
     logits_ptr,
+    candidates_ptr,
     codes_ptr,
     total_ptr,
     temperature_ptr,
@@ -138,6 +145,7 @@ def code_predictor_frame(
     BLOCK_V: tl.constexpr,
     BLOCK_H: tl.constexpr,
     CANDIDATES: tl.constexpr,
+    PART: tl.constexpr,
     PREFETCH: tl.constexpr,
     SPIN: tl.constexpr,
     TRACE: tl.constexpr,
@@ -153,6 +161,7 @@ def code_predictor_frame(
     split_tiles: tl.constexpr = BLOCK_K // BLOCK_N  # GATE_UP tiles whose columns are one DOWN split's inputs
     qkv_group_tiles: tl.constexpr = (group_heads + 2) * HEAD_DIM // BLOCK_N  # QKV tiles of one kv head
     part_size: tl.constexpr = _ROWS * HIDDEN  # (one split's partial sums)
+    parts: tl.constexpr = BLOCK_V // PART  # (SELECT tiles of a request)
     sampling = (temperature_ptr, penalty_ptr, seen_ptr, seen_stride, banned_ptr, banned_stride, allowed_ptr)
     sampling += (allowed_stride, top_k_ptr, top_p_ptr, sampled_ptr, seeds_ptr, steps_ptr)  # (``sampling.pick``'s)
     r = tl.arange(0, _ROWS)
@@ -276,12 +285,32 @@ def code_predictor_frame(
             out = logits_ptr + r[:, None] * VOCAB + (n0 + nn)[None, :]
             tl.store(out, logits.to(dt), mask=ok[:, None] & ((n0 + nn) < VOCAB)[None, :])
             signal(mine + _DONE)
-        elif op == _SAMPLE:
+        elif op == _SELECT:  # a part of a request's logits -> its candidates for the draw
             wait(theirs + _DONE, need, unmet, stamps + 1, SPIN, TRACE)
-            cols = tl.arange(0, BLOCK_V)
+            b = tile // parts
+            cols = (tile % parts) * PART + tl.arange(0, PART)
             valid = cols < VOCAB
-            scores = tl.load(logits_ptr + tile * VOCAB + cols, mask=valid, other=float("-inf"), cache_modifier=".cg")
-            code = pick(scores.to(tl.float32), tile, cols, valid, VOCAB, flags, group, sampling, BLOCK_V, CANDIDATES)
+            scores = tl.load(logits_ptr + b * VOCAB + cols, mask=valid, other=float("-inf"), cache_modifier=".cg")
+            keys = part_candidates(
+                scores.to(tl.float32), b, cols, valid, VOCAB, flags, group, sampling, BLOCK_V, CANDIDATES
+            )
+            tl.store(candidates_ptr + tile * CANDIDATES + tl.arange(0, CANDIDATES), keys)
+            signal(mine + 1 + b)
+        elif op == _SAMPLE:
+            wait(theirs + 1 + tile, parts, unmet, stamps + 1, SPIN, TRACE)
+            if whole_row(tile, VOCAB, flags, top_k_ptr, top_p_ptr, CANDIDATES):  # (top_k > CANDIDATES)
+                cols = tl.arange(0, BLOCK_V)
+                valid = cols < VOCAB
+                scores = tl.load(
+                    logits_ptr + tile * VOCAB + cols, mask=valid, other=float("-inf"), cache_modifier=".cg"
+                )
+                code = pick(
+                    scores.to(tl.float32), tile, cols, valid, VOCAB, flags, group, sampling, BLOCK_V, CANDIDATES
+                )
+            else:
+                at = tile * parts * CANDIDATES + tl.arange(0, parts * CANDIDATES)
+                keys = tl.load(candidates_ptr + at, cache_modifier=".cg")
+                code = pick_candidates(keys, tile, VOCAB, flags, group, sampling, BLOCK_V, CANDIDATES)
             tl.store(codes_ptr + tile * (GROUPS - 1) + group, code)
             hh = tl.arange(0, BLOCK_H)
             h_ok = hh < HIDDEN
@@ -400,7 +429,7 @@ class PersistentCodePredictor:
     def __call__(self, talker_hidden: torch.Tensor, code0_embedding: torch.Tensor, params) -> tuple:
         """As ``CodePredictor.forward`` with draws by ``sampling.draw(logits, params, group - 1)``:
         (codes [B, G-1] int64, the sum of their embeddings [B, hidden]). No host reads: graph-capturable."""
-        from omniwalk.kernels.sampling import TOP_CANDIDATES, _param_args
+        from omniwalk.kernels.sampling import _param_args
 
         batch, hidden = talker_hidden.shape
         schedule, table = self.schedules[batch], self.tables[batch]
@@ -416,11 +445,11 @@ class PersistentCodePredictor:
         kv = (shape.layers, batch, self.capacity, shape.kv_heads, shape.head_dim)
         keys, values = torch.empty(kv, dtype=dtype, device=device), torch.empty(kv, dtype=dtype, device=device)
         logits = torch.empty(batch, shape.vocab, dtype=dtype, device=device)
+        candidates = torch.empty(batch * shape.parts * shape.candidates, dtype=torch.long, device=device)
         codes = torch.empty(batch, shape.groups - 1, dtype=torch.long, device=device)
         total = torch.zeros(batch, hidden, dtype=dtype, device=device)
         counters = torch.zeros(len(schedule.steps) * shape.counters + 2, dtype=torch.int32, device=device)
         args, flags = _param_args(params, device, skip_front=False)
-        block_v = 1 << (shape.vocab - 1).bit_length()
         code_predictor_frame[(self.programs,)](
             table,
             len(schedule.steps),
@@ -447,6 +476,7 @@ class PersistentCodePredictor:
             keys,
             values,
             logits,
+            candidates,
             codes,
             total,
             *args,
@@ -466,9 +496,10 @@ class PersistentCodePredictor:
             COUNTERS=shape.counters,
             BLOCK_N=shape.block_n,
             BLOCK_K=shape.block_k,
-            BLOCK_V=block_v,
+            BLOCK_V=shape.block_v,
             BLOCK_H=1 << (hidden - 1).bit_length(),
-            CANDIDATES=min(TOP_CANDIDATES, block_v),
+            CANDIDATES=shape.candidates,
+            PART=shape.part_width,
             PREFETCH=self.prefetches,
             SPIN=self.compiled,
             TRACE=self.trace is not None,

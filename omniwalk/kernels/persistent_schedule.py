@@ -14,13 +14,16 @@ from dataclasses import dataclass
 
 import torch
 
-QKV, ATTN, OUT, GATE_UP, DOWN, HEAD, SAMPLE = range(7)
-OPS = ("QKV", "ATTN", "OUT", "GATE_UP", "DOWN", "HEAD", "SAMPLE")
+from omniwalk.kernels.sampling import TOP_CANDIDATES
+
+QKV, ATTN, OUT, GATE_UP, DOWN, HEAD, SAMPLE, SELECT = range(8)
+OPS = ("QKV", "ATTN", "OUT", "GATE_UP", "DOWN", "HEAD", "SAMPLE", "SELECT")
 COLUMNS = 8  # a step's row in the table: op, tiles, layer, group, position, first tile, producer, need
 TILE_WIDTHS = (32, 16)  # output columns of a projection tile: the widest that divides head_dim (16: tl.dot's least)
 NORM_K = 256  # inputs a norm's projection tile multiplies at once (its registers: the kernel's largest op)
 ROWS = 16  # token rows a tile multiplies at once (a ``tl.dot``'s smallest height; masked past the batch's)
 DONE = 0  # a step's counter of finished work its consumers wait for whole (tiles; OUT, DOWN: blocks reduced)
+PART_WIDTH = 256  # ids of a row that one SELECT tile takes (it hands the draw its best ``Shape.candidates``)
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,26 @@ class Shape:
     def block_n(self) -> int:
         """Output columns of a projection tile (one tile's columns lie in one head)."""
         return next(n for n in TILE_WIDTHS if self.head_dim % n == 0)
+
+    @property
+    def block_v(self) -> int:
+        """A row of logits padded to a power of two (the draw's block)."""
+        return 1 << (self.vocab - 1).bit_length()
+
+    @property
+    def candidates(self) -> int:
+        """The best ids of a part that its draw takes (the draw's partial sort: top_k up to this many)."""
+        return min(TOP_CANDIDATES, self.block_v)
+
+    @property
+    def part_width(self) -> int:
+        """Ids of a row one SELECT tile takes."""
+        return max(min(PART_WIDTH, self.block_v), self.candidates)
+
+    @property
+    def parts(self) -> int:
+        """SELECT tiles a row has."""
+        return self.block_v // self.part_width
 
     @property
     def qkv(self) -> int:
@@ -72,7 +95,7 @@ class Shape:
     def counters(self) -> int:
         """Counters a step has: DONE, then one per group its consumers wait for (kv heads, DOWN's input
         splits, column blocks)."""
-        return 1 + max(self.hidden_blocks, self.kv_heads, self.splits(DOWN))
+        return 1 + max(self.hidden_blocks, self.kv_heads, self.splits(DOWN), self.batch)
 
     def splits(self, op: int) -> int:
         """OUT and DOWN: the partial sums of a column block (their inputs split ``block_k`` columns a part)."""
@@ -83,7 +106,7 @@ class Shape:
         columns = {QKV: self.qkv, OUT: self.hidden, GATE_UP: self.intermediate, DOWN: self.hidden, HEAD: self.vocab}
         if op in columns:
             return len(self.blocks_of(columns[op])) * max(1, self.splits(op))
-        return self.batch * self.kv_heads if op == ATTN else self.batch
+        return self.batch * {ATTN: self.kv_heads, SELECT: self.parts}.get(op, 1)
 
     def kv_head_of(self, qkv_tile: int) -> int:
         """The kv head whose attention reads a QKV tile's columns (q of its heads, its k, its v)."""
@@ -115,7 +138,7 @@ class Step:
     op: int
     tiles: int
     layer: int  # decoder layer (projections, norms, the KV of ATTN)
-    group: int  # the head / embedding table index (HEAD: lm_head[group]; SAMPLE: draws group + 1)
+    group: int  # the head / embedding table index (HEAD: lm_head[group]; SELECT, SAMPLE: draw group + 1)
     position: int  # rope position of the pass's last token (a pass of two tokens: position - 1 too)
     first: int  # the number of its first tile in the frame's sequence
     producer: int  # the step whose counters its tiles wait for (-1: none, the frame's first step)
@@ -132,8 +155,9 @@ class Schedule:
     Per layer: QKV (the input norm's projection) -> ATTN (a request's kv head, once its q/k/v columns
     are written) -> OUT (a split of the attention output, once its heads are done) -> GATE_UP (once the
     residual has every OUT block) -> DOWN (a split of the MLP's inputs, once its GATE_UP columns are
-    written); a pass ends with HEAD (once the residual has every DOWN block) and SAMPLE (once the logits
-    are written), whose codes' embeddings are the next pass's input. The residual stream is one buffer:
+    written); a pass ends with HEAD (once the residual has every DOWN block), SELECT (a part of a request's
+    logits -> its best candidates, once the logits are written) and SAMPLE (a request's draw from its parts'
+    candidates), whose codes' embeddings are the next pass's input. The residual stream is one buffer:
     OUT's and DOWN's tiles count the parts of each column block they write, and the tile that counts a
     block's last part adds them all to the residual (in fp32, in split order, rounded once as the unsplit
     product) and counts the block reduced (DONE)."""
@@ -141,7 +165,7 @@ class Schedule:
     def __init__(self, shape: Shape):
         self.shape = shape
         one_pass = [(layer, op) for layer in range(shape.layers) for op in (QKV, ATTN, OUT, GATE_UP, DOWN)]
-        one_pass += [(0, HEAD), (0, SAMPLE)]
+        one_pass += [(0, HEAD), (0, SELECT), (0, SAMPLE)]
         steps, first = [], 0
         for group in range(shape.groups - 1):  # pass ``group`` (drawing group + 1): its last token at group + 1
             for layer, op in one_pass:
@@ -150,9 +174,9 @@ class Schedule:
                     need = shape.batch if steps and steps[-1].op == SAMPLE else shape.hidden_blocks
                 elif op in (GATE_UP, HEAD):
                     need = shape.hidden_blocks
-                elif op == SAMPLE:
+                elif op == SELECT:
                     need = shape.tiles(HEAD)
-                else:  # (ATTN, OUT, DOWN wait for groups of the producer's counters, not its DONE)
+                else:  # (ATTN, OUT, DOWN, SAMPLE wait for groups of the producer's counters, not its DONE)
                     need = 0
                 steps.append(
                     Step(op, shape.tiles(op), layer, group, group + 1, first, producer, need if producer >= 0 else 0)
@@ -181,6 +205,8 @@ class Schedule:
         if step.op == DOWN:
             split = tile // s.hidden_blocks
             return [(step.producer, 1 + split, s.gate_up_tiles_of(split))]
+        if step.op == SAMPLE:
+            return [(step.producer, 1 + tile, s.parts)]
         return [(step.producer, DONE, step.need)]
 
     def signals(self, index: int, tile: int) -> int:
@@ -195,6 +221,8 @@ class Schedule:
             return 1 + tile * s.block_n // s.block_k
         if step.op in (OUT, DOWN):
             return 1 + tile % s.hidden_blocks
+        if step.op == SELECT:
+            return 1 + tile // s.parts
         return DONE
 
     # -- the model: what each tile reads and writes -----------------------------------------------------------------
@@ -234,10 +262,15 @@ class Schedule:
             return reads, {("part", split, r, column) for r in rows}
         if p.op == HEAD:
             return residual(last), {("logits", b, tile) for b in range(s.batch)}
-        b = tile
+        if p.op == SELECT:
+            b, part = divmod(tile, s.parts)
+            ids = range(part * s.part_width, min((part + 1) * s.part_width, s.vocab))
+            return {("logits", b, i // s.block_n) for i in ids}, {("candidates", b, part)}
+        b = tile  # SAMPLE: its parts' candidates (the full row's logits where top_k > CANDIDATES)
         writes = {("code", b, p.group), ("total", b, 0)}
         writes |= {("h", b, c) for c in blocks} if p.group < s.groups - 2 else set()
-        return {("logits", b, c) for c in s.blocks_of(s.vocab)} | {("total", b, 0)}, writes
+        reads = {("candidates", b, part) for part in range(s.parts)} | {("total", b, 0)}
+        return reads | {("logits", b, c) for c in s.blocks_of(s.vocab)}, writes
 
     def reduction(self, index: int, column: int) -> tuple[set, set]:
         """OUT, DOWN: what the reduction of column block ``column`` reads and writes (run by the tile that

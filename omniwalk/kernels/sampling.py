@@ -320,6 +320,75 @@ def pick(x, row, cols, valid, vocab, flags, step_offset, params, BLOCK: tl.const
     return tl.argmax(x, 0).to(tl.int64)
 
 
+@triton.jit
+def ranked(row, vocab, flags, top_k_ptr, top_p_ptr):
+    """Whether row ``row`` keeps a top-k / top-p set before its draw (``top_k_top_p`` sorts it)."""
+    on = (flags & 4) != 0
+    top_k = tl.load(top_k_ptr + row, mask=on, other=vocab)
+    top_p = tl.load(top_p_ptr + row, mask=on, other=1.0)
+    return on & ((top_k < vocab) | (top_p < 1.0))
+
+
+@triton.jit
+def whole_row(row, vocab, flags, top_k_ptr, top_p_ptr, CANDIDATES: tl.constexpr):
+    """Whether row ``row``'s draw needs its whole row (a top_k over ``CANDIDATES``: the full sort)."""
+    top_k = tl.load(top_k_ptr + row, mask=(flags & 4) != 0, other=0)
+    return ranked(row, vocab, flags, top_k_ptr, top_p_ptr) & (top_k > CANDIDATES)
+
+
+@triton.jit
+def part_candidates(
+    x, row, cols, valid, vocab, flags, step_offset, params, BLOCK: tl.constexpr, CANDIDATES: tl.constexpr
+):
+    """A part of a row: its fp32 scores ``x`` (``cols``: their indices in the row, BLOCK: the row's block)
+    -> [CANDIDATES] keys (``keys_of``) that ``pick_candidates`` draws from with its other parts': where the
+    row keeps a top-k / top-p set, the part's best CANDIDATES keys of its processed scores (the row's best
+    CANDIDATES are among the parts'); else the key of its best perturbed score, then the least keys. A row
+    whose draw needs the whole row (``whole_row``) is drawn by ``pick`` instead."""
+    temperature_ptr, penalty_ptr, seen_ptr, seen_stride, banned_ptr, banned_stride, allowed_ptr = params[:7]
+    allowed_stride, top_k_ptr, top_p_ptr, sampled_ptr, seeds_ptr, steps_ptr = params[7:]
+    x = front(
+        x,
+        row,
+        cols,
+        valid,
+        flags,
+        temperature_ptr,
+        penalty_ptr,
+        seen_ptr,
+        seen_stride,
+        banned_ptr,
+        banned_stride,
+        allowed_ptr,
+        allowed_stride,
+    )
+    if ranked(row, vocab, flags, top_k_ptr, top_p_ptr):
+        keys = tl.topk(keys_of(x, cols, BLOCK), CANDIDATES)
+    else:
+        x = perturb(x, row, cols, flags, step_offset, sampled_ptr, seeds_ptr, steps_ptr)
+        best = tl.max(keys_of(x, cols, BLOCK), 0)
+        keys = tl.where(tl.arange(0, CANDIDATES) == 0, best, -9223372036854775807 - 1)
+    return keys
+
+
+@triton.jit
+def pick_candidates(keys, row, vocab, flags, step_offset, params, BLOCK: tl.constexpr, CANDIDATES: tl.constexpr):
+    """A row's parts' keys (``part_candidates``, all of them in one tensor) -> its drawn id (int64), the
+    id ``pick`` draws from the whole row: the best CANDIDATES keys, cut by top-k then top-p, their scores
+    perturbed, the best (the first index winning ties); else the best of the parts' best perturbed keys."""
+    top_k_ptr, top_p_ptr, sampled_ptr, seeds_ptr, steps_ptr = params[8:]
+    if ranked(row, vocab, flags, top_k_ptr, top_p_ptr):
+        top = tl.topk(keys, CANDIDATES)
+        smallest = cut(top, tl.load(top_k_ptr + row), tl.load(top_p_ptr + row), CANDIDATES)
+        cols = BLOCK - 1 - (top & 0xFFFFFFFF).to(tl.int32)
+        x = tl.where(top >= smallest, scores_of(top), float("-inf"))
+        x = perturb(x, row, cols, flags, step_offset, sampled_ptr, seeds_ptr, steps_ptr)
+        best = tl.max(keys_of(x, cols, BLOCK), 0)
+    else:
+        best = tl.max(keys, 0)
+    return BLOCK - 1 - (best & 0xFFFFFFFF)
+
+
 @triton.jit(do_not_specialize=["flags", "step_offset"])
 def draw_blocks(
     logits_ptr,

@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers.triton_cpu import CPU_ONLY
 
-from omniwalk.kernels.persistent_schedule import ATTN, DONE, DOWN, GATE_UP, OUT, SAMPLE, Schedule, Shape
+from omniwalk.kernels.persistent_schedule import ATTN, DONE, DOWN, GATE_UP, OUT, SAMPLE, SELECT, Schedule, Shape
 from omniwalk.layers.decoder import use_kernels
 from omniwalk.models.common.checkpoint.loader import randomize
 from omniwalk.models.qwen3_omni.checkpoint.config import Qwen3OmniConfig
@@ -35,7 +35,8 @@ def test_every_access_waits_for_what_it_reads_and_overwrites(shape):
     schedule = Schedule(shape)
     schedule.check()
     ops = [step.op for step in schedule.steps]
-    assert len(ops) == (shape.groups - 1) * (5 * shape.layers + 2) and ops.count(SAMPLE) == shape.groups - 1
+    assert len(ops) == (shape.groups - 1) * (5 * shape.layers + 3) and ops.count(SAMPLE) == shape.groups - 1
+    assert [step.tiles for step in schedule.steps if step.op == SELECT][0] == shape.batch * shape.parts
     assert [step.tokens for step in schedule.steps if step.op == SAMPLE] == [2] + [1] * (shape.groups - 2)
     assert schedule.num_tiles == sum(step.tiles for step in schedule.steps)
 
@@ -132,10 +133,10 @@ def test_claiming_runs_every_tile_once_in_any_interleaving():
     assert late > 20  # (programs did start after others had claimed tiles)
 
 
-def _params(batch, vocab, device, sampled=True, seed=0):
+def _params(batch, vocab, device, sampled=True, seed=0, top=(50, 0.8)):
     states = []
     for row in range(batch):
-        params = SamplingParams(temperature=1.0 if sampled else 0.0, top_k=50, top_p=0.8, seed=seed + row)
+        params = SamplingParams(temperature=1.0 if sampled else 0.0, top_k=top[0], top_p=top[1], seed=seed + row)
         state = SamplerState(params, (), [])
         state.num_generated = 3 * row
         states.append(state)
@@ -143,17 +144,22 @@ def _params(batch, vocab, device, sampled=True, seed=0):
 
 
 # the tiny config's code predictor has one kv head and its output projections one or two splits; WIDE has
-# several of each, so that every wait of the kernel counts on more than one group of tiles, and tiles 32
-# columns wide (head_dim 32; the tiny one: 16)
-WIDE = dict(num_attention_heads=8, num_key_value_heads=2, head_dim=32, intermediate_size=192)
+# several of each, so that every wait of the kernel counts on more than one group of tiles, tiles 32
+# columns wide (head_dim 32; the tiny one: 16) and two SELECT tiles a request (512 ids; the others: 256)
+WIDE = dict(num_attention_heads=8, num_key_value_heads=2, head_dim=32, intermediate_size=192, vocab_size=512)
+# a draw's top-k / top-p: the served one (each part hands the draw its best 64 ids), none (each part its best
+# perturbed id), and a top_k over 64 (the draw sorts the whole row)
+TOPS = {"top": (50, 0.8), "none": (0, 1.0), "wide": (100, 0.9)}
 
 
 @CPU_ONLY
 @torch.no_grad()
 @pytest.mark.parametrize(
-    ("batch", "sampled", "wide"), [(1, True, False), (3, True, False), (4, False, False), (2, True, True)]
+    ("batch", "sampled", "wide", "top"),
+    [(1, True, False, "top"), (3, True, False, "none"), (4, False, False, "top"), (2, True, True, "top")]
+    + [(2, True, True, "none"), (1, True, True, "wide")],
 )
-def test_a_frame_in_one_launch_equals_the_code_predictor(interpreter, batch, sampled, wide):
+def test_a_frame_in_one_launch_equals_the_code_predictor(interpreter, batch, sampled, wide, top):
     """In Triton's interpreter (one program, the tiles in claim order: every wait must be met when reached,
     else the launcher raises), a frame's codes equal ``CodePredictor.forward`` + ``draw_reference``."""
     raw = load_config_dict(TINY_CONFIG)
@@ -165,7 +171,7 @@ def test_a_frame_in_one_launch_equals_the_code_predictor(interpreter, batch, sam
     randomize(cp, 7)
     gen = torch.Generator().manual_seed(batch)
     hidden, code0 = (torch.randn(batch, cp.cfg.hidden_size, generator=gen) for _ in range(2))
-    params = _params(batch, cp.cfg.vocab_size, "cpu", sampled)
+    params = _params(batch, cp.cfg.vocab_size, "cpu", sampled, top=TOPS[top])
     want_codes, want_total = cp(hidden, code0, lambda logits, i: draw_reference(logits, params, i))
     cp.use_persistent_kernel()
     codes, total = cp.persistent(hidden, code0, params)
