@@ -51,10 +51,10 @@ fn = persistent.code_predictor_frame
 shape = Shape(1, 5, 1024, 16, 8, 128, 3072, 2048, 16)
 consts = dict(HIDDEN=1024, HEADS=16, KV_HEADS=8, HEAD_DIM=128, INTERMEDIATE=3072, VOCAB=2048, GROUPS=16, CAPACITY=16)
 consts |= dict(COUNTERS=shape.counters, BLOCK_N=shape.block_n, BLOCK_K=shape.block_k, BLOCK_V=2048, BLOCK_H=1024)
-consts |= dict(CANDIDATES=64)
+consts |= dict(CANDIDATES=shape.candidates, PART=shape.part_width)
 consts |= dict(PREFETCH=True, SPIN=True, TRACE=False)
 types = {"table_ptr": "*i32", "counters_ptr": "*i32", "allowed_ptr": "*i32", "eps": "fp32", "scale": "fp32"}
-types |= {name: "*i64" for name in ("codes_ptr", "top_k_ptr", "seeds_ptr", "steps_ptr", "trace_ptr")}
+types |= {name: "*i64" for name in ("codes_ptr", "top_k_ptr", "seeds_ptr", "steps_ptr", "trace_ptr", "candidates_ptr")}
 types |= {name: "*fp32" for name in ("temperature_ptr", "penalty_ptr", "top_p_ptr")}
 types |= {name: "*i1" for name in ("seen_ptr", "banned_ptr", "sampled_ptr")}
 default = lambda n: "*bf16" if n.endswith("_ptr") else "i32"
