@@ -204,6 +204,27 @@ def front(
 
 
 @triton.jit
+def front_of(x, row, cols, valid, flags, params):
+    """``front`` with the parameters' pointers and strides of ``params`` (``draw_rows``' order)."""
+    temperature_ptr, penalty_ptr, seen_ptr, seen_stride, banned_ptr, banned_stride, allowed_ptr = params[:7]
+    return front(
+        x,
+        row,
+        cols,
+        valid,
+        flags,
+        temperature_ptr,
+        penalty_ptr,
+        seen_ptr,
+        seen_stride,
+        banned_ptr,
+        banned_stride,
+        allowed_ptr,
+        params[7],
+    )
+
+
+@triton.jit
 def perturb(x, row, cols, flags, step_offset, sampled_ptr, seeds_ptr, steps_ptr):
     """Sampled rows add the Gumbel noise (argmax then draws); greedy rows stay as they are."""
     if (flags & 8) != 0:
@@ -297,23 +318,8 @@ def pick(x, row, cols, valid, vocab, flags, step_offset, params, BLOCK: tl.const
     """A row's fp32 scores ``x`` [BLOCK] -> its drawn id (int64): ``front``, top-k / top-p, the noise of a
     sampled row, argmax (``sampling.draw``'s steps). ``params``: the parameters' pointers and strides, in
     ``draw_rows``' order (temperature .. steps)."""
-    temperature_ptr, penalty_ptr, seen_ptr, seen_stride, banned_ptr, banned_stride, allowed_ptr = params[:7]
-    allowed_stride, top_k_ptr, top_p_ptr, sampled_ptr, seeds_ptr, steps_ptr = params[7:]
-    x = front(
-        x,
-        row,
-        cols,
-        valid,
-        flags,
-        temperature_ptr,
-        penalty_ptr,
-        seen_ptr,
-        seen_stride,
-        banned_ptr,
-        banned_stride,
-        allowed_ptr,
-        allowed_stride,
-    )
+    top_k_ptr, top_p_ptr, sampled_ptr, seeds_ptr, steps_ptr = params[8:]
+    x = front_of(x, row, cols, valid, flags, params)
     if (flags & 4) != 0:
         x = top_k_top_p(x, row, cols, vocab, top_k_ptr, top_p_ptr, BLOCK, CANDIDATES)
     x = perturb(x, row, cols, flags, step_offset, sampled_ptr, seeds_ptr, steps_ptr)
@@ -345,23 +351,8 @@ def part_candidates(
     row keeps a top-k / top-p set, the part's best CANDIDATES keys of its processed scores (the row's best
     CANDIDATES are among the parts'); else the key of its best perturbed score, then the least keys. A row
     whose draw needs the whole row (``whole_row``) is drawn by ``pick`` instead."""
-    temperature_ptr, penalty_ptr, seen_ptr, seen_stride, banned_ptr, banned_stride, allowed_ptr = params[:7]
-    allowed_stride, top_k_ptr, top_p_ptr, sampled_ptr, seeds_ptr, steps_ptr = params[7:]
-    x = front(
-        x,
-        row,
-        cols,
-        valid,
-        flags,
-        temperature_ptr,
-        penalty_ptr,
-        seen_ptr,
-        seen_stride,
-        banned_ptr,
-        banned_stride,
-        allowed_ptr,
-        allowed_stride,
-    )
+    top_k_ptr, top_p_ptr, sampled_ptr, seeds_ptr, steps_ptr = params[8:]
+    x = front_of(x, row, cols, valid, flags, params)
     if ranked(row, vocab, flags, top_k_ptr, top_p_ptr):
         keys = tl.topk(keys_of(x, cols, BLOCK), CANDIDATES)
     else:
