@@ -8,7 +8,8 @@
     client.close()
 
 Given ``data_host``, the engine also listens there for remote clients (``client.endpoint``, see
-``wire.py``); ``open_remote(id)`` / ``ended(id)`` follow such a request from here.
+``wire.py``); ``open_remote(id)`` / ``ended(id)`` follow such a request from here, also one that a remote
+client sent (or that ended) before ``open_remote``.
 
 A request that the engine rejects raises ``EngineRequestError`` from ``generate`` (with
 ``bad_request`` set for the client's own mistakes); other requests are unaffected. When the
@@ -25,6 +26,7 @@ import shutil
 import tempfile
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -52,6 +54,7 @@ from omniwalk.serve.wire import (
 )
 
 START_TIMEOUT_S = 600.0
+MAX_ENDED_UNOPENED = 4096  # remote requests remembered as ended before anyone followed them here
 
 
 class EngineRequestError(OmniwalkError):
@@ -79,6 +82,7 @@ class EngineClient:
         self._pull = self._ctx.socket(zmq.PULL)
         self._pull.connect(self.outbox_addr)
         self._queues: dict[str, asyncio.Queue] = {}
+        self._ended_unopened: OrderedDict[str, None] = OrderedDict()  # remote requests ended before open_remote
         self._receiver: asyncio.Task | None = None
         self.info: ModelInfo | None = None  # what the loaded model offers, once the engine is ready
         self.endpoint: str | None = None  # where remote clients reach the engine (given a data_host)
@@ -141,6 +145,10 @@ class EngineClient:
                         call.set_result(message)
                 elif (queue := self._queues.get(message.id)) is not None:
                     queue.put_nowait(message)
+                elif isinstance(message, Ended):
+                    self._ended_unopened[message.id] = None
+                    while len(self._ended_unopened) > MAX_ENDED_UNOPENED:
+                        self._ended_unopened.popitem(last=False)  # (the oldest: requests never followed here)
 
     async def generate(self, request: dict) -> AsyncIterator[Delta | Finished]:
         """Submit ``request`` and yield its Deltas, then its Finished."""
@@ -172,7 +180,10 @@ class EngineClient:
         """Follow a remote client's request ``rid`` (it counts as unfinished here until ``ended``)."""
         if self.unavailable:
             raise EngineUnavailableError(self.unavailable)
-        self._queues[rid] = asyncio.Queue()
+        queue = self._queues[rid] = asyncio.Queue()
+        if rid in self._ended_unopened:  # (its client sent it before this replica's call came)
+            del self._ended_unopened[rid]
+            queue.put_nowait(Ended(rid))
 
     async def ended(self, rid: str) -> None:
         """Wait for the end of the remote request ``rid`` (opened with ``open_remote``); raises

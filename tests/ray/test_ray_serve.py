@@ -202,6 +202,7 @@ def test_conversations_keep_to_the_replica_holding_their_prefix_and_spread_over_
         for topic in topics
     ]
     homes = [set() for _ in conversations]
+    ahead_before = sum(per_replica(base_url, "ingress", "sent_ahead").values())
     for turn in range(3):
         for home, messages in zip(homes, conversations, strict=True):
             before = per_replica(base_url, "replica", "served")
@@ -216,6 +217,10 @@ def test_conversations_keep_to_the_replica_holding_their_prefix_and_spread_over_
     assert len(replicas) == 2, homes
     prefix_tokens = per_replica(base_url, "thinker", "prefix_tokens")
     assert all(prefix_tokens[name] > 0 for name in replicas), prefix_tokens
+    # the ingress knew both engines: it sent (nearly) every request there as the router chose, before the Ray
+    # call reached the replica (a race may let the call's reply come first)
+    assert sum(per_replica(base_url, "ingress", "sent_ahead").values()) - ahead_before >= 27
+    assert sum(per_replica(base_url, "ingress", "withdrawn").values()) == 0
 
 
 def test_a_client_that_hangs_up_mid_stream_aborts_its_request_in_the_engine(client, base_url):

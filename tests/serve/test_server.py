@@ -441,12 +441,16 @@ def test_stream_interval_sends_text_pieces_together_and_the_first_at_once():
     assert len(got[0]) == 1 + -(-(23 - 1) // 4)  # (a text piece a token here)
 
 
-async def remote_run(dealer, client: EngineClient, request: dict, abort_after: int | None = None, other=None) -> list:
+async def remote_run(
+    dealer, client: EngineClient, request: dict, abort_after: int | None = None, other=None, open_late=False
+) -> list:
     """``request`` sent by a remote client (``dealer``), followed from the engine's own ``client``: the
     messages the remote client got, once ``client`` saw it end. With ``abort_after``: after its first
     message another remote client (``other``) sends an Abort of it, and after ``abort_after`` messages
-    ``dealer`` does."""
-    client.open_remote(request["request_id"])
+    ``dealer`` does. ``open_late``: ``client`` follows it only once it has ended (as a Ray replica whose
+    call comes after the ingress sent the request ahead)."""
+    if not open_late:
+        client.open_remote(request["request_id"])
     await dealer.send(pack(Add(request)))
     got = []
     while not got or not isinstance(got[-1], (Finished, Failed)):
@@ -457,6 +461,9 @@ async def remote_run(dealer, client: EngineClient, request: dict, abort_after: i
         if abort_after is not None and len(got) >= abort_after:
             await dealer.send(pack(Abort(request["request_id"])))
             abort_after = None
+    if open_late:
+        await asyncio.sleep(0.5)  # (the owner's Ended comes after the remote client's Finished)
+        client.open_remote(request["request_id"])
     await asyncio.wait_for(client.ended(request["request_id"]), 30)
     return got
 
@@ -475,6 +482,8 @@ async def remote_scenario():
         bad = await remote_run(dealer, client, {"request_id": "remote-bad", "messages": unknown})
         long = {**request, "request_id": "remote-long", "max_tokens": 500, "ignore_eos": True}
         aborted = await remote_run(dealer, client, long, abort_after=12, other=other)
+        late = await remote_run(dealer, client, {**request, "request_id": "remote-late"}, open_late=True)
+        assert late[-1].output["token_ids"] == done[-1].output["token_ids"]
         return client.endpoint, done, bad, aborted, client.num_unfinished, await other.poll(200)
     finally:
         ctx.destroy(linger=0)
@@ -484,7 +493,8 @@ async def remote_scenario():
 def test_a_remote_client_gets_its_requests_events_and_the_engines_own_client_their_ends():
     """The engine's ``data_host`` socket (how Ray ingresses reach an engine replica): a remote client's
     request runs as the owner's would, its events go to that client alone, the owner hears of its end
-    (``ended``), a bad request fails alone, the remote client's Abort stops its own request only."""
+    (``ended``), a bad request fails alone, the remote client's Abort stops its own request only, and the
+    owner follows a request that ended before it opened it."""
     endpoint, done, bad, aborted, unfinished, other_got = asyncio.run(remote_scenario())
     assert endpoint.startswith("tcp://127.0.0.1:")
     ref = alone(0)

@@ -9,7 +9,12 @@ A request is one streaming call of ``EngineReplica.generate``, routed by ``route
 with the request's affinity key (the caller's: a realtime session's id, a chat's prefix digest; else
 the digest of the engine request's own messages). The call's first item names the replica's engine
 process (``Routed``); the request goes there over ZMQ (one DEALER per engine process, shared by this
-ingress's requests) and its events come back on it; the call's last item is the replica's
+ingress's requests) and its events come back on it. It goes there sooner where it can: the router, in
+this process, tells the replica it chose (``CHOICES``), and when that replica's engine is known
+here (from an earlier Routed) the request is sent at once, its events held until the call's Routed
+confirms the replica (a replica at its limit passes the call on: the request is then aborted there and
+sent to the one that took it); so the Ray call's round trip overlaps the engine's work instead of coming
+before it. The call's last item is the replica's
 ``Report`` (its stats), kept when it comes, after the request's Finished has been handed on. Faults:
 a replica whose engine process is gone (a ``Gone`` item) or whose actor died is avoided from then on;
 the request is sent again to another replica, for up to ``ray_retry_timeout_s``, while its client has
@@ -40,6 +45,7 @@ from omniwalk.serve.wire import Abort, Add, Delta, Failed, Finished, pack, unpac
 
 _REPLICA_LOST = (RayActorError, ActorUnavailableError)
 MAX_RETRY_DELAY_S = 1.0
+CHOICES: dict[str, Callable[[str], None]] = {}  # request id -> told the replica the router chose first for it
 IDLE_CONNECTION_S = 60.0  # a connection with no request for this long is closed (a replica scaled down or replaced
 # leaves its endpoint behind; a live one's is opened again by its next request)
 
@@ -54,6 +60,7 @@ class _Connection:
     """This ingress's DEALER to one engine process: Add and Abort out, each request's events to its queue."""
 
     def __init__(self, endpoint: str):
+        self.endpoint = endpoint
         self.socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
         self.socket.connect(endpoint)
         self.queues: dict[str, asyncio.Queue] = {}
@@ -67,7 +74,8 @@ class _Connection:
                     queue.put_nowait(message)
 
     def send(self, message) -> None:
-        self.socket.send(pack(message))  # (queued on the connection: never waits)
+        if not self.socket.closed:  # (closed: its engine is gone, and so is what it ran)
+            self.socket.send(pack(message))  # (queued on the connection: never waits)
 
     def close(self) -> None:
         self.receiver.cancel()
@@ -84,7 +92,10 @@ class RayEngines:
         self.gone: dict[str, str] = {}  # replica id -> why (ids are not reused: Ray's replacement has a new one)
         self.unavailable: str | None = None  # set by ``fail_all``: every later request fails
         self.num_retries = 0
+        # replica id -> requests this ingress sent ahead to its engine that it took / that it turned away
+        self.ahead: dict[str, dict[str, int]] = {}
         self.connections: dict[str, _Connection] = {}  # engine endpoint -> this ingress's connection
+        self.endpoints: dict[str, str] = {}  # replica id -> its engine's endpoint (from its Routed items)
         self._reporting: set[asyncio.Future] = set()  # the calls of ended requests, until their replica's Report
 
     async def start(self) -> None:
@@ -120,15 +131,27 @@ class RayEngines:
         while True:
             if self.unavailable:
                 raise EngineUnavailableError(self.unavailable)
+            chosen = self._chosen(rid)
             stream, produced, ended = self.calls.remote(rid, key=key, avoid=tuple(self.gone)), False, False
             events: asyncio.Queue = asyncio.Queue()
             connection = following = routed = None
+            routing = asyncio.ensure_future(self._routed(stream))
             try:
-                routed = await self._routed(stream)
-                connection = self._connection(routed.endpoint)
-                connection.queues[rid] = events
+                await asyncio.wait((chosen, routing), return_when=asyncio.FIRST_COMPLETED)
+                if not routing.done() and (endpoint := self.endpoints.get(chosen.result())) is not None:
+                    connection = self._send(endpoint, request, events)  # (ahead of the replica's Routed)
+                routed = await routing
+                self.endpoints[routed.replica] = routed.endpoint
+                if connection is not None:
+                    taken = connection.endpoint == routed.endpoint
+                    counts = self.ahead.setdefault(chosen.result(), {"sent_ahead": 0, "withdrawn": 0})
+                    counts["sent_ahead" if taken else "withdrawn"] += 1
+                    if not taken:  # (the router's first choice passed the call on)
+                        self._withdraw(connection, rid)
+                        connection, events = None, asyncio.Queue()
+                if connection is None:
+                    connection = self._send(routed.endpoint, request, events)
                 following = asyncio.ensure_future(self._follow(stream, events))
-                connection.send(Add(request))
                 while True:
                     event = await events.get()
                     if isinstance(event, BaseException):
@@ -149,14 +172,21 @@ class RayEngines:
                 if isinstance(e, _ReplicaGone) and e.replica is not None:
                     self.gone[e.replica] = reason
                     self.reports.pop(e.replica, None)
+                    self.endpoints.pop(e.replica, None)
+                    self.ahead.pop(e.replica, None)
                 if routed is not None and (lost := self.connections.pop(routed.endpoint, None)) is not None:
                     lost.close()  # (its other requests hear of it from their own calls)
+                    connection = None
+                elif routed is None and connection is not None:  # (sent ahead; no replica took the call)
+                    self._withdraw(connection, rid)
                     connection = None
                 if (produced and request.get("stream")) or time.monotonic() > deadline:
                     raise EngineUnavailableError(f"the engine replica failed: {reason}") from None
             except RayTaskError as e:
                 raise EngineRequestError(str(e.cause), type(e.cause).__name__, bad_request=False) from None
             finally:
+                CHOICES.pop(rid, None)
+                routing.cancel()
                 if connection is not None:
                     connection.queues.pop(rid, None)
                 if not ended:  # (its consumer left early, e.g. a client hung up: stop it, which aborts it there)
@@ -168,6 +198,31 @@ class RayEngines:
             self.num_retries += 1
             await asyncio.sleep(delay)
             delay = min(2 * delay, MAX_RETRY_DELAY_S)
+
+    def _chosen(self, rid: str) -> asyncio.Future:
+        """The replica id that the request router chooses first for ``rid`` (told from its own thread)."""
+        loop = asyncio.get_running_loop()
+        chosen = loop.create_future()
+
+        def settle(replica: str) -> None:
+            if not chosen.done():
+                chosen.set_result(replica)
+
+        CHOICES[rid] = lambda replica: loop.call_soon_threadsafe(settle, replica)
+        return chosen
+
+    def _send(self, endpoint: str, request: dict, events: asyncio.Queue) -> _Connection:
+        """Send ``request`` to the engine at ``endpoint``; its events go to ``events``."""
+        connection = self._connection(endpoint)
+        connection.queues[request["request_id"]] = events
+        connection.send(Add(request))
+        return connection
+
+    @staticmethod
+    def _withdraw(connection: _Connection, rid: str) -> None:
+        """Abort ``rid`` where it was sent ahead; what it produced there is dropped."""
+        connection.queues.pop(rid, None)
+        connection.send(Abort(rid))
 
     async def _routed(self, stream) -> Routed:
         """The call's first item: the replica's engine, or its failure raised."""
@@ -205,8 +260,9 @@ class RayEngines:
 
     @property
     def stats(self) -> dict[str, dict]:
-        """Per engine replica (by Ray replica id): its latest stats, as of its last finished request here."""
-        return dict(self.reports)
+        """Per engine replica (by Ray replica id): its latest stats, as of its last finished request here,
+        and this ingress's requests sent ahead to it (``ingress``: taken; withdrawn, the call passed on)."""
+        return {name: {**stats, "ingress": self.ahead.get(name, {})} for name, stats in self.reports.items()}
 
     def health(self) -> list[dict]:
         return [{"replica": name, "status": "ready"} for name in self.reports]

@@ -9,6 +9,11 @@ their engine gone; Ray's replacement of a replica has a new id) count as unhealt
 replica is ranked first and the others after it, least loaded first, so a replica at its
 ``max_ongoing_requests`` passes the request on instead of queueing it.
 
+The ingress hears of the router's first choice for a request at once: ``client.CHOICES`` holds, by
+request id (``generate``'s first argument), a callable that it calls with the chosen replica's id, from
+the router's own thread (Ray runs it on a loop of its own unless its throughput-optimized mode is on).
+It is read as the client module's attribute: Ray pickles this module by value, its globals with it.
+
 A request counts as outstanding on a replica from its routing there to its completion, matched by
 (request, replica): Ray reports a completion before the routing when a call ends before its acceptance is
 read (a busy event loop, a replica that ends the call at once), and reports the completions of attempts
@@ -22,6 +27,7 @@ from collections import OrderedDict
 from ray.serve.request_router import PendingRequest, ReplicaID, ReplicaResult, RequestRouter, RunningReplica
 
 from omniwalk.config import RoutingConfig
+from omniwalk.serve.ray import client as ingress
 from omniwalk.serve.routing import NoReplica, ReplicaLoad, Router
 
 MAX_UNMATCHED = 4096  # completions kept waiting for their routing (a rejected attempt's never comes)
@@ -49,6 +55,9 @@ class AffinityRouter(RequestRouter):
             chosen = self.policy.choose(loads, kwargs.get("key"))
         except NoReplica:
             return []
+        if pending_request is not None and pending_request.args and isinstance(pending_request.args[0], str):
+            if (told := ingress.CHOICES.pop(pending_request.args[0], None)) is not None:
+                told(chosen)
         rest = sorted((load for load in loads if load.healthy and load.name != chosen), key=lambda r: r.outstanding)
         return [[by_name[chosen]], [by_name[load.name] for load in rest]]
 
