@@ -22,7 +22,10 @@ server is given the same). Where Ray's direct ingress is on (``--ray-env``:
 ``RAY_SERVE_ENABLE_DIRECT_INGRESS=1``, or its throughput-optimized mode), the ingress replica also listens on
 a port of its own, and the Ray application is measured twice: through Ray's proxy ("ray") and on that port
 ("ray_direct"). The systems are up together and their cells alternate (``--rounds`` each; the figures are
-medians over the rounds), so a machine shared with other work loads them alike.
+medians over the rounds), so a machine shared with other work loads them alike. ``--pairs N`` then measures
+the latency added at concurrency 1 request by request: N rounds of one request to each system in turn, the
+median (and quartiles) of each Ray request's latency minus the plain server's of the same round (cells of
+their own move by more than what Ray adds on a shared 2-core machine).
 """
 
 from __future__ import annotations
@@ -90,6 +93,34 @@ async def run_cell(base: str, concurrency: int, num_requests: int, tokens: int, 
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         return records, time.perf_counter() - start
+
+
+async def run_pairs(bases: dict[str, str], num_rounds: int, tokens: int) -> dict[str, list[dict]]:
+    """Concurrency 1, request by request across the systems: each round sends one request to each system in
+    turn (the order reversed every other round), so the requests of a round see the machine alike."""
+    records = {name: [] for name in bases}
+    async with httpx.AsyncClient(timeout=300) as http:
+        for base in bases.values():
+            await one_stream(http, base, -1, tokens)  # (warm-up)
+        for i in range(num_rounds):
+            for name in list(bases)[:: 1 if i % 2 == 0 else -1]:
+                records[name].append(await one_stream(http, bases[name], i, tokens))
+    return records
+
+
+def paired_rows(records: dict[str, list[dict]]) -> list[dict]:
+    """Per Ray path: the median and quartiles of its requests' latency minus the plain server's request of the
+    same round (the same prompt and answer length)."""
+    rows = []
+    for path in [name for name in records if name != "plain"]:
+        row = {"path": path, "rounds": len(records[path])}
+        for figure in ("e2e_s", "ttft_s"):
+            diffs = [1000 * (r[figure] - p[figure]) for r, p in zip(records[path], records["plain"], strict=True)]
+            q1, median, q3 = statistics.quantiles(diffs, n=4)
+            row |= {f"added_{figure[:-2]}_ms_q1": q1, f"added_{figure[:-2]}_ms_median": median}
+            row |= {f"added_{figure[:-2]}_ms_q3": q3}
+        rows.append(row)
+    return rows
 
 
 def cpu_s(pids: int | tuple[int, ...]) -> float:
@@ -220,6 +251,9 @@ def main() -> None:
     parser.add_argument("--stem", default="ray_overhead", help="the results' file name")
     parser.add_argument("--stream-interval", type=int, default=1, help="both engines' stream_interval")
     parser.add_argument("--idle-s", type=float, default=10.0, help="seconds of each process's idle CPU, measured")
+    parser.add_argument(
+        "--pairs", type=int, default=0, help="rounds of paired latency at concurrency 1 after the cells (0: none)"
+    )
     args = parser.parse_args()
     load = psutil.getloadavg()[0]
     server, plain_base = start_plain(args)
@@ -239,15 +273,18 @@ def main() -> None:
                     rounds[name].append(measure(base, pids, concurrency, args, idle))
             for name in systems:
                 rows[name].append(median_row(rounds[name]))
+        bases = {name: base for name, (base, _) in systems.items()}
+        pairs = paired_rows(asyncio.run(run_pairs(bases, args.pairs, args.tokens))) if args.pairs else []
     finally:
         server.terminate()
         server.wait(60)
         stop_ray()
     data = {"machine": machine("cpu"), "args": vars(args), "load_before": load, "load_after": psutil.getloadavg()[0]}
     data |= {"ray_up_s": up_s, "idle_cpu_s_per_s": idle}
-    data |= {"python": platform.python_version(), **rows, "added": (added := added_rows(rows))}
-    write_report(args.out, args.stem, data, added_table(added))
-    print(added_table(added))
+    data |= {"python": platform.python_version(), **rows, "added": (added := added_rows(rows)), "paired": pairs}
+    tables = added_table(added) + (f"\n\n{paired_table(pairs)}" if pairs else "")
+    write_report(args.out, args.stem, data, tables)
+    print(tables)
 
 
 def added_rows(rows: dict[str, list[dict]]) -> list[dict]:
@@ -293,6 +330,17 @@ TABLE = (  # header, key of an added row, format
 def added_table(added: list[dict]) -> str:
     cells = [["-" if a[key] is None else fmt.format(a[key]) for _, key, fmt in TABLE] for a in added]
     return markdown_table([header for header, _, _ in TABLE], cells)
+
+
+def paired_table(pairs: list[dict]) -> str:
+    head = ["path", "rounds", "added e2e ms: median (q1, q3)", "added TTFT ms: median (q1, q3)"]
+    spread = "{:.1f} ({:.1f}, {:.1f})"
+    cells = [
+        [p["path"], str(p["rounds"])]
+        + [spread.format(*(p[f"added_{f}_ms_{q}"] for q in ("median", "q1", "q3"))) for f in ("e2e", "ttft")]
+        for p in pairs
+    ]
+    return markdown_table(head, cells)
 
 
 if __name__ == "__main__":
