@@ -263,10 +263,16 @@ def cut(sorted_keys, top_k, top_p, N: tl.constexpr):
 
 
 @triton.jit
+def keeps_set(top_k, top_p, vocab):
+    """Whether a row's top_k / top_p keep fewer ids than the whole vocabulary (a sorted set to cut)."""
+    return (top_k < vocab) | (top_p < 1.0)
+
+
+@triton.jit
 def top_k_top_p(x, row, cols, vocab, top_k_ptr, top_p_ptr, BLOCK: tl.constexpr, CANDIDATES: tl.constexpr):
     top_k = tl.load(top_k_ptr + row)
     top_p = tl.load(top_p_ptr + row)
-    if (top_k < vocab) | (top_p < 1.0):  # (neutral rows of a graph skip the sort)
+    if keeps_set(top_k, top_p, vocab):  # (neutral rows of a graph skip the sort)
         keys = keys_of(x, cols, BLOCK)
         if top_k <= CANDIDATES:
             smallest = cut(tl.topk(keys, CANDIDATES), top_k, top_p, CANDIDATES)
@@ -327,19 +333,24 @@ def pick(x, row, cols, valid, vocab, flags, step_offset, params, BLOCK: tl.const
 
 
 @triton.jit
+def set_params(row, vocab, flags, top_k_ptr, top_p_ptr):
+    """Row ``row``'s top_k and top_p where its draw applies them (flag 4), else neutral (vocab, 1.0)."""
+    on = (flags & 4) != 0
+    return tl.load(top_k_ptr + row, mask=on, other=vocab), tl.load(top_p_ptr + row, mask=on, other=1.0)
+
+
+@triton.jit
 def ranked(row, vocab, flags, top_k_ptr, top_p_ptr):
     """Whether row ``row`` keeps a top-k / top-p set before its draw (``top_k_top_p`` sorts it)."""
-    on = (flags & 4) != 0
-    top_k = tl.load(top_k_ptr + row, mask=on, other=vocab)
-    top_p = tl.load(top_p_ptr + row, mask=on, other=1.0)
-    return on & ((top_k < vocab) | (top_p < 1.0))
+    top_k, top_p = set_params(row, vocab, flags, top_k_ptr, top_p_ptr)
+    return keeps_set(top_k, top_p, vocab)
 
 
 @triton.jit
 def whole_row(row, vocab, flags, top_k_ptr, top_p_ptr, CANDIDATES: tl.constexpr):
     """Whether row ``row``'s draw needs its whole row (a top_k over ``CANDIDATES``: the full sort)."""
-    top_k = tl.load(top_k_ptr + row, mask=(flags & 4) != 0, other=0)
-    return ranked(row, vocab, flags, top_k_ptr, top_p_ptr) & (top_k > CANDIDATES)
+    top_k, top_p = set_params(row, vocab, flags, top_k_ptr, top_p_ptr)
+    return keeps_set(top_k, top_p, vocab) & (top_k > CANDIDATES)
 
 
 @triton.jit
