@@ -82,6 +82,19 @@ class _Connection:
         self.socket.close(linger=0)
 
 
+class _Attempt:
+    """One call of the engine deployment for a request: the router's first choice, the call's stream, where
+    the request went (``connection``, ``routed``) and what came back."""
+
+    def __init__(self, rid: str, chosen: asyncio.Future, stream):
+        self.rid, self.chosen, self.stream = rid, chosen, stream
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.connection: _Connection | None = None
+        self.routed: Routed | None = None
+        self.following: asyncio.Future | None = None  # (``_follow``: the call's Report or failure)
+        self.produced = self.ended = False
+
+
 class RayEngines:
     def __init__(self, handle, cfg: RayConfig):
         self.handle, self.cfg = handle, cfg
@@ -131,73 +144,90 @@ class RayEngines:
         while True:
             if self.unavailable:
                 raise EngineUnavailableError(self.unavailable)
-            chosen = self._chosen(rid)
-            stream, produced, ended = self.calls.remote(rid, key=key, avoid=tuple(self.gone)), False, False
-            events: asyncio.Queue = asyncio.Queue()
-            connection = following = routed = None
-            routing = asyncio.ensure_future(self._routed(stream))
+            attempt = _Attempt(rid, self._chosen(rid), self.calls.remote(rid, key=key, avoid=tuple(self.gone)))
             try:
-                await asyncio.wait((chosen, routing), return_when=asyncio.FIRST_COMPLETED)
-                if not routing.done() and (endpoint := self.endpoints.get(chosen.result())) is not None:
-                    connection = self._send(endpoint, request, events)  # (ahead of the replica's Routed)
-                routed = await routing
-                self.endpoints[routed.replica] = routed.endpoint
-                if connection is not None:
-                    taken = connection.endpoint == routed.endpoint
-                    counts = self.ahead.setdefault(chosen.result(), {"sent_ahead": 0, "withdrawn": 0})
-                    counts["sent_ahead" if taken else "withdrawn"] += 1
-                    if not taken:  # (the router's first choice passed the call on)
-                        self._withdraw(connection, rid)
-                        connection, events = None, asyncio.Queue()
-                if connection is None:
-                    connection = self._send(routed.endpoint, request, events)
-                following = asyncio.ensure_future(self._follow(stream, events))
-                while True:
-                    event = await events.get()
-                    if isinstance(event, BaseException):
-                        raise event
-                    if isinstance(event, (Failed, Finished)):
-                        ended = True
-                        self._reporting.add(following)  # (its Report comes after: kept, not waited for)
-                        following.add_done_callback(self._reporting.discard)
-                    if isinstance(event, Failed):
-                        raise EngineRequestError(event.error, event.error_type, event.bad_request, event.param)
-                    produced = True
+                await self._place(attempt, request)
+                while not attempt.ended:
+                    event = await self._next(attempt)
+                    attempt.produced = True
                     yield event
-                    if ended:
-                        return
+                return
             except (_ReplicaGone, *_REPLICA_LOST) as e:
-                ended = True
-                reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-                if isinstance(e, _ReplicaGone) and e.replica is not None:
-                    self.gone[e.replica] = reason
-                    self.reports.pop(e.replica, None)
-                    self.endpoints.pop(e.replica, None)
-                    self.ahead.pop(e.replica, None)
-                if routed is not None and (lost := self.connections.pop(routed.endpoint, None)) is not None:
-                    lost.close()  # (its other requests hear of it from their own calls)
-                    connection = None
-                elif routed is None and connection is not None:  # (sent ahead; no replica took the call)
-                    self._withdraw(connection, rid)
-                    connection = None
-                if (produced and request.get("stream")) or time.monotonic() > deadline:
+                reason = self._lost(attempt, e)
+                if (attempt.produced and request.get("stream")) or time.monotonic() > deadline:
                     raise EngineUnavailableError(f"the engine replica failed: {reason}") from None
             except RayTaskError as e:
                 raise EngineRequestError(str(e.cause), type(e.cause).__name__, bad_request=False) from None
             finally:
-                CHOICES.pop(rid, None)
-                routing.cancel()
-                if connection is not None:
-                    connection.queues.pop(rid, None)
-                if not ended:  # (its consumer left early, e.g. a client hung up: stop it, which aborts it there)
-                    if connection is not None:
-                        connection.send(Abort(rid))
-                    stream.cancel()
-                if following is not None and following not in self._reporting:
-                    following.cancel()
+                self._leave(attempt)
             self.num_retries += 1
             await asyncio.sleep(delay)
             delay = min(2 * delay, MAX_RETRY_DELAY_S)
+
+    async def _place(self, attempt: _Attempt, request: dict) -> None:
+        """Send the request to the engine of the replica that takes the call: at once where the router's
+        first choice's engine is known here (withdrawn if the call's Routed names another), else on Routed."""
+        routing = asyncio.ensure_future(self._routed(attempt.stream))
+        try:
+            await asyncio.wait((attempt.chosen, routing), return_when=asyncio.FIRST_COMPLETED)
+            if not routing.done() and (endpoint := self.endpoints.get(attempt.chosen.result())) is not None:
+                attempt.connection = self._send(endpoint, request, attempt.events)
+            attempt.routed = routed = await routing
+        finally:
+            routing.cancel()
+        self.endpoints[routed.replica] = routed.endpoint
+        if attempt.connection is not None:
+            taken = attempt.connection.endpoint == routed.endpoint
+            counts = self.ahead.setdefault(attempt.chosen.result(), {"sent_ahead": 0, "withdrawn": 0})
+            counts["sent_ahead" if taken else "withdrawn"] += 1
+            if not taken:  # (the router's first choice passed the call on)
+                self._withdraw(attempt.connection, attempt.rid)
+                attempt.connection, attempt.events = None, asyncio.Queue()
+        if attempt.connection is None:
+            attempt.connection = self._send(routed.endpoint, request, attempt.events)
+        attempt.following = asyncio.ensure_future(self._follow(attempt.stream, attempt.events))
+
+    async def _next(self, attempt: _Attempt) -> Delta | Finished:
+        """The request's next event (``attempt.ended`` set by its last); a failure raised."""
+        event = await attempt.events.get()
+        if isinstance(event, BaseException):
+            raise event
+        if isinstance(event, (Failed, Finished)):
+            attempt.ended = True
+            self._reporting.add(attempt.following)  # (its Report comes after: kept, not waited for)
+            attempt.following.add_done_callback(self._reporting.discard)
+        if isinstance(event, Failed):
+            raise EngineRequestError(event.error, event.error_type, event.bad_request, event.param)
+        return event
+
+    def _lost(self, attempt: _Attempt, error: Exception) -> str:
+        """The attempt's replica failed (``error``): avoided from now on; why, in a line."""
+        attempt.ended = True
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        if isinstance(error, _ReplicaGone) and error.replica is not None:
+            self.gone[error.replica] = reason
+            self.reports.pop(error.replica, None)
+            self.endpoints.pop(error.replica, None)
+            self.ahead.pop(error.replica, None)
+        if attempt.routed is not None and (lost := self.connections.pop(attempt.routed.endpoint, None)) is not None:
+            lost.close()  # (its other requests hear of it from their own calls)
+            attempt.connection = None
+        elif attempt.routed is None and attempt.connection is not None:  # (sent ahead; no replica took the call)
+            self._withdraw(attempt.connection, attempt.rid)
+            attempt.connection = None
+        return reason
+
+    def _leave(self, attempt: _Attempt) -> None:
+        """The attempt is over: one its consumer left early (a client hung up) is aborted in the engine."""
+        CHOICES.pop(attempt.rid, None)
+        if attempt.connection is not None:
+            attempt.connection.queues.pop(attempt.rid, None)
+        if not attempt.ended:
+            if attempt.connection is not None:
+                attempt.connection.send(Abort(attempt.rid))
+            attempt.stream.cancel()
+        if attempt.following is not None and attempt.following not in self._reporting:
+            attempt.following.cancel()
 
     def _chosen(self, rid: str) -> asyncio.Future:
         """The replica id that the request router chooses first for ``rid`` (told from its own thread)."""
