@@ -172,7 +172,7 @@ def test_data_parallel_replicas_route_through_the_policy():
 
 
 LONG = {"model": "qwen3-omni", "messages": [{"role": "user", "content": "go"}], "max_tokens": 4000, "ignore_eos": True}
-HOLD = {**LONG, "max_tokens": 4001}  # fault server: 20 ms a token at least
+HOLD = {**LONG, "max_tokens": 2001}  # fault server: 40 ms a token at least
 GREEDY = {**LONG, "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 41, "temperature": 0.0}
 
 
@@ -209,7 +209,7 @@ async def _until(predicate, timeout: float = 60):
 
 
 def test_two_replicas_serve_route_to_the_least_loaded_and_survive_a_killed_one():
-    # the fault server: its requests of 41 and 4001 tokens take at least 20 ms a token (0.8 s, 80 s), so
+    # the fault server: its requests of 41 and 2001 tokens take at least 20 and 40 ms a token (0.8 s, 80 s), so
     # each is seen running in /metrics on a fast machine too; every other request runs as in ``serve``
     proc, base = launch(
         "--data-parallel", "2", "--routing-affinity", "false", entry=("-m", "tests.helpers.fault_server")

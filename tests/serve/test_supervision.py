@@ -17,7 +17,7 @@ from helpers.qwen3_omni import checkpoint
 from omniwalk.models.qwen3_omni.checkpoint.tiny import make_tiny_checkpoint
 
 LONG = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 8000, "ignore_eos": True}
-SLOW_MAX_TOKENS = 4001  # helpers/fault_server.py: at least 20 ms a token (not imported: it patches at import)
+SLOW_MAX_TOKENS = 2001  # helpers/fault_server.py: at least 40 ms a token (not imported: it patches at import)
 
 
 def _serve(*flags, model: str) -> subprocess.Popen:
@@ -114,7 +114,7 @@ async def _until(predicate, timeout: float = 60):
 
 
 def test_sigterm_drains_requests_in_flight_then_aborts_the_rest():
-    """No wall-clock window either way: the slow request (at least 20 ms a token in the fault server, so at
+    """No wall-clock window either way: the slow request (at least 40 ms a token in the fault server, so at
     least 80 s) cannot finish within the 30 s grace on any machine, and the stop signal goes out only once it
     is in the engine and each short one has streamed its first token: what the short ones still have to do
     is two decode steps, which the grace outlasts by orders of magnitude even on a loaded machine."""
