@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import httpx
 from helpers.live_server import free_port, launch
@@ -144,6 +145,10 @@ def test_sigterm_drains_requests_in_flight_then_aborts_the_rest():
 
     async def scenario():
         async with httpx.AsyncClient(timeout=120) as h:
+            # the marker is the engine's max_tokens: one clipped to the context left would not slow down
+            prompt = (await h.post(url, json={**slow, "max_tokens": 1})).json()["usage"]["prompt_tokens"]
+            context = json.loads((Path(checkpoint("tiny")) / "config.json").read_text())["thinker_config"]
+            assert prompt + SLOW_MAX_TOKENS <= context["text_config"]["max_position_embeddings"], prompt
             long = asyncio.create_task(h.post(url, json=slow))
             await _until(lambda: _unfinished(base) == 1)
             started = [asyncio.Event(), asyncio.Event()]
