@@ -1,0 +1,345 @@
+"""How near the weight-read floor can one launch walk a chain of dependent GEMV steps? (issue 41's probe)
+
+    PYTHONPATH=. python benchmarks/kernels/chain_probe.py --out DIR [--depths 4,8,12] [--threads 256,512]
+
+The code predictor's frame, reduced to what bounds it at B = 1: 315 dependent steps over the full-size
+shapes (per pass and layer: q/k/v 4096 x 1024, output 1024 x 2048, gate/up 6144 x 1024, down 1024 x 3072;
+then a head 2048 x 1024; 15 passes), random bf16 weights, 2.42 GB read a frame. Step s computes
+y_s = W_s norm(x_s) in fp32, where x_s is y_{s-1}'s first K_s entries (after gate/up: silu(gate) * up) and
+norm divides by the RMS: every step needs the whole output of the one before, as the frame's norms do.
+
+Three ways, same machine, microseconds a frame:
+
+    layered    one cuBLAS GEMV launch a step (``F.linear``, no norm), the 315 launches replayed from a
+               CUDA graph: the chain as a kernel a step
+    chain      one persistent CUDA kernel (built at first use by NVRTC, through ``torch.cuda``): each
+               block owns fixed rows of every step and streams its rows of the coming steps into a ring
+               of shared memory (``cp.async``, DEPTH chunks of 8 KiB in flight), independent of the
+               dependency chain; a step waits for a counter the blocks count their rows of the step
+               before in (a release / acquire pair), reads that output from L2, computes its rows from
+               shared memory, counts itself in. Checked against a PyTorch fp32 chain of the same
+               weights (exits non-zero where they differ)
+    stream     the same kernel with the waits left out (its results race: not checked): what its weight
+               stream alone costs, the bound the waits add to
+
+and the floor (the frame's bytes at the measured copy rate). Writes chain_probe.json/.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[i]) for i in (2, 1)]  # the repository root, benchmarks/
+from harness import graph_call_us, int_list, machine, markdown_table, write_report  # noqa: E402
+
+HIDDEN, HEADS_WIDTH, QKV, INTERMEDIATE, VOCAB, LAYERS, PASSES = 1024, 2048, 4096, 3072, 2048, 5, 15
+CHUNK = 8192  # bytes a block asks for at once (16 a thread at 512 threads)
+YMAX = 2 * INTERMEDIATE  # the widest step output
+EPS = 1e-6
+
+SOURCE = r"""
+#define CHUNK %(chunk)d
+#define RING_CHUNKS %(ring)d
+#define DEPTH %(depth)d
+#define THREADS %(threads)d
+#define WAIT %(wait)d
+#define YMAX %(ymax)d
+#define XMAX %(xmax)d
+#define RING (CHUNK * RING_CHUNKS)
+
+__device__ __forceinline__ unsigned int load_acquire(const unsigned int* p) {
+    unsigned int v;
+    asm volatile("ld.acquire.gpu.global.u32 %%0, [%%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ float load_cg(const float* p) {  // past L1 (written by other SMs)
+    float v;
+    asm volatile("ld.global.cg.f32 %%0, [%%1];" : "=f"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ unsigned int shared_address(const void* p) {
+    unsigned long long a;
+    asm("cvta.to.shared.u64 %%0, %%1;" : "=l"(a) : "l"(p));
+    return (unsigned int)a;
+}
+
+__device__ __forceinline__ float bf16_lo(unsigned int w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(unsigned int w) { return __uint_as_float(w & 0xffff0000u); }
+
+struct Stream {  // the block's next chunk to ask for: a step and a byte offset into its rows
+    int step;
+    long long offset;
+};
+
+__device__ __forceinline__ void share(const long long* table, int s, int b, int G,
+                                      long long* first, int* rows, int* K, int* kind) {
+    long long w = table[4 * s], N = table[4 * s + 1];
+    *K = (int)table[4 * s + 2];
+    *kind = (int)table[4 * s + 3];
+    long long r0 = N * b / G, r1 = N * (b + 1) / G;
+    *rows = (int)(r1 - r0);
+    *first = w + r0 * (*K);  // (elements)
+}
+
+// ask for the block's next chunk (an empty group past the frame's end) into ring slot ``slot``
+__device__ __forceinline__ void ask(const unsigned short* arena, const long long* table, int num_steps,
+                                    Stream* st, int slot, unsigned char* ring) {
+    const int b = blockIdx.x, G = gridDim.x;
+    if (st->step < num_steps) {
+        long long first; int rows, K, kind;
+        share(table, st->step, b, G, &first, &rows, &K, &kind);
+        long long bytes = (long long)rows * K * 2;
+        long long left = bytes - st->offset;
+        const unsigned char* src = (const unsigned char*)(arena + first) + st->offset;
+        unsigned int dst = shared_address(ring + (long long)slot * CHUNK);
+        for (int o = threadIdx.x * 16; o < CHUNK && o < left; o += THREADS * 16) {
+            asm volatile("cp.async.cg.shared.global [%%0], [%%1], 16;" :: "r"(dst + o), "l"(src + o) : "memory");
+        }
+        st->offset += CHUNK;
+        if (st->offset >= bytes) { st->step += 1; st->offset = 0; }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+chain_frame(const unsigned short* __restrict__ arena, const long long* __restrict__ table, int num_steps,
+            float* ys, unsigned int* counters, int epoch, double eps_in)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    unsigned char* ring = smem;
+    float* xs = (float*)(smem + RING);
+    float* red = xs + XMAX;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int b = blockIdx.x, G = gridDim.x;
+    const float eps = (float)eps_in;
+    const unsigned int target = (unsigned int)epoch * (unsigned int)G;
+    Stream st = {0, 0};
+    long long asked = 0, resident = 0, begin = 0;  // chunks asked for, arrived, the step's first
+    for (int i = 0; i < DEPTH; i++) { ask(arena, table, num_steps, &st, (int)(asked %% RING_CHUNKS), ring); asked++; }
+    for (int s = 0; s < num_steps; s++) {
+        long long first; int rows, K, kind;
+        share(table, s, b, G, &first, &rows, &K, &kind);
+        long long chunks = ((long long)rows * K * 2 + CHUNK - 1) / CHUNK;
+        while (resident < begin + chunks) {  // the step's rows in the ring; DEPTH chunks stay in flight
+            ask(arena, table, num_steps, &st, (int)(asked %% RING_CHUNKS), ring);
+            asked++;
+            asm volatile("cp.async.wait_group %%0;" :: "n"(DEPTH) : "memory");
+            resident++;
+        }
+        if (WAIT && s > 0 && tid == 0) {
+            while (load_acquire(counters + s - 1) < target) { }
+        }
+        __syncthreads();
+        const float* yp = ys + (long long)s * YMAX;
+        float ss = 0.f;
+        for (int k = tid; k < K; k += THREADS) {
+            float v;
+            if (kind == 0) {
+                v = load_cg(yp + k);
+            } else {
+                float g = load_cg(yp + k), u = load_cg(yp + k + K);
+                v = g / (1.f + __expf(-g)) * u;
+            }
+            xs[k] = v;
+            ss += v * v;
+        }
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == 0) red[warp] = ss;
+        __syncthreads();
+        float total = 0.f;
+        for (int w = 0; w < THREADS / 32; w++) total += red[w];
+        const float rstd = rsqrtf(total / K + eps);
+        const long long base = (begin %% RING_CHUNKS) * CHUNK;
+        for (int i = warp; i < rows; i += THREADS / 32) {
+            long long row = base + (long long)i * K * 2;
+            row %%= RING;
+            float acc = 0.f;
+            for (int k = lane * 8; k < K; k += 256) {
+                long long at = row + 2LL * k;
+                if (at >= RING) at -= RING;
+                uint4 w = *(const uint4*)(ring + at);
+                const float4 a = *(const float4*)(xs + k), c = *(const float4*)(xs + k + 4);
+                acc += bf16_lo(w.x) * a.x + bf16_hi(w.x) * a.y + bf16_lo(w.y) * a.z + bf16_hi(w.y) * a.w;
+                acc += bf16_lo(w.z) * c.x + bf16_hi(w.z) * c.y + bf16_lo(w.w) * c.z + bf16_hi(w.w) * c.w;
+            }
+            for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+            if (lane == 0) {
+                long long N = table[4 * s + 1];
+                ys[(long long)(s + 1) * YMAX + N * b / G + i] = acc * rstd;
+            }
+        }
+        __syncthreads();
+        if (tid == 0) {
+            __threadfence();
+            atomicAdd(counters + s, 1u);
+        }
+        begin += chunks;
+    }
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+}
+"""
+
+
+def steps() -> list[tuple[str, int, int, int]]:
+    """(name, N, K, kind) of the frame's steps: kind 1 reads silu(gate) * up of the step before."""
+    layer = [("qkv", QKV, HIDDEN, 0), ("out", HIDDEN, HEADS_WIDTH, 0), ("gate_up", YMAX, HIDDEN, 0)]
+    layer.append(("down", HIDDEN, INTERMEDIATE, 1))
+    return [s for _ in range(PASSES) for s in layer * LAYERS + [("head", VOCAB, HIDDEN, 0)]]
+
+
+class Chain:
+    """The weights (one arena: each layer's four matrices, then the 15 heads), the step table, the kernel."""
+
+    def __init__(self, seed: int = 0):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        self.steps = steps()
+        sizes = {name: n * k for name, n, k, _ in self.steps[: 4 * LAYERS + 1]}
+        offsets, at = {}, 0
+        for layer in range(LAYERS):
+            for name in ("qkv", "out", "gate_up", "down"):
+                offsets[(layer, name)] = at
+                at += sizes[name]
+        for head in range(PASSES):
+            offsets[(head, "head")] = at
+            at += sizes["head"]
+        self.arena = (torch.randn(at, generator=gen, device="cuda") * 0.03).to(torch.bfloat16)
+        rows, self.weights = [], []
+        for i, (name, n, k, kind) in enumerate(self.steps):
+            p, j = divmod(i, 4 * LAYERS + 1)
+            key = (p, "head") if name == "head" else (j // 4, name)
+            rows.append((offsets[key], n, k, kind))
+            self.weights.append(self.arena[offsets[key] : offsets[key] + n * k].view(n, k))
+        self.table = torch.tensor(rows, dtype=torch.int64, device="cuda")
+        self.frame_bytes = sum(w.numel() * 2 for w in self.weights)
+        self.ys = torch.zeros(len(self.steps) + 1, YMAX, device="cuda")
+        self.ys[0, :HIDDEN] = torch.randn(HIDDEN, generator=gen, device="cuda")
+        self.counters = torch.zeros(len(self.steps), dtype=torch.int32, device="cuda")
+        self.epoch = 0
+        self.sms = torch.cuda.get_device_properties("cuda").multi_processor_count
+
+    def kernel(self, depth: int, threads: int, wait: bool):
+        ring = 24  # chunks: DEPTH in flight beside the widest step's (12 at 132 blocks)
+        source = SOURCE % dict(
+            chunk=CHUNK, ring=ring, depth=depth, threads=threads, wait=int(wait), ymax=YMAX, xmax=INTERMEDIATE
+        )
+        fn = torch.cuda._compile_kernel(source, "chain_frame", nvcc_options=["-std=c++17", "-lineinfo"])
+        smem = CHUNK * ring + 4 * INTERMEDIATE + 4 * 32
+        _allow_shared_memory(fn, smem)
+        widest = max(-(-(-(-n // self.sms) * k * 2) // CHUNK) for _, n, k, _ in self.steps)  # (chunks)
+        if widest > ring - depth:
+            raise ValueError(f"a step's rows take {widest} chunks: more than the ring's {ring} less DEPTH {depth}")
+
+        def launch():
+            self.epoch += 1
+            fn(
+                grid=(self.sms, 1, 1),
+                block=(threads, 1, 1),
+                args=[self.arena, self.table, len(self.steps), self.ys, self.counters, self.epoch, EPS],
+                shared_mem=smem,
+            )
+
+        return launch
+
+    def reference(self) -> torch.Tensor:
+        """The chain in PyTorch, fp32 on the same weights: the last step's output."""
+        y = self.ys[0].clone()
+        for (_, n, k, kind), w in zip(self.steps, self.weights, strict=True):
+            x = F.silu(y[:k]) * y[k : 2 * k] if kind else y[:k]
+            x = x * torch.rsqrt(x.pow(2).mean() + EPS)
+            y = torch.zeros(YMAX, device="cuda")
+            y[:n] = w.float() @ x
+        return y
+
+    def layered_us(self) -> float:
+        """One ``F.linear`` a step (bf16 in and out, no norm), the frame's 315 launches in one graph."""
+        x0 = self.ys[0, :HIDDEN].to(torch.bfloat16)[None]
+
+        def frame(_):
+            y = x0
+            for (_, _, k, _), w in zip(self.steps, self.weights, strict=True):
+                y = F.linear(y[:, :k], w)
+            return y
+
+        return graph_call_us(frame, 1)
+
+
+def _allow_shared_memory(fn, size: int) -> None:
+    """Raise the kernel's dynamic shared-memory limit past 48 KiB (older torch: through the driver)."""
+    if hasattr(fn, "set_shared_memory_config"):
+        fn.set_shared_memory_config(size)
+        return
+    max_dynamic_shared_size = 8  # (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
+    torch.cuda._utils._get_gpu_runtime_library().cuFuncSetAttribute(fn.func, max_dynamic_shared_size, size)
+
+
+def event_us(fn, launches: int = 20, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(launches):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / launches
+
+
+def copy_gbs() -> float:
+    a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    us = graph_call_us(lambda i: b.copy_(a), 4)
+    return 2 * a.numel() / (us * 1e3)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--depths", type=int_list, default=[4, 8, 12], help="chunks of 8 KiB in flight per block")
+    p.add_argument("--threads", type=int_list, default=[512], help="threads per block")
+    args = p.parse_args()
+    chain = Chain()
+    gbs = copy_gbs()
+    floor = chain.frame_bytes / (gbs * 1e3)
+    data = {"machine": machine("cuda"), "copy_gbs": gbs, "frame_mb": chain.frame_bytes / 1e6, "floor_us": floor}
+    print(f"{len(chain.steps)} steps, {chain.frame_bytes / 1e9:.2f} GB a frame, copy {gbs:.0f} GB/s: floor {floor:.0f}")
+    with torch.no_grad():
+        data["layered_us"] = chain.layered_us()
+        print(f"layered (one GEMV launch a step, graph): {data['layered_us']:.0f} us", flush=True)
+        expected = chain.reference()
+        rows, data["cells"] = [], []
+        for threads in args.threads:
+            for depth in args.depths:
+                t0 = time.perf_counter()
+                launch = chain.kernel(depth, threads, wait=True)
+                built = time.perf_counter() - t0
+                chain.ys[1:].zero_()
+                launch()
+                torch.cuda.synchronize()
+                got = chain.ys[-1]
+                error = ((got - expected).abs().max() / expected.abs().max()).item()
+                if not error < 1e-3:
+                    raise SystemExit(f"chain (depth {depth}, {threads} threads) differs from PyTorch: {error:.3g}")
+                us = event_us(launch)
+                stream = event_us(chain.kernel(depth, threads, wait=False))
+                cell = {"threads": threads, "depth": depth, "chain_us": us, "stream_us": stream, "error": error}
+                cell["build_s"] = built
+                data["cells"].append(cell)
+                rows.append([threads, depth, us, stream, floor, data["layered_us"], f"{error:.1e}"])
+                print(f"threads {threads} depth {depth}: chain {us:.0f} us, stream {stream:.0f} us, error {error:.1e}")
+    headers = ["threads", "depth (8 KiB chunks)", "chain (us)", "stream, no waits (us)", "floor (us)"]
+    headers += ["layered (us)", "max error / max"]
+    note = f"{data['machine']['device']}, copy {gbs:.0f} GB/s, {chain.frame_bytes / 1e6:.0f} MB a frame"
+    note += f", {len(chain.steps)} steps"
+    write_report(args.out, "chain_probe", data, f"{note}\n\n{markdown_table(headers, rows)}")
+
+
+if __name__ == "__main__":
+    main()
