@@ -17,8 +17,9 @@ Three ways, same machine, microseconds a frame:
                of shared memory (``cp.async``, DEPTH chunks of 8 KiB in flight), independent of the
                dependency chain; a step waits for a counter the blocks count their rows of the step
                before in (a release / acquire pair), reads that output from L2, computes its rows from
-               shared memory, counts itself in. Checked against a PyTorch fp32 chain of the same
-               weights (exits non-zero where they differ)
+               shared memory, counts itself in. Each step's output is checked against PyTorch's (fp32, same
+               weights) from the kernel's own output of the step before (over 315 steps the chain's rounding
+               compounds); the script exits non-zero where they differ
     stream     the same kernel with the waits left out (its results race: not checked): what its weight
                stream alone costs, the bound the waits add to
 
@@ -77,30 +78,35 @@ __device__ __forceinline__ float bf16_hi(unsigned int w) { return __uint_as_floa
 
 struct Stream {  // the block's next chunk to ask for: a step and a byte offset into its rows
     int step;
-    long long offset;
+    int offset;
 };
 
-__device__ __forceinline__ void share(const long long* table, int s, int b, int G,
-                                      long long* first, int* rows, int* K, int* kind) {
-    long long w = table[4 * s], N = table[4 * s + 1];
-    *K = (int)table[4 * s + 2];
-    *kind = (int)table[4 * s + 3];
-    long long r0 = N * b / G, r1 = N * (b + 1) / G;
-    *rows = (int)(r1 - r0);
-    *first = w + r0 * (*K);  // (elements)
+// step s's share of block b (made on the host): its first weight (elements), rows, first row; and K, kind
+struct Share {
+    long long first;
+    int rows, r0, K, kind;
+};
+
+__device__ __forceinline__ Share share(const long long* shares, int s) {
+    const long long* at = shares + ((long long)s * gridDim.x + blockIdx.x) * 5;
+    Share h;
+    h.first = at[0];
+    h.rows = (int)at[1];
+    h.r0 = (int)at[2];
+    h.K = (int)at[3];
+    h.kind = (int)at[4];
+    return h;
 }
 
 // ask for the block's next chunk (an empty group past the frame's end) into ring slot ``slot``
-__device__ __forceinline__ void ask(const unsigned short* arena, const long long* table, int num_steps,
+__device__ __forceinline__ void ask(const unsigned short* arena, const long long* shares, int num_steps,
                                     Stream* st, int slot, unsigned char* ring) {
-    const int b = blockIdx.x, G = gridDim.x;
     if (st->step < num_steps) {
-        long long first; int rows, K, kind;
-        share(table, st->step, b, G, &first, &rows, &K, &kind);
-        long long bytes = (long long)rows * K * 2;
-        long long left = bytes - st->offset;
-        const unsigned char* src = (const unsigned char*)(arena + first) + st->offset;
-        unsigned int dst = shared_address(ring + (long long)slot * CHUNK);
+        Share h = share(shares, st->step);
+        int bytes = h.rows * h.K * 2;
+        int left = bytes - st->offset;
+        const unsigned char* src = (const unsigned char*)(arena + h.first) + st->offset;
+        unsigned int dst = shared_address(ring + slot * CHUNK);
         for (int o = threadIdx.x * 16; o < CHUNK && o < left; o += THREADS * 16) {
             asm volatile("cp.async.cg.shared.global [%%0], [%%1], 16;" :: "r"(dst + o), "l"(src + o) : "memory");
         }
@@ -110,8 +116,17 @@ __device__ __forceinline__ void ask(const unsigned short* arena, const long long
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
+__device__ __forceinline__ float4 load_cg4(const float* p) {
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%%0, %%1, %%2, %%3}, [%%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.f + __expf(-g)) * u; }
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-chain_frame(const unsigned short* __restrict__ arena, const long long* __restrict__ table, int num_steps,
+chain_frame(const unsigned short* __restrict__ arena, const long long* __restrict__ shares, int num_steps,
             float* ys, unsigned int* counters, int epoch)
 {
     extern __shared__ __align__(16) unsigned char smem[];
@@ -119,17 +134,15 @@ chain_frame(const unsigned short* __restrict__ arena, const long long* __restric
     float* xs = (float*)(smem + RING);
     float* red = xs + XMAX;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int b = blockIdx.x, G = gridDim.x;
-    const unsigned int target = (unsigned int)epoch * (unsigned int)G;
+    const unsigned int target = (unsigned int)epoch * gridDim.x;
     Stream st = {0, 0};
-    long long asked = 0, resident = 0, begin = 0;  // chunks asked for, arrived, the step's first
-    for (int i = 0; i < DEPTH; i++) { ask(arena, table, num_steps, &st, (int)(asked %% RING_CHUNKS), ring); asked++; }
+    int asked = 0, resident = 0, begin = 0;  // chunks asked for, arrived, the step's first
+    for (int i = 0; i < DEPTH; i++) { ask(arena, shares, num_steps, &st, asked %% RING_CHUNKS, ring); asked++; }
     for (int s = 0; s < num_steps; s++) {
-        long long first; int rows, K, kind;
-        share(table, s, b, G, &first, &rows, &K, &kind);
-        long long chunks = ((long long)rows * K * 2 + CHUNK - 1) / CHUNK;
+        const Share h = share(shares, s);
+        const int K = h.K, chunks = (h.rows * K * 2 + CHUNK - 1) / CHUNK;
         while (resident < begin + chunks) {  // the step's rows in the ring; DEPTH chunks stay in flight
-            ask(arena, table, num_steps, &st, (int)(asked %% RING_CHUNKS), ring);
+            ask(arena, shares, num_steps, &st, asked %% RING_CHUNKS, ring);
             asked++;
             asm volatile("cp.async.wait_group %%0;" :: "n"(DEPTH) : "memory");
             resident++;
@@ -140,16 +153,14 @@ chain_frame(const unsigned short* __restrict__ arena, const long long* __restric
         __syncthreads();
         const float* yp = ys + (long long)s * YMAX;
         float ss = 0.f;
-        for (int k = tid; k < K; k += THREADS) {
-            float v;
-            if (kind == 0) {
-                v = load_cg(yp + k);
-            } else {
-                float g = load_cg(yp + k), u = load_cg(yp + k + K);
-                v = g / (1.f + __expf(-g)) * u;
+        for (int v = tid; v < K / 4; v += THREADS) {  // (one L2 round trip: K / 4 <= 768 vectors)
+            float4 a = load_cg4(yp + 4 * v);
+            if (h.kind) {
+                const float4 u = load_cg4(yp + K + 4 * v);
+                a = make_float4(silu_times(a.x, u.x), silu_times(a.y, u.y), silu_times(a.z, u.z), silu_times(a.w, u.w));
             }
-            xs[k] = v;
-            ss += v * v;
+            *(float4*)(xs + 4 * v) = a;
+            ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
         }
         for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
         if (lane == 0) red[warp] = ss;
@@ -157,13 +168,13 @@ chain_frame(const unsigned short* __restrict__ arena, const long long* __restric
         float total = 0.f;
         for (int w = 0; w < THREADS / 32; w++) total += red[w];
         const float rstd = rsqrtf(total / K + EPS);
-        const long long base = (begin %% RING_CHUNKS) * CHUNK;
-        for (int i = warp; i < rows; i += THREADS / 32) {
-            long long row = base + (long long)i * K * 2;
-            row %%= RING;
+        const int base = (begin %% RING_CHUNKS) * CHUNK;
+        for (int i = warp; i < h.rows; i += THREADS / 32) {
+            int row = base + i * K * 2;
+            if (row >= RING) row -= RING;
             float acc = 0.f;
             for (int k = lane * 8; k < K; k += 256) {
-                long long at = row + 2LL * k;
+                int at = row + 2 * k;
                 if (at >= RING) at -= RING;
                 uint4 w = *(const uint4*)(ring + at);
                 const float4 a = *(const float4*)(xs + k), c = *(const float4*)(xs + k + 4);
@@ -171,10 +182,7 @@ chain_frame(const unsigned short* __restrict__ arena, const long long* __restric
                 acc += bf16_lo(w.z) * c.x + bf16_hi(w.z) * c.y + bf16_lo(w.w) * c.z + bf16_hi(w.w) * c.w;
             }
             for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-            if (lane == 0) {
-                long long N = table[4 * s + 1];
-                ys[(long long)(s + 1) * YMAX + N * b / G + i] = acc * rstd;
-            }
+            if (lane == 0) ys[(long long)(s + 1) * YMAX + h.r0 + i] = acc * rstd;
         }
         __syncthreads();
         if (tid == 0) {
@@ -217,13 +225,17 @@ class Chain:
             key = (p, "head") if name == "head" else (j // 4, name)
             rows.append((offsets[key], n, k, kind))
             self.weights.append(self.arena[offsets[key] : offsets[key] + n * k].view(n, k))
-        self.table = torch.tensor(rows, dtype=torch.int64, device="cuda")
+        self.sms = torch.cuda.get_device_properties("cuda").multi_processor_count
+        shares = []  # [steps, blocks, 5]: each block's first weight, rows, first row; the step's K and kind
+        for offset, n, k, kind in rows:
+            bounds = [n * b // self.sms for b in range(self.sms + 1)]
+            shares += [(offset + r0 * k, r1 - r0, r0, k, kind) for r0, r1 in zip(bounds[:-1], bounds[1:], strict=True)]
+        self.shares = torch.tensor(shares, dtype=torch.int64, device="cuda")
         self.frame_bytes = sum(w.numel() * 2 for w in self.weights)
         self.ys = torch.zeros(len(self.steps) + 1, YMAX, device="cuda")
         self.ys[0, :HIDDEN] = torch.randn(HIDDEN, generator=gen, device="cuda")
         self.counters = torch.zeros(len(self.steps), dtype=torch.int32, device="cuda")
         self.epoch = 0
-        self.sms = torch.cuda.get_device_properties("cuda").multi_processor_count
 
     def kernel(self, depth: int, threads: int, wait: bool):
         ring = 24  # chunks: DEPTH in flight beside the widest step's (12 at 132 blocks)
@@ -242,22 +254,22 @@ class Chain:
             fn(
                 grid=(self.sms, 1, 1),
                 block=(threads, 1, 1),
-                args=[self.arena, self.table, len(self.steps), self.ys, self.counters, self.epoch],  # (no floats:
+                args=[self.arena, self.shares, len(self.steps), self.ys, self.counters, self.epoch],  # (no floats:
                 # torch before 2.12 passes a Python float as a C float, later ones as a double)
                 shared_mem=smem,
             )
 
         return launch
 
-    def reference(self) -> torch.Tensor:
-        """The chain in PyTorch, fp32 on the same weights: every step's output [steps, YMAX]."""
-        y, out = self.ys[0].clone(), []
-        for (_, n, k, kind), w in zip(self.steps, self.weights, strict=True):
+    def errors(self) -> torch.Tensor:
+        """Each step's output against PyTorch's, fp32 on the same weights, from the kernel's own output of
+        the step before (so that rounding does not compound over the chain): max |difference| / max |y|."""
+        out = []
+        for s, ((_, n, k, kind), w) in enumerate(zip(self.steps, self.weights, strict=True)):
+            y = self.ys[s]
             x = F.silu(y[:k]) * y[k : 2 * k] if kind else y[:k]
-            x = x * torch.rsqrt(x.pow(2).mean() + EPS)
-            y = torch.zeros(YMAX, device="cuda")
-            y[:n] = w.float() @ x
-            out.append(y)
+            expected = w.float() @ (x * torch.rsqrt(x.pow(2).mean() + EPS))
+            out.append((self.ys[s + 1, :n] - expected).abs().max() / expected.abs().max())
         return torch.stack(out)
 
     def layered_us(self) -> float:
@@ -315,7 +327,6 @@ def main() -> None:
     with torch.no_grad():
         data["layered_us"] = chain.layered_us()
         print(f"layered (one GEMV launch a step, graph): {data['layered_us']:.0f} us", flush=True)
-        expected = chain.reference()
         rows, data["cells"], failed = [], [], False
         for threads in args.threads:
             for depth in args.depths:
@@ -325,13 +336,13 @@ def main() -> None:
                 chain.ys[1:].zero_()
                 launch()
                 torch.cuda.synchronize()
-                errors = (chain.ys[1:] - expected).abs().amax(1) / expected.abs().amax(1)
-                error = errors[-1].item()
-                if not error < 1e-3:
-                    bad = int((errors >= 1e-3).nonzero()[0])
+                errors = chain.errors()
+                error = errors.max().item()
+                if not error < 1e-4:
+                    bad = int((errors >= 1e-4).nonzero()[0])
                     print(
-                        f"chain (depth {depth}, {threads} threads) differs from PyTorch from step {bad} on "
-                        f"({chain.steps[bad][0]}: {errors[bad].item():.3g}; the last step {error:.3g})"
+                        f"chain (depth {depth}, {threads} threads) differs from PyTorch at step {bad} "
+                        f"({chain.steps[bad][0]}: {errors[bad].item():.3g}; the largest {error:.3g})"
                     )
                     failed = True
                 us = event_us(launch)
