@@ -1,6 +1,7 @@
 """How near the weight-read floor can one launch walk a chain of dependent GEMV steps? (issue 41's probe)
 
-    PYTHONPATH=. python benchmarks/kernels/chain_probe.py --out DIR [--depths 4,8,12] [--threads 256,512]
+    PYTHONPATH=. python benchmarks/kernels/chain_probe.py --out DIR [--depths 4,8,12] [--threads 256,512] \
+        [--copies cp.async,bulk]
 
 The code predictor's frame, reduced to what bounds it at B = 1: 315 dependent steps over the full-size
 shapes (per pass and layer: q/k/v 4096 x 1024, output 1024 x 2048, gate/up 6144 x 1024, down 1024 x 3072;
@@ -13,11 +14,13 @@ Three ways, same machine, microseconds a frame:
     layered    one cuBLAS GEMV launch a step (``F.linear``, no norm), the 315 launches replayed from a
                CUDA graph: the chain as a kernel a step
     chain      one persistent CUDA kernel (built at first use by NVRTC, through ``torch.cuda``): each
-               block owns fixed rows of every step and streams its rows of the coming steps into a ring
-               of shared memory (``cp.async``, DEPTH chunks of 8 KiB in flight), independent of the
-               dependency chain; a step waits for a counter the blocks count their rows of the step
-               before in (a release / acquire pair), reads that output from L2, computes its rows from
-               shared memory, counts itself in. Each step's output is checked against PyTorch's (fp32, same
+               block owns fixed rows of every step (its shares of the steps held in shared memory) and
+               streams its rows of the coming steps into a ring of shared memory, DEPTH chunks of 8 KiB
+               in flight (``--copies``: ``cp.async``, 16 bytes a thread, or ``bulk``, one copy a chunk by
+               the bulk copy engine completing on the slot's barrier), independent of the dependency
+               chain; a step waits for a counter the blocks count their rows of the step before in (a
+               release / acquire pair), reads that output from L2, computes its rows from shared memory,
+               counts itself in. Each step's output is checked against PyTorch's (fp32, same
                weights) from the kernel's own output of the step before (over 315 steps the chain's rounding
                compounds); the script exits non-zero where they differ
     stream     the same kernel with the waits left out (its results race: not checked): what its weight
@@ -43,6 +46,7 @@ HIDDEN, HEADS_WIDTH, QKV, INTERMEDIATE, VOCAB, LAYERS, PASSES = 1024, 2048, 4096
 CHUNK = 8192  # bytes a block asks for at once (16 a thread at 512 threads)
 YMAX = 2 * INTERMEDIATE  # the widest step output
 EPS = 1e-6
+MAX_STEPS = 512  # steps whose shares a block holds in shared memory
 
 SOURCE = r"""
 #define CHUNK %(chunk)d
@@ -50,8 +54,10 @@ SOURCE = r"""
 #define DEPTH %(depth)d
 #define THREADS %(threads)d
 #define WAIT %(wait)d
+#define BULK %(bulk)d
 #define YMAX %(ymax)d
 #define XMAX %(xmax)d
+#define MAX_STEPS %(max_steps)d
 #define RING (CHUNK * RING_CHUNKS)
 #define EPS %(eps)ef
 
@@ -61,9 +67,14 @@ __device__ __forceinline__ unsigned int load_acquire(const unsigned int* p) {
     return v;
 }
 
-__device__ __forceinline__ float load_cg(const float* p) {  // past L1 (written by other SMs)
-    float v;
-    asm volatile("ld.global.cg.f32 %%0, [%%1];" : "=f"(v) : "l"(p) : "memory");
+__device__ __forceinline__ void add_release(unsigned int* p) {
+    asm volatile("red.release.gpu.global.add.u32 [%%0], 1;" :: "l"(p) : "memory");
+}
+
+__device__ __forceinline__ float4 load_cg4(const float* p) {  // past L1 (written by other SMs)
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%%0, %%1, %%2, %%3}, [%%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p) : "memory");
     return v;
 }
 
@@ -75,55 +86,61 @@ __device__ __forceinline__ unsigned int shared_address(const void* p) {
 
 __device__ __forceinline__ float bf16_lo(unsigned int w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(unsigned int w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.f + __expf(-g)) * u; }
 
+// a step's share of this block, from shared memory: x its first weight (elements), y rows, z its first row,
+// w K | kind << 16
 struct Stream {  // the block's next chunk to ask for: a step and a byte offset into its rows
     int step;
     int offset;
 };
 
-// step s's share of block b (made on the host): its first weight (elements), rows, first row; and K, kind
-struct Share {
-    long long first;
-    int rows, r0, K, kind;
-};
-
-__device__ __forceinline__ Share share(const long long* shares, int s) {
-    const long long* at = shares + ((long long)s * gridDim.x + blockIdx.x) * 5;
-    Share h;
-    h.first = at[0];
-    h.rows = (int)at[1];
-    h.r0 = (int)at[2];
-    h.K = (int)at[3];
-    h.kind = (int)at[4];
-    return h;
-}
-
-// ask for the block's next chunk (an empty group past the frame's end) into ring slot ``slot``
-__device__ __forceinline__ void ask(const unsigned short* arena, const long long* shares, int num_steps,
-                                    Stream* st, int slot, unsigned char* ring) {
+// ask for the block's next chunk into ring slot ``slot`` (BULK: one copy by thread 0 through the bulk copy
+// engine, completing on the slot's barrier; else 16 bytes a thread with cp.async, one group a chunk, an
+// empty group past the frame's end)
+__device__ __forceinline__ void ask(const unsigned short* arena, const int4* share, int num_steps,
+                                    Stream* st, int slot, unsigned char* ring, unsigned long long* bars) {
     if (st->step < num_steps) {
-        Share h = share(shares, st->step);
-        int bytes = h.rows * h.K * 2;
-        int left = bytes - st->offset;
-        const unsigned char* src = (const unsigned char*)(arena + h.first) + st->offset;
-        unsigned int dst = shared_address(ring + slot * CHUNK);
-        for (int o = threadIdx.x * 16; o < CHUNK && o < left; o += THREADS * 16) {
+        const int4 h = share[st->step];
+        const int bytes = h.y * (h.w & 0xffff) * 2;
+        const int left = min(bytes - st->offset, CHUNK);
+        const unsigned char* src = (const unsigned char*)(arena + h.x) + st->offset;
+        const unsigned int dst = shared_address(ring + slot * CHUNK);
+#if BULK
+        if (threadIdx.x == 0) {
+            const unsigned int bar = shared_address(bars + slot);
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%%0], %%1;" :: "r"(bar), "r"(left) : "memory");
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%%0], [%%1], %%2, [%%3];"
+                         :: "r"(dst), "l"(src), "r"(left), "r"(bar) : "memory");
+        }
+#else
+        for (int o = threadIdx.x * 16; o < left; o += THREADS * 16) {
             asm volatile("cp.async.cg.shared.global [%%0], [%%1], 16;" :: "r"(dst + o), "l"(src + o) : "memory");
         }
+#endif
         st->offset += CHUNK;
         if (st->offset >= bytes) { st->step += 1; st->offset = 0; }
     }
+#if !BULK
     asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
 }
 
-__device__ __forceinline__ float4 load_cg4(const float* p) {
-    float4 v;
-    asm volatile("ld.global.cg.v4.f32 {%%0, %%1, %%2, %%3}, [%%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p) : "memory");
-    return v;
+// until chunk ``c`` is in its slot (BULK: every thread waits on the slot's barrier, phase c / RING_CHUNKS)
+__device__ __forceinline__ void arrived(long long c, unsigned long long* bars) {
+#if BULK
+    const unsigned int bar = shared_address(bars + c %% RING_CHUNKS);
+    const unsigned int parity = (unsigned int)(c / RING_CHUNKS) & 1u;
+    unsigned int done = 0;
+    while (!done) {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%%1], %%2; selp.u32 %%0, 1, 0, p; }"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    }
+#else
+    asm volatile("cp.async.wait_group %%0;" :: "n"(DEPTH) : "memory");
+#endif
 }
-
-__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.f + __expf(-g)) * u; }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 chain_frame(const unsigned short* __restrict__ arena, const long long* __restrict__ shares, int num_steps,
@@ -133,18 +150,35 @@ chain_frame(const unsigned short* __restrict__ arena, const long long* __restric
     unsigned char* ring = smem;
     float* xs = (float*)(smem + RING);
     float* red = xs + XMAX;
+    int4* share = (int4*)(red + 32);
+    unsigned long long* bars = (unsigned long long*)(share + MAX_STEPS);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const unsigned int target = (unsigned int)epoch * gridDim.x;
+    for (int s = tid; s < num_steps; s += THREADS) {  // the block's shares of every step, once
+        const long long* at = shares + ((long long)s * gridDim.x + blockIdx.x) * 5;
+        share[s] = make_int4((int)at[0], (int)at[1], (int)at[2], (int)at[3] | ((int)at[4] << 16));
+    }
+#if BULK
+    if (tid == 0) {
+        for (int i = 0; i < RING_CHUNKS; i++) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%%0], 1;" :: "r"(shared_address(bars + i)) : "memory");
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    }
+#endif
+    __syncthreads();
     Stream st = {0, 0};
-    int asked = 0, resident = 0, begin = 0;  // chunks asked for, arrived, the step's first
-    for (int i = 0; i < DEPTH; i++) { ask(arena, shares, num_steps, &st, asked %% RING_CHUNKS, ring); asked++; }
+    long long asked = 0, resident = 0, begin = 0;  // chunks asked for, arrived, the step's first
+    for (int i = 0; i < DEPTH; i++) { ask(arena, share, num_steps, &st, asked %% RING_CHUNKS, ring, bars); asked++; }
     for (int s = 0; s < num_steps; s++) {
-        const Share h = share(shares, s);
-        const int K = h.K, chunks = (h.rows * K * 2 + CHUNK - 1) / CHUNK;
+        const int4 h = share[s];
+        const int K = h.w & 0xffff, kind = h.w >> 16, rows = h.y;
+        const int chunks = (rows * K * 2 + CHUNK - 1) / CHUNK;
         while (resident < begin + chunks) {  // the step's rows in the ring; DEPTH chunks stay in flight
-            ask(arena, shares, num_steps, &st, asked %% RING_CHUNKS, ring);
+            ask(arena, share, num_steps, &st, asked %% RING_CHUNKS, ring, bars);
             asked++;
-            asm volatile("cp.async.wait_group %%0;" :: "n"(DEPTH) : "memory");
+            arrived(resident, bars);
             resident++;
         }
         if (WAIT && s > 0 && tid == 0) {
@@ -155,7 +189,7 @@ chain_frame(const unsigned short* __restrict__ arena, const long long* __restric
         float ss = 0.f;
         for (int v = tid; v < K / 4; v += THREADS) {  // (one L2 round trip: K / 4 <= 768 vectors)
             float4 a = load_cg4(yp + 4 * v);
-            if (h.kind) {
+            if (kind) {
                 const float4 u = load_cg4(yp + K + 4 * v);
                 a = make_float4(silu_times(a.x, u.x), silu_times(a.y, u.y), silu_times(a.z, u.z), silu_times(a.w, u.w));
             }
@@ -168,8 +202,8 @@ chain_frame(const unsigned short* __restrict__ arena, const long long* __restric
         float total = 0.f;
         for (int w = 0; w < THREADS / 32; w++) total += red[w];
         const float rstd = rsqrtf(total / K + EPS);
-        const int base = (begin %% RING_CHUNKS) * CHUNK;
-        for (int i = warp; i < h.rows; i += THREADS / 32) {
+        const int base = (int)(begin %% RING_CHUNKS) * CHUNK;
+        for (int i = warp; i < rows; i += THREADS / 32) {
             int row = base + i * K * 2;
             if (row >= RING) row -= RING;
             float acc = 0.f;
@@ -182,16 +216,15 @@ chain_frame(const unsigned short* __restrict__ arena, const long long* __restric
                 acc += bf16_lo(w.z) * c.x + bf16_hi(w.z) * c.y + bf16_lo(w.w) * c.z + bf16_hi(w.w) * c.w;
             }
             for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-            if (lane == 0) ys[(long long)(s + 1) * YMAX + h.r0 + i] = acc * rstd;
+            if (lane == 0) ys[(long long)(s + 1) * YMAX + h.z + i] = acc * rstd;
         }
         __syncthreads();
-        if (tid == 0) {
-            __threadfence();
-            atomicAdd(counters + s, 1u);
-        }
+        if (tid == 0) add_release(counters + s);
         begin += chunks;
     }
+#if !BULK
     asm volatile("cp.async.wait_group 0;" ::: "memory");
+#endif
 }
 """
 
@@ -237,13 +270,12 @@ class Chain:
         self.counters = torch.zeros(len(self.steps), dtype=torch.int32, device="cuda")
         self.epoch = 0
 
-    def kernel(self, depth: int, threads: int, wait: bool):
+    def kernel(self, depth: int, threads: int, wait: bool, bulk: bool):
         ring = 24  # chunks: DEPTH in flight beside the widest step's (12 at 132 blocks)
-        source = SOURCE % dict(
-            chunk=CHUNK, ring=ring, depth=depth, threads=threads, wait=int(wait), ymax=YMAX, xmax=INTERMEDIATE, eps=EPS
-        )
+        options = dict(chunk=CHUNK, ring=ring, depth=depth, threads=threads, wait=int(wait), bulk=int(bulk))
+        source = SOURCE % dict(options, ymax=YMAX, xmax=INTERMEDIATE, max_steps=MAX_STEPS, eps=EPS)
         fn = torch.cuda._compile_kernel(source, "chain_frame", nvcc_options=["-std=c++17", "-lineinfo"])
-        smem = CHUNK * ring + 4 * INTERMEDIATE + 4 * 32
+        smem = CHUNK * ring + 4 * INTERMEDIATE + 4 * 32 + 16 * MAX_STEPS + 8 * ring
         _allow_shared_memory(fn, smem)
         widest = max(-(-(-(-n // self.sms) * k * 2) // CHUNK) for _, n, k, _ in self.steps)  # (chunks)
         if widest > ring - depth:
@@ -313,12 +345,43 @@ def copy_gbs() -> float:
     return 2 * a.numel() / (us * 1e3)
 
 
+def _cell(chain: Chain, copy: str, threads: int, depth: int) -> dict:
+    """One variant: built, its every step checked against PyTorch, timed with and without its waits."""
+    t0 = time.perf_counter()
+    launch = chain.kernel(depth, threads, wait=True, bulk=copy == "bulk")
+    built = time.perf_counter() - t0
+    chain.ys[1:].zero_()
+    launch()
+    torch.cuda.synchronize()
+    errors = chain.errors()
+    error = errors.max().item()
+    name = f"{copy}, {threads} threads, depth {depth}"
+    if not error < 1e-4:
+        bad = int((errors >= 1e-4).nonzero()[0])
+        step = f"step {bad} ({chain.steps[bad][0]}: {errors[bad].item():.3g}; the largest {error:.3g})"
+        print(f"{name}: differs from PyTorch at {step}")
+    us = event_us(launch)
+    stream = event_us(chain.kernel(depth, threads, wait=False, bulk=copy == "bulk"))
+    print(f"{name}: chain {us:.0f} us, stream {stream:.0f} us, error {error:.1e}", flush=True)
+    return {
+        "copy": copy,
+        "threads": threads,
+        "depth": depth,
+        "chain_us": us,
+        "stream_us": stream,
+        "error": error,
+        "build_s": built,
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--depths", type=int_list, default=[4, 8, 12], help="chunks of 8 KiB in flight per block")
     p.add_argument("--threads", type=int_list, default=[512], help="threads per block")
+    p.add_argument("--copies", default="cp.async,bulk", help="how blocks stream weights: cp.async, bulk or both")
     args = p.parse_args()
+    args.copies = args.copies.split(",")
     chain = Chain()
     gbs = copy_gbs()
     floor = chain.frame_bytes / (gbs * 1e3)
@@ -328,31 +391,15 @@ def main() -> None:
         data["layered_us"] = chain.layered_us()
         print(f"layered (one GEMV launch a step, graph): {data['layered_us']:.0f} us", flush=True)
         rows, data["cells"], failed = [], [], False
-        for threads in args.threads:
-            for depth in args.depths:
-                t0 = time.perf_counter()
-                launch = chain.kernel(depth, threads, wait=True)
-                built = time.perf_counter() - t0
-                chain.ys[1:].zero_()
-                launch()
-                torch.cuda.synchronize()
-                errors = chain.errors()
-                error = errors.max().item()
-                if not error < 1e-4:
-                    bad = int((errors >= 1e-4).nonzero()[0])
-                    print(
-                        f"chain (depth {depth}, {threads} threads) differs from PyTorch at step {bad} "
-                        f"({chain.steps[bad][0]}: {errors[bad].item():.3g}; the largest {error:.3g})"
-                    )
-                    failed = True
-                us = event_us(launch)
-                stream = event_us(chain.kernel(depth, threads, wait=False))
-                cell = {"threads": threads, "depth": depth, "chain_us": us, "stream_us": stream, "error": error}
-                cell["build_s"] = built
-                data["cells"].append(cell)
-                rows.append([threads, depth, us, stream, floor, data["layered_us"], f"{error:.1e}"])
-                print(f"threads {threads} depth {depth}: chain {us:.0f} us, stream {stream:.0f} us, error {error:.1e}")
-    headers = ["threads", "depth (8 KiB chunks)", "chain (us)", "stream, no waits (us)", "floor (us)"]
+        for copy in args.copies:
+            for threads in args.threads:
+                for depth in args.depths:
+                    cell = _cell(chain, copy, threads, depth)
+                    failed |= not cell["error"] < 1e-4
+                    data["cells"].append(cell)
+                    row = [copy, threads, depth, cell["chain_us"], cell["stream_us"], floor, data["layered_us"]]
+                    rows.append([*row, f"{cell['error']:.1e}"])
+    headers = ["copy", "threads", "depth (8 KiB chunks)", "chain (us)", "stream, no waits (us)", "floor (us)"]
     headers += ["layered (us)", "max error / max"]
     note = f"{data['machine']['device']}, copy {gbs:.0f} GB/s, {chain.frame_bytes / 1e6:.0f} MB a frame"
     note += f", {len(chain.steps)} steps"
