@@ -24,7 +24,9 @@ Three ways, same machine, microseconds a frame:
                weights) from the kernel's own output of the step before (over 315 steps the chain's rounding
                compounds); the script exits non-zero where they differ
     stream     the same kernel with the waits left out (its results race: not checked): what its weight
-               stream alone costs, the bound the waits add to
+               stream alone costs, the bound the waits add to; and its parts alone: the weights streamed
+               with no step computed, the steps computed (with and without the waits) with no weights
+               streamed
 
 and the floor (the frame's bytes at the measured copy rate). Writes chain_probe.json/.md.
 """
@@ -55,6 +57,8 @@ SOURCE = r"""
 #define THREADS %(threads)d
 #define WAIT %(wait)d
 #define BULK %(bulk)d
+#define STREAM %(stream)d
+#define COMPUTE %(compute)d
 #define YMAX %(ymax)d
 #define XMAX %(xmax)d
 #define MAX_STEPS %(max_steps)d
@@ -175,7 +179,7 @@ chain_frame(const unsigned short* __restrict__ arena, const long long* __restric
         const int4 h = share[s];
         const int K = h.w & 0xffff, kind = h.w >> 16, rows = h.y;
         const int chunks = (rows * K * 2 + CHUNK - 1) / CHUNK;
-        while (resident < begin + chunks) {  // the step's rows in the ring; DEPTH chunks stay in flight
+        while (STREAM && resident < begin + chunks) {  // the step's rows in the ring; DEPTH chunks in flight
             ask(arena, share, num_steps, &st, asked %% RING_CHUNKS, ring, bars);
             asked++;
             arrived(resident, bars);
@@ -187,7 +191,7 @@ chain_frame(const unsigned short* __restrict__ arena, const long long* __restric
         __syncthreads();
         const float* yp = ys + (long long)s * YMAX;
         float ss = 0.f;
-        for (int v = tid; v < K / 4; v += THREADS) {  // (one L2 round trip: K / 4 <= 768 vectors)
+        for (int v = tid; COMPUTE && v < K / 4; v += THREADS) {  // (one L2 round trip: K / 4 <= 768 vectors)
             float4 a = load_cg4(yp + 4 * v);
             if (kind) {
                 const float4 u = load_cg4(yp + K + 4 * v);
@@ -203,7 +207,7 @@ chain_frame(const unsigned short* __restrict__ arena, const long long* __restric
         for (int w = 0; w < THREADS / 32; w++) total += red[w];
         const float rstd = rsqrtf(total / K + EPS);
         const int base = (int)(begin %% RING_CHUNKS) * CHUNK;
-        for (int i = warp; i < rows; i += THREADS / 32) {
+        for (int i = warp; COMPUTE && i < rows; i += THREADS / 32) {
             int row = base + i * K * 2;
             if (row >= RING) row -= RING;
             float acc = 0.f;
@@ -270,9 +274,12 @@ class Chain:
         self.counters = torch.zeros(len(self.steps), dtype=torch.int32, device="cuda")
         self.epoch = 0
 
-    def kernel(self, depth: int, threads: int, wait: bool, bulk: bool):
+    def kernel(self, depth: int, threads: int, wait: bool, bulk: bool, stream: bool = True, compute: bool = True):
+        """``stream`` / ``compute`` off (timing only): no weights streamed / no step's input read nor rows
+        computed."""
         ring = 24  # chunks: DEPTH in flight beside the widest step's (12 at 132 blocks)
         options = dict(chunk=CHUNK, ring=ring, depth=depth, threads=threads, wait=int(wait), bulk=int(bulk))
+        options.update(stream=int(stream), compute=int(compute))
         source = SOURCE % dict(options, ymax=YMAX, xmax=INTERMEDIATE, max_steps=MAX_STEPS, eps=EPS)
         fn = torch.cuda._compile_kernel(source, "chain_frame", nvcc_options=["-std=c++17", "-lineinfo"])
         smem = CHUNK * ring + 4 * INTERMEDIATE + 4 * 32 + 16 * MAX_STEPS + 8 * ring
@@ -397,9 +404,11 @@ def main() -> None:
                     cell = _cell(chain, copy, threads, depth)
                     failed |= not cell["error"] < 1e-4
                     data["cells"].append(cell)
-                    row = [copy, threads, depth, cell["chain_us"], cell["stream_us"], floor, data["layered_us"]]
+                    row = [copy, threads, depth, cell["chain_us"], cell["stream_us"], cell["copy_only_us"]]
+                    row += [cell["compute_only_us"], cell["waits_compute_us"], floor, data["layered_us"]]
                     rows.append([*row, f"{cell['error']:.1e}"])
-    headers = ["copy", "threads", "depth (8 KiB chunks)", "chain (us)", "stream, no waits (us)", "floor (us)"]
+    headers = ["copy", "threads", "depth (8 KiB chunks)", "chain (us)", "stream, no waits (us)"]
+    headers += ["weights alone (us)", "steps' work alone (us)", "steps' work and waits (us)", "floor (us)"]
     headers += ["layered (us)", "max error / max"]
     note = f"{data['machine']['device']}, copy {gbs:.0f} GB/s, {chain.frame_bytes / 1e6:.0f} MB a frame"
     note += f", {len(chain.steps)} steps"
