@@ -368,17 +368,19 @@ def _cell(chain: Chain, copy: str, threads: int, depth: int) -> dict:
         step = f"step {bad} ({chain.steps[bad][0]}: {errors[bad].item():.3g}; the largest {error:.3g})"
         print(f"{name}: differs from PyTorch at {step}")
     us = event_us(launch)
-    stream = event_us(chain.kernel(depth, threads, wait=False, bulk=copy == "bulk"))
-    print(f"{name}: chain {us:.0f} us, stream {stream:.0f} us, error {error:.1e}", flush=True)
-    return {
-        "copy": copy,
-        "threads": threads,
-        "depth": depth,
-        "chain_us": us,
-        "stream_us": stream,
-        "error": error,
-        "build_s": built,
-    }
+    bulk = copy == "bulk"
+    stream = event_us(chain.kernel(depth, threads, wait=False, bulk=bulk))
+    copy_only = event_us(chain.kernel(depth, threads, wait=False, bulk=bulk, compute=False))
+    compute_only = event_us(chain.kernel(depth, threads, wait=False, bulk=bulk, stream=False))
+    waits_compute = event_us(chain.kernel(depth, threads, wait=True, bulk=bulk, stream=False))
+    print(
+        f"{name}: chain {us:.0f} us, stream {stream:.0f} us (weights alone {copy_only:.0f}, steps' work alone "
+        f"{compute_only:.0f}, with the waits {waits_compute:.0f}), error {error:.1e}",
+        flush=True,
+    )
+    cell = {"copy": copy, "threads": threads, "depth": depth, "chain_us": us, "stream_us": stream, "error": error}
+    cell.update(copy_only_us=copy_only, compute_only_us=compute_only, waits_compute_us=waits_compute, build_s=built)
+    return cell
 
 
 def main() -> None:
