@@ -17,8 +17,10 @@ Three ways, same machine, microseconds a frame:
                block owns fixed rows of every step (its shares of the steps held in shared memory) and
                streams its rows of the coming steps into a ring of shared memory, DEPTH chunks of 8 KiB
                in flight (``--copies``: ``cp.async``, 16 bytes a thread, or ``bulk``, one copy a chunk by
-               the bulk copy engine completing on the slot's barrier), independent of the dependency
-               chain; a step waits for a counter the blocks count their rows of the step before in (a
+               the bulk copy engine completing on the slot's barrier; ``ws``: a producer warp alone
+               streams, bulk copies through full / empty barriers, and the consumer warps synchronise
+               among themselves and count the rows they wrote), independent of the dependency chain;
+               a step waits for a counter the blocks count their rows of the step before in (a
                release / acquire pair), reads that output from L2, computes its rows from shared memory,
                counts itself in. Each step's output is checked against PyTorch's (fp32, same
                weights) from the kernel's own output of the step before (over 315 steps the chain's rounding
@@ -92,8 +94,8 @@ __device__ __forceinline__ float bf16_lo(unsigned int w) { return __uint_as_floa
 __device__ __forceinline__ float bf16_hi(unsigned int w) { return __uint_as_float(w & 0xffff0000u); }
 __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.f + __expf(-g)) * u; }
 
-// a step's share of this block, from shared memory: x its first weight (elements), y rows, z its first row,
-// w K | kind << 16
+// a step's share of a block (made on the host, held in shared memory): x its first weight (elements),
+// y rows | first row << 16, z K | kind << 16, w the step's N
 struct Stream {  // the block's next chunk to ask for: a step and a byte offset into its rows
     int step;
     int offset;
@@ -106,7 +108,7 @@ __device__ __forceinline__ void ask(const unsigned short* arena, const int4* sha
                                     Stream* st, int slot, unsigned char* ring, unsigned long long* bars) {
     if (st->step < num_steps) {
         const int4 h = share[st->step];
-        const int bytes = h.y * (h.w & 0xffff) * 2;
+        const int bytes = (h.y & 0xffff) * (h.z & 0xffff) * 2;
         const int left = min(bytes - st->offset, CHUNK);
         const unsigned char* src = (const unsigned char*)(arena + h.x) + st->offset;
         const unsigned int dst = shared_address(ring + slot * CHUNK);
@@ -147,7 +149,7 @@ __device__ __forceinline__ void arrived(long long c, unsigned long long* bars) {
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-chain_frame(const unsigned short* __restrict__ arena, const long long* __restrict__ shares, int num_steps,
+chain_frame(const unsigned short* __restrict__ arena, const int4* __restrict__ shares, int num_steps,
             float* ys, unsigned int* counters, int epoch)
 {
     extern __shared__ __align__(16) unsigned char smem[];
@@ -158,10 +160,7 @@ chain_frame(const unsigned short* __restrict__ arena, const long long* __restric
     unsigned long long* bars = (unsigned long long*)(share + MAX_STEPS);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const unsigned int target = (unsigned int)epoch * gridDim.x;
-    for (int s = tid; s < num_steps; s += THREADS) {  // the block's shares of every step, once
-        const long long* at = shares + ((long long)s * gridDim.x + blockIdx.x) * 5;
-        share[s] = make_int4((int)at[0], (int)at[1], (int)at[2], (int)at[3] | ((int)at[4] << 16));
-    }
+    for (int s = tid; s < num_steps; s += THREADS) share[s] = shares[s * gridDim.x + blockIdx.x];  // (once)
 #if BULK
     if (tid == 0) {
         for (int i = 0; i < RING_CHUNKS; i++) {
@@ -177,7 +176,7 @@ chain_frame(const unsigned short* __restrict__ arena, const long long* __restric
     for (int i = 0; i < DEPTH; i++) { ask(arena, share, num_steps, &st, asked %% RING_CHUNKS, ring, bars); asked++; }
     for (int s = 0; s < num_steps; s++) {
         const int4 h = share[s];
-        const int K = h.w & 0xffff, kind = h.w >> 16, rows = h.y;
+        const int K = h.z & 0xffff, kind = h.z >> 16, rows = h.y & 0xffff;
         const int chunks = (rows * K * 2 + CHUNK - 1) / CHUNK;
         while (STREAM && resident < begin + chunks) {  // the step's rows in the ring; DEPTH chunks in flight
             ask(arena, share, num_steps, &st, asked %% RING_CHUNKS, ring, bars);
@@ -220,7 +219,7 @@ chain_frame(const unsigned short* __restrict__ arena, const long long* __restric
                 acc += bf16_lo(w.z) * c.x + bf16_hi(w.z) * c.y + bf16_lo(w.w) * c.z + bf16_hi(w.w) * c.w;
             }
             for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-            if (lane == 0) ys[(long long)(s + 1) * YMAX + h.z + i] = acc * rstd;
+            if (lane == 0) ys[(long long)(s + 1) * YMAX + (h.y >> 16) + i] = acc * rstd;
         }
         __syncthreads();
         if (tid == 0) add_release(counters + s);
@@ -229,6 +228,171 @@ chain_frame(const unsigned short* __restrict__ arena, const long long* __restric
 #if !BULK
     asm volatile("cp.async.wait_group 0;" ::: "memory");
 #endif
+}
+"""
+
+WS_SOURCE = r"""
+#define CHUNK %(chunk)d
+#define RING_CHUNKS %(ring)d
+#define CONSUMERS %(consumers)d
+#define WAIT %(wait)d
+#define STREAM %(stream)d
+#define COMPUTE %(compute)d
+#define YMAX %(ymax)d
+#define XMAX %(xmax)d
+#define MAX_STEPS %(max_steps)d
+#define RING (CHUNK * RING_CHUNKS)
+#define EPS %(eps)ef
+#define NC (CONSUMERS * 32)
+
+__device__ __forceinline__ unsigned int load_acquire(const unsigned int* p) {
+    unsigned int v;
+    asm volatile("ld.acquire.gpu.global.u32 %%0, [%%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void add_release(unsigned int* p, unsigned int n) {
+    asm volatile("red.release.gpu.global.add.u32 [%%0], %%1;" :: "l"(p), "r"(n) : "memory");
+}
+
+__device__ __forceinline__ float4 load_cg4(const float* p) {
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%%0, %%1, %%2, %%3}, [%%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ unsigned int shared_address(const void* p) {
+    unsigned long long a;
+    asm("cvta.to.shared.u64 %%0, %%1;" : "=l"(a) : "l"(p));
+    return (unsigned int)a;
+}
+
+__device__ __forceinline__ void bar_wait(unsigned long long* bar, unsigned int parity) {
+    const unsigned int at = shared_address(bar);
+    unsigned int done = 0;
+    while (!done) {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%%1], %%2; selp.u32 %%0, 1, 0, p; }"
+                     : "=r"(done) : "r"(at), "r"(parity) : "memory");
+    }
+}
+
+__device__ __forceinline__ void bar_arrive(unsigned long long* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%%0];" :: "r"(shared_address(bar)) : "memory");
+}
+
+__device__ __forceinline__ void consumers_sync() {  // the consumer warps alone (the producer runs on)
+    asm volatile("bar.sync 1, %%0;" :: "n"(NC) : "memory");
+}
+
+__device__ __forceinline__ float bf16_lo(unsigned int w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(unsigned int w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.f + __expf(-g)) * u; }
+
+// CONSUMERS warps compute the steps; one more warp streams the block's rows of every step into the ring
+// (one bulk copy a chunk, completing on the slot's ``full`` barrier), reusing a slot once every consumer
+// warp has arrived on its ``empty`` barrier. A step's rows are counted in by each warp that wrote them.
+extern "C" __global__ void __launch_bounds__(NC + 32, 1)
+chain_ws(const unsigned short* __restrict__ arena, const int4* __restrict__ shares, int num_steps,
+         float* ys, unsigned int* counters, int epoch)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    unsigned char* ring = smem;
+    float* xs = (float*)(smem + RING);
+    float* red = xs + XMAX;
+    int4* share = (int4*)(red + 32);
+    unsigned long long* full = (unsigned long long*)(share + MAX_STEPS);
+    unsigned long long* empty = full + RING_CHUNKS;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    for (int s = tid; s < num_steps; s += blockDim.x) share[s] = shares[s * gridDim.x + blockIdx.x];
+    if (tid == 0) {
+        for (int i = 0; i < RING_CHUNKS; i++) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%%0], 1;" :: "r"(shared_address(full + i)) : "memory");
+            asm volatile("mbarrier.init.shared::cta.b64 [%%0], %%1;" :: "r"(shared_address(empty + i)), "n"(CONSUMERS)
+                         : "memory");
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    }
+    __syncthreads();
+    if (warp == CONSUMERS) {  // the producer
+        if (lane == 0 && STREAM) {
+            int c = 0;
+            for (int s = 0; s < num_steps; s++) {
+                const int4 h = share[s];
+                const int bytes = (h.y & 0xffff) * (h.z & 0xffff) * 2;
+                const unsigned char* src = (const unsigned char*)(arena + h.x);
+                for (int offset = 0; offset < bytes; offset += CHUNK, c++) {
+                    const int slot = c %% RING_CHUNKS;
+                    if (c >= RING_CHUNKS) bar_wait(empty + slot, (unsigned int)(c / RING_CHUNKS - 1) & 1u);
+                    const int n = min(CHUNK, bytes - offset);
+                    const unsigned int bar = shared_address(full + slot);
+                    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%%0], %%1;"
+                                 :: "r"(bar), "r"(n) : "memory");
+                    asm volatile(
+                        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%%0], [%%1], %%2, [%%3];"
+                        :: "r"(shared_address(ring + slot * CHUNK)), "l"(src + offset), "r"(n), "r"(bar) : "memory");
+                }
+            }
+        }
+        return;
+    }
+    int begin = 0;  // the step's first chunk
+    for (int s = 0; s < num_steps; s++) {
+        const int4 h = share[s];
+        const int K = h.z & 0xffff, kind = h.z >> 16, rows = h.y & 0xffff;
+        const int chunks = (rows * K * 2 + CHUNK - 1) / CHUNK;
+        if (WAIT && s > 0 && lane == 0) {
+            const unsigned int target = (unsigned int)epoch * (unsigned int)share[s - 1].w;
+            while (load_acquire(counters + s - 1) < target) { }
+        }
+        consumers_sync();  // (also: every warp done with the step before's xs and red)
+        const float* yp = ys + (long long)s * YMAX;
+        float ss = 0.f;
+        for (int v = tid; COMPUTE && v < K / 4; v += NC) {
+            float4 a = load_cg4(yp + 4 * v);
+            if (kind) {
+                const float4 u = load_cg4(yp + K + 4 * v);
+                a = make_float4(silu_times(a.x, u.x), silu_times(a.y, u.y), silu_times(a.z, u.z), silu_times(a.w, u.w));
+            }
+            *(float4*)(xs + 4 * v) = a;
+            ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+        }
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == 0) red[warp] = ss;
+        for (int i = 0; STREAM && i < chunks; i++) {
+            bar_wait(full + (begin + i) %% RING_CHUNKS, (unsigned int)((begin + i) / RING_CHUNKS) & 1u);
+        }
+        consumers_sync();
+        float total = 0.f;
+        for (int w = 0; w < CONSUMERS; w++) total += red[w];
+        const float rstd = rsqrtf(total / K + EPS);
+        const int base = (begin %% RING_CHUNKS) * CHUNK;
+        unsigned int written = 0;
+        for (int i = warp; COMPUTE && i < rows; i += CONSUMERS) {
+            int row = base + i * K * 2;
+            if (row >= RING) row -= RING;
+            float acc = 0.f;
+            for (int k = lane * 8; k < K; k += 256) {
+                int at = row + 2 * k;
+                if (at >= RING) at -= RING;
+                uint4 w = *(const uint4*)(ring + at);
+                const float4 a = *(const float4*)(xs + k), c = *(const float4*)(xs + k + 4);
+                acc += bf16_lo(w.x) * a.x + bf16_hi(w.x) * a.y + bf16_lo(w.y) * a.z + bf16_hi(w.y) * a.w;
+                acc += bf16_lo(w.z) * c.x + bf16_hi(w.z) * c.y + bf16_lo(w.w) * c.z + bf16_hi(w.w) * c.w;
+            }
+            for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+            if (lane == 0) ys[(long long)(s + 1) * YMAX + (h.y >> 16) + i] = acc * rstd;
+            written++;
+        }
+        __syncwarp();
+        if (lane == 0) {
+            for (int i = 0; STREAM && i < chunks; i++) bar_arrive(empty + (begin + i) %% RING_CHUNKS);
+            if (written) add_release(counters + s, written);
+            else if (!COMPUTE && warp == 0) add_release(counters + s, (unsigned int)rows);
+        }
+        begin += chunks;
+    }
 }
 """
 
@@ -263,36 +427,45 @@ class Chain:
             rows.append((offsets[key], n, k, kind))
             self.weights.append(self.arena[offsets[key] : offsets[key] + n * k].view(n, k))
         self.sms = torch.cuda.get_device_properties("cuda").multi_processor_count
-        shares = []  # [steps, blocks, 5]: each block's first weight, rows, first row; the step's K and kind
+        shares = []  # [steps, blocks] of int4: first weight, rows | first row << 16, K | kind << 16, N
         for offset, n, k, kind in rows:
             bounds = [n * b // self.sms for b in range(self.sms + 1)]
-            shares += [(offset + r0 * k, r1 - r0, r0, k, kind) for r0, r1 in zip(bounds[:-1], bounds[1:], strict=True)]
-        self.shares = torch.tensor(shares, dtype=torch.int64, device="cuda")
+            pairs = zip(bounds[:-1], bounds[1:], strict=True)
+            shares += [(offset + r0 * k, (r1 - r0) | r0 << 16, k | kind << 16, n) for r0, r1 in pairs]
+        self.shares = torch.tensor(shares, dtype=torch.int32, device="cuda")
         self.frame_bytes = sum(w.numel() * 2 for w in self.weights)
         self.ys = torch.zeros(len(self.steps) + 1, YMAX, device="cuda")
         self.ys[0, :HIDDEN] = torch.randn(HIDDEN, generator=gen, device="cuda")
         self.counters = torch.zeros(len(self.steps), dtype=torch.int32, device="cuda")
         self.epoch = 0
 
-    def kernel(self, depth: int, threads: int, wait: bool, bulk: bool, stream: bool = True, compute: bool = True):
-        """``stream`` / ``compute`` off (timing only): no weights streamed / no step's input read nor rows
+    def kernel(self, copy: str, depth: int, threads: int, wait: bool, stream: bool = True, compute: bool = True):
+        """``copy``: cp.async, bulk or ws (warp-specialised: a producer warp streams the weights through
+        full / empty barriers, ``threads`` consumers compute; ``depth`` unused: the ring bounds the stream).
+        ``stream`` / ``compute`` off (timing only): no weights streamed / no step's input read nor rows
         computed."""
         ring = 24  # chunks: DEPTH in flight beside the widest step's (12 at 132 blocks)
-        options = dict(chunk=CHUNK, ring=ring, depth=depth, threads=threads, wait=int(wait), bulk=int(bulk))
-        options.update(stream=int(stream), compute=int(compute))
-        source = SOURCE % dict(options, ymax=YMAX, xmax=INTERMEDIATE, max_steps=MAX_STEPS, eps=EPS)
-        fn = torch.cuda._compile_kernel(source, "chain_frame", nvcc_options=["-std=c++17", "-lineinfo"])
-        smem = CHUNK * ring + 4 * INTERMEDIATE + 4 * 32 + 16 * MAX_STEPS + 8 * ring
+        options = dict(chunk=CHUNK, ring=ring, wait=int(wait), stream=int(stream), compute=int(compute))
+        options.update(ymax=YMAX, xmax=INTERMEDIATE, max_steps=MAX_STEPS, eps=EPS)
+        smem = CHUNK * ring + 4 * INTERMEDIATE + 4 * 32 + 16 * MAX_STEPS + 16 * ring
+        if copy == "ws":  # (threads: the consumers'; one producer warp more)
+            source, name, block = WS_SOURCE % dict(options, consumers=threads // 32), "chain_ws", threads + 32
+        else:
+            source = SOURCE % dict(options, depth=depth, threads=threads, bulk=int(copy == "bulk"))
+            name, block = "chain_frame", threads
+        fn = torch.cuda._compile_kernel(source, name, nvcc_options=["-std=c++17", "-lineinfo"])
         _allow_shared_memory(fn, smem)
         widest = max(-(-(-(-n // self.sms) * k * 2) // CHUNK) for _, n, k, _ in self.steps)  # (chunks)
         if widest > ring - depth:
             raise ValueError(f"a step's rows take {widest} chunks: more than the ring's {ring} less DEPTH {depth}")
+        self.counters.zero_()  # (the variants count differently: blocks or rows)
+        self.epoch = 0
 
         def launch():
             self.epoch += 1
             fn(
                 grid=(self.sms, 1, 1),
-                block=(threads, 1, 1),
+                block=(block, 1, 1),
                 args=[self.arena, self.shares, len(self.steps), self.ys, self.counters, self.epoch],  # (no floats:
                 # torch before 2.12 passes a Python float as a C float, later ones as a double)
                 shared_mem=smem,
@@ -355,7 +528,7 @@ def copy_gbs() -> float:
 def _cell(chain: Chain, copy: str, threads: int, depth: int) -> dict:
     """One variant: built, its every step checked against PyTorch, timed with and without its waits."""
     t0 = time.perf_counter()
-    launch = chain.kernel(depth, threads, wait=True, bulk=copy == "bulk")
+    launch = chain.kernel(copy, depth, threads, wait=True)
     built = time.perf_counter() - t0
     chain.ys[1:].zero_()
     launch()
@@ -368,11 +541,10 @@ def _cell(chain: Chain, copy: str, threads: int, depth: int) -> dict:
         step = f"step {bad} ({chain.steps[bad][0]}: {errors[bad].item():.3g}; the largest {error:.3g})"
         print(f"{name}: differs from PyTorch at {step}")
     us = event_us(launch)
-    bulk = copy == "bulk"
-    stream = event_us(chain.kernel(depth, threads, wait=False, bulk=bulk))
-    copy_only = event_us(chain.kernel(depth, threads, wait=False, bulk=bulk, compute=False))
-    compute_only = event_us(chain.kernel(depth, threads, wait=False, bulk=bulk, stream=False))
-    waits_compute = event_us(chain.kernel(depth, threads, wait=True, bulk=bulk, stream=False))
+    stream = event_us(chain.kernel(copy, depth, threads, wait=False))
+    copy_only = event_us(chain.kernel(copy, depth, threads, wait=False, compute=False))
+    compute_only = event_us(chain.kernel(copy, depth, threads, wait=False, stream=False))
+    waits_compute = event_us(chain.kernel(copy, depth, threads, wait=True, stream=False))
     print(
         f"{name}: chain {us:.0f} us, stream {stream:.0f} us (weights alone {copy_only:.0f}, steps' work alone "
         f"{compute_only:.0f}, with the waits {waits_compute:.0f}), error {error:.1e}",
@@ -388,7 +560,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--depths", type=int_list, default=[4, 8, 12], help="chunks of 8 KiB in flight per block")
     p.add_argument("--threads", type=int_list, default=[512], help="threads per block")
-    p.add_argument("--copies", default="cp.async,bulk", help="how blocks stream weights: cp.async, bulk or both")
+    p.add_argument("--copies", default="cp.async,bulk,ws", help="how blocks stream weights: cp.async, bulk, ws")
     args = p.parse_args()
     args.copies = args.copies.split(",")
     chain = Chain()
