@@ -364,23 +364,25 @@ chain_ws(const unsigned short* __restrict__ arena, const int4* __restrict__ shar
             bar_wait(full + (begin + i) %% RING_CHUNKS, (unsigned int)((begin + i) / RING_CHUNKS) & 1u);
         }
         consumers_sync();
-        float total = 0.f;
-        for (int w = 0; w < CONSUMERS; w++) total += red[w];
+        float total = lane < CONSUMERS ? red[lane] : 0.f;  // (every warp sums the warps' parts itself)
+        for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
         const float rstd = rsqrtf(total / K + EPS);
         const int base = (begin %% RING_CHUNKS) * CHUNK;
         unsigned int written = 0;
         for (int i = warp; COMPUTE && i < rows; i += CONSUMERS) {
             int row = base + i * K * 2;
             if (row >= RING) row -= RING;
-            float acc = 0.f;
+            float acc = 0.f, acc2 = 0.f;  // (two chains of adds; the loads of 4 iterations in flight)
+#pragma unroll 4
             for (int k = lane * 8; k < K; k += 256) {
                 int at = row + 2 * k;
                 if (at >= RING) at -= RING;
                 uint4 w = *(const uint4*)(ring + at);
                 const float4 a = *(const float4*)(xs + k), c = *(const float4*)(xs + k + 4);
                 acc += bf16_lo(w.x) * a.x + bf16_hi(w.x) * a.y + bf16_lo(w.y) * a.z + bf16_hi(w.y) * a.w;
-                acc += bf16_lo(w.z) * c.x + bf16_hi(w.z) * c.y + bf16_lo(w.w) * c.z + bf16_hi(w.w) * c.w;
+                acc2 += bf16_lo(w.z) * c.x + bf16_hi(w.z) * c.y + bf16_lo(w.w) * c.z + bf16_hi(w.w) * c.w;
             }
+            acc += acc2;
             for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
             if (lane == 0) ys[(long long)(s + 1) * YMAX + (h.y >> 16) + i] = acc * rstd;
             written++;
