@@ -52,29 +52,15 @@ YMAX = 2 * INTERMEDIATE  # the widest step output
 EPS = 1e-6
 MAX_STEPS = 512  # steps whose shares a block holds in shared memory
 
-SOURCE = r"""
-#define CHUNK %(chunk)d
-#define RING_CHUNKS %(ring)d
-#define DEPTH %(depth)d
-#define THREADS %(threads)d
-#define WAIT %(wait)d
-#define BULK %(bulk)d
-#define STREAM %(stream)d
-#define COMPUTE %(compute)d
-#define YMAX %(ymax)d
-#define XMAX %(xmax)d
-#define MAX_STEPS %(max_steps)d
-#define RING (CHUNK * RING_CHUNKS)
-#define EPS %(eps)ef
-
+HELPERS = r"""
 __device__ __forceinline__ unsigned int load_acquire(const unsigned int* p) {
     unsigned int v;
     asm volatile("ld.acquire.gpu.global.u32 %%0, [%%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
 
-__device__ __forceinline__ void add_release(unsigned int* p) {
-    asm volatile("red.release.gpu.global.add.u32 [%%0], 1;" :: "l"(p) : "memory");
+__device__ __forceinline__ void add_release(unsigned int* p, unsigned int n) {
+    asm volatile("red.release.gpu.global.add.u32 [%%0], %%1;" :: "l"(p), "r"(n) : "memory");
 }
 
 __device__ __forceinline__ float4 load_cg4(const float* p) {  // past L1 (written by other SMs)
@@ -90,10 +76,38 @@ __device__ __forceinline__ unsigned int shared_address(const void* p) {
     return (unsigned int)a;
 }
 
+__device__ __forceinline__ void bar_wait(unsigned long long* bar, unsigned int parity) {
+    const unsigned int at = shared_address(bar);
+    unsigned int done = 0;
+    while (!done) {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%%1], %%2; selp.u32 %%0, 1, 0, p; }"
+                     : "=r"(done) : "r"(at), "r"(parity) : "memory");
+    }
+}
+
 __device__ __forceinline__ float bf16_lo(unsigned int w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(unsigned int w) { return __uint_as_float(w & 0xffff0000u); }
 __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.f + __expf(-g)) * u; }
+"""
 
+SOURCE = (
+    r"""
+#define CHUNK %(chunk)d
+#define RING_CHUNKS %(ring)d
+#define DEPTH %(depth)d
+#define THREADS %(threads)d
+#define WAIT %(wait)d
+#define BULK %(bulk)d
+#define STREAM %(stream)d
+#define COMPUTE %(compute)d
+#define YMAX %(ymax)d
+#define XMAX %(xmax)d
+#define MAX_STEPS %(max_steps)d
+#define RING (CHUNK * RING_CHUNKS)
+#define EPS %(eps)ef
+"""
+    + HELPERS
+    + r"""
 // a step's share of a block (made on the host, held in shared memory): x its first weight (elements),
 // y rows | first row << 16, z K | kind << 16, w the step's N
 struct Stream {  // the block's next chunk to ask for: a step and a byte offset into its rows
@@ -136,13 +150,7 @@ __device__ __forceinline__ void ask(const unsigned short* arena, const int4* sha
 // until chunk ``c`` is in its slot (BULK: every thread waits on the slot's barrier, phase c / RING_CHUNKS)
 __device__ __forceinline__ void arrived(long long c, unsigned long long* bars) {
 #if BULK
-    const unsigned int bar = shared_address(bars + c %% RING_CHUNKS);
-    const unsigned int parity = (unsigned int)(c / RING_CHUNKS) & 1u;
-    unsigned int done = 0;
-    while (!done) {
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%%1], %%2; selp.u32 %%0, 1, 0, p; }"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    }
+    bar_wait(bars + c %% RING_CHUNKS, (unsigned int)(c / RING_CHUNKS) & 1u);
 #else
     asm volatile("cp.async.wait_group %%0;" :: "n"(DEPTH) : "memory");
 #endif
@@ -222,7 +230,7 @@ chain_frame(const unsigned short* __restrict__ arena, const int4* __restrict__ s
             if (lane == 0) ys[(long long)(s + 1) * YMAX + (h.y >> 16) + i] = acc * rstd;
         }
         __syncthreads();
-        if (tid == 0) add_release(counters + s);
+        if (tid == 0) add_release(counters + s, 1u);
         begin += chunks;
     }
 #if !BULK
@@ -230,8 +238,10 @@ chain_frame(const unsigned short* __restrict__ arena, const int4* __restrict__ s
 #endif
 }
 """
+)
 
-WS_SOURCE = r"""
+WS_SOURCE = (
+    r"""
 #define CHUNK %(chunk)d
 #define RING_CHUNKS %(ring)d
 #define CONSUMERS %(consumers)d
@@ -245,38 +255,9 @@ WS_SOURCE = r"""
 #define EPS %(eps)ef
 #define NC (CONSUMERS * 32)
 
-__device__ __forceinline__ unsigned int load_acquire(const unsigned int* p) {
-    unsigned int v;
-    asm volatile("ld.acquire.gpu.global.u32 %%0, [%%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ void add_release(unsigned int* p, unsigned int n) {
-    asm volatile("red.release.gpu.global.add.u32 [%%0], %%1;" :: "l"(p), "r"(n) : "memory");
-}
-
-__device__ __forceinline__ float4 load_cg4(const float* p) {
-    float4 v;
-    asm volatile("ld.global.cg.v4.f32 {%%0, %%1, %%2, %%3}, [%%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ unsigned int shared_address(const void* p) {
-    unsigned long long a;
-    asm("cvta.to.shared.u64 %%0, %%1;" : "=l"(a) : "l"(p));
-    return (unsigned int)a;
-}
-
-__device__ __forceinline__ void bar_wait(unsigned long long* bar, unsigned int parity) {
-    const unsigned int at = shared_address(bar);
-    unsigned int done = 0;
-    while (!done) {
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%%1], %%2; selp.u32 %%0, 1, 0, p; }"
-                     : "=r"(done) : "r"(at), "r"(parity) : "memory");
-    }
-}
-
+"""
+    + HELPERS
+    + r"""
 __device__ __forceinline__ void bar_arrive(unsigned long long* bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%%0];" :: "r"(shared_address(bar)) : "memory");
 }
@@ -284,10 +265,6 @@ __device__ __forceinline__ void bar_arrive(unsigned long long* bar) {
 __device__ __forceinline__ void consumers_sync() {  // the consumer warps alone (the producer runs on)
     asm volatile("bar.sync 1, %%0;" :: "n"(NC) : "memory");
 }
-
-__device__ __forceinline__ float bf16_lo(unsigned int w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf16_hi(unsigned int w) { return __uint_as_float(w & 0xffff0000u); }
-__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.f + __expf(-g)) * u; }
 
 // CONSUMERS warps compute the steps; one more warp streams the block's rows of every step into the ring
 // (one bulk copy a chunk, completing on the slot's ``full`` barrier), reusing a slot once every consumer
@@ -397,6 +374,7 @@ chain_ws(const unsigned short* __restrict__ arena, const int4* __restrict__ shar
     }
 }
 """
+)
 
 
 def steps() -> list[tuple[str, int, int, int]]:
