@@ -19,7 +19,7 @@ Three ways, same machine, microseconds a frame:
                in flight (``--copies``: ``cp.async``, 16 bytes a thread, or ``bulk``, one copy a chunk by
                the bulk copy engine completing on the slot's barrier; ``ws``: a producer warp alone
                streams, bulk copies through full / empty barriers, and the consumer warps synchronise
-               among themselves and count the rows they wrote), independent of the dependency chain;
+               among themselves and count the block's rows in once), independent of the dependency chain;
                a step waits for a counter the blocks count their rows of the step before in (a
                release / acquire pair), reads that output from L2, computes its rows from shared memory,
                counts itself in. Each step's output is checked against PyTorch's (fp32, same
@@ -268,7 +268,7 @@ __device__ __forceinline__ void consumers_sync() {  // the consumer warps alone 
 
 // CONSUMERS warps compute the steps; one more warp streams the block's rows of every step into the ring
 // (one bulk copy a chunk, completing on the slot's ``full`` barrier), reusing a slot once every consumer
-// warp has arrived on its ``empty`` barrier. A step's rows are counted in by each warp that wrote them.
+// warp has arrived on its ``empty`` barrier. A block counts its rows of a step in once they are written.
 extern "C" __global__ void __launch_bounds__(NC + 32, 1)
 chain_ws(const unsigned short* __restrict__ arena, const int4* __restrict__ shares, int num_steps,
          float* ys, unsigned int* counters, int epoch)
@@ -345,7 +345,6 @@ chain_ws(const unsigned short* __restrict__ arena, const int4* __restrict__ shar
         for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
         const float rstd = rsqrtf(total / K + EPS);
         const int base = (begin %% RING_CHUNKS) * CHUNK;
-        unsigned int written = 0;
         for (int i = warp; COMPUTE && i < rows; i += CONSUMERS) {
             int row = base + i * K * 2;
             if (row >= RING) row -= RING;
@@ -362,14 +361,13 @@ chain_ws(const unsigned short* __restrict__ arena, const int4* __restrict__ shar
             acc += acc2;
             for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
             if (lane == 0) ys[(long long)(s + 1) * YMAX + (h.y >> 16) + i] = acc * rstd;
-            written++;
         }
         __syncwarp();
         if (lane == 0) {
             for (int i = 0; STREAM && i < chunks; i++) bar_arrive(empty + (begin + i) %% RING_CHUNKS);
-            if (written) add_release(counters + s, written);
-            else if (!COMPUTE && warp == 0) add_release(counters + s, (unsigned int)rows);
         }
+        consumers_sync();  // (one count a block: a count a warp put ~16x the atomics on the counter)
+        if (tid == 0) add_release(counters + s, (unsigned int)rows);
         begin += chunks;
     }
 }
