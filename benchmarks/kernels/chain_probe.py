@@ -1,7 +1,7 @@
 """How near the weight-read floor can one launch walk a chain of dependent GEMV steps? (issue 41's probe)
 
     PYTHONPATH=. python benchmarks/kernels/chain_probe.py --out DIR [--depths 4,8,12] [--threads 256,512] \
-        [--copies cp.async,bulk]
+        [--copies cp.async,bulk,ws] [--l2-hints none,evict_first] [--trace]
 
 The code predictor's frame, reduced to what bounds it at B = 1: 315 dependent steps over the full-size
 shapes (per pass and layer: q/k/v 4096 x 1024, output 1024 x 2048, gate/up 6144 x 1024, down 1024 x 3072;
@@ -30,14 +30,20 @@ Three ways, same machine, microseconds a frame:
                with no step computed, the steps computed (with and without the waits) with no weights
                streamed
 
-and the floor (the frame's bytes at the measured copy rate). Writes chain_probe.json/.md.
+and the floor (the frame's bytes at the measured copy rate). ``--l2-hints evict_first``: the weight stream
+asks L2 to evict its lines first (they are read once a pass). ``--trace``: the first cp.async / bulk variant
+once more with thread 0 of each block stamping its clock at each step's phases (weights in, the wait, the
+input read and its norm, the rows, the count), with its weights streamed and without: which phase the stream
+slows. Writes chain_probe.json/.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -51,6 +57,19 @@ CHUNK = 8192  # bytes a block asks for at once (16 a thread at 512 threads)
 YMAX = 2 * INTERMEDIATE  # the widest step output
 EPS = 1e-6
 MAX_STEPS = 512  # steps whose shares a block holds in shared memory
+PHASES = ("weights in", "wait", "input and norm", "rows", "count, next")  # (a traced step's, in order)
+
+
+@dataclass(frozen=True)
+class Variant:
+    copy: str  # cp.async, bulk or ws
+    threads: int
+    depth: int  # chunks in flight (cp.async, bulk)
+    hint: str = "none"  # the weight stream's L2 policy: none or evict_first (cp.async, bulk)
+
+    def __str__(self) -> str:
+        return f"{self.copy}, {self.threads} threads, depth {self.depth}, L2 hint {self.hint}"
+
 
 HELPERS = r"""
 __device__ __forceinline__ unsigned int load_acquire(const unsigned int* p) {
@@ -85,6 +104,12 @@ __device__ __forceinline__ void bar_wait(unsigned long long* bar, unsigned int p
     }
 }
 
+__device__ __forceinline__ long long global_ns() {
+    long long t;
+    asm volatile("mov.u64 %%0, %%%%globaltimer;" : "=l"(t));
+    return t;
+}
+
 __device__ __forceinline__ float bf16_lo(unsigned int w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(unsigned int w) { return __uint_as_float(w & 0xffff0000u); }
 __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.f + __expf(-g)) * u; }
@@ -98,6 +123,8 @@ SOURCE = (
 #define THREADS %(threads)d
 #define WAIT %(wait)d
 #define BULK %(bulk)d
+#define HINT %(hint)d
+#define TRACE %(trace)d
 #define STREAM %(stream)d
 #define COMPUTE %(compute)d
 #define YMAX %(ymax)d
@@ -119,7 +146,8 @@ struct Stream {  // the block's next chunk to ask for: a step and a byte offset 
 // engine, completing on the slot's barrier; else 16 bytes a thread with cp.async, one group a chunk, an
 // empty group past the frame's end)
 __device__ __forceinline__ void ask(const unsigned short* arena, const int4* share, int num_steps,
-                                    Stream* st, int slot, unsigned char* ring, unsigned long long* bars) {
+                                    Stream* st, int slot, unsigned char* ring, unsigned long long* bars,
+                                    unsigned long long policy) {
     if (st->step < num_steps) {
         const int4 h = share[st->step];
         const int bytes = (h.y & 0xffff) * (h.z & 0xffff) * 2;
@@ -131,12 +159,23 @@ __device__ __forceinline__ void ask(const unsigned short* arena, const int4* sha
             const unsigned int bar = shared_address(bars + slot);
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
             asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%%0], %%1;" :: "r"(bar), "r"(left) : "memory");
+#if HINT
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+                         " [%%0], [%%1], %%2, [%%3], %%4;" :: "r"(dst), "l"(src), "r"(left), "r"(bar), "l"(policy)
+                         : "memory");
+#else
             asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%%0], [%%1], %%2, [%%3];"
                          :: "r"(dst), "l"(src), "r"(left), "r"(bar) : "memory");
+#endif
         }
 #else
         for (int o = threadIdx.x * 16; o < left; o += THREADS * 16) {
+#if HINT
+            asm volatile("cp.async.cg.shared.global.L2::cache_hint [%%0], [%%1], 16, %%2;"
+                         :: "r"(dst + o), "l"(src + o), "l"(policy) : "memory");
+#else
             asm volatile("cp.async.cg.shared.global [%%0], [%%1], 16;" :: "r"(dst + o), "l"(src + o) : "memory");
+#endif
         }
 #endif
         st->offset += CHUNK;
@@ -158,7 +197,7 @@ __device__ __forceinline__ void arrived(long long c, unsigned long long* bars) {
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 chain_frame(const unsigned short* __restrict__ arena, const int4* __restrict__ shares, int num_steps,
-            float* ys, unsigned int* counters, int epoch)
+            float* ys, unsigned int* counters, int epoch, long long* trace)
 {
     extern __shared__ __align__(16) unsigned char smem[];
     unsigned char* ring = smem;
@@ -179,23 +218,38 @@ chain_frame(const unsigned short* __restrict__ arena, const int4* __restrict__ s
     }
 #endif
     __syncthreads();
+    unsigned long long policy = 0;  // (HINT: the weights are read once a pass; evicted first from L2)
+#if HINT
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %%0, 1.0;" : "=l"(policy));
+#endif
+    // TRACE: thread 0's clock at each step's start, weights in, wait over, input and norm read, rows written
+    // ([blocks, steps + 1, 5]; the last row: the clock and the global timer at the start and the end)
+    long long* stamps = trace + (long long)blockIdx.x * (num_steps + 1) * 5;
+    const bool tracing = TRACE && tid == 0;
+    const long long clock0 = clock64(), ns0 = global_ns();
     Stream st = {0, 0};
     long long asked = 0, resident = 0, begin = 0;  // chunks asked for, arrived, the step's first
-    for (int i = 0; i < DEPTH; i++) { ask(arena, share, num_steps, &st, asked %% RING_CHUNKS, ring, bars); asked++; }
+    for (int i = 0; i < DEPTH; i++) {
+        ask(arena, share, num_steps, &st, asked %% RING_CHUNKS, ring, bars, policy);
+        asked++;
+    }
     for (int s = 0; s < num_steps; s++) {
+        if (tracing) stamps[5 * s] = clock64();
         const int4 h = share[s];
         const int K = h.z & 0xffff, kind = h.z >> 16, rows = h.y & 0xffff;
         const int chunks = (rows * K * 2 + CHUNK - 1) / CHUNK;
         while (STREAM && resident < begin + chunks) {  // the step's rows in the ring; DEPTH chunks in flight
-            ask(arena, share, num_steps, &st, asked %% RING_CHUNKS, ring, bars);
+            ask(arena, share, num_steps, &st, asked %% RING_CHUNKS, ring, bars, policy);
             asked++;
             arrived(resident, bars);
             resident++;
         }
+        if (tracing) stamps[5 * s + 1] = clock64();
         if (WAIT && s > 0 && tid == 0) {
             while (load_acquire(counters + s - 1) < target) { }
         }
         __syncthreads();
+        if (tracing) stamps[5 * s + 2] = clock64();
         const float* yp = ys + (long long)s * YMAX;
         float ss = 0.f;
         for (int v = tid; COMPUTE && v < K / 4; v += THREADS) {  // (one L2 round trip: K / 4 <= 768 vectors)
@@ -210,6 +264,7 @@ chain_frame(const unsigned short* __restrict__ arena, const int4* __restrict__ s
         for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
         if (lane == 0) red[warp] = ss;
         __syncthreads();
+        if (tracing) stamps[5 * s + 3] = clock64();
         float total = 0.f;
         for (int w = 0; w < THREADS / 32; w++) total += red[w];
         const float rstd = rsqrtf(total / K + EPS);
@@ -230,8 +285,16 @@ chain_frame(const unsigned short* __restrict__ arena, const int4* __restrict__ s
             if (lane == 0) ys[(long long)(s + 1) * YMAX + (h.y >> 16) + i] = acc * rstd;
         }
         __syncthreads();
+        if (tracing) stamps[5 * s + 4] = clock64();
         if (tid == 0) add_release(counters + s, 1u);
         begin += chunks;
+    }
+    if (tracing) {
+        const long long clock1 = clock64(), ns1 = global_ns();
+        stamps[5 * num_steps] = clock0;
+        stamps[5 * num_steps + 1] = clock1;
+        stamps[5 * num_steps + 2] = ns0;
+        stamps[5 * num_steps + 3] = ns1;
     }
 #if !BULK
     asm volatile("cp.async.wait_group 0;" ::: "memory");
@@ -415,22 +478,26 @@ class Chain:
         self.ys = torch.zeros(len(self.steps) + 1, YMAX, device="cuda")
         self.ys[0, :HIDDEN] = torch.randn(HIDDEN, generator=gen, device="cuda")
         self.counters = torch.zeros(len(self.steps), dtype=torch.int32, device="cuda")
+        self.trace = torch.zeros(self.sms, len(self.steps) + 1, 5, dtype=torch.int64, device="cuda")
         self.epoch = 0
 
-    def kernel(self, copy: str, depth: int, threads: int, wait: bool, stream: bool = True, compute: bool = True):
-        """``copy``: cp.async, bulk or ws (warp-specialised: a producer warp streams the weights through
-        full / empty barriers, ``threads`` consumers compute; ``depth`` unused: the ring bounds the stream).
-        ``stream`` / ``compute`` off (timing only): no weights streamed / no step's input read nor rows
-        computed."""
-        ring = 24  # chunks: DEPTH in flight beside the widest step's (12 at 132 blocks)
+    def kernel(self, v: Variant, wait: bool, stream: bool = True, compute: bool = True, trace: bool = False):
+        """``v``'s kernel, its launch; ``stream`` / ``compute`` off (timing only): no weights streamed / no
+        step's input read nor rows computed; ``trace``: thread 0 of each block stamps its clock at each
+        step's phases into ``self.trace`` (cp.async and bulk)."""
+        ring, depth, threads = 24, v.depth, v.threads  # (ring: DEPTH chunks in flight beside the widest step's)
         options = dict(chunk=CHUNK, ring=ring, wait=int(wait), stream=int(stream), compute=int(compute))
         options.update(ymax=YMAX, xmax=INTERMEDIATE, max_steps=MAX_STEPS, eps=EPS)
         smem = CHUNK * ring + 4 * INTERMEDIATE + 4 * 32 + 16 * MAX_STEPS + 16 * ring
-        if copy == "ws":  # (threads: the consumers'; one producer warp more)
+        args = [self.arena, self.shares, len(self.steps), self.ys, self.counters]  # (and the epoch; no floats:
+        # torch before 2.12 passes a Python float as a C float, later ones as a double)
+        if v.copy == "ws":  # (threads: the consumers'; one producer warp more)
             source, name, block = WS_SOURCE % dict(options, consumers=threads // 32), "chain_ws", threads + 32
+            tail = []
         else:
-            source = SOURCE % dict(options, depth=depth, threads=threads, bulk=int(copy == "bulk"))
-            name, block = "chain_frame", threads
+            options.update(depth=depth, threads=threads, bulk=int(v.copy == "bulk"), hint=int(v.hint != "none"))
+            source, name, block = SOURCE % dict(options, trace=int(trace)), "chain_frame", threads
+            tail = [self.trace]
         fn = torch.cuda._compile_kernel(source, name, nvcc_options=["-std=c++17", "-lineinfo"])
         _allow_shared_memory(fn, smem)
         widest = max(-(-(-(-n // self.sms) * k * 2) // CHUNK) for _, n, k, _ in self.steps)  # (chunks)
@@ -441,15 +508,27 @@ class Chain:
 
         def launch():
             self.epoch += 1
-            fn(
-                grid=(self.sms, 1, 1),
-                block=(block, 1, 1),
-                args=[self.arena, self.shares, len(self.steps), self.ys, self.counters, self.epoch],  # (no floats:
-                # torch before 2.12 passes a Python float as a C float, later ones as a double)
-                shared_mem=smem,
-            )
+            fn(grid=(self.sms, 1, 1), block=(block, 1, 1), args=[*args, self.epoch, *tail], shared_mem=smem)
 
         return launch
+
+    def phases(self, launch) -> dict[str, list[float]]:
+        """One traced launch: per step kind, the mean microseconds of thread 0 of a block in each phase of a
+        step (``PHASES``), over blocks and steps."""
+        self.trace.zero_()
+        launch()
+        torch.cuda.synchronize()
+        t = self.trace.cpu().double()
+        stamps, ends = t[:, :-1], t[:, -1]
+        per_ns = (ends[:, 1] - ends[:, 0]) / (ends[:, 3] - ends[:, 2])  # (each block's clock, cycles a ns)
+        nxt = torch.cat([stamps[:, 1:, 0], ends[:, 1:2]], dim=1)  # (the next step's start; the kernel's end)
+        spans = torch.stack([*(stamps[:, :, i + 1] - stamps[:, :, i] for i in range(4)), nxt - stamps[:, :, 4]], 2)
+        us = spans / per_ns[:, None, None] / 1e3
+        out = {}
+        for kind in dict.fromkeys(name for name, *_ in self.steps):
+            mine = [i for i, (name, *_) in enumerate(self.steps) if name == kind]
+            out[kind] = [round(x, 2) for x in us[:, mine].mean((0, 1)).tolist()]
+        return out
 
     def errors(self) -> torch.Tensor:
         """Each step's output against PyTorch's, fp32 on the same weights, from the kernel's own output of
@@ -503,34 +582,48 @@ def copy_gbs() -> float:
     return 2 * a.numel() / (us * 1e3)
 
 
-def _cell(chain: Chain, copy: str, threads: int, depth: int) -> dict:
+def _cell(chain: Chain, v: Variant) -> dict:
     """One variant: built, its every step checked against PyTorch, timed with and without its waits."""
     t0 = time.perf_counter()
-    launch = chain.kernel(copy, depth, threads, wait=True)
+    launch = chain.kernel(v, wait=True)
     built = time.perf_counter() - t0
     chain.ys[1:].zero_()
     launch()
     torch.cuda.synchronize()
     errors = chain.errors()
     error = errors.max().item()
-    name = f"{copy}, {threads} threads, depth {depth}"
     if not error < 1e-4:
         bad = int((errors >= 1e-4).nonzero()[0])
         step = f"step {bad} ({chain.steps[bad][0]}: {errors[bad].item():.3g}; the largest {error:.3g})"
-        print(f"{name}: differs from PyTorch at {step}")
+        print(f"{v}: differs from PyTorch at {step}")
     us = event_us(launch)
-    stream = event_us(chain.kernel(copy, depth, threads, wait=False))
-    copy_only = event_us(chain.kernel(copy, depth, threads, wait=False, compute=False))
-    compute_only = event_us(chain.kernel(copy, depth, threads, wait=False, stream=False))
-    waits_compute = event_us(chain.kernel(copy, depth, threads, wait=True, stream=False))
+    stream = event_us(chain.kernel(v, wait=False))
+    copy_only = event_us(chain.kernel(v, wait=False, compute=False))
+    compute_only = event_us(chain.kernel(v, wait=False, stream=False))
+    waits_compute = event_us(chain.kernel(v, wait=True, stream=False))
     print(
-        f"{name}: chain {us:.0f} us, stream {stream:.0f} us (weights alone {copy_only:.0f}, steps' work alone "
+        f"{v}: chain {us:.0f} us, stream {stream:.0f} us (weights alone {copy_only:.0f}, steps' work alone "
         f"{compute_only:.0f}, with the waits {waits_compute:.0f}), error {error:.1e}",
         flush=True,
     )
-    cell = {"copy": copy, "threads": threads, "depth": depth, "chain_us": us, "stream_us": stream, "error": error}
-    cell.update(copy_only_us=copy_only, compute_only_us=compute_only, waits_compute_us=waits_compute, build_s=built)
+    cell = {"copy": v.copy, "threads": v.threads, "depth": v.depth, "hint": v.hint, "chain_us": us}
+    cell.update(stream_us=stream, copy_only_us=copy_only, compute_only_us=compute_only)
+    cell.update(waits_compute_us=waits_compute, error=error, build_s=built)
     return cell
+
+
+def _traced(chain: Chain, v: Variant) -> tuple[dict, str]:
+    """``v``'s chain traced with its weights streamed and without: where a step's time goes."""
+    runs = {"weights streamed": {}, "no weights": {"stream": False}}
+    data, rows = {}, []
+    for label, extra in runs.items():
+        data[label] = chain.phases(chain.kernel(v, wait=True, trace=True, **extra))
+        rows += [[label, kind, *spans] for kind, spans in data[label].items()]
+        print(f"traced, {label}: {data[label]}", flush=True)
+    headers = ["run", "step", *(f"{phase} (us)" for phase in PHASES)]
+    return data, f"One traced frame of {v} (thread 0 of each block, mean over blocks and steps):\n\n" + (
+        markdown_table(headers, rows)
+    )
 
 
 def main() -> None:
@@ -539,8 +632,10 @@ def main() -> None:
     p.add_argument("--depths", type=int_list, default=[4, 8, 12], help="chunks of 8 KiB in flight per block")
     p.add_argument("--threads", type=int_list, default=[512], help="threads per block")
     p.add_argument("--copies", default="cp.async,bulk,ws", help="how blocks stream weights: cp.async, bulk, ws")
+    p.add_argument("--l2-hints", default="none", help="the weight stream's L2 policy: none, evict_first or both")
+    p.add_argument("--trace", action="store_true", help="trace the first variant's steps (cp.async or bulk)")
     args = p.parse_args()
-    args.copies = args.copies.split(",")
+    args.copies, args.l2_hints = args.copies.split(","), args.l2_hints.split(",")
     chain = Chain()
     gbs = copy_gbs()
     floor = chain.frame_bytes / (gbs * 1e3)
@@ -550,21 +645,23 @@ def main() -> None:
         data["layered_us"] = chain.layered_us()
         print(f"layered (one GEMV launch a step, graph): {data['layered_us']:.0f} us", flush=True)
         rows, data["cells"], failed = [], [], False
-        for copy in args.copies:
-            for threads in args.threads:
-                for depth in args.depths:
-                    cell = _cell(chain, copy, threads, depth)
-                    failed |= not cell["error"] < 1e-4
-                    data["cells"].append(cell)
-                    row = [copy, threads, depth, cell["chain_us"], cell["stream_us"], cell["copy_only_us"]]
-                    row += [cell["compute_only_us"], cell["waits_compute_us"], floor, data["layered_us"]]
-                    rows.append([*row, f"{cell['error']:.1e}"])
-    headers = ["copy", "threads", "depth (8 KiB chunks)", "chain (us)", "stream, no waits (us)"]
+        grid = itertools.product(args.copies, args.threads, args.depths, args.l2_hints)
+        variants = [Variant(*v) for v in grid if v[0] != "ws" or v[3] == "none"]
+        for v in variants:
+            cell = _cell(chain, v)
+            failed |= not cell["error"] < 1e-4
+            data["cells"].append(cell)
+            row = [v.copy, v.threads, v.depth, v.hint, cell["chain_us"], cell["stream_us"], cell["copy_only_us"]]
+            row += [cell["compute_only_us"], cell["waits_compute_us"], floor, data["layered_us"]]
+            rows.append([*row, f"{cell['error']:.1e}"])
+        traced = next((v for v in variants if v.copy != "ws"), None)
+        data["phases"], phases = _traced(chain, traced) if args.trace and traced else ({}, "")
+    headers = ["copy", "threads", "depth (8 KiB chunks)", "L2 hint", "chain (us)", "stream, no waits (us)"]
     headers += ["weights alone (us)", "steps' work alone (us)", "steps' work and waits (us)", "floor (us)"]
     headers += ["layered (us)", "max error / max"]
     note = f"{data['machine']['device']}, copy {gbs:.0f} GB/s, {chain.frame_bytes / 1e6:.0f} MB a frame"
     note += f", {len(chain.steps)} steps"
-    write_report(args.out, "chain_probe", data, f"{note}\n\n{markdown_table(headers, rows)}")
+    write_report(args.out, "chain_probe", data, f"{note}\n\n{markdown_table(headers, rows)}\n\n{phases}")
     if failed:
         raise SystemExit("the chain kernel's outputs differ from PyTorch's (above)")
 
