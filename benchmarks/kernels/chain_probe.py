@@ -14,18 +14,17 @@ Three ways, same machine, microseconds a frame:
     layered    one cuBLAS GEMV launch a step (``F.linear``, no norm), the 315 launches replayed from a
                CUDA graph: the chain as a kernel a step
     chain      one persistent CUDA kernel (``chain_probe.cu``, built at first use by NVRTC through
-               ``torch.cuda``, its settings #defined in front): each
-               block owns fixed rows of every step (its shares of the steps held in shared memory) and
-               streams its rows of the coming steps into a ring of shared memory, DEPTH chunks of 8 KiB
-               in flight (``--copies``: ``cp.async``, 16 bytes a thread, or ``bulk``, one copy a chunk by
-               the bulk copy engine completing on the slot's barrier; ``ws``: a producer warp alone
-               streams, bulk copies through full / empty barriers, and the consumer warps synchronise
-               among themselves and count the block's rows in once), independent of the dependency chain;
-               a step waits for a counter the blocks count their rows of the step before in (a
-               release / acquire pair), reads that output from L2, computes its rows from shared memory,
-               counts itself in. Each step's output is checked against PyTorch's (fp32, same
-               weights) from the kernel's own output of the step before (over 315 steps the chain's rounding
-               compounds); the script exits non-zero where they differ
+               ``torch.cuda``, its settings #defined in front): each block owns fixed rows of every step
+               (its shares of the steps held in shared memory) and streams its rows of the coming steps
+               into a ring of shared memory, independent of the dependency chain. ``--copies``:
+               ``cp.async`` (DEPTH chunks of 8 KiB in flight, 16 bytes a thread), ``bulk`` (one copy a
+               chunk by the bulk copy engine, completing on the slot's barrier) or ``ws`` (a producer warp
+               alone streams, bulk copies through full / empty barriers; the consumer warps synchronise
+               among themselves). A step waits for a counter the blocks count their rows of the step
+               before in (a release / acquire pair, one count a block), reads that output from L2,
+               computes its rows from shared memory, counts itself in. Each step's output is checked
+               against PyTorch's (fp32, same weights) from the kernel's own output of the step before (over
+               315 steps the chain's rounding compounds); the script exits non-zero where they differ
     stream     the same kernel with the waits left out (its results race: not checked): what its weight
                stream alone costs, the bound the waits add to; and its parts alone: the weights streamed
                with no step computed, the steps computed (with and without the waits) with no weights
