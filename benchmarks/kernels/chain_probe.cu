@@ -47,6 +47,27 @@ __device__ __forceinline__ float bf16_lo(unsigned int w) { return __uint_as_floa
 __device__ __forceinline__ float bf16_hi(unsigned int w) { return __uint_as_float(w & 0xffff0000u); }
 __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.f + __expf(-g)) * u; }
 
+__device__ __forceinline__ float warp_sum(float x) {
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+// a step's input into ``xs``: the step before's output ``yp`` (after gate/up: silu(gate) * up), float4s
+// first, first + stride, ... (one L2 round trip: K / 4 <= 768 vectors); -> this thread's sum of its squares
+__device__ __forceinline__ float read_input(const float* yp, int K, int kind, float* xs, int first, int stride) {
+    float ss = 0.f;
+    for (int v = first; COMPUTE && v < K / 4; v += stride) {
+        float4 a = load_cg4(yp + 4 * v);
+        if (kind) {
+            const float4 u = load_cg4(yp + K + 4 * v);
+            a = make_float4(silu_times(a.x, u.x), silu_times(a.y, u.y), silu_times(a.z, u.z), silu_times(a.w, u.w));
+        }
+        *(float4*)(xs + 4 * v) = a;
+        ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+    }
+    return ss;
+}
+
 // ---- chain_frame: every thread streams and computes ----
 
 // a step's share of a block (made on the host, held in shared memory): x its first weight (elements),
@@ -165,17 +186,7 @@ chain_frame(const unsigned short* __restrict__ arena, const int4* __restrict__ s
         __syncthreads();
         if (tracing) stamps[5 * s + 2] = clock64();
         const float* yp = ys + (long long)s * YMAX;
-        float ss = 0.f;
-        for (int v = tid; COMPUTE && v < K / 4; v += THREADS) {  // (one L2 round trip: K / 4 <= 768 vectors)
-            float4 a = load_cg4(yp + 4 * v);
-            if (kind) {
-                const float4 u = load_cg4(yp + K + 4 * v);
-                a = make_float4(silu_times(a.x, u.x), silu_times(a.y, u.y), silu_times(a.z, u.z), silu_times(a.w, u.w));
-            }
-            *(float4*)(xs + 4 * v) = a;
-            ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
-        }
-        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        const float ss = warp_sum(read_input(yp, K, kind, xs, tid, THREADS));
         if (lane == 0) red[warp] = ss;
         __syncthreads();
         if (tracing) stamps[5 * s + 3] = clock64();
@@ -195,7 +206,7 @@ chain_frame(const unsigned short* __restrict__ arena, const int4* __restrict__ s
                 acc += bf16_lo(w.x) * a.x + bf16_hi(w.x) * a.y + bf16_lo(w.y) * a.z + bf16_hi(w.y) * a.w;
                 acc += bf16_lo(w.z) * c.x + bf16_hi(w.z) * c.y + bf16_lo(w.w) * c.z + bf16_hi(w.w) * c.w;
             }
-            for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+            acc = warp_sum(acc);
             if (lane == 0) ys[(long long)(s + 1) * YMAX + (h.y >> 16) + i] = acc * rstd;
         }
         __syncthreads();
@@ -284,24 +295,13 @@ chain_ws(const unsigned short* __restrict__ arena, const int4* __restrict__ shar
         }
         consumers_sync();  // (also: every warp done with the step before's xs and red)
         const float* yp = ys + (long long)s * YMAX;
-        float ss = 0.f;
-        for (int v = tid; COMPUTE && v < K / 4; v += NC) {
-            float4 a = load_cg4(yp + 4 * v);
-            if (kind) {
-                const float4 u = load_cg4(yp + K + 4 * v);
-                a = make_float4(silu_times(a.x, u.x), silu_times(a.y, u.y), silu_times(a.z, u.z), silu_times(a.w, u.w));
-            }
-            *(float4*)(xs + 4 * v) = a;
-            ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
-        }
-        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        const float ss = warp_sum(read_input(yp, K, kind, xs, tid, NC));
         if (lane == 0) red[warp] = ss;
         for (int i = 0; STREAM && i < chunks; i++) {
             bar_wait(full + (begin + i) % RING_CHUNKS, (unsigned int)((begin + i) / RING_CHUNKS) & 1u);
         }
         consumers_sync();
-        float total = lane < CONSUMERS ? red[lane] : 0.f;  // (every warp sums the warps' parts itself)
-        for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+        const float total = warp_sum(lane < CONSUMERS ? red[lane] : 0.f);  // (every warp sums the warps' parts)
         const float rstd = rsqrtf(total / K + EPS);
         const int base = (begin % RING_CHUNKS) * CHUNK;
         for (int i = warp; COMPUTE && i < rows; i += CONSUMERS) {
@@ -318,7 +318,7 @@ chain_ws(const unsigned short* __restrict__ arena, const int4* __restrict__ shar
                 acc2 += bf16_lo(w.z) * c.x + bf16_hi(w.z) * c.y + bf16_lo(w.w) * c.z + bf16_hi(w.w) * c.w;
             }
             acc += acc2;
-            for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+            acc = warp_sum(acc);
             if (lane == 0) ys[(long long)(s + 1) * YMAX + (h.y >> 16) + i] = acc * rstd;
         }
         __syncwarp();
