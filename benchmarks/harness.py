@@ -138,6 +138,16 @@ def graph_call_us(fn: Callable[[int], object], calls: int, replays: int = 5) -> 
     return us
 
 
+def copy_gbs() -> float:
+    """The GPU's copy rate: bytes read and written a second by a 1 GiB device-to-device copy, in GB/s."""
+    import torch
+
+    a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    us = graph_call_us(lambda i: b.copy_(a), 4)
+    return 2 * a.numel() / (us * 1e3)
+
+
 def timed_seconds(fn: Callable[[], object], device) -> tuple[object, float]:
     """(fn(), synchronised wall seconds) for one long call."""
     synchronize(device)

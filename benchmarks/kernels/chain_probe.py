@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[i]) for i in (2, 1)]  # the repository root, benchmarks/
-from harness import graph_call_us, int_list, machine, markdown_table, write_report  # noqa: E402
+from harness import copy_gbs, graph_call_us, int_list, machine, markdown_table, write_report  # noqa: E402
 
 HIDDEN, HEADS_WIDTH, QKV, INTERMEDIATE, VOCAB, LAYERS, PASSES = 1024, 2048, 4096, 3072, 2048, 5, 15
 CHUNK = 8192  # bytes a block asks for at once (16 a thread at 512 threads)
@@ -213,13 +213,6 @@ def event_us(fn, launches: int = 20, warmup: int = 3) -> float:
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) * 1e3 / launches
-
-
-def copy_gbs() -> float:
-    a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    us = graph_call_us(lambda i: b.copy_(a), 4)
-    return 2 * a.numel() / (us * 1e3)
 
 
 def _cell(chain: Chain, v: Variant) -> dict:

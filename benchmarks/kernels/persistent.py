@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[i]) for i in (2, 1)]  # the repository root, benchmarks/
-from harness import graph_call_us, int_list, machine, markdown_table, write_report  # noqa: E402
+from harness import copy_gbs, graph_call_us, int_list, machine, markdown_table, write_report  # noqa: E402
 
 from omniwalk.kernels.persistent_schedule import OPS  # noqa: E402
 from omniwalk.layers.decoder import use_kernels  # noqa: E402
@@ -49,14 +49,14 @@ def main() -> None:
             param.copy_(1.0 + 0.1 * noise if param.dim() == 1 else noise / param.shape[-1] ** 0.5)
     use_kernels(cp, "fused")
     cp.use_persistent_kernel()
-    copy_gbs = _copy_gbs()
+    gbs = copy_gbs()
     layer_bytes = sum(t.numel() * t.element_size() for t in (cp.persistent.qkv, cp.persistent.o, cp.persistent.gate_up))
     layer_bytes += cp.persistent.down.numel() * cp.persistent.down.element_size()
     passes = cfg.num_code_groups - 1
     frame_bytes = passes * layer_bytes + cp.persistent.heads.numel() * 2
-    floor_us = frame_bytes / (copy_gbs * 1e3)
+    floor_us = frame_bytes / (gbs * 1e3)
     sms = torch.cuda.get_device_properties("cuda").multi_processor_count
-    rows, data = [], {"machine": machine("cuda"), "copy_gbs": copy_gbs, "frame_mb": frame_bytes / 1e6, "cells": []}
+    rows, data = [], {"machine": machine("cuda"), "copy_gbs": gbs, "frame_mb": frame_bytes / 1e6, "cells": []}
     for batch in args.batches:
         params = _params(batch, cfg.code_predictor.vocab_size)
         h = torch.randn(batch, cfg.code_predictor.hidden_size, device="cuda", dtype=torch.bfloat16)
@@ -78,7 +78,7 @@ def main() -> None:
         data["cells"].append(cell)
     per_sm = [f"persistent, {x:g}/SM (us)" for x in args.programs]
     headers = ["B", "layered (us)", *per_sm, "best /SM", "best, no L2 prefetch (us)", "floor (us)"]
-    note = f"{data['machine']['device']}, copy {copy_gbs:.0f} GB/s, {frame_bytes / 1e6:.0f} MB of weights a frame"
+    note = f"{data['machine']['device']}, copy {gbs:.0f} GB/s, {frame_bytes / 1e6:.0f} MB of weights a frame"
     timeline = data["timeline"]
     ops = markdown_table(
         [
@@ -126,13 +126,6 @@ def _timeline(kernel, h, c, params, batch: int) -> dict:
 def _params(batch: int, vocab: int) -> BatchParams:
     states = [SamplerState(SamplingParams(temperature=1.0, top_k=50, top_p=0.8, seed=i), (), []) for i in range(batch)]
     return BatchParams.of(states, vocab, "cuda")
-
-
-def _copy_gbs() -> float:
-    a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    us = graph_call_us(lambda i: b.copy_(a), 4)
-    return 2 * a.numel() / (us * 1e3)
 
 
 if __name__ == "__main__":
