@@ -1,7 +1,7 @@
 // The kernels of benchmarks/kernels/chain_probe.py (issue 41's probe), built at first use by NVRTC through
 // torch.cuda. The script prepends their settings as #defines: CHUNK, RING_CHUNKS, DEPTH, THREADS, CONSUMERS,
-// WAIT, BULK, HINT, TRACE, STREAM, COMPUTE, YMAX, XMAX, MAX_STEPS, EPS (the script's docstring says what each
-// variant does). Both kernels are built each time; the script launches the one it asked for.
+// WAIT, FLAGS, BULK, HINT, TRACE, STREAM, COMPUTE, YMAX, XMAX, MAX_STEPS, EPS (the script's docstring says what
+// each variant does). Both kernels are built each time; the script launches the one it asked for.
 #define RING (CHUNK * RING_CHUNKS)
 #define NC (CONSUMERS * 32)
 
@@ -52,14 +52,47 @@ __device__ __forceinline__ float warp_sum(float x) {
     return x;
 }
 
+// FLAGS: each output entry travels with the epoch of the launch that wrote it (a pair of 32-bit words, stored
+// and loaded whole), so the load that reads a step's input is also its wait: no fence, no counter
+__device__ __forceinline__ uint4 load_volatile4(const float* p) {
+    uint4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void store_flagged(float* p, float value, unsigned int epoch) {
+    asm volatile("st.volatile.global.v2.u32 [%0], {%1, %2};" :: "l"(p), "r"(__float_as_uint(value)), "r"(epoch)
+                 : "memory");
+}
+
+// the four entries from ``p`` (entry i at p[2 i], its epoch at p[2 i + 1]) once ``epoch`` wrote them (0: as
+// they are)
+__device__ __forceinline__ float4 load_flagged4(const float* p, unsigned int epoch) {
+    uint4 a, b;
+    do { a = load_volatile4(p); } while (epoch && (a.y != epoch || a.w != epoch));
+    do { b = load_volatile4(p + 4); } while (epoch && (b.y != epoch || b.w != epoch));
+    return make_float4(__uint_as_float(a.x), __uint_as_float(a.z), __uint_as_float(b.x), __uint_as_float(b.z));
+}
+
+// the four entries of ``yp`` from entry ``i`` (FLAGS: flagged pairs, waited for unless ``epoch`` is 0)
+__device__ __forceinline__ float4 load_entries(const float* yp, int i, unsigned int epoch) {
+#if FLAGS
+    return load_flagged4(yp + 2 * i, epoch);
+#else
+    return load_cg4(yp + i);
+#endif
+}
+
 // a step's input into ``xs``: the step before's output ``yp`` (after gate/up: silu(gate) * up), float4s
 // first, first + stride, ... (one L2 round trip: K / 4 <= 768 vectors); -> this thread's sum of its squares
-__device__ __forceinline__ float read_input(const float* yp, int K, int kind, float* xs, int first, int stride) {
+__device__ __forceinline__ float read_input(const float* yp, int K, int kind, float* xs, int first, int stride,
+                                            unsigned int epoch = 0) {
     float ss = 0.f;
     for (int v = first; COMPUTE && v < K / 4; v += stride) {
-        float4 a = load_cg4(yp + 4 * v);
+        float4 a = load_entries(yp, 4 * v, epoch);
         if (kind) {
-            const float4 u = load_cg4(yp + K + 4 * v);
+            const float4 u = load_entries(yp, K + 4 * v, epoch);
             a = make_float4(silu_times(a.x, u.x), silu_times(a.y, u.y), silu_times(a.z, u.z), silu_times(a.w, u.w));
         }
         *(float4*)(xs + 4 * v) = a;
@@ -180,13 +213,14 @@ chain_frame(const unsigned short* __restrict__ arena, const int4* __restrict__ s
             resident++;
         }
         if (tracing) stamps[5 * s + 1] = clock64();
-        if (WAIT && s > 0 && tid == 0) {
+        if (WAIT && !FLAGS && s > 0 && tid == 0) {
             while (load_acquire(counters + s - 1) < target) { }
         }
         __syncthreads();
         if (tracing) stamps[5 * s + 2] = clock64();
-        const float* yp = ys + (long long)s * YMAX;
-        const float ss = warp_sum(read_input(yp, K, kind, xs, tid, THREADS));
+        const float* yp = ys + (long long)s * YMAX * (FLAGS + 1);
+        const unsigned int flag = WAIT && FLAGS && s > 0 ? (unsigned int)epoch : 0u;  // (step 0: the host's)
+        const float ss = warp_sum(read_input(yp, K, kind, xs, tid, THREADS, flag));
         if (lane == 0) red[warp] = ss;
         __syncthreads();
         if (tracing) stamps[5 * s + 3] = clock64();
@@ -207,11 +241,15 @@ chain_frame(const unsigned short* __restrict__ arena, const int4* __restrict__ s
                 acc += bf16_lo(w.z) * c.x + bf16_hi(w.z) * c.y + bf16_lo(w.w) * c.z + bf16_hi(w.w) * c.w;
             }
             acc = warp_sum(acc);
+#if FLAGS
+            if (lane == 0) store_flagged(ys + 2 * ((long long)(s + 1) * YMAX + (h.y >> 16) + i), acc * rstd, epoch);
+#else
             if (lane == 0) ys[(long long)(s + 1) * YMAX + (h.y >> 16) + i] = acc * rstd;
+#endif
         }
         __syncthreads();
         if (tracing) stamps[5 * s + 4] = clock64();
-        if (tid == 0) add_release(counters + s, 1u);
+        if (!FLAGS && tid == 0) add_release(counters + s, 1u);
         begin += chunks;
     }
     if (tracing) {

@@ -1,7 +1,7 @@
 """How near the weight-read floor can one launch walk a chain of dependent GEMV steps? (issue 41's probe)
 
     PYTHONPATH=. python benchmarks/kernels/chain_probe.py --out DIR [--depths 4,8,12] [--threads 256,512] \
-        [--copies cp.async,bulk,ws] [--l2-hints none,evict_first] [--trace]
+        [--copies cp.async,bulk,ws] [--l2-hints none,evict_first] [--syncs counter,flags] [--trace]
 
 The code predictor's frame, reduced to what bounds it at B = 1: 315 dependent steps over the full-size
 shapes (per pass and layer: q/k/v 4096 x 1024, output 1024 x 2048, gate/up 6144 x 1024, down 1024 x 3072;
@@ -22,7 +22,11 @@ Three ways, same machine, microseconds a frame:
                alone streams, bulk copies through full / empty barriers; the consumer warps synchronise
                among themselves). A step waits for a counter the blocks count their rows of the step
                before in (a release / acquire pair, one count a block), reads that output from L2,
-               computes its rows from shared memory, counts itself in. Each step's output is checked
+               computes its rows from shared memory, counts itself in (``--syncs counter``; ``flags``:
+               no counter, each output entry stored with the launch's epoch beside it in one 8-byte word,
+               so that reading a step's input, spinning until every entry carries the epoch, is its wait:
+               one L2 round trip a step where the counter takes three, cp.async and bulk). Each step's
+               output is checked
                against PyTorch's (fp32, same weights) from the kernel's own output of the step before (over
                315 steps the chain's rounding compounds); the script exits non-zero where they differ
     stream     the same kernel with the waits left out (its results race: not checked): what its weight
@@ -32,9 +36,9 @@ Three ways, same machine, microseconds a frame:
 
 and the floor (the frame's bytes at the measured copy rate). ``--l2-hints evict_first``: the weight stream
 asks L2 to evict its lines first (they are read once a pass). ``--trace``: the first cp.async / bulk variant
-once more with thread 0 of each block stamping its clock at each step's phases (weights in, the wait, the
-input read and its norm, the rows, the count), with its weights streamed and without: which phase the stream
-slows. Writes chain_probe.json/.md.
+of each sync once more with thread 0 of each block stamping its clock at each step's phases (weights in, the
+wait, the input read and its norm, the rows, the count), with its weights streamed and without: which phase
+the stream slows. Writes chain_probe.json/.md.
 """
 
 from __future__ import annotations
@@ -66,9 +70,10 @@ class Variant:
     threads: int
     depth: int  # chunks in flight (cp.async, bulk)
     hint: str = "none"  # the weight stream's L2 policy: none or evict_first (cp.async, bulk)
+    sync: str = "counter"  # how a step waits for the one before: counter or flags (cp.async, bulk)
 
     def __str__(self) -> str:
-        return f"{self.copy}, {self.threads} threads, depth {self.depth}, L2 hint {self.hint}"
+        return f"{self.copy}, {self.threads} threads, depth {self.depth}, L2 hint {self.hint}, {self.sync}"
 
 
 KERNELS = Path(__file__).with_suffix(".cu")  # chain_frame and chain_ws, their settings #defined in front
@@ -118,6 +123,9 @@ class Chain:
         self.frame_bytes = sum(w.numel() * 2 for w in self.weights)
         self.ys = torch.zeros(len(self.steps) + 1, YMAX, device="cuda")
         self.ys[0, :HIDDEN] = torch.randn(HIDDEN, generator=gen, device="cuda")
+        self.flagged = torch.zeros(len(self.steps) + 1, YMAX, 2, device="cuda")  # (sync flags: entry, epoch)
+        self.flagged[0, :, 0] = self.ys[0]
+        self.out = self.ys  # the outputs of the kernel built last (flags: the entries of ``flagged``)
         self.counters = torch.zeros(len(self.steps), dtype=torch.int32, device="cuda")
         self.trace = torch.zeros(self.sms, len(self.steps) + 1, 5, dtype=torch.int64, device="cuda")
         self.epoch = 0
@@ -128,11 +136,17 @@ class Chain:
         step's phases into ``self.trace`` (cp.async and bulk)."""
         ring, depth, threads = 24, v.depth, v.threads  # (ring: DEPTH chunks in flight beside the widest step's)
         defines = dict(chunk=CHUNK, ring_chunks=ring, depth=depth, threads=threads, consumers=threads // 32)
-        defines.update(wait=int(wait), bulk=int(v.copy == "bulk"), hint=int(v.hint != "none"), trace=int(trace))
+        flags = v.sync == "flags"
+        defines.update(wait=int(wait), flags=int(flags), bulk=int(v.copy == "bulk"), hint=int(v.hint != "none"))
+        defines.update(trace=int(trace))
         defines.update(stream=int(stream), compute=int(compute), ymax=YMAX, xmax=INTERMEDIATE, max_steps=MAX_STEPS)
         smem = CHUNK * ring + 4 * INTERMEDIATE + 4 * 32 + 16 * MAX_STEPS + 16 * ring
-        args = [self.arena, self.shares, len(self.steps), self.ys, self.counters]  # (and the epoch; no floats:
+        self.out = self.flagged[..., 0] if flags else self.ys
+        ys = self.flagged if flags else self.ys
+        args = [self.arena, self.shares, len(self.steps), ys, self.counters]  # (and the epoch; no floats:
         # torch before 2.12 passes a Python float as a C float, later ones as a double)
+        if v.copy == "ws" and flags:
+            raise ValueError("the producer-warp kernel waits on counters alone")
         if v.copy == "ws":  # (threads: the consumers'; one producer warp more)
             name, block, tail = "chain_ws", threads + 32, []
         else:
@@ -144,6 +158,7 @@ class Chain:
         if widest > ring - depth:
             raise ValueError(f"a step's rows take {widest} chunks: more than the ring's {ring} less DEPTH {depth}")
         self.counters.zero_()  # (the variants count differently: blocks or rows)
+        self.flagged[1:].zero_()  # (epochs restart at 1)
         self.epoch = 0
 
         def launch():
@@ -175,10 +190,10 @@ class Chain:
         the step before (so that rounding does not compound over the chain): max |difference| / max |y|."""
         out = []
         for s, ((_, n, k, kind), w) in enumerate(zip(self.steps, self.weights, strict=True)):
-            y = self.ys[s]
+            y = self.out[s]
             x = F.silu(y[:k]) * y[k : 2 * k] if kind else y[:k]
             expected = w.float() @ (x * torch.rsqrt(x.pow(2).mean() + EPS))
-            out.append((self.ys[s + 1, :n] - expected).abs().max() / expected.abs().max())
+            out.append((self.out[s + 1, :n] - expected).abs().max() / expected.abs().max())
         return torch.stack(out)
 
     def layered_us(self) -> float:
@@ -220,7 +235,7 @@ def _cell(chain: Chain, v: Variant) -> dict:
     t0 = time.perf_counter()
     launch = chain.kernel(v, wait=True)
     built = time.perf_counter() - t0
-    chain.ys[1:].zero_()
+    chain.out[1:].zero_()
     launch()
     torch.cuda.synchronize()
     errors = chain.errors()
@@ -239,7 +254,7 @@ def _cell(chain: Chain, v: Variant) -> dict:
         f"{compute_only:.0f}, with the waits {waits_compute:.0f}), error {error:.1e}",
         flush=True,
     )
-    cell = {"copy": v.copy, "threads": v.threads, "depth": v.depth, "hint": v.hint, "chain_us": us}
+    cell = {"copy": v.copy, "threads": v.threads, "depth": v.depth, "hint": v.hint, "sync": v.sync, "chain_us": us}
     cell.update(stream_us=stream, copy_only_us=copy_only, compute_only_us=compute_only)
     cell.update(waits_compute_us=waits_compute, error=error, build_s=built)
     return cell
@@ -252,7 +267,7 @@ def _traced(chain: Chain, v: Variant) -> tuple[dict, str]:
     for label, extra in runs.items():
         data[label] = chain.phases(chain.kernel(v, wait=True, trace=True, **extra))
         rows += [[label, kind, *spans] for kind, spans in data[label].items()]
-        print(f"traced, {label}: {data[label]}", flush=True)
+        print(f"traced {v}, {label}: {data[label]}", flush=True)
     headers = ["run", "step", *(f"{phase} (us)" for phase in PHASES)]
     return data, f"One traced frame of {v} (thread 0 of each block, mean over blocks and steps):\n\n" + (
         markdown_table(headers, rows)
@@ -266,9 +281,10 @@ def main() -> None:
     p.add_argument("--threads", type=int_list, default=[512], help="threads per block")
     p.add_argument("--copies", default="cp.async,bulk,ws", help="how blocks stream weights: cp.async, bulk, ws")
     p.add_argument("--l2-hints", default="none", help="the weight stream's L2 policy: none, evict_first or both")
-    p.add_argument("--trace", action="store_true", help="trace the first variant's steps (cp.async or bulk)")
+    p.add_argument("--syncs", default="counter", help="how a step waits: counter, flags (cp.async, bulk) or both")
+    p.add_argument("--trace", action="store_true", help="trace the first cp.async / bulk variant of each sync")
     args = p.parse_args()
-    args.copies, args.l2_hints = args.copies.split(","), args.l2_hints.split(",")
+    args.copies, args.l2_hints, args.syncs = args.copies.split(","), args.l2_hints.split(","), args.syncs.split(",")
     chain = Chain()
     gbs = copy_gbs()
     floor = chain.frame_bytes / (gbs * 1e3)
@@ -278,23 +294,28 @@ def main() -> None:
         data["layered_us"] = chain.layered_us()
         print(f"layered (one GEMV launch a step, graph): {data['layered_us']:.0f} us", flush=True)
         rows, data["cells"], failed = [], [], False
-        grid = itertools.product(args.copies, args.threads, args.depths, args.l2_hints)
-        variants = [Variant(*v) for v in grid if v[0] != "ws" or v[3] == "none"]
+        grid = itertools.product(args.copies, args.threads, args.depths, args.l2_hints, args.syncs)
+        variants = [Variant(*v) for v in grid if v[0] != "ws" or v[3:] == ("none", "counter")]
         for v in variants:
             cell = _cell(chain, v)
             failed |= not cell["error"] < 1e-4
             data["cells"].append(cell)
-            row = [v.copy, v.threads, v.depth, v.hint, cell["chain_us"], cell["stream_us"], cell["copy_only_us"]]
-            row += [cell["compute_only_us"], cell["waits_compute_us"], floor, data["layered_us"]]
+            row = [v.copy, v.threads, v.depth, v.hint, v.sync, cell["chain_us"], cell["stream_us"]]
+            row += [cell["copy_only_us"], cell["compute_only_us"], cell["waits_compute_us"], floor]
+            row.append(data["layered_us"])
             rows.append([*row, f"{cell['error']:.1e}"])
-        traced = next((v for v in variants if v.copy != "ws"), None)
-        data["phases"], phases = _traced(chain, traced) if args.trace and traced else ({}, "")
-    headers = ["copy", "threads", "depth (8 KiB chunks)", "L2 hint", "chain (us)", "stream, no waits (us)"]
+        traced = {v.sync: v for v in reversed(variants) if v.copy != "ws"}  # (the first of each sync)
+        data["phases"], phases = {}, []
+        for sync, v in traced.items() if args.trace else ():
+            data["phases"][sync], table = _traced(chain, v)
+            phases.append(table)
+    headers = ["copy", "threads", "depth (8 KiB chunks)", "L2 hint", "sync", "chain (us)", "stream, no waits (us)"]
     headers += ["weights alone (us)", "steps' work alone (us)", "steps' work and waits (us)", "floor (us)"]
     headers += ["layered (us)", "max error / max"]
     note = f"{data['machine']['device']}, copy {gbs:.0f} GB/s, {chain.frame_bytes / 1e6:.0f} MB a frame"
     note += f", {len(chain.steps)} steps"
-    write_report(args.out, "chain_probe", data, f"{note}\n\n{markdown_table(headers, rows)}\n\n{phases}")
+    text = "\n\n".join([note, markdown_table(headers, rows), *phases])
+    write_report(args.out, "chain_probe", data, text)
     if failed:
         raise SystemExit("the chain kernel's outputs differ from PyTorch's (above)")
 
