@@ -70,8 +70,9 @@ class ModelConfig:
     # LoRA adapters' batched delta after a thinker projection (omniwalk/lora/ops.py): "reference" | "triton" (CUDA)
     lora_backend: str = "auto"
     # a small batch's decode step in one launch of a persistent kernel: "reference" (layer by layer) | "triton"
-    # (CUDA; today the code predictor's frame of up to 4 requests, kernels/persistent.py); "auto" is the
-    # reference until the kernel is measured faster on a GPU
+    # (CUDA; today the code predictor's frame of up to 4 requests, kernels/persistent.py) | "cuda" (the same
+    # frame as a CUDA kernel, bf16, kernels/cuda_frame.py); "auto" is the reference until a kernel is measured
+    # faster on a GPU
     persistent_decode: str = "auto"
     # "fp8": decoder projections and experts of the thinker and talker in FP8 (e4m3, 128x128 block
     # scales; an FP8 checkpoint's as stored, else quantised at load); "none": the model dtype throughout

@@ -1,13 +1,16 @@
-"""The code predictor's frame: the layered fused kernels vs the persistent kernel (``kernels/persistent.py``).
+"""The code predictor's frame: the layered fused kernels vs the persistent kernels (``kernels/persistent.py``,
+Triton; ``kernels/cuda_frame.py``, CUDA).
 
-    PYTHONPATH=. python benchmarks/kernels/persistent.py --out DIR [--batches 1,2,4] [--programs 0.5,1,2]
+    PYTHONPATH=. python benchmarks/kernels/persistent.py --out DIR [--batches 1,2,4] [--programs 0.5,1,2] [--cuda]
 
 Full-size code predictor (the packaged Qwen3-Omni config), random bf16 weights on the GPU, sampled draws
 as served (temperature 1, top-k 50, top-p 0.8). Per batch B: microseconds per frame replayed from a CUDA
 graph of 8 frames, the layered path and the persistent kernel at each ``--programs`` (programs per SM),
 the best of those without its tiles' L2 prefetch of their weights (before they wait), and the frame's
-weight-read floor (bytes it reads at the measured copy rate); then one frame at the first batch traced (each
-tile's start, end of its wait, end: per op, the mean time a tile waits and works). Writes persistent.json/.md.
+weight-read floor (bytes it reads at the measured copy rate); ``--cuda``: the CUDA kernel's frame too (its
+codes checked equal between a graph replay and an eager launch). Then one frame of the Triton kernel at the
+first batch traced (each tile's start, end of its wait, end: per op, the mean time a tile waits and works).
+Writes persistent.json/.md.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--batches", type=int_list, default=[1, 2, 4])
     p.add_argument("--programs", type=float_list, default=[0.5, 1, 2], help="programs per SM")
+    p.add_argument("--cuda", action="store_true", help="time the CUDA kernel (kernels/cuda_frame.py) too")
     args = p.parse_args()
     cfg = Qwen3OmniConfig.from_hf(load_config_dict(PRESETS["qwen3-omni-30b-a3b"])).talker
     with torch.device("cuda"):
@@ -48,6 +52,10 @@ def main() -> None:
             noise = torch.randn(param.shape, generator=gen, device="cuda")
             param.copy_(1.0 + 0.1 * noise if param.dim() == 1 else noise / param.shape[-1] ** 0.5)
     use_kernels(cp, "fused")
+    cuda_frame = None
+    if args.cuda:
+        cp.use_persistent_kernel("cuda")
+        cuda_frame = cp.persistent
     cp.use_persistent_kernel()
     gbs = copy_gbs()
     layer_bytes = sum(t.numel() * t.element_size() for t in (cp.persistent.qkv, cp.persistent.o, cp.persistent.gate_up))
@@ -73,11 +81,19 @@ def main() -> None:
             cp.persistent.prefetches = True
             if batch == args.batches[0]:
                 data["timeline"] = _timeline(cp.persistent, h, c, params, batch)
-        rows.append([batch, layered, *cell["persistent_us"].values(), best, cell["no_prefetch_us"], floor_us])
-        print(f"B={batch}: layered {layered:.0f} us, persistent per SM {cell['persistent_us']}, floor {floor_us:.0f}")
+            if cuda_frame is not None:
+                cell["cuda_us"] = _cuda_us(cuda_frame, h, c, params)
+        row = [batch, layered, *cell["persistent_us"].values(), best, cell["no_prefetch_us"]]
+        rows.append([*row, *([cell["cuda_us"]] if cuda_frame else []), floor_us])
+        print(
+            f"B={batch}: layered {layered:.0f} us, persistent per SM {cell['persistent_us']}, "
+            f"CUDA {cell.get('cuda_us', float('nan')):.0f} us, floor {floor_us:.0f}",
+            flush=True,
+        )
         data["cells"].append(cell)
     per_sm = [f"persistent, {x:g}/SM (us)" for x in args.programs]
-    headers = ["B", "layered (us)", *per_sm, "best /SM", "best, no L2 prefetch (us)", "floor (us)"]
+    headers = ["B", "layered (us)", *per_sm, "best /SM", "best, no L2 prefetch (us)"]
+    headers += [*(["CUDA kernel (us)"] if cuda_frame else []), "floor (us)"]
     note = f"{data['machine']['device']}, copy {gbs:.0f} GB/s, {frame_bytes / 1e6:.0f} MB of weights a frame"
     timeline = data["timeline"]
     ops = markdown_table(
@@ -121,6 +137,21 @@ def _timeline(kernel, h, c, params, batch: int) -> dict:
         ops[op] = (len(tiles), round(wait, 2), round(work, 2), round(step_us, 2))
         print(f"  {op}: {len(tiles)} tiles, waiting {wait:.2f} us, working {work:.2f} us, a step {step_us:.2f} us")
     return {"ops": ops, "frame_us": (end.max() - start.min()).item() / 1e3}
+
+
+def _cuda_us(kernel, h, c, params) -> float:
+    """The CUDA kernel's frame from a graph of 8 (its codes first checked: a replay equals an eager launch,
+    and no wait gave up)."""
+    eager = kernel(h, c, params)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = kernel(h, c, params)
+    graph.replay()
+    torch.cuda.synchronize()
+    kernel.check()
+    if not (torch.equal(eager[0], replayed[0]) and torch.equal(eager[1], replayed[1])):
+        raise SystemExit("the CUDA kernel's graph replay differs from its eager launch")
+    return graph_call_us(lambda i: kernel(h, c, params), 8)
 
 
 def _params(batch: int, vocab: int) -> BatchParams:

@@ -18,9 +18,9 @@ implementations by the resolved names.
                        q/k norm + rope + KV store, ... (applied
                        to a component once its weights are loaded)
     lora_backend       LoRA adapters' delta after a projection      reference, triton
-    persistent_decode  a small batch's decode step in one launch    reference (layer by layer), triton
-                       (the code predictor's frame: its passes,
-                       ``kernels/persistent.py``)
+    persistent_decode  a small batch's decode step in one launch    reference (layer by layer), triton,
+                       (the code predictor's frame: its passes,     cuda
+                       ``kernels/persistent.py``, ``cuda_frame.py``)
 
 This module imports neither torch nor Triton (``omniwalk --help`` reads the choices).
 """
@@ -158,6 +158,7 @@ PERSISTENT_DECODE = Registry(
     (
         Impl("reference", "omniwalk.layers.decoder:keep_layered_steps"),
         Impl("triton", "omniwalk.layers.decoder:use_persistent_kernels", cuda=True, package="triton"),
+        Impl("cuda", "omniwalk.layers.decoder:use_persistent_cuda_kernels", cuda=True, half=True),
     ),
     prefer=("reference",),  # (triton by name only until it is measured faster on a GPU: docs/performance.md)
 )

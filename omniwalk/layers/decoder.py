@@ -352,12 +352,17 @@ def keep_layered_steps(module: nn.Module) -> None:
     """``persistent_decode="reference"``: decode steps run layer by layer, kernel by kernel."""
 
 
-def use_persistent_kernels(module: nn.Module) -> None:
+def use_persistent_kernels(module: nn.Module, kind: str = "triton") -> None:
     """``persistent_decode="triton"`` (CUDA): every module under ``module`` with a persistent form of its
     small-batch step (``use_persistent_kernel``: the code predictor's frame) takes it."""
     for m in list(module.modules()):
         if hasattr(m, "use_persistent_kernel"):
-            m.use_persistent_kernel()
+            m.use_persistent_kernel(kind)
+
+
+def use_persistent_cuda_kernels(module: nn.Module) -> None:
+    """``persistent_decode="cuda"``: as ``use_persistent_kernels``, the CUDA kernels (bf16)."""
+    use_persistent_kernels(module, "cuda")
 
 
 class Decoder(nn.Module):

@@ -1,8 +1,9 @@
-"""The persistent code-predictor kernel (``kernels/persistent.py``): its schedule checked by the model of
-its reads and writes, its frame against ``CodePredictor.forward`` on the reference path (CPU: Triton's
-interpreter in fp32, every frame's codes equal), and on the GPU at full size in bf16 against the
-layered fast path (``gpu``: 64 frames at B = 1, 2, 4, their draws apart from the layered path's no more
-often than the PyTorch reference's)."""
+"""The persistent code-predictor kernels (``kernels/persistent.py``, Triton; ``kernels/cuda_frame.py``,
+CUDA): the Triton kernel's schedule checked by the model of its reads and writes, its frame against
+``CodePredictor.forward`` on the reference path (CPU: Triton's interpreter in fp32, every frame's codes
+equal); the CUDA kernel's plan (its shapes' checks, its blocks' rows); and both on the GPU at full size in
+bf16 against the layered fast path (``gpu``: 64 frames at B = 1, 2, 4, their draws apart from the layered
+path's no more often than the PyTorch reference's)."""
 
 import dataclasses
 import random
@@ -183,8 +184,9 @@ def test_a_frame_in_one_launch_equals_the_code_predictor(interpreter, batch, sam
 
 @pytest.mark.gpu
 @torch.no_grad()
+@pytest.mark.parametrize("kind", ["triton", "cuda"])
 @pytest.mark.parametrize("batch", [1, 2, 4])
-def test_frames_in_one_launch_equal_the_layered_fast_path_at_full_size(batch):
+def test_frames_in_one_launch_equal_the_layered_fast_path_at_full_size(batch, kind):
     """Full size, bf16, random weights: 64 frames (fresh inputs and sampling steps each) drawn by the
     persistent kernel, by the layered fused kernels and by the PyTorch reference (same weights). Each sums
     its products in its own order, so bf16 logits may differ by a rounding step and a draw at a near-tie may
@@ -203,7 +205,7 @@ def test_frames_in_one_launch_equal_the_layered_fast_path_at_full_size(batch):
     randomize_(cp, 3)
     reference.load_state_dict(cp.state_dict())
     use_kernels(cp, "fused")
-    cp.use_persistent_kernel()
+    cp.use_persistent_kernel(kind)
     gen = torch.Generator(device="cuda").manual_seed(batch)
     hidden_size, vocab = cfg.code_predictor.hidden_size, cfg.code_predictor.vocab_size
     frames, counts = [], {"persistent": [0, 0], "reference": [0, 0]}  # draws compared, draws that differ
@@ -222,7 +224,9 @@ def test_frames_in_one_launch_equal_the_layered_fast_path_at_full_size(batch):
                 counts[name][1] += first < len(same)
                 if first == len(same) and name == "persistent":
                     torch.testing.assert_close(codes[1][row], want[1][row], rtol=2e-2, atol=2e-2)
-    print(f"B={batch}: draws differing from the layered path's (compared, differing): {counts}")
+    if kind == "cuda":
+        cp.persistent.check()
+    print(f"{kind} B={batch}: draws differing from the layered path's (compared, differing): {counts}")
     (compared, differing), (ref_compared, ref_differing) = counts["persistent"], counts["reference"]
     assert differing / compared <= 2 * ref_differing / ref_compared + 0.005
     static = [torch.zeros_like(t) for t in frames[0][0]]
@@ -238,3 +242,42 @@ def test_frames_in_one_launch_equal_the_layered_fast_path_at_full_size(batch):
             getattr(params, name).copy_(getattr(frame_params, name))
         graph.replay()
         assert torch.equal(codes, want_codes) and torch.equal(total, want_total)
+
+
+@pytest.mark.parametrize("blocks", [132, 114])
+def test_the_cuda_frame_plan_fits_every_batch_and_splits_every_projection(blocks):
+    """The CUDA kernel's plan at full size (H100 / H200 SXM: 132 SMs; H100 PCIe: 114): every batch up to
+    MAX_BATCH fits one block's shared memory with a ring that holds a step's rows and the chunks in flight;
+    the blocks' rows of each projection cover it once, in order (the kernel's ``share_start``); the
+    outputs' words are as the kernel lays them out."""
+    from omniwalk.kernels.cuda_frame import CHUNK, DEPTH, MAX_BATCH, SHARED_BYTES, FramePlan, source
+
+    full = {k: FULL[k] for k in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab")}
+    for batch in range(1, MAX_BATCH + 1):
+        plan = FramePlan(batch, **full, groups=FULL["groups"], eps=1e-6, blocks=blocks)
+        plan.check()
+        assert plan.shared <= SHARED_BYTES and plan.step_chunks() + DEPTH + 1 <= plan.ring_chunks
+        assert plan.ring_chunks * CHUNK >= 128 * 1024  # (16 chunks or more: the stream runs ahead a step)
+        for n, _ in plan.step_widths():
+            rows = [r for b in range(blocks) for r in plan.share(n, b)]
+            assert rows == list(range(n))
+        layer = 2 * batch * (4096 + 2048 + 1024 + 3072 + 1024)
+        assert plan.words() == 15 * (5 * layer + batch * 2048)
+        assert f"#define BATCH {batch}\n" in source(plan) and "#define EPS 1.000000000e-06f\n" in source(plan)
+
+
+def test_the_cuda_frame_plan_refuses_what_the_kernel_does_not_take():
+    from omniwalk.kernels.cuda_frame import FramePlan
+
+    full = {k: FULL[k] for k in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab")}
+    cases = {
+        "batch 5 over 4": dict(batch=5),
+        "not a power of two": dict(head_dim=96),
+        "over 512 threads": dict(heads=32, kv_heads=4),
+        "attention tiles": dict(blocks=4),
+        "the ring holds": dict(intermediate=12288),
+    }
+    for reason, change in cases.items():
+        args = dict(batch=1, **full, groups=FULL["groups"], eps=1e-6, blocks=132) | change
+        with pytest.raises(ValueError, match=reason):
+            FramePlan(**args).check()

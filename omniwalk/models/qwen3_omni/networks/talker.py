@@ -178,15 +178,20 @@ class CodePredictor(MergesProjections):
             return self.persistent(talker_hidden, code0_embedding, params)
         return self(talker_hidden, code0_embedding, lambda logits, i: draw(logits, params, i))
 
-    def use_persistent_kernel(self) -> None:
-        """``persistent_decode="triton"``: frames of a few requests run ``kernels/persistent.py``'s kernel
-        (after the decoder kernels; it stacks the loaded weights, the modules keep views of them)."""
+    def use_persistent_kernel(self, kind: str = "triton") -> None:
+        """``persistent_decode="triton"``: frames of a few requests run ``kernels/persistent.py``'s kernel;
+        ``"cuda"``: ``kernels/cuda_frame.py``'s (after the decoder kernels; each stacks the loaded weights,
+        the modules keep views of them)."""
         from omniwalk.kernels.persistent import PersistentCodePredictor, capacity
 
+        if kind == "cuda":
+            from omniwalk.kernels.cuda_frame import CudaCodePredictor as frame
+        else:
+            frame = PersistentCodePredictor
         p = self.lm_head[0].weight
         positions = torch.arange(capacity(self.num_code_groups), device=p.device)
         cos, sin = rotary_tables(*self.model.rotary(positions), p.dtype)
-        self.persistent = PersistentCodePredictor(self, cos[:, 0], sin[:, 0])
+        self.persistent = frame(self, cos[:, 0], sin[:, 0])
 
     def merge_projections(self) -> None:
         """Fused kernels (``decoder.use_fused_kernels``, after loading): the heads become skinny GEMVs, which

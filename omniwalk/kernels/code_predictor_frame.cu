@@ -1,0 +1,702 @@
+// The code predictor's frame in one launch, CUDA (``kernels/cuda_frame.py`` builds it at first use with NVRTC
+// through torch.cuda and #defines its shape in front: BATCH, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE,
+// VOCAB, BLOCK_V, GROUPS, LAYERS, CAPACITY, CANDIDATES, THREADS, CHUNK, RING_CHUNKS, DEPTH, SCRATCH, EPS, SCALE).
+//
+// One block per SM, all resident at once. Each block owns fixed rows of every projection of the frame (the
+// same share of each step's output columns in every pass) and streams those rows' weights into a ring of
+// shared memory, ahead of the steps, with cp.async; the weights depend on nothing the kernel writes, so the
+// stream runs ahead of the dependency chain as far as the ring lets it. A step's outputs are written with the
+// launch's epoch beside each value (one 32-bit word: bf16 bits, epoch << 16); reading a step's input spins
+// until every word carries the epoch, so that read is the step's wait: no counter, no fence. Every output of
+// every pass has its own words (written once a launch). The steps of a pass, per layer:
+//
+//     QKV      the input-normed residual rows times the block's q/k/v projection rows
+//     ATTN     (request, kv head) on one block each: q/k norm and rope, K/V kept in the block's own cache
+//              (global memory no other block reads), its q heads' attention over positions 0..the token's
+//     OUT      the attention rows times the block's output-projection rows, plus the residual: the residual
+//     GATE_UP  the post-normed residual times the block's gate and up rows: silu(gate) * up
+//     DOWN     that times the block's down rows, plus the residual: the residual
+//
+// then HEAD (the final-normed last token row of each request times the block's rows of the pass's head: the
+// logits). Every block then draws the pass's codes from the whole logits row itself (the same arithmetic in
+// every block: the same codes) and takes their embeddings as the next pass's input; block 0 writes the codes
+// and their running sum. A pass has 21 waits (4 a layer and the head's), the ATTN step one more a layer.
+//
+// Rounding follows the PyTorch reference (``networks/talker.CodePredictor``): every value the reference holds
+// in bf16 is rounded to bf16 at the same step; sums inside a step are fp32.
+
+#define QKV_W ((HEADS + 2 * KV_HEADS) * HEAD_DIM)
+#define ATTN_W (HEADS * HEAD_DIM)
+#define GQ (HEADS / KV_HEADS)
+#define PASSES (GROUPS - 1)
+#define ROWS0 (2 * BATCH)  // token rows of the first pass (two a request)
+#define WARPS (THREADS / 32)
+#define PARTS ((GQ + 2) * HEAD_DIM / 32 + GQ + 1)
+#define RING (CHUNK * RING_CHUNKS)
+// a pass's words per layer (each output: ROWS0 rows of its width), then its logits
+#define AT_QKV 0
+#define AT_ATTN (AT_QKV + ROWS0 * QKV_W)
+#define AT_RES_A (AT_ATTN + ROWS0 * ATTN_W)
+#define AT_ACT (AT_RES_A + ROWS0 * HIDDEN)
+#define AT_RES_M (AT_ACT + ROWS0 * INTERMEDIATE)
+#define LAYER_WORDS (AT_RES_M + ROWS0 * HIDDEN)
+#define PASS_WORDS (LAYERS * LAYER_WORDS + BATCH * VOCAB)
+#define FLAG_PENALTY 1
+#define FLAG_BANNED 2
+#define FLAG_TOP 4
+#define FLAG_SAMPLED 8
+#define FLAG_ALLOWED 16
+
+#define KEY_MIN (-9223372036854775807ll - 1)
+#define POS_INF __int_as_float(0x7f800000)
+#define NEG_INF __int_as_float(0xff800000)
+#define SPINS (1 << 20)  // loads of a word not yet written before its wait gives up (sync[2] says so)
+
+typedef unsigned short bf16;
+typedef unsigned int word;
+
+__device__ unsigned int* give_up;  // (set once a launch: where a wait that gives up says so)
+
+__device__ __forceinline__ float bf(bf16 h) { return __uint_as_float((unsigned int)h << 16); }
+
+__device__ __forceinline__ bf16 to_bf(float f) {  // round to nearest even, as torch
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16)(u >> 16);
+}
+
+__device__ __forceinline__ float round_bf(float f) { return bf(to_bf(f)); }
+
+__device__ __forceinline__ float warp_sum(float x) {
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+__device__ __forceinline__ long long warp_max64(long long x) {
+    for (int o = 16; o > 0; o >>= 1) x = max(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+__device__ __forceinline__ unsigned int shared_address(const void* p) {
+    unsigned long long a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (unsigned int)a;
+}
+
+// ---- flagged words: a value and the epoch of the launch that wrote it ----
+
+__device__ __forceinline__ void put(word* p, float value, unsigned int epoch) {
+    const word w = (word)to_bf(value) | (epoch << 16);
+    asm volatile("st.volatile.global.u32 [%0], %1;" :: "l"(p), "r"(w) : "memory");
+}
+
+__device__ __forceinline__ word load_word(const word* p) {
+    word w;
+    asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(w) : "l"(p) : "memory");
+    return w;
+}
+
+__device__ __forceinline__ uint4 load_words4(const word* p) {
+    uint4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ bool fresh4(uint4 v, unsigned int epoch) {
+    return (v.x >> 16) == epoch && (v.y >> 16) == epoch && (v.z >> 16) == epoch && (v.w >> 16) == epoch;
+}
+
+// whether a wait that has loaded ``n`` times gives up: past SPINS loads (a block not resident, a bug), or once
+// another wait of the launch gave up; the launch's outputs are then wrong, and the host raises on sync[2]
+__device__ __forceinline__ bool gives_up(int n) {
+    if ((n & 4095) != 4095) return false;
+    if (n >= SPINS) {
+        atomicExch(give_up, 1u);
+        return true;
+    }
+    return *(volatile unsigned int*)give_up != 0u;
+}
+
+// the value at ``p`` once this launch wrote it
+__device__ __forceinline__ float take(const word* p, unsigned int epoch) {
+    word w = load_word(p);
+    for (int n = 0; (w >> 16) != epoch && !gives_up(n); n++) w = load_word(p);
+    return bf((bf16)(w & 0xffffu));
+}
+
+// ---- the weight stream: the block's rows of each projection, in the order the steps use them ----
+
+// segment ``seg`` of the block's stream (per pass and layer: q/k/v, output, gate, up, down rows; per pass
+// then the head's rows): its first byte and its length
+struct Segment {
+    const unsigned char* src;
+    int bytes;
+};
+
+__device__ __forceinline__ int share_start(int n, int block) { return n * block / gridDim.x; }
+
+struct Weights {
+    const bf16* qkv;      // [LAYERS, QKV_W, HIDDEN]
+    const bf16* o;        // [LAYERS, HIDDEN, ATTN_W]
+    const bf16* gate_up;  // [LAYERS, 2 * INTERMEDIATE, HIDDEN]: gate rows, then up rows
+    const bf16* down;     // [LAYERS, HIDDEN, INTERMEDIATE]
+    const bf16* heads;    // [PASSES, VOCAB, HIDDEN]
+};
+
+__device__ Segment segment(const Weights& w, int seg) {
+    const int pass = seg / (5 * LAYERS + 1), i = seg % (5 * LAYERS + 1), b = blockIdx.x;
+    const bf16* base;
+    int n, k;
+    if (i == 5 * LAYERS) {
+        base = w.heads + (long long)pass * VOCAB * HIDDEN, n = VOCAB, k = HIDDEN;
+    } else {
+        const int layer = i / 5, kind = i % 5;
+        if (kind == 0) base = w.qkv + (long long)layer * QKV_W * HIDDEN, n = QKV_W, k = HIDDEN;
+        else if (kind == 1) base = w.o + (long long)layer * HIDDEN * ATTN_W, n = HIDDEN, k = ATTN_W;
+        else if (kind == 2) base = w.gate_up + (long long)layer * 2 * INTERMEDIATE * HIDDEN, n = INTERMEDIATE, k = HIDDEN;
+        else if (kind == 3) base = w.gate_up + ((long long)layer * 2 + 1) * INTERMEDIATE * HIDDEN, n = INTERMEDIATE, k = HIDDEN;
+        else base = w.down + (long long)layer * HIDDEN * INTERMEDIATE, n = HIDDEN, k = INTERMEDIATE;
+    }
+    const int r0 = share_start(n, b), r1 = share_start(n, b + 1);
+    Segment s;
+    s.src = (const unsigned char*)(base + (long long)r0 * k);
+    s.bytes = (r1 - r0) * k * 2;
+    return s;
+}
+
+#define SEGMENTS (PASSES * (5 * LAYERS + 1))
+
+struct Stream {
+    int seg;     // the segment the next chunk comes from
+    int offset;  // its byte offset there
+};
+
+// ask for the block's next chunk into its ring slot (16 bytes a thread with cp.async; one group a chunk, an
+// empty group past the frame's end); segments without rows take no chunk
+__device__ __forceinline__ void ask(const Weights& w, Stream* st, long long chunk, unsigned char* ring) {
+    Segment s = segment(w, min(st->seg, SEGMENTS - 1));
+    while (st->seg < SEGMENTS && s.bytes == 0) {
+        st->seg += 1;
+        if (st->seg < SEGMENTS) s = segment(w, st->seg);
+    }
+    if (st->seg < SEGMENTS) {
+        const int left = min(s.bytes - st->offset, CHUNK);
+        const unsigned int dst = shared_address(ring + (chunk % RING_CHUNKS) * CHUNK);
+        for (int o = threadIdx.x * 16; o < left; o += THREADS * 16) {
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst + o), "l"(s.src + st->offset + o)
+                         : "memory");
+        }
+        st->offset += CHUNK;
+        if (st->offset >= s.bytes) { st->seg += 1; st->offset = 0; }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+struct Ring {
+    unsigned char* slots;
+    Stream st;
+    long long asked, resident, begin;  // chunks asked for, arrived, the current step's first
+};
+
+// until ``chunks`` chunks from the step's first are in the ring (DEPTH more in flight behind them)
+__device__ __forceinline__ void arrive(const Weights& w, Ring* r, int chunks) {
+    while (r->resident < r->begin + chunks) {
+        ask(w, &r->st, r->asked, r->slots);
+        r->asked++;
+        asm volatile("cp.async.wait_group %0;" :: "n"(DEPTH) : "memory");
+        r->resident++;
+    }
+    __syncthreads();
+}
+
+__device__ __forceinline__ int chunks_of(int bytes) { return (bytes + CHUNK - 1) / CHUNK; }
+
+// ---- a step's input rows into shared memory (bf16), normed where a norm weight is given ----
+
+struct Scratch {
+    bf16* xs;      // [ROWS0, XMAX] the step's input rows (bf16); also the draw's and attention's room
+    float* red;    // [WARPS * ROWS0]
+    float* rstd;   // [ROWS0]
+    int* codes;    // [BATCH] the codes the block drew last
+};
+
+// the residual rows a pass starts from: row r's value at column c (the first pass: each request's talker
+// hidden state, then its code 0 embedding; later passes: the embedding of the code drawn the pass before)
+__device__ __forceinline__ float pass_input(const bf16* x0, const bf16* embeds, const int* codes, int pass, int r,
+                                            int c) {
+    if (pass == 0) return bf(x0[r * HIDDEN + c]);
+    return bf(embeds[((long long)(pass - 1) * VOCAB + codes[r]) * HIDDEN + c]);
+}
+
+// rows ``rows`` of the input into xs[r * K ..]: from flagged words ``src`` (row stride ``stride``, row r taken
+// from row ``first + r * step``) or, where src is null, the pass's input; then RMS-normed with ``norm``
+// (fp32 statistics, rounded as RMSNorm rounds) where it is not null
+__device__ void read_rows(const word* src, int stride, int first, int step, int rows, int K, const bf16* norm,
+                          const bf16* x0, const bf16* embeds, int pass, Scratch& sc, unsigned int epoch) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    for (int r = 0; r < rows; r++) {
+        float ss = 0.f;
+        for (int v = tid; v < K / 4; v += THREADS) {
+            float a[4];
+            if (src) {
+                const word* p = src + (long long)(first + r * step) * stride + 4 * v;
+                uint4 q = load_words4(p);
+                for (int n = 0; !fresh4(q, epoch) && !gives_up(n); n++) q = load_words4(p);
+                a[0] = bf(q.x & 0xffffu), a[1] = bf(q.y & 0xffffu), a[2] = bf(q.z & 0xffffu), a[3] = bf(q.w & 0xffffu);
+            } else {
+                for (int j = 0; j < 4; j++) a[j] = pass_input(x0, embeds, sc.codes, pass, first + r * step, 4 * v + j);
+            }
+            for (int j = 0; j < 4; j++) {
+                sc.xs[r * K + 4 * v + j] = to_bf(a[j]);
+                ss += a[j] * a[j];
+            }
+        }
+        if (norm) {
+            ss = warp_sum(ss);
+            if (lane == 0) sc.red[warp * ROWS0 + r] = ss;
+        }
+    }
+    __syncthreads();
+    if (!norm) return;
+    if (tid < rows) {
+        float total = 0.f;
+        for (int w = 0; w < WARPS; w++) total += sc.red[w * ROWS0 + tid];
+        sc.rstd[tid] = rsqrtf(total / K + EPS);
+    }
+    __syncthreads();
+    for (int i = tid; i < rows * K; i += THREADS) {
+        const int r = i / K, k = i % K;
+        const float normed = round_bf(bf(sc.xs[i]) * sc.rstd[r]);
+        sc.xs[i] = to_bf(bf(norm[k]) * normed);
+    }
+    __syncthreads();
+}
+
+// a row of weights in the ring (from byte ``at``, K entries) times the step's input rows: this lane's
+// partial sums (the caller sums the warp)
+__device__ __forceinline__ void row_times_inputs(const unsigned char* ring, int at, int K, int rows, const bf16* xs,
+                                                 float* acc) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < ROWS0; r++) acc[r] = 0.f;
+    for (int k = lane * 8; k < K; k += 256) {
+        int p = at + 2 * k;
+        if (p >= RING) p -= RING;
+        const uint4 w = *(const uint4*)(ring + p);
+        const float w0 = __uint_as_float(w.x << 16), w1 = __uint_as_float(w.x & 0xffff0000u);
+        const float w2 = __uint_as_float(w.y << 16), w3 = __uint_as_float(w.y & 0xffff0000u);
+        const float w4 = __uint_as_float(w.z << 16), w5 = __uint_as_float(w.z & 0xffff0000u);
+        const float w6 = __uint_as_float(w.w << 16), w7 = __uint_as_float(w.w & 0xffff0000u);
+#pragma unroll
+        for (int r = 0; r < ROWS0; r++) {
+            if (r < rows) {
+                const uint4 x = *(const uint4*)(xs + r * K + k);
+                acc[r] += w0 * __uint_as_float(x.x << 16) + w1 * __uint_as_float(x.x & 0xffff0000u)
+                        + w2 * __uint_as_float(x.y << 16) + w3 * __uint_as_float(x.y & 0xffff0000u)
+                        + w4 * __uint_as_float(x.z << 16) + w5 * __uint_as_float(x.z & 0xffff0000u)
+                        + w6 * __uint_as_float(x.w << 16) + w7 * __uint_as_float(x.w & 0xffff0000u);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS0; r++) {
+        if (r < rows) acc[r] = warp_sum(acc[r]);
+    }
+}
+
+// lane r's row of a warp's sums (lanes past the rows: row 0's)
+__device__ __forceinline__ float lane_row(const float* acc) {
+    const int lane = threadIdx.x & 31;
+    float mine = acc[0];
+#pragma unroll
+    for (int r = 1; r < ROWS0; r++) mine = lane == r ? acc[r] : mine;
+    return mine;
+}
+
+// ---- attention: one (request, kv head) of a layer, on the block that always takes it ----
+
+__device__ void attend(word* pass_words, int layer, int tile, int pass, const bf16* q_norm, const bf16* k_norm,
+                       const bf16* cos_t, const bf16* sin_t, bf16* keys, bf16* values, Scratch& sc,
+                       unsigned int epoch) {
+    const int tid = threadIdx.x, b = tile / KV_HEADS, j = tile % KV_HEADS;
+    const int tokens = pass == 0 ? 2 : 1, pos0 = pass == 0 ? 0 : pass + 1;
+    word* qkv = pass_words + layer * LAYER_WORDS + AT_QKV;
+    word* out = pass_words + layer * LAYER_WORDS + AT_ATTN;
+    float* vec = (float*)sc.xs;                       // [(GQ + 2) * HEAD_DIM]: q heads, k, v (normed, roped)
+    float* part = vec + (GQ + 2) * HEAD_DIM;  // [PARTS] the heads' warps' sums of squares; the softmax's sums
+    float* e = part + PARTS;                  // [GQ * CAPACITY] the softmax's numerators
+    const long long cache = (((long long)layer * BATCH + b) * KV_HEADS + j) * CAPACITY * HEAD_DIM;
+    const int which = tid / HEAD_DIM, d = tid % HEAD_DIM;  // (q heads 0..GQ-1, then k, then v)
+    const bool mine = which < GQ + 2;
+    for (int i = 0; i < tokens; i++) {
+        const int pos = pos0 + i, row = b * tokens + i;
+        float x = 0.f;
+        if (mine) {
+            const int col = which < GQ ? (j * GQ + which) * HEAD_DIM : (HEADS + (which - GQ) * KV_HEADS + j) * HEAD_DIM;
+            x = take(qkv + row * QKV_W + col + d, epoch);
+        }
+        // the head's sum of squares: a warp's lanes, then the warps of a head (HEAD_DIM a power of two)
+        float ss = x * x;
+        for (int o = 16; o > 0; o >>= 1) {
+            const float other = __shfl_xor_sync(0xffffffffu, ss, o);
+            if (o < HEAD_DIM) ss += other;
+        }
+        if (mine && (tid & 31) == 0) part[tid / 32] = ss;
+        __syncthreads();
+        float total = ss;
+        if (HEAD_DIM > 32) {
+            total = 0.f;
+            for (int w = 0; w < HEAD_DIM / 32; w++) total += part[which * (HEAD_DIM / 32) + w];
+        }
+        if (mine && which < GQ + 1) {  // q and k: normed (as RMSNorm rounds), then roped below
+            const bf16* w = which < GQ ? q_norm + layer * HEAD_DIM : k_norm + layer * HEAD_DIM;
+            x = round_bf(bf(w[d]) * round_bf(x * rsqrtf(total / HEAD_DIM + EPS)));
+        }
+        if (mine) vec[tid] = x;
+        __syncthreads();
+        if (mine && which < GQ + 1) {
+            const float xr = vec[which * HEAD_DIM + (d + HEAD_DIM / 2) % HEAD_DIM];
+            x = round_bf(round_bf(x * bf(cos_t[pos * HEAD_DIM + d])) + round_bf(xr * bf(sin_t[pos * HEAD_DIM + d])));
+        }
+        __syncthreads();
+        if (mine) vec[tid] = x;
+        if (which == GQ) keys[cache + pos * HEAD_DIM + d] = to_bf(x);
+        if (which == GQ + 1) values[cache + pos * HEAD_DIM + d] = to_bf(x);
+        __syncthreads();  // (the block's own stores, read back below)
+        const int warp = tid >> 5, lane = tid & 31;
+        for (int s = warp; s < GQ * (pos + 1); s += WARPS) {  // scores: (q head, position)
+            const int g = s / (pos + 1), at = s % (pos + 1);
+            float dot = 0.f;
+            for (int dd = lane; dd < HEAD_DIM; dd += 32) dot += vec[g * HEAD_DIM + dd] * bf(keys[cache + at * HEAD_DIM + dd]);
+            dot = warp_sum(dot);
+            if (lane == 0) e[g * CAPACITY + at] = dot * SCALE;
+        }
+        __syncthreads();
+        if (tid < GQ) {  // softmax numerators of head tid; their sum where the position column ends
+            float m = NEG_INF;
+            for (int at = 0; at <= pos; at++) m = fmaxf(m, e[tid * CAPACITY + at]);
+            float sum = 0.f;
+            for (int at = 0; at <= pos; at++) {
+                const float ex = expf(e[tid * CAPACITY + at] - m);
+                e[tid * CAPACITY + at] = ex;
+                sum += ex;
+            }
+            part[tid] = sum;
+        }
+        __syncthreads();
+        if (tid < GQ * HEAD_DIM) {
+            const int g = tid / HEAD_DIM;
+            float acc = 0.f;
+            for (int at = 0; at <= pos; at++) acc += e[g * CAPACITY + at] * bf(values[cache + at * HEAD_DIM + d]);
+            put(out + row * ATTN_W + (j * GQ + g) * HEAD_DIM + d, acc / part[g], epoch);
+        }
+        __syncthreads();
+    }
+}
+
+// ---- the draw: sampling.pick's steps over a request's logits row, in every block ----
+
+__device__ __forceinline__ unsigned long long mix(unsigned long long z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+__device__ __forceinline__ float gumbel(long long seed, long long step, int col) {
+    const unsigned long long key = mix((unsigned long long)seed * 0x9E3779B97F4A7C15ull + (unsigned long long)step);
+    const unsigned long long z = mix(key + (unsigned long long)(col + 1) * 0x9E3779B97F4A7C15ull);
+    const float u = ((float)(z >> 41) + 0.5f) * (1.0f / 8388608.0f);
+    return -logf(-logf(u));
+}
+
+__device__ __forceinline__ long long key_of(float x, int col) {  // (score desc, index asc); -0.0 == +0.0
+    const int bits = __float_as_int(x == 0.f ? 0.f : x);
+    const int order = bits ^ ((bits >> 31) & 0x7fffffff);
+    return ((long long)order << 32) | (long long)(BLOCK_V - 1 - col);
+}
+
+__device__ __forceinline__ float score_of(long long key) {
+    const int order = (int)(key >> 32);
+    return __int_as_float(order ^ ((order >> 31) & 0x7fffffff));
+}
+
+struct Sampling {
+    const float* temperature;
+    const float* penalty;
+    const unsigned char* seen;
+    int seen_stride;
+    const unsigned char* banned;
+    int banned_stride;
+    const int* allowed;
+    int allowed_stride;
+    const long long* top_k;
+    const float* top_p;
+    const unsigned char* sampled;
+    const long long* seeds;
+    const long long* steps;
+    int flags;
+};
+
+// repetition penalty, banned ids, the grammar's bitmask, temperature (``sampling.front``)
+__device__ __forceinline__ float front(float x, int row, int col, const Sampling& p) {
+    if (p.flags & FLAG_PENALTY) {
+        if (p.seen[(long long)row * p.seen_stride + col]) x = x > 0.f ? __fdiv_rn(x, p.penalty[row]) : x * p.penalty[row];
+    }
+    if ((p.flags & FLAG_BANNED) && p.banned[(long long)row * p.banned_stride + col]) x = NEG_INF;
+    if ((p.flags & FLAG_ALLOWED) && !((p.allowed[(long long)row * p.allowed_stride + (col >> 5)] >> (col & 31)) & 1)) {
+        x = NEG_INF;
+    }
+    return __fdiv_rn(x, p.temperature[row]);
+}
+
+// a block's sum over one value a thread (fixed order: lanes, then warps)
+__device__ float block_sum(float x, float* red) {
+    x = warp_sum(x);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;
+    __syncthreads();
+    float total = 0.f;
+    for (int w = 0; w < WARPS; w++) total += red[w];
+    return total;
+}
+
+// ascending bitonic sort of n (a power of two) 64-bit keys in shared memory
+__device__ void sort_keys(long long* keys, int n) {
+    for (int k = 2; k <= n; k <<= 1) {
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = threadIdx.x; i < n; i += THREADS) {
+                const int other = i ^ j;
+                if (other > i) {
+                    const long long a = keys[i], b = keys[other];
+                    if ((a > b) == ((i & k) == 0)) keys[i] = b, keys[other] = a;
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+// a request's code from its logits row (``sampling.pick``: front, top-k then top-p, the noise of a sampled
+// row, the best with the first index winning ties)
+__device__ int draw(const word* logits, int row, int pass, const Sampling& p, Scratch& sc, unsigned int epoch) {
+    long long* keys = (long long*)sc.xs;  // [BLOCK_V]
+    float* red = sc.red;
+    const int tid = threadIdx.x;
+    for (int c = tid; c < BLOCK_V; c += THREADS) {
+        const float x = c < VOCAB ? front(take(logits + row * VOCAB + c, epoch), row, c, p) : NEG_INF;
+        keys[c] = key_of(x, c);
+    }
+    __syncthreads();
+    long long smallest = KEY_MIN;  // the least key the top-k / top-p set keeps
+    const long long top_k = (p.flags & FLAG_TOP) ? p.top_k[row] : VOCAB;
+    const float top_p = (p.flags & FLAG_TOP) ? p.top_p[row] : 1.f;
+    if (top_k < VOCAB || top_p < 1.f) {
+        sort_keys(keys, BLOCK_V);  // (ascending: rank r at BLOCK_V - 1 - r)
+        const int n = top_k <= CANDIDATES ? CANDIDATES : BLOCK_V;
+        const int per = (n + THREADS - 1) / THREADS, r0 = tid * per;
+        const float best = score_of(keys[BLOCK_V - 1]);
+        float mass = 0.f;  // this thread's ranks' summed probabilities, after the total is known
+        float ex[BLOCK_V / THREADS + 1];
+        float sum_e = 0.f;
+        for (int i = 0; i < per; i++) {
+            const int r = r0 + i;
+            ex[i] = (r < n && r < top_k) ? expf(score_of(keys[BLOCK_V - 1 - r]) - best) : 0.f;
+            sum_e += ex[i];
+        }
+        const float total = block_sum(sum_e, red);
+        for (int i = 0; i < per; i++) ex[i] = ex[i] / total, mass += ex[i];
+        // exclusive scan of the threads' masses (warp scan, then the warps' totals)
+        float incl = mass;
+        for (int o = 1; o < 32; o <<= 1) {
+            const float y = __shfl_up_sync(0xffffffffu, incl, o);
+            if ((tid & 31) >= o) incl += y;
+        }
+        __syncthreads();
+        if ((tid & 31) == 31) red[tid >> 5] = incl;
+        __syncthreads();
+        float before = incl - mass;
+        for (int w = 0; w < (tid >> 5); w++) before += red[w];
+        const float limit = top_p < 1.f ? top_p : POS_INF;
+        int first_drop = n;
+        for (int i = 0; i < per; i++) {
+            const int r = r0 + i;
+            if (r < n && (((before >= limit) && r > 0) || r >= top_k)) { first_drop = r; break; }
+            before += ex[i];
+        }
+        __syncthreads();
+        int* kept = (int*)red;
+        if (tid == 0) kept[0] = n;
+        __syncthreads();
+        if (first_drop < n) atomicMin(kept, first_drop);
+        __syncthreads();
+        smallest = keys[BLOCK_V - kept[0]];  // (rank kept - 1)
+        __syncthreads();
+    }
+    long long best = KEY_MIN;
+    const bool noise = (p.flags & FLAG_SAMPLED) && p.sampled[row];
+    for (int c = tid; c < BLOCK_V; c += THREADS) {
+        float x = c < VOCAB ? front(take(logits + row * VOCAB + c, epoch), row, c, p) : NEG_INF;
+        if (key_of(x, c) < smallest) x = NEG_INF;
+        if (noise) x += gumbel(p.seeds[row], p.steps[row] + pass, c);
+        best = max(best, key_of(x, c));
+    }
+    best = warp_max64(best);
+    __syncthreads();
+    long long* bests = (long long*)(sc.red);
+    if ((tid & 31) == 0) bests[tid >> 5] = best;
+    __syncthreads();
+    best = bests[0];
+    for (int w = 1; w < WARPS; w++) best = max(best, bests[w]);
+    __syncthreads();
+    return BLOCK_V - 1 - (int)(best & 0xffffffffll);
+}
+
+// a pass's codes, drawn from its logits into sc.codes (the next pass's input); block 0 also writes them and
+// adds their embeddings to the running sum
+__device__ void draw_pass(const word* words, int pass, const bf16* embeds, long long* codes, bf16* total,
+                          const Sampling& sp, Scratch& sc, unsigned int epoch) {
+    const word* logits = words + (long long)pass * PASS_WORDS + LAYERS * LAYER_WORDS;
+    for (int b = 0; b < BATCH; b++) {
+        const int code = draw(logits, b, pass, sp, sc, epoch);
+        if (threadIdx.x == 0) sc.codes[b] = code;
+        if (blockIdx.x != 0) continue;
+        if (threadIdx.x == 0) codes[b * PASSES + pass] = code;
+        for (int c = threadIdx.x; c < HIDDEN; c += THREADS) {
+            const float e = bf(embeds[((long long)pass * VOCAB + code) * HIDDEN + c]);
+            total[b * HIDDEN + c] = to_bf(bf(total[b * HIDDEN + c]) + e);
+        }
+    }
+    __syncthreads();
+}
+
+// ---- the frame ----
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ qkv_w,
+                     const bf16* __restrict__ q_norm, const bf16* __restrict__ k_norm, const bf16* __restrict__ o_w,
+                     const bf16* __restrict__ post_norm, const bf16* __restrict__ gate_up_w,
+                     const bf16* __restrict__ down_w, const bf16* __restrict__ final_norm,
+                     const bf16* __restrict__ heads, const bf16* __restrict__ embeds, const bf16* __restrict__ cos_t,
+                     const bf16* __restrict__ sin_t, const bf16* __restrict__ x0, word* words, bf16* keys,
+                     bf16* values, long long* codes, bf16* total, unsigned int* sync,
+                     const float* temperature, const float* penalty, const unsigned char* seen, int seen_stride,
+                     const unsigned char* banned, int banned_stride, const int* allowed, int allowed_stride,
+                     const long long* top_k, const float* top_p, const unsigned char* sampled,
+                     const long long* seeds, const long long* steps, int flags)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    Scratch sc;
+    sc.xs = (bf16*)(smem + RING);
+    sc.red = (float*)(smem + RING + SCRATCH);
+    sc.rstd = sc.red + WARPS * ROWS0;
+    sc.codes = (int*)(sc.rstd + ROWS0);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, block = blockIdx.x;
+    const unsigned int epoch = load_word(sync) % 65535u + 1u;  // (1..65535: 0 is a word never written)
+    if (tid == 0) give_up = sync + 2;  // (every block the same value)
+    __syncthreads();
+    const Weights w = {qkv_w, o_w, gate_up_w, down_w, heads};
+    const Sampling sp = {temperature, penalty, seen, seen_stride, banned, banned_stride, allowed, allowed_stride,
+                         top_k, top_p, sampled, seeds, steps, flags};
+    Ring ring;
+    ring.slots = smem, ring.st.seg = 0, ring.st.offset = 0, ring.asked = 0, ring.resident = 0, ring.begin = 0;
+    for (int i = 0; i < DEPTH; i++) ask(w, &ring.st, ring.asked++, ring.slots);
+    // the block's rows of each projection (the same every pass)
+    const int q0 = share_start(QKV_W, block), q1 = share_start(QKV_W, block + 1);
+    const int h0 = share_start(HIDDEN, block), h1 = share_start(HIDDEN, block + 1);
+    const int i0 = share_start(INTERMEDIATE, block), i1 = share_start(INTERMEDIATE, block + 1);
+    const int v0 = share_start(VOCAB, block), v1 = share_start(VOCAB, block + 1);
+    const int attn_tile = gridDim.x - 1 - block;  // (the last BATCH * KV_HEADS blocks attend)
+    float acc[ROWS0], acc2[ROWS0];
+    for (int pass = 0; pass < PASSES; pass++) {
+        word* pw = words + (long long)pass * PASS_WORDS;
+        const int rows = pass == 0 ? ROWS0 : BATCH, tokens = pass == 0 ? 2 : 1;
+        if (pass > 0) draw_pass(words, pass - 1, embeds, codes, total, sp, sc, epoch);  // (this pass's input)
+        for (int layer = 0; layer < LAYERS; layer++) {
+            word* lw = pw + layer * LAYER_WORDS;
+            const word* res_in = layer == 0 ? nullptr : lw - LAYER_WORDS + AT_RES_M;  // (null: the pass's input)
+            // QKV
+            read_rows(res_in, HIDDEN, 0, 1, rows, HIDDEN, in_norm + layer * HIDDEN, x0, embeds, pass, sc, epoch);
+            arrive(w, &ring, chunks_of((q1 - q0) * HIDDEN * 2));
+            for (int i = warp; i < q1 - q0; i += WARPS) {
+                row_times_inputs(ring.slots, (int)(ring.begin % RING_CHUNKS) * CHUNK + i * HIDDEN * 2, HIDDEN, rows,
+                                 sc.xs, acc);
+                if (lane < rows) put(lw + AT_QKV + lane * QKV_W + q0 + i, lane_row(acc), epoch);  // (lane r: row r)
+            }
+            ring.begin += chunks_of((q1 - q0) * HIDDEN * 2);
+            __syncthreads();
+            // ATTN
+            if (attn_tile < BATCH * KV_HEADS) {
+                attend(pw, layer, attn_tile, pass, q_norm, k_norm, cos_t, sin_t, keys, values, sc, epoch);
+            }
+            // OUT (+ the residual)
+            read_rows(lw + AT_ATTN, ATTN_W, 0, 1, rows, ATTN_W, nullptr, x0, embeds, pass, sc, epoch);
+            arrive(w, &ring, chunks_of((h1 - h0) * ATTN_W * 2));
+            for (int i = warp; i < h1 - h0; i += WARPS) {
+                row_times_inputs(ring.slots, (int)(ring.begin % RING_CHUNKS) * CHUNK + i * ATTN_W * 2, ATTN_W, rows,
+                                 sc.xs, acc);
+                if (lane < rows) {
+                    const int c = h0 + i;
+                    const float h = res_in ? take(res_in + lane * HIDDEN + c, epoch)
+                                           : pass_input(x0, embeds, sc.codes, pass, lane, c);
+                    put(lw + AT_RES_A + lane * HIDDEN + c, h + round_bf(lane_row(acc)), epoch);
+                }
+            }
+            ring.begin += chunks_of((h1 - h0) * ATTN_W * 2);
+            __syncthreads();
+            // GATE_UP
+            read_rows(lw + AT_RES_A, HIDDEN, 0, 1, rows, HIDDEN, post_norm + layer * HIDDEN, x0, embeds, pass, sc,
+                      epoch);
+            const int gate_chunks = chunks_of((i1 - i0) * HIDDEN * 2);
+            arrive(w, &ring, 2 * gate_chunks);
+            for (int i = warp; i < i1 - i0; i += WARPS) {
+                const int at = (int)(ring.begin % RING_CHUNKS) * CHUNK + i * HIDDEN * 2;
+                row_times_inputs(ring.slots, at, HIDDEN, rows, sc.xs, acc);
+                row_times_inputs(ring.slots, (at + gate_chunks * CHUNK) % RING, HIDDEN, rows, sc.xs, acc2);
+                if (lane < rows) {
+                    const float g = round_bf(lane_row(acc)), u = round_bf(lane_row(acc2));
+                    put(lw + AT_ACT + lane * INTERMEDIATE + i0 + i, round_bf(g / (1.f + expf(-g))) * u, epoch);
+                }
+            }
+            ring.begin += 2 * gate_chunks;
+            __syncthreads();
+            // DOWN (+ the residual)
+            read_rows(lw + AT_ACT, INTERMEDIATE, 0, 1, rows, INTERMEDIATE, nullptr, x0, embeds, pass, sc, epoch);
+            arrive(w, &ring, chunks_of((h1 - h0) * INTERMEDIATE * 2));
+            for (int i = warp; i < h1 - h0; i += WARPS) {
+                row_times_inputs(ring.slots, (int)(ring.begin % RING_CHUNKS) * CHUNK + i * INTERMEDIATE * 2,
+                                 INTERMEDIATE, rows, sc.xs, acc);
+                if (lane < rows) {
+                    const int c = h0 + i;
+                    const float h = take(lw + AT_RES_A + lane * HIDDEN + c, epoch);
+                    put(lw + AT_RES_M + lane * HIDDEN + c, h + round_bf(lane_row(acc)), epoch);
+                }
+            }
+            ring.begin += chunks_of((h1 - h0) * INTERMEDIATE * 2);
+            __syncthreads();
+        }
+        // HEAD: each request's last token row, final-normed
+        const word* last = pw + (LAYERS - 1) * LAYER_WORDS + AT_RES_M;
+        read_rows(last, HIDDEN, tokens - 1, tokens, BATCH, HIDDEN, final_norm, x0, embeds, pass, sc, epoch);
+        arrive(w, &ring, chunks_of((v1 - v0) * HIDDEN * 2));
+        for (int i = warp; i < v1 - v0; i += WARPS) {
+            row_times_inputs(ring.slots, (int)(ring.begin % RING_CHUNKS) * CHUNK + i * HIDDEN * 2, HIDDEN, BATCH,
+                             sc.xs, acc);
+            if (lane < BATCH) put(pw + LAYERS * LAYER_WORDS + lane * VOCAB + v0 + i, lane_row(acc), epoch);
+        }
+        ring.begin += chunks_of((v1 - v0) * HIDDEN * 2);
+        __syncthreads();
+    }
+    if (block == 0) draw_pass(words, PASSES - 1, embeds, codes, total, sp, sc, epoch);
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    // the last block out moves the epoch on (the next launch reads it)
+    __syncthreads();
+    if (tid == 0) {
+        __threadfence();
+        if (atomicAdd(sync + 1, 1u) == gridDim.x - 1) {
+            sync[1] = 0;
+            atomicAdd(sync, 1u);
+        }
+    }
+}

@@ -1,0 +1,261 @@
+"""The code predictor's frame in one launch of a CUDA kernel (``code_predictor_frame.cu``).
+
+A talker frame draws codec groups 1..G-1 with G-1 passes of the code predictor, each pass a chain of
+small dependent steps. The kernel runs one block per SM; each block owns fixed rows of every projection
+and streams their weights through a ring of shared memory ahead of the chain, so the frame reads its
+weights about once at the memory's rate while the steps wait on each other. A step's outputs carry the
+launch's epoch beside each value, so reading a step's input is its wait (the kernel's comment says how).
+The kernel is compiled at first use for a batch size by NVRTC through ``torch.cuda`` (the CUDA wheels
+carry it: nothing to install), with the shape ``FramePlan`` checks #defined in front.
+
+Every block must be resident at once (a block waits for every other block's rows of the step before):
+the kernel takes one SM per block and all of its shared memory, and a wait that spins past its bound
+gives up and is reported by ``CudaCodePredictor.check`` rather than hanging the GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from omniwalk.kernels.persistent import _gate_up_weight, _qkv_weight, _stack, capacity
+
+KERNEL = Path(__file__).with_name("code_predictor_frame.cu")
+MAX_BATCH = 4  # frames of up to this many requests take the kernel (more: the layered path)
+THREADS = 512  # a block's threads (16 warps)
+CHUNK = 8192  # bytes of weights a block asks for at once (16 a thread)
+DEPTH = 4  # chunks in flight behind the one a step waits for
+SHARED_BYTES = 227 * 1024  # shared memory one block may take on sm_90
+MAX_RING_CHUNKS = 24
+CANDIDATES = 64  # a draw's top-k up to this sorts ... (``sampling.TOP_CANDIDATES``)
+
+
+@dataclass(frozen=True)
+class FramePlan:
+    """The kernel's shape for a batch on a GPU of ``blocks`` SMs; ``check`` refuses a shape the kernel does
+    not handle (the reasons are the kernel's assumptions), ``defines`` are its #defines."""
+
+    batch: int
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    groups: int
+    eps: float
+    blocks: int
+
+    @property
+    def qkv(self) -> int:
+        return (self.heads + 2 * self.kv_heads) * self.head_dim
+
+    @property
+    def block_v(self) -> int:
+        return 1 << (self.vocab - 1).bit_length()
+
+    def step_widths(self) -> list[tuple[int, int]]:
+        """(rows, K) of each projection a pass streams (gate and up: one step, two segments)."""
+        attn = self.heads * self.head_dim
+        return [
+            (self.qkv, self.hidden),
+            (self.hidden, attn),
+            (2 * self.intermediate, self.hidden),
+            (self.hidden, self.intermediate),
+            (self.vocab, self.hidden),
+        ]
+
+    def share(self, n: int, block: int) -> range:
+        """A block's rows of an n-row projection (the kernel's ``share_start``)."""
+        return range(n * block // self.blocks, n * (block + 1) // self.blocks)
+
+    def step_chunks(self) -> int:
+        """The most chunks one block's rows of a step take (each segment starts a chunk)."""
+        most = 0
+        for n, k in self.step_widths():
+            segments = 2 if n == 2 * self.intermediate else 1
+            rows = -(-(n // segments) // self.blocks)  # (the largest share)
+            most = max(most, segments * -(-(rows * k * 2) // CHUNK))
+        return most
+
+    @property
+    def scratch(self) -> int:
+        """Bytes of the room for a step's input rows (bf16), the draw's sort and the attention's vectors."""
+        widest = max(self.hidden, self.heads * self.head_dim, self.intermediate)
+        group = self.heads // self.kv_heads
+        attention = 4 * ((group + 2) * self.head_dim + (group + 2) * self.head_dim // 32 + group + 1)
+        attention += 4 * group * capacity(self.groups)
+        room = max(2 * self.batch * widest * 2, 8 * self.block_v, attention)
+        return -(-room // 16) * 16
+
+    @property
+    def small(self) -> int:
+        """Bytes after the scratch: the warps' sums, the rows' norms, the codes drawn."""
+        rows = 2 * self.batch
+        return 4 * (THREADS // 32 * rows + rows + self.batch) + 64
+
+    @property
+    def ring_chunks(self) -> int:
+        return min(MAX_RING_CHUNKS, (SHARED_BYTES - self.scratch - self.small) // CHUNK)
+
+    @property
+    def shared(self) -> int:
+        return self.ring_chunks * CHUNK + self.scratch + self.small
+
+    def words(self) -> int:
+        """The flagged words of a launch's outputs (``PASS_WORDS`` of each pass)."""
+        rows = 2 * self.batch
+        layer = rows * (self.qkv + self.heads * self.head_dim + 2 * self.hidden + self.intermediate)
+        return (self.groups - 1) * (self.layers * layer + self.batch * self.vocab)
+
+    def check(self) -> None:
+        group = self.heads // self.kv_heads
+        hd = self.head_dim
+        problems = []
+        if self.batch > MAX_BATCH:
+            problems.append(f"batch {self.batch} over {MAX_BATCH}")
+        if self.heads % self.kv_heads or (group + 2) * hd > THREADS:
+            problems.append(f"a kv head's q heads, k and v ({group} + 2 heads of {hd}) over {THREADS} threads")
+        if hd & (hd - 1) or hd < 2:
+            problems.append(f"head_dim {hd} not a power of two")
+        if any(k % 8 for _, k in self.step_widths()):
+            problems.append("a projection's input width not a multiple of 8")
+        if self.vocab % 4 or self.qkv % 4:
+            problems.append("vocabulary and q/k/v width must be multiples of 4")
+        if self.blocks < self.batch * self.kv_heads:
+            problems.append(f"{self.blocks} blocks for {self.batch * self.kv_heads} attention tiles")
+        if self.step_chunks() + DEPTH + 1 > self.ring_chunks:
+            problems.append(f"a step's rows take {self.step_chunks()} chunks; the ring holds {self.ring_chunks}")
+        if self.groups - 1 > 65535 or self.words() * 4 > 2**31:
+            problems.append("the outputs' words exceed 32-bit offsets")
+        if problems:
+            raise ValueError(f"the CUDA frame kernel does not take this shape ({self}): " + "; ".join(problems))
+
+    def defines(self) -> dict[str, object]:
+        return dict(
+            batch=self.batch,
+            hidden=self.hidden,
+            heads=self.heads,
+            kv_heads=self.kv_heads,
+            head_dim=self.head_dim,
+            intermediate=self.intermediate,
+            vocab=self.vocab,
+            block_v=self.block_v,
+            groups=self.groups,
+            layers=self.layers,
+            capacity=capacity(self.groups),
+            candidates=min(CANDIDATES, self.block_v),
+            threads=THREADS,
+            chunk=CHUNK,
+            ring_chunks=self.ring_chunks,
+            depth=DEPTH,
+            scratch=self.scratch,
+            eps=f"{self.eps:.9e}f",
+            scale=f"{self.head_dim**-0.5:.9e}f",
+        )
+
+
+def source(plan: FramePlan) -> str:
+    """The kernel's source with ``plan``'s #defines in front."""
+    defines = "".join(f"#define {name.upper()} {value}\n" for name, value in plan.defines().items())
+    return defines + KERNEL.read_text()
+
+
+class CudaCodePredictor:
+    """``CodePredictor.forward`` for frames of up to ``MAX_BATCH`` requests in one launch of
+    ``code_predictor_frame.cu`` (bf16 weights). The layers' weights are stacked per kind once (the modules'
+    parameters become views of the stacks). Per batch size: the kernel, its outputs' words and the
+    attention blocks' caches, made at the first frame of that size (before a graph capture)."""
+
+    max_batch = MAX_BATCH
+
+    def __init__(self, cp, cos: torch.Tensor, sin: torch.Tensor):
+        cfg, model = cp.cfg, cp.model
+        p = cp.lm_head[0].weight
+        if p.dtype != torch.bfloat16 or p.device.type != "cuda":
+            raise ValueError(f"the CUDA frame kernel takes bf16 weights on a CUDA device, not {p.dtype} on {p.device}")
+        layers = list(model.layers)
+        self.in_norm = _stack([layer.input_layernorm.weight for layer in layers])
+        self.q_norm = _stack([layer.self_attn.q_norm.weight for layer in layers])
+        self.k_norm = _stack([layer.self_attn.k_norm.weight for layer in layers])
+        self.post_norm = _stack([layer.post_attention_layernorm.weight for layer in layers])
+        self.qkv = _stack([_qkv_weight(layer.self_attn) for layer in layers])
+        self.o = _stack([layer.self_attn.o_proj.weight for layer in layers])
+        self.gate_up = _stack([_gate_up_weight(layer.mlp) for layer in layers])
+        self.down = _stack([layer.mlp.down_proj.weight for layer in layers])
+        self.final_norm = model.norm.weight.data
+        self.heads = _stack([head.weight for head in cp.lm_head])
+        self.embeds = _stack([table.weight for table in model.codec_embedding])
+        self.cos, self.sin = cos.contiguous(), sin.contiguous()
+        self.device = p.device
+        blocks = torch.cuda.get_device_properties(p.device).multi_processor_count
+        self.plan = lambda batch: FramePlan(  # noqa: E731
+            batch,
+            cfg.num_hidden_layers,
+            cfg.hidden_size,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            cfg.intermediate_size,
+            cfg.vocab_size,
+            cp.num_code_groups,
+            cfg.rms_norm_eps,
+            blocks,
+        )
+        self.plan(1).check()
+        self._built: dict[int, tuple] = {}
+
+    def _kernel(self, batch: int) -> tuple:
+        """The kernel for ``batch`` rows, its plan, and its state: outputs' words, K/V caches, sync words
+        (the epoch, blocks finished, a wait given up)."""
+        if batch not in self._built:
+            plan = self.plan(batch)
+            plan.check()
+            fn = torch.cuda._compile_kernel(source(plan), "code_predictor_frame", nvcc_options=["-std=c++17"])
+            _allow_shared_memory(fn, plan.shared)
+            words = torch.zeros(plan.words(), dtype=torch.int32, device=self.device)
+            cache = (plan.layers, batch, plan.kv_heads, capacity(plan.groups), plan.head_dim)
+            keys = torch.zeros(cache, dtype=torch.bfloat16, device=self.device)
+            values = torch.zeros_like(keys)
+            sync = torch.zeros(3, dtype=torch.int32, device=self.device)
+            self._built[batch] = (fn, plan, words, keys, values, sync)
+        return self._built[batch]
+
+    def __call__(self, talker_hidden: torch.Tensor, code0_embedding: torch.Tensor, params) -> tuple:
+        """As ``CodePredictor.forward`` with draws by ``sampling.draw(logits, params, group - 1)``:
+        (codes [B, G-1] int64, the sum of their embeddings [B, hidden]). No host reads: graph-capturable."""
+        from omniwalk.kernels.sampling import _param_args
+
+        batch, hidden = talker_hidden.shape
+        fn, plan, words, keys, values, sync = self._kernel(batch)
+        x0 = torch.stack([talker_hidden, code0_embedding], dim=1).reshape(2 * batch, hidden).to(torch.bfloat16)
+        codes = torch.empty(batch, plan.groups - 1, dtype=torch.long, device=self.device)
+        total = torch.zeros(batch, hidden, dtype=torch.bfloat16, device=self.device)
+        args, flags = _param_args(params, self.device, skip_front=False)
+        weights = [self.in_norm, self.qkv, self.q_norm, self.k_norm, self.o, self.post_norm, self.gate_up]
+        weights += [self.down, self.final_norm, self.heads, self.embeds, self.cos, self.sin]
+        fn(
+            grid=(plan.blocks, 1, 1),
+            block=(THREADS, 1, 1),
+            args=[*weights, x0.contiguous(), words, keys, values, codes, total, sync, *args, flags],
+            shared_mem=plan.shared,
+        )
+        return codes, total
+
+    def check(self) -> None:
+        """Raise if a wait of an earlier launch gave up (a host read: not inside a graph capture)."""
+        for batch, (*_, sync) in self._built.items():
+            if sync[2].item():
+                raise RuntimeError(f"a wait of the CUDA frame kernel (batch {batch}) gave up: its outputs are wrong")
+
+
+def _allow_shared_memory(fn, size: int) -> None:
+    """Raise the kernel's dynamic shared-memory limit past 48 KiB (older torch: through the driver)."""
+    if hasattr(fn, "set_shared_memory_config"):
+        fn.set_shared_memory_config(size)
+        return
+    max_dynamic_shared_size = 8  # (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
+    torch.cuda._utils._get_gpu_runtime_library().cuFuncSetAttribute(fn.func, max_dynamic_shared_size, size)
