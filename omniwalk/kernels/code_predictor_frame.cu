@@ -73,8 +73,10 @@ __device__ __forceinline__ float warp_sum(float x) {
     return x;
 }
 
+__device__ __forceinline__ long long max64(long long a, long long b) { return a > b ? a : b; }
+
 __device__ __forceinline__ long long warp_max64(long long x) {
-    for (int o = 16; o > 0; o >>= 1) x = max(x, __shfl_xor_sync(0xffffffffu, x, o));
+    for (int o = 16; o > 0; o >>= 1) x = max64(x, __shfl_xor_sync(0xffffffffu, x, o));
     return x;
 }
 
@@ -540,7 +542,7 @@ __device__ int draw(const word* logits, int row, int pass, const Sampling& p, Sc
         float x = c < VOCAB ? front(take(logits + row * VOCAB + c, epoch), row, c, p) : NEG_INF;
         if (key_of(x, c) < smallest) x = NEG_INF;
         if (noise) x += gumbel(p.seeds[row], p.steps[row] + pass, c);
-        best = max(best, key_of(x, c));
+        best = max64(best, key_of(x, c));
     }
     best = warp_max64(best);
     __syncthreads();
@@ -548,7 +550,7 @@ __device__ int draw(const word* logits, int row, int pass, const Sampling& p, Sc
     if ((tid & 31) == 0) bests[tid >> 5] = best;
     __syncthreads();
     best = bests[0];
-    for (int w = 1; w < WARPS; w++) best = max(best, bests[w]);
+    for (int w = 1; w < WARPS; w++) best = max64(best, bests[w]);
     __syncthreads();
     return BLOCK_V - 1 - (int)(best & 0xffffffffll);
 }
