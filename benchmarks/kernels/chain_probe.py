@@ -56,6 +56,8 @@ import torch.nn.functional as F
 sys.path[:0] = [str(Path(__file__).resolve().parents[i]) for i in (2, 1)]  # the repository root, benchmarks/
 from harness import copy_gbs, graph_call_us, int_list, machine, markdown_table, write_report  # noqa: E402
 
+from omniwalk.kernels.cuda_frame import allow_shared_memory  # noqa: E402
+
 HIDDEN, HEADS_WIDTH, QKV, INTERMEDIATE, VOCAB, LAYERS, PASSES = 1024, 2048, 4096, 3072, 2048, 5, 15
 CHUNK = 8192  # bytes a block asks for at once (16 a thread at 512 threads)
 YMAX = 2 * INTERMEDIATE  # the widest step output
@@ -153,7 +155,7 @@ class Chain:
             name, block, tail = "chain_frame", threads, [self.trace]
         code = source(**defines, eps=f"{EPS:e}f")
         fn = torch.cuda._compile_kernel(code, name, nvcc_options=["-std=c++17", "-lineinfo"])
-        _allow_shared_memory(fn, smem)
+        allow_shared_memory(fn, smem)
         widest = max(-(-(-(-n // self.sms) * k * 2) // CHUNK) for _, n, k, _ in self.steps)  # (chunks)
         if widest > ring - depth:
             raise ValueError(f"a step's rows take {widest} chunks: more than the ring's {ring} less DEPTH {depth}")
@@ -207,15 +209,6 @@ class Chain:
             return y
 
         return graph_call_us(frame, 1)
-
-
-def _allow_shared_memory(fn, size: int) -> None:
-    """Raise the kernel's dynamic shared-memory limit past 48 KiB (older torch: through the driver)."""
-    if hasattr(fn, "set_shared_memory_config"):
-        fn.set_shared_memory_config(size)
-        return
-    max_dynamic_shared_size = 8  # (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
-    torch.cuda._utils._get_gpu_runtime_library().cuFuncSetAttribute(fn.func, max_dynamic_shared_size, size)
 
 
 def event_us(fn, launches: int = 20, warmup: int = 3) -> float:

@@ -215,7 +215,7 @@ class CudaCodePredictor:
             plan = self.plan(batch)
             plan.check()
             fn = torch.cuda._compile_kernel(source(plan), "code_predictor_frame", nvcc_options=["-std=c++17"])
-            _allow_shared_memory(fn, plan.shared)
+            allow_shared_memory(fn, plan.shared)
             words = torch.zeros(plan.words(), dtype=torch.int32, device=self.device)
             cache = (plan.layers, batch, plan.kv_heads, capacity(plan.groups), plan.head_dim)
             keys = torch.zeros(cache, dtype=torch.bfloat16, device=self.device)
@@ -252,7 +252,7 @@ class CudaCodePredictor:
                 raise RuntimeError(f"a wait of the CUDA frame kernel (batch {batch}) gave up: its outputs are wrong")
 
 
-def _allow_shared_memory(fn, size: int) -> None:
+def allow_shared_memory(fn, size: int) -> None:
     """Raise the kernel's dynamic shared-memory limit past 48 KiB (older torch: through the driver)."""
     if hasattr(fn, "set_shared_memory_config"):
         fn.set_shared_memory_config(size)
