@@ -83,6 +83,8 @@ def main() -> None:
                 data["timeline"] = _timeline(cp.persistent, h, c, params, batch)
             if cuda_frame is not None:
                 cell["cuda_us"] = _cuda_us(cuda_frame, h, c, params)
+                if batch == args.batches[0]:
+                    data["cuda_timeline"] = _cuda_timeline(cuda_frame, h, c, params, batch)
         row = [batch, layered, *cell["persistent_us"].values(), best, cell["no_prefetch_us"]]
         rows.append([*row, *([cell["cuda_us"]] if cuda_frame else []), floor_us])
         print(
@@ -107,7 +109,14 @@ def main() -> None:
         [[op, *v] for op, v in timeline["ops"].items()],
     )
     spans = f"The traced frame: {timeline['frame_us']:.0f} us from its first tile's start to its last tile's end."
-    write_report(args.out, "persistent", data, f"{note}\n\n{markdown_table(headers, rows)}\n\n{ops}\n\n{spans}")
+    text = f"{note}\n\n{markdown_table(headers, rows)}\n\n{ops}\n\n{spans}"
+    if cuda_frame is not None:
+        cuda_ops = data["cuda_timeline"]["ops"]
+        cuda_headers = [f"CUDA kernel's step (B = {args.batches[0]}, one traced frame)", *CUDA_PHASES]
+        text += "\n\n" + markdown_table(cuda_headers, [[op, *v] for op, v in cuda_ops.items()])
+        text += f"\n\nThe CUDA kernel's traced frame: {data['cuda_timeline']['frame_us']:.0f} us (mean us a step, "
+        text += "thread 0 of each block; draw: from a pass's head to the next pass's first step)."
+    write_report(args.out, "persistent", data, text)
 
 
 def _timeline(kernel, h, c, params, batch: int) -> dict:
@@ -152,6 +161,38 @@ def _cuda_us(kernel, h, c, params) -> float:
     if not (torch.equal(eager[0], replayed[0]) and torch.equal(eager[1], replayed[1])):
         raise SystemExit("the CUDA kernel's graph replay differs from its eager launch")
     return graph_call_us(lambda i: kernel(h, c, params), 8)
+
+
+CUDA_PHASES = ("input (the wait)", "weights in", "rows", "whole step")
+CUDA_OPS = ("QKV", "ATTN", "OUT", "GATE_UP", "DOWN")
+
+
+def _cuda_timeline(kernel, h, c, params, batch: int) -> dict:
+    """One frame of the CUDA kernel traced (each block's timer at each step's start, input read, weights in,
+    end): per step kind, the mean microseconds of each phase over blocks and steps (ATTN: on the blocks
+    that attend); the draw between passes; the frame's span."""
+    plan = kernel.plan(batch)
+    kernel.trace = torch.zeros(plan.blocks, plan.steps, 4, dtype=torch.int64, device="cuda")
+    with torch.no_grad():
+        kernel(h, c, params)
+    torch.cuda.synchronize()
+    t, kernel.trace = kernel.trace.cpu().double() / 1e3, None
+    per_pass = 5 * plan.layers + 1
+    kinds = [CUDA_OPS[i % per_pass % 5] if i % per_pass < 5 * plan.layers else "HEAD" for i in range(plan.steps)]
+    ops = {}
+    attending = list(range(plan.blocks - batch * plan.kv_heads, plan.blocks))
+    for op in (*CUDA_OPS, "HEAD"):
+        mine = [i for i, k in enumerate(kinds) if k == op]
+        x = t[attending][:, mine] if op == "ATTN" else t[:, mine]
+        spans = [x[..., 1] - x[..., 0], x[..., 2] - x[..., 1], x[..., 3] - x[..., 2], x[..., 3] - x[..., 0]]
+        means = [round(span.mean().item(), 2) for span in spans]
+        ops[op] = ["-", "-", "-", means[3]] if op == "ATTN" else means  # (ATTN: its whole step alone)
+    heads = [i for i, k in enumerate(kinds) if k == "HEAD"][:-1]
+    draw = t[:, [i + 1 for i in heads], 0] - t[:, heads, 3]
+    ops["draw"] = ["-", "-", "-", round(draw.mean().item(), 2)]
+    for op, v in ops.items():
+        print(f"  CUDA {op}: {dict(zip(CUDA_PHASES, v, strict=True))}")
+    return {"ops": ops, "frame_us": (t[..., 3].max() - t[..., 0].min()).item()}
 
 
 def _params(batch: int, vocab: int) -> BatchParams:

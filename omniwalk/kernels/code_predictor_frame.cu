@@ -1,6 +1,7 @@
 // The code predictor's frame in one launch, CUDA (``kernels/cuda_frame.py`` builds it at first use with NVRTC
 // through torch.cuda and #defines its shape in front: BATCH, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE,
-// VOCAB, BLOCK_V, GROUPS, LAYERS, CAPACITY, CANDIDATES, THREADS, CHUNK, RING_CHUNKS, DEPTH, SCRATCH, EPS, SCALE).
+// VOCAB, BLOCK_V, GROUPS, LAYERS, CAPACITY, CANDIDATES, THREADS, CHUNK, RING_CHUNKS, DEPTH, SCRATCH, EPS, SCALE,
+// TRACE).
 //
 // One block per SM, all resident at once. Each block owns fixed rows of every projection of the frame (the
 // same share of each step's output columns in every pass) and streams those rows' weights into a ring of
@@ -41,6 +42,7 @@
 #define AT_RES_M (AT_ACT + ROWS0 * INTERMEDIATE)
 #define LAYER_WORDS (AT_RES_M + ROWS0 * HIDDEN)
 #define PASS_WORDS (LAYERS * LAYER_WORDS + BATCH * VOCAB)
+#define STEPS (PASSES * (5 * LAYERS + 1))  // a frame's steps: per layer QKV, ATTN, OUT, GATE_UP, DOWN; the head
 #define FLAG_PENALTY 1
 #define FLAG_BANNED 2
 #define FLAG_TOP 4
@@ -573,6 +575,18 @@ __device__ void draw_pass(const word* words, int pass, const bf16* embeds, long 
     __syncthreads();
 }
 
+// TRACE: thread 0's global timer (ns) at a step's start, its input read, its weights in, its end: trace
+// [blocks, STEPS, 4] (a benchmark's timeline; ``CudaCodePredictor.trace``)
+__device__ __forceinline__ void stamp(long long* trace, int step, int phase) {
+#if TRACE
+    if (threadIdx.x == 0) {
+        long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        trace[((long long)blockIdx.x * STEPS + step) * 4 + phase] = t;
+    }
+#endif
+}
+
 // ---- the frame ----
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -586,7 +600,7 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
                      const float* temperature, const float* penalty, const unsigned char* seen, int seen_stride,
                      const unsigned char* banned, int banned_stride, const int* allowed, int allowed_stride,
                      const long long* top_k, const float* top_p, const unsigned char* sampled,
-                     const long long* seeds, const long long* steps, int flags)
+                     const long long* seeds, const long long* steps, int flags, long long* trace)
 {
     extern __shared__ __align__(16) unsigned char smem[];
     Scratch sc;
@@ -618,9 +632,13 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
         for (int layer = 0; layer < LAYERS; layer++) {
             word* lw = pw + layer * LAYER_WORDS;
             const word* res_in = layer == 0 ? nullptr : lw - LAYER_WORDS + AT_RES_M;  // (null: the pass's input)
+            const int step = pass * (5 * LAYERS + 1) + 5 * layer;
             // QKV
+            stamp(trace, step, 0);
             read_rows(res_in, HIDDEN, 0, 1, rows, HIDDEN, in_norm + layer * HIDDEN, x0, embeds, pass, sc, epoch);
+            stamp(trace, step, 1);
             arrive(w, &ring, chunks_of((q1 - q0) * HIDDEN * 2));
+            stamp(trace, step, 2);
             for (int i = warp; i < q1 - q0; i += WARPS) {
                 row_times_inputs(ring.slots, (int)(ring.begin % RING_CHUNKS) * CHUNK + i * HIDDEN * 2, HIDDEN, rows,
                                  sc.xs, acc);
@@ -628,13 +646,19 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
             }
             ring.begin += chunks_of((q1 - q0) * HIDDEN * 2);
             __syncthreads();
+            stamp(trace, step, 3);
             // ATTN
+            stamp(trace, step + 1, 0);
             if (attn_tile < BATCH * KV_HEADS) {
                 attend(pw, layer, attn_tile, pass, q_norm, k_norm, cos_t, sin_t, keys, values, sc, epoch);
             }
+            stamp(trace, step + 1, 3);
             // OUT (+ the residual)
+            stamp(trace, step + 2, 0);
             read_rows(lw + AT_ATTN, ATTN_W, 0, 1, rows, ATTN_W, nullptr, x0, embeds, pass, sc, epoch);
+            stamp(trace, step + 2, 1);
             arrive(w, &ring, chunks_of((h1 - h0) * ATTN_W * 2));
+            stamp(trace, step + 2, 2);
             for (int i = warp; i < h1 - h0; i += WARPS) {
                 row_times_inputs(ring.slots, (int)(ring.begin % RING_CHUNKS) * CHUNK + i * ATTN_W * 2, ATTN_W, rows,
                                  sc.xs, acc);
@@ -647,11 +671,15 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
             }
             ring.begin += chunks_of((h1 - h0) * ATTN_W * 2);
             __syncthreads();
+            stamp(trace, step + 2, 3);
             // GATE_UP
+            stamp(trace, step + 3, 0);
             read_rows(lw + AT_RES_A, HIDDEN, 0, 1, rows, HIDDEN, post_norm + layer * HIDDEN, x0, embeds, pass, sc,
                       epoch);
+            stamp(trace, step + 3, 1);
             const int gate_chunks = chunks_of((i1 - i0) * HIDDEN * 2);
             arrive(w, &ring, 2 * gate_chunks);
+            stamp(trace, step + 3, 2);
             for (int i = warp; i < i1 - i0; i += WARPS) {
                 const int at = (int)(ring.begin % RING_CHUNKS) * CHUNK + i * HIDDEN * 2;
                 row_times_inputs(ring.slots, at, HIDDEN, rows, sc.xs, acc);
@@ -663,9 +691,13 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
             }
             ring.begin += 2 * gate_chunks;
             __syncthreads();
+            stamp(trace, step + 3, 3);
             // DOWN (+ the residual)
+            stamp(trace, step + 4, 0);
             read_rows(lw + AT_ACT, INTERMEDIATE, 0, 1, rows, INTERMEDIATE, nullptr, x0, embeds, pass, sc, epoch);
+            stamp(trace, step + 4, 1);
             arrive(w, &ring, chunks_of((h1 - h0) * INTERMEDIATE * 2));
+            stamp(trace, step + 4, 2);
             for (int i = warp; i < h1 - h0; i += WARPS) {
                 row_times_inputs(ring.slots, (int)(ring.begin % RING_CHUNKS) * CHUNK + i * INTERMEDIATE * 2,
                                  INTERMEDIATE, rows, sc.xs, acc);
@@ -677,11 +709,16 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
             }
             ring.begin += chunks_of((h1 - h0) * INTERMEDIATE * 2);
             __syncthreads();
+            stamp(trace, step + 4, 3);
         }
         // HEAD: each request's last token row, final-normed
+        const int head_step = pass * (5 * LAYERS + 1) + 5 * LAYERS;
+        stamp(trace, head_step, 0);
         const word* last = pw + (LAYERS - 1) * LAYER_WORDS + AT_RES_M;
         read_rows(last, HIDDEN, tokens - 1, tokens, BATCH, HIDDEN, final_norm, x0, embeds, pass, sc, epoch);
+        stamp(trace, head_step, 1);
         arrive(w, &ring, chunks_of((v1 - v0) * HIDDEN * 2));
+        stamp(trace, head_step, 2);
         for (int i = warp; i < v1 - v0; i += WARPS) {
             row_times_inputs(ring.slots, (int)(ring.begin % RING_CHUNKS) * CHUNK + i * HIDDEN * 2, HIDDEN, BATCH,
                              sc.xs, acc);
@@ -689,6 +726,7 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
         }
         ring.begin += chunks_of((v1 - v0) * HIDDEN * 2);
         __syncthreads();
+        stamp(trace, head_step, 3);
     }
     if (block == 0) draw_pass(words, PASSES - 1, embeds, codes, total, sp, sc, epoch);
     asm volatile("cp.async.wait_group 0;" ::: "memory");

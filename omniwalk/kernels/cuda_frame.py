@@ -134,7 +134,7 @@ class FramePlan:
         if problems:
             raise ValueError(f"the CUDA frame kernel does not take this shape ({self}): " + "; ".join(problems))
 
-    def defines(self) -> dict[str, object]:
+    def defines(self, trace: bool = False) -> dict[str, object]:
         return dict(
             batch=self.batch,
             hidden=self.hidden,
@@ -155,12 +155,18 @@ class FramePlan:
             scratch=self.scratch,
             eps=f"{self.eps:.9e}f",
             scale=f"{self.head_dim**-0.5:.9e}f",
+            trace=int(trace),
         )
 
+    @property
+    def steps(self) -> int:
+        """A frame's steps as the kernel numbers them (per pass: five a layer, then the head)."""
+        return (self.groups - 1) * (5 * self.layers + 1)
 
-def source(plan: FramePlan) -> str:
-    """The kernel's source with ``plan``'s #defines in front."""
-    defines = "".join(f"#define {name.upper()} {value}\n" for name, value in plan.defines().items())
+
+def source(plan: FramePlan, trace: bool = False) -> str:
+    """The kernel's source with ``plan``'s #defines in front (``trace``: the variant that stamps its steps)."""
+    defines = "".join(f"#define {name.upper()} {value}\n" for name, value in plan.defines(trace).items())
     return defines + KERNEL.read_text()
 
 
@@ -207,22 +213,30 @@ class CudaCodePredictor:
         )
         self.plan(1).check()
         self._built: dict[int, tuple] = {}
+        self._kernels: dict[tuple[int, bool], object] = {}
+        # a benchmark's timeline: an int64 tensor [blocks, plan.steps, 4] (each block's global timer at each step's
+        # start, input read, weights in, end) the next launches fill; None: not recorded
+        self.trace: torch.Tensor | None = None
 
     def _kernel(self, batch: int) -> tuple:
-        """The kernel for ``batch`` rows, its plan, and its state: outputs' words, K/V caches, sync words
-        (the epoch, blocks finished, a wait given up)."""
-        if batch not in self._built:
+        """The kernel for ``batch`` rows (the tracing variant where ``trace`` is set), its plan, and its state:
+        outputs' words, K/V caches, sync words (the epoch, blocks finished, a wait given up)."""
+        traced = self.trace is not None
+        if (batch, traced) not in self._kernels:
             plan = self.plan(batch)
             plan.check()
-            fn = torch.cuda._compile_kernel(source(plan), "code_predictor_frame", nvcc_options=["-std=c++17"])
+            fn = torch.cuda._compile_kernel(source(plan, traced), "code_predictor_frame", nvcc_options=["-std=c++17"])
             allow_shared_memory(fn, plan.shared)
+            self._kernels[(batch, traced)] = fn
+        if batch not in self._built:
+            plan = self.plan(batch)
             words = torch.zeros(plan.words(), dtype=torch.int32, device=self.device)
             cache = (plan.layers, batch, plan.kv_heads, capacity(plan.groups), plan.head_dim)
             keys = torch.zeros(cache, dtype=torch.bfloat16, device=self.device)
             values = torch.zeros_like(keys)
             sync = torch.zeros(3, dtype=torch.int32, device=self.device)
-            self._built[batch] = (fn, plan, words, keys, values, sync)
-        return self._built[batch]
+            self._built[batch] = (plan, words, keys, values, sync)
+        return (self._kernels[(batch, traced)], *self._built[batch])
 
     def __call__(self, talker_hidden: torch.Tensor, code0_embedding: torch.Tensor, params) -> tuple:
         """As ``CodePredictor.forward`` with draws by ``sampling.draw(logits, params, group - 1)``:
@@ -235,12 +249,13 @@ class CudaCodePredictor:
         codes = torch.empty(batch, plan.groups - 1, dtype=torch.long, device=self.device)
         total = torch.zeros(batch, hidden, dtype=torch.bfloat16, device=self.device)
         args, flags = _param_args(params, self.device, skip_front=False)
+        trace = codes if self.trace is None else self.trace  # (unused where not traced)
         weights = [self.in_norm, self.qkv, self.q_norm, self.k_norm, self.o, self.post_norm, self.gate_up]
         weights += [self.down, self.final_norm, self.heads, self.embeds, self.cos, self.sin]
         fn(
             grid=(plan.blocks, 1, 1),
             block=(THREADS, 1, 1),
-            args=[*weights, x0.contiguous(), words, keys, values, codes, total, sync, *args, flags],
+            args=[*weights, x0.contiguous(), words, keys, values, codes, total, sync, *args, flags, trace],
             shared_mem=plan.shared,
         )
         return codes, total
