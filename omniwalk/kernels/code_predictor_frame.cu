@@ -1,7 +1,7 @@
 // The code predictor's frame in one launch, CUDA (``kernels/cuda_frame.py`` builds it at first use with NVRTC
 // through torch.cuda and #defines its shape in front: BATCH, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE,
 // VOCAB, BLOCK_V, GROUPS, LAYERS, CAPACITY, CANDIDATES, THREADS, CHUNK, RING_CHUNKS, DEPTH, SCRATCH, EPS, SCALE,
-// TRACE).
+// TRACE, and the outputs' layout below).
 //
 // One block per SM, all resident at once. Each block owns fixed rows of every projection of the frame (the
 // same share of each step's output columns in every pass) and streams those rows' weights into a ring of
@@ -34,14 +34,9 @@
 #define WARPS (THREADS / 32)
 #define PARTS ((GQ + 2) * HEAD_DIM / 32 + GQ + 1)
 #define RING (CHUNK * RING_CHUNKS)
-// a pass's words per layer (each output: ROWS0 rows of its width), then its logits
-#define AT_QKV 0
-#define AT_ATTN (AT_QKV + ROWS0 * QKV_W)
-#define AT_RES_A (AT_ATTN + ROWS0 * ATTN_W)
-#define AT_ACT (AT_RES_A + ROWS0 * HIDDEN)
-#define AT_RES_M (AT_ACT + ROWS0 * INTERMEDIATE)
-#define LAYER_WORDS (AT_RES_M + ROWS0 * HIDDEN)
-#define PASS_WORDS (LAYERS * LAYER_WORDS + BATCH * VOCAB)
+// the outputs' words (``FramePlan.layout``, #defined in front): per pass and layer, each output's ROWS0 rows
+// from AT_QKV, AT_ATTN, AT_RES_A (the residual after attention), AT_ACT, AT_RES_M (after the MLP) of the
+// layer's LAYER_WORDS; the pass's logits after its layers; PASS_WORDS a pass
 #define STEPS (PASSES * (5 * LAYERS + 1))  // a frame's steps: per layer QKV, ATTN, OUT, GATE_UP, DOWN; the head
 #define FLAG_PENALTY 1
 #define FLAG_BANNED 2

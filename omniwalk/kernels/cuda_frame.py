@@ -105,11 +105,26 @@ class FramePlan:
     def shared(self) -> int:
         return self.ring_chunks * CHUNK + self.scratch + self.small
 
+    def layout(self) -> dict[str, int]:
+        """Where the kernel's outputs lie in its words: per pass and layer, each output's 2B rows from its
+        offset in the layer's words (q/k/v, attention, the residual after attention, the MLP's activation, the
+        residual after the MLP); a pass's logits (B rows) after its layers."""
+        rows, at, out = 2 * self.batch, 0, {}
+        for name, width in (
+            ("at_qkv", self.qkv),
+            ("at_attn", self.heads * self.head_dim),
+            ("at_res_a", self.hidden),
+            ("at_act", self.intermediate),
+            ("at_res_m", self.hidden),
+        ):
+            out[name], at = at, at + rows * width
+        out["layer_words"] = at
+        out["pass_words"] = self.layers * at + self.batch * self.vocab
+        return out
+
     def words(self) -> int:
-        """The flagged words of a launch's outputs (``PASS_WORDS`` of each pass)."""
-        rows = 2 * self.batch
-        layer = rows * (self.qkv + self.heads * self.head_dim + 2 * self.hidden + self.intermediate)
-        return (self.groups - 1) * (self.layers * layer + self.batch * self.vocab)
+        """The flagged words of a launch's outputs."""
+        return (self.groups - 1) * self.layout()["pass_words"]
 
     def check(self) -> None:
         group = self.heads // self.kv_heads
@@ -156,6 +171,7 @@ class FramePlan:
             eps=f"{self.eps:.9e}f",
             scale=f"{self.head_dim**-0.5:.9e}f",
             trace=int(trace),
+            **self.layout(),
         )
 
     @property

@@ -281,3 +281,121 @@ def test_the_cuda_frame_plan_refuses_what_the_kernel_does_not_take():
         args = dict(batch=1, **full, groups=FULL["groups"], eps=1e-6, blocks=132) | change
         with pytest.raises(ValueError, match=reason):
             FramePlan(**args).check()
+
+
+def _cuda_frame_accesses(plan):
+    """The CUDA kernel's steps as it runs them, each a list of (block, "w" or "r", word ranges): what each
+    block writes and reads of the outputs' words (``FramePlan.layout``, the numbers the kernel is built with;
+    the blocks' rows ``FramePlan.share``). Reads of the pass's input (not in the words) are left out."""
+    lay, b_, kv, hd = plan.layout(), plan.batch, plan.kv_heads, plan.head_dim
+    group, attn_w = plan.heads // kv, plan.heads * hd
+    widths = {"at_qkv": plan.qkv, "at_attn": attn_w, "at_res_a": plan.hidden, "at_act": plan.intermediate}
+    widths["at_res_m"] = plan.hidden
+    steps = []
+
+    def rows_of(base, name, rows, cols):  # word ranges of rows x a column range
+        return [
+            (base + lay[name] + r * widths[name] + cols.start, base + lay[name] + r * widths[name] + cols.stop)
+            for r in rows
+        ]
+
+    def everyone(kind, base, name, rows, n=None):  # each block: its share of n columns, or every column
+        width = widths[name]
+        return [
+            (blk, kind, rows_of(base, name, rows, plan.share(n, blk) if n else range(width)))
+            for blk in range(plan.blocks)
+        ]
+
+    for p in range(plan.groups - 1):
+        tokens = 2 if p == 0 else 1
+        rows = range(b_ * tokens)
+        pw = p * lay["pass_words"]
+        logits = pw + plan.layers * lay["layer_words"]
+        if p > 0:  # every block draws from the pass before's logits
+            prev = (p - 1) * lay["pass_words"] + plan.layers * lay["layer_words"]
+            steps.append([(blk, "r", [(prev, prev + b_ * plan.vocab)]) for blk in range(plan.blocks)])
+        for layer in range(plan.layers):
+            lw = pw + layer * lay["layer_words"]
+            before = lw - lay["layer_words"]
+            qkv = everyone("w", lw, "at_qkv", rows, plan.qkv)
+            if layer:
+                qkv += everyone("r", before, "at_res_m", rows)
+            steps.append(qkv)
+            attn = []
+            for t in range(b_ * kv):
+                blk, req, j = plan.blocks - 1 - t, t // kv, t % kv
+                for i in range(tokens):
+                    row = req * tokens + i
+                    for col in [(j * group + g) * hd for g in range(group)] + [(plan.heads + j) * hd]:
+                        attn.append((blk, "r", rows_of(lw, "at_qkv", [row], range(col, col + hd))))
+                    v = (plan.heads + kv + j) * hd
+                    attn.append((blk, "r", rows_of(lw, "at_qkv", [row], range(v, v + hd))))
+                    attn.append((blk, "w", rows_of(lw, "at_attn", [row], range(j * group * hd, (j + 1) * group * hd))))
+            steps.append(attn)
+            out = everyone("r", lw, "at_attn", rows) + everyone("w", lw, "at_res_a", rows, plan.hidden)
+            if layer:
+                out += [
+                    (blk, "r", rows_of(before, "at_res_m", rows, plan.share(plan.hidden, blk)))
+                    for blk in range(plan.blocks)
+                ]
+            steps.append(out)
+            steps.append(everyone("r", lw, "at_res_a", rows) + everyone("w", lw, "at_act", rows, plan.intermediate))
+            down = everyone("r", lw, "at_act", rows) + everyone("w", lw, "at_res_m", rows, plan.hidden)
+            down += [
+                (blk, "r", rows_of(lw, "at_res_a", rows, plan.share(plan.hidden, blk))) for blk in range(plan.blocks)
+            ]
+            steps.append(down)
+        last = pw + (plan.layers - 1) * lay["layer_words"]
+        head = [
+            (blk, "r", rows_of(last, "at_res_m", [r * tokens + tokens - 1 for r in range(b_)], range(plan.hidden)))
+            for blk in range(plan.blocks)
+        ]
+        for blk in range(plan.blocks):
+            cols = plan.share(plan.vocab, blk)
+            head.append(
+                (
+                    blk,
+                    "w",
+                    [(logits + r * plan.vocab + cols.start, logits + r * plan.vocab + cols.stop) for r in range(b_)],
+                )
+            )
+        steps.append(head)
+    end = (plan.groups - 2) * lay["pass_words"] + plan.layers * lay["layer_words"]
+    steps.append([(0, "r", [(end, end + b_ * plan.vocab)])])  # block 0 draws the last pass
+    return steps
+
+
+@pytest.mark.parametrize(
+    ("batch", "shape", "blocks"),
+    [(1, "full", 132), (3, "full", 114), (2, "small", 9)],
+)
+def test_the_cuda_frame_reads_each_word_after_its_one_writer(batch, shape, blocks):
+    """The CPU model of the CUDA kernel's dependencies: its steps run in the same order on every block, and a
+    read waits for each word to carry the launch's epoch; so the frame finishes with the right values iff every
+    word a step reads is written in the launch, once, by a step before it (on any block), and the words written
+    are the used rows of every output. Checked at full-size widths (2 layers, 3 groups) and a small shape."""
+    import numpy as np
+
+    from omniwalk.kernels.cuda_frame import FramePlan
+
+    dims = dict(FULL, layers=2, groups=3) if shape == "full" else dict(SMALL)
+    plan = FramePlan(batch, **{k: dims[k] for k in FULL}, eps=1e-6, blocks=blocks)
+    plan.check()
+    writer = np.full(plan.words(), -1)
+    reads = 0
+    for index, step in enumerate(_cuda_frame_accesses(plan)):
+        for _, kind, ranges in step:
+            for lo, hi in ranges:
+                if kind == "w":
+                    assert (writer[lo:hi] == -1).all(), f"step {index} writes a word written before"
+                    writer[lo:hi] = index
+        for _, kind, ranges in step:
+            for lo, hi in ranges:
+                if kind == "r":
+                    assert ((writer[lo:hi] >= 0) & (writer[lo:hi] < index)).all(), f"step {index} reads ahead"
+                    reads += hi - lo
+    lay, used = plan.layout(), 0
+    for p in range(plan.groups - 1):
+        rows = batch * (2 if p == 0 else 1)
+        used += plan.layers * rows * lay["layer_words"] // (2 * batch) + batch * plan.vocab
+    assert (writer >= 0).sum() == used and reads > used
