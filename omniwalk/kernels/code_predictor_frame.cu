@@ -461,7 +461,7 @@ __device__ float block_sum(float x, float* red) {
     return total;
 }
 
-// ascending bitonic sort of n (a power of two) 64-bit keys in shared memory
+// descending bitonic sort of n (a power of two) 64-bit keys in shared memory
 __device__ void sort_keys(long long* keys, int n) {
     for (int k = 2; k <= n; k <<= 1) {
         for (int j = k >> 1; j > 0; j >>= 1) {
@@ -469,7 +469,7 @@ __device__ void sort_keys(long long* keys, int n) {
                 const int other = i ^ j;
                 if (other > i) {
                     const long long a = keys[i], b = keys[other];
-                    if ((a > b) == ((i & k) == 0)) keys[i] = b, keys[other] = a;
+                    if ((a < b) == ((i & k) == 0)) keys[i] = b, keys[other] = a;
                 }
             }
             __syncthreads();
@@ -477,10 +477,81 @@ __device__ void sort_keys(long long* keys, int n) {
     }
 }
 
+#define TOP_FAST (BLOCK_V >= 128 && CANDIDATES == 64 && BLOCK_V / 256 <= WARPS)
+
+// the pair exchange of a descending bitonic network at distance j < 32 for element (t, lane): the lower of
+// the pair keeps the larger key where its k-block runs descending
+__device__ __forceinline__ long long exchange(long long v, int e, int j, int k) {
+    const long long other = __shfl_xor_sync(0xffffffffu, v, j);
+    const bool keep_max = ((e & j) == 0) == ((e & k) == 0);
+    return keep_max ? max64(v, other) : (v < other ? v : other);
+}
+
+// the best CANDIDATES (64) of ``keys`` [BLOCK_V], sorted descending, into ``top`` [BLOCK_V / 2]: each warp sorts
+// 128 keys in registers (element t * 32 + lane in register t) and keeps its best 64; then pairs of lists are
+// merged (the larger of A[e] and B[63 - e] is bitonic and holds the pair's best 64; a half-cleaner cascade sorts
+// it) until one is left, at top[0..63]
+__device__ void top_candidates(const long long* keys, long long* top) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int c = warp; c < BLOCK_V / 128; c += WARPS) {
+        long long v[4];
+#pragma unroll
+        for (int t = 0; t < 4; t++) v[t] = keys[c * 128 + t * 32 + lane];
+#pragma unroll
+        for (int k = 2; k <= 128; k <<= 1) {
+#pragma unroll
+            for (int j = k >> 1; j > 0; j >>= 1) {
+                if (j >= 32) {
+                    long long nv[4];
+#pragma unroll
+                    for (int t = 0; t < 4; t++) {
+                        const int e = t * 32 + lane;
+                        const bool keep_max = ((e & j) == 0) == ((e & k) == 0);
+                        const long long o = v[t ^ (j >> 5)];
+                        nv[t] = keep_max ? max64(v[t], o) : (v[t] < o ? v[t] : o);
+                    }
+#pragma unroll
+                    for (int t = 0; t < 4; t++) v[t] = nv[t];
+                } else {
+#pragma unroll
+                    for (int t = 0; t < 4; t++) v[t] = exchange(v[t], t * 32 + lane, j, k);
+                }
+            }
+        }
+        top[c * 64 + lane] = v[0];
+        top[c * 64 + 32 + lane] = v[1];
+    }
+    __syncthreads();
+    for (int lists = BLOCK_V / 128; lists > 1; lists >>= 1) {
+        long long v[2];
+        const int pair = warp;
+        if (pair < lists / 2) {
+            const long long* a = top + 2 * pair * 64;
+            const long long* b = a + 64;
+            v[0] = max64(a[lane], b[63 - lane]);
+            v[1] = max64(a[32 + lane], b[31 - lane]);
+            const long long hi = max64(v[0], v[1]);  // (j = 32: the registers)
+            v[1] = v[0] < v[1] ? v[0] : v[1];
+            v[0] = hi;
+#pragma unroll
+            for (int j = 16; j > 0; j >>= 1) {
+                v[0] = exchange(v[0], lane, j, 128);
+                v[1] = exchange(v[1], 32 + lane, j, 128);
+            }
+        }
+        __syncthreads();
+        if (pair < lists / 2) {
+            top[pair * 64 + lane] = v[0];
+            top[pair * 64 + 32 + lane] = v[1];
+        }
+        __syncthreads();
+    }
+}
+
 // a request's code from its logits row (``sampling.pick``: front, top-k then top-p, the noise of a sampled
 // row, the best with the first index winning ties)
 __device__ int draw(const word* logits, int row, int pass, const Sampling& p, Scratch& sc, unsigned int epoch) {
-    long long* keys = (long long*)sc.xs;  // [BLOCK_V]
+    long long* keys = (long long*)sc.xs;  // [BLOCK_V], then the best candidates' lists [BLOCK_V / 2]
     float* red = sc.red;
     const int tid = threadIdx.x;
     for (int c = tid; c < BLOCK_V; c += THREADS) {
@@ -492,16 +563,22 @@ __device__ int draw(const word* logits, int row, int pass, const Sampling& p, Sc
     const long long top_k = (p.flags & FLAG_TOP) ? p.top_k[row] : VOCAB;
     const float top_p = (p.flags & FLAG_TOP) ? p.top_p[row] : 1.f;
     if (top_k < VOCAB || top_p < 1.f) {
-        sort_keys(keys, BLOCK_V);  // (ascending: rank r at BLOCK_V - 1 - r)
         const int n = top_k <= CANDIDATES ? CANDIDATES : BLOCK_V;
+        long long* ranked = keys;  // the keys by rank, descending (n of them)
+        if (TOP_FAST && n == CANDIDATES) {
+            ranked = keys + BLOCK_V;
+            top_candidates(keys, ranked);
+        } else {
+            sort_keys(keys, BLOCK_V);
+        }
         const int per = (n + THREADS - 1) / THREADS, r0 = tid * per;
-        const float best = score_of(keys[BLOCK_V - 1]);
+        const float best = score_of(ranked[0]);
         float mass = 0.f;  // this thread's ranks' summed probabilities, after the total is known
         float ex[BLOCK_V / THREADS + 1];
         float sum_e = 0.f;
         for (int i = 0; i < per; i++) {
             const int r = r0 + i;
-            ex[i] = (r < n && r < top_k) ? expf(score_of(keys[BLOCK_V - 1 - r]) - best) : 0.f;
+            ex[i] = (r < n && r < top_k) ? expf(score_of(ranked[r]) - best) : 0.f;
             sum_e += ex[i];
         }
         const float total = block_sum(sum_e, red);
@@ -530,7 +607,7 @@ __device__ int draw(const word* logits, int row, int pass, const Sampling& p, Sc
         __syncthreads();
         if (first_drop < n) atomicMin(kept, first_drop);
         __syncthreads();
-        smallest = keys[BLOCK_V - kept[0]];  // (rank kept - 1)
+        smallest = ranked[kept[0] - 1];
         __syncthreads();
     }
     long long best = KEY_MIN;

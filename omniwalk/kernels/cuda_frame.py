@@ -88,7 +88,7 @@ class FramePlan:
         group = self.heads // self.kv_heads
         attention = 4 * ((group + 2) * self.head_dim + (group + 2) * self.head_dim // 32 + group + 1)
         attention += 4 * group * capacity(self.groups)
-        room = max(2 * self.batch * widest * 2, 8 * self.block_v, attention)
+        room = max(2 * self.batch * widest * 2, 12 * self.block_v, attention)  # (the draw: keys, then lists)
         return -(-room // 16) * 16
 
     @property
