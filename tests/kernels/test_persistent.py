@@ -399,3 +399,74 @@ def test_the_cuda_frame_reads_each_word_after_its_one_writer(batch, shape, block
         rows = batch * (2 if p == 0 else 1)
         used += plan.layers * rows * lay["layer_words"] // (2 * batch) + batch * plan.vocab
     assert (writer >= 0).sum() == used and reads > used
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_the_cuda_frames_first_layer_equals_its_steps_in_pytorch():
+    """Full size, bf16, B = 2, greedy: the CUDA kernel's words of the first pass's first layer, each step
+    recomputed in PyTorch from the kernel's own input to it (so that a wrong step is named, not only a wrong
+    frame): q/k/v, attention (q/k norm, rope, causal softmax over the pass's two positions), the residual after
+    the output projection, the MLP's activation, the residual after it; every word carries the launch's epoch
+    and no wait gave up."""
+    from helpers.gpu_pairs import randomize_, real_config_dict
+
+    from omniwalk.layers.rotary import apply_rotary
+
+    cfg = Qwen3OmniConfig.from_hf(real_config_dict()).talker
+    with torch.device("cuda"):
+        cp = CodePredictor(cfg.code_predictor, cfg.num_code_groups).to(torch.bfloat16).eval()
+    randomize_(cp, 3)
+    use_kernels(cp, "fused")
+    cp.use_persistent_kernel("cuda")
+    kernel, batch = cp.persistent, 2
+    params = _params(batch, cfg.code_predictor.vocab_size, "cuda", sampled=False)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    h, c = (torch.randn(batch, 1024, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    kernel(h, c, params)
+    torch.cuda.synchronize()
+    kernel.check()
+    plan, words, *_, sync = kernel._built[batch]
+    lay, rows, epoch = plan.layout(), 2 * batch, sync[0].item() % 65535  # (the launch's: sync[0] moved on after it)
+
+    def output(name: str, width: int) -> torch.Tensor:
+        w = words[lay[name] : lay[name] + rows * width].view(rows, width)
+        assert ((w >> 16) & 0xFFFF).eq(epoch).all(), f"{name}: a word not written by the launch"
+        return ((w & 0xFFFF) << 16).view(torch.float32).to(torch.bfloat16)
+
+    def close(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
+        err = (got.float() - want.float()).abs().max() / want.float().abs().max()
+        assert err < 2e-2, f"{name}: {err.item():.3g} of its largest value apart"
+
+    layer = cp.model.layers[0]
+    x = torch.stack([h, c], dim=1).reshape(rows, -1)
+    qkv = output("at_qkv", plan.qkv)
+    close("q/k/v", qkv, torch.nn.functional.linear(layer.input_layernorm(x), kernel.qkv[0]))
+    heads, kv, hd = plan.heads, plan.kv_heads, plan.head_dim
+    q = layer.self_attn.q_norm(qkv[:, : heads * hd].view(rows, heads, hd))
+    k = layer.self_attn.k_norm(qkv[:, heads * hd : (heads + kv) * hd].view(rows, kv, hd))
+    v = qkv[:, (heads + kv) * hd :].view(rows, kv, hd).float()
+    positions = torch.arange(rows, device="cuda") % 2
+    cos, sin = kernel.cos[positions][:, None], kernel.sin[positions][:, None]
+    q, k = apply_rotary(q, cos, sin).float(), apply_rotary(k, cos, sin).float()
+    want = torch.empty(rows, heads, hd, device="cuda")
+    for row in range(rows):
+        first = row - row % 2  # (the request's first token row)
+        for head in range(heads):
+            j = head // (heads // kv)
+            scores = k[first : row + 1, j] @ q[row, head] * hd**-0.5
+            want[row, head] = torch.softmax(scores, 0) @ v[first : row + 1, j]
+    attn = output("at_attn", heads * hd)
+    close("attention", attn, want.reshape(rows, -1))
+    res_a = output("at_res_a", plan.hidden)
+    close("residual after attention", res_a, x + torch.nn.functional.linear(attn, kernel.o[0]))
+    gate_up = torch.nn.functional.linear(layer.post_attention_layernorm(res_a), kernel.gate_up[0])
+    act = output("at_act", plan.intermediate)
+    close(
+        "activation", act, torch.nn.functional.silu(gate_up[:, : plan.intermediate]) * gate_up[:, plan.intermediate :]
+    )
+    close(
+        "residual after the MLP",
+        output("at_res_m", plan.hidden),
+        res_a + torch.nn.functional.linear(act, kernel.down[0]),
+    )
