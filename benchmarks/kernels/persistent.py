@@ -58,10 +58,7 @@ def main() -> None:
         cuda_frame = cp.persistent
     cp.use_persistent_kernel()
     gbs = copy_gbs()
-    layer_bytes = sum(t.numel() * t.element_size() for t in (cp.persistent.qkv, cp.persistent.o, cp.persistent.gate_up))
-    layer_bytes += cp.persistent.down.numel() * cp.persistent.down.element_size()
-    passes = cfg.num_code_groups - 1
-    frame_bytes = passes * layer_bytes + cp.persistent.heads.numel() * 2
+    frame_bytes = cp.persistent.weights.frame_bytes()
     floor_us = frame_bytes / (gbs * 1e3)
     sms = torch.cuda.get_device_properties("cuda").multi_processor_count
     rows, data = [], {"machine": machine("cuda"), "copy_gbs": gbs, "frame_mb": frame_bytes / 1e6, "cells": []}

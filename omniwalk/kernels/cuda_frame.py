@@ -15,12 +15,13 @@ gives up and is reported by ``CudaCodePredictor.check`` rather than hanging the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 import torch
 
-from omniwalk.kernels.persistent import _gate_up_weight, _qkv_weight, _stack, capacity
+from omniwalk.kernels.frame import FrameWeights, capacity, frame_shape
+from omniwalk.kernels.persistent_schedule import Shape
 
 KERNEL = Path(__file__).with_name("code_predictor_frame.cu")
 MAX_BATCH = 4  # frames of up to this many requests take the kernel (more: the layered path)
@@ -33,29 +34,13 @@ CANDIDATES = 64  # a draw's top-k up to this sorts ... (``sampling.TOP_CANDIDATE
 
 
 @dataclass(frozen=True)
-class FramePlan:
-    """The kernel's shape for a batch on a GPU of ``blocks`` SMs; ``check`` refuses a shape the kernel does
-    not handle (the reasons are the kernel's assumptions), ``defines`` are its #defines."""
+class FramePlan(Shape):
+    """The frame's shape (a ``Shape``: sizes and batch) with its norms' epsilon, on a GPU of ``blocks`` SMs:
+    how the kernel lays it out. ``check`` refuses a shape the kernel does not handle (the reasons are the
+    kernel's assumptions); ``defines`` are its #defines."""
 
-    batch: int
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    groups: int
     eps: float
     blocks: int
-
-    @property
-    def qkv(self) -> int:
-        return (self.heads + 2 * self.kv_heads) * self.head_dim
-
-    @property
-    def block_v(self) -> int:
-        return 1 << (self.vocab - 1).bit_length()
 
     def step_widths(self) -> list[tuple[int, int]]:
         """(rows, K) of each projection a pass streams (gate and up: one step, two segments)."""
@@ -195,44 +180,23 @@ class CudaCodePredictor:
     max_batch = MAX_BATCH
 
     def __init__(self, cp, cos: torch.Tensor, sin: torch.Tensor):
-        cfg, model = cp.cfg, cp.model
         p = cp.lm_head[0].weight
         if p.dtype != torch.bfloat16 or p.device.type != "cuda":
             raise ValueError(f"the CUDA frame kernel takes bf16 weights on a CUDA device, not {p.dtype} on {p.device}")
-        layers = list(model.layers)
-        self.in_norm = _stack([layer.input_layernorm.weight for layer in layers])
-        self.q_norm = _stack([layer.self_attn.q_norm.weight for layer in layers])
-        self.k_norm = _stack([layer.self_attn.k_norm.weight for layer in layers])
-        self.post_norm = _stack([layer.post_attention_layernorm.weight for layer in layers])
-        self.qkv = _stack([_qkv_weight(layer.self_attn) for layer in layers])
-        self.o = _stack([layer.self_attn.o_proj.weight for layer in layers])
-        self.gate_up = _stack([_gate_up_weight(layer.mlp) for layer in layers])
-        self.down = _stack([layer.mlp.down_proj.weight for layer in layers])
-        self.final_norm = model.norm.weight.data
-        self.heads = _stack([head.weight for head in cp.lm_head])
-        self.embeds = _stack([table.weight for table in model.codec_embedding])
+        self.weights = FrameWeights.of(cp)
         self.cos, self.sin = cos.contiguous(), sin.contiguous()
         self.device = p.device
-        blocks = torch.cuda.get_device_properties(p.device).multi_processor_count
-        self.plan = lambda batch: FramePlan(  # noqa: E731
-            batch,
-            cfg.num_hidden_layers,
-            cfg.hidden_size,
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-            cfg.intermediate_size,
-            cfg.vocab_size,
-            cp.num_code_groups,
-            cfg.rms_norm_eps,
-            blocks,
-        )
+        self._shape, self._eps = (lambda batch: frame_shape(cp, batch)), cp.cfg.rms_norm_eps
+        self._blocks = torch.cuda.get_device_properties(p.device).multi_processor_count
         self.plan(1).check()
         self._built: dict[int, tuple] = {}
         self._kernels: dict[tuple[int, bool], object] = {}
         # a benchmark's timeline: an int64 tensor [blocks, plan.steps, 4] (each block's global timer at each step's
         # start, input read, weights in, end) the next launches fill; None: not recorded
         self.trace: torch.Tensor | None = None
+
+    def plan(self, batch: int) -> FramePlan:
+        return FramePlan(*astuple(self._shape(batch)), self._eps, self._blocks)
 
     def _kernel(self, batch: int) -> tuple:
         """The kernel for ``batch`` rows (the tracing variant where ``trace`` is set), its plan, and its state:
@@ -266,8 +230,7 @@ class CudaCodePredictor:
         total = torch.zeros(batch, hidden, dtype=torch.bfloat16, device=self.device)
         args, flags = _param_args(params, self.device, skip_front=False)
         trace = codes if self.trace is None else self.trace  # (unused where not traced)
-        weights = [self.in_norm, self.qkv, self.q_norm, self.k_norm, self.o, self.post_norm, self.gate_up]
-        weights += [self.down, self.final_norm, self.heads, self.embeds, self.cos, self.sin]
+        weights = [*self.weights.tensors(), self.cos, self.sin]
         fn(
             grid=(plan.blocks, 1, 1),
             block=(THREADS, 1, 1),

@@ -46,6 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
+from omniwalk.kernels.frame import FrameWeights, capacity, frame_shape
 from omniwalk.kernels.persistent_schedule import (
     ATTN,
     DONE,
@@ -58,7 +59,6 @@ from omniwalk.kernels.persistent_schedule import (
     SAMPLE,
     SELECT,
     Schedule,
-    Shape,
 )
 from omniwalk.kernels.persistent_tiles import (
     attend,
@@ -388,34 +388,11 @@ class PersistentCodePredictor:
     def __init__(self, cp, cos: torch.Tensor, sin: torch.Tensor):
         """``cp``: a ``CodePredictor``; cos/sin: its rotary tables of positions 0..CAPACITY-1 [CAPACITY, head_dim]
         (``rotary.rotary_tables``' rounding and sign), CAPACITY = ``capacity(cp.num_code_groups)``."""
-        cfg, model = cp.cfg, cp.model
-        p = cp.lm_head[0].weight
-        shape = lambda batch: Shape(  # noqa: E731
-            batch,
-            cfg.num_hidden_layers,
-            cfg.hidden_size,
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-            cfg.intermediate_size,
-            cfg.vocab_size,
-            cp.num_code_groups,
-        )
+        cfg, p = cp.cfg, cp.lm_head[0].weight
         self.eps, self.device, self.dtype = cfg.rms_norm_eps, p.device, p.dtype
-        layers = list(model.layers)
-        self.in_norm = _stack([layer.input_layernorm.weight for layer in layers])
-        self.q_norm = _stack([layer.self_attn.q_norm.weight for layer in layers])
-        self.k_norm = _stack([layer.self_attn.k_norm.weight for layer in layers])
-        self.post_norm = _stack([layer.post_attention_layernorm.weight for layer in layers])
-        self.qkv = _stack([_qkv_weight(layer.self_attn) for layer in layers])
-        self.o = _stack([layer.self_attn.o_proj.weight for layer in layers])
-        self.gate_up = _stack([_gate_up_weight(layer.mlp) for layer in layers])
-        self.down = _stack([layer.mlp.down_proj.weight for layer in layers])
-        self.final_norm = model.norm.weight.data
-        self.heads = _stack([head.weight for head in cp.lm_head])
-        self.embeds = _stack([table.weight for table in model.codec_embedding])
+        self.weights = FrameWeights.of(cp)
         self.cos, self.sin, self.capacity = cos.contiguous(), sin.contiguous(), capacity(cp.num_code_groups)
-        self.schedules = {b: Schedule(shape(b)) for b in range(1, MAX_BATCH + 1)}
+        self.schedules = {b: Schedule(frame_shape(cp, b)) for b in range(1, MAX_BATCH + 1)}
         self.tables = {b: s.table(self.device) for b, s in self.schedules.items()}
         self.programs, self.prefetches = 1, False  # (Triton's interpreter: one program, no PTX)
         self.compiled = self.device.type == "cuda" and not triton.knobs.runtime.interpret
@@ -455,17 +432,7 @@ class PersistentCodePredictor:
             len(schedule.steps),
             schedule.num_tiles,
             counters,
-            self.in_norm,
-            self.qkv,
-            self.q_norm,
-            self.k_norm,
-            self.o,
-            self.post_norm,
-            self.gate_up,
-            self.down,
-            self.final_norm,
-            self.heads,
-            self.embeds,
+            *self.weights.tensors(),
             self.cos,
             self.sin,
             h,
@@ -508,30 +475,3 @@ class PersistentCodePredictor:
         if not self.compiled and counters[-1].item():
             raise RuntimeError(f"{counters[-1].item()} waits of the frame's tiles were not met in claim order")
         return codes, total
-
-
-def capacity(groups: int) -> int:
-    """Positions a frame's KV holds per request (a power of two: the attention's block)."""
-    return 1 << (groups - 1).bit_length()
-
-
-def _stack(params: list[torch.Tensor]) -> torch.Tensor:
-    """One tensor [n, *shape] of ``params``; each parameter then becomes a view of its slice."""
-    stacked = torch.stack([p.data for p in params])
-    for i, p in enumerate(params):
-        if isinstance(p, torch.nn.Parameter):
-            p.data = stacked[i]
-    return stacked
-
-
-def _qkv_weight(attention) -> torch.Tensor:
-    """The merged q/k/v weight (the fused kernels' ``qkv_proj``; else the three concatenated: the reference)."""
-    if attention.qkv_proj is not None:
-        return attention.qkv_proj.weight
-    return torch.cat([attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight])
-
-
-def _gate_up_weight(mlp) -> torch.Tensor:
-    if mlp.gate_up_proj is not None:
-        return mlp.gate_up_proj.weight
-    return torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])

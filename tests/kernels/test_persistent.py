@@ -441,7 +441,7 @@ def test_the_cuda_frames_first_layer_equals_its_steps_in_pytorch():
     layer = cp.model.layers[0]
     x = torch.stack([h, c], dim=1).reshape(rows, -1)
     qkv = output("at_qkv", plan.qkv)
-    close("q/k/v", qkv, torch.nn.functional.linear(layer.input_layernorm(x), kernel.qkv[0]))
+    close("q/k/v", qkv, torch.nn.functional.linear(layer.input_layernorm(x), kernel.weights.qkv[0]))
     heads, kv, hd = plan.heads, plan.kv_heads, plan.head_dim
     q = layer.self_attn.q_norm(qkv[:, : heads * hd].view(rows, heads, hd))
     k = layer.self_attn.k_norm(qkv[:, heads * hd : (heads + kv) * hd].view(rows, kv, hd))
@@ -459,8 +459,8 @@ def test_the_cuda_frames_first_layer_equals_its_steps_in_pytorch():
     attn = output("at_attn", heads * hd)
     close("attention", attn, want.reshape(rows, -1))
     res_a = output("at_res_a", plan.hidden)
-    close("residual after attention", res_a, x + torch.nn.functional.linear(attn, kernel.o[0]))
-    gate_up = torch.nn.functional.linear(layer.post_attention_layernorm(res_a), kernel.gate_up[0])
+    close("residual after attention", res_a, x + torch.nn.functional.linear(attn, kernel.weights.o[0]))
+    gate_up = torch.nn.functional.linear(layer.post_attention_layernorm(res_a), kernel.weights.gate_up[0])
     act = output("at_act", plan.intermediate)
     close(
         "activation", act, torch.nn.functional.silu(gate_up[:, : plan.intermediate]) * gate_up[:, plan.intermediate :]
@@ -468,5 +468,5 @@ def test_the_cuda_frames_first_layer_equals_its_steps_in_pytorch():
     close(
         "residual after the MLP",
         output("at_res_m", plan.hidden),
-        res_a + torch.nn.functional.linear(act, kernel.down[0]),
+        res_a + torch.nn.functional.linear(act, kernel.weights.down[0]),
     )

@@ -182,7 +182,8 @@ class CodePredictor(MergesProjections):
         """``persistent_decode="triton"``: frames of a few requests run ``kernels/persistent.py``'s kernel;
         ``"cuda"``: ``kernels/cuda_frame.py``'s (after the decoder kernels; each stacks the loaded weights,
         the modules keep views of them)."""
-        from omniwalk.kernels.persistent import PersistentCodePredictor, capacity
+        from omniwalk.kernels.frame import capacity
+        from omniwalk.kernels.persistent import PersistentCodePredictor
 
         if kind == "cuda":
             from omniwalk.kernels.cuda_frame import CudaCodePredictor as frame
