@@ -154,8 +154,9 @@ __device__ Segment segment(const Weights& w, int seg) {
         const int layer = i / 5, kind = i % 5;
         if (kind == 0) base = w.qkv + (long long)layer * QKV_W * HIDDEN, n = QKV_W, k = HIDDEN;
         else if (kind == 1) base = w.o + (long long)layer * HIDDEN * ATTN_W, n = HIDDEN, k = ATTN_W;
-        else if (kind == 2) base = w.gate_up + (long long)layer * 2 * INTERMEDIATE * HIDDEN, n = INTERMEDIATE, k = HIDDEN;
-        else if (kind == 3) base = w.gate_up + ((long long)layer * 2 + 1) * INTERMEDIATE * HIDDEN, n = INTERMEDIATE, k = HIDDEN;
+        else if (kind < 4) {  // (gate rows, then up rows)
+            base = w.gate_up + ((long long)layer * 2 + kind - 2) * INTERMEDIATE * HIDDEN, n = INTERMEDIATE, k = HIDDEN;
+        }
         else base = w.down + (long long)layer * HIDDEN * INTERMEDIATE, n = HIDDEN, k = INTERMEDIATE;
     }
     const int r0 = share_start(n, b), r1 = share_start(n, b + 1);
@@ -368,7 +369,9 @@ __device__ void attend(word* pass_words, int layer, int tile, int pass, const bf
         for (int s = warp; s < GQ * (pos + 1); s += WARPS) {  // scores: (q head, position)
             const int g = s / (pos + 1), at = s % (pos + 1);
             float dot = 0.f;
-            for (int dd = lane; dd < HEAD_DIM; dd += 32) dot += vec[g * HEAD_DIM + dd] * bf(keys[cache + at * HEAD_DIM + dd]);
+            for (int dd = lane; dd < HEAD_DIM; dd += 32) {
+                dot += vec[g * HEAD_DIM + dd] * bf(keys[cache + at * HEAD_DIM + dd]);
+            }
             dot = warp_sum(dot);
             if (lane == 0) e[g * CAPACITY + at] = dot * SCALE;
         }
@@ -441,7 +444,8 @@ struct Sampling {
 // repetition penalty, banned ids, the grammar's bitmask, temperature (``sampling.front``)
 __device__ __forceinline__ float front(float x, int row, int col, const Sampling& p) {
     if (p.flags & FLAG_PENALTY) {
-        if (p.seen[(long long)row * p.seen_stride + col]) x = x > 0.f ? __fdiv_rn(x, p.penalty[row]) : x * p.penalty[row];
+        const float penalty = p.penalty[row];
+        if (p.seen[(long long)row * p.seen_stride + col]) x = x > 0.f ? __fdiv_rn(x, penalty) : x * penalty;
     }
     if ((p.flags & FLAG_BANNED) && p.banned[(long long)row * p.banned_stride + col]) x = NEG_INF;
     if ((p.flags & FLAG_ALLOWED) && !((p.allowed[(long long)row * p.allowed_stride + (col >> 5)] >> (col & 31)) & 1)) {
@@ -659,6 +663,27 @@ __device__ __forceinline__ void stamp(long long* trace, int step, int phase) {
 #endif
 }
 
+// a step's projection: the block's ``n`` rows of it (SEGS segments of n rows, K inputs each: gate and up are
+// two) times the step's input rows in xs; lane r of the warp that computes row i hands row r's sums to
+// ``out(i, r, part 0's sum, part 1's)``. Stamps the step's weights in and its end.
+template <int SEGS, typename Out>
+__device__ __forceinline__ void project(const Weights& w, Ring* ring, int n, int K, int rows, const Scratch& sc,
+                                        long long* trace, int step, Out out) {
+    const int chunks = chunks_of(n * K * 2), lane = threadIdx.x & 31;
+    arrive(w, ring, SEGS * chunks);
+    stamp(trace, step, 2);
+    float acc[ROWS0], acc2[ROWS0];
+    for (int i = threadIdx.x >> 5; i < n; i += WARPS) {
+        const int at = (int)(ring->begin % RING_CHUNKS) * CHUNK + i * K * 2;
+        row_times_inputs(ring->slots, at, K, rows, sc.xs, acc);
+        if (SEGS == 2) row_times_inputs(ring->slots, (at + chunks * CHUNK) % RING, K, rows, sc.xs, acc2);
+        if (lane < rows) out(i, lane, lane_row(acc), SEGS == 2 ? lane_row(acc2) : 0.f);
+    }
+    ring->begin += SEGS * chunks;
+    __syncthreads();
+    stamp(trace, step, 3);
+}
+
 // ---- the frame ----
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -680,7 +705,7 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
     sc.red = (float*)(smem + RING + SCRATCH);
     sc.rstd = sc.red + WARPS * ROWS0;
     sc.codes = (int*)(sc.rstd + ROWS0);
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, block = blockIdx.x;
+    const int tid = threadIdx.x, block = blockIdx.x;
     const unsigned int epoch = load_word(sync) % 65535u + 1u;  // (1..65535: 0 is a word never written)
     if (tid == 0) give_up = sync + 2;  // (every block the same value)
     __syncthreads();
@@ -696,7 +721,6 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
     const int i0 = share_start(INTERMEDIATE, block), i1 = share_start(INTERMEDIATE, block + 1);
     const int v0 = share_start(VOCAB, block), v1 = share_start(VOCAB, block + 1);
     const int attn_tile = gridDim.x - 1 - block;  // (the last BATCH * KV_HEADS blocks attend)
-    float acc[ROWS0], acc2[ROWS0];
     for (int pass = 0; pass < PASSES; pass++) {
         word* pw = words + (long long)pass * PASS_WORDS;
         const int rows = pass == 0 ? ROWS0 : BATCH, tokens = pass == 0 ? 2 : 1;
@@ -709,16 +733,9 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
             stamp(trace, step, 0);
             read_rows(res_in, HIDDEN, 0, 1, rows, HIDDEN, in_norm + layer * HIDDEN, x0, embeds, pass, sc, epoch);
             stamp(trace, step, 1);
-            arrive(w, &ring, chunks_of((q1 - q0) * HIDDEN * 2));
-            stamp(trace, step, 2);
-            for (int i = warp; i < q1 - q0; i += WARPS) {
-                row_times_inputs(ring.slots, (int)(ring.begin % RING_CHUNKS) * CHUNK + i * HIDDEN * 2, HIDDEN, rows,
-                                 sc.xs, acc);
-                if (lane < rows) put(lw + AT_QKV + lane * QKV_W + q0 + i, lane_row(acc), epoch);  // (lane r: row r)
-            }
-            ring.begin += chunks_of((q1 - q0) * HIDDEN * 2);
-            __syncthreads();
-            stamp(trace, step, 3);
+            project<1>(w, &ring, q1 - q0, HIDDEN, rows, sc, trace, step, [&](int i, int r, float y, float) {
+                put(lw + AT_QKV + r * QKV_W + q0 + i, y, epoch);
+            });
             // ATTN
             stamp(trace, step + 1, 0);
             if (attn_tile < BATCH * KV_HEADS) {
@@ -729,59 +746,29 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
             stamp(trace, step + 2, 0);
             read_rows(lw + AT_ATTN, ATTN_W, 0, 1, rows, ATTN_W, nullptr, x0, embeds, pass, sc, epoch);
             stamp(trace, step + 2, 1);
-            arrive(w, &ring, chunks_of((h1 - h0) * ATTN_W * 2));
-            stamp(trace, step + 2, 2);
-            for (int i = warp; i < h1 - h0; i += WARPS) {
-                row_times_inputs(ring.slots, (int)(ring.begin % RING_CHUNKS) * CHUNK + i * ATTN_W * 2, ATTN_W, rows,
-                                 sc.xs, acc);
-                if (lane < rows) {
-                    const int c = h0 + i;
-                    const float h = res_in ? take(res_in + lane * HIDDEN + c, epoch)
-                                           : pass_input(x0, embeds, sc.codes, pass, lane, c);
-                    put(lw + AT_RES_A + lane * HIDDEN + c, h + round_bf(lane_row(acc)), epoch);
-                }
-            }
-            ring.begin += chunks_of((h1 - h0) * ATTN_W * 2);
-            __syncthreads();
-            stamp(trace, step + 2, 3);
+            project<1>(w, &ring, h1 - h0, ATTN_W, rows, sc, trace, step + 2, [&](int i, int r, float y, float) {
+                const int c = h0 + i;
+                const float h = res_in ? take(res_in + r * HIDDEN + c, epoch)
+                                       : pass_input(x0, embeds, sc.codes, pass, r, c);
+                put(lw + AT_RES_A + r * HIDDEN + c, h + round_bf(y), epoch);
+            });
             // GATE_UP
             stamp(trace, step + 3, 0);
             read_rows(lw + AT_RES_A, HIDDEN, 0, 1, rows, HIDDEN, post_norm + layer * HIDDEN, x0, embeds, pass, sc,
                       epoch);
             stamp(trace, step + 3, 1);
-            const int gate_chunks = chunks_of((i1 - i0) * HIDDEN * 2);
-            arrive(w, &ring, 2 * gate_chunks);
-            stamp(trace, step + 3, 2);
-            for (int i = warp; i < i1 - i0; i += WARPS) {
-                const int at = (int)(ring.begin % RING_CHUNKS) * CHUNK + i * HIDDEN * 2;
-                row_times_inputs(ring.slots, at, HIDDEN, rows, sc.xs, acc);
-                row_times_inputs(ring.slots, (at + gate_chunks * CHUNK) % RING, HIDDEN, rows, sc.xs, acc2);
-                if (lane < rows) {
-                    const float g = round_bf(lane_row(acc)), u = round_bf(lane_row(acc2));
-                    put(lw + AT_ACT + lane * INTERMEDIATE + i0 + i, round_bf(g / (1.f + expf(-g))) * u, epoch);
-                }
-            }
-            ring.begin += 2 * gate_chunks;
-            __syncthreads();
-            stamp(trace, step + 3, 3);
+            project<2>(w, &ring, i1 - i0, HIDDEN, rows, sc, trace, step + 3, [&](int i, int r, float gate, float up) {
+                const float g = round_bf(gate);
+                put(lw + AT_ACT + r * INTERMEDIATE + i0 + i, round_bf(g / (1.f + expf(-g))) * round_bf(up), epoch);
+            });
             // DOWN (+ the residual)
             stamp(trace, step + 4, 0);
             read_rows(lw + AT_ACT, INTERMEDIATE, 0, 1, rows, INTERMEDIATE, nullptr, x0, embeds, pass, sc, epoch);
             stamp(trace, step + 4, 1);
-            arrive(w, &ring, chunks_of((h1 - h0) * INTERMEDIATE * 2));
-            stamp(trace, step + 4, 2);
-            for (int i = warp; i < h1 - h0; i += WARPS) {
-                row_times_inputs(ring.slots, (int)(ring.begin % RING_CHUNKS) * CHUNK + i * INTERMEDIATE * 2,
-                                 INTERMEDIATE, rows, sc.xs, acc);
-                if (lane < rows) {
-                    const int c = h0 + i;
-                    const float h = take(lw + AT_RES_A + lane * HIDDEN + c, epoch);
-                    put(lw + AT_RES_M + lane * HIDDEN + c, h + round_bf(lane_row(acc)), epoch);
-                }
-            }
-            ring.begin += chunks_of((h1 - h0) * INTERMEDIATE * 2);
-            __syncthreads();
-            stamp(trace, step + 4, 3);
+            project<1>(w, &ring, h1 - h0, INTERMEDIATE, rows, sc, trace, step + 4, [&](int i, int r, float y, float) {
+                const int c = h0 + i;
+                put(lw + AT_RES_M + r * HIDDEN + c, take(lw + AT_RES_A + r * HIDDEN + c, epoch) + round_bf(y), epoch);
+            });
         }
         // HEAD: each request's last token row, final-normed
         const int head_step = pass * (5 * LAYERS + 1) + 5 * LAYERS;
@@ -789,16 +776,9 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
         const word* last = pw + (LAYERS - 1) * LAYER_WORDS + AT_RES_M;
         read_rows(last, HIDDEN, tokens - 1, tokens, BATCH, HIDDEN, final_norm, x0, embeds, pass, sc, epoch);
         stamp(trace, head_step, 1);
-        arrive(w, &ring, chunks_of((v1 - v0) * HIDDEN * 2));
-        stamp(trace, head_step, 2);
-        for (int i = warp; i < v1 - v0; i += WARPS) {
-            row_times_inputs(ring.slots, (int)(ring.begin % RING_CHUNKS) * CHUNK + i * HIDDEN * 2, HIDDEN, BATCH,
-                             sc.xs, acc);
-            if (lane < BATCH) put(pw + LAYERS * LAYER_WORDS + lane * VOCAB + v0 + i, lane_row(acc), epoch);
-        }
-        ring.begin += chunks_of((v1 - v0) * HIDDEN * 2);
-        __syncthreads();
-        stamp(trace, head_step, 3);
+        project<1>(w, &ring, v1 - v0, HIDDEN, BATCH, sc, trace, head_step, [&](int i, int r, float y, float) {
+            put(pw + LAYERS * LAYER_WORDS + r * VOCAB + v0 + i, y, epoch);
+        });
     }
     if (block == 0) draw_pass(words, PASSES - 1, embeds, codes, total, sp, sc, epoch);
     asm volatile("cp.async.wait_group 0;" ::: "memory");
