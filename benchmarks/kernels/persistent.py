@@ -43,20 +43,7 @@ def main() -> None:
     p.add_argument("--programs", type=float_list, default=[0.5, 1, 2], help="programs per SM")
     p.add_argument("--cuda", action="store_true", help="time the CUDA kernel (kernels/cuda_frame.py) too")
     args = p.parse_args()
-    cfg = Qwen3OmniConfig.from_hf(load_config_dict(PRESETS["qwen3-omni-30b-a3b"])).talker
-    with torch.device("cuda"):
-        cp = CodePredictor(cfg.code_predictor, cfg.num_code_groups).to(torch.bfloat16).eval()
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    with torch.no_grad():
-        for param in cp.parameters():
-            noise = torch.randn(param.shape, generator=gen, device="cuda")
-            param.copy_(1.0 + 0.1 * noise if param.dim() == 1 else noise / param.shape[-1] ** 0.5)
-    use_kernels(cp, "fused")
-    cuda_frame = None
-    if args.cuda:
-        cp.use_persistent_kernel("cuda")
-        cuda_frame = cp.persistent
-    cp.use_persistent_kernel()
+    cfg, cp, cuda_frame = _code_predictor(args.cuda)
     gbs = copy_gbs()
     frame_bytes = cp.persistent.weights.frame_bytes()
     floor_us = frame_bytes / (gbs * 1e3)
@@ -94,10 +81,35 @@ def main() -> None:
     headers = ["B", "layered (us)", *per_sm, "best /SM", "best, no L2 prefetch (us)"]
     headers += [*(["CUDA kernel (us)"] if cuda_frame else []), "floor (us)"]
     note = f"{data['machine']['device']}, copy {gbs:.0f} GB/s, {frame_bytes / 1e6:.0f} MB of weights a frame"
+    write_report(args.out, "persistent", data, _text(data, args.batches[0], note, markdown_table(headers, rows)))
+
+
+def _code_predictor(cuda: bool):
+    """The full-size code predictor, random bf16 weights on the GPU, the fused kernels and the Triton kernel
+    (``cuda``: the CUDA kernel too, made first) -> (talker config, module, the CUDA kernel or None)."""
+    cfg = Qwen3OmniConfig.from_hf(load_config_dict(PRESETS["qwen3-omni-30b-a3b"])).talker
+    with torch.device("cuda"):
+        cp = CodePredictor(cfg.code_predictor, cfg.num_code_groups).to(torch.bfloat16).eval()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    with torch.no_grad():
+        for param in cp.parameters():
+            noise = torch.randn(param.shape, generator=gen, device="cuda")
+            param.copy_(1.0 + 0.1 * noise if param.dim() == 1 else noise / param.shape[-1] ** 0.5)
+    use_kernels(cp, "fused")
+    cuda_frame = None
+    if cuda:
+        cp.use_persistent_kernel("cuda")
+        cuda_frame = cp.persistent
+    cp.use_persistent_kernel()
+    return cfg, cp, cuda_frame
+
+
+def _text(data: dict, batch: int, note: str, table: str) -> str:
+    """The report: the frames' table, then each traced frame's steps."""
     timeline = data["timeline"]
     ops = markdown_table(
         [
-            f"op (B = {args.batches[0]}, one traced frame)",
+            f"op (B = {batch}, one traced frame)",
             "tiles",
             "waiting, mean us",
             "working, mean us",
@@ -106,14 +118,14 @@ def main() -> None:
         [[op, *v] for op, v in timeline["ops"].items()],
     )
     spans = f"The traced frame: {timeline['frame_us']:.0f} us from its first tile's start to its last tile's end."
-    text = f"{note}\n\n{markdown_table(headers, rows)}\n\n{ops}\n\n{spans}"
-    if cuda_frame is not None:
+    text = f"{note}\n\n{table}\n\n{ops}\n\n{spans}"
+    if "cuda_timeline" in data:
         cuda_ops = data["cuda_timeline"]["ops"]
-        cuda_headers = [f"CUDA kernel's step (B = {args.batches[0]}, one traced frame)", *CUDA_PHASES]
+        cuda_headers = [f"CUDA kernel's step (B = {batch}, one traced frame)", *CUDA_PHASES]
         text += "\n\n" + markdown_table(cuda_headers, [[op, *v] for op, v in cuda_ops.items()])
         text += f"\n\nThe CUDA kernel's traced frame: {data['cuda_timeline']['frame_us']:.0f} us (mean us a step, "
         text += "thread 0 of each block; draw: from a pass's head to the next pass's first step)."
-    write_report(args.out, "persistent", data, text)
+    return text
 
 
 def _timeline(kernel, h, c, params, batch: int) -> dict:
