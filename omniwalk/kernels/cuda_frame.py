@@ -22,6 +22,7 @@ import torch
 
 from omniwalk.kernels.frame import FrameWeights, capacity, frame_shape
 from omniwalk.kernels.persistent_schedule import Shape
+from omniwalk.kernels.sampling import TOP_CANDIDATES
 
 KERNEL = Path(__file__).with_name("code_predictor_frame.cu")
 MAX_BATCH = 4  # frames of up to this many requests take the kernel (more: the layered path)
@@ -30,7 +31,6 @@ CHUNK = 8192  # bytes of weights a block asks for at once (16 a thread)
 DEPTH = 4  # chunks in flight behind the one a step waits for
 SHARED_BYTES = 227 * 1024  # shared memory one block may take on sm_90
 MAX_RING_CHUNKS = 24
-CANDIDATES = 64  # a draw's top-k up to this sorts ... (``sampling.TOP_CANDIDATES``)
 
 
 @dataclass(frozen=True)
@@ -129,8 +129,8 @@ class FramePlan(Shape):
             problems.append(f"{self.blocks} blocks for {self.batch * self.kv_heads} attention tiles")
         if self.step_chunks() + DEPTH + 1 > self.ring_chunks:
             problems.append(f"a step's rows take {self.step_chunks()} chunks; the ring holds {self.ring_chunks}")
-        if self.groups - 1 > 65535 or self.words() * 4 > 2**31:
-            problems.append("the outputs' words exceed 32-bit offsets")
+        if self.layout()["pass_words"] >= 2**31:
+            problems.append("a pass's words exceed 32-bit offsets")
         if problems:
             raise ValueError(f"the CUDA frame kernel does not take this shape ({self}): " + "; ".join(problems))
 
@@ -147,7 +147,7 @@ class FramePlan(Shape):
             groups=self.groups,
             layers=self.layers,
             capacity=capacity(self.groups),
-            candidates=min(CANDIDATES, self.block_v),
+            candidates=min(TOP_CANDIDATES, self.block_v),  # (a top_k up to this: the best-64 lists)
             threads=THREADS,
             chunk=CHUNK,
             ring_chunks=self.ring_chunks,
