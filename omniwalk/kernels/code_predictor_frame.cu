@@ -1,12 +1,13 @@
 // The code predictor's frame in one launch, CUDA (``kernels/cuda_frame.py`` builds it at first use with NVRTC
 // through torch.cuda and #defines its shape in front: BATCH, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE,
-// VOCAB, BLOCK_V, GROUPS, LAYERS, CAPACITY, CANDIDATES, THREADS, CHUNK, RING_CHUNKS, DEPTH, SCRATCH, EPS, SCALE,
+// VOCAB, BLOCK_V, GROUPS, LAYERS, CAPACITY, CANDIDATES, THREADS, CHUNK, RING_CHUNKS, SCRATCH, EPS, SCALE,
 // TRACE, and the outputs' layout below).
 //
 // One block per SM, all resident at once. Each block owns fixed rows of every projection of the frame (the
 // same share of each step's output columns in every pass) and streams those rows' weights into a ring of
 // shared memory, ahead of the steps, with cp.async; the weights depend on nothing the kernel writes, so the
-// stream runs ahead of the dependency chain as far as the ring lets it. A step's outputs are written with the
+// stream runs ahead of the dependency chain as far as the ring lets it (each step and each draw starts by
+// asking for every free slot, so the waits for inputs overlap the stream). A step's outputs are written with the
 // launch's epoch beside each value (one 32-bit word: bf16 bits, epoch << 16); reading a step's input spins
 // until every word carries the epoch, so that read is the step's wait: no counter, no fence. Every output of
 // every pass has its own words (written once a launch). The steps of a pass, per layer:
@@ -200,12 +201,36 @@ struct Ring {
     long long asked, resident, begin;  // chunks asked for, arrived, the current step's first
 };
 
-// until ``chunks`` chunks from the step's first are in the ring (DEPTH more in flight behind them)
-__device__ __forceinline__ void arrive(const Weights& w, Ring* r, int chunks) {
-    while (r->resident < r->begin + chunks) {
+// ask for a chunk into every free slot of the ring (a slot is free once the steps before the current one are
+// done with it: chunks up to the current step's first + RING_CHUNKS)
+__device__ __forceinline__ void fill(const Weights& w, Ring* r) {
+    while (r->asked < r->begin + RING_CHUNKS) {
         ask(w, &r->st, r->asked, r->slots);
         r->asked++;
-        asm volatile("cp.async.wait_group %0;" :: "n"(DEPTH) : "memory");
+    }
+}
+
+// until at most ``n`` of this thread's groups of copies are in flight (cp.async.wait_group takes a constant)
+__device__ __forceinline__ void wait_pending(int n) {
+#define WAIT_CASE(k) case k: asm volatile("cp.async.wait_group " #k ";" ::: "memory"); break;
+    switch (n) {
+        WAIT_CASE(0) WAIT_CASE(1) WAIT_CASE(2) WAIT_CASE(3) WAIT_CASE(4) WAIT_CASE(5) WAIT_CASE(6) WAIT_CASE(7)
+        WAIT_CASE(8) WAIT_CASE(9) WAIT_CASE(10) WAIT_CASE(11) WAIT_CASE(12) WAIT_CASE(13) WAIT_CASE(14)
+        WAIT_CASE(15) WAIT_CASE(16) WAIT_CASE(17) WAIT_CASE(18) WAIT_CASE(19) WAIT_CASE(20) WAIT_CASE(21)
+        WAIT_CASE(22) WAIT_CASE(23)
+        default: asm volatile("cp.async.wait_group 24;" ::: "memory");
+    }
+#undef WAIT_CASE
+}
+
+// until ``chunks`` chunks from the step's first are in the ring (the chunks asked for after them stay in flight)
+__device__ __forceinline__ void arrive(const Weights& w, Ring* r, int chunks) {
+    while (r->resident < r->begin + chunks) {
+        if (r->asked <= r->resident) {
+            ask(w, &r->st, r->asked, r->slots);
+            r->asked++;
+        }
+        wait_pending((int)(r->asked - r->resident - 1));
         r->resident++;
     }
     __syncthreads();
@@ -714,7 +739,7 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
                          top_k, top_p, sampled, seeds, steps, flags};
     Ring ring;
     ring.slots = smem, ring.st.seg = 0, ring.st.offset = 0, ring.asked = 0, ring.resident = 0, ring.begin = 0;
-    for (int i = 0; i < DEPTH; i++) ask(w, &ring.st, ring.asked++, ring.slots);
+    fill(w, &ring);
     // the block's rows of each projection (the same every pass)
     const int q0 = share_start(QKV_W, block), q1 = share_start(QKV_W, block + 1);
     const int h0 = share_start(HIDDEN, block), h1 = share_start(HIDDEN, block + 1);
@@ -724,12 +749,16 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
     for (int pass = 0; pass < PASSES; pass++) {
         word* pw = words + (long long)pass * PASS_WORDS;
         const int rows = pass == 0 ? ROWS0 : BATCH, tokens = pass == 0 ? 2 : 1;
-        if (pass > 0) draw_pass(words, pass - 1, embeds, codes, total, sp, sc, epoch);  // (this pass's input)
+        if (pass > 0) {  // (this pass's input)
+            fill(w, &ring);
+            draw_pass(words, pass - 1, embeds, codes, total, sp, sc, epoch);
+        }
         for (int layer = 0; layer < LAYERS; layer++) {
             word* lw = pw + layer * LAYER_WORDS;
             const word* res_in = layer == 0 ? nullptr : lw - LAYER_WORDS + AT_RES_M;  // (null: the pass's input)
             const int step = pass * (5 * LAYERS + 1) + 5 * layer;
             // QKV
+            fill(w, &ring);
             stamp(trace, step, 0);
             read_rows(res_in, HIDDEN, 0, 1, rows, HIDDEN, in_norm + layer * HIDDEN, x0, embeds, pass, sc, epoch);
             stamp(trace, step, 1);
@@ -743,6 +772,7 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
             }
             stamp(trace, step + 1, 3);
             // OUT (+ the residual)
+            fill(w, &ring);
             stamp(trace, step + 2, 0);
             read_rows(lw + AT_ATTN, ATTN_W, 0, 1, rows, ATTN_W, nullptr, x0, embeds, pass, sc, epoch);
             stamp(trace, step + 2, 1);
@@ -753,6 +783,7 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
                 put(lw + AT_RES_A + r * HIDDEN + c, h + round_bf(y), epoch);
             });
             // GATE_UP
+            fill(w, &ring);
             stamp(trace, step + 3, 0);
             read_rows(lw + AT_RES_A, HIDDEN, 0, 1, rows, HIDDEN, post_norm + layer * HIDDEN, x0, embeds, pass, sc,
                       epoch);
@@ -762,6 +793,7 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
                 put(lw + AT_ACT + r * INTERMEDIATE + i0 + i, round_bf(g / (1.f + expf(-g))) * round_bf(up), epoch);
             });
             // DOWN (+ the residual)
+            fill(w, &ring);
             stamp(trace, step + 4, 0);
             read_rows(lw + AT_ACT, INTERMEDIATE, 0, 1, rows, INTERMEDIATE, nullptr, x0, embeds, pass, sc, epoch);
             stamp(trace, step + 4, 1);
@@ -772,6 +804,7 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
         }
         // HEAD: each request's last token row, final-normed
         const int head_step = pass * (5 * LAYERS + 1) + 5 * LAYERS;
+        fill(w, &ring);
         stamp(trace, head_step, 0);
         const word* last = pw + (LAYERS - 1) * LAYER_WORDS + AT_RES_M;
         read_rows(last, HIDDEN, tokens - 1, tokens, BATCH, HIDDEN, final_norm, x0, embeds, pass, sc, epoch);

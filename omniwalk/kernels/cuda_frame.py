@@ -28,7 +28,6 @@ KERNEL = Path(__file__).with_name("code_predictor_frame.cu")
 MAX_BATCH = 4  # frames of up to this many requests take the kernel (more: the layered path)
 THREADS = 512  # a block's threads (16 warps)
 CHUNK = 8192  # bytes of weights a block asks for at once (16 a thread)
-DEPTH = 4  # chunks in flight behind the one a step waits for
 SHARED_BYTES = 227 * 1024  # shared memory one block may take on sm_90
 MAX_RING_CHUNKS = 24
 
@@ -127,7 +126,7 @@ class FramePlan(Shape):
             problems.append("vocabulary and q/k/v width must be multiples of 4")
         if self.blocks < self.batch * self.kv_heads:
             problems.append(f"{self.blocks} blocks for {self.batch * self.kv_heads} attention tiles")
-        if self.step_chunks() + DEPTH + 1 > self.ring_chunks:
+        if self.step_chunks() > self.ring_chunks:
             problems.append(f"a step's rows take {self.step_chunks()} chunks; the ring holds {self.ring_chunks}")
         if self.layout()["pass_words"] >= 2**31:
             problems.append("a pass's words exceed 32-bit offsets")
@@ -151,7 +150,6 @@ class FramePlan(Shape):
             threads=THREADS,
             chunk=CHUNK,
             ring_chunks=self.ring_chunks,
-            depth=DEPTH,
             scratch=self.scratch,
             eps=f"{self.eps:.9e}f",
             scale=f"{self.head_dim**-0.5:.9e}f",
