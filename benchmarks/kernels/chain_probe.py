@@ -25,7 +25,7 @@ Three ways, same machine, microseconds a frame:
                computes its rows from shared memory, counts itself in (``--syncs counter``; ``flags``:
                no counter, each output entry stored with the launch's epoch beside it in one 8-byte word,
                so that reading a step's input, spinning until every entry carries the epoch, is its wait:
-               one L2 round trip a step where the counter takes three, cp.async and bulk). Each step's
+               by design one L2 round trip a step where the counter takes three; cp.async and bulk). Each step's
                output is checked
                against PyTorch's (fp32, same weights) from the kernel's own output of the step before (over
                315 steps the chain's rounding compounds); the script exits non-zero where they differ
