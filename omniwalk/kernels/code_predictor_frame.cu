@@ -5,12 +5,13 @@
 //
 // One block per SM, all resident at once. Each block owns fixed rows of every projection of the frame (the
 // same share of each step's output columns in every pass) and streams those rows' weights into a ring of
-// shared memory, ahead of the steps, with cp.async; the weights depend on nothing the kernel writes, so the
-// stream runs ahead of the dependency chain as far as the ring lets it (each step and each draw starts by
-// asking for every free slot, so the waits for inputs overlap the stream). A step's outputs are written with the
-// launch's epoch beside each value (one 32-bit word: bf16 bits, epoch << 16); reading a step's input spins
-// until every word carries the epoch, so that read is the step's wait: no counter, no fence. Every output of
-// every pass has its own words (written once a launch). The steps of a pass, per layer:
+// shared memory, ahead of the steps, with bulk copies (thread 0 asks the copy engine; a barrier a slot says
+// when its bytes landed, so no other thread issues or waits for a copy it did not need); the weights depend on
+// nothing the kernel writes, so the stream runs ahead of the dependency chain as far as the ring lets it (each
+// step and each draw starts by asking for every free slot). A step's outputs are written with the launch's
+// epoch beside each value (one 32-bit word: bf16 bits, epoch << 16); reading a step's input spins until every
+// word carries the epoch, so that read is the step's wait: no counter, no fence. Every output of every pass has
+// its own words (written once a launch). The steps of a pass, per layer:
 //
 //     QKV      the input-normed residual rows times the block's q/k/v projection rows
 //     ATTN     (request, kv head) on one block each: q/k norm and rope, K/V kept in the block's own cache
@@ -174,66 +175,53 @@ struct Stream {
     int offset;  // its byte offset there
 };
 
-// ask for the block's next chunk into its ring slot (16 bytes a thread with cp.async; one group a chunk, an
-// empty group past the frame's end); segments without rows take no chunk
-__device__ __forceinline__ void ask(const Weights& w, Stream* st, long long chunk, unsigned char* ring) {
-    Segment s = segment(w, min(st->seg, SEGMENTS - 1));
-    while (st->seg < SEGMENTS && s.bytes == 0) {
-        st->seg += 1;
-        if (st->seg < SEGMENTS) s = segment(w, st->seg);
-    }
-    if (st->seg < SEGMENTS) {
-        const int left = min(s.bytes - st->offset, CHUNK);
-        const unsigned int dst = shared_address(ring + (chunk % RING_CHUNKS) * CHUNK);
-        for (int o = threadIdx.x * 16; o < left; o += THREADS * 16) {
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst + o), "l"(s.src + st->offset + o)
-                         : "memory");
-        }
-        st->offset += CHUNK;
-        if (st->offset >= s.bytes) { st->seg += 1; st->offset = 0; }
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
 struct Ring {
     unsigned char* slots;
+    unsigned long long* full;  // [RING_CHUNKS] each slot's barrier: its chunk's bytes have landed
     Stream st;
-    long long asked, resident, begin;  // chunks asked for, arrived, the current step's first
+    long long asked, begin;  // chunks asked for, the current step's first
 };
 
-// ask for a chunk into every free slot of the ring (a slot is free once the steps before the current one are
-// done with it: chunks up to the current step's first + RING_CHUNKS)
+// the block's next chunk into its ring slot: one bulk copy (the copy engine, asked by thread 0; the slot's
+// barrier expects its bytes); every thread keeps the stream's place. Segments without rows take no chunk.
+__device__ __forceinline__ void ask(const Weights& w, Ring* r) {
+    Stream* st = &r->st;
+    Segment s = segment(w, st->seg);
+    while (s.bytes == 0 && ++st->seg < SEGMENTS) s = segment(w, st->seg);
+    if (st->seg >= SEGMENTS) return;
+    if (threadIdx.x == 0) {
+        const int bytes = min(s.bytes - st->offset, CHUNK);
+        const unsigned int dst = shared_address(r->slots + (r->asked % RING_CHUNKS) * CHUNK);
+        const unsigned int bar = shared_address(r->full + r->asked % RING_CHUNKS);
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                     :: "r"(dst), "l"(s.src + st->offset), "r"(bytes), "r"(bar) : "memory");
+    }
+    r->asked++;
+    st->offset += CHUNK;
+    if (st->offset >= s.bytes) { st->seg += 1; st->offset = 0; }
+}
+
+// a chunk into every free slot of the ring (a slot is free once the steps before the current one are done
+// with it: chunks up to the current step's first + RING_CHUNKS). Called by every thread after a barrier that
+// follows the last reads of the freed slots (the fence orders those reads before the copy engine's writes).
 __device__ __forceinline__ void fill(const Weights& w, Ring* r) {
-    while (r->asked < r->begin + RING_CHUNKS) {
-        ask(w, &r->st, r->asked, r->slots);
-        r->asked++;
-    }
+    if (threadIdx.x == 0) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    while (r->asked < r->begin + RING_CHUNKS && r->st.seg < SEGMENTS) ask(w, r);
 }
 
-// until at most ``n`` of this thread's groups of copies are in flight (cp.async.wait_group takes a constant)
-__device__ __forceinline__ void wait_pending(int n) {
-#define WAIT_CASE(k) case k: asm volatile("cp.async.wait_group " #k ";" ::: "memory"); break;
-    switch (n) {
-        WAIT_CASE(0) WAIT_CASE(1) WAIT_CASE(2) WAIT_CASE(3) WAIT_CASE(4) WAIT_CASE(5) WAIT_CASE(6) WAIT_CASE(7)
-        WAIT_CASE(8) WAIT_CASE(9) WAIT_CASE(10) WAIT_CASE(11) WAIT_CASE(12) WAIT_CASE(13) WAIT_CASE(14)
-        WAIT_CASE(15) WAIT_CASE(16) WAIT_CASE(17) WAIT_CASE(18) WAIT_CASE(19) WAIT_CASE(20) WAIT_CASE(21)
-        WAIT_CASE(22) WAIT_CASE(23)
-        default: asm volatile("cp.async.wait_group 24;" ::: "memory");
-    }
-#undef WAIT_CASE
-}
-
-// until ``chunks`` chunks from the step's first are in the ring (the chunks asked for after them stay in flight)
-__device__ __forceinline__ void arrive(const Weights& w, Ring* r, int chunks) {
-    while (r->resident < r->begin + chunks) {
-        if (r->asked <= r->resident) {
-            ask(w, &r->st, r->asked, r->slots);
-            r->asked++;
+// until chunks begin .. begin + chunks - 1 are in the ring (each slot's barrier completes a phase a chunk)
+// (every step starts with a fill, and a step's chunks fit the ring: FramePlan.check)
+__device__ __forceinline__ void arrive(const Ring* r, int chunks) {
+    for (long long c = r->begin; c < r->begin + chunks; c++) {
+        const unsigned int bar = shared_address(r->full + c % RING_CHUNKS), parity = (c / RING_CHUNKS) & 1;
+        unsigned int done = 0;
+        for (int n = 0; !gives_up(n); n++) {
+            asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                         "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+            if (done) break;
         }
-        wait_pending((int)(r->asked - r->resident - 1));
-        r->resident++;
     }
-    __syncthreads();
 }
 
 __device__ __forceinline__ int chunks_of(int bytes) { return (bytes + CHUNK - 1) / CHUNK; }
@@ -695,7 +683,7 @@ template <int SEGS, typename Out>
 __device__ __forceinline__ void project(const Weights& w, Ring* ring, int n, int K, int rows, const Scratch& sc,
                                         long long* trace, int step, Out out) {
     const int chunks = chunks_of(n * K * 2), lane = threadIdx.x & 31;
-    arrive(w, ring, SEGS * chunks);
+    arrive(ring, SEGS * chunks);
     stamp(trace, step, 2);
     float acc[ROWS0], acc2[ROWS0];
     for (int i = threadIdx.x >> 5; i < n; i += WARPS) {
@@ -727,18 +715,25 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
     extern __shared__ __align__(16) unsigned char smem[];
     Scratch sc;
     sc.xs = (bf16*)(smem + RING);
-    sc.red = (float*)(smem + RING + SCRATCH);
+    unsigned long long* full = (unsigned long long*)(smem + RING + SCRATCH);  // [RING_CHUNKS] the slots' barriers
+    sc.red = (float*)(full + RING_CHUNKS);
     sc.rstd = sc.red + WARPS * ROWS0;
     sc.codes = (int*)(sc.rstd + ROWS0);
     const int tid = threadIdx.x, block = blockIdx.x;
     const unsigned int epoch = load_word(sync) % 65535u + 1u;  // (1..65535: 0 is a word never written)
-    if (tid == 0) give_up = sync + 2;  // (every block the same value)
+    if (tid == 0) {
+        give_up = sync + 2;  // (every block the same value)
+        for (int i = 0; i < RING_CHUNKS; i++) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(shared_address(full + i)) : "memory");
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // (seen by the copy engine)
+    }
     __syncthreads();
     const Weights w = {qkv_w, o_w, gate_up_w, down_w, heads};
     const Sampling sp = {temperature, penalty, seen, seen_stride, banned, banned_stride, allowed, allowed_stride,
                          top_k, top_p, sampled, seeds, steps, flags};
     Ring ring;
-    ring.slots = smem, ring.st.seg = 0, ring.st.offset = 0, ring.asked = 0, ring.resident = 0, ring.begin = 0;
+    ring.slots = smem, ring.full = full, ring.st.seg = 0, ring.st.offset = 0, ring.asked = 0, ring.begin = 0;
     fill(w, &ring);
     // the block's rows of each projection (the same every pass)
     const int q0 = share_start(QKV_W, block), q1 = share_start(QKV_W, block + 1);
@@ -814,7 +809,6 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
         });
     }
     if (block == 0) draw_pass(words, PASSES - 1, embeds, codes, total, sp, sc, epoch);
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
     // the last block out moves the epoch on (the next launch reads it)
     __syncthreads();
     if (tid == 0) {

@@ -77,9 +77,9 @@ class FramePlan(Shape):
 
     @property
     def small(self) -> int:
-        """Bytes after the scratch: the warps' sums, the rows' norms, the codes drawn."""
+        """Bytes after the scratch: the ring slots' barriers, the warps' sums, the rows' norms, the codes drawn."""
         rows = 2 * self.batch
-        return 4 * (THREADS // 32 * rows + rows + self.batch) + 64
+        return 8 * MAX_RING_CHUNKS + 4 * (THREADS // 32 * rows + rows + self.batch) + 64
 
     @property
     def ring_chunks(self) -> int:
