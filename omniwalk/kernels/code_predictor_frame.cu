@@ -577,6 +577,7 @@ __device__ int draw(const word* logits, int row, int pass, const Sampling& p, Sc
     }
     __syncthreads();
     long long smallest = KEY_MIN;  // the least key the top-k / top-p set keeps
+    bool kept_keys = true;         // keys[c] still column c's (the full sort ranks them in place)
     const long long top_k = (p.flags & FLAG_TOP) ? p.top_k[row] : VOCAB;
     const float top_p = (p.flags & FLAG_TOP) ? p.top_p[row] : 1.f;
     if (top_k < VOCAB || top_p < 1.f) {
@@ -587,6 +588,7 @@ __device__ int draw(const word* logits, int row, int pass, const Sampling& p, Sc
             top_candidates(keys, ranked);
         } else {
             sort_keys(keys, BLOCK_V);
+            kept_keys = false;
         }
         const int per = (n + THREADS - 1) / THREADS, r0 = tid * per;
         const float best = score_of(ranked[0]);
@@ -630,7 +632,8 @@ __device__ int draw(const word* logits, int row, int pass, const Sampling& p, Sc
     long long best = KEY_MIN;
     const bool noise = (p.flags & FLAG_SAMPLED) && p.sampled[row];
     for (int c = tid; c < BLOCK_V; c += THREADS) {
-        float x = c < VOCAB ? front(take(logits + row * VOCAB + c, epoch), row, c, p) : NEG_INF;
+        float x = kept_keys ? score_of(keys[c]) : c < VOCAB ? front(take(logits + row * VOCAB + c, epoch), row, c, p)
+                                                            : NEG_INF;
         if (key_of(x, c) < smallest) x = NEG_INF;
         if (noise) x += gumbel(p.seeds[row], p.steps[row] + pass, c);
         best = max64(best, key_of(x, c));
