@@ -1,7 +1,7 @@
 // The code predictor's frame in one launch, CUDA (``kernels/cuda_frame.py`` builds it at first use with NVRTC
 // through torch.cuda and #defines its shape in front: BATCH, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE,
-// VOCAB, BLOCK_V, GROUPS, LAYERS, CAPACITY, CANDIDATES, THREADS, CHUNK, RING_CHUNKS, SCRATCH, EPS, SCALE,
-// TRACE, and the outputs' layout below).
+// VOCAB, BLOCK_V, GROUPS, LAYERS, CAPACITY, CANDIDATES, THREADS, CHUNK, RING_CHUNKS, RES_COLS, SCRATCH, EPS,
+// SCALE, TRACE, and the outputs' layout below).
 //
 // One block per SM, all resident at once. Each block owns fixed rows of every projection of the frame (the
 // same share of each step's output columns in every pass) and streams those rows' weights into a ring of
@@ -233,6 +233,7 @@ struct Scratch {
     float* red;    // [WARPS * ROWS0]
     float* rstd;   // [ROWS0]
     int* codes;    // [BATCH] the codes the block drew last
+    float* res;    // [ROWS0, RES_COLS] the residual at the block's hidden columns (OUT's and DOWN's epilogue)
 };
 
 // the residual rows a pass starts from: row r's value at column c (the first pass: each request's talker
@@ -285,6 +286,19 @@ __device__ void read_rows(const word* src, int stride, int first, int step, int 
         sc.xs[i] = to_bf(bf(norm[k]) * normed);
     }
     __syncthreads();
+}
+
+// the residual's rows at the block's hidden columns h0..h1-1 into sc.res (read_rows' barrier then shows them),
+// from flagged words ``src`` or, where src is null, the pass's input. Asked before the step's input: the block
+// already waited for every word of it (its QKV or GATE_UP step read the whole rows), so the loads do not wait
+// and their latency leaves the step's end.
+__device__ __forceinline__ void residual_at(const word* src, int h0, int h1, int rows, const bf16* x0,
+                                            const bf16* embeds, int pass, Scratch& sc, unsigned int epoch) {
+    for (int t = threadIdx.x; t < rows * (h1 - h0); t += THREADS) {
+        const int r = t / (h1 - h0), i = t % (h1 - h0);
+        sc.res[r * RES_COLS + i] = src ? take(src + r * HIDDEN + h0 + i, epoch)
+                                       : pass_input(x0, embeds, sc.codes, pass, r, h0 + i);
+    }
 }
 
 // a row of weights in the ring (from byte ``at``, K entries) times the step's input rows: this lane's
@@ -722,6 +736,7 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
     sc.red = (float*)(full + RING_CHUNKS);
     sc.rstd = sc.red + WARPS * ROWS0;
     sc.codes = (int*)(sc.rstd + ROWS0);
+    sc.res = (float*)(sc.codes + BATCH);
     const int tid = threadIdx.x, block = blockIdx.x;
     const unsigned int epoch = load_word(sync) % 65535u + 1u;  // (1..65535: 0 is a word never written)
     if (tid == 0) {
@@ -772,13 +787,11 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
             // OUT (+ the residual)
             fill(w, &ring);
             stamp(trace, step + 2, 0);
+            residual_at(res_in, h0, h1, rows, x0, embeds, pass, sc, epoch);
             read_rows(lw + AT_ATTN, ATTN_W, 0, 1, rows, ATTN_W, nullptr, x0, embeds, pass, sc, epoch);
             stamp(trace, step + 2, 1);
             project<1>(w, &ring, h1 - h0, ATTN_W, rows, sc, trace, step + 2, [&](int i, int r, float y, float) {
-                const int c = h0 + i;
-                const float h = res_in ? take(res_in + r * HIDDEN + c, epoch)
-                                       : pass_input(x0, embeds, sc.codes, pass, r, c);
-                put(lw + AT_RES_A + r * HIDDEN + c, h + round_bf(y), epoch);
+                put(lw + AT_RES_A + r * HIDDEN + h0 + i, sc.res[r * RES_COLS + i] + round_bf(y), epoch);
             });
             // GATE_UP
             fill(w, &ring);
@@ -793,11 +806,11 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
             // DOWN (+ the residual)
             fill(w, &ring);
             stamp(trace, step + 4, 0);
+            residual_at(lw + AT_RES_A, h0, h1, rows, x0, embeds, pass, sc, epoch);
             read_rows(lw + AT_ACT, INTERMEDIATE, 0, 1, rows, INTERMEDIATE, nullptr, x0, embeds, pass, sc, epoch);
             stamp(trace, step + 4, 1);
             project<1>(w, &ring, h1 - h0, INTERMEDIATE, rows, sc, trace, step + 4, [&](int i, int r, float y, float) {
-                const int c = h0 + i;
-                put(lw + AT_RES_M + r * HIDDEN + c, take(lw + AT_RES_A + r * HIDDEN + c, epoch) + round_bf(y), epoch);
+                put(lw + AT_RES_M + r * HIDDEN + h0 + i, sc.res[r * RES_COLS + i] + round_bf(y), epoch);
             });
         }
         // HEAD: each request's last token row, final-normed

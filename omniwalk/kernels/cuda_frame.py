@@ -77,9 +77,15 @@ class FramePlan(Shape):
 
     @property
     def small(self) -> int:
-        """Bytes after the scratch: the ring slots' barriers, the warps' sums, the rows' norms, the codes drawn."""
+        """Bytes after the scratch: the ring slots' barriers, the warps' sums, the rows' norms, the codes drawn,
+        the residual at the block's hidden columns."""
         rows = 2 * self.batch
-        return 8 * MAX_RING_CHUNKS + 4 * (THREADS // 32 * rows + rows + self.batch) + 64
+        return 8 * MAX_RING_CHUNKS + 4 * (THREADS // 32 * rows + rows + self.batch + rows * self.res_cols) + 64
+
+    @property
+    def res_cols(self) -> int:
+        """The most hidden columns one block's rows give (its share of the output projection and the down's)."""
+        return -(-self.hidden // self.blocks)
 
     @property
     def ring_chunks(self) -> int:
@@ -150,6 +156,7 @@ class FramePlan(Shape):
             threads=THREADS,
             chunk=CHUNK,
             ring_chunks=self.ring_chunks,
+            res_cols=self.res_cols,
             scratch=self.scratch,
             eps=f"{self.eps:.9e}f",
             scale=f"{self.head_dim**-0.5:.9e}f",
