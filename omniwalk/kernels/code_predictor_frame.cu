@@ -302,13 +302,21 @@ __device__ __forceinline__ void residual_at(const word* src, int h0, int h1, int
 }
 
 // a row of weights in the ring (from byte ``at``, K entries) times the step's input rows: this lane's
-// partial sums (the caller sums the warp)
-__device__ __forceinline__ void row_times_inputs(const unsigned char* ring, int at, int K, int rows, const bf16* xs,
+// partial sums (the caller sums the warp). K is the step's constant, so the loop unrolls (its passes in pairs,
+// as many as the registers let go out together: fewer at more rows, which give their own chains), and each
+// row's sum is two independent chains (a pair's first pass, its second).
+constexpr int K_PAIRS = ROWS0 >= 4 ? 1 : 2;  // (unrolled together; a pragma takes a constant, not a macro)
+template <int K>
+__device__ __forceinline__ void row_times_inputs(const unsigned char* ring, int at, int rows, const bf16* xs,
                                                  float* acc) {
     const int lane = threadIdx.x & 31;
+    constexpr int PASSES_K = (K + 255) / 256;  // (256 entries a pass: 8 a lane)
+    float part[ROWS0][2];
 #pragma unroll
-    for (int r = 0; r < ROWS0; r++) acc[r] = 0.f;
-    for (int k = lane * 8; k < K; k += 256) {
+    for (int r = 0; r < ROWS0; r++) part[r][0] = part[r][1] = 0.f;
+    auto pass_k = [&](int j, int chain) {
+        const int k = lane * 8 + j * 256;
+        if (j == PASSES_K - 1 && k >= K) return;  // (only the last pass's lanes past K)
         int p = at + 2 * k;
         if (p >= RING) p -= RING;
         const uint4 w = *(const uint4*)(ring + p);
@@ -320,16 +328,21 @@ __device__ __forceinline__ void row_times_inputs(const unsigned char* ring, int 
         for (int r = 0; r < ROWS0; r++) {
             if (r < rows) {
                 const uint4 x = *(const uint4*)(xs + r * K + k);
-                acc[r] += w0 * __uint_as_float(x.x << 16) + w1 * __uint_as_float(x.x & 0xffff0000u)
-                        + w2 * __uint_as_float(x.y << 16) + w3 * __uint_as_float(x.y & 0xffff0000u)
-                        + w4 * __uint_as_float(x.z << 16) + w5 * __uint_as_float(x.z & 0xffff0000u)
-                        + w6 * __uint_as_float(x.w << 16) + w7 * __uint_as_float(x.w & 0xffff0000u);
+                part[r][chain] += w0 * __uint_as_float(x.x << 16) + w1 * __uint_as_float(x.x & 0xffff0000u)
+                                + w2 * __uint_as_float(x.y << 16) + w3 * __uint_as_float(x.y & 0xffff0000u)
+                                + w4 * __uint_as_float(x.z << 16) + w5 * __uint_as_float(x.z & 0xffff0000u)
+                                + w6 * __uint_as_float(x.w << 16) + w7 * __uint_as_float(x.w & 0xffff0000u);
             }
         }
+    };
+#pragma unroll K_PAIRS
+    for (int j = 0; j < PASSES_K; j += 2) {
+        pass_k(j, 0);
+        if (j + 1 < PASSES_K) pass_k(j + 1, 1);
     }
 #pragma unroll
     for (int r = 0; r < ROWS0; r++) {
-        if (r < rows) acc[r] = warp_sum(acc[r]);
+        if (r < rows) acc[r] = warp_sum(part[r][0] + part[r][1]);
     }
 }
 
@@ -696,8 +709,8 @@ __device__ __forceinline__ void stamp(long long* trace, int step, int phase) {
 // a step's projection: the block's ``n`` rows of it (SEGS segments of n rows, K inputs each: gate and up are
 // two) times the step's input rows in xs; lane r of the warp that computes row i hands row r's sums to
 // ``out(i, r, part 0's sum, part 1's)``. Stamps the step's weights in and its end.
-template <int SEGS, typename Out>
-__device__ __forceinline__ void project(const Weights& w, Ring* ring, int n, int K, int rows, const Scratch& sc,
+template <int SEGS, int K, typename Out>
+__device__ __forceinline__ void project(Ring* ring, int n, int rows, const Scratch& sc,
                                         long long* trace, int step, Out out) {
     const int chunks = chunks_of(n * K * 2), lane = threadIdx.x & 31;
     arrive(ring, SEGS * chunks);
@@ -705,8 +718,8 @@ __device__ __forceinline__ void project(const Weights& w, Ring* ring, int n, int
     float acc[ROWS0], acc2[ROWS0];
     for (int i = threadIdx.x >> 5; i < n; i += WARPS) {
         const int at = (int)(ring->begin % RING_CHUNKS) * CHUNK + i * K * 2;
-        row_times_inputs(ring->slots, at, K, rows, sc.xs, acc);
-        if (SEGS == 2) row_times_inputs(ring->slots, (at + chunks * CHUNK) % RING, K, rows, sc.xs, acc2);
+        row_times_inputs<K>(ring->slots, at, rows, sc.xs, acc);
+        if (SEGS == 2) row_times_inputs<K>(ring->slots, (at + chunks * CHUNK) % RING, rows, sc.xs, acc2);
         if (lane < rows) out(i, lane, lane_row(acc), SEGS == 2 ? lane_row(acc2) : 0.f);
     }
     ring->begin += SEGS * chunks;
@@ -775,7 +788,7 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
             stamp(trace, step, 0);
             read_rows(res_in, HIDDEN, 0, 1, rows, HIDDEN, in_norm + layer * HIDDEN, x0, embeds, pass, sc, epoch);
             stamp(trace, step, 1);
-            project<1>(w, &ring, q1 - q0, HIDDEN, rows, sc, trace, step, [&](int i, int r, float y, float) {
+            project<1, HIDDEN>(&ring, q1 - q0, rows, sc, trace, step, [&](int i, int r, float y, float) {
                 put(lw + AT_QKV + r * QKV_W + q0 + i, y, epoch);
             });
             // ATTN
@@ -790,7 +803,7 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
             residual_at(res_in, h0, h1, rows, x0, embeds, pass, sc, epoch);
             read_rows(lw + AT_ATTN, ATTN_W, 0, 1, rows, ATTN_W, nullptr, x0, embeds, pass, sc, epoch);
             stamp(trace, step + 2, 1);
-            project<1>(w, &ring, h1 - h0, ATTN_W, rows, sc, trace, step + 2, [&](int i, int r, float y, float) {
+            project<1, ATTN_W>(&ring, h1 - h0, rows, sc, trace, step + 2, [&](int i, int r, float y, float) {
                 put(lw + AT_RES_A + r * HIDDEN + h0 + i, sc.res[r * RES_COLS + i] + round_bf(y), epoch);
             });
             // GATE_UP
@@ -799,7 +812,7 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
             read_rows(lw + AT_RES_A, HIDDEN, 0, 1, rows, HIDDEN, post_norm + layer * HIDDEN, x0, embeds, pass, sc,
                       epoch);
             stamp(trace, step + 3, 1);
-            project<2>(w, &ring, i1 - i0, HIDDEN, rows, sc, trace, step + 3, [&](int i, int r, float gate, float up) {
+            project<2, HIDDEN>(&ring, i1 - i0, rows, sc, trace, step + 3, [&](int i, int r, float gate, float up) {
                 const float g = round_bf(gate);
                 put(lw + AT_ACT + r * INTERMEDIATE + i0 + i, round_bf(g / (1.f + expf(-g))) * round_bf(up), epoch);
             });
@@ -809,7 +822,7 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
             residual_at(lw + AT_RES_A, h0, h1, rows, x0, embeds, pass, sc, epoch);
             read_rows(lw + AT_ACT, INTERMEDIATE, 0, 1, rows, INTERMEDIATE, nullptr, x0, embeds, pass, sc, epoch);
             stamp(trace, step + 4, 1);
-            project<1>(w, &ring, h1 - h0, INTERMEDIATE, rows, sc, trace, step + 4, [&](int i, int r, float y, float) {
+            project<1, INTERMEDIATE>(&ring, h1 - h0, rows, sc, trace, step + 4, [&](int i, int r, float y, float) {
                 put(lw + AT_RES_M + r * HIDDEN + h0 + i, sc.res[r * RES_COLS + i] + round_bf(y), epoch);
             });
         }
@@ -820,7 +833,7 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
         const word* last = pw + (LAYERS - 1) * LAYER_WORDS + AT_RES_M;
         read_rows(last, HIDDEN, tokens - 1, tokens, BATCH, HIDDEN, final_norm, x0, embeds, pass, sc, epoch);
         stamp(trace, head_step, 1);
-        project<1>(w, &ring, v1 - v0, HIDDEN, BATCH, sc, trace, head_step, [&](int i, int r, float y, float) {
+        project<1, HIDDEN>(&ring, v1 - v0, BATCH, sc, trace, head_step, [&](int i, int r, float y, float) {
             put(pw + LAYERS * LAYER_WORDS + r * VOCAB + v0 + i, y, epoch);
         });
     }
