@@ -35,6 +35,7 @@
 #define ROWS0 (2 * BATCH)  // token rows of the first pass (two a request)
 #define WARPS (THREADS / 32)
 #define PARTS ((GQ + 2) * HEAD_DIM / 32 + GQ + 1)
+#define KV_AT (((GQ + 2) * HEAD_DIM + PARTS + GQ * CAPACITY + 3) / 4 * 4)  // (floats: 16-byte aligned)
 #define RING (CHUNK * RING_CHUNKS)
 // the outputs' words (``FramePlan.layout``, #defined in front): per pass and layer, each output's ROWS0 rows
 // from AT_QKV, AT_ATTN, AT_RES_A (the residual after attention), AT_ACT, AT_RES_M (after the MLP) of the
@@ -367,9 +368,17 @@ __device__ void attend(word* pass_words, int layer, int tile, int pass, const bf
     float* vec = (float*)sc.xs;                       // [(GQ + 2) * HEAD_DIM]: q heads, k, v (normed, roped)
     float* part = vec + (GQ + 2) * HEAD_DIM;  // [PARTS] the heads' warps' sums of squares; the softmax's sums
     float* e = part + PARTS;                  // [GQ * CAPACITY] the softmax's numerators
+    bf16* ks = (bf16*)(vec + KV_AT);          // [CAPACITY * HEAD_DIM] the cache's keys, then its values
+    bf16* vs = ks + CAPACITY * HEAD_DIM;
     const long long cache = (((long long)layer * BATCH + b) * KV_HEADS + j) * CAPACITY * HEAD_DIM;
     const int which = tid / HEAD_DIM, d = tid % HEAD_DIM;  // (q heads 0..GQ-1, then k, then v)
     const bool mine = which < GQ + 2;
+    // the earlier positions' keys and values into shared memory, asked before the wait for q/k/v (the block's
+    // own stores of earlier passes: a barrier of the block has passed since)
+    for (int v = tid; v < 2 * pos0 * HEAD_DIM / 8; v += THREADS) {
+        const int half = v / (pos0 * HEAD_DIM / 8), at = 8 * (v % (pos0 * HEAD_DIM / 8));
+        *(uint4*)((half ? vs : ks) + at) = *(const uint4*)((half ? values : keys) + cache + at);
+    }
     for (int i = 0; i < tokens; i++) {
         const int pos = pos0 + i, row = b * tokens + i;
         float x = 0.f;
@@ -402,15 +411,15 @@ __device__ void attend(word* pass_words, int layer, int tile, int pass, const bf
         }
         __syncthreads();
         if (mine) vec[tid] = x;
-        if (which == GQ) keys[cache + pos * HEAD_DIM + d] = to_bf(x);
-        if (which == GQ + 1) values[cache + pos * HEAD_DIM + d] = to_bf(x);
-        __syncthreads();  // (the block's own stores, read back below)
+        if (which == GQ) keys[cache + pos * HEAD_DIM + d] = ks[pos * HEAD_DIM + d] = to_bf(x);
+        if (which == GQ + 1) values[cache + pos * HEAD_DIM + d] = vs[pos * HEAD_DIM + d] = to_bf(x);
+        __syncthreads();
         const int warp = tid >> 5, lane = tid & 31;
         for (int s = warp; s < GQ * (pos + 1); s += WARPS) {  // scores: (q head, position)
             const int g = s / (pos + 1), at = s % (pos + 1);
             float dot = 0.f;
             for (int dd = lane; dd < HEAD_DIM; dd += 32) {
-                dot += vec[g * HEAD_DIM + dd] * bf(keys[cache + at * HEAD_DIM + dd]);
+                dot += vec[g * HEAD_DIM + dd] * bf(ks[at * HEAD_DIM + dd]);
             }
             dot = warp_sum(dot);
             if (lane == 0) e[g * CAPACITY + at] = dot * SCALE;
@@ -431,7 +440,7 @@ __device__ void attend(word* pass_words, int layer, int tile, int pass, const bf
         if (tid < GQ * HEAD_DIM) {
             const int g = tid / HEAD_DIM;
             float acc = 0.f;
-            for (int at = 0; at <= pos; at++) acc += e[g * CAPACITY + at] * bf(values[cache + at * HEAD_DIM + d]);
+            for (int at = 0; at <= pos; at++) acc += e[g * CAPACITY + at] * bf(vs[at * HEAD_DIM + d]);
             put(out + row * ATTN_W + (j * GQ + g) * HEAD_DIM + d, acc / part[g], epoch);
         }
         __syncthreads();

@@ -67,11 +67,12 @@ class FramePlan(Shape):
 
     @property
     def scratch(self) -> int:
-        """Bytes of the room for a step's input rows (bf16), the draw's sort and the attention's vectors."""
+        """Bytes of the room for a step's input rows (bf16), the draw's sort, the attention's vectors and cache."""
         widest = max(self.hidden, self.heads * self.head_dim, self.intermediate)
         group = self.heads // self.kv_heads
         attention = 4 * ((group + 2) * self.head_dim + (group + 2) * self.head_dim // 32 + group + 1)
-        attention += 4 * group * capacity(self.groups)
+        attention += 4 * group * capacity(self.groups) + 16  # (then 16-byte aligned:)
+        attention += 2 * capacity(self.groups) * self.head_dim * 2  # the cache's keys and values (bf16)
         room = max(2 * self.batch * widest * 2, 12 * self.block_v, attention)  # (the draw: keys, then lists)
         return -(-room // 16) * 16
 
