@@ -751,7 +751,7 @@ __device__ __forceinline__ void project(Ring* ring, int n, int rows, const Scrat
 
 // ---- the frame ----
 
-extern "C" __global__ void __launch_bounds__(THREADS + 32, 1)  // (17 warps: 96 registers, a quarter of the SM's 4)
+extern "C" __global__ void __maxnreg__(120)  // (THREADS + 32 threads a block: 120 registers fit them on one SM)
 code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ qkv_w,
                      const bf16* __restrict__ q_norm, const bf16* __restrict__ k_norm, const bf16* __restrict__ o_w,
                      const bf16* __restrict__ post_norm, const bf16* __restrict__ gate_up_w,
