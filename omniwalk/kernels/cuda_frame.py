@@ -26,7 +26,7 @@ from omniwalk.kernels.sampling import TOP_CANDIDATES
 
 KERNEL = Path(__file__).with_name("code_predictor_frame.cu")
 MAX_BATCH = 4  # frames of up to this many requests take the kernel (more: the layered path)
-THREADS = 512  # a block's threads that compute (16 warps; the copy warp besides)
+THREADS = 512  # a block's threads (16 warps)
 CHUNK = 8192  # bytes of weights a block asks for at once (16 a thread)
 SHARED_BYTES = 227 * 1024  # shared memory one block may take on sm_90
 MAX_RING_CHUNKS = 24
@@ -78,10 +78,10 @@ class FramePlan(Shape):
 
     @property
     def small(self) -> int:
-        """Bytes after the scratch: the ring slots' two barriers, the warps' sums, the rows' norms, the codes drawn,
+        """Bytes after the scratch: the ring slots' barriers, the warps' sums, the rows' norms, the codes drawn,
         the residual at the block's hidden columns."""
         rows = 2 * self.batch
-        return 16 * MAX_RING_CHUNKS + 4 * (THREADS // 32 * rows + rows + self.batch + rows * self.res_cols) + 64
+        return 8 * MAX_RING_CHUNKS + 4 * (THREADS // 32 * rows + rows + self.batch + rows * self.res_cols) + 64
 
     @property
     def res_cols(self) -> int:
@@ -239,7 +239,7 @@ class CudaCodePredictor:
         weights = [*self.weights.tensors(), self.cos, self.sin]
         fn(
             grid=(plan.blocks, 1, 1),
-            block=(THREADS + 32, 1, 1),  # (and the copy warp)
+            block=(THREADS, 1, 1),
             args=[*weights, x0.contiguous(), words, keys, values, codes, total, sync, *args, flags, trace],
             shared_mem=plan.shared,
         )
