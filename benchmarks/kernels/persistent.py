@@ -123,8 +123,10 @@ def _text(data: dict, batch: int, note: str, table: str) -> str:
         cuda_ops = data["cuda_timeline"]["ops"]
         cuda_headers = [f"CUDA kernel's step (B = {batch}, one traced frame)", *CUDA_PHASES]
         text += "\n\n" + markdown_table(cuda_headers, [[op, *v] for op, v in cuda_ops.items()])
-        text += f"\n\nThe CUDA kernel's traced frame: {data['cuda_timeline']['frame_us']:.0f} us (mean us a step, "
-        text += "thread 0 of each block; draw: from a pass's head to the next pass's first step)."
+        cuda = data["cuda_timeline"]
+        text += f"\n\nThe CUDA kernel's traced frame: {cuda['frame_us']:.0f} us; a block's {cuda['busy_us']:.0f} us in "
+        text += f"steps and {cuda['between_us']:.0f} us between them (mean us a step, thread 0 of each block; draw: "
+        text += "from a pass's head to the next pass's first step)."
     return text
 
 
@@ -172,36 +174,52 @@ def _cuda_us(kernel, h, c, params) -> float:
     return graph_call_us(lambda i: kernel(h, c, params), 8)
 
 
-CUDA_PHASES = ("input (the wait)", "weights in", "rows", "whole step")
+CUDA_PHASES = ("input (the wait)", "weights in", "rows", "whole step", "before the step")
 CUDA_OPS = ("QKV", "ATTN", "OUT", "GATE_UP", "DOWN")
 
 
 def _cuda_timeline(kernel, h, c, params, batch: int) -> dict:
     """One frame of the CUDA kernel traced (each block's timer at each step's start, input read, weights in,
-    end): per step kind, the mean microseconds of each phase over blocks and steps (ATTN: on the blocks
-    that attend); the draw between passes; the frame's span."""
+    end): ``cuda_phases`` of it."""
     plan = kernel.plan(batch)
     kernel.trace = torch.zeros(plan.blocks, plan.steps, 4, dtype=torch.int64, device="cuda")
     with torch.no_grad():
         kernel(h, c, params)
     torch.cuda.synchronize()
-    t, kernel.trace = kernel.trace.cpu().double() / 1e3, None
-    per_pass = 5 * plan.layers + 1
-    kinds = [CUDA_OPS[i % per_pass % 5] if i % per_pass < 5 * plan.layers else "HEAD" for i in range(plan.steps)]
-    ops = {}
-    attending = list(range(plan.blocks - batch * plan.kv_heads, plan.blocks))
-    for op in (*CUDA_OPS, "HEAD"):
-        mine = [i for i, k in enumerate(kinds) if k == op]
-        x = t[attending][:, mine] if op == "ATTN" else t[:, mine]
-        spans = [x[..., 1] - x[..., 0], x[..., 2] - x[..., 1], x[..., 3] - x[..., 2], x[..., 3] - x[..., 0]]
-        means = [round(span.mean().item(), 2) for span in spans]
-        ops[op] = ["-", "-", "-", means[3]] if op == "ATTN" else means  # (ATTN: its whole step alone)
-    heads = [i for i, k in enumerate(kinds) if k == "HEAD"][:-1]
-    draw = t[:, [i + 1 for i in heads], 0] - t[:, heads, 3]
-    ops["draw"] = ["-", "-", "-", round(draw.mean().item(), 2)]
-    for op, v in ops.items():
+    t, kernel.trace = kernel.trace.cpu(), None
+    out = cuda_phases(t, plan.layers, batch * plan.kv_heads)
+    for op, v in out["ops"].items():
         print(f"  CUDA {op}: {dict(zip(CUDA_PHASES, v, strict=True))}")
-    return {"ops": ops, "frame_us": (t[..., 3].max() - t[..., 0].min()).item()}
+    print(f"  CUDA a block's frame: {out['busy_us']:.0f} us in steps, {out['between_us']:.0f} us between them")
+    return out
+
+
+def cuda_phases(trace: torch.Tensor, layers: int, attending: int) -> dict:
+    """A traced frame (``trace`` [blocks, steps, 4] ns; the last ``attending`` blocks attend): per step kind,
+    the mean microseconds of each phase over blocks and steps (ATTN: on the blocks that attend), and the time
+    before the step (from the block's previous step's end: what the block did between steps); the draw between
+    passes (a pass's head to the next pass's first step); a block's mean time in steps and between them; the
+    frame's span."""
+    t = trace.double() / 1e3
+    blocks, steps, _ = t.shape
+    per_pass = 5 * layers + 1
+    kinds = [CUDA_OPS[i % per_pass % 5] if i % per_pass < 5 * layers else "HEAD" for i in range(steps)]
+    gaps = torch.cat([torch.zeros(blocks, 1, dtype=t.dtype), t[:, 1:, 0] - t[:, :-1, 3]], dim=1)
+    ops = {}
+    for op in (*CUDA_OPS, "HEAD"):
+        mine = [i for i, k in enumerate(kinds) if k == op and i > 0 and kinds[i - 1] != "HEAD"]
+        x = t[blocks - attending :][:, mine] if op == "ATTN" else t[:, mine]
+        spans = [x[..., 1] - x[..., 0], x[..., 2] - x[..., 1], x[..., 3] - x[..., 2], x[..., 3] - x[..., 0]]
+        means = [round(span.mean().item(), 2) for span in spans] + [round(gaps[:, mine].mean().item(), 2)]
+        ops[op] = ["-", "-", "-", means[3], means[4]] if op == "ATTN" else means  # (ATTN: its whole step alone)
+    after_head = [i + 1 for i, k in enumerate(kinds[:-1]) if k == "HEAD"]
+    ops["draw"] = ["-", "-", "-", "-", round(gaps[:, after_head].mean().item(), 2)]
+    return {
+        "ops": ops,
+        "busy_us": (t[..., 3] - t[..., 0]).sum(1).mean().item(),
+        "between_us": gaps.sum(1).mean().item(),
+        "frame_us": (t[..., 3].max() - t[..., 0].min()).item(),
+    }
 
 
 def _params(batch: int, vocab: int) -> BatchParams:

@@ -3,10 +3,12 @@ CUDA): the Triton kernel's schedule checked by the model of its reads and writes
 ``CodePredictor.forward`` on the reference path (CPU: Triton's interpreter in fp32, every frame's codes
 equal); the CUDA kernel's plan (its shapes' checks, its blocks' rows); and both on the GPU at full size in
 bf16 against the layered fast path (``gpu``: 64 frames at B = 1, 2, 4, their draws apart from the layered
-path's no more often than the PyTorch reference's)."""
+path's no more often than the PyTorch reference's); the benchmark's reading of the CUDA kernel's trace."""
 
 import dataclasses
 import random
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +22,7 @@ from omniwalk.models.qwen3_omni.checkpoint.tiny import TINY_CONFIG, load_config_
 from omniwalk.models.qwen3_omni.networks.talker import CodePredictor
 from omniwalk.sampling import BatchParams, SamplerState, SamplingParams, draw_reference
 
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = dict(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=96, vocab=64, groups=5)
 FULL = dict(layers=5, hidden=1024, heads=16, kv_heads=8, head_dim=128, intermediate=3072, vocab=2048, groups=16)
 SPLIT = dict(layers=2, hidden=64, heads=8, kv_heads=2, head_dim=16, intermediate=192, vocab=64, groups=4)
@@ -470,3 +473,26 @@ def test_the_cuda_frames_first_layer_equals_its_steps_in_pytorch():
         output("at_res_m", plan.hidden),
         res_a + torch.nn.functional.linear(act, kernel.weights.down[0]),
     )
+
+
+def test_the_cuda_timeline_splits_a_frame_into_steps_and_what_lies_between_them():
+    """``benchmarks/kernels/persistent.py``'s reading of a traced frame (a synthetic one: every step 1 us
+    waiting for its input, 2 for weights, 3 of rows; 0.5 us between steps, 10 for the draw after a head)."""
+    sys.path[:0] = [str(ROOT / "benchmarks" / "kernels"), str(ROOT / "benchmarks")]
+    from persistent import cuda_phases
+
+    layers, passes, blocks = 2, 2, 3
+    steps = passes * (5 * layers + 1)
+    trace, now = torch.zeros(blocks, steps, 4, dtype=torch.int64), 0.0
+    for i in range(steps):
+        now += 0.0 if i == 0 else 10.0 if i % (5 * layers + 1) == 0 else 0.5
+        for phase, at in enumerate((0.0, 1.0, 3.0, 6.0)):
+            trace[:, i, phase] = int((now + at) * 1000)
+        now += 6.0
+    out = cuda_phases(trace, layers, attending=1)
+    for op in ("QKV", "OUT", "GATE_UP", "DOWN", "HEAD"):
+        assert out["ops"][op] == [1.0, 2.0, 3.0, 6.0, 0.5]
+    assert out["ops"]["ATTN"] == ["-", "-", "-", 6.0, 0.5]
+    assert out["ops"]["draw"][-1] == 10.0
+    assert out["busy_us"] == steps * 6.0 and out["between_us"] == (steps - 2) * 0.5 + 10.0
+    assert out["frame_us"] == out["busy_us"] + out["between_us"]
