@@ -3,12 +3,12 @@
 // VOCAB, BLOCK_V, GROUPS, LAYERS, CAPACITY, CANDIDATES, THREADS, CHUNK, RING_CHUNKS, RES_COLS, SCRATCH, EPS,
 // SCALE, TRACE, and the outputs' layout below).
 //
-// One block per SM, all resident at once. Each block owns fixed rows of every projection of the frame (the
-// same share of each step's output columns in every pass) and streams those rows' weights into a ring of
-// shared memory, ahead of the steps, with bulk copies (thread 0 asks the copy engine; a barrier a slot says
-// when its bytes landed, so no other thread issues or waits for a copy it did not need); the weights depend on
-// nothing the kernel writes, so the stream runs ahead of the dependency chain as far as the ring lets it (each
-// step and each draw starts by asking for every free slot). A step's outputs are written with the launch's
+// One block per SM, all resident at once: THREADS that compute and one copy warp. Each block owns fixed rows
+// of every projection of the frame (the same share of each step's output columns in every pass); the copy
+// warp streams those rows' weights into a ring of shared memory with bulk copies, a slot as soon as the steps
+// release it (a pair of barriers a slot: landed, released), so the stream runs ahead of the dependency chain as
+// far as the ring lets it (the weights depend on nothing the kernel writes) and the threads that compute never
+// wait to issue a copy. A step's outputs are written with the launch's
 // epoch beside each value (one 32-bit word: bf16 bits, epoch << 16); reading a step's input spins until every
 // word carries the epoch, so that read is the step's wait: no counter, no fence. Every output of every pass has
 // its own words (written once a launch). The steps of a pass, per layer:
@@ -54,6 +54,9 @@
 
 typedef unsigned short bf16;
 typedef unsigned int word;
+
+// the consumers' barrier (named barrier 1 over the THREADS that compute; the copy warp never joins it)
+__device__ __forceinline__ void sync_consumers() { asm volatile("bar.sync 1, %0;" :: "n"(THREADS) : "memory"); }
 
 __device__ unsigned int* give_up;  // (set once a launch: where a wait that gives up says so)
 
@@ -176,53 +179,63 @@ struct Stream {
     int offset;  // its byte offset there
 };
 
-struct Ring {
-    unsigned char* slots;
-    unsigned long long* full;  // [RING_CHUNKS] each slot's barrier: its chunk's bytes have landed
-    Stream st;
-    long long asked, begin;  // chunks asked for, the current step's first
-};
+// the wait for a barrier's phase of parity ``parity`` to complete (giving up as the words' waits do)
+__device__ __forceinline__ void wait_phase(const unsigned long long* bar, unsigned int parity) {
+    const unsigned int at = shared_address(bar);
+    unsigned int done = 0;
+    for (int n = 0; !gives_up(n); n++) {
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(at), "r"(parity) : "memory");
+        if (done) return;
+    }
+}
 
-// the block's next chunk into its ring slot: one bulk copy (the copy engine, asked by thread 0; the slot's
-// barrier expects its bytes); every thread keeps the stream's place. Segments without rows take no chunk.
-__device__ __forceinline__ void ask(const Weights& w, Ring* r) {
-    Stream* st = &r->st;
-    Segment s = segment(w, st->seg);
-    while (s.bytes == 0 && ++st->seg < SEGMENTS) s = segment(w, st->seg);
-    if (st->seg >= SEGMENTS) return;
-    if (threadIdx.x == 0) {
-        const int bytes = min(s.bytes - st->offset, CHUNK);
-        const unsigned int dst = shared_address(r->slots + (r->asked % RING_CHUNKS) * CHUNK);
-        const unsigned int bar = shared_address(r->full + r->asked % RING_CHUNKS);
+// the copy warp's one thread: every chunk of the block's stream, in order, into ring slot chunk % RING_CHUNKS
+// with one bulk copy (the slot's ``full`` barrier expects its bytes), once the steps released the slot's
+// previous chunk (its ``empty`` barrier). Segments without rows take no chunk. Its waits for the copy engine
+// and for free slots hold no thread that computes.
+__device__ void produce(const Weights& w, unsigned char* slots, unsigned long long* full, unsigned long long* empty) {
+    Stream st = {0, 0};
+    for (long long c = 0;; c++) {
+        while (st.seg < SEGMENTS && segment(w, st.seg).bytes == 0) st.seg++;
+        if (st.seg >= SEGMENTS) return;
+        const Segment s = segment(w, st.seg);
+        const int slot = (int)(c % RING_CHUNKS), bytes = min(s.bytes - st.offset, CHUNK);
+        if (c >= RING_CHUNKS) wait_phase(empty + slot, (unsigned int)(c / RING_CHUNKS - 1) & 1u);
+        const unsigned int bar = shared_address(full + slot);
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
         asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                     :: "r"(dst), "l"(s.src + st->offset), "r"(bytes), "r"(bar) : "memory");
+                     :: "r"(shared_address(slots + slot * CHUNK)), "l"(s.src + st.offset), "r"(bytes), "r"(bar)
+                     : "memory");
+        st.offset += CHUNK;
+        if (st.offset >= s.bytes) { st.seg += 1; st.offset = 0; }
     }
-    r->asked++;
-    st->offset += CHUNK;
-    if (st->offset >= s.bytes) { st->seg += 1; st->offset = 0; }
 }
 
-// a chunk into every free slot of the ring (a slot is free once the steps before the current one are done
-// with it: chunks up to the current step's first + RING_CHUNKS). Called by every thread after a barrier that
-// follows the last reads of the freed slots (the fence orders those reads before the copy engine's writes).
-__device__ __forceinline__ void fill(const Weights& w, Ring* r) {
-    if (threadIdx.x == 0) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    while (r->asked < r->begin + RING_CHUNKS && r->st.seg < SEGMENTS) ask(w, r);
-}
+// the computing threads' side of the ring: the current step's first chunk
+struct Ring {
+    unsigned char* slots;
+    unsigned long long* full;   // [RING_CHUNKS] a slot's chunk has landed
+    unsigned long long* empty;  // [RING_CHUNKS] the steps are done with a slot's chunk
+    long long begin;
+};
 
-// until chunks begin .. begin + chunks - 1 are in the ring (each slot's barrier completes a phase a chunk)
-// (every step starts with a fill, and a step's chunks fit the ring: FramePlan.check)
+// until chunks begin .. begin + chunks - 1 are in the ring (a step's chunks fit it: FramePlan.check)
 __device__ __forceinline__ void arrive(const Ring* r, int chunks) {
     for (long long c = r->begin; c < r->begin + chunks; c++) {
-        const unsigned int bar = shared_address(r->full + c % RING_CHUNKS), parity = (c / RING_CHUNKS) & 1;
-        unsigned int done = 0;
-        for (int n = 0; !gives_up(n); n++) {
-            asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-                         "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-            if (done) break;
+        wait_phase(r->full + c % RING_CHUNKS, (unsigned int)(c / RING_CHUNKS) & 1u);
+    }
+}
+
+// after the consumers' barrier that follows a step's last reads of its chunks: their slots back to the copy warp
+__device__ __forceinline__ void release(Ring* r, int chunks) {
+    if (threadIdx.x == 0) {
+        for (long long c = r->begin; c < r->begin + chunks; c++) {
+            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(shared_address(r->empty + c % RING_CHUNKS))
+                         : "memory");
         }
     }
+    r->begin += chunks;
 }
 
 __device__ __forceinline__ int chunks_of(int bytes) { return (bytes + CHUNK - 1) / CHUNK; }
@@ -273,20 +286,20 @@ __device__ void read_rows(const word* src, int stride, int first, int step, int 
             if (lane == 0) sc.red[warp * ROWS0 + r] = ss;
         }
     }
-    __syncthreads();
+    sync_consumers();
     if (!norm) return;
     if (tid < rows) {
         float total = 0.f;
         for (int w = 0; w < WARPS; w++) total += sc.red[w * ROWS0 + tid];
         sc.rstd[tid] = rsqrtf(total / K + EPS);
     }
-    __syncthreads();
+    sync_consumers();
     for (int i = tid; i < rows * K; i += THREADS) {
         const int r = i / K, k = i % K;
         const float normed = round_bf(bf(sc.xs[i]) * sc.rstd[r]);
         sc.xs[i] = to_bf(bf(norm[k]) * normed);
     }
-    __syncthreads();
+    sync_consumers();
 }
 
 // the residual's rows at the block's hidden columns h0..h1-1 into sc.res (read_rows' barrier then shows them),
@@ -306,7 +319,7 @@ __device__ __forceinline__ void residual_at(const word* src, int h0, int h1, int
 // partial sums (the caller sums the warp). K is the step's constant, so the loop unrolls (its passes in pairs,
 // as many as the registers let go out together: fewer at more rows, which give their own chains), and each
 // row's sum is two independent chains (a pair's first pass, its second).
-constexpr int K_PAIRS = ROWS0 >= 4 ? 1 : 2;  // (unrolled together; a pragma takes a constant, not a macro)
+constexpr int K_PAIRS = 1;  // (unrolled together; a pragma takes a constant, not a macro)
 template <int K>
 __device__ __forceinline__ void row_times_inputs(const unsigned char* ring, int at, int rows, const bf16* xs,
                                                  float* acc) {
@@ -365,14 +378,14 @@ __device__ void attend(word* pass_words, int layer, int tile, int pass, const bf
     const int tokens = pass == 0 ? 2 : 1, pos0 = pass == 0 ? 0 : pass + 1;
     word* qkv = pass_words + layer * LAYER_WORDS + AT_QKV;
     word* out = pass_words + layer * LAYER_WORDS + AT_ATTN;
-    float* vec = (float*)sc.xs;                       // [(GQ + 2) * HEAD_DIM]: q heads, k, v (normed, roped)
+    float* vec = (float*)sc.xs;                       // [(GQ + 2) * HEAD_DIM]: q heads, k (normed, roped)
     float* part = vec + (GQ + 2) * HEAD_DIM;  // [PARTS] the heads' warps' sums of squares; the softmax's sums
     float* e = part + PARTS;                  // [GQ * CAPACITY] the softmax's numerators
     bf16* ks = (bf16*)(vec + KV_AT);          // [CAPACITY * HEAD_DIM] the cache's keys, then its values
     bf16* vs = ks + CAPACITY * HEAD_DIM;
     const long long cache = (((long long)layer * BATCH + b) * KV_HEADS + j) * CAPACITY * HEAD_DIM;
-    const int which = tid / HEAD_DIM, d = tid % HEAD_DIM;  // (q heads 0..GQ-1, then k, then v)
-    const bool mine = which < GQ + 2;
+    const int which = tid / HEAD_DIM, d = tid % HEAD_DIM;  // (q heads 0..GQ-1, then k)
+    const bool mine = which < GQ + 1;                       // (v is neither normed nor roped: a loop of its own)
     // the earlier positions' keys and values into shared memory, asked before the wait for q/k/v (the block's
     // own stores of earlier passes: a barrier of the block has passed since)
     for (int v = tid; v < 2 * pos0 * HEAD_DIM / 8; v += THREADS) {
@@ -386,6 +399,10 @@ __device__ void attend(word* pass_words, int layer, int tile, int pass, const bf
             const int col = which < GQ ? (j * GQ + which) * HEAD_DIM : (HEADS + (which - GQ) * KV_HEADS + j) * HEAD_DIM;
             x = take(qkv + row * QKV_W + col + d, epoch);
         }
+        for (int dv = tid; dv < HEAD_DIM; dv += THREADS) {  // v: into the cache as it is
+            const bf16 v = to_bf(take(qkv + row * QKV_W + (HEADS + KV_HEADS + j) * HEAD_DIM + dv, epoch));
+            values[cache + pos * HEAD_DIM + dv] = vs[pos * HEAD_DIM + dv] = v;
+        }
         // the head's sum of squares: a warp's lanes, then the warps of a head (HEAD_DIM a power of two)
         float ss = x * x;
         for (int o = 16; o > 0; o >>= 1) {
@@ -393,27 +410,26 @@ __device__ void attend(word* pass_words, int layer, int tile, int pass, const bf
             if (o < HEAD_DIM) ss += other;
         }
         if (mine && (tid & 31) == 0) part[tid / 32] = ss;
-        __syncthreads();
+        sync_consumers();
         float total = ss;
         if (HEAD_DIM > 32) {
             total = 0.f;
             for (int w = 0; w < HEAD_DIM / 32; w++) total += part[which * (HEAD_DIM / 32) + w];
         }
-        if (mine && which < GQ + 1) {  // q and k: normed (as RMSNorm rounds), then roped below
+        if (mine) {  // q and k: normed (as RMSNorm rounds), then roped below
             const bf16* w = which < GQ ? q_norm + layer * HEAD_DIM : k_norm + layer * HEAD_DIM;
             x = round_bf(bf(w[d]) * round_bf(x * rsqrtf(total / HEAD_DIM + EPS)));
         }
         if (mine) vec[tid] = x;
-        __syncthreads();
-        if (mine && which < GQ + 1) {
+        sync_consumers();
+        if (mine) {
             const float xr = vec[which * HEAD_DIM + (d + HEAD_DIM / 2) % HEAD_DIM];
             x = round_bf(round_bf(x * bf(cos_t[pos * HEAD_DIM + d])) + round_bf(xr * bf(sin_t[pos * HEAD_DIM + d])));
         }
-        __syncthreads();
+        sync_consumers();
         if (mine) vec[tid] = x;
         if (which == GQ) keys[cache + pos * HEAD_DIM + d] = ks[pos * HEAD_DIM + d] = to_bf(x);
-        if (which == GQ + 1) values[cache + pos * HEAD_DIM + d] = vs[pos * HEAD_DIM + d] = to_bf(x);
-        __syncthreads();
+        sync_consumers();
         const int warp = tid >> 5, lane = tid & 31;
         for (int s = warp; s < GQ * (pos + 1); s += WARPS) {  // scores: (q head, position)
             const int g = s / (pos + 1), at = s % (pos + 1);
@@ -424,7 +440,7 @@ __device__ void attend(word* pass_words, int layer, int tile, int pass, const bf
             dot = warp_sum(dot);
             if (lane == 0) e[g * CAPACITY + at] = dot * SCALE;
         }
-        __syncthreads();
+        sync_consumers();
         if (tid < GQ) {  // softmax numerators of head tid; their sum where the position column ends
             float m = NEG_INF;
             for (int at = 0; at <= pos; at++) m = fmaxf(m, e[tid * CAPACITY + at]);
@@ -436,14 +452,14 @@ __device__ void attend(word* pass_words, int layer, int tile, int pass, const bf
             }
             part[tid] = sum;
         }
-        __syncthreads();
+        sync_consumers();
         if (tid < GQ * HEAD_DIM) {
             const int g = tid / HEAD_DIM;
             float acc = 0.f;
             for (int at = 0; at <= pos; at++) acc += e[g * CAPACITY + at] * bf(vs[at * HEAD_DIM + d]);
             put(out + row * ATTN_W + (j * GQ + g) * HEAD_DIM + d, acc / part[g], epoch);
         }
-        __syncthreads();
+        sync_consumers();
     }
 }
 
@@ -506,9 +522,9 @@ __device__ __forceinline__ float front(float x, int row, int col, const Sampling
 // a block's sum over one value a thread (fixed order: lanes, then warps)
 __device__ float block_sum(float x, float* red) {
     x = warp_sum(x);
-    __syncthreads();
+    sync_consumers();
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;
-    __syncthreads();
+    sync_consumers();
     float total = 0.f;
     for (int w = 0; w < WARPS; w++) total += red[w];
     return total;
@@ -525,7 +541,7 @@ __device__ void sort_keys(long long* keys, int n) {
                     if ((a < b) == ((i & k) == 0)) keys[i] = b, keys[other] = a;
                 }
             }
-            __syncthreads();
+            sync_consumers();
         }
     }
 }
@@ -574,7 +590,7 @@ __device__ void top_candidates(const long long* keys, long long* top) {
         top[c * 64 + lane] = v[0];
         top[c * 64 + 32 + lane] = v[1];
     }
-    __syncthreads();
+    sync_consumers();
     for (int lists = BLOCK_V / 128; lists > 1; lists >>= 1) {
         long long v[2];
         const int pair = warp;
@@ -592,12 +608,12 @@ __device__ void top_candidates(const long long* keys, long long* top) {
                 v[1] = exchange(v[1], 32 + lane, j, 128);
             }
         }
-        __syncthreads();
+        sync_consumers();
         if (pair < lists / 2) {
             top[pair * 64 + lane] = v[0];
             top[pair * 64 + 32 + lane] = v[1];
         }
-        __syncthreads();
+        sync_consumers();
     }
 }
 
@@ -611,7 +627,7 @@ __device__ int draw(const word* logits, int row, int pass, const Sampling& p, Sc
         const float x = c < VOCAB ? front(take(logits + row * VOCAB + c, epoch), row, c, p) : NEG_INF;
         keys[c] = key_of(x, c);
     }
-    __syncthreads();
+    sync_consumers();
     long long smallest = KEY_MIN;  // the least key the top-k / top-p set keeps
     bool kept_keys = true;         // keys[c] still column c's (the full sort ranks them in place)
     const long long top_k = (p.flags & FLAG_TOP) ? p.top_k[row] : VOCAB;
@@ -644,9 +660,9 @@ __device__ int draw(const word* logits, int row, int pass, const Sampling& p, Sc
             const float y = __shfl_up_sync(0xffffffffu, incl, o);
             if ((tid & 31) >= o) incl += y;
         }
-        __syncthreads();
+        sync_consumers();
         if ((tid & 31) == 31) red[tid >> 5] = incl;
-        __syncthreads();
+        sync_consumers();
         float before = incl - mass;
         for (int w = 0; w < (tid >> 5); w++) before += red[w];
         const float limit = top_p < 1.f ? top_p : POS_INF;
@@ -656,14 +672,14 @@ __device__ int draw(const word* logits, int row, int pass, const Sampling& p, Sc
             if (r < n && (((before >= limit) && r > 0) || r >= top_k)) { first_drop = r; break; }
             before += ex[i];
         }
-        __syncthreads();
+        sync_consumers();
         int* kept = (int*)red;
         if (tid == 0) kept[0] = n;
-        __syncthreads();
+        sync_consumers();
         if (first_drop < n) atomicMin(kept, first_drop);
-        __syncthreads();
+        sync_consumers();
         smallest = ranked[kept[0] - 1];
-        __syncthreads();
+        sync_consumers();
     }
     long long best = KEY_MIN;
     const bool noise = (p.flags & FLAG_SAMPLED) && p.sampled[row];
@@ -675,13 +691,13 @@ __device__ int draw(const word* logits, int row, int pass, const Sampling& p, Sc
         best = max64(best, key_of(x, c));
     }
     best = warp_max64(best);
-    __syncthreads();
+    sync_consumers();
     long long* bests = (long long*)(sc.red);
     if ((tid & 31) == 0) bests[tid >> 5] = best;
-    __syncthreads();
+    sync_consumers();
     best = bests[0];
     for (int w = 1; w < WARPS; w++) best = max64(best, bests[w]);
-    __syncthreads();
+    sync_consumers();
     return BLOCK_V - 1 - (int)(best & 0xffffffffll);
 }
 
@@ -700,7 +716,7 @@ __device__ void draw_pass(const word* words, int pass, const bf16* embeds, long 
             total[b * HIDDEN + c] = to_bf(bf(total[b * HIDDEN + c]) + e);
         }
     }
-    __syncthreads();
+    sync_consumers();
 }
 
 // TRACE: thread 0's global timer (ns) at a step's start, its input read, its weights in, its end: trace
@@ -731,14 +747,14 @@ __device__ __forceinline__ void project(Ring* ring, int n, int rows, const Scrat
         if (SEGS == 2) row_times_inputs<K>(ring->slots, (at + chunks * CHUNK) % RING, rows, sc.xs, acc2);
         if (lane < rows) out(i, lane, lane_row(acc), SEGS == 2 ? lane_row(acc2) : 0.f);
     }
-    ring->begin += SEGS * chunks;
-    __syncthreads();
+    sync_consumers();
+    release(ring, SEGS * chunks);
     stamp(trace, step, 3);
 }
 
 // ---- the frame ----
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+extern "C" __global__ void __launch_bounds__(THREADS + 32, 1)  // (and the copy warp: 16 warps, 128 registers)
 code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ qkv_w,
                      const bf16* __restrict__ q_norm, const bf16* __restrict__ k_norm, const bf16* __restrict__ o_w,
                      const bf16* __restrict__ post_norm, const bf16* __restrict__ gate_up_w,
@@ -754,8 +770,9 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
     extern __shared__ __align__(16) unsigned char smem[];
     Scratch sc;
     sc.xs = (bf16*)(smem + RING);
-    unsigned long long* full = (unsigned long long*)(smem + RING + SCRATCH);  // [RING_CHUNKS] the slots' barriers
-    sc.red = (float*)(full + RING_CHUNKS);
+    unsigned long long* full = (unsigned long long*)(smem + RING + SCRATCH);  // the slots' barriers (Ring)
+    unsigned long long* empty = full + RING_CHUNKS;
+    sc.red = (float*)(empty + RING_CHUNKS);
     sc.rstd = sc.red + WARPS * ROWS0;
     sc.codes = (int*)(sc.rstd + ROWS0);
     sc.res = (float*)(sc.codes + BATCH);
@@ -763,18 +780,21 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
     const unsigned int epoch = load_word(sync) % 65535u + 1u;  // (1..65535: 0 is a word never written)
     if (tid == 0) {
         give_up = sync + 2;  // (every block the same value)
-        for (int i = 0; i < RING_CHUNKS; i++) {
+        for (int i = 0; i < 2 * RING_CHUNKS; i++) {
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(shared_address(full + i)) : "memory");
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // (seen by the copy engine)
     }
-    __syncthreads();
+    __syncthreads();  // (the whole block, the copy warp too: the barriers are ready)
     const Weights w = {qkv_w, o_w, gate_up_w, down_w, heads};
+    if (tid >= THREADS) {  // the copy warp: one thread streams the weights; the others have nothing to do
+        if (tid == THREADS) produce(w, smem, full, empty);
+        return;
+    }
     const Sampling sp = {temperature, penalty, seen, seen_stride, banned, banned_stride, allowed, allowed_stride,
                          top_k, top_p, sampled, seeds, steps, flags};
     Ring ring;
-    ring.slots = smem, ring.full = full, ring.st.seg = 0, ring.st.offset = 0, ring.asked = 0, ring.begin = 0;
-    fill(w, &ring);
+    ring.slots = smem, ring.full = full, ring.empty = empty, ring.begin = 0;
     // the block's rows of each projection (the same every pass)
     const int q0 = share_start(QKV_W, block), q1 = share_start(QKV_W, block + 1);
     const int h0 = share_start(HIDDEN, block), h1 = share_start(HIDDEN, block + 1);
@@ -784,16 +804,12 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
     for (int pass = 0; pass < PASSES; pass++) {
         word* pw = words + (long long)pass * PASS_WORDS;
         const int rows = pass == 0 ? ROWS0 : BATCH, tokens = pass == 0 ? 2 : 1;
-        if (pass > 0) {  // (this pass's input)
-            fill(w, &ring);
-            draw_pass(words, pass - 1, embeds, codes, total, sp, sc, epoch);
-        }
+        if (pass > 0) draw_pass(words, pass - 1, embeds, codes, total, sp, sc, epoch);  // (this pass's input)
         for (int layer = 0; layer < LAYERS; layer++) {
             word* lw = pw + layer * LAYER_WORDS;
             const word* res_in = layer == 0 ? nullptr : lw - LAYER_WORDS + AT_RES_M;  // (null: the pass's input)
             const int step = pass * (5 * LAYERS + 1) + 5 * layer;
             // QKV
-            fill(w, &ring);
             stamp(trace, step, 0);
             read_rows(res_in, HIDDEN, 0, 1, rows, HIDDEN, in_norm + layer * HIDDEN, x0, embeds, pass, sc, epoch);
             stamp(trace, step, 1);
@@ -807,7 +823,6 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
             }
             stamp(trace, step + 1, 3);
             // OUT (+ the residual)
-            fill(w, &ring);
             stamp(trace, step + 2, 0);
             residual_at(res_in, h0, h1, rows, x0, embeds, pass, sc, epoch);
             read_rows(lw + AT_ATTN, ATTN_W, 0, 1, rows, ATTN_W, nullptr, x0, embeds, pass, sc, epoch);
@@ -816,7 +831,6 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
                 put(lw + AT_RES_A + r * HIDDEN + h0 + i, sc.res[r * RES_COLS + i] + round_bf(y), epoch);
             });
             // GATE_UP
-            fill(w, &ring);
             stamp(trace, step + 3, 0);
             read_rows(lw + AT_RES_A, HIDDEN, 0, 1, rows, HIDDEN, post_norm + layer * HIDDEN, x0, embeds, pass, sc,
                       epoch);
@@ -826,7 +840,6 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
                 put(lw + AT_ACT + r * INTERMEDIATE + i0 + i, round_bf(g / (1.f + expf(-g))) * round_bf(up), epoch);
             });
             // DOWN (+ the residual)
-            fill(w, &ring);
             stamp(trace, step + 4, 0);
             residual_at(lw + AT_RES_A, h0, h1, rows, x0, embeds, pass, sc, epoch);
             read_rows(lw + AT_ACT, INTERMEDIATE, 0, 1, rows, INTERMEDIATE, nullptr, x0, embeds, pass, sc, epoch);
@@ -837,7 +850,6 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
         }
         // HEAD: each request's last token row, final-normed
         const int head_step = pass * (5 * LAYERS + 1) + 5 * LAYERS;
-        fill(w, &ring);
         stamp(trace, head_step, 0);
         const word* last = pw + (LAYERS - 1) * LAYER_WORDS + AT_RES_M;
         read_rows(last, HIDDEN, tokens - 1, tokens, BATCH, HIDDEN, final_norm, x0, embeds, pass, sc, epoch);
@@ -848,7 +860,7 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
     }
     if (block == 0) draw_pass(words, PASSES - 1, embeds, codes, total, sp, sc, epoch);
     // the last block out moves the epoch on (the next launch reads it)
-    __syncthreads();
+    sync_consumers();
     if (tid == 0) {
         __threadfence();
         if (atomicAdd(sync + 1, 1u) == gridDim.x - 1) {

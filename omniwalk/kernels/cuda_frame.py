@@ -26,7 +26,7 @@ from omniwalk.kernels.sampling import TOP_CANDIDATES
 
 KERNEL = Path(__file__).with_name("code_predictor_frame.cu")
 MAX_BATCH = 4  # frames of up to this many requests take the kernel (more: the layered path)
-THREADS = 512  # a block's threads (16 warps)
+THREADS = 480  # a block's threads that compute (15 warps; the copy warp makes 16: 128 registers a thread)
 CHUNK = 8192  # bytes of weights a block asks for at once (16 a thread)
 SHARED_BYTES = 227 * 1024  # shared memory one block may take on sm_90
 MAX_RING_CHUNKS = 24
@@ -78,10 +78,10 @@ class FramePlan(Shape):
 
     @property
     def small(self) -> int:
-        """Bytes after the scratch: the ring slots' barriers, the warps' sums, the rows' norms, the codes drawn,
+        """Bytes after the scratch: the ring slots' two barriers, the warps' sums, the rows' norms, the codes drawn,
         the residual at the block's hidden columns."""
         rows = 2 * self.batch
-        return 8 * MAX_RING_CHUNKS + 4 * (THREADS // 32 * rows + rows + self.batch + rows * self.res_cols) + 64
+        return 16 * MAX_RING_CHUNKS + 4 * (THREADS // 32 * rows + rows + self.batch + rows * self.res_cols) + 64
 
     @property
     def res_cols(self) -> int:
@@ -123,8 +123,8 @@ class FramePlan(Shape):
         problems = []
         if self.batch > MAX_BATCH:
             problems.append(f"batch {self.batch} over {MAX_BATCH}")
-        if self.heads % self.kv_heads or (group + 2) * hd > THREADS:
-            problems.append(f"a kv head's q heads, k and v ({group} + 2 heads of {hd}) over {THREADS} threads")
+        if self.heads % self.kv_heads or (group + 1) * hd > THREADS:
+            problems.append(f"a kv head's q heads and k ({group} + 1 heads of {hd}) over {THREADS} threads")
         if hd & (hd - 1) or hd < 2:
             problems.append(f"head_dim {hd} not a power of two")
         if any(k % 8 for _, k in self.step_widths()):
@@ -239,7 +239,7 @@ class CudaCodePredictor:
         weights = [*self.weights.tensors(), self.cos, self.sin]
         fn(
             grid=(plan.blocks, 1, 1),
-            block=(THREADS, 1, 1),
+            block=(THREADS + 32, 1, 1),  # (and the copy warp)
             args=[*weights, x0.contiguous(), words, keys, values, codes, total, sync, *args, flags, trace],
             shared_mem=plan.shared,
         )

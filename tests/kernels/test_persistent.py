@@ -276,7 +276,7 @@ def test_the_cuda_frame_plan_refuses_what_the_kernel_does_not_take():
     cases = {
         "batch 5 over 4": dict(batch=5),
         "not a power of two": dict(head_dim=96),
-        "over 512 threads": dict(heads=32, kv_heads=4),
+        "over 480 threads": dict(heads=32, kv_heads=4),
         "attention tiles": dict(blocks=4),
         "the ring holds": dict(intermediate=12288),
     }
