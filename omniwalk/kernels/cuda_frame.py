@@ -1,9 +1,9 @@
 """The code predictor's frame in one launch of a CUDA kernel (``code_predictor_frame.cu``).
 
 A talker frame draws codec groups 1..G-1 with G-1 passes of the code predictor, each pass a chain of
-small dependent steps. The kernel runs one block per SM; each block owns fixed rows of every projection
-and streams their weights through a ring of shared memory ahead of the chain, so that the weight stream can
-overlap the steps' waits on each other (how far it does: docs/performance.md). A step's outputs carry the
+small dependent steps. The kernel runs one block per SM; each block owns fixed rows of every projection,
+and a copy warp of its own streams their weights through a ring of shared memory ahead of the chain, so that
+the weight stream can overlap the steps (how far it does: docs/performance.md). A step's outputs carry the
 launch's epoch beside each value, so reading a step's input is its wait (the kernel's comment says how).
 The kernel is compiled at first use for a batch size by NVRTC through ``torch.cuda`` (the CUDA wheels
 carry it: nothing to install), with the shape ``FramePlan`` checks #defined in front.
