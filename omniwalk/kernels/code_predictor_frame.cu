@@ -8,10 +8,10 @@
 // warp streams those rows' weights into a ring of shared memory with bulk copies, a slot as soon as the steps
 // release it (a pair of barriers a slot: landed, released), so the stream runs ahead of the dependency chain as
 // far as the ring lets it (the weights depend on nothing the kernel writes) and the threads that compute never
-// wait to issue a copy. A step's outputs are written with the launch's
-// epoch beside each value (one 32-bit word: bf16 bits, epoch << 16); reading a step's input spins until every
-// word carries the epoch, so that read is the step's wait: no counter, no fence. Every output of every pass has
-// its own words (written once a launch). The steps of a pass, per layer:
+// wait to issue a copy. A step's outputs are written with the launch's epoch beside each value (one 32-bit word:
+// bf16 bits, epoch << 16); reading a step's input spins until every word carries the epoch, so that read is the
+// step's wait: no counter, no fence. Every output of every pass has its own words (written once a launch). The
+// steps of a pass, per layer:
 //
 //     QKV      the input-normed residual rows times the block's q/k/v projection rows
 //     ATTN     (request, kv head) on one block each: q/k norm and rope, K/V kept in the block's own cache
