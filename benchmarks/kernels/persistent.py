@@ -9,8 +9,9 @@ graph of 8 frames, the layered path and the persistent kernel at each ``--progra
 the best of those without its tiles' L2 prefetch of their weights (before they wait), and the frame's
 weight-read floor (bytes it reads at the measured copy rate); ``--cuda``: the CUDA kernel's frame too (its
 codes checked equal between a graph replay and an eager launch). Then one frame of the Triton kernel at the
-first batch traced (each tile's start, end of its wait, end: per op, the mean time a tile waits and works).
-Writes persistent.json/.md.
+first batch traced (each tile's start, end of its wait, end: per op, the mean time a tile waits and works),
+and with ``--cuda`` one of the CUDA kernel (per step kind its phases and the time before it; its raw stamps in
+cuda_trace.pt). Writes persistent.json/.md.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def main() -> None:
             if cuda_frame is not None:
                 cell["cuda_us"] = _cuda_us(cuda_frame, h, c, params)
                 if batch == args.batches[0]:
-                    data["cuda_timeline"] = _cuda_timeline(cuda_frame, h, c, params, batch)
+                    data["cuda_timeline"] = _cuda_timeline(cuda_frame, h, c, params, batch, args.out)
         row = [batch, layered, *cell["persistent_us"].values(), best, cell["no_prefetch_us"]]
         rows.append([*row, *([cell["cuda_us"]] if cuda_frame else []), floor_us])
         print(
@@ -178,20 +179,22 @@ CUDA_PHASES = ("input (the wait)", "weights in", "rows", "whole step", "before t
 CUDA_OPS = ("QKV", "ATTN", "OUT", "GATE_UP", "DOWN")
 
 
-def _cuda_timeline(kernel, h, c, params, batch: int) -> dict:
+def _cuda_timeline(kernel, h, c, params, batch: int, out: Path) -> dict:
     """One frame of the CUDA kernel traced (each block's timer at each step's start, input read, weights in,
-    end): ``cuda_phases`` of it."""
+    end; the stamps saved as ``out/cuda_trace.pt``): ``cuda_phases`` of it."""
     plan = kernel.plan(batch)
     kernel.trace = torch.zeros(plan.blocks, plan.steps, 4, dtype=torch.int64, device="cuda")
     with torch.no_grad():
         kernel(h, c, params)
     torch.cuda.synchronize()
     t, kernel.trace = kernel.trace.cpu(), None
-    out = cuda_phases(t, plan.layers, batch * plan.kv_heads)
-    for op, v in out["ops"].items():
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(t, out / "cuda_trace.pt")
+    phases = cuda_phases(t, plan.layers, batch * plan.kv_heads)
+    for op, v in phases["ops"].items():
         print(f"  CUDA {op}: {dict(zip(CUDA_PHASES, v, strict=True))}")
-    print(f"  CUDA a block's frame: {out['busy_us']:.0f} us in steps, {out['between_us']:.0f} us between them")
-    return out
+    print(f"  CUDA a block's frame: {phases['busy_us']:.0f} us in steps, {phases['between_us']:.0f} us between them")
+    return phases
 
 
 def cuda_phases(trace: torch.Tensor, layers: int, attending: int) -> dict:
