@@ -126,8 +126,8 @@ def _text(data: dict, batch: int, note: str, table: str) -> str:
         text += "\n\n" + markdown_table(cuda_headers, [[op, *v] for op, v in cuda_ops.items()])
         cuda = data["cuda_timeline"]
         text += f"\n\nThe CUDA kernel's traced frame: {cuda['frame_us']:.0f} us; a block's {cuda['busy_us']:.0f} us in "
-        text += f"steps and {cuda['between_us']:.0f} us between them (mean us a step, thread 0 of each block; draw: "
-        text += "from a pass's head to the next pass's first step)."
+        text += f"steps and draws, {cuda['between_us']:.0f} us between them (mean us a step, thread 0 of each block; "
+        text += "draw: its first request's logits read, then the rest)."
     return text
 
 
@@ -181,9 +181,9 @@ CUDA_OPS = ("QKV", "ATTN", "OUT", "GATE_UP", "DOWN")
 
 def _cuda_timeline(kernel, h, c, params, batch: int, out: Path) -> dict:
     """One frame of the CUDA kernel traced (each block's timer at each step's start, input read, weights in,
-    end; the stamps saved as ``out/cuda_trace.pt``): ``cuda_phases`` of it."""
+    end, and at each draw's; the stamps saved as ``out/cuda_trace.pt``): ``cuda_phases`` of it."""
     plan = kernel.plan(batch)
-    kernel.trace = torch.zeros(plan.blocks, plan.steps, 4, dtype=torch.int64, device="cuda")
+    kernel.trace = torch.zeros(plan.blocks, plan.trace_rows, 4, dtype=torch.int64, device="cuda")
     with torch.no_grad():
         kernel(h, c, params)
     torch.cuda.synchronize()
@@ -193,35 +193,53 @@ def _cuda_timeline(kernel, h, c, params, batch: int, out: Path) -> dict:
     phases = cuda_phases(t, plan.layers, batch * plan.kv_heads)
     for op, v in phases["ops"].items():
         print(f"  CUDA {op}: {dict(zip(CUDA_PHASES, v, strict=True))}")
-    print(f"  CUDA a block's frame: {phases['busy_us']:.0f} us in steps, {phases['between_us']:.0f} us between them")
+    print(f"  CUDA draw: its top-k / top-p set {phases['draw_selection_us']:.2f} us (first request)")
+    print(f"  CUDA a block's frame: {phases['busy_us']:.0f} us in steps and draws, {phases['between_us']:.0f} between")
     return phases
 
 
 def cuda_phases(trace: torch.Tensor, layers: int, attending: int) -> dict:
-    """A traced frame (``trace`` [blocks, steps, 4] ns; the last ``attending`` blocks attend): per step kind,
-    the mean microseconds of each phase over blocks and steps (ATTN: on the blocks that attend), and the time
-    before the step (from the block's previous step's end: what the block did between steps); the draw between
-    passes (a pass's head to the next pass's first step); a block's mean time in steps and between them; the
-    frame's span."""
+    """A traced frame (``trace`` [blocks, steps + passes, 4] ns, ``FramePlan.trace_rows``: the steps, then each
+    pass's draw; the last ``attending`` blocks attend): per step kind, the mean microseconds of each phase over
+    blocks and steps (ATTN: on the blocks that attend) and the time before the step (from what the block did
+    last: what it did between them); the draws between passes (the first request's logits read, then the rest);
+    a block's mean time in steps and draws and between them; the frame's span."""
     t = trace.double() / 1e3
-    blocks, steps, _ = t.shape
+    blocks, rows, _ = t.shape
     per_pass = 5 * layers + 1
+    if rows % (per_pass + 1):
+        raise ValueError(f"{rows} rows of stamps are not passes of {per_pass} steps and a draw")
+    passes = rows // (per_pass + 1)
+    steps = passes * per_pass
     kinds = [CUDA_OPS[i % per_pass % 5] if i % per_pass < 5 * layers else "HEAD" for i in range(steps)]
-    gaps = torch.cat([torch.zeros(blocks, 1, dtype=t.dtype), t[:, 1:, 0] - t[:, :-1, 3]], dim=1)
+    order = []  # a block's rows in the order it runs them: a pass's steps, then its draw (but the last pass's)
+    for i in range(steps):
+        order.append(i)
+        if kinds[i] == "HEAD" and i // per_pass < passes - 1:
+            order.append(steps + i // per_pass)
+    seq = t[:, order]
+    gaps = torch.cat([torch.zeros(blocks, 1, dtype=t.dtype), seq[:, 1:, 0] - seq[:, :-1, 3]], dim=1)
+    before = {row: gaps[:, at] for at, row in enumerate(order)}
     ops = {}
     for op in (*CUDA_OPS, "HEAD"):
-        mine = [i for i, k in enumerate(kinds) if k == op and i > 0 and kinds[i - 1] != "HEAD"]
+        mine = [i for i, k in enumerate(kinds) if k == op and i > 0]
         x = t[blocks - attending :][:, mine] if op == "ATTN" else t[:, mine]
         spans = [x[..., 1] - x[..., 0], x[..., 2] - x[..., 1], x[..., 3] - x[..., 2], x[..., 3] - x[..., 0]]
-        means = [round(span.mean().item(), 2) for span in spans] + [round(gaps[:, mine].mean().item(), 2)]
+        gap = torch.stack([before[i] for i in mine], dim=1).mean().item()
+        means = [round(span.mean().item(), 2) for span in spans] + [round(gap, 2)]
         ops[op] = ["-", "-", "-", means[3], means[4]] if op == "ATTN" else means  # (ATTN: its whole step alone)
-    after_head = [i + 1 for i, k in enumerate(kinds[:-1]) if k == "HEAD"]
-    ops["draw"] = ["-", "-", "-", "-", round(gaps[:, after_head].mean().item(), 2)]
+    draws = list(range(steps, steps + passes - 1))
+    x = t[:, draws]
+    spans = [x[..., 1] - x[..., 0], x[..., 3] - x[..., 1], x[..., 3] - x[..., 0]]
+    gap = torch.stack([before[i] for i in draws], dim=1).mean().item()
+    wait, rest, whole = (round(span.mean().item(), 2) for span in spans)
+    ops["draw"] = [wait, "-", rest, whole, round(gap, 2)]  # (the first request's logits read, then the rest)
     return {
         "ops": ops,
-        "busy_us": (t[..., 3] - t[..., 0]).sum(1).mean().item(),
+        "draw_selection_us": (x[..., 2] - x[..., 1]).mean().item(),  # (its top-k / top-p set, first request)
+        "busy_us": (seq[..., 3] - seq[..., 0]).sum(1).mean().item(),
         "between_us": gaps.sum(1).mean().item(),
-        "frame_us": (t[..., 3].max() - t[..., 0].min()).item(),
+        "frame_us": (seq[..., 3].max() - seq[..., 0].min()).item(),
     }
 
 

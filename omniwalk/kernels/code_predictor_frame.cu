@@ -463,6 +463,20 @@ __device__ void attend(word* pass_words, int layer, int tile, int pass, const bf
     }
 }
 
+// TRACE: thread 0's global timer (ns) at a step's start, its input read, its weights in, its end: trace
+// [blocks, TRACE_ROWS, 4] (a benchmark's timeline; ``CudaCodePredictor.trace``); rows STEPS + p are the draws of
+// pass p's codes (their start, the first request's logits read, its top-k / top-p set found, their end)
+#define TRACE_ROWS (STEPS + PASSES)
+__device__ __forceinline__ void stamp(long long* trace, int step, int phase) {
+#if TRACE
+    if (threadIdx.x == 0) {
+        long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        trace[((long long)blockIdx.x * TRACE_ROWS + step) * 4 + phase] = t;
+    }
+#endif
+}
+
 // ---- the draw: sampling.pick's steps over a request's logits row, in every block ----
 
 __device__ __forceinline__ unsigned long long mix(unsigned long long z) {
@@ -619,7 +633,8 @@ __device__ void top_candidates(const long long* keys, long long* top) {
 
 // a request's code from its logits row (``sampling.pick``: front, top-k then top-p, the noise of a sampled
 // row, the best with the first index winning ties)
-__device__ int draw(const word* logits, int row, int pass, const Sampling& p, Scratch& sc, unsigned int epoch) {
+__device__ int draw(const word* logits, int row, int pass, const Sampling& p, Scratch& sc, unsigned int epoch,
+                    long long* trace) {
     long long* keys = (long long*)sc.xs;  // [BLOCK_V], then the best candidates' lists [BLOCK_V / 2]
     float* red = sc.red;
     const int tid = threadIdx.x;
@@ -628,6 +643,7 @@ __device__ int draw(const word* logits, int row, int pass, const Sampling& p, Sc
         keys[c] = key_of(x, c);
     }
     sync_consumers();
+    if (row == 0) stamp(trace, STEPS + pass, 1);
     long long smallest = KEY_MIN;  // the least key the top-k / top-p set keeps
     bool kept_keys = true;         // keys[c] still column c's (the full sort ranks them in place)
     const long long top_k = (p.flags & FLAG_TOP) ? p.top_k[row] : VOCAB;
@@ -681,6 +697,7 @@ __device__ int draw(const word* logits, int row, int pass, const Sampling& p, Sc
         smallest = ranked[kept[0] - 1];
         sync_consumers();
     }
+    if (row == 0) stamp(trace, STEPS + pass, 2);
     long long best = KEY_MIN;
     const bool noise = (p.flags & FLAG_SAMPLED) && p.sampled[row];
     for (int c = tid; c < BLOCK_V; c += THREADS) {
@@ -704,10 +721,11 @@ __device__ int draw(const word* logits, int row, int pass, const Sampling& p, Sc
 // a pass's codes, drawn from its logits into sc.codes (the next pass's input); block 0 also writes them and
 // adds their embeddings to the running sum
 __device__ void draw_pass(const word* words, int pass, const bf16* embeds, long long* codes, bf16* total,
-                          const Sampling& sp, Scratch& sc, unsigned int epoch) {
+                          const Sampling& sp, Scratch& sc, unsigned int epoch, long long* trace) {
     const word* logits = words + (long long)pass * PASS_WORDS + LAYERS * LAYER_WORDS;
+    stamp(trace, STEPS + pass, 0);
     for (int b = 0; b < BATCH; b++) {
-        const int code = draw(logits, b, pass, sp, sc, epoch);
+        const int code = draw(logits, b, pass, sp, sc, epoch, trace);
         if (threadIdx.x == 0) sc.codes[b] = code;
         if (blockIdx.x != 0) continue;
         if (threadIdx.x == 0) codes[b * PASSES + pass] = code;
@@ -717,18 +735,7 @@ __device__ void draw_pass(const word* words, int pass, const bf16* embeds, long 
         }
     }
     sync_consumers();
-}
-
-// TRACE: thread 0's global timer (ns) at a step's start, its input read, its weights in, its end: trace
-// [blocks, STEPS, 4] (a benchmark's timeline; ``CudaCodePredictor.trace``)
-__device__ __forceinline__ void stamp(long long* trace, int step, int phase) {
-#if TRACE
-    if (threadIdx.x == 0) {
-        long long t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        trace[((long long)blockIdx.x * STEPS + step) * 4 + phase] = t;
-    }
-#endif
+    stamp(trace, STEPS + pass, 3);
 }
 
 // a step's projection: the block's ``n`` rows of it (SEGS segments of n rows, K inputs each: gate and up are
@@ -804,7 +811,7 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
     for (int pass = 0; pass < PASSES; pass++) {
         word* pw = words + (long long)pass * PASS_WORDS;
         const int rows = pass == 0 ? ROWS0 : BATCH, tokens = pass == 0 ? 2 : 1;
-        if (pass > 0) draw_pass(words, pass - 1, embeds, codes, total, sp, sc, epoch);  // (this pass's input)
+        if (pass > 0) draw_pass(words, pass - 1, embeds, codes, total, sp, sc, epoch, trace);  // (its input)
         for (int layer = 0; layer < LAYERS; layer++) {
             word* lw = pw + layer * LAYER_WORDS;
             const word* res_in = layer == 0 ? nullptr : lw - LAYER_WORDS + AT_RES_M;  // (null: the pass's input)
@@ -858,7 +865,7 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
             put(pw + LAYERS * LAYER_WORDS + r * VOCAB + v0 + i, y, epoch);
         });
     }
-    if (block == 0) draw_pass(words, PASSES - 1, embeds, codes, total, sp, sc, epoch);
+    if (block == 0) draw_pass(words, PASSES - 1, embeds, codes, total, sp, sc, epoch, trace);
     // the last block out moves the epoch on (the next launch reads it)
     sync_consumers();
     if (tid == 0) {

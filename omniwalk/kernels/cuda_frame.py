@@ -170,6 +170,11 @@ class FramePlan(Shape):
         """A frame's steps as the kernel numbers them (per pass: five a layer, then the head)."""
         return (self.groups - 1) * (5 * self.layers + 1)
 
+    @property
+    def trace_rows(self) -> int:
+        """Rows of a traced launch's stamps: the steps, then a pass's draw each."""
+        return self.steps + self.groups - 1
+
 
 def source(plan: FramePlan, trace: bool = False) -> str:
     """The kernel's source with ``plan``'s #defines in front (``trace``: the variant that stamps its steps)."""
@@ -197,8 +202,8 @@ class CudaCodePredictor:
         self.plan(1).check()
         self._built: dict[int, tuple] = {}
         self._kernels: dict[tuple[int, bool], object] = {}
-        # a benchmark's timeline: an int64 tensor [blocks, plan.steps, 4] (each block's global timer at each step's
-        # start, input read, weights in, end) the next launches fill; None: not recorded
+        # a benchmark's timeline: an int64 tensor [blocks, plan.trace_rows, 4] (each block's global timer at each
+        # step's start, input read, weights in, end; then each draw's) the next launches fill; None: not recorded
         self.trace: torch.Tensor | None = None
 
     def plan(self, batch: int) -> FramePlan:

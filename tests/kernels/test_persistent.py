@@ -477,22 +477,32 @@ def test_the_cuda_frames_first_layer_equals_its_steps_in_pytorch():
 
 def test_the_cuda_timeline_splits_a_frame_into_steps_and_what_lies_between_them():
     """``benchmarks/kernels/persistent.py``'s reading of a traced frame (a synthetic one: every step 1 us
-    waiting for its input, 2 for weights, 3 of rows; 0.5 us between steps, 10 for the draw after a head)."""
+    waiting for its input, 2 for weights, 3 of rows; a draw after each pass's head but the last: 4 us for its
+    logits, then 1 us to its top-k / top-p set and 2 more; 0.5 us before every step and draw)."""
     sys.path[:0] = [str(ROOT / "benchmarks" / "kernels"), str(ROOT / "benchmarks")]
     from persistent import cuda_phases
 
-    layers, passes, blocks = 2, 2, 3
-    steps = passes * (5 * layers + 1)
-    trace, now = torch.zeros(blocks, steps, 4, dtype=torch.int64), 0.0
+    layers, passes, blocks = 2, 3, 3
+    per_pass = 5 * layers + 1
+    steps = passes * per_pass
+    trace, now = torch.zeros(blocks, steps + passes, 4, dtype=torch.int64), 0.0
+
+    def run(row, offsets):
+        nonlocal now
+        now += 0.5 if now else 0.0
+        for phase, at in enumerate(offsets):
+            trace[:, row, phase] = int((now + at) * 1000)
+        now += offsets[-1]
+
     for i in range(steps):
-        now += 0.0 if i == 0 else 10.0 if i % (5 * layers + 1) == 0 else 0.5
-        for phase, at in enumerate((0.0, 1.0, 3.0, 6.0)):
-            trace[:, i, phase] = int((now + at) * 1000)
-        now += 6.0
+        run(i, (0.0, 1.0, 3.0, 6.0))
+        if i % per_pass == per_pass - 1 and i // per_pass < passes - 1:
+            run(steps + i // per_pass, (0.0, 4.0, 5.0, 7.0))
     out = cuda_phases(trace, layers, attending=1)
     for op in ("QKV", "OUT", "GATE_UP", "DOWN", "HEAD"):
         assert out["ops"][op] == [1.0, 2.0, 3.0, 6.0, 0.5]
     assert out["ops"]["ATTN"] == ["-", "-", "-", 6.0, 0.5]
-    assert out["ops"]["draw"][-1] == 10.0
-    assert out["busy_us"] == steps * 6.0 and out["between_us"] == (steps - 2) * 0.5 + 10.0
+    assert out["ops"]["draw"] == [4.0, "-", 3.0, 7.0, 0.5] and out["draw_selection_us"] == 1.0
+    assert out["busy_us"] == steps * 6.0 + (passes - 1) * 7.0
+    assert out["between_us"] == (steps + passes - 2) * 0.5
     assert out["frame_us"] == out["busy_us"] + out["between_us"]
