@@ -27,7 +27,7 @@ from omniwalk.kernels.sampling import TOP_CANDIDATES
 KERNEL = Path(__file__).with_name("code_predictor_frame.cu")
 MAX_BATCH = 4  # frames of up to this many requests take the kernel (more: the layered path)
 THREADS = 480  # a block's threads that compute (15 warps; the copy warp makes 16: 128 registers a thread)
-CHUNK = 8192  # bytes of weights a block asks for at once (16 a thread)
+CHUNK = 8192  # bytes of weights a ring slot holds (one bulk copy of the copy warp)
 SHARED_BYTES = 227 * 1024  # shared memory one block may take on sm_90
 MAX_RING_CHUNKS = 24
 

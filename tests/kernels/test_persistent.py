@@ -477,32 +477,37 @@ def test_the_cuda_frames_first_layer_equals_its_steps_in_pytorch():
 
 def test_the_cuda_timeline_splits_a_frame_into_steps_and_what_lies_between_them():
     """``benchmarks/kernels/persistent.py``'s reading of a traced frame (a synthetic one: every step 1 us
-    waiting for its input, 2 for weights, 3 of rows; a draw after each pass's head but the last: 4 us for its
-    logits, then 1 us to its top-k / top-p set and 2 more; 0.5 us before every step and draw)."""
+    waiting for its input, 2 for weights, then rows for 3 us plus its kind's index (QKV 0 .. HEAD 5); ATTN only
+    on the last block, an instant elsewhere; a draw after each pass's head but the last: 4 us for its logits,
+    then 1 us to its top-k / top-p set and 2 more; 0.5 us before every step and draw)."""
     sys.path[:0] = [str(ROOT / "benchmarks" / "kernels"), str(ROOT / "benchmarks")]
-    from persistent import cuda_phases
+    from persistent import CUDA_OPS, cuda_phases
 
     layers, passes, blocks = 2, 3, 3
     per_pass = 5 * layers + 1
     steps = passes * per_pass
-    trace, now = torch.zeros(blocks, steps + passes, 4, dtype=torch.int64), 0.0
-
-    def run(row, offsets):
-        nonlocal now
-        now += 0.5 if now else 0.0
-        for phase, at in enumerate(offsets):
-            trace[:, row, phase] = int((now + at) * 1000)
-        now += offsets[-1]
-
-    for i in range(steps):
-        run(i, (0.0, 1.0, 3.0, 6.0))
-        if i % per_pass == per_pass - 1 and i // per_pass < passes - 1:
-            run(steps + i // per_pass, (0.0, 4.0, 5.0, 7.0))
+    trace = torch.zeros(blocks, steps + passes, 4, dtype=torch.int64)
+    busy = [0.0] * blocks
+    for b in range(blocks):
+        runs = []  # (row, its phases' offsets) in the order the block runs them
+        for i in range(steps):
+            kind = i % per_pass % 5 if i % per_pass < 5 * layers else 5
+            attends = kind != 1 or b == blocks - 1
+            runs.append((i, (0.0, 1.0, 3.0, 6.0 + kind) if attends else (0.0, 0.0, 0.0, 0.0)))
+            if kind == 5 and i // per_pass < passes - 1:
+                runs.append((steps + i // per_pass, (0.0, 4.0, 5.0, 7.0)))
+        now = -0.5
+        for row, offsets in runs:
+            now += 0.5
+            trace[b, row] = torch.tensor([int((now + at) * 1000) for at in offsets])
+            now += offsets[-1]
+            busy[b] += offsets[-1]
     out = cuda_phases(trace, layers, attending=1)
-    for op in ("QKV", "OUT", "GATE_UP", "DOWN", "HEAD"):
-        assert out["ops"][op] == [1.0, 2.0, 3.0, 6.0, 0.5]
-    assert out["ops"]["ATTN"] == ["-", "-", "-", 6.0, 0.5]
+    for kind, op in enumerate((*CUDA_OPS, "HEAD")):
+        if op != "ATTN":
+            assert out["ops"][op] == [1.0, 2.0, 3.0 + kind, 6.0 + kind, 0.5], op
+    assert out["ops"]["ATTN"] == ["-", "-", "-", 7.0, 0.5]
     assert out["ops"]["draw"] == [4.0, "-", 3.0, 7.0, 0.5] and out["draw_selection_us"] == 1.0
-    assert out["busy_us"] == steps * 6.0 + (passes - 1) * 7.0
+    assert out["busy_us"] == pytest.approx(sum(busy) / blocks)
     assert out["between_us"] == (steps + passes - 2) * 0.5
-    assert out["frame_us"] == out["busy_us"] + out["between_us"]
+    assert out["frame_us"] == pytest.approx(busy[-1] + out["between_us"])  # (the block that attends is the last)
