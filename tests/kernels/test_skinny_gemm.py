@@ -1,4 +1,4 @@
-"""The skinny GEMM (``layers/skinny_gemm.py``) against ``F.linear`` and the reference gated MLP, on the
+"""The skinny GEMM (``kernels/skinny_gemm.py``) against ``F.linear`` and the reference gated MLP, on the
 CPU through Triton's interpreter; in bf16 on the GPU (``gpu``) against cuBLAS on the decoders' real
 projection shapes, at the launch configurations the fast path picks.
 
