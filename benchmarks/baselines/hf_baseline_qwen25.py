@@ -99,9 +99,8 @@ def bench_path(model, path: str, inputs: dict, cfg: Qwen25OmniConfig, args, devi
             **kw,
         )
 
-    # Warm-up: the whole work once. (A 2-token warm-up, sessions 27-36, left the first timed run 2-3x slower
-    # than the rest: 1.67 and 1.08 s against 0.40-0.75 s at s2t in session 37's call 6, and a 2-run median
-    # is their mean: HF's figures were inflated by it.)
+    # Warm-up: the whole work once (a 2-token warm-up leaves the first timed run 2-3x slower than the rest,
+    # which inflates a median of few runs).
     generate(work.text_tokens, work.audio_frames)
     runs = [timed_seconds(lambda: generate(work.text_tokens, work.audio_frames), device) for _ in range(args.repeats)]
     (_, wav), seconds = runs[-1][0], statistics.median(s for _, s in runs)

@@ -55,7 +55,7 @@ TUNE_GEMV = [Blocks(8, 1024, 1, 4, 1), Blocks(8, 2048, 1, 4, 1), Blocks(16, 1024
 TUNE_GEMV += [Blocks(4, 4096, 1, 4, 1), Blocks(8, 4096, 1, 8, 1), Blocks(4, 2048, 1, 4, 1)]
 TUNE_DOT = [Blocks(64, 128, 1, 4, 6), Blocks(32, 128, 1, 4, 6), Blocks(128, 128, 1, 8, 4), Blocks(32, 128, 1, 4, 8)]
 TUNE_DOT += [Blocks(16, 128, 1, 4, 6), Blocks(64, 128, 1, 4, 4), Blocks(64, 128, 1, 8, 6), Blocks(16, 128, 1, 4, 8)]
-TUNE_DOT += [Blocks(32, 64, 1, 4, 8), Blocks(64, 64, 1, 4, 8), Blocks(32, 128, 1, 4, 4)]  # (s36: chained dot)
+TUNE_DOT += [Blocks(32, 64, 1, 4, 8), Blocks(64, 64, 1, 4, 8), Blocks(32, 128, 1, 4, 4)]  # (the chained dot's)
 TUNE_GATE_UP = [(2, 2048, 4), (4, 2048, 4), (4, 2048, 8), (8, 2048, 8), (2, 1024, 4), (4, 1024, 4)]
 TUNE_DOWN = [(16, 256, 8), (16, 512, 8), (32, 256, 8), (8, 512, 4), (16, 1024, 8), (32, 512, 8)]
 # the grouped GEMMs' tiles (grouped_fp8): (rows, columns, warps, stages); gate_up's columns are also the down
