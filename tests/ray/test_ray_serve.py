@@ -179,8 +179,10 @@ def test_concurrent_requests_spread_over_both_replicas(client, base_url):
     async def load():
         sdk = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
         texts = [f"question {i}" for i in range(24)]
-        calls = [sdk.chat.completions.create(model="qwen3-omni", messages=[{"role": "user", "content": t}], **GREEDY)
-                 for t in texts]  # fmt: skip
+        calls = [
+            sdk.chat.completions.create(model="qwen3-omni", messages=[{"role": "user", "content": t}], **GREEDY)
+            for t in texts
+        ]
         return await asyncio.gather(*calls)
 
     assert all(a.usage.completion_tokens == 4 for a in asyncio.run(load()))

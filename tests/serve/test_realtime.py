@@ -186,8 +186,14 @@ def test_audio_turn_equals_the_chat_completion_with_audio_input(base_url):
     assert transcript == done.output[0].content[0].transcript and done.output[0].content[0].type == "output_audio"
     assert done.usage.output_token_details.audio_tokens == frames and done.usage.output_token_details.text_tokens == 5
     data = base64.b64encode(wav_bytes(np.frombuffer(heard, "<i2"))).decode()
-    want = chat(base_url, [{"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}],
-                ["text", "audio"], max_tokens=5, min_audio_frames=frames, max_audio_frames=frames)  # fmt: skip
+    want = chat(
+        base_url,
+        [{"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}],
+        ["text", "audio"],
+        max_tokens=5,
+        min_audio_frames=frames,
+        max_audio_frames=frames,
+    )
     message = want["choices"][0]["message"]
     assert transcript == message["audio"]["transcript"]
     got, ref = np.frombuffer(pcm, "<i2").astype(int), np.frombuffer(base64.b64decode(message["audio"]["data"]), "<i2")
@@ -354,8 +360,11 @@ def test_bad_events_get_error_events_and_the_session_goes_on(base_url):
                 event = json.dumps({**event, "event_id": f"evt_{i}"} if isinstance(event, dict) else event)
             await ws.send(event)
             errors.append(await next_of(ws, "error"))
-        await ws.send(json.dumps({"type": "session.update", "session": {**NO_VAD, "output_modalities": ["text"],
-                                                                          "max_output_tokens": 2}}))  # fmt: skip
+        await ws.send(
+            json.dumps(
+                {"type": "session.update", "session": {**NO_VAD, "output_modalities": ["text"], "max_output_tokens": 2}}
+            )
+        )
         await ws.send(
             json.dumps(
                 {
@@ -438,8 +447,15 @@ def test_auth_limits_and_the_beta_dialect(base_url):
             await ws.close()
         async with sdk(base_url).beta.realtime.connect(model="qwen3-omni") as conn:
             created = await conn.recv()
-            await conn.session.update(session={"modalities": ["text"], "turn_detection": None, "voice": "ethan",
-                                               "max_response_output_tokens": 2, **GREEDY})  # fmt: skip
+            await conn.session.update(
+                session={
+                    "modalities": ["text"],
+                    "turn_detection": None,
+                    "voice": "ethan",
+                    "max_response_output_tokens": 2,
+                    **GREEDY,
+                }
+            )
             await conn.conversation.item.create(
                 item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
             )
@@ -470,10 +486,19 @@ def test_the_talk_page_in_headless_chromium(base_url, tmp_path):
     rate, noise = 48000, np.random.default_rng(0)
     wave = np.concatenate([0.002 * noise.standard_normal(rate), speech_like(1.5, 1, rate), np.zeros(3 * rate)])
     soundfile.write(tmp_path / "mic.wav", wave.astype(np.float32), rate, subtype="PCM_16")
-    flags = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", "--disable-quic", "--use-fake-ui-for-media-stream",
-             "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={tmp_path / 'mic.wav'}%noloop",
-             "--autoplay-policy=no-user-gesture-required"]  # fmt: skip
+    flags = [
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-quic",
+        "--use-fake-ui-for-media-stream",
+        "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-audio-capture={tmp_path / 'mic.wav'}%noloop",
+        "--autoplay-policy=no-user-gesture-required",
+    ]
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=flags)
         try:

@@ -101,10 +101,14 @@ def test_hostile_bodies_are_4xx_and_the_connection_stays_usable(live, body, stat
 
 def test_speech_bodies(live):
     c = Connection(live)
-    for body, param in [({"input": "hi", "voice": 5}, "voice"), ({"input": ""}, "input"),
-                        ({"input": "hi", "voice": "nobody"}, "voice"), ({"input": "hi", "speed": 2.0}, "speed"),
-                        ({"input": "hi", "response_format": "aac"}, "response_format"),
-                        ({"input": "hi", "instructions": "whisper"}, "instructions")]:  # fmt: skip
+    for body, param in [
+        ({"input": "hi", "voice": 5}, "voice"),
+        ({"input": ""}, "input"),
+        ({"input": "hi", "voice": "nobody"}, "voice"),
+        ({"input": "hi", "speed": 2.0}, "speed"),
+        ({"input": "hi", "response_format": "aac"}, "response_format"),
+        ({"input": "hi", "instructions": "whisper"}, "instructions"),
+    ]:
         status, reply, _ = c.post("/v1/audio/speech", json.dumps(body).encode())
         assert status == 400 and reply["error"]["param"] == param, reply
     _valid(c)
