@@ -47,12 +47,12 @@ import torch
 import torch.nn.functional as F
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[i]) for i in (2, 1)]  # the repository root, benchmarks/
-from fp8_tune import BF16, POOL_BYTES, SHAPES, _linears, apply_tuned, tune_fp8, tuned_entries  # noqa: E402
+from fp8_tune import BF16, POOL_BYTES, SHAPES, _linears, apply_tuned, fp8_product, tune_fp8, tuned_entries  # noqa: E402
 from harness import graph_call_us, int_list, machine, markdown_table, prompt_text, write_report  # noqa: E402
 
 from omniwalk.kernels import tuned as tuned_configs  # noqa: E402
 from omniwalk.kernels.registry import DECODE_ATTENTION  # noqa: E402
-from omniwalk.kernels.skinny_gemm import Blocks, skinny_gemm  # noqa: E402
+from omniwalk.kernels.skinny_gemm import Blocks  # noqa: E402
 from omniwalk.layers import moe  # noqa: E402
 from omniwalk.layers.decoder import RowsKVCache  # noqa: E402
 from omniwalk.layers.fp8 import DEFAULT_BLOCK, Fp8Linear, dequantize, quantize  # noqa: E402
@@ -79,23 +79,11 @@ def bench_projections() -> list[dict]:
             row = dict(shape=name, m=m, bf16_us=graph_call_us(lambda i: bf16[i](x), copies))
             row["fp8_us"] = graph_call_us(lambda i: fp8[i](x), copies)
 
-            def fp8_call(i, blocks=None):
-                f = fp8[i]
-                return skinny_gemm(
-                    x,
-                    f.weight,
-                    gated=f.gated,
-                    partials=f.partials,
-                    blocks=blocks,
-                    scale=f.weight_scale_inv,
-                    scale_block=f.block,
-                )
-
             dot = Blocks(64, 128, 1, 4, 6, rows=16 if m == 1 else 0)  # (the table's dot configuration)
             if m == 1:
-                row["fp8_dot_us"] = graph_call_us(lambda i: fp8_call(i, dot), copies)
+                row["fp8_dot_us"] = graph_call_us(lambda i: fp8_product(x, fp8[i], dot), copies)
                 row["fp8_gemv_us"] = {
-                    str(tuple(b)): graph_call_us(lambda i, b=b: fp8_call(i, b), copies) for b in FP8_GEMV
+                    str(tuple(b)): graph_call_us(lambda i, b=b: fp8_product(x, fp8[i], b), copies) for b in FP8_GEMV
                 }
             row |= dict(bf16_gb_s=gb_bf16 / row["bf16_us"] * 1e6, fp8_gb_s=gb_fp8 / row["fp8_us"] * 1e6)
             rows_out.append(row)

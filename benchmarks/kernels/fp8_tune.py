@@ -51,6 +51,19 @@ def _linears(k: int, rows: tuple[int, ...], kind: str, copies: int) -> tuple[lis
     return bf16, fp8
 
 
+def fp8_product(x: torch.Tensor, linear: SkinnyLinear, blocks: Blocks | None = None) -> torch.Tensor:
+    """An FP8 merged projection's product of ``x`` through the skinny GEMM with launch configuration ``blocks``."""
+    return skinny_gemm(
+        x,
+        linear.weight,
+        gated=linear.gated,
+        partials=linear.partials,
+        blocks=blocks,
+        scale=linear.weight_scale_inv,
+        scale_block=linear.block,
+    )
+
+
 TUNE_GEMV = [Blocks(8, 1024, 1, 4, 1), Blocks(8, 2048, 1, 4, 1), Blocks(16, 1024, 1, 4, 1), Blocks(16, 2048, 1, 8, 1)]
 TUNE_GEMV += [Blocks(4, 4096, 1, 4, 1), Blocks(8, 4096, 1, 8, 1), Blocks(4, 2048, 1, 4, 1)]
 TUNE_DOT = [Blocks(64, 128, 1, 4, 6), Blocks(32, 128, 1, 4, 6), Blocks(128, 128, 1, 8, 4), Blocks(32, 128, 1, 4, 8)]
@@ -81,17 +94,7 @@ def _warm_skinny(items) -> int:
     for k, rows, kind, m, blocks in items:
         try:
             _, fp8 = _linears(k, rows, kind, 1)
-            f = fp8[0]
-            x = torch.randn(m, k, device="cuda").to(BF16)
-            skinny_gemm(
-                x,
-                f.weight,
-                gated=f.gated,
-                partials=f.partials,
-                blocks=blocks,
-                scale=f.weight_scale_inv,
-                scale_block=f.block,
-            )
+            fp8_product(torch.randn(m, k, device="cuda").to(BF16), fp8[0], blocks)
             done += 1
         except Exception as e:  # noqa: BLE001 - (e.g. out of shared memory: skipped when timed too)
             print(f"{blocks} M={m}: {type(e).__name__}", flush=True)
@@ -124,20 +127,8 @@ def tune_fp8(rows: tuple[int, ...] = (1, 32), workers: int = 12) -> dict:
             x = torch.randn(m, k, device="cuda").to(BF16)
             times = {}
             for b in _tune_candidates(m, kind):
-                f0 = fp8[0]
                 try:
-                    times[b] = graph_call_us(
-                        lambda i, b=b: skinny_gemm(
-                            x,
-                            fp8[i].weight,
-                            gated=f0.gated,
-                            partials=f0.partials,
-                            blocks=b,
-                            scale=fp8[i].weight_scale_inv,
-                            scale_block=f0.block,
-                        ),
-                        copies,
-                    )
+                    times[b] = graph_call_us(lambda i, b=b: fp8_product(x, fp8[i], b), copies)
                 except Exception:  # noqa: BLE001, S112 - (does not fit the SM)
                     continue
             best = min(times, key=times.get)
