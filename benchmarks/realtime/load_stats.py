@@ -25,9 +25,6 @@ ENGINE = re.compile(r"^omniwalk_engine(?:_events_total)?\{([^}]*)\}\s+([0-9.eE+-
 LABEL = re.compile(r'(\w+)="([^"]*)"')
 # omniwalk's time to a first output by phase (sum and count per phase): "inbox" (waiting for the engine
 # process's step loop), "add" (the request's processing in that loop: chat template, tokens, prompt, keys)
-PHASE = re.compile(
-    r'^omniwalk_first_output_phase_seconds_(sum|count)\{[^}]*phase="(\w+)"[^}]*\}\s+([0-9.eE+-]+)$', re.M
-)
 ENGINE_COUNTS = (
     "audio_encoder_items_encoded",
     "audio_encoder_items_skipped",
@@ -76,13 +73,15 @@ def engine_counts(text: str) -> dict[str, float]:
     return counts if found else {}
 
 
-def phase_totals(text: str) -> dict[str, tuple[float, float]]:
-    """omniwalk's first-output phases in its /metrics ``text``: phase -> (seconds, requests), summed over
+def histogram_totals(text: str, metric: str, label: str) -> dict[str, tuple[float, float]]:
+    """An omniwalk histogram in its /metrics ``text`` (``omniwalk_first_output_phase_seconds`` by "phase",
+    ``omniwalk_stage_start_seconds`` by "stage"): label value -> (seconds, observations), summed over
     replicas; none from another server."""
+    series = re.compile(rf'^{metric}_(sum|count)\{{[^}}]*{label}="(\w+)"[^}}]*\}}\s+([0-9.eE+-]+)$', re.M)
     totals: dict[str, list[float]] = {}
-    for kind, phase, value in PHASE.findall(text):
-        totals.setdefault(phase, [0.0, 0.0])[kind == "count"] += float(value)
-    return {phase: (seconds, count) for phase, (seconds, count) in totals.items()}
+    for kind, value_of_label, value in series.findall(text):
+        totals.setdefault(value_of_label, [0.0, 0.0])[kind == "count"] += float(value)
+    return {key: (seconds, count) for key, (seconds, count) in totals.items()}
 
 
 def cpu_seconds(pid: int) -> float:

@@ -15,10 +15,11 @@ split the turn at its pause (an answer came before the turn was said: ``split``)
 session count): discarded preemptive answers (the server's /metrics, where it counts them), omniwalk's engine
 counters (recordings encoded and skipped under prefix pages, prefix tokens taken, KV preemptions), the mean
 time a request waited for the engine's step loop and its processing took in it (``inbox_ms_mean``,
-``add_ms_mean``: omniwalk's first-output phases) and, with ``--server-pid``, the HTTP process's CPU per
-session. Answers are bounded (``--max-tokens``; ``--audio-frames``, 0 = the server's speech cap) so that
-random weights give turns of equal work. One session's ``--warmup-turns`` go first, unmeasured. Writes
-``--out`` (JSON) and the table beside it (.md).
+``add_ms_mean``: omniwalk's first-output phases), the mean time from a request entering the engine to its
+first work in each stage (``stage_start_ms_mean``: where an answer's first audio waits) and, with
+``--server-pid``, the HTTP process's CPU per session. Answers are bounded (``--max-tokens``;
+``--audio-frames``, 0 = the server's speech cap) so that random weights give turns of equal work. One session's
+``--warmup-turns`` go first, unmeasured. Writes ``--out`` (JSON) and the table beside it (.md).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import functools
 import json
 import sys
 import time
@@ -40,8 +42,8 @@ from load_stats import (  # noqa: E402
     cpu_seconds,
     discarded_preemptions,
     engine_counts,
+    histogram_totals,
     metrics_text,
-    phase_totals,
     summary,
     underruns,
 )
@@ -51,7 +53,7 @@ CHUNK_S = 0.1
 COLUMNS = ["sessions", "turns", "vad_p50_ms", "first_audio_p50_ms", "first_audio_p90_ms", "answer_p50_ms"]
 COLUMNS += ["underruns_per_answer", "answers_underrun", "split_turns", "discarded_preemptions"]
 COLUMNS += ["error_turns", "http_cpu_pct_per_session", "inbox_ms_mean", "add_ms_mean", "audio_items_encoded_skipped"]
-COLUMNS += ["answer_p50_ms_by_turn"]
+COLUMNS += ["stage_start_ms_mean", "answer_p50_ms_by_turn"]
 
 
 def pcm16(samples: np.ndarray) -> bytes:
@@ -158,7 +160,10 @@ async def cell(client, args, n: int) -> dict:
     metrics_after = metrics_text(args.base_url, args.api_key)
     discarded, after = discarded_preemptions(metrics), discarded_preemptions(metrics_after)
     engine, engine_after = engine_counts(metrics), engine_counts(metrics_after)
-    phases, phases_after = phase_totals(metrics), phase_totals(metrics_after)
+    phase = functools.partial(histogram_totals, metric="omniwalk_first_output_phase_seconds", label="phase")
+    stage = functools.partial(histogram_totals, metric="omniwalk_stage_start_seconds", label="stage")
+    phases, phases_after = phase(metrics), phase(metrics_after)
+    stages, stages_after = stage(metrics), stage(metrics_after)
     stats = {key: summary([r[key] for r in records if r[key] is not None]) for key in ("vad_ms", "first_audio_ms")}
     stats["answer_ms"] = summary([r["answer_ms"] for r in records if r["answer_ms"] is not None])
     counts = [r["underruns"] for r in records]
@@ -177,6 +182,9 @@ async def cell(client, args, n: int) -> dict:
         "engine": {key: engine_after[key] - engine.get(key, 0.0) for key in engine_after},
         # (omniwalk: mean ms a request waited for the engine's step loop, and its processing took in that loop)
         **{f"{phase}_ms_mean": _phase_mean(phases, phases_after, phase) for phase in ("inbox", "add")},
+        # (omniwalk: mean ms from a request entering the engine to its first work in each stage, answers and
+        # transcriptions together: where an answer's first audio waits)
+        "stage_start_ms_mean": {name: _phase_mean(stages, stages_after, name) for name in stages_after},
         # (a median that grows from turn to turn: the server falls behind the sessions' turns)
         "answer_p50_ms_by_turn": [summary(values).get("p50") for values in by_turn],
         "records": records,
@@ -197,7 +205,9 @@ def table(results: dict) -> str:
         engine, items = c["engine"], None
         if engine:
             items = f"{engine['audio_encoder_items_encoded']:.0f} / {engine['audio_encoder_items_skipped']:.0f}"
-        rows.append([n, c["turns"], *picks, c["answer_ms"].get("p50"), *(c[k] for k in COLUMNS[6:-2]), items, by_turn])
+        starts = " / ".join(f"{name} {ms:.0f}" for name, ms in c["stage_start_ms_mean"].items() if ms is not None)
+        counts = [c[k] for k in COLUMNS[6:-3]]
+        rows.append([n, c["turns"], *picks, c["answer_ms"].get("p50"), *counts, items, starts, by_turn])
     return markdown_table(COLUMNS, rows)
 
 

@@ -24,6 +24,7 @@ they are not used.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,7 +68,11 @@ class InFlight:
 
     def launch(self, items: Items, run: Callable[[Items], Callable | None], remove) -> None:
         """Launch ``run(items)``. If it raises, each item is launched alone and only those that fail
-        alone fail (``run`` must leave request state untouched when it raises)."""
+        alone fail (``run`` must leave request state untouched when it raises). A request's first
+        launch in the stage is its start there (``EngineRequest.started``)."""
+        now = time.monotonic()
+        for item in items:
+            item[0].started.setdefault(self.stage, now)
         try:
             self.add(items, run(items))
         except Exception:

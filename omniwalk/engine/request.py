@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -47,6 +48,12 @@ class EngineRequest:
     events: deque[Event] = field(default_factory=deque)
     order: int = field(default_factory=lambda: next(_counter))  # FIFO tie-breaker and preemption age
     cached: dict[str, int] = field(default_factory=dict)  # KV stage -> prompt tokens its prefix pages gave at admission
+    created: float = field(default_factory=time.monotonic)
+    started: dict[str, float] = field(default_factory=dict)  # stage -> time.monotonic() its first work launched
+
+    def stage_starts(self) -> dict[str, float]:
+        """Seconds from the request's creation to its first work in each stage it reached."""
+        return {stage: at - self.created for stage, at in self.started.items()}
 
     def emit(self, kind: str, data: Any = None) -> None:
         self.events.append(Event(kind, data))

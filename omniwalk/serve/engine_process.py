@@ -198,7 +198,7 @@ class _EngineLoop:
                     self._send_error(rid, event.data)
                     self._forget(rid)
                 elif event.kind == "finished":
-                    self._send(rid, Finished(rid, self._output(req)))
+                    self._send(rid, Finished(rid, self._output(req), req.stage_starts()))
                     self._forget(rid)
                     break
         self._post()

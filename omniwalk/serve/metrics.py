@@ -9,6 +9,8 @@ Counters are counters (``*_total``), levels are gauges:
     omniwalk_realtime_sessions                     open /v1/realtime WebSocket sessions
     omniwalk_media_queue_depth                     media items submitted to the pool, not yet done
     omniwalk_media_decode_seconds{kind}            one item's decode + preprocessing in a worker
+    omniwalk_stage_start_seconds{stage}            from a request entering the engine to its first work in a
+                                                   stage (thinker, talker, vocoder, ...), at its end
     omniwalk_media_cancelled_total{kind}           media items stopped (mid-decode) or dropped (queued)
                                                    because their request ended first: the client hung
                                                    up (a 499) or another of its items was refused
@@ -80,6 +82,14 @@ class Metrics:
             "Time to a request's first output by phase: inbox (to the engine process, which ends its step "
             "first), add (processing its inputs), engine (admitted to first output), outbox (back to HTTP)",
             ["phase"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.stage_start = Histogram(
+            "omniwalk_stage_start_seconds",
+            "Time from a request entering the engine to its first work in each stage of its walk (observed when it "
+            "finishes): where a pipeline's first output waits",
+            ["stage"],
             buckets=_LATENCY,
             registry=r,
         )

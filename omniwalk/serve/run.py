@@ -76,7 +76,7 @@ class EngineRun:
         if isinstance(event, Delta) and event.timing:
             self._observe_phases(event.timing, now)
         if isinstance(event, Finished):
-            self._finish(event.output, now)
+            self._finish(event, now)
         elif event.kind == "text":
             if self.first_text is None:
                 self.first_text = now
@@ -95,7 +95,10 @@ class EngineRun:
             self.metrics.phases.labels(phase).observe(max(0.0, timing[phase]))
         self.metrics.phases.labels("outbox").observe(max(0.0, now - timing["flushed_at"]))
 
-    def _finish(self, output: dict, now: float) -> None:
+    def _finish(self, event: Finished, now: float) -> None:
+        output = event.output
+        for stage, seconds in (event.stage_starts or {}).items():
+            self.metrics.stage_start.labels(stage).observe(max(0.0, seconds))
         self.open = False
         self.metrics.in_flight.dec()
         self.metrics.requests.labels(output["finish_reason"]).inc()

@@ -88,6 +88,7 @@ class Delta:
 class Finished:
     id: str
     output: dict  # ``RequestOutput`` fields; logprobs as {"token": text, "logprob", "top": [(text, logprob)]}
+    stage_starts: dict[str, float] | None = None  # seconds from entering the engine to each stage's first work
 
 
 @dataclass

@@ -32,7 +32,7 @@ from omniwalk.models.qwen3_omni.checkpoint.tiny import make_tiny_checkpoint
 ROOT = Path(__file__).resolve().parents[2]
 # the realtime load generator's own modules (benchmarks/realtime/)
 sys.path[:0] = [str(ROOT / "benchmarks" / "realtime"), str(ROOT / "benchmarks")]
-from load_stats import discarded_preemptions, engine_counts, underruns  # noqa: E402
+from load_stats import discarded_preemptions, engine_counts, histogram_totals, underruns  # noqa: E402
 from speech_turns import PHRASES, QUIET_DBFS, RATE, spoken, turn  # noqa: E402
 
 
@@ -345,6 +345,8 @@ def test_every_session_answers_its_turn(run):
     assert cell["engine"]["audio_encoder_items_encoded"] >= SESSIONS  # (each turn's recording, at least)
     assert cell["add_ms_mean"] > 0 and cell["inbox_ms_mean"] >= 0  # (every turn's answer had a first output)
     assert cell["answer_p50_ms_by_turn"] == [cell["answer_ms"]["p50"]]  # (one turn: the cell's own median)
+    starts = cell["stage_start_ms_mean"]  # (every answer walked the audio encoder, thinker, talker, vocoder)
+    assert {"audio_encoder", "thinker", "talker", "vocoder"} <= set(starts) and min(starts.values()) >= 0, starts
     assert data["args"]["speech"] in ("espeak-ng", "synthetic")
 
 
@@ -378,6 +380,17 @@ def test_preemption_and_engine_counters_are_found_by_name_and_labels():
     assert counts["thinker_preemptions"] == 8.0 and counts["audio_encoder_items_skipped"] == 4.0
     assert counts["thinker_prefix_tokens"] == 112.0 and counts["audio_encoder_items_encoded"] == 0.0
     assert "thinker_running" not in counts and engine_counts("up 1\n") == {}
+    stages = (
+        'omniwalk_stage_start_seconds_bucket{le="0.5",stage="talker"} 2.0\n'
+        'omniwalk_stage_start_seconds_sum{stage="talker"} 0.75\n'
+        'omniwalk_stage_start_seconds_count{stage="talker"} 3.0\n'
+        'omniwalk_stage_start_seconds_sum{replica="1",stage="talker"} 0.25\n'
+        'omniwalk_stage_start_seconds_count{replica="1",stage="talker"} 1.0\n'
+        'omniwalk_first_output_phase_seconds_sum{phase="add"} 0.5\n'
+        'omniwalk_first_output_phase_seconds_count{phase="add"} 4.0\n'
+    )
+    assert histogram_totals(stages, "omniwalk_stage_start_seconds", "stage") == {"talker": (1.0, 4.0)}
+    assert histogram_totals(stages, "omniwalk_first_output_phase_seconds", "phase") == {"add": (0.5, 4.0)}
 
 
 def test_a_turn_is_two_phrases_with_quiet_between():

@@ -135,17 +135,31 @@ def test_codec_eos_read_late_drops_the_next_frame():
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_requests_whose_inputs_cross_stages_finish():
+def test_requests_whose_inputs_cross_stages_finish(monkeypatch):
     """The thinker prefills with the encoders' rows, the talker follows the thinker's states, all
-    launched on one stream (engine/inflight.py): every request finishes with its whole walk."""
+    launched on one stream (engine/inflight.py): every request finishes with its whole walk. Its
+    start in each stage (its first launch there, read on a clock that counts steps) follows the data:
+    the thinker no earlier than an encoder (the prompt's text before the media may go first), the
+    talker and the vocoder steps after the stage that feeds each."""
+    step = [0]
+    monkeypatch.setattr(omniwalk.engine.inflight, "time", type("StepClock", (), {"monotonic": lambda: step[0]}))
     o = Omni(model=checkpoint("tiny"))
     reqs = [o.add(make_request(i, path)) for i, path in enumerate(["s2s", "i2t", "t2s"])]
+    for r in reqs:
+        r.created = 0.0
     while o.engine.has_unfinished():
         o.engine.step()
+        step[0] += 1
     assert all(r.error is None and r.status is Status.FINISHED for r in reqs)
     assert reqs[0].walk == ("audio_encoder", "thinker", "talker", "vocoder")
     out = o.output(reqs[0])
     assert out.token_ids and out.audio is not None and out.audio.numel() > 0
+    for r in reqs:
+        starts = r.stage_starts()
+        assert tuple(starts) == r.walk, (r.walk, starts)  # every stage reached, in the walk's order
+        for feeder, stage in zip(r.walk, r.walk[1:], strict=False):
+            assert starts[stage] > starts[feeder] if stage in ("talker", "vocoder") else starts[stage] >= starts[feeder]
+    assert reqs[2].stage_starts()["thinker"] == 0  # (a text prompt: its first step, not its last)
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

@@ -236,6 +236,7 @@ def test_concurrent_streams_with_disconnects(base_url, client):
             extra_body={**GREEDY, "ignore_eos": True},
         )
 
+    before = urllib.request.urlopen(f"{base_url}/metrics").read().decode()
     expected = {i: client.chat.completions.create(**request(i)) for i in range(0, 16, 3)}
 
     async def one(i, a):
@@ -283,6 +284,20 @@ def test_concurrent_streams_with_disconnects(base_url, client):
     firsts = re.search(r"^omniwalk_time_to_first_token_seconds_count (\S+)$", metrics, re.M).group(1)
     for phase in ("inbox", "add", "engine", "outbox"):
         assert f'omniwalk_first_output_phase_seconds_count{{phase="{phase}"}} {firsts}' in metrics, phase
+    # every answer that ended (by length: the hung-up ones do not) started once in each stage of its walk
+    ended = _sample(metrics, 'omniwalk_requests_total{status="length"}') - _sample(
+        before, 'omniwalk_requests_total{status="length"}'
+    )
+    assert ended == len(expected) + 12  # the collected answers and the streams not hung up
+    for stage in ("thinker", "talker", "vocoder"):
+        series = f'omniwalk_stage_start_seconds_count{{stage="{stage}"}}'
+        assert _sample(metrics, series) - _sample(before, series) == ended, stage
+
+
+def _sample(metrics: str, series: str) -> float:
+    """A Prometheus series' value in ``metrics`` (0 where it is absent)."""
+    found = re.search(rf"^{re.escape(series)} (\S+)$", metrics, re.M)
+    return float(found.group(1)) if found else 0.0
 
 
 def test_an_engine_failure_is_a_500_for_that_request_only():
