@@ -23,8 +23,6 @@ PREEMPT = re.compile(r"^(\w*preempt\w*)(\{[^}]*\})?\s+([0-9.eE+-]+)$", re.MULTIL
 # ran and skipped (under prefix pages), prompt tokens taken from prefix pages, KV preemptions
 ENGINE = re.compile(r"^omniwalk_engine(?:_events_total)?\{([^}]*)\}\s+([0-9.eE+-]+)$", re.MULTILINE)
 LABEL = re.compile(r'(\w+)="([^"]*)"')
-# omniwalk's time to a first output by phase (sum and count per phase): "inbox" (waiting for the engine
-# process's step loop), "add" (the request's processing in that loop: chat template, tokens, prompt, keys)
 ENGINE_COUNTS = (
     "audio_encoder_items_encoded",
     "audio_encoder_items_skipped",
@@ -74,9 +72,11 @@ def engine_counts(text: str) -> dict[str, float]:
 
 
 def histogram_totals(text: str, metric: str, label: str) -> dict[str, tuple[float, float]]:
-    """An omniwalk histogram in its /metrics ``text`` (``omniwalk_first_output_phase_seconds`` by "phase",
-    ``omniwalk_stage_start_seconds`` by "stage"): label value -> (seconds, observations), summed over
-    replicas; none from another server."""
+    """An omniwalk histogram in its /metrics ``text``: label value -> (seconds, observations), summed over
+    replicas; none from another server. ``omniwalk_first_output_phase_seconds`` by "phase": "inbox" (waiting
+    for the engine process's step loop), "add" (the request's processing in that loop: chat template, tokens,
+    prompt, keys), ...; ``omniwalk_stage_start_seconds`` by "stage": from entering the engine to the first work
+    in each stage."""
     series = re.compile(rf'^{metric}_(sum|count)\{{[^}}]*{label}="(\w+)"[^}}]*\}}\s+([0-9.eE+-]+)$', re.M)
     totals: dict[str, list[float]] = {}
     for kind, value_of_label, value in series.findall(text):

@@ -160,10 +160,10 @@ async def cell(client, args, n: int) -> dict:
     metrics_after = metrics_text(args.base_url, args.api_key)
     discarded, after = discarded_preemptions(metrics), discarded_preemptions(metrics_after)
     engine, engine_after = engine_counts(metrics), engine_counts(metrics_after)
-    phase = functools.partial(histogram_totals, metric="omniwalk_first_output_phase_seconds", label="phase")
-    stage = functools.partial(histogram_totals, metric="omniwalk_stage_start_seconds", label="stage")
-    phases, phases_after = phase(metrics), phase(metrics_after)
-    stages, stages_after = stage(metrics), stage(metrics_after)
+    phases_of = functools.partial(histogram_totals, metric="omniwalk_first_output_phase_seconds", label="phase")
+    stages_of = functools.partial(histogram_totals, metric="omniwalk_stage_start_seconds", label="stage")
+    phases, phases_after = phases_of(metrics), phases_of(metrics_after)
+    stages, stages_after = stages_of(metrics), stages_of(metrics_after)
     stats = {key: summary([r[key] for r in records if r[key] is not None]) for key in ("vad_ms", "first_audio_ms")}
     stats["answer_ms"] = summary([r["answer_ms"] for r in records if r["answer_ms"] is not None])
     counts = [r["underruns"] for r in records]
@@ -181,19 +181,20 @@ async def cell(client, args, n: int) -> dict:
         # (omniwalk: media items encoded and skipped, prefix tokens taken, KV preemptions, during the cell)
         "engine": {key: engine_after[key] - engine.get(key, 0.0) for key in engine_after},
         # (omniwalk: mean ms a request waited for the engine's step loop, and its processing took in that loop)
-        **{f"{phase}_ms_mean": _phase_mean(phases, phases_after, phase) for phase in ("inbox", "add")},
+        **{f"{phase}_ms_mean": _mean_ms(phases, phases_after, phase) for phase in ("inbox", "add")},
         # (omniwalk: mean ms from a request entering the engine to its first work in each stage, answers and
         # transcriptions together: where an answer's first audio waits)
-        "stage_start_ms_mean": {name: _phase_mean(stages, stages_after, name) for name in stages_after},
+        "stage_start_ms_mean": {name: _mean_ms(stages, stages_after, name) for name in stages_after},
         # (a median that grows from turn to turn: the server falls behind the sessions' turns)
         "answer_p50_ms_by_turn": [summary(values).get("p50") for values in by_turn],
         "records": records,
     }
 
 
-def _phase_mean(before: dict, after: dict, phase: str) -> float | None:
-    seconds, count = after.get(phase, (0.0, 0.0))
-    seconds, count = seconds - before.get(phase, (0.0, 0.0))[0], count - before.get(phase, (0.0, 0.0))[1]
+def _mean_ms(before: dict, after: dict, key: str) -> float | None:
+    """The mean ms of a histogram's observations of ``key`` between two ``histogram_totals`` (None: none)."""
+    seconds, count = after.get(key, (0.0, 0.0))
+    seconds, count = seconds - before.get(key, (0.0, 0.0))[0], count - before.get(key, (0.0, 0.0))[1]
     return 1e3 * seconds / count if count else None
 
 

@@ -9,11 +9,11 @@ Counters are counters (``*_total``), levels are gauges:
     omniwalk_realtime_sessions                     open /v1/realtime WebSocket sessions
     omniwalk_media_queue_depth                     media items submitted to the pool, not yet done
     omniwalk_media_decode_seconds{kind}            one item's decode + preprocessing in a worker
-    omniwalk_stage_start_seconds{stage}            from a request entering the engine to its first work in a
-                                                   stage (thinker, talker, vocoder, ...), at its end
     omniwalk_media_cancelled_total{kind}           media items stopped (mid-decode) or dropped (queued)
                                                    because their request ended first: the client hung
                                                    up (a 499) or another of its items was refused
+    omniwalk_stage_start_seconds{stage}            from a request entering the engine to its first work in a
+                                                   stage (thinker, talker, vocoder, ...), at its end
     omniwalk_engine{replica, stage, quantity}      engine levels (KV pages, running, waiting, ...); per
                                                    replica also stage="replica": up (1/0), unfinished
     omniwalk_engine_events_total{replica, stage, quantity}  engine counts (preemptions, graph replays, ...)
