@@ -16,8 +16,9 @@ session count): discarded preemptive answers (the server's /metrics, where it co
 counters (recordings encoded and skipped under prefix pages, prefix tokens taken, KV preemptions), the mean
 time a request waited for the engine's step loop and its processing took in it (``inbox_ms_mean``,
 ``add_ms_mean``: omniwalk's first-output phases), the mean time from a request entering the engine to its
-first work in each stage (``stage_start_ms_mean``: where an answer's first audio waits) and, with
-``--server-pid``, the HTTP process's CPU per session. Answers are bounded (``--max-tokens``;
+first work in each stage (``stage_start_ms_mean``: where an answer's first audio waits), per turn the
+answers' median share and mean prompt tokens, all and computed (``prompt_tokens_by_turn``, "all:computed":
+the rest came from prefix pages) and, with ``--server-pid``, the HTTP process's CPU per session. Answers are bounded (``--max-tokens``;
 ``--audio-frames``, 0 = the server's speech cap) so that random weights give turns of equal work. One session's
 ``--warmup-turns`` go first, unmeasured. Writes ``--out`` (JSON) and the table beside it (.md).
 """
@@ -53,7 +54,7 @@ CHUNK_S = 0.1
 COLUMNS = ["sessions", "turns", "vad_p50_ms", "first_audio_p50_ms", "first_audio_p90_ms", "answer_p50_ms"]
 COLUMNS += ["underruns_per_answer", "answers_underrun", "split_turns", "discarded_preemptions"]
 COLUMNS += ["error_turns", "http_cpu_pct_per_session", "inbox_ms_mean", "add_ms_mean", "audio_items_encoded_skipped"]
-COLUMNS += ["stage_start_ms_mean", "answer_p50_ms_by_turn"]
+COLUMNS += ["stage_start_ms_mean", "answer_p50_ms_by_turn", "prompt_tokens_by_turn"]
 
 
 def pcm16(samples: np.ndarray) -> bytes:
@@ -100,11 +101,11 @@ def session_settings(args) -> dict:
     }
 
 
-async def answer(conn, mic: Microphone) -> tuple[float | None, list[tuple[float, int]], str, int]:
+async def answer(conn, mic: Microphone) -> tuple[float | None, list[tuple[float, int]], str, int, object]:
     """Events up to the ``response.done`` of the answer to the turn being said -> (when its speech_stopped
     came, its audio chunks (arrival, bytes), its status, answers to part of the turn: ended while it was
-    still being said, or cancelled by the rest of it (the VAD split the turn at its pause)). An ``error``
-    event ends the turn with status "error: MESSAGE" (counted per cell; the session goes on)."""
+    still being said, or cancelled by the rest of it (the VAD split the turn at its pause), its usage). An
+    ``error`` event ends the turn with status "error: MESSAGE" (counted per cell; the session goes on)."""
     stopped, chunks, splits = None, [], 0
     async for event in conn:
         if event.type == "input_audio_buffer.speech_stopped":
@@ -112,12 +113,21 @@ async def answer(conn, mic: Microphone) -> tuple[float | None, list[tuple[float,
         elif event.type == "response.output_audio.delta":
             chunks.append((time.monotonic(), len(base64.b64decode(event.delta))))
         elif event.type == "error":
-            return stopped, [], f"error: {event.error.message}", splits
+            return stopped, [], f"error: {event.error.message}", splits, None
         elif event.type == "response.done" and (mic.speech_sent_at is None or event.response.status == "cancelled"):
             stopped, chunks, splits = None, [], splits + 1  # (an answer to half the turn, or one cut by its rest)
         elif event.type == "response.done":
-            return stopped, chunks, event.response.status, splits
+            return stopped, chunks, event.response.status, splits, event.response.usage
     raise RuntimeError("the session closed mid-answer")
+
+
+def prompt_tokens(usage) -> tuple[int | None, int | None]:
+    """A ``response.done`` usage -> (the answer's prompt tokens, those taken from prefix pages): a prompt
+    that grows from turn to turn while its cached part keeps up costs the same prefill each turn."""
+    if usage is None or usage.input_tokens is None:
+        return None, None
+    details = usage.input_token_details
+    return usage.input_tokens, details.cached_tokens if details is not None else None
 
 
 async def session(client, args, index: int, records: list) -> None:
@@ -129,9 +139,10 @@ async def session(client, args, index: int, records: list) -> None:
             await asyncio.sleep(0.5 + 0.05 * index)  # quiet first; sessions out of phase
             for number in range(args.turns):
                 mic.say(turn(index + number, args.pause_s, mic.rng))
-                stopped, chunks, status, splits = await answer(conn, mic)
+                stopped, chunks, status, splits, usage = await answer(conn, mic)
                 end = mic.speech_sent_at
                 first = chunks[0][0] if chunks else None
+                prompt, cached = prompt_tokens(usage)
                 records.append(
                     {
                         "session": index,
@@ -143,6 +154,8 @@ async def session(client, args, index: int, records: list) -> None:
                         "underruns": underruns(chunks),
                         "split": splits,
                         "status": status,
+                        "prompt_tokens": prompt,
+                        "cached_tokens": cached,
                     }
                 )
                 await asyncio.sleep(0.3)
@@ -169,6 +182,10 @@ async def cell(client, args, n: int) -> dict:
     counts = [r["underruns"] for r in records]
     answers = [(r["turn"], r["answer_ms"]) for r in records if r["answer_ms"] is not None]
     by_turn = [[ms for turn, ms in answers if turn == t] for t in range(args.turns)]
+    prompts = [
+        [(r["prompt_tokens"], r["cached_tokens"] or 0) for r in records if r["turn"] == t] for t in range(args.turns)
+    ]
+    prompts = [[pair for pair in pairs if pair[0] is not None] for pairs in prompts]
     return {
         **stats,
         "turns": len(records),
@@ -187,6 +204,12 @@ async def cell(client, args, n: int) -> dict:
         "stage_start_ms_mean": {name: _mean_ms(stages, stages_after, name) for name in stages_after},
         # (a median that grows from turn to turn: the server falls behind the sessions' turns)
         "answer_p50_ms_by_turn": [summary(values).get("p50") for values in by_turn],
+        # (mean prompt tokens of each turn's answers and the mean of those the thinker computed, the rest
+        # taken from prefix pages: what an answer's prefill costs as the conversation grows)
+        "prompt_tokens_by_turn": [
+            [float(np.mean([p for p, _ in pairs])), float(np.mean([p - c for p, c in pairs]))] if pairs else None
+            for pairs in prompts
+        ],
         "records": records,
     }
 
@@ -207,8 +230,9 @@ def table(results: dict) -> str:
         if engine:
             items = f"{engine['audio_encoder_items_encoded']:.0f} / {engine['audio_encoder_items_skipped']:.0f}"
         starts = " / ".join(f"{name} {ms:.0f}" for name, ms in c["stage_start_ms_mean"].items() if ms is not None)
-        counts = [c[k] for k in COLUMNS[6:-3]]
-        rows.append([n, c["turns"], *picks, c["answer_ms"].get("p50"), *counts, items, starts, by_turn])
+        prompts = " / ".join("-" if v is None else f"{v[0]:.0f}:{v[1]:.0f}" for v in c["prompt_tokens_by_turn"])
+        counts = [c[k] for k in COLUMNS[6:-4]]
+        rows.append([n, c["turns"], *picks, c["answer_ms"].get("p50"), *counts, items, starts, by_turn, prompts])
     return markdown_table(COLUMNS, rows)
 
 
