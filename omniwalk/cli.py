@@ -45,7 +45,7 @@ def _embedded_checkpoint() -> Path:
     from omniwalk.models.locate import CACHE, written_once
     from omniwalk.models.registry import default_family
 
-    return written_once(CACHE / "embedded-tiny-v1", default_family().Family.make_tiny, "the embedded tiny checkpoint")
+    return written_once(CACHE / "embedded-tiny-v2", default_family().Family.make_tiny, "the embedded tiny checkpoint")
 
 
 def _listening_socket(host: str, port: int):

@@ -42,6 +42,24 @@ def test_round_trip_and_hf_agreement(ckpt, tok, text):
     assert hf.decode(ids) == text
 
 
+def test_words_a_random_model_samples_encode_back_to_their_ids(ckpt, tok):
+    """The filler ids (every id between the trained vocabulary and the special tokens): an answer of
+    random ids, sent back as text, is the same ids (as a published vocabulary's words are), in ours and
+    in HF's reading of the file; text of other words encodes as before."""
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(ckpt)
+    first_special = Qwen3OmniConfig.from_hf(ckpt).tokens.im_start
+    rng = random.Random(0)
+    for _ in range(50):
+        ids = [rng.randrange(2000, first_special - 1) for _ in range(16)]
+        text = tok.decode(ids)
+        assert tok.encode(text) == ids and hf(text, add_special_tokens=False)["input_ids"] == ids, text
+    words = tok.decode(list(range(first_special - 50, first_special - 1))).split()  # the longest fillers
+    assert len(words) == 49 and all(len(tok.encode(f" {w}")) == 1 for w in words)
+    assert tok.encode("zebra zoo") == hf("zebra zoo", add_special_tokens=False)["input_ids"]
+
+
 def test_chat_template_matches_hf(ckpt, tok):
     from transformers import AutoTokenizer
 

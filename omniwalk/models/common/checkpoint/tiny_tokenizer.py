@@ -9,7 +9,9 @@ Built with the ``tokenizers`` library from a small built-in corpus, then re-numb
 - the family's text tokens (``<tool_call>``, ``<think>``, ...) are added tokens that are not special,
   as published: atomic when encoding, kept as text by ``decode(skip_special_tokens=True)``;
 - the ids up to the first special token are filled with decodable filler words, so any id a
-  random model samples decodes to text.
+  random model samples decodes to text, and each filler encodes back to its own id (a merge chain
+  spells it), as a published vocabulary's words do: a random model's answer, sent back as the next
+  turn's text, costs the tokens it was made of, not the several times more its letters would.
 """
 
 from __future__ import annotations
@@ -86,14 +88,25 @@ def _pre_tokenizer():
     )
 
 
+FILLER_STEMS = ("Ġz", "Ġzz")  # the merge chain's first links: every filler word extends the last
+
+
 def _filler(i: int) -> str:
-    """A decodable word for filler id i: 'Ġ' (space) + base-26 letters, prefixed to avoid clashes."""
+    """A decodable word for filler id i: 'Ġ' (space) + base-26 letters, prefixed to avoid clashes.
+    The letters are a numeral without a leading zero ('a'), so a filler's prefixes are fillers of
+    smaller ids (the merge chain's links)."""
     letters = ""
     while True:
         letters = chr(ord("a") + i % 26) + letters
         i //= 26
         if i == 0:
-            return "Ġzz" + letters
+            return FILLER_STEMS[-1] + letters
+
+
+def _filler_merges(fillers: list[str]) -> list[tuple[str, str]]:
+    """Merges that spell each filler word from its bytes, one letter at a time, ranked before the
+    trained ones (which would otherwise pair its letters first and leave it in pieces)."""
+    return [("Ġ", "z"), ("Ġz", "z")] + [(word[:-1], word[-1]) for word in fillers]
 
 
 def build_tokenizer(tokens: TokenIds, names: dict[str, str], text_tokens: dict[str, int] | None = None) -> Tokenizer:
@@ -113,22 +126,23 @@ def build_tokenizer(tokens: TokenIds, names: dict[str, str], text_tokens: dict[s
             raise RuntimeError(f"tokenizer corpus did not produce the role word {word!r}")
     vocab.update(fixed)
     next_id = 256
-    for token in sorted(trained_vocab, key=trained_vocab.get):
+    for token in sorted(trained_vocab, key=trained_vocab.get) + [s for s in FILLER_STEMS if s not in trained_vocab]:
         if token in vocab:
             continue
         while next_id in taken:
             next_id += 1
         vocab[token] = next_id
         taken.add(next_id)
-    filler = 0
+    filler, fillers = 0, []
     for i in range(next_id, first_special):
         if i in taken:
             continue
-        while _filler(filler) in vocab:
-            filler += 1
-        vocab[_filler(filler)] = i
+        fillers.append(_filler(filler))
+        vocab[fillers[-1]] = i
         filler += 1
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    if len(set(fillers) | set(trained_vocab)) != len(fillers) + len(trained_vocab):
+        raise RuntimeError("the trained vocabulary holds a filler word")  # (its corpus has no 'zz')
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=_filler_merges(fillers) + merges))
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = _pre_tokenizer()
     tok.decoder = decoders.ByteLevel()
