@@ -18,9 +18,10 @@ time a request waited for the engine's step loop and its processing took in it (
 ``add_ms_mean``: omniwalk's first-output phases), the mean time from a request entering the engine to its
 first work in each stage (``stage_start_ms_mean``: where an answer's first audio waits), per turn the
 answers' median share and mean prompt tokens, all and computed (``prompt_tokens_by_turn``, "all:computed":
-the rest came from prefix pages) and, with ``--server-pid``, the HTTP process's CPU per session. Answers are bounded (``--max-tokens``;
-``--audio-frames``, 0 = the server's speech cap) so that random weights give turns of equal work. One session's
-``--warmup-turns`` go first, unmeasured. Writes ``--out`` (JSON) and the table beside it (.md).
+the rest came from prefix pages) and, with ``--server-pid``, the HTTP process's CPU per session. Answers are
+bounded (``--max-tokens``; ``--audio-frames``, 0 = the server's speech cap) so that random weights give turns of
+equal work. One session's ``--warmup-turns`` go first, unmeasured. Writes ``--out`` (JSON) and the table
+beside it (.md).
 """
 
 from __future__ import annotations
