@@ -162,9 +162,9 @@ class EngineConfig:
     # on CUDA with graphs on, prefill steps of up to this many tokens (and at most the stage's token
     # budget) replay graphs of their decoder layers; 0 = eager
     prefill_graph_max_tokens: int = 2048
-    # a text-out request's prompt starts from the KV pages another request computed for the same
-    # prefix (ids and positions, up to the first media item; e.g. the system prompt), kept until
-    # the pages are needed
+    # a request's prompt starts from the KV pages an earlier request computed for the same prefix (ids,
+    # positions and media content: the system prompt, a conversation's earlier turns), kept until the
+    # pages are needed (docs/serving.md)
     prefix_cache: bool = True
     # a served request's text goes out (one delta, one SSE chunk) once this many text pieces are held, and
     # before its audio or its end; its first at once. 1 streams every token; N divides the HTTP process's
