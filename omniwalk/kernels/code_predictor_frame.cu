@@ -21,9 +21,12 @@
 //     DOWN     that times the block's down rows, plus the residual: the residual
 //
 // then HEAD (the final-normed last token row of each request times the block's rows of the pass's head: the
-// logits). Every block then draws the pass's codes from the whole logits row itself (the same arithmetic in
-// every block: the same codes) and takes their embeddings as the next pass's input; block 0 writes the codes
-// and their running sum. A pass has 21 waits (4 a layer and the head's), the ATTN step one more a layer.
+// logits). Then the pass's codes are drawn from the whole logits rows and their embeddings are the next pass's
+// input: for one request every block draws it itself (the same arithmetic in every block: the same code, no
+// wait); for more, block b draws request b's and gives it to the others in a flagged word (a draw takes as
+// long as a step, and B of them one after another in every block would take B times that), and writes it and
+// its request's running sum. A pass has 21 waits (4 a layer and the head's), the ATTN step one more a layer,
+// and for more than one request the codes' (the next pass's first step).
 //
 // Rounding follows the PyTorch reference (``networks/talker.CodePredictor``): every value the reference holds
 // in bf16 is rounded to bf16 at the same step; sums inside a step are fp32.
@@ -96,6 +99,11 @@ __device__ __forceinline__ void put(word* p, float value, unsigned int epoch) {
     asm volatile("st.volatile.global.u32 [%0], %1;" :: "l"(p), "r"(w) : "memory");
 }
 
+__device__ __forceinline__ void put_code(word* p, int code, unsigned int epoch) {  // (a code: 16 bits as they are)
+    const word w = (word)code | (epoch << 16);
+    asm volatile("st.volatile.global.u32 [%0], %1;" :: "l"(p), "r"(w) : "memory");
+}
+
 __device__ __forceinline__ word load_word(const word* p) {
     word w;
     asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(w) : "l"(p) : "memory");
@@ -124,12 +132,15 @@ __device__ __forceinline__ bool gives_up(int n) {
     return *(volatile unsigned int*)give_up != 0u;
 }
 
-// the value at ``p`` once this launch wrote it
-__device__ __forceinline__ float take(const word* p, unsigned int epoch) {
+// the 16 bits at ``p`` once this launch wrote them
+__device__ __forceinline__ unsigned int take_bits(const word* p, unsigned int epoch) {
     word w = load_word(p);
     for (int n = 0; (w >> 16) != epoch && !gives_up(n); n++) w = load_word(p);
-    return bf((bf16)(w & 0xffffu));
+    return w & 0xffffu;
 }
+
+// the value at ``p`` once this launch wrote it
+__device__ __forceinline__ float take(const word* p, unsigned int epoch) { return bf((bf16)take_bits(p, epoch)); }
 
 // ---- the weight stream: the block's rows of each projection, in the order the steps use them ----
 
@@ -643,7 +654,7 @@ __device__ int draw(const word* logits, int row, int pass, const Sampling& p, Sc
         keys[c] = key_of(x, c);
     }
     sync_consumers();
-    if (row == 0) stamp(trace, STEPS + pass, 1);
+    if (row == blockIdx.x % BATCH) stamp(trace, STEPS + pass, 1);  // (the block's own request or, at one, request 0)
     long long smallest = KEY_MIN;  // the least key the top-k / top-p set keeps
     bool kept_keys = true;         // keys[c] still column c's (the full sort ranks them in place)
     const long long top_k = (p.flags & FLAG_TOP) ? p.top_k[row] : VOCAB;
@@ -697,7 +708,7 @@ __device__ int draw(const word* logits, int row, int pass, const Sampling& p, Sc
         smallest = ranked[kept[0] - 1];
         sync_consumers();
     }
-    if (row == 0) stamp(trace, STEPS + pass, 2);
+    if (row == blockIdx.x % BATCH) stamp(trace, STEPS + pass, 2);
     long long best = KEY_MIN;
     const bool noise = (p.flags & FLAG_SAMPLED) && p.sampled[row];
     for (int c = tid; c < BLOCK_V; c += THREADS) {
@@ -718,21 +729,47 @@ __device__ int draw(const word* logits, int row, int pass, const Sampling& p, Sc
     return BLOCK_V - 1 - (int)(best & 0xffffffffll);
 }
 
-// a pass's codes, drawn from its logits into sc.codes (the next pass's input); block 0 also writes them and
-// adds their embeddings to the running sum
-__device__ void draw_pass(const word* words, int pass, const bf16* embeds, long long* codes, bf16* total,
+// request b's code of pass ``pass`` out: into the codes and its embedding added to the request's running sum
+__device__ __forceinline__ void write_code(int b, int code, int pass, const bf16* embeds, long long* codes,
+                                           bf16* total) {
+    if (threadIdx.x == 0) codes[b * PASSES + pass] = code;
+    for (int c = threadIdx.x; c < HIDDEN; c += THREADS) {
+        const float e = bf(embeds[((long long)pass * VOCAB + code) * HIDDEN + c]);
+        total[b * HIDDEN + c] = to_bf(bf(total[b * HIDDEN + c]) + e);
+    }
+}
+
+// (a call where blocks draw one request each: its registers apart from the steps', which then spill less; at
+// one request the steps' allocation is the better one inlined)
+#if BATCH > 1
+#define DRAW_PASS __noinline__
+#else
+#define DRAW_PASS
+#endif
+
+// a pass's codes, drawn from its logits into sc.codes (the next pass's input, where ``next``), each written out
+// once (``write_code``). One request: every block draws it, block 0 writes it. More: block b < BATCH draws
+// request b's, writes it and puts it in the pass's code words; the blocks that go on take them all from there.
+__device__ DRAW_PASS void draw_pass(word* words, int pass, bool next, const bf16* embeds, long long* codes, bf16* total,
                           const Sampling& sp, Scratch& sc, unsigned int epoch, long long* trace) {
     const word* logits = words + (long long)pass * PASS_WORDS + LAYERS * LAYER_WORDS;
+    word* code_words = words + (long long)pass * PASS_WORDS + AT_CODES;
+    const int block = blockIdx.x;
     stamp(trace, STEPS + pass, 0);
-    for (int b = 0; b < BATCH; b++) {
-        const int code = draw(logits, b, pass, sp, sc, epoch, trace);
-        if (threadIdx.x == 0) sc.codes[b] = code;
-        if (blockIdx.x != 0) continue;
-        if (threadIdx.x == 0) codes[b * PASSES + pass] = code;
-        for (int c = threadIdx.x; c < HIDDEN; c += THREADS) {
-            const float e = bf(embeds[((long long)pass * VOCAB + code) * HIDDEN + c]);
-            total[b * HIDDEN + c] = to_bf(bf(total[b * HIDDEN + c]) + e);
+    if (BATCH == 1) {
+        const int code = draw(logits, 0, pass, sp, sc, epoch, trace);
+        if (threadIdx.x == 0) sc.codes[0] = code;
+        if (block == 0) write_code(0, code, pass, embeds, codes, total);
+    } else {
+        if (block < BATCH) {
+            const int code = draw(logits, block, pass, sp, sc, epoch, trace);
+            if (threadIdx.x == 0) put_code(code_words + block, code, epoch);
+            write_code(block, code, pass, embeds, codes, total);
+        } else if (next) {
+            stamp(trace, STEPS + pass, 1);  // (a block that draws none: its phases are the wait for the codes)
+            stamp(trace, STEPS + pass, 2);
         }
+        if (next && threadIdx.x < BATCH) sc.codes[threadIdx.x] = (int)take_bits(code_words + threadIdx.x, epoch);
     }
     sync_consumers();
     stamp(trace, STEPS + pass, 3);
@@ -811,7 +848,7 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
     for (int pass = 0; pass < PASSES; pass++) {
         word* pw = words + (long long)pass * PASS_WORDS;
         const int rows = pass == 0 ? ROWS0 : BATCH, tokens = pass == 0 ? 2 : 1;
-        if (pass > 0) draw_pass(words, pass - 1, embeds, codes, total, sp, sc, epoch, trace);  // (its input)
+        if (pass > 0) draw_pass(words, pass - 1, true, embeds, codes, total, sp, sc, epoch, trace);  // (its input)
         for (int layer = 0; layer < LAYERS; layer++) {
             word* lw = pw + layer * LAYER_WORDS;
             const word* res_in = layer == 0 ? nullptr : lw - LAYER_WORDS + AT_RES_M;  // (null: the pass's input)
@@ -865,7 +902,7 @@ code_predictor_frame(const bf16* __restrict__ in_norm, const bf16* __restrict__ 
             put(pw + LAYERS * LAYER_WORDS + r * VOCAB + v0 + i, y, epoch);
         });
     }
-    if (block == 0) draw_pass(words, PASSES - 1, embeds, codes, total, sp, sc, epoch, trace);
+    if (block < BATCH) draw_pass(words, PASSES - 1, false, embeds, codes, total, sp, sc, epoch, trace);
     // the last block out moves the epoch on (the next launch reads it)
     sync_consumers();
     if (tid == 0) {

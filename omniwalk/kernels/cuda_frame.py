@@ -99,7 +99,8 @@ class FramePlan(Shape):
     def layout(self) -> dict[str, int]:
         """Where the kernel's outputs lie in its words: per pass and layer, each output's 2B rows from its
         offset in the layer's words (q/k/v, attention, the residual after attention, the MLP's activation, the
-        residual after the MLP); a pass's logits (B rows) after its layers."""
+        residual after the MLP); a pass's logits (B rows) after its layers, then its codes (B words, where
+        B > 1 the drawing blocks hand them on there; a pass's words stay a multiple of 4, the loads' width)."""
         rows, at, out = 2 * self.batch, 0, {}
         for name, width in (
             ("at_qkv", self.qkv),
@@ -110,7 +111,8 @@ class FramePlan(Shape):
         ):
             out[name], at = at, at + rows * width
         out["layer_words"] = at
-        out["pass_words"] = self.layers * at + self.batch * self.vocab
+        out["at_codes"] = self.layers * at + self.batch * self.vocab
+        out["pass_words"] = out["at_codes"] + -(-self.batch // 4) * 4
         return out
 
     def words(self) -> int:
@@ -131,6 +133,8 @@ class FramePlan(Shape):
             problems.append("a projection's input width not a multiple of 8")
         if self.vocab % 4 or self.qkv % 4:
             problems.append("vocabulary and q/k/v width must be multiples of 4")
+        if self.vocab > 2**16:
+            problems.append(f"vocabulary {self.vocab} over 65536 (a code is handed on in 16 bits)")
         if self.blocks < self.batch * self.kv_heads:
             problems.append(f"{self.blocks} blocks for {self.batch * self.kv_heads} attention tiles")
         if self.step_chunks() > self.ring_chunks:

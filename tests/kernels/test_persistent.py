@@ -265,7 +265,7 @@ def test_the_cuda_frame_plan_fits_every_batch_and_splits_every_projection(blocks
             rows = [r for b in range(blocks) for r in plan.share(n, b)]
             assert rows == list(range(n))
         layer = 2 * batch * (4096 + 2048 + 1024 + 3072 + 1024)
-        assert plan.words() == 15 * (5 * layer + batch * 2048)
+        assert plan.words() == 15 * (5 * layer + batch * 2048 + 4)  # (+ the codes, padded to 4 words)
         assert f"#define BATCH {batch}\n" in source(plan) and "#define EPS 1.000000000e-06f\n" in source(plan)
 
 
@@ -279,6 +279,7 @@ def test_the_cuda_frame_plan_refuses_what_the_kernel_does_not_take():
         "over 480 threads": dict(heads=32, kv_heads=4),
         "attention tiles": dict(blocks=4),
         "the ring holds": dict(intermediate=12288),
+        "over 65536": dict(vocab=65540),
     }
     for reason, change in cases.items():
         args = dict(batch=1, **full, groups=FULL["groups"], eps=1e-6, blocks=132) | change
@@ -314,9 +315,8 @@ def _cuda_frame_accesses(plan):
         rows = range(b_ * tokens)
         pw = p * lay["pass_words"]
         logits = pw + plan.layers * lay["layer_words"]
-        if p > 0:  # every block draws from the pass before's logits
-            prev = (p - 1) * lay["pass_words"] + plan.layers * lay["layer_words"]
-            steps.append([(blk, "r", [(prev, prev + b_ * plan.vocab)]) for blk in range(plan.blocks)])
+        if p > 0:  # the pass before's codes: drawn by every block (B = 1) or by block b for request b, handed on
+            steps += _draw_accesses(plan, p - 1, handed_on=True)
         for layer in range(plan.layers):
             lw = pw + layer * lay["layer_words"]
             before = lw - lay["layer_words"]
@@ -363,9 +363,29 @@ def _cuda_frame_accesses(plan):
                 )
             )
         steps.append(head)
-    end = (plan.groups - 2) * lay["pass_words"] + plan.layers * lay["layer_words"]
-    steps.append([(0, "r", [(end, end + b_ * plan.vocab)])])  # block 0 draws the last pass
-    return steps
+    return steps + _draw_accesses(plan, plan.groups - 2, handed_on=False)  # (the last pass's: no one waits)
+
+
+def _draw_accesses(plan, p, handed_on):
+    """The steps of pass p's draw: at B = 1 every block reads the logits row (block 0 alone for the last
+    pass); at more, block b reads row b and writes the pass's code word b, then (``handed_on``) every
+    block reads the B code words."""
+    lay, b_ = plan.layout(), plan.batch
+    logits, code_words = (
+        p * lay["pass_words"] + plan.layers * lay["layer_words"],
+        p * lay["pass_words"] + lay["at_codes"],
+    )
+    if b_ == 1:
+        return [[(blk, "r", [(logits, logits + plan.vocab)]) for blk in range(plan.blocks if handed_on else 1)]]
+    draws = [
+        [
+            (b, "r", [(logits + b * plan.vocab, logits + (b + 1) * plan.vocab)]),
+            (b, "w", [(code_words + b, code_words + b + 1)]),
+        ]
+        for b in range(b_)
+    ]
+    steps = [[access for draw in draws for access in draw]]
+    return steps + [[(blk, "r", [(code_words, code_words + b_)]) for blk in range(plan.blocks)]] if handed_on else steps
 
 
 @pytest.mark.parametrize(
@@ -401,6 +421,7 @@ def test_the_cuda_frame_reads_each_word_after_its_one_writer(batch, shape, block
     for p in range(plan.groups - 1):
         rows = batch * (2 if p == 0 else 1)
         used += plan.layers * rows * lay["layer_words"] // (2 * batch) + batch * plan.vocab
+        used += batch if batch > 1 else 0  # (the codes handed on)
     assert (writer >= 0).sum() == used and reads > used
 
 
