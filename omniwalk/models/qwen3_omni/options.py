@@ -18,11 +18,12 @@ class Qwen3OmniOptions:
     # (docs/performance.md)
     vision_encoder_batch_units: int = 2400
     # codec frames in a stream's audio chunks (12.5 frames = 1 s): a small first chunk (earlier first
-    # audio), then each chunk min(full, max(first, frames so far)): 5, 5, 10, 20, 25, 25, ... Chunks
-    # that at most double play without a gap while the talker runs at >= 2x real time
-    # (networks/code2wav_stream.py: VocoderStreamConfig)
+    # audio), then chunks that grow as fast as playback stays fed while the talker makes frames at
+    # vocoder_talker_speed x real time: at 2, 5, 5, 10, 20, 25, 25, ... (chunks at most double); lower
+    # for a talker that runs nearer real time under load (networks/code2wav_stream.py: VocoderStreamConfig)
     vocoder_chunk_frames: int = 25
     vocoder_first_chunk_frames: int = 5
+    vocoder_talker_speed: float = 2.0
     # streams decoded in one vocoder call; 1 = each stream alone: audio bit-identical whatever else
     # runs (CPU kernels, like GPU ones, round differently at other batch sizes), at a throughput cost
     vocoder_max_batch: int = 64
@@ -32,3 +33,5 @@ class Qwen3OmniOptions:
             least = 0 if f.name == "talker_max_batch_tokens" else 1
             if getattr(self, f.name) < least:
                 raise ConfigError(f"{f.name} must be >= {least}, got {getattr(self, f.name)}")
+        if not self.vocoder_talker_speed > 1:  # (at real time no chunk after the first would come in time)
+            raise ConfigError(f"vocoder_talker_speed must be > 1, got {self.vocoder_talker_speed}")

@@ -3,6 +3,7 @@
 import copy
 from functools import cache
 
+import numpy as np
 import pytest
 import torch
 from helpers.hf_oracle import config_dict, hf_checkpoint, hf_model
@@ -128,9 +129,9 @@ def test_decode_in_chunks_equals_one_shot():
 
 
 def test_chunks_grow_geometrically_to_full_size():
-    """After the first chunk each chunk is min(chunk_frames, max(first_chunk_frames, frames so far)):
-    no chunk more than doubles the audio before it; the chunk kinds are the (width, fresh) pairs the
-    schedule produces, each once."""
+    """At the default talker speed (2x real time) each chunk after the first is min(chunk_frames,
+    max(first_chunk_frames, frames so far)): no chunk more than doubles the audio before it; the chunk
+    kinds are the (width, fresh) pairs the schedule produces, each once."""
     default = VocoderStreamConfig()
     assert chunk_schedule(default, 90) == [5, 5, 10, 20, 25, 25]
     assert chunk_schedule(default, 33) == [5, 5, 10, 13]
@@ -147,6 +148,32 @@ def test_chunks_grow_geometrically_to_full_size():
         assert sizes[-6:-1] == [chunk_frames] * 5
 
 
+def late_chunks(config: VocoderStreamConfig, speed: float, num_frames: int = 4000) -> int:
+    """Chunks of a stream that arrive after the audio before them has played: the talker makes ``speed``
+    frames while one plays (frame i is made at i / speed, in frame times), a chunk is out when its last
+    frame is made, and playback starts when the first chunk is out."""
+    ends = np.cumsum(chunk_schedule(config, num_frames))
+    arrivals, due = ends / speed, ends[0] / speed + np.concatenate([[0], ends[:-1]])
+    return int((arrivals > due + 1e-9).sum())
+
+
+@pytest.mark.parametrize("speed", [1.1, 1.25, 1.5, 2.0, 3.0])
+def test_playback_never_runs_dry_while_the_talker_keeps_its_speed(speed):
+    """At the talker speed the schedule assumes no chunk comes late, the widths are multiples of the first
+    chunk's (a few graph shapes) and grow to full ones; the schedule for 2x real time, with a talker at
+    1.25x, runs dry."""
+    for chunk_frames, first in [(25, 5), (25, 3), (50, 7), (4, 1)]:
+        config = VocoderStreamConfig(chunk_frames=chunk_frames, first_chunk_frames=first, talker_speed=speed)
+        sizes = chunk_schedule(config, 4000)
+        assert late_chunks(config, speed) == 0, (chunk_frames, first, sizes)
+        assert all(n % first == 0 or n == chunk_frames for n in sizes[:-1])
+        assert sizes[-2] == chunk_frames
+    assert late_chunks(VocoderStreamConfig(), 1.25) > 0
+    assert late_chunks(VocoderStreamConfig(talker_speed=1.25), 1.25) == 0
+
+
 def test_stream_config_rejects_empty_chunks():
     with pytest.raises(ValueError, match="chunk_frames"):
         VocoderStreamConfig(chunk_frames=0)
+    with pytest.raises(ValueError, match="talker_speed must be > 1"):
+        VocoderStreamConfig(talker_speed=1.0)

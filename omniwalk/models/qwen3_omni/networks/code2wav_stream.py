@@ -77,24 +77,29 @@ class Code2WavState:
 class VocoderStreamConfig:
     """How a request's frames are cut into vocoder chunks.
 
-    The first chunk has ``first_chunk_frames`` (a small one: earlier first audio); after it each
-    chunk has min(chunk_frames, max(first_chunk_frames, frames decoded so far)), so chunks at most
-    double until they reach ``chunk_frames`` (5, 5, 10, 20, 25, 25, ... for the defaults). Why: the
-    next chunk must be generated while the audio already out plays. A chunk no longer than the
-    audio before it plays without a gap while the talker makes frames at >= 2x real time; jumping
-    from the first chunk straight to full ones would need chunk_frames / first_chunk_frames x (5x
-    for 5 then 25), which a large batch of streams does not reach. Full chunks then amortise the
-    per-call cost; the growth costs a few smaller calls early in each stream.
+    The first chunk has ``first_chunk_frames`` (a small one: earlier first audio). Each later chunk must be
+    made while the audio already out plays: with the talker making ``talker_speed`` frames while one plays,
+    a chunk after D frames arrives in time if it has at most first + (speed - 1) x D frames (the first
+    chunk's audio starts playing when its frames are made, and playback then runs D frames ahead). Each
+    later chunk has min(chunk_frames, max(first_chunk_frames, (speed - 1) x D rounded down to a multiple of
+    first_chunk_frames)): at speed 2, 5, 5, 10, 20, 25, 25, ... for the defaults (chunks at most double); at
+    1.5, 5, 5, 5, 5, 10, 15, ... (a few widths: the multiples of the first). Jumping from the first chunk
+    straight to full ones would need chunk_frames / first_chunk_frames x real time (5x for 5 then 25),
+    which a large batch of streams does not reach. Full chunks then amortise the per-call cost; the growth
+    costs a few smaller calls early in each stream.
     """
 
     chunk_frames: int = 25
     first_chunk_frames: int = 5
+    talker_speed: float = 2.0
 
     def next_chunk(self, num_decoded_frames: int) -> int:
         """Frames in a stream's next chunk after ``num_decoded_frames`` (the class's schedule)."""
+        first = self.first_chunk_frames
         if not num_decoded_frames:
-            return self.first_chunk_frames
-        return min(self.chunk_frames, max(self.first_chunk_frames, num_decoded_frames))
+            return first
+        ahead = int((self.talker_speed - 1) * num_decoded_frames) // first * first
+        return min(self.chunk_frames, max(first, ahead))
 
     def chunk_kinds(self) -> list[tuple[int, bool]]:
         """Every distinct (frames, fresh) chunk a stream decodes, in schedule order: the first chunk
@@ -110,3 +115,5 @@ class VocoderStreamConfig:
         for name in ("chunk_frames", "first_chunk_frames"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"VocoderStreamConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if not self.talker_speed > 1:  # (at real time or slower no chunk after the first arrives in time)
+            raise ConfigError(f"VocoderStreamConfig.talker_speed must be > 1, got {self.talker_speed}")

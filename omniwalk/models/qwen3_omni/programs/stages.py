@@ -88,7 +88,9 @@ def build_stages(parts: dict, cfg: Qwen3OmniConfig, config: OmniConfig, devices:
             speech_cap=model.speech_cap,
         )
         storage = kv_storage(cfg.talker.text, opts.talker_kv_bytes, engine.page_size, dtype, device)
-        stream = VocoderStreamConfig(opts.vocoder_chunk_frames, opts.vocoder_first_chunk_frames)
+        stream = VocoderStreamConfig(
+            opts.vocoder_chunk_frames, opts.vocoder_first_chunk_frames, opts.vocoder_talker_speed
+        )
         vocoder = VocoderProgram(parts["code2wav"], stream, voice, engine.max_running, opts.vocoder_max_batch, graphs)
         stages += [
             KVStage(

@@ -1,11 +1,11 @@
 """Engine program for Code2Wav: exact streaming chunks, batched across requests.
 
-Each request decodes its frames in chunks (``VocoderStreamConfig``: a small first chunk for time to
-first audio, then chunks that at most double up to full size, so playback keeps up with a talker at
-2x real time) against its own stream state, so the concatenated chunks equal a one-shot decode.
-Started streams live in the rows of one fixed-shape state pool (a slot per stream, taken at its
-first chunk, given back when it leaves the stage); a batch gathers its rows, decodes, and scatters
-them back. Requests whose chunks have the same length and freshness decode in one call.
+Each request decodes its frames in chunks (``VocoderStreamConfig``: a small first chunk for time to first
+audio, then chunks that grow to full size as fast as playback keeps up with a talker at the speed it assumes:
+at 2x real time they at most double) against its own stream state, so the concatenated chunks equal a one-shot
+decode. Started streams live in the rows of one fixed-shape state pool (a slot per stream, taken at its first
+chunk, given back when it leaves the stage); a batch gathers its rows, decodes, and scatters them back.
+Requests whose chunks have the same length and freshness decode in one call.
 
 A stream's last chunk may be short (the talker ended); it decodes padded with code-0 frames to
 its scheduled width and keeps only its own samples, which is exact: samples never depend on later
