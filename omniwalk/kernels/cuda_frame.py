@@ -180,17 +180,19 @@ class FramePlan(Shape):
         return self.steps + self.groups - 1
 
 
-def source(plan: FramePlan, trace: bool = False) -> str:
-    """The kernel's source with ``plan``'s #defines in front (``trace``: the variant that stamps its steps)."""
+def source(plan: FramePlan, trace: bool = False, kernel: Path | None = None) -> str:
+    """The kernel's source (``kernel``, else ``KERNEL``) with ``plan``'s #defines in front (``trace``: the
+    variant that stamps its steps)."""
     defines = "".join(f"#define {name.upper()} {value}\n" for name, value in plan.defines(trace).items())
-    return defines + KERNEL.read_text()
+    return defines + (kernel or KERNEL).read_text()
 
 
 class CudaCodePredictor:
     """``CodePredictor.forward`` for frames of up to ``MAX_BATCH`` requests in one launch of
     ``code_predictor_frame.cu`` (bf16 weights). The layers' weights are stacked per kind once (the modules'
     parameters become views of the stacks). Per batch size: the kernel, its outputs' words and the
-    attention blocks' caches, made at the first frame of that size (before a graph capture)."""
+    attention blocks' caches, made at the first frame of that size (before a graph capture), from the source
+    ``KERNEL`` named when the predictor was made (a benchmark may make predictors of other sources beside it)."""
 
     max_batch = MAX_BATCH
 
@@ -200,7 +202,7 @@ class CudaCodePredictor:
             raise ValueError(f"the CUDA frame kernel takes bf16 weights on a CUDA device, not {p.dtype} on {p.device}")
         self.weights = FrameWeights.of(cp)
         self.cos, self.sin = cos.contiguous(), sin.contiguous()
-        self.device = p.device
+        self.device, self.kernel = p.device, KERNEL
         self._shape, self._eps = (lambda batch: frame_shape(cp, batch)), cp.cfg.rms_norm_eps
         self._blocks = torch.cuda.get_device_properties(p.device).multi_processor_count
         self.plan(1).check()
@@ -220,7 +222,9 @@ class CudaCodePredictor:
         if (batch, traced) not in self._kernels:
             plan = self.plan(batch)
             plan.check()
-            fn = torch.cuda._compile_kernel(source(plan, traced), "code_predictor_frame", nvcc_options=["-std=c++17"])
+            fn = torch.cuda._compile_kernel(
+                source(plan, traced, self.kernel), "code_predictor_frame", nvcc_options=["-std=c++17"]
+            )
             allow_shared_memory(fn, plan.shared)
             self._kernels[(batch, traced)] = fn
         if batch not in self._built:
