@@ -23,8 +23,8 @@
 // then HEAD (the final-normed last token row of each request times the block's rows of the pass's head: the
 // logits). Then the pass's codes are drawn from the whole logits rows and their embeddings are the next pass's
 // input: for one request every block draws it itself (the same arithmetic in every block: the same code, no
-// wait); for more, block b draws request b's and gives it to the others in a flagged word (a draw takes as
-// long as a step, and B of them one after another in every block would take B times that), and writes it and
+// wait); for more, block b draws request b's and gives it to the others in a flagged word (a draw takes longer
+// than a step, and B of them one after another in every block would take B times that), and writes it and
 // its request's running sum. A pass has 21 waits (4 a layer and the head's), the ATTN step one more a layer,
 // and for more than one request the codes' (the next pass's first step).
 //
@@ -750,8 +750,9 @@ __device__ __forceinline__ void write_code(int b, int code, int pass, const bf16
 // a pass's codes, drawn from its logits into sc.codes (the next pass's input, where ``next``), each written out
 // once (``write_code``). One request: every block draws it, block 0 writes it. More: block b < BATCH draws
 // request b's, writes it and puts it in the pass's code words; the blocks that go on take them all from there.
-__device__ DRAW_PASS void draw_pass(word* words, int pass, bool next, const bf16* embeds, long long* codes, bf16* total,
-                          const Sampling& sp, Scratch& sc, unsigned int epoch, long long* trace) {
+__device__ DRAW_PASS void draw_pass(word* words, int pass, bool next, const bf16* embeds, long long* codes,
+                                    bf16* total, const Sampling& sp, Scratch& sc, unsigned int epoch,
+                                    long long* trace) {
     const word* logits = words + (long long)pass * PASS_WORDS + LAYERS * LAYER_WORDS;
     word* code_words = words + (long long)pass * PASS_WORDS + AT_CODES;
     const int block = blockIdx.x;
