@@ -371,21 +371,16 @@ def _draw_accesses(plan, p, handed_on):
     pass); at more, block b reads row b and writes the pass's code word b, then (``handed_on``) every
     block reads the B code words."""
     lay, b_ = plan.layout(), plan.batch
-    logits, code_words = (
-        p * lay["pass_words"] + plan.layers * lay["layer_words"],
-        p * lay["pass_words"] + lay["at_codes"],
-    )
+    base = p * lay["pass_words"]
+    logits, code_words = base + plan.layers * lay["layer_words"], base + lay["at_codes"]
     if b_ == 1:
         return [[(blk, "r", [(logits, logits + plan.vocab)]) for blk in range(plan.blocks if handed_on else 1)]]
-    draws = [
-        [
-            (b, "r", [(logits + b * plan.vocab, logits + (b + 1) * plan.vocab)]),
-            (b, "w", [(code_words + b, code_words + b + 1)]),
-        ]
-        for b in range(b_)
-    ]
-    steps = [[access for draw in draws for access in draw]]
-    return steps + [[(blk, "r", [(code_words, code_words + b_)]) for blk in range(plan.blocks)]] if handed_on else steps
+    draw = []
+    for b in range(b_):
+        draw.append((b, "r", [(logits + b * plan.vocab, logits + (b + 1) * plan.vocab)]))
+        draw.append((b, "w", [(code_words + b, code_words + b + 1)]))
+    hand_on = [(blk, "r", [(code_words, code_words + b_)]) for blk in range(plan.blocks)]
+    return [draw, hand_on] if handed_on else [draw]
 
 
 @pytest.mark.parametrize(
