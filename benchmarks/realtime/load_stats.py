@@ -33,15 +33,17 @@ ENGINE_COUNTS = (
 )
 
 
-def underruns(chunks: list[tuple[float, int]]) -> int:
-    """Underruns in playing an answer's audio chunks, each (arrival time s, PCM16 bytes)."""
-    if not chunks:
-        return 0
-    count, playing_until = 0, chunks[0][0]
+def underruns(chunks: list[tuple[float, int]]) -> list[float]:
+    """Where playing an answer's audio chunks, each (arrival time s, PCM16 bytes), from the first one's arrival
+    ran dry: the seconds of audio out before each chunk that came after the audio before it had played (where
+    in the answer the stream fell behind: a chunk schedule's late chunk shows at the same place every time)."""
+    gaps, playing_until, played = [], chunks[0][0] if chunks else 0.0, 0.0
     for arrived, size in chunks:
-        count += arrived > playing_until
-        playing_until = max(playing_until, arrived) + size / SAMPLE_BYTES / OUTPUT_RATE
-    return count
+        if arrived > playing_until:
+            gaps.append(played)
+        seconds = size / SAMPLE_BYTES / OUTPUT_RATE
+        playing_until, played = max(playing_until, arrived) + seconds, played + seconds
+    return gaps
 
 
 def metrics_text(base_url: str, api_key: str) -> str:

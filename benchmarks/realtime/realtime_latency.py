@@ -10,7 +10,8 @@ silence); it keeps streaming quiet while the answer comes (as a live microphone 
 from the moment the last chunk holding speech was sent: ``vad_ms`` to
 ``input_audio_buffer.speech_stopped`` (the silence the VAD waits for, ``--silence-ms``, is part of
 it), ``first_audio_ms`` to the first ``response.output_audio.delta``, ``answer_ms`` between the two
-(the server's share), the answer's playback ``underruns`` (``load_stats.py``), and whether the VAD
+(the server's share), the answer's playback ``underruns`` (``load_stats.py``) and the seconds of its audio out
+before each (``underrun_at_s``), and whether the VAD
 split the turn at its pause (an answer came before the turn was said: ``split``). Per cell (a
 session count): discarded preemptive answers (the server's /metrics, where it counts them), omniwalk's engine
 counters (recordings encoded and skipped under prefix pages, prefix tokens taken, KV preemptions), the mean
@@ -152,7 +153,8 @@ async def session(client, args, index: int, records: list) -> None:
                         "first_audio_ms": 1000 * (first - end) if first else None,
                         "answer_ms": 1000 * (first - stopped) if first and stopped else None,
                         "audio_s": sum(size for _, size in chunks) / 2 / RATE,
-                        "underruns": underruns(chunks),
+                        "underruns": len(gaps := underruns(chunks)),
+                        "underrun_at_s": [round(at, 3) for at in gaps],
                         "split": splits,
                         "status": status,
                         "prompt_tokens": prompt,
